@@ -1,0 +1,114 @@
+// The simulated NPU's device memory: a caching allocator with a capacity.
+//
+// Memory comes from the OS in segments (mmap) and is handed out in blocks,
+// as PyTorch's CUDA caching allocator does: requests are rounded up, small
+// ones (<= 1 MiB) share 2 MiB segments, blocks are split on allocation and
+// merged with free neighbours on free, and freed blocks stay cached for
+// reuse until empty_cache(). The sum of segment sizes (`reserved`) never
+// exceeds the device's capacity; a request that cannot fit even after
+// releasing the cache raises OutOfMemoryError stating request, capacity,
+// allocated and reserved bytes.
+//
+// Note [Blocks are stream-ordered]: a block remembers the stream it was
+// allocated for and is reused only by allocations on that stream, so work
+// still queued on a stream can never see its memory handed to another
+// stream. Use record_stream-like synchronisation (Stream::synchronize) before
+// freeing memory another stream still reads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+
+namespace npub::sim {
+
+struct AllocatorStats {
+  int64_t allocated_bytes = 0;       // live blocks, rounded sizes
+  int64_t requested_bytes = 0;       // live blocks, as requested
+  int64_t reserved_bytes = 0;        // segments held from the OS
+  int64_t peak_allocated_bytes = 0;
+  int64_t peak_reserved_bytes = 0;
+  int64_t num_allocs = 0;
+  int64_t num_frees = 0;
+  int64_t num_cache_hits = 0;        // allocations served without a new segment
+  int64_t num_segments = 0;
+  int64_t num_ooms = 0;
+  int64_t active_blocks = 0;
+};
+
+class CachingAllocator {
+ public:
+  CachingAllocator(int device_index, uint64_t capacity_bytes);
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Returns nullptr for 0 bytes. Throws OutOfMemoryError.
+  void* allocate(size_t bytes, const void* stream);
+  // Frees a pointer returned by allocate(); nullptr is ignored. Throws
+  // npub::Error for a pointer this allocator did not hand out.
+  void free(void* ptr);
+  // Returns every fully free segment to the OS.
+  void empty_cache();
+  AllocatorStats stats() const;
+  void reset_peak_stats();
+  uint64_t capacity() const { return capacity_; }
+  // True when [ptr, ptr + bytes) lies inside one live block.
+  bool contains(const void* ptr, size_t bytes) const;
+
+  static constexpr size_t kMinBlock = 512;
+  static constexpr size_t kSmallRequest = 1 << 20;   // <= goes to the small pool
+  static constexpr size_t kSmallSegment = 2 << 20;
+  static constexpr size_t kLargeSegment = 20 << 20;
+  static constexpr size_t kLargeRequest = 10 << 20;  // < gets a 20 MiB segment
+
+ private:
+  struct Segment;
+  struct Block {
+    char* ptr;
+    size_t size;
+    size_t requested = 0;
+    const void* stream;
+    bool allocated = false;
+    bool small;
+    Block* prev = nullptr;  // neighbours inside the segment
+    Block* next = nullptr;
+    Segment* segment;
+  };
+  struct Segment {
+    char* base;
+    size_t size;
+  };
+  struct BlockOrder {
+    bool operator()(const Block* a, const Block* b) const {
+      if (a->stream != b->stream) return a->stream < b->stream;
+      if (a->size != b->size) return a->size < b->size;
+      return a->ptr < b->ptr;
+    }
+  };
+  using Pool = std::set<Block*, BlockOrder>;
+
+  static size_t round_size(size_t bytes);
+  static size_t segment_size_for(size_t rounded);
+  Block* find_free_block(Pool& pool, size_t size, const void* stream);
+  Block* new_segment(size_t segment_size, bool small, const void* stream);
+  void release_segment(Block* block);
+  size_t release_cached_segments();  // caller holds mu_
+  Block* split(Block* block, size_t size, Pool& pool);
+  [[noreturn]] void throw_oom(size_t requested);
+
+  const int device_index_;
+  const uint64_t capacity_;
+  mutable std::mutex mu_;
+  Pool small_pool_;
+  Pool large_pool_;
+  std::unordered_map<void*, Block*> live_;
+  AllocatorStats stats_;
+};
+
+std::string format_bytes(uint64_t bytes);
+
+}  // namespace npub::sim

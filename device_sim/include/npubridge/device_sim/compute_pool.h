@@ -1,0 +1,57 @@
+// A device's compute threads: what kernels run their parallel loops on.
+//
+// parallel_for splits [begin, end) into at most num_threads() chunks of at
+// least `grain` indices; the calling thread runs chunks too, so a call always
+// makes progress even when every worker is busy with another caller's loop.
+// A parallel_for issued from inside a worker runs serially (no nested
+// parallelism, no deadlock).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace npub::sim {
+
+class ComputePool {
+ public:
+  using Body = void (*)(void* user, int64_t begin, int64_t end);
+
+  // num_threads counts the calling thread: a pool of n starts n - 1 workers.
+  explicit ComputePool(int num_threads);
+  ~ComputePool();
+  ComputePool(const ComputePool&) = delete;
+  ComputePool& operator=(const ComputePool&) = delete;
+
+  void parallel_for(int64_t begin, int64_t end, int64_t grain, Body body, void* user);
+  int num_threads() const { return num_threads_; }
+
+ private:
+  struct Job {
+    Body body;
+    void* user;
+    int64_t begin;
+    int64_t chunk;
+    int64_t num_chunks;
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> done{0};
+    std::mutex mu;
+    std::condition_variable cv;
+  };
+  static void run_chunks(Job& job);
+  void worker_loop();
+
+  const int num_threads_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> jobs_;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace npub::sim

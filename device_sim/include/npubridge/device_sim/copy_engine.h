@@ -1,0 +1,26 @@
+// The simulated device's copy engine: element-wise copies between tensors of
+// any layout and dtype, on the calling thread.
+//
+// Device memory is host-addressable in the simulation, so the same routine
+// copies host->device, device->host and device->device; callers choose where
+// it runs (inline, or queued on a stream). Used by the dispatcher for dtype
+// and layout conversion and by hosts to move data in and out.
+#pragma once
+
+#include <npubridge/plugin_api.h>
+
+#include <cstddef>
+
+namespace npub::sim {
+
+class ComputePool;
+
+// Copies src into dst elementwise, converting dtype. Shapes must be equal
+// (throws npub::Error otherwise); dtypes must be known (npub::DType).
+// With a pool, large contiguous copies run in parallel.
+void copy_tensor(const DLTensor& dst, const DLTensor& src, ComputePool* pool = nullptr);
+
+// Bytes spanned by a tensor from its first to its last element (0 if empty).
+size_t span_bytes(const DLTensor& t);
+
+}  // namespace npub::sim

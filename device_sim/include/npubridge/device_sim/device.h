@@ -1,0 +1,81 @@
+// A simulated NPU device and the set of devices of one runtime.
+//
+// Configuration (environment, read by DeviceOptions::from_env):
+//   NPUB_SIM_DEVICES     number of devices (default 2)
+//   NPUB_SIM_MEMORY      capacity per device, e.g. 16G (default 16 GiB)
+//   NPUB_SIM_THREADS     compute threads per device (default: hardware threads)
+//   NPUB_LAUNCH_BLOCKING 1 = streams run work inline (default 0)
+#pragma once
+
+#include <npubridge/device_sim/caching_allocator.h>
+#include <npubridge/device_sim/compute_pool.h>
+#include <npubridge/device_sim/stream.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace npub::sim {
+
+struct DeviceOptions {
+  int num_devices = 2;
+  uint64_t memory_bytes = 16ull << 30;
+  int compute_threads = 0;  // 0 = std::thread::hardware_concurrency()
+  bool launch_blocking = false;
+  static DeviceOptions from_env();
+};
+
+class Device {
+ public:
+  Device(int index, const DeviceOptions& options);
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  int index() const { return index_; }
+  CachingAllocator& allocator() { return allocator_; }
+  ComputePool& compute() { return compute_; }
+
+  Stream& default_stream() { return *streams_.front(); }
+  // A new stream owned by the device; valid while the device lives.
+  Stream& create_stream();
+  // The calling thread's current stream on this device (default: the
+  // default stream).
+  Stream& current_stream();
+  void set_current_stream(Stream& stream);
+  // Waits for every stream of the device.
+  void synchronize();
+
+  // Device memory on the current stream.
+  void* allocate(size_t bytes) { return allocator_.allocate(bytes, &current_stream()); }
+  void free(void* ptr) { allocator_.free(ptr); }
+
+ private:
+  const int index_;
+  const uint64_t uid_;  // unique across devices of all runtimes (thread-local keys)
+  const bool launch_blocking_;
+  CachingAllocator allocator_;
+  ComputePool compute_;
+  std::mutex streams_mu_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+};
+
+class DeviceSet {
+ public:
+  explicit DeviceSet(const DeviceOptions& options);
+  int count() const { return static_cast<int>(devices_.size()); }
+  // Throws npub::Error naming the index and the count when out of range.
+  Device& at(int index);
+  const DeviceOptions& options() const { return options_; }
+
+  // The calling thread's current device index (default 0).
+  int current_device() const;
+  void set_current_device(int index);
+
+ private:
+  DeviceOptions options_;
+  std::vector<std::unique_ptr<Device>> devices_;
+};
+
+}  // namespace npub::sim

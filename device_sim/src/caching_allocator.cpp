@@ -1,0 +1,238 @@
+#include <npubridge/device_sim/caching_allocator.h>
+#include <npubridge/support/error.h>
+
+#include <sys/mman.h>
+
+#include <cstdio>
+#include <vector>
+
+namespace npub::sim {
+
+std::string format_bytes(uint64_t bytes) {
+  char buf[64];
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (1ull << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1ull << 30));
+  else if (bytes >= (1ull << 20))
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1ull << 20));
+  else if (bytes >= (1ull << 10))
+    std::snprintf(buf, sizeof buf, "%.2f KiB", b / (1ull << 10));
+  else
+    std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(bytes));
+  return buf;
+}
+
+CachingAllocator::CachingAllocator(int device_index, uint64_t capacity_bytes)
+    : device_index_(device_index), capacity_(capacity_bytes) {}
+
+CachingAllocator::~CachingAllocator() {
+  // Live blocks at destruction are the host's leak; their memory goes back to
+  // the OS with the segments either way. Every segment's first block is in a
+  // pool or live, so collecting first blocks finds every segment.
+  std::vector<Block*> all(small_pool_.begin(), small_pool_.end());
+  all.insert(all.end(), large_pool_.begin(), large_pool_.end());
+  for (auto& entry : live_) all.push_back(entry.second);
+  for (Block* b : all) {
+    if (b->prev == nullptr) {
+      ::munmap(b->segment->base, b->segment->size);
+      delete b->segment;
+    }
+  }
+  for (Block* b : all) delete b;
+}
+
+size_t CachingAllocator::round_size(size_t bytes) {
+  if (bytes < kMinBlock) return kMinBlock;
+  return (bytes + kMinBlock - 1) / kMinBlock * kMinBlock;
+}
+
+size_t CachingAllocator::segment_size_for(size_t rounded) {
+  if (rounded <= kSmallRequest) return kSmallSegment;
+  if (rounded < kLargeRequest) return kLargeSegment;
+  constexpr size_t kRound = 2 << 20;
+  return (rounded + kRound - 1) / kRound * kRound;
+}
+
+void* CachingAllocator::allocate(size_t bytes, const void* stream) {
+  if (bytes == 0) return nullptr;
+  if (bytes > capacity_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    throw_oom(bytes);
+  }
+  const size_t size = round_size(bytes);
+  const bool small = size <= kSmallRequest;
+  std::lock_guard<std::mutex> lock(mu_);
+  Pool& pool = small ? small_pool_ : large_pool_;
+  Block* block = find_free_block(pool, size, stream);
+  if (block != nullptr) {
+    ++stats_.num_cache_hits;
+  } else {
+    const size_t seg = segment_size_for(size);
+    if (static_cast<uint64_t>(stats_.reserved_bytes) + seg > capacity_) {
+      release_cached_segments();
+      if (static_cast<uint64_t>(stats_.reserved_bytes) + seg > capacity_) throw_oom(bytes);
+    }
+    block = new_segment(seg, small, stream);
+    if (block == nullptr) {
+      release_cached_segments();
+      block = new_segment(seg, small, stream);
+      if (block == nullptr) throw_oom(bytes);
+    }
+  }
+  block = split(block, size, pool);
+  block->allocated = true;
+  block->requested = bytes;
+  live_.emplace(block->ptr, block);
+  stats_.allocated_bytes += static_cast<int64_t>(block->size);
+  stats_.requested_bytes += static_cast<int64_t>(bytes);
+  if (stats_.allocated_bytes > stats_.peak_allocated_bytes)
+    stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  ++stats_.num_allocs;
+  ++stats_.active_blocks;
+  return block->ptr;
+}
+
+CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, size_t size,
+                                                           const void* stream) {
+  Block key{nullptr, size, 0, stream, false, false, nullptr, nullptr, nullptr};
+  auto it = pool.lower_bound(&key);
+  if (it == pool.end() || (*it)->stream != stream) return nullptr;
+  Block* b = *it;
+  // Do not carve a small request out of a huge cached block (fragmentation).
+  if (!b->small && size < kLargeRequest && b->size >= kLargeRequest) return nullptr;
+  pool.erase(it);
+  return b;
+}
+
+CachingAllocator::Block* CachingAllocator::new_segment(size_t segment_size, bool small,
+                                                       const void* stream) {
+  void* mem = ::mmap(nullptr, segment_size, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (mem == MAP_FAILED) return nullptr;
+  auto* seg = new Segment{static_cast<char*>(mem), segment_size};
+  auto* b = new Block{seg->base, segment_size, 0, stream, false, small, nullptr, nullptr, seg};
+  stats_.reserved_bytes += static_cast<int64_t>(segment_size);
+  if (stats_.reserved_bytes > stats_.peak_reserved_bytes)
+    stats_.peak_reserved_bytes = stats_.reserved_bytes;
+  ++stats_.num_segments;
+  return b;
+}
+
+CachingAllocator::Block* CachingAllocator::split(Block* block, size_t size, Pool& pool) {
+  const size_t remaining = block->size - size;
+  const bool worth_splitting = block->small ? remaining >= kMinBlock : remaining > kSmallRequest;
+  if (!worth_splitting) return block;
+  auto* rest = new Block{block->ptr + size, remaining, 0, block->stream, false, block->small,
+                         block, block->next, block->segment};
+  if (block->next != nullptr) block->next->prev = rest;
+  block->next = rest;
+  block->size = size;
+  pool.insert(rest);
+  return block;
+}
+
+void CachingAllocator::free(void* ptr) {
+  if (ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = live_.find(ptr);
+  if (it == live_.end()) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "npu:%d caching allocator: free of %p, which is not a live allocation of "
+                  "this device (double free, or memory of another device)",
+                  device_index_, ptr);
+    throw Error(ErrorCode::kInvalidArgument, buf);
+  }
+  Block* b = it->second;
+  live_.erase(it);
+  stats_.allocated_bytes -= static_cast<int64_t>(b->size);
+  stats_.requested_bytes -= static_cast<int64_t>(b->requested);
+  ++stats_.num_frees;
+  --stats_.active_blocks;
+  b->allocated = false;
+  b->requested = 0;
+  Pool& pool = b->small ? small_pool_ : large_pool_;
+  // Merge with free neighbours of the same segment.
+  for (Block* n : {b->prev, b->next}) {
+    if (n == nullptr || n->allocated) continue;
+    pool.erase(n);
+    if (n == b->prev) {
+      n->size += b->size;
+      n->next = b->next;
+      if (b->next != nullptr) b->next->prev = n;
+      delete b;
+      b = n;
+    } else {
+      b->size += n->size;
+      b->next = n->next;
+      if (n->next != nullptr) n->next->prev = b;
+      delete n;
+    }
+  }
+  pool.insert(b);
+}
+
+size_t CachingAllocator::release_cached_segments() {
+  size_t released = 0;
+  for (Pool* pool : {&small_pool_, &large_pool_}) {
+    for (auto it = pool->begin(); it != pool->end();) {
+      Block* b = *it;
+      if (b->prev == nullptr && b->next == nullptr) {  // the whole segment is free
+        it = pool->erase(it);
+        released += b->size;
+        release_segment(b);
+      } else {
+        ++it;
+      }
+    }
+  }
+  return released;
+}
+
+void CachingAllocator::release_segment(Block* block) {
+  Segment* seg = block->segment;
+  ::munmap(seg->base, seg->size);
+  stats_.reserved_bytes -= static_cast<int64_t>(seg->size);
+  --stats_.num_segments;
+  delete seg;
+  delete block;
+}
+
+void CachingAllocator::empty_cache() {
+  std::lock_guard<std::mutex> lock(mu_);
+  release_cached_segments();
+}
+
+AllocatorStats CachingAllocator::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void CachingAllocator::reset_peak_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  stats_.peak_reserved_bytes = stats_.reserved_bytes;
+}
+
+bool CachingAllocator::contains(const void* ptr, size_t bytes) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const char* p = static_cast<const char*>(ptr);
+  for (const auto& [base, b] : live_) {
+    if (p >= b->ptr && p + bytes <= b->ptr + b->size) return true;
+  }
+  return false;
+}
+
+void CachingAllocator::throw_oom(size_t requested) {
+  ++stats_.num_ooms;
+  const uint64_t cached = static_cast<uint64_t>(stats_.reserved_bytes - stats_.allocated_bytes);
+  throw OutOfMemoryError(
+      "npu:" + std::to_string(device_index_) + " out of memory: tried to allocate " +
+      format_bytes(requested) + "; the device has a capacity of " + format_bytes(capacity_) +
+      ", of which " + format_bytes(static_cast<uint64_t>(stats_.allocated_bytes)) +
+      " is allocated and " + format_bytes(static_cast<uint64_t>(stats_.reserved_bytes)) +
+      " is reserved by the caching allocator (" + format_bytes(cached) +
+      " cached and free). Free tensors, call empty_cache(), or raise NPUB_SIM_MEMORY.");
+}
+
+}  // namespace npub::sim

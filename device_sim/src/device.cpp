@@ -1,0 +1,138 @@
+#include <npubridge/device_sim/device.h>
+#include <npubridge/support/env.h>
+#include <npubridge/support/error.h>
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <utility>
+
+namespace npub::sim {
+
+namespace {
+std::atomic<uint64_t> g_next_device_uid{1};
+
+// The calling thread's current stream per device, keyed by device uid (not
+// pointer, so a destroyed device's entry can never match a new one).
+struct CurrentStreams {
+  std::vector<std::pair<uint64_t, Stream*>> entries;
+  Stream* find(uint64_t uid) const {
+    for (auto& [k, s] : entries)
+      if (k == uid) return s;
+    return nullptr;
+  }
+  void set(uint64_t uid, Stream* s) {
+    for (auto& [k, v] : entries)
+      if (k == uid) {
+        v = s;
+        return;
+      }
+    entries.emplace_back(uid, s);
+  }
+};
+thread_local CurrentStreams tls_streams;
+
+struct CurrentDevices {
+  std::vector<std::pair<const DeviceSet*, int>> entries;
+};
+thread_local CurrentDevices tls_devices;
+}  // namespace
+
+DeviceOptions DeviceOptions::from_env() {
+  DeviceOptions o;
+  o.num_devices = static_cast<int>(env::get_int("NPUB_SIM_DEVICES", o.num_devices));
+  if (o.num_devices < 1 || o.num_devices > 64)
+    throw Error(ErrorCode::kInvalidArgument,
+                "NPUB_SIM_DEVICES: expected a device count from 1 to 64 but found " +
+                    std::to_string(o.num_devices));
+  o.memory_bytes = env::get_bytes("NPUB_SIM_MEMORY", o.memory_bytes);
+  if (o.memory_bytes == 0)
+    throw Error(ErrorCode::kInvalidArgument, "NPUB_SIM_MEMORY: expected a positive size but found 0");
+  o.compute_threads = static_cast<int>(env::get_int("NPUB_SIM_THREADS", 0));
+  if (o.compute_threads < 0 || o.compute_threads > 1024)
+    throw Error(ErrorCode::kInvalidArgument,
+                "NPUB_SIM_THREADS: expected 0 (all hardware threads) to 1024 but found " +
+                    std::to_string(o.compute_threads));
+  o.launch_blocking = env::get_flag("NPUB_LAUNCH_BLOCKING", false);
+  return o;
+}
+
+static int resolve_threads(int requested) {
+  if (requested > 0) return requested;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+Device::Device(int index, const DeviceOptions& options)
+    : index_(index),
+      uid_(g_next_device_uid.fetch_add(1)),
+      launch_blocking_(options.launch_blocking),
+      allocator_(index, options.memory_bytes),
+      compute_(resolve_threads(options.compute_threads)) {
+  streams_.push_back(std::make_unique<Stream>(index, 0, launch_blocking_));
+}
+
+Device::~Device() {
+  // Streams finish their queued work before the allocator goes away.
+  streams_.clear();
+}
+
+Stream& Device::create_stream() {
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  streams_.push_back(
+      std::make_unique<Stream>(index_, static_cast<int>(streams_.size()), launch_blocking_));
+  return *streams_.back();
+}
+
+Stream& Device::current_stream() {
+  Stream* s = tls_streams.find(uid_);
+  return s != nullptr ? *s : *streams_.front();
+}
+
+void Device::set_current_stream(Stream& stream) {
+  if (stream.device_index() != index_)
+    throw Error(ErrorCode::kInvalidArgument,
+                "set_current_stream: expected a stream of npu:" + std::to_string(index_) +
+                    " but found one of npu:" + std::to_string(stream.device_index()));
+  tls_streams.set(uid_, &stream);
+}
+
+void Device::synchronize() {
+  std::vector<Stream*> all;
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    for (auto& s : streams_) all.push_back(s.get());
+  }
+  for (Stream* s : all) s->synchronize();
+}
+
+DeviceSet::DeviceSet(const DeviceOptions& options) : options_(options) {
+  for (int i = 0; i < options.num_devices; ++i)
+    devices_.push_back(std::make_unique<Device>(i, options));
+}
+
+Device& DeviceSet::at(int index) {
+  if (index < 0 || index >= count())
+    throw Error(ErrorCode::kInvalidArgument,
+                "npu:" + std::to_string(index) + " does not exist: expected a device index from 0 to " +
+                    std::to_string(count() - 1) + " (NPUB_SIM_DEVICES=" +
+                    std::to_string(count()) + ")");
+  return *devices_[static_cast<size_t>(index)];
+}
+
+int DeviceSet::current_device() const {
+  for (auto& [set, idx] : tls_devices.entries)
+    if (set == this) return idx;
+  return 0;
+}
+
+void DeviceSet::set_current_device(int index) {
+  (void)at(index);  // validates
+  for (auto& [set, idx] : tls_devices.entries)
+    if (set == this) {
+      idx = index;
+      return;
+    }
+  tls_devices.entries.emplace_back(this, index);
+}
+
+}  // namespace npub::sim

@@ -1,0 +1,69 @@
+#include <npubridge/support/env.h>
+#include <npubridge/support/error.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+
+namespace npub::env {
+
+std::optional<std::string> get(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+int64_t get_int(const char* name, int64_t fallback) {
+  auto v = get(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(v->c_str(), &end, 10);
+  if (errno != 0 || end == v->c_str() || *end != '\0')
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(name) + ": expected an integer but found '" + *v + "'");
+  return x;
+}
+
+uint64_t parse_bytes(const std::string& text, const char* what) {
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long x = std::strtoull(text.c_str(), &end, 10);
+  if (errno != 0 || end == text.c_str() || text[0] == '-')
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(what) + ": expected a size such as 16G, 512M or 1048576 but found '" +
+                    text + "'");
+  std::string unit(end);
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (!unit.empty() && unit.back() == 'B' && unit.size() > 1) unit.pop_back();  // "GB", "MiB"
+  if (unit.size() == 2 && unit[1] == 'I') unit.pop_back();
+  int shift = 0;
+  if (unit.empty() || unit == "B") shift = 0;
+  else if (unit == "K") shift = 10;
+  else if (unit == "M") shift = 20;
+  else if (unit == "G") shift = 30;
+  else if (unit == "T") shift = 40;
+  else
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(what) + ": unknown unit in '" + text + "' (expected K, M, G or T)");
+  if (shift > 0 && x > (~0ull >> shift))
+    throw Error(ErrorCode::kInvalidArgument, std::string(what) + ": '" + text + "' is too large");
+  return static_cast<uint64_t>(x) << shift;
+}
+
+uint64_t get_bytes(const char* name, uint64_t fallback) {
+  auto v = get(name);
+  return v ? parse_bytes(*v, name) : fallback;
+}
+
+bool get_flag(const char* name, bool fallback) {
+  auto v = get(name);
+  if (!v) return fallback;
+  const std::string& s = *v;
+  if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
+  if (s == "0" || s == "false" || s == "off" || s == "no") return false;
+  throw Error(ErrorCode::kInvalidArgument,
+              std::string(name) + ": expected 0 or 1 but found '" + s + "'");
+}
+
+}  // namespace npub::env

@@ -1,0 +1,183 @@
+// The dispatcher: for every call, validate, pick the best kernel, convert
+// dtypes and layouts where needed, run it on the device's current stream, or
+// fall back to the host framework's own implementation.
+//
+// The path of one call is drawn in docs/architecture.md.
+//
+// Configuration (environment, read by DispatcherOptions::from_env):
+//   NPUB_FALLBACK=error      a call no kernel serves is an error, not a fallback
+//   NPUB_OPT_LEVEL=0..3      optimisation level (default 2)
+//   NPUB_DTYPE_CONVERSION=0  never run a half-precision call on an fp32 kernel
+#pragma once
+
+#include <npubridge/device_sim/device.h>
+#include <npubridge/dispatcher/tensor.h>
+#include <npubridge/plugin_api.h>
+#include <npubridge/registry/op_registry.h>
+
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace npub {
+
+// A resolved op: keep it to skip the name lookup on every call.
+struct OpHandle {
+  reg::OpEntry* op = nullptr;
+  // Set when the op-mapping table names a plugin for this framework op.
+  const reg::PluginRecord* preferred_plugin = nullptr;
+  explicit operator bool() const { return op != nullptr; }
+};
+
+// Produces the tensors a kernel (or the fallback) allocates for returns that
+// the caller did not preallocate. The host decides what they are: npub
+// tensors (TensorOutputs), torch tensors (python_ext), ...
+class OutputAllocator {
+ public:
+  virtual ~OutputAllocator() = default;
+  // Returns a contiguous tensor; the allocator keeps ownership.
+  virtual DLTensor* allocate(int32_t ret_index, const DLDevice& device, int32_t ndim,
+                             const int64_t* shape, DLDataType dtype) = 0;
+};
+
+// OutputAllocator that makes npub::Tensor outputs.
+class TensorOutputs final : public OutputAllocator {
+ public:
+  explicit TensorOutputs(sim::DeviceSet& devices) : devices_(devices) {}
+  DLTensor* allocate(int32_t ret_index, const DLDevice& device, int32_t ndim,
+                     const int64_t* shape, DLDataType dtype) override;
+  // The tensor made for return i (undefined if none was).
+  Tensor& operator[](size_t i);
+
+ private:
+  sim::DeviceSet& devices_;
+  std::vector<Tensor> tensors_;
+};
+
+// The framework's own implementation of an op, registered by the host. It
+// receives what a kernel receives and must fill the returns the same way.
+using FallbackFn = std::function<void(const reg::OpEntry& op, const NpubValue* args,
+                                      int32_t num_args, NpubValue* rets, int32_t num_rets,
+                                      OutputAllocator& outputs)>;
+
+enum class FallbackMode { kAllow, kError };
+
+struct PrecisionCheckConfig {
+  bool enabled = false;
+  // Per-dtype tolerances: |kernel - reference| <= atol + rtol * |reference|.
+  double fp32_atol = 1e-5, fp32_rtol = 1e-5;
+  double fp64_atol = 1e-7, fp64_rtol = 1e-7;
+  double fp16_atol = 1e-3, fp16_rtol = 1e-3;
+  double bf16_atol = 1e-2, bf16_rtol = 1e-2;
+  bool raise_on_mismatch = false;  // throw instead of only reporting
+};
+
+struct PrecisionMismatch {
+  std::string op;
+  std::string plugin;
+  std::string output;  // "argument 'out'" or "return 0"
+  int64_t worst_index = -1;
+  double kernel_value = 0, reference_value = 0;
+  double abs_error = 0, rel_error = 0;
+  int64_t num_mismatched = 0, numel = 0;
+  std::string message() const;
+};
+
+struct KernelStats {
+  std::string plugin;
+  std::string dtypes;
+  int32_t priority = 0;
+  int64_t calls = 0;
+};
+
+struct OpStatsSnapshot {
+  std::string op;
+  int64_t calls = 0, fallbacks = 0, conversions = 0, errors = 0, precision_mismatches = 0;
+  double total_ms = 0;
+  std::vector<KernelStats> kernels;  // npu kernels
+};
+
+struct DispatcherOptions {
+  FallbackMode fallback_mode = FallbackMode::kAllow;
+  int opt_level = 2;
+  bool dtype_conversion = true;
+  static DispatcherOptions from_env();
+};
+
+class Dispatcher {
+ public:
+  Dispatcher(reg::Registry& registry, reg::OpMappingTable& op_map, sim::DeviceSet& devices,
+             const DispatcherOptions& options);
+  Dispatcher(const Dispatcher&) = delete;
+  Dispatcher& operator=(const Dispatcher&) = delete;
+
+  // Resolves a framework op name through the op-mapping table, then the
+  // registry. An empty handle when the op is unknown.
+  OpHandle find(std::string_view name) const;
+  // As find(); throws npub::Error(kNotFound) naming the op when unknown.
+  OpHandle op(std::string_view name) const;
+
+  // The boxed call. `args` follows the schema (trailing arguments with
+  // defaults may be omitted); `rets` has one slot per schema return: a
+  // tensor the caller preallocated, or NPUB_VALUE_NONE for the kernel to
+  // allocate through `outputs`. Throws npub::Error whose message names the op.
+  void call(const OpHandle& op, const NpubValue* args, int32_t num_args, NpubValue* rets,
+            int32_t num_rets, OutputAllocator* outputs);
+  // By name (one lookup more).
+  void call(std::string_view op_name, const NpubValue* args, int32_t num_args, NpubValue* rets,
+            int32_t num_rets, OutputAllocator* outputs);
+
+  // The kernel that would serve these arguments (nullptr: fallback).
+  const reg::Kernel* select(const OpHandle& op, const NpubValue* args, int32_t num_args) const;
+
+  void set_fallback(FallbackFn fn);
+  bool has_fallback() const;
+  void set_fallback_mode(FallbackMode m) { fallback_mode_.store(m); }
+  FallbackMode fallback_mode() const { return fallback_mode_.load(); }
+  void set_opt_level(int level);
+  int opt_level() const { return opt_level_.load(std::memory_order_relaxed); }
+  void set_dtype_conversion(bool on) { dtype_conversion_.store(on); }
+  bool dtype_conversion() const { return dtype_conversion_.load(); }
+  void set_precision_check(const PrecisionCheckConfig& cfg);
+  PrecisionCheckConfig precision_check() const;
+  std::vector<PrecisionMismatch> precision_mismatches() const;
+  void clear_precision_mismatches();
+
+  std::vector<OpStatsSnapshot> stats() const;  // ops with at least one call
+  void reset_stats();
+  int64_t total_fallbacks() const;
+
+  reg::Registry& registry() { return registry_; }
+  reg::OpMappingTable& op_map() { return op_map_; }
+  sim::DeviceSet& devices() { return devices_; }
+
+ // Internal: the state of one call (dispatcher/src/call_state.h).
+  struct CallState;
+
+ private:
+  void validate(CallState& cs) const;
+  const reg::Kernel* select_kernel(CallState& cs, DType dtype) const;
+  void run_kernel(CallState& cs, const reg::Kernel& k, DType convert_from);
+  void run_staged(CallState& cs, const reg::Kernel& k, DType convert_from);
+  void run_fallback(CallState& cs, const char* reason);
+  void check_precision(CallState& cs, const reg::Kernel& k, DType convert_from);
+  [[noreturn]] void no_kernel(CallState& cs, const char* why) const;
+
+  reg::Registry& registry_;
+  reg::OpMappingTable& op_map_;
+  sim::DeviceSet& devices_;
+  std::atomic<FallbackMode> fallback_mode_;
+  std::atomic<int> opt_level_;
+  std::atomic<bool> dtype_conversion_;
+  std::atomic<bool> precision_enabled_{false};
+  mutable std::mutex config_mu_;  // fallback_, precision config and report
+  FallbackFn fallback_;
+  std::atomic<bool> has_fallback_{false};
+  PrecisionCheckConfig precision_;
+  std::vector<PrecisionMismatch> mismatches_;
+};
+
+}  // namespace npub

@@ -1,0 +1,65 @@
+// Loading plugins at run time (Boost.DLL, RTLD_NOW | RTLD_LOCAL).
+//
+// Search order, deterministic: the built-in plugin directory
+// (<libdir>/npubridge/plugins next to libnpubridge.so), then each entry of
+// NPUB_PLUGIN_PATH (colon-separated files or directories) in order; inside a
+// directory, files named lib*.so in name order.
+//
+// Every failure is reported as a LoadResult naming the file and the reason;
+// the host and every other plugin keep working. A plugin's registrations are
+// staged and committed only when its initialize succeeded and no
+// registration failed, so a rejected plugin leaves nothing behind.
+//
+// How the loader can be misused, and what happens:
+//  - Loading the same file twice: the second load is rejected (same plugin
+//    name), the first stays.
+//  - Unloading: there is no unload. A library stays mapped while anything it
+//    registered is alive (its kernels hold it), i.e. until the runtime goes.
+//  - Calling host registration functions after initialize returned: rejected
+//    with an error (the registrar is closed).
+//  - A plugin that links npubridge symbols instead of using the host table:
+//    works by accident at best; its load fails with "undefined symbol" when
+//    the host is not libnpubridge.
+#pragma once
+
+#include <npubridge/registry/op_registry.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace npub {
+
+struct LoadResult {
+  std::string path;
+  bool ok = false;
+  std::string plugin_name;  // when ok
+  std::string error;        // when not ok: "<path>: <reason>"
+};
+
+class PluginLoader {
+ public:
+  explicit PluginLoader(reg::Registry& registry) : registry_(registry) {}
+
+  // Loads one file. Never throws for a bad plugin: the result says why.
+  LoadResult load(const std::string& path);
+  // Loads every plugin of the built-in directory and NPUB_PLUGIN_PATH.
+  std::vector<LoadResult> load_default();
+  // Files that load_default() would try, in order.
+  static std::vector<std::string> default_candidates();
+  // <libdir>/npubridge/plugins of the libnpubridge.so in use.
+  static std::string builtin_plugin_dir();
+
+  std::vector<std::shared_ptr<reg::PluginRecord>> plugins() const;
+  std::shared_ptr<reg::PluginRecord> plugin(const std::string& name) const;
+  std::vector<LoadResult> failures() const;
+
+ private:
+  reg::Registry& registry_;
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<reg::PluginRecord>> plugins_;
+  std::vector<LoadResult> failures_;
+};
+
+}  // namespace npub

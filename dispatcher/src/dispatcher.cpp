@@ -1,0 +1,462 @@
+#include "call_state.h"
+#include "host_api.h"
+
+#include <npubridge/device_sim/copy_engine.h>
+#include <npubridge/dispatcher/dispatcher.h>
+#include "logging.h"
+#include <npubridge/support/env.h>
+#include <npubridge/support/error.h>
+
+#include <chrono>
+#include <cstring>
+
+namespace npub {
+
+namespace {
+
+std::string device_str(const DLDevice& d) {
+  if (d.device_type == NPUB_DEVICE_NPU) return "npu:" + std::to_string(d.device_id);
+  if (d.device_type == NPUB_DEVICE_CPU) return "cpu";
+  return "device(type=" + std::to_string(d.device_type) + ", id=" + std::to_string(d.device_id) + ")";
+}
+
+[[noreturn]] void bad_arg(const reg::OpEntry& op, const reg::Argument& a, int32_t index,
+                          const std::string& what) {
+  throw Error(ErrorCode::kInvalidArgument, "op '" + op.name() + "', argument '" + a.name + "' (" +
+                                               std::to_string(index) + "): " + what);
+}
+
+}  // namespace
+
+bool is_contiguous(const DLTensor& t) {
+  if (t.strides == nullptr) return true;
+  int64_t expected = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] != 1 && t.strides[i] != expected) return false;
+    expected *= t.shape[i];
+  }
+  return true;
+}
+
+DLTensor* NoOutputs::allocate(int32_t ret_index, const DLDevice&, int32_t, const int64_t*, DLDataType) {
+  throw Error(ErrorCode::kInvalidArgument,
+              "op '" + op_ + "': return " + std::to_string(ret_index) +
+                  " must be allocated, but the caller passed no output allocator");
+}
+
+DispatcherOptions DispatcherOptions::from_env() {
+  DispatcherOptions o;
+  if (auto v = env::get("NPUB_FALLBACK")) {
+    if (*v == "error") o.fallback_mode = FallbackMode::kError;
+    else if (*v == "allow" || *v == "warn" || *v == "1") o.fallback_mode = FallbackMode::kAllow;
+    else
+      throw Error(ErrorCode::kInvalidArgument,
+                  "NPUB_FALLBACK: expected 'allow' or 'error' but found '" + *v + "'");
+  }
+  o.opt_level = static_cast<int>(env::get_int("NPUB_OPT_LEVEL", o.opt_level));
+  if (o.opt_level < 0 || o.opt_level > 3)
+    throw Error(ErrorCode::kInvalidArgument,
+                "NPUB_OPT_LEVEL: expected 0 to 3 but found " + std::to_string(o.opt_level));
+  o.dtype_conversion = env::get_flag("NPUB_DTYPE_CONVERSION", o.dtype_conversion);
+  return o;
+}
+
+Dispatcher::Dispatcher(reg::Registry& registry, reg::OpMappingTable& op_map,
+                       sim::DeviceSet& devices, const DispatcherOptions& options)
+    : registry_(registry),
+      op_map_(op_map),
+      devices_(devices),
+      fallback_mode_(options.fallback_mode),
+      opt_level_(options.opt_level),
+      dtype_conversion_(options.dtype_conversion) {}
+
+OpHandle Dispatcher::find(std::string_view name) const {
+  OpHandle h;
+  if (const reg::OpMapping* m = op_map_.find(name)) {
+    h.op = registry_.find(m->target_op);
+    if (h.op != nullptr && !m->plugin.empty()) {
+      for (const reg::Kernel* k : h.op->kernels(NPUB_DEVICE_NPU))
+        if (k->plugin && k->plugin->name == m->plugin) h.preferred_plugin = k->plugin.get();
+    }
+    if (h.op != nullptr) return h;
+  }
+  h.op = registry_.find(name);
+  return h;
+}
+
+OpHandle Dispatcher::op(std::string_view name) const {
+  OpHandle h = find(name);
+  if (!h)
+    throw Error(ErrorCode::kNotFound, "unknown op '" + std::string(name) +
+                                          "': no plugin defines it and the op-mapping table does not map it");
+  return h;
+}
+
+void Dispatcher::set_opt_level(int level) {
+  if (level < 0 || level > 3)
+    throw Error(ErrorCode::kInvalidArgument,
+                "set_opt_level: expected 0 to 3 but found " + std::to_string(level));
+  opt_level_.store(level);
+}
+
+void Dispatcher::set_fallback(FallbackFn fn) {
+  std::lock_guard<std::mutex> lock(config_mu_);
+  fallback_ = std::move(fn);
+  has_fallback_.store(static_cast<bool>(fallback_));
+}
+
+bool Dispatcher::has_fallback() const { return has_fallback_.load(); }
+
+// ----------------------------------------------------------------------------
+// validation
+// ----------------------------------------------------------------------------
+
+void Dispatcher::validate(CallState& cs) const {
+  const reg::OpEntry& op = *cs.op;
+  const auto& sargs = op.schema().arguments;
+  const auto n = static_cast<int32_t>(sargs.size());
+  if (cs.num_args > n || cs.num_args < op.num_required_args() || cs.num_args < 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                "op '" + op.name() + "': expected " +
+                    (op.num_required_args() == n ? std::to_string(n)
+                                                 : std::to_string(op.num_required_args()) + " to " +
+                                                       std::to_string(n)) +
+                    " arguments but found " + std::to_string(cs.num_args) + " (schema: " +
+                    op.schema().to_string() + ")");
+  if (cs.num_rets != static_cast<int32_t>(op.schema().returns.size()))
+    throw Error(ErrorCode::kInvalidArgument,
+                "op '" + op.name() + "': expected " + std::to_string(op.schema().returns.size()) +
+                    " return slots but found " + std::to_string(cs.num_rets));
+  if (cs.num_args < n) {
+    NpubValue* filled = cs.inline_args.data();
+    if (static_cast<size_t>(n) > cs.inline_args.size()) {
+      cs.heap_args.resize(static_cast<size_t>(n));
+      filled = cs.heap_args.data();
+    }
+    std::memcpy(filled, cs.args, sizeof(NpubValue) * static_cast<size_t>(cs.num_args));
+    for (int32_t i = cs.num_args; i < n; ++i) filled[i] = sargs[static_cast<size_t>(i)].default_value->value;
+    cs.args = filled;
+    cs.num_args = n;
+  }
+
+  auto check_tensor = [&](const DLTensor* t, const reg::Argument& a, int32_t index) {
+    if (t->ndim < 0 || t->ndim > 64)
+      bad_arg(op, a, index, "expected a tensor with 0 to 64 dimensions but found ndim " + std::to_string(t->ndim));
+    if (t->ndim > 0 && t->shape == nullptr) bad_arg(op, a, index, "tensor has ndim > 0 but a NULL shape");
+    const DType dt = dtype_of(t->dtype);
+    if (dt == DType::kUnknown) bad_arg(op, a, index, "unsupported dtype " + dtype_name(t->dtype));
+    int64_t numel = 1;
+    for (int32_t d = 0; d < t->ndim; ++d) {
+      const int64_t s = t->shape[d];
+      if (s < 0) bad_arg(op, a, index, "expected non-negative sizes but found " + std::to_string(s) + " at dim " + std::to_string(d));
+      if (s != 0 && numel > (INT64_MAX / 8) / s) bad_arg(op, a, index, "element count overflows int64");
+      numel *= s;
+    }
+    if (numel > 0 && t->data == nullptr) bad_arg(op, a, index, "tensor has elements but a NULL data pointer");
+    const DLDevice dev{t->device.device_type, t->device.device_id};
+    if (dev.device_type != NPUB_DEVICE_NPU && dev.device_type != NPUB_DEVICE_CPU)
+      bad_arg(op, a, index, "expected a tensor on npu or cpu but found one on " + device_str(dev));
+    if (dev.device_type == NPUB_DEVICE_NPU && (dev.device_id < 0 || dev.device_id >= devices_.count()))
+      bad_arg(op, a, index, "tensor is on " + device_str(dev) + ", which does not exist (" +
+                                std::to_string(devices_.count()) + " devices)");
+    if (!cs.has_device) {
+      cs.device = dev;
+      cs.has_device = true;
+    } else if (cs.device.device_type != dev.device_type || cs.device.device_id != dev.device_id) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "Expected all tensors to be on the same device, but found at least two devices, " +
+                      device_str(cs.device) + " and " + device_str(dev) + " (op '" + op.name() +
+                      "', argument '" + a.name + "')");
+    }
+    if (cs.dtype == DType::kUnknown) cs.dtype = dt;
+  };
+
+  const auto& accepted = op.accepted();
+  for (int32_t i = 0; i < n; ++i) {
+    const NpubValue& v = cs.args[i];
+    const reg::Argument& a = sargs[static_cast<size_t>(i)];
+    if (v.tag < 0 || v.tag > 31 || ((accepted[static_cast<size_t>(i)] >> v.tag) & 1u) == 0)
+      bad_arg(op, a, i, "expected " + reg::type_to_string(a.type) + " but found " + reg::value_tag_name(v.tag));
+    switch (v.tag) {
+      case NPUB_VALUE_TENSOR:
+        if (v.u.tensor == nullptr) bad_arg(op, a, i, "expected a tensor but found a NULL DLTensor pointer");
+        check_tensor(v.u.tensor, a, i);
+        break;
+      case NPUB_VALUE_TENSOR_LIST:
+        if (v.count < 0 || (v.count > 0 && v.u.tensors == nullptr)) bad_arg(op, a, i, "malformed tensor list");
+        for (int32_t k = 0; k < v.count; ++k) {
+          if (v.u.tensors[k] == nullptr) {
+            if (!a.type.element_optional) bad_arg(op, a, i, "element " + std::to_string(k) + " is NULL");
+            continue;
+          }
+          check_tensor(v.u.tensors[k], a, i);
+        }
+        break;
+      case NPUB_VALUE_INT_LIST:
+      case NPUB_VALUE_DOUBLE_LIST:
+        if (v.count < 0 || (v.count > 0 && v.u.ints == nullptr)) bad_arg(op, a, i, "malformed list");
+        if (a.type.fixed_size > 0 && v.count != a.type.fixed_size && v.count != 1)
+          bad_arg(op, a, i, "expected a list of " + std::to_string(a.type.fixed_size) + " values but found " + std::to_string(v.count));
+        break;
+      case NPUB_VALUE_STRING:
+        if (v.u.s == nullptr || v.count < 0) bad_arg(op, a, i, "NULL string");
+        break;
+      default:
+        break;
+    }
+  }
+  const auto& alias = op.return_alias();
+  for (int32_t i = 0; i < cs.num_rets; ++i) {
+    NpubValue& r = cs.rets[i];
+    const int32_t src = alias[static_cast<size_t>(i)];
+    if (src >= 0) {
+      r = cs.args[src];
+      continue;
+    }
+    if (r.tag == NPUB_VALUE_NONE) continue;
+    const reg::Argument& ra = op.schema().returns[static_cast<size_t>(i)];
+    if (r.tag != NPUB_VALUE_TENSOR || ra.type.base != reg::BaseType::kTensor || ra.type.list)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "op '" + op.name() + "', return " + std::to_string(i) +
+                      ": expected an empty slot (None) or a preallocated tensor for " +
+                      reg::type_to_string(ra.type) + " but found " + reg::value_tag_name(r.tag));
+    if (r.u.tensor == nullptr)
+      throw Error(ErrorCode::kInvalidArgument, "op '" + op.name() + "', return " + std::to_string(i) + ": NULL tensor");
+    reg::Argument as_arg = ra;
+    as_arg.name = "return " + std::to_string(i);
+    check_tensor(r.u.tensor, as_arg, i);
+  }
+}
+
+// ----------------------------------------------------------------------------
+// selection
+// ----------------------------------------------------------------------------
+
+const reg::Kernel* Dispatcher::select_kernel(CallState& cs, DType dtype) const {
+  const int level = opt_level_.load(std::memory_order_relaxed);
+  if (level == 0) return nullptr;
+  const reg::KernelList& list = cs.op->kernels(cs.device.device_type);
+  auto eligible = [&](const reg::Kernel* k) {
+    return (!k->plugin || k->plugin->enabled.load(std::memory_order_relaxed)) &&
+           k->min_opt_level <= level && k->accepts(dtype) &&
+           (k->supports == nullptr || k->supports(k->user_data, cs.args, cs.num_args) != 0);
+  };
+  if (cs.handle->preferred_plugin != nullptr) {
+    for (const reg::Kernel* k : list)
+      if (k->plugin.get() == cs.handle->preferred_plugin && eligible(k)) return k;
+  }
+  for (const reg::Kernel* k : list)
+    if (eligible(k)) return k;
+  return nullptr;
+}
+
+const reg::Kernel* Dispatcher::select(const OpHandle& handle, const NpubValue* args, int32_t num_args) const {
+  CallState cs;
+  cs.handle = &handle;
+  cs.op = handle.op;
+  cs.args = args;
+  cs.num_args = num_args;
+  std::vector<NpubValue> rets(handle.op->schema().returns.size(), NpubValue{});
+  cs.rets = rets.data();
+  cs.num_rets = static_cast<int32_t>(rets.size());
+  validate(cs);
+  if (!cs.has_device) cs.device = DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), devices_.current_device()};
+  const reg::Kernel* k = select_kernel(cs, cs.dtype);
+  if (k == nullptr && dtype_conversion() && (cs.dtype == DType::kFloat16 || cs.dtype == DType::kBFloat16))
+    k = select_kernel(cs, DType::kFloat32);
+  return k;
+}
+
+// ----------------------------------------------------------------------------
+// the call
+// ----------------------------------------------------------------------------
+
+// Note [Kernels run inline, in stream order]
+// A kernel runs on the calling host thread, using the device's compute
+// threads through parallel_for; it is ordered with the other work of the
+// device's current stream by waiting for that stream to drain first (only
+// when it has pending work: a cheap atomic check on the fast path). This
+// keeps the dispatch overhead at tens of nanoseconds and keeps borrowed
+// arguments valid for the whole kernel; asynchronous copies and event
+// records still overlap with host work.
+void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs, const reg::Kernel& k,
+                   const NpubValue* args, NpubValue* rets, OutputAllocator* outputs) {
+  const int index = cs.device.device_type == NPUB_DEVICE_NPU ? cs.device.device_id : devices.current_device();
+  sim::Device& dev = devices.at(index);
+  sim::Stream& stream = dev.current_stream();
+  if (!stream.query()) stream.synchronize();
+  NpubCallContext ctx;
+  ctx.kernel = &k;
+  ctx.device = &dev;
+  ctx.stream = &stream;
+  ctx.dl_device = cs.device;
+  ctx.rets = rets;
+  ctx.num_rets = cs.num_rets;
+  ctx.outputs = outputs;
+  struct Cleanup {
+    NpubCallContext& c;
+    ~Cleanup() {
+      for (void* p : c.scratch) c.device->free(p);
+      if (c.workspace != nullptr) c.device->free(c.workspace);
+    }
+  } cleanup{ctx};
+  auto fail = [&](int32_t code, const std::string& msg) {
+    throw Error(static_cast<ErrorCode>(code >= 1 && code <= 6 ? code : NPUB_ERR_INTERNAL),
+                "op '" + cs.op->name() + "' failed in the kernel of plugin '" + k.plugin_name() + "': " + msg);
+  };
+  if (k.workspace_size != nullptr) {
+    uint64_t bytes = 0;
+    NpubError* e = k.workspace_size(k.user_data, args, cs.num_args, &bytes);
+    if (e != nullptr) {
+      int32_t code = 0;
+      std::string msg = consume_error(e, &code);
+      fail(code, "workspace query: " + msg);
+    }
+    if (bytes > 0) {
+      ctx.workspace = dev.allocate(bytes);
+      ctx.workspace_bytes = bytes;
+    }
+  }
+  NpubError* e = nullptr;
+  try {
+    e = k.fn(&ctx, args, cs.num_args, rets, cs.num_rets);
+  } catch (const std::exception& ex) {
+    fail(NPUB_ERR_INTERNAL, std::string("a C++ exception crossed the C ABI: ") + ex.what());
+  } catch (...) {
+    fail(NPUB_ERR_INTERNAL, "a C++ exception crossed the C ABI");
+  }
+  if (e != nullptr) {
+    int32_t code = 0;
+    std::string msg = consume_error(e, &code);
+    fail(code, msg);
+  }
+  const auto& returns = cs.op->schema().returns;
+  for (int32_t i = 0; i < cs.num_rets; ++i) {
+    const reg::Type& t = returns[static_cast<size_t>(i)].type;
+    if (t.base == reg::BaseType::kTensor && !t.list && !t.optional && rets[i].tag != NPUB_VALUE_TENSOR)
+      fail(NPUB_ERR_INTERNAL, "the kernel returned success without producing return " + std::to_string(i));
+  }
+  const_cast<reg::Kernel&>(k).calls.fetch_add(1, std::memory_order_relaxed);
+}
+
+void Dispatcher::call(std::string_view op_name, const NpubValue* args, int32_t num_args,
+                      NpubValue* rets, int32_t num_rets, OutputAllocator* outputs) {
+  call(op(op_name), args, num_args, rets, num_rets, outputs);
+}
+
+void Dispatcher::call(const OpHandle& handle, const NpubValue* args, int32_t num_args,
+                      NpubValue* rets, int32_t num_rets, OutputAllocator* outputs) {
+  if (!handle) throw Error(ErrorCode::kInvalidArgument, "Dispatcher::call: empty op handle");
+  const auto t0 = std::chrono::steady_clock::now();
+  reg::OpStats& stats = handle.op->stats();
+  stats.calls.fetch_add(1, std::memory_order_relaxed);
+  CallState cs;
+  cs.handle = &handle;
+  cs.op = handle.op;
+  cs.args = args;
+  cs.num_args = num_args;
+  cs.rets = rets;
+  cs.num_rets = num_rets;
+  NoOutputs no_outputs(handle.op->name());
+  cs.outputs = outputs != nullptr ? outputs : &no_outputs;
+  try {
+    validate(cs);
+    if (!cs.has_device)
+      cs.device = DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), devices_.current_device()};
+    DType convert_from = DType::kUnknown;
+    const reg::Kernel* k = select_kernel(cs, cs.dtype);
+    if (k == nullptr && (cs.dtype == DType::kFloat16 || cs.dtype == DType::kBFloat16) &&
+        dtype_conversion_.load(std::memory_order_relaxed)) {
+      k = select_kernel(cs, DType::kFloat32);
+      if (k != nullptr) convert_from = cs.dtype;
+    }
+    if (k == nullptr) {
+      run_fallback(cs, nullptr);
+    } else if (precision_enabled_.load(std::memory_order_relaxed) && has_fallback()) {
+      check_precision(cs, *k, convert_from);
+    } else {
+      run_kernel(cs, *k, convert_from);
+    }
+  } catch (...) {
+    stats.errors.fetch_add(1, std::memory_order_relaxed);
+    throw;
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  stats.total_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count(),
+                           std::memory_order_relaxed);
+}
+
+std::string explain_no_kernel(const Dispatcher& d, const reg::OpEntry& op, const DLDevice& dev,
+                              DType dtype) {
+  const auto& list = op.kernels(dev.device_type);
+  if (d.opt_level() == 0) return "optimisation level 0 disables every plugin kernel";
+  if (list.empty())
+    return std::string("no plugin registers a kernel for it on ") +
+           (dev.device_type == NPUB_DEVICE_CPU ? "cpu" : "npu");
+  std::string s = std::string("no kernel accepts dtype ") + dtype_name(dtype) + " (";
+  for (size_t i = 0; i < list.size(); ++i) {
+    const reg::Kernel* k = list[i];
+    s += (i ? "; " : "") + std::string("plugin '") + k->plugin_name() + "': {" + k->dtypes_string() + "}";
+    if (k->plugin && !k->plugin->enabled) s += " disabled";
+    if (k->min_opt_level > d.opt_level()) s += " needs O" + std::to_string(k->min_opt_level);
+    if (k->supports != nullptr) s += " with a predicate";
+  }
+  return s + ")";
+}
+
+void Dispatcher::run_fallback(CallState& cs, const char* reason) {
+  const std::string why = reason != nullptr ? std::string(reason) : explain_no_kernel(*this, *cs.op, cs.device, cs.dtype);
+  if (fallback_mode_.load(std::memory_order_relaxed) == FallbackMode::kError)
+    throw Error(ErrorCode::kUnsupported,
+                "op '" + cs.op->name() + "' is not supported on " + device_str(cs.device) + ": " + why +
+                    "; falling back to the host framework is disabled (NPUB_FALLBACK=error)");
+  FallbackFn fn;
+  {
+    std::lock_guard<std::mutex> lock(config_mu_);
+    fn = fallback_;
+  }
+  if (!fn)
+    throw Error(ErrorCode::kUnsupported, "op '" + cs.op->name() + "' is not supported on " +
+                                             device_str(cs.device) + ": " + why +
+                                             ", and the host registered no fallback");
+  reg::OpStats& stats = cs.op->stats();
+  if (!stats.fallback_warned.exchange(true))
+    log().warn("operator '{}' is not supported on the NPU backend ({}) and will fall back to the "
+               "host framework's implementation; logged once per op",
+               cs.op->name(), why);
+  stats.fallbacks.fetch_add(1, std::memory_order_relaxed);
+  fn(*cs.op, cs.args, cs.num_args, cs.rets, cs.num_rets, *cs.outputs);
+}
+
+void Dispatcher::run_kernel(CallState& cs, const reg::Kernel& k, DType convert_from) {
+  bool stage = convert_from != DType::kUnknown;
+  if (!stage && (k.flags & NPUB_KERNEL_CONTIGUOUS_ONLY)) {
+    for (int32_t i = 0; i < cs.num_args && !stage; ++i) {
+      const NpubValue& v = cs.args[i];
+      if (v.tag == NPUB_VALUE_TENSOR) stage = !is_contiguous(*v.u.tensor);
+      if (v.tag == NPUB_VALUE_TENSOR_LIST)
+        for (int32_t j = 0; j < v.count; ++j)
+          if (v.u.tensors[j] != nullptr && !is_contiguous(*v.u.tensors[j])) stage = true;
+    }
+    for (int32_t i = 0; i < cs.num_rets && !stage; ++i)
+      if (cs.rets[i].tag == NPUB_VALUE_TENSOR) stage = !is_contiguous(*cs.rets[i].u.tensor);
+  }
+  if (!stage) {
+    // Keep the caller's empty return slots restorable: a kernel that declines
+    // (NPUB_ERR_UNSUPPORTED) hands the call to the fallback untouched.
+    std::array<NpubValue, 8> saved{};
+    const bool can_restore = cs.num_rets <= static_cast<int32_t>(saved.size());
+    if (can_restore) std::memcpy(saved.data(), cs.rets, sizeof(NpubValue) * static_cast<size_t>(cs.num_rets));
+    try {
+      invoke_kernel(devices_, cs, k, cs.args, cs.rets, cs.outputs);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kUnsupported || !can_restore || !has_fallback()) throw;
+      std::memcpy(cs.rets, saved.data(), sizeof(NpubValue) * static_cast<size_t>(cs.num_rets));
+      run_fallback(cs, e.what());
+    }
+    return;
+  }
+  run_staged(cs, k, convert_from);
+}
+
+}  // namespace npub

@@ -1,0 +1,240 @@
+#include "host_api.h"
+
+#include "logging.h"
+#include <npubridge/dispatcher/tensor.h>
+#include <npubridge/support/dtype.h>
+#include <npubridge/support/error.h>
+
+#include <cstring>
+
+namespace npub {
+
+namespace {
+
+NpubError* make_error(int32_t code, std::string message) {
+  return new NpubError{code, std::move(message)};
+}
+
+NpubError* error_create(int32_t code, const char* message) {
+  return make_error(code, message != nullptr ? message : "(no message)");
+}
+void error_destroy(NpubError* e) { delete e; }
+int32_t error_code(const NpubError* e) { return e != nullptr ? e->code : 0; }
+const char* error_message(const NpubError* e) { return e != nullptr ? e->message.c_str() : ""; }
+
+void log_message(int32_t level, const char* message) {
+  const char* m = message != nullptr ? message : "";
+  switch (level) {
+    case NPUB_LOG_TRACE: log().trace("{}", m); break;
+    case NPUB_LOG_DEBUG: log().debug("{}", m); break;
+    case NPUB_LOG_INFO: log().info("{}", m); break;
+    case NPUB_LOG_WARN: log().warn("{}", m); break;
+    default: log().error("{}", m); break;
+  }
+}
+
+// Fails the registration: the error goes back to the plugin and is also
+// kept, so that a plugin ignoring it is rejected all the same.
+NpubError* registration_error(NpubRegistrar* r, std::string message) {
+  if (r->first_error.empty()) r->first_error = message;
+  return make_error(NPUB_ERR_INVALID_ARGUMENT, std::move(message));
+}
+
+bool staged_or_registered(NpubRegistrar* r, const std::string& op) {
+  if (r->registry->find(op) != nullptr) return true;
+  for (const auto& s : r->schemas)
+    if (s.qualified_name() == op) return true;
+  return false;
+}
+
+NpubError* define_op(NpubRegistrar* r, const char* schema_text) {
+  if (r == nullptr) return make_error(NPUB_ERR_INVALID_ARGUMENT, "define_op: registrar is NULL");
+  if (!r->open)
+    return registration_error(r, "define_op called after initialize returned; ops can only be "
+                                 "defined during initialize");
+  if (schema_text == nullptr) return registration_error(r, "define_op: schema string is NULL");
+  reg::Schema schema;
+  try {
+    schema = reg::parse_schema(schema_text);
+  } catch (const reg::SchemaError& e) {
+    return registration_error(r, std::string("define_op: ") + e.what());
+  }
+  const std::string name = schema.qualified_name();
+  const std::string text = schema.to_string();
+  const reg::OpEntry* existing = r->registry->find(name);
+  if (existing != nullptr && existing->schema().to_string() != text)
+    return registration_error(r, "define_op: op '" + name + "' is already defined (by " +
+                                     existing->defined_by() + ") with a different schema: existing \"" +
+                                     existing->schema().to_string() + "\", new \"" + text + "\"");
+  for (const auto& s : r->schemas)
+    if (s.qualified_name() == name) {
+      if (s.to_string() != text)
+        return registration_error(r, "define_op: op '" + name +
+                                         "' defined twice with different schemas: \"" +
+                                         s.to_string() + "\" and \"" + text + "\"");
+      return nullptr;
+    }
+  if (existing == nullptr) r->schemas.push_back(std::move(schema));
+  return nullptr;
+}
+
+NpubError* register_kernel(NpubRegistrar* r, const NpubKernelDesc* desc) {
+  if (r == nullptr) return make_error(NPUB_ERR_INVALID_ARGUMENT, "register_kernel: registrar is NULL");
+  if (!r->open)
+    return registration_error(r, "register_kernel called after initialize returned; kernels can "
+                                 "only be registered during initialize");
+  if (desc == nullptr) return registration_error(r, "register_kernel: kernel description is NULL");
+  constexpr size_t kV1Size = sizeof(NpubKernelDesc);
+  if (desc->struct_size < kV1Size)
+    return registration_error(
+        r, "register_kernel: NpubKernelDesc.struct_size is " + std::to_string(desc->struct_size) +
+               " but ABI 1.0 requires at least " + std::to_string(kV1Size) +
+               " (struct too small: built against a broken or foreign header?)");
+  if (desc->op_name == nullptr) return registration_error(r, "register_kernel: op_name is NULL");
+  const std::string op = desc->op_name;
+  if (desc->fn == nullptr)
+    return registration_error(r, "register_kernel for op '" + op +
+                                     "': required function NpubKernelDesc.fn is NULL");
+  if (!staged_or_registered(r, op))
+    return registration_error(r, "register_kernel: op '" + op +
+                                     "' is not defined; define its schema with define_op first");
+  if (desc->device_type != NPUB_DEVICE_NPU && desc->device_type != NPUB_DEVICE_CPU)
+    return registration_error(r, "register_kernel for op '" + op + "': expected device_type " +
+                                     std::to_string(NPUB_DEVICE_NPU) + " (npu) or " +
+                                     std::to_string(NPUB_DEVICE_CPU) + " (cpu) but found " +
+                                     std::to_string(desc->device_type));
+  if (desc->num_dtypes < 0 || (desc->num_dtypes > 0 && desc->dtypes == nullptr))
+    return registration_error(r, "register_kernel for op '" + op + "': dtypes is NULL with num_dtypes " +
+                                     std::to_string(desc->num_dtypes));
+  if (desc->min_opt_level < 0 || desc->min_opt_level > 3)
+    return registration_error(r, "register_kernel for op '" + op + "': expected min_opt_level 0..3 but found " +
+                                     std::to_string(desc->min_opt_level));
+  uint32_t mask = 0;
+  for (int32_t i = 0; i < desc->num_dtypes; ++i) {
+    DType t = dtype_of(desc->dtypes[i]);
+    if (t == DType::kUnknown)
+      return registration_error(r, "register_kernel for op '" + op + "': unsupported dtype " +
+                                       dtype_name(desc->dtypes[i]));
+    mask |= 1u << static_cast<int>(t);
+  }
+  auto k = std::make_unique<reg::Kernel>();
+  k->plugin = r->plugin;
+  k->device_type = desc->device_type;
+  k->priority = desc->priority;
+  k->dtype_mask = mask;
+  k->flags = desc->flags;
+  k->min_opt_level = desc->min_opt_level == 0 ? 1 : desc->min_opt_level;
+  k->fn = desc->fn;
+  k->supports = desc->supports;
+  k->workspace_size = desc->workspace_size;
+  // Ambiguity against registered and staged kernels (same rule as Registry::add_kernel).
+  auto clash = [&](const reg::Kernel& other) {
+    const bool overlap = other.dtype_mask == 0 || mask == 0 || (other.dtype_mask & mask) != 0;
+    return other.device_type == k->device_type && other.priority == k->priority && overlap;
+  };
+  if (const reg::OpEntry* e = r->registry->find(op)) {
+    for (const reg::Kernel* other : e->kernels(k->device_type))
+      if (clash(*other))
+        return registration_error(r, "register_kernel: duplicate kernel for op '" + op +
+                                         "' at priority " + std::to_string(k->priority) +
+                                         ": plugin '" + other->plugin_name() +
+                                         "' already registered one for dtypes {" +
+                                         other->dtypes_string() + "}");
+  }
+  for (size_t i = 0; i < r->kernels.size(); ++i)
+    if (r->kernel_ops[i] == op && clash(*r->kernels[i]))
+      return registration_error(r, "register_kernel: duplicate kernel for op '" + op +
+                                       "' at priority " + std::to_string(k->priority) +
+                                       " registered twice by this plugin");
+  // Ownership of user_data moves to the host only now, on success.
+  k->user_data = desc->user_data;
+  k->user_data_deleter = desc->user_data_deleter;
+  r->kernels.push_back(std::move(k));
+  r->kernel_ops.push_back(op);
+  return nullptr;
+}
+
+void* kernel_user_data(NpubCallContext* ctx) { return ctx->kernel->user_data; }
+int32_t device_index(NpubCallContext* ctx) { return ctx->dl_device.device_id; }
+NpubStream* current_stream(NpubCallContext* ctx) {
+  return reinterpret_cast<NpubStream*>(ctx->stream);
+}
+void* workspace(NpubCallContext* ctx, uint64_t* bytes) {
+  if (bytes != nullptr) *bytes = ctx->workspace_bytes;
+  return ctx->workspace;
+}
+
+NpubError* alloc_output(NpubCallContext* ctx, int32_t ret_index, int32_t ndim,
+                        const int64_t* shape, DLDataType dtype, DLTensor** out) {
+  if (out == nullptr) return make_error(NPUB_ERR_INVALID_ARGUMENT, "alloc_output: out is NULL");
+  *out = nullptr;
+  if (ret_index < 0 || ret_index >= ctx->num_rets)
+    return make_error(NPUB_ERR_INVALID_ARGUMENT, "alloc_output: return index " + std::to_string(ret_index) +
+                                                     " out of range (the op has " +
+                                                     std::to_string(ctx->num_rets) + " returns)");
+  if (ctx->rets[ret_index].tag != NPUB_VALUE_NONE)
+    return make_error(NPUB_ERR_INVALID_ARGUMENT, "alloc_output: return " + std::to_string(ret_index) +
+                                                     " is already set (preallocated by the caller)");
+  if (ndim < 0 || ndim > 64 || (ndim > 0 && shape == nullptr))
+    return make_error(NPUB_ERR_INVALID_ARGUMENT, "alloc_output: expected ndim 0..64 with a shape but found ndim " +
+                                                     std::to_string(ndim));
+  const DType t = dtype_of(dtype);
+  if (t == DType::kUnknown)
+    return make_error(NPUB_ERR_INVALID_ARGUMENT, "alloc_output: unsupported dtype " + dtype_name(dtype));
+  if (ctx->outputs == nullptr)
+    return make_error(NPUB_ERR_UNSUPPORTED, "alloc_output: the caller passed no output allocator for return " +
+                                                std::to_string(ret_index));
+  try {
+    checked_numel(shape, ndim, element_size(t), "alloc_output: return " + std::to_string(ret_index));
+    DLTensor* d = ctx->outputs->allocate(ret_index, ctx->dl_device, ndim, shape, dtype);
+    ctx->rets[ret_index].tag = NPUB_VALUE_TENSOR;
+    ctx->rets[ret_index].count = 0;
+    ctx->rets[ret_index].u.tensor = d;
+    *out = d;
+    return nullptr;
+  } catch (const Error& e) {
+    return make_error(static_cast<int32_t>(e.code()), e.what());
+  } catch (const std::exception& e) {
+    return make_error(NPUB_ERR_INTERNAL, std::string("alloc_output: ") + e.what());
+  }
+}
+
+NpubError* alloc_scratch(NpubCallContext* ctx, uint64_t bytes, void** out) {
+  if (out == nullptr) return make_error(NPUB_ERR_INVALID_ARGUMENT, "alloc_scratch: out is NULL");
+  try {
+    *out = ctx->device->allocate(bytes);
+    if (*out != nullptr) ctx->scratch.push_back(*out);
+    return nullptr;
+  } catch (const Error& e) {
+    return make_error(static_cast<int32_t>(e.code()), e.what());
+  }
+}
+
+void parallel_for(NpubCallContext* ctx, int64_t begin, int64_t end, int64_t grain,
+                  NpubParallelBody body, void* user) {
+  ctx->device->compute().parallel_for(begin, end, grain, body, user);
+}
+
+int32_t num_threads(NpubCallContext* ctx) { return ctx->device->compute().num_threads(); }
+
+const NpubHostApi kHostApi = {
+    sizeof(NpubHostApi), NPUB_ABI_MAJOR, NPUB_ABI_MINOR,
+    &error_create,       &error_destroy, &error_code,
+    &error_message,      &log_message,   &define_op,
+    &register_kernel,    &kernel_user_data, &device_index,
+    &current_stream,     &workspace,     &alloc_output,
+    &alloc_scratch,      &parallel_for,  &num_threads,
+};
+
+}  // namespace
+
+const NpubHostApi* host_api() { return &kHostApi; }
+
+std::string consume_error(NpubError* e, int32_t* code) {
+  if (e == nullptr) return {};
+  std::unique_ptr<NpubError> owned(e);
+  if (code != nullptr) *code = owned->code;
+  return owned->message;
+}
+
+}  // namespace npub

@@ -1,0 +1,242 @@
+#include "host_api.h"
+
+#include "logging.h"
+#include <npubridge/dispatcher/plugin_loader.h>
+#include <npubridge/support/env.h>
+#include <npubridge/support/error.h>
+
+#define BOOST_DLL_USE_STD_FS 1
+#include <boost/dll/shared_library.hpp>
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstddef>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace npub {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Boost.DLL resets dlerror() and reports "Bad file descriptor" for most
+// failures; say what is wrong with the file ourselves.
+std::string explain_open_failure(const std::string& path) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return "no such file";
+  if (fs::is_directory(path, ec)) return "is a directory, not a shared library";
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return "cannot be read (permission denied?)";
+  char magic[4] = {0, 0, 0, 0};
+  f.read(magic, 4);
+  if (f.gcount() < 4 || magic[0] != 0x7f || magic[1] != 'E' || magic[2] != 'L' || magic[3] != 'F')
+    return "not a shared library (no ELF header)";
+  // An ELF file that still failed: ask the dynamic loader for its reason.
+  void* h = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (h != nullptr) {
+    ::dlclose(h);
+    return "the dynamic loader refused it";
+  }
+  const char* why = ::dlerror();
+  return std::string("the dynamic loader refused it: ") + (why != nullptr ? why : "unknown reason");
+}
+
+bool valid_plugin_name(const char* name) {
+  if (name == nullptr || *name == '\0') return false;
+  for (const char* p = name; *p; ++p)
+    if (!std::isalnum(static_cast<unsigned char>(*p)) && *p != '_') return false;
+  return std::strlen(name) <= 64;
+}
+
+std::vector<std::string> plugin_files_in(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("lib", 0) == 0 && name.size() > 3 && name.substr(name.size() - 3) == ".so")
+      out.push_back(entry.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+std::string PluginLoader::builtin_plugin_dir() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&PluginLoader::builtin_plugin_dir), &info) == 0 ||
+      info.dli_fname == nullptr)
+    return {};
+  return (fs::path(info.dli_fname).parent_path() / "npubridge" / "plugins").string();
+}
+
+std::vector<std::string> PluginLoader::default_candidates() {
+  std::vector<std::string> files;
+  const std::string builtin = builtin_plugin_dir();
+  if (!builtin.empty()) files = plugin_files_in(builtin);
+  if (auto path = env::get("NPUB_PLUGIN_PATH")) {
+    size_t start = 0;
+    while (start <= path->size()) {
+      size_t colon = path->find(':', start);
+      std::string entry = path->substr(start, colon == std::string::npos ? std::string::npos : colon - start);
+      if (!entry.empty()) {
+        std::error_code ec;
+        if (fs::is_directory(entry, ec)) {
+          for (auto& f : plugin_files_in(entry)) files.push_back(f);
+        } else {
+          files.push_back(entry);  // a missing file is reported by load()
+        }
+      }
+      if (colon == std::string::npos) break;
+      start = colon + 1;
+    }
+  }
+  return files;
+}
+
+std::vector<LoadResult> PluginLoader::load_default() {
+  std::vector<LoadResult> results;
+  for (const auto& f : default_candidates()) results.push_back(load(f));
+  return results;
+}
+
+LoadResult PluginLoader::load(const std::string& path) {
+  LoadResult result;
+  result.path = path;
+  auto reject = [&](const std::string& reason) {
+    result.ok = false;
+    result.error = "plugin '" + path + "' rejected: " + reason;
+    log().error("{}", result.error);
+    std::lock_guard<std::mutex> lock(mu_);
+    failures_.push_back(result);
+    return result;
+  };
+
+  // 1. Open.
+  auto lib = std::make_shared<boost::dll::shared_library>();
+  {
+    boost::dll::fs::error_code ec;
+    lib->load(boost::dll::fs::path(path),
+              boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
+    if (ec || !lib->is_loaded()) return reject(explain_open_failure(path));
+  }
+
+  // 2. Find the entry point; recognise other ABI majors by their symbol.
+  if (!lib->has(NPUB_PLUGIN_ENTRY_SYMBOL)) {
+    for (int major = 0; major <= 99; ++major) {
+      if (major == NPUB_ABI_MAJOR) continue;
+      const std::string other = "npub_plugin_init_v" + std::to_string(major);
+      if (lib->has(other))
+        return reject("built for plugin ABI major " + std::to_string(major) + " (exports '" + other +
+                      "'), but this host supports ABI major " + std::to_string(NPUB_ABI_MAJOR) +
+                      " ('" NPUB_PLUGIN_ENTRY_SYMBOL "')");
+    }
+    return reject("entry symbol '" NPUB_PLUGIN_ENTRY_SYMBOL "' not found; a plugin must export it "
+                  "(see plugin_api.h)");
+  }
+  auto entry = lib->get<const NpubPluginApi*()>(NPUB_PLUGIN_ENTRY_SYMBOL);
+
+  // 3. Check what the entry point returns.
+  const NpubPluginApi* api = nullptr;
+  try {
+    api = entry();
+  } catch (const std::exception& e) {
+    return reject(std::string(NPUB_PLUGIN_ENTRY_SYMBOL "() threw an exception: ") + e.what());
+  } catch (...) {
+    return reject(NPUB_PLUGIN_ENTRY_SYMBOL "() threw an exception");
+  }
+  if (api == nullptr) return reject(NPUB_PLUGIN_ENTRY_SYMBOL "() returned NULL");
+  constexpr size_t kV1Size = sizeof(NpubPluginApi);
+  if (api->struct_size < kV1Size)
+    return reject("NpubPluginApi.struct_size is " + std::to_string(api->struct_size) +
+                  " but ABI 1.0 requires at least " + std::to_string(kV1Size) + " (struct too small)");
+  if (api->abi_major != NPUB_ABI_MAJOR)
+    return reject("NpubPluginApi.abi_major is " + std::to_string(api->abi_major) +
+                  " but this host supports ABI major " + std::to_string(NPUB_ABI_MAJOR));
+  if (api->initialize == nullptr)
+    return reject("required function NpubPluginApi.initialize is NULL");
+  if (!valid_plugin_name(api->name))
+    return reject("NpubPluginApi.name must be 1 to 64 characters of [A-Za-z0-9_] but is " +
+                  (api->name ? "'" + std::string(api->name) + "'" : std::string("NULL")));
+  const std::string name = api->name;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& p : plugins_)
+      if (p->name == name)
+        return reject("a plugin named '" + name + "' is already loaded from '" + p->path + "'");
+  }
+
+  // 4. Initialise, staging every registration.
+  auto record = std::make_shared<reg::PluginRecord>();
+  record->name = name;
+  record->version = api->version != nullptr ? api->version : "";
+  record->path = path;
+  record->abi_minor = api->abi_minor;
+  record->library = lib;
+  NpubRegistrar registrar;
+  registrar.registry = &registry_;
+  registrar.plugin = record;
+  NpubError* err = nullptr;
+  try {
+    err = api->initialize(host_api(), &registrar);
+  } catch (const std::exception& e) {
+    registrar.open = false;
+    return reject("initialize threw an exception: " + std::string(e.what()));
+  } catch (...) {
+    registrar.open = false;
+    return reject("initialize threw an exception of unknown type");
+  }
+  registrar.open = false;
+  if (err != nullptr) return reject("initialize failed: " + consume_error(err));
+  if (!registrar.first_error.empty()) return reject(registrar.first_error);
+
+  // 5. Commit. Checked while staging, so only a concurrent load of another
+  // plugin defining the same op differently can fail here.
+  try {
+    for (const auto& s : registrar.schemas) registry_.define(s, "plugin '" + name + "'");
+    for (size_t i = 0; i < registrar.kernels.size(); ++i) {
+      auto& k = registrar.kernels[i];
+      k->op = registry_.find(registrar.kernel_ops[i]);
+      registry_.add_kernel(std::move(k));
+    }
+  } catch (const Error& e) {
+    registry_.remove_plugin_kernels(record.get());
+    return reject(e.what());
+  }
+  // Only now may the plugin's shutdown run (when its last kernel goes).
+  record->shutdown = api->struct_size >= offsetof(NpubPluginApi, shutdown) + sizeof(api->shutdown)
+                         ? api->shutdown
+                         : nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    plugins_.push_back(record);
+  }
+  result.ok = true;
+  result.plugin_name = name;
+  log().info("loaded plugin '{}' {} from {} ({} ops defined, {} kernels)", name, record->version,
+             path, registrar.schemas.size(), registrar.kernels.size());
+  return result;
+}
+
+std::vector<std::shared_ptr<reg::PluginRecord>> PluginLoader::plugins() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return plugins_;
+}
+
+std::shared_ptr<reg::PluginRecord> PluginLoader::plugin(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& p : plugins_)
+    if (p->name == name) return p;
+  return nullptr;
+}
+
+std::vector<LoadResult> PluginLoader::failures() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failures_;
+}
+
+}  // namespace npub

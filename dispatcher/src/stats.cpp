@@ -1,0 +1,55 @@
+#include <npubridge/dispatcher/dispatcher.h>
+#include <npubridge/support/error.h>
+
+namespace npub {
+
+DLTensor* TensorOutputs::allocate(int32_t ret_index, const DLDevice& device, int32_t ndim,
+                                  const int64_t* shape, DLDataType dtype) {
+  if (ret_index < 0) throw Error(ErrorCode::kInternal, "TensorOutputs: negative return index");
+  if (tensors_.size() <= static_cast<size_t>(ret_index)) tensors_.resize(static_cast<size_t>(ret_index) + 1);
+  sim::Device* dev = device.device_type == NPUB_DEVICE_NPU ? &devices_.at(device.device_id) : nullptr;
+  tensors_[static_cast<size_t>(ret_index)] =
+      Tensor::empty(std::vector<int64_t>(shape, shape + ndim), dtype_of(dtype), dev);
+  return tensors_[static_cast<size_t>(ret_index)].dl();
+}
+
+Tensor& TensorOutputs::operator[](size_t i) {
+  if (tensors_.size() <= i) tensors_.resize(i + 1);
+  return tensors_[i];
+}
+
+std::vector<OpStatsSnapshot> Dispatcher::stats() const {
+  std::vector<OpStatsSnapshot> out;
+  for (const reg::OpEntry* op : registry_.ops()) {
+    const reg::OpStats& s = op->stats();
+    if (s.calls.load() == 0) continue;
+    OpStatsSnapshot snap;
+    snap.op = op->name();
+    snap.calls = s.calls.load();
+    snap.fallbacks = s.fallbacks.load();
+    snap.conversions = s.conversions.load();
+    snap.errors = s.errors.load();
+    snap.precision_mismatches = s.precision_mismatches.load();
+    snap.total_ms = static_cast<double>(s.total_ns.load()) / 1e6;
+    for (const reg::Kernel* k : op->kernels(NPUB_DEVICE_NPU))
+      snap.kernels.push_back({k->plugin_name(), k->dtypes_string(), k->priority, k->calls.load()});
+    out.push_back(std::move(snap));
+  }
+  return out;
+}
+
+void Dispatcher::reset_stats() {
+  for (reg::OpEntry* op : registry_.ops()) {
+    op->stats().reset();
+    for (const reg::Kernel* k : op->kernels(NPUB_DEVICE_NPU)) const_cast<reg::Kernel*>(k)->calls = 0;
+    for (const reg::Kernel* k : op->kernels(NPUB_DEVICE_CPU)) const_cast<reg::Kernel*>(k)->calls = 0;
+  }
+}
+
+int64_t Dispatcher::total_fallbacks() const {
+  int64_t n = 0;
+  for (const reg::OpEntry* op : registry_.ops()) n += op->stats().fallbacks.load();
+  return n;
+}
+
+}  // namespace npub

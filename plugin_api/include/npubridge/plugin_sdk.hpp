@@ -1,0 +1,530 @@
+// npubridge plugin SDK: a header-only C++ layer over plugin_api.h.
+//
+// It exists so that a kernel is a few lines of C++ while the boundary stays C:
+// everything here compiles into the plugin; nothing of it crosses to the host.
+//  - Typed argument access (Call::tensor, Call::int_arg, ...), with errors
+//    that name the op and the argument.
+//  - An exception barrier: a C++ exception thrown by a kernel or by the
+//    plugin's init function becomes an NpubError at the edge, never unwinds
+//    into the host.
+//  - Registration helpers (Registrar::def, Registrar::kernel).
+//  - parallel_for over the device's compute threads with a lambda.
+//  - fp16/bf16 <-> fp32 conversion.
+//
+// Usage:
+//   static void my_scale(npub::sdk::Call& call) { ... }
+//   static void init(npub::sdk::Registrar& r) {
+//     r.def("myns::scale(Tensor self, float factor) -> Tensor");
+//     r.kernel("myns::scale", &my_scale).dtypes({npub::sdk::kFloat32});
+//   }
+//   NPUB_DEFINE_PLUGIN(my_plugin, "1.0.0", init)
+#ifndef NPUBRIDGE_PLUGIN_SDK_HPP_
+#define NPUBRIDGE_PLUGIN_SDK_HPP_
+
+#include <npubridge/half.hpp>
+#include <npubridge/plugin_api.h>
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <initializer_list>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace npub::sdk {
+
+// ---------------------------------------------------------------------------
+// dtypes
+// ---------------------------------------------------------------------------
+
+constexpr DLDataType kFloat32{kDLFloat, 32, 1};
+constexpr DLDataType kFloat64{kDLFloat, 64, 1};
+constexpr DLDataType kFloat16{kDLFloat, 16, 1};
+constexpr DLDataType kBFloat16{kDLBfloat, 16, 1};
+constexpr DLDataType kInt64{kDLInt, 64, 1};
+constexpr DLDataType kInt32{kDLInt, 32, 1};
+constexpr DLDataType kInt16{kDLInt, 16, 1};
+constexpr DLDataType kInt8{kDLInt, 8, 1};
+constexpr DLDataType kUInt8{kDLUInt, 8, 1};
+constexpr DLDataType kBool{NPUB_DL_BOOL, 8, 1};
+
+constexpr bool same_dtype(DLDataType a, DLDataType b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+inline std::string dtype_name(DLDataType t) {
+  if (same_dtype(t, kFloat32)) return "float32";
+  if (same_dtype(t, kFloat64)) return "float64";
+  if (same_dtype(t, kFloat16)) return "float16";
+  if (same_dtype(t, kBFloat16)) return "bfloat16";
+  if (same_dtype(t, kInt64)) return "int64";
+  if (same_dtype(t, kInt32)) return "int32";
+  if (same_dtype(t, kInt16)) return "int16";
+  if (same_dtype(t, kInt8)) return "int8";
+  if (same_dtype(t, kUInt8)) return "uint8";
+  if (same_dtype(t, kBool)) return "bool";
+  return "dtype(code=" + std::to_string(t.code) + ",bits=" +
+         std::to_string(t.bits) + ",lanes=" + std::to_string(t.lanes) + ")";
+}
+
+using ::npub::half::bf16_to_float;
+using ::npub::half::float_to_bf16;
+using ::npub::half::float_to_half;
+using ::npub::half::half_to_float;
+
+// ---------------------------------------------------------------------------
+// errors
+// ---------------------------------------------------------------------------
+
+// Thrown inside a plugin; turned into an NpubError at the boundary.
+class Error : public std::runtime_error {
+ public:
+  Error(int32_t code, const std::string& message)
+      : std::runtime_error(message), code_(code) {}
+  int32_t code() const noexcept { return code_; }
+
+ private:
+  int32_t code_;
+};
+
+// Holds an NpubError received from the host so it can travel as an exception.
+class HostError : public std::exception {
+ public:
+  explicit HostError(NpubError* e) : error_(e) {}
+  HostError(HostError&& o) noexcept : error_(std::exchange(o.error_, nullptr)) {}
+  HostError(const HostError&) = delete;
+  ~HostError() override;
+  NpubError* release() noexcept { return std::exchange(error_, nullptr); }
+  const char* what() const noexcept override;
+
+ private:
+  NpubError* error_;
+};
+
+namespace detail {
+// The host table this plugin was initialised with. Set once, before any
+// kernel can run (see NPUB_DEFINE_PLUGIN); read-only afterwards.
+inline const NpubHostApi*& host_slot() {
+  static const NpubHostApi* host = nullptr;
+  return host;
+}
+}  // namespace detail
+
+inline const NpubHostApi& host() { return *detail::host_slot(); }
+
+inline HostError::~HostError() {
+  if (error_ != nullptr) host().error_destroy(error_);
+}
+inline const char* HostError::what() const noexcept {
+  return error_ != nullptr ? host().error_message(error_) : "npubridge host error";
+}
+
+// Throws if a host call returned an error.
+inline void check(NpubError* e) {
+  if (e != nullptr) throw HostError(e);
+}
+
+// Runs f, converting any exception into an NpubError (the exception barrier).
+template <typename F>
+NpubError* guard(const char* where, F&& f) noexcept {
+  try {
+    f();
+    return nullptr;
+  } catch (HostError& e) {
+    return e.release();
+  } catch (const Error& e) {
+    return host().error_create(e.code(), e.what());
+  } catch (const std::bad_alloc&) {
+    return host().error_create(NPUB_ERR_OUT_OF_MEMORY,
+                               (std::string(where) + ": host memory exhausted").c_str());
+  } catch (const std::exception& e) {
+    return host().error_create(NPUB_ERR_INTERNAL,
+                               (std::string(where) + ": " + e.what()).c_str());
+  } catch (...) {
+    return host().error_create(NPUB_ERR_INTERNAL,
+                               (std::string(where) + ": unknown exception").c_str());
+  }
+}
+
+// ---------------------------------------------------------------------------
+// tensors
+// ---------------------------------------------------------------------------
+
+// A non-owning view of a DLTensor with the helpers kernels need.
+class TensorRef {
+ public:
+  TensorRef() = default;
+  explicit TensorRef(DLTensor* t) : t_(t) {}
+
+  DLTensor* raw() const { return t_; }
+  bool defined() const { return t_ != nullptr; }
+  int32_t dim() const { return t_->ndim; }
+  int64_t size(int32_t d) const { return t_->shape[wrap(d)]; }
+  int64_t stride(int32_t d) const {
+    int32_t i = wrap(d);
+    if (t_->strides != nullptr) return t_->strides[i];
+    int64_t s = 1;
+    for (int32_t k = t_->ndim - 1; k > i; --k) s *= t_->shape[k];
+    return s;
+  }
+  std::vector<int64_t> sizes() const { return {t_->shape, t_->shape + t_->ndim}; }
+  std::vector<int64_t> strides() const {
+    std::vector<int64_t> s(static_cast<size_t>(t_->ndim));
+    for (int32_t i = 0; i < t_->ndim; ++i) s[static_cast<size_t>(i)] = stride(i);
+    return s;
+  }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int32_t i = 0; i < t_->ndim; ++i) n *= t_->shape[i];
+    return n;
+  }
+  DLDataType dtype() const { return t_->dtype; }
+  bool is(DLDataType d) const { return same_dtype(t_->dtype, d); }
+  bool is_contiguous() const {
+    if (t_->strides == nullptr) return true;
+    int64_t expected = 1;
+    for (int32_t i = t_->ndim - 1; i >= 0; --i) {
+      if (t_->shape[i] != 1 && t_->strides[i] != expected) return false;
+      expected *= t_->shape[i];
+    }
+    return true;
+  }
+  template <typename T>
+  T* data() const {
+    return reinterpret_cast<T*>(static_cast<char*>(t_->data) + t_->byte_offset);
+  }
+  int32_t wrap(int32_t d) const {
+    int32_t n = t_->ndim;
+    int32_t w = d < 0 ? d + n : d;
+    if (w < 0 || w >= n)
+      throw Error(NPUB_ERR_INVALID_ARGUMENT,
+                  "dimension " + std::to_string(d) + " out of range for a " +
+                      std::to_string(n) + "-d tensor");
+    return w;
+  }
+
+ private:
+  DLTensor* t_ = nullptr;
+};
+
+// ---------------------------------------------------------------------------
+// a kernel call
+// ---------------------------------------------------------------------------
+
+class Call {
+ public:
+  Call(const char* op, NpubCallContext* ctx, const NpubValue* args,
+       int32_t num_args, NpubValue* rets, int32_t num_rets)
+      : op_(op), ctx_(ctx), args_(args), num_args_(num_args), rets_(rets),
+        num_rets_(num_rets) {}
+
+  const char* op() const { return op_; }
+  NpubCallContext* context() const { return ctx_; }
+  int32_t num_args() const { return num_args_; }
+  int32_t num_rets() const { return num_rets_; }
+  const NpubValue& arg(int32_t i) const {
+    if (i < 0 || i >= num_args_)
+      fail(NPUB_ERR_INVALID_ARGUMENT, "argument index " + std::to_string(i) +
+                                          " out of range (" + std::to_string(num_args_) +
+                                          " arguments)");
+    return args_[i];
+  }
+
+  TensorRef tensor(int32_t i) const {
+    const NpubValue& v = expect(i, NPUB_VALUE_TENSOR, "Tensor");
+    return TensorRef(v.u.tensor);
+  }
+  // Tensor? argument: an undefined TensorRef when None.
+  TensorRef optional_tensor(int32_t i) const {
+    const NpubValue& v = arg(i);
+    if (v.tag == NPUB_VALUE_NONE) return TensorRef();
+    return tensor(i);
+  }
+  int64_t int_arg(int32_t i) const { return expect(i, NPUB_VALUE_INT, "int").u.i; }
+  bool bool_arg(int32_t i) const { return expect(i, NPUB_VALUE_BOOL, "bool").u.i != 0; }
+  double double_arg(int32_t i) const {
+    const NpubValue& v = arg(i);
+    if (v.tag == NPUB_VALUE_INT) return static_cast<double>(v.u.i);
+    return expect(i, NPUB_VALUE_DOUBLE, "float").u.d;
+  }
+  // Scalar argument (int, float or bool) as double.
+  double scalar_arg(int32_t i) const {
+    const NpubValue& v = arg(i);
+    if (v.tag == NPUB_VALUE_INT || v.tag == NPUB_VALUE_BOOL) return static_cast<double>(v.u.i);
+    return expect(i, NPUB_VALUE_DOUBLE, "Scalar").u.d;
+  }
+  bool is_none(int32_t i) const { return arg(i).tag == NPUB_VALUE_NONE; }
+  std::string string_arg(int32_t i) const {
+    const NpubValue& v = expect(i, NPUB_VALUE_STRING, "str");
+    return std::string(v.u.s, static_cast<size_t>(v.count));
+  }
+  std::vector<int64_t> int_list(int32_t i) const {
+    const NpubValue& v = expect(i, NPUB_VALUE_INT_LIST, "int[]");
+    return {v.u.ints, v.u.ints + v.count};
+  }
+  std::vector<TensorRef> tensor_list(int32_t i) const {
+    const NpubValue& v = expect(i, NPUB_VALUE_TENSOR_LIST, "Tensor[]");
+    std::vector<TensorRef> out;
+    out.reserve(static_cast<size_t>(v.count));
+    for (int32_t k = 0; k < v.count; ++k) out.emplace_back(v.u.tensors[k]);
+    return out;
+  }
+
+  // Return i: the preallocated tensor if the caller gave one (its shape and
+  // dtype are checked), otherwise a new one allocated by the host.
+  TensorRef output(int32_t i, const std::vector<int64_t>& shape, DLDataType dtype) {
+    if (i < 0 || i >= num_rets_)
+      fail(NPUB_ERR_INTERNAL, "return index " + std::to_string(i) + " out of range");
+    NpubValue& r = rets_[i];
+    if (r.tag == NPUB_VALUE_TENSOR) {
+      TensorRef t(r.u.tensor);
+      if (!t.is(dtype))
+        fail(NPUB_ERR_INVALID_ARGUMENT, "output " + std::to_string(i) + ": expected dtype " +
+                                            dtype_name(dtype) + " but found " +
+                                            dtype_name(t.dtype()));
+      if (t.sizes() != shape)
+        fail(NPUB_ERR_INVALID_ARGUMENT, "output " + std::to_string(i) + ": expected shape " +
+                                            shape_str(shape) + " but found " +
+                                            shape_str(t.sizes()));
+      return t;
+    }
+    DLTensor* out = nullptr;
+    check(host().alloc_output(ctx_, i, static_cast<int32_t>(shape.size()), shape.data(),
+                              dtype, &out));
+    return TensorRef(out);
+  }
+  void set_int_return(int32_t i, int64_t v) { set_ret(i, NPUB_VALUE_INT).u.i = v; }
+  void set_double_return(int32_t i, double v) { set_ret(i, NPUB_VALUE_DOUBLE).u.d = v; }
+
+  void* kernel_user_data() const { return host().kernel_user_data(ctx_); }
+  int32_t device_index() const { return host().device_index(ctx_); }
+  int32_t num_threads() const { return host().num_threads(ctx_); }
+  void* workspace(uint64_t* bytes) const { return host().workspace(ctx_, bytes); }
+  void* scratch(uint64_t bytes) const {
+    void* p = nullptr;
+    check(host().alloc_scratch(ctx_, bytes, &p));
+    return p;
+  }
+
+  // Runs f(begin, end) over [begin, end) on the device's compute threads.
+  template <typename F>
+  void parallel_for(int64_t begin, int64_t end, int64_t grain, F&& f) const {
+    struct Box {
+      F* f;
+      std::exception_ptr error;
+    } box{&f, nullptr};
+    host().parallel_for(
+        ctx_, begin, end, grain,
+        [](void* user, int64_t b, int64_t e) {
+          auto* bx = static_cast<Box*>(user);
+          try {
+            (*bx->f)(b, e);
+          } catch (...) {
+            if (!bx->error) bx->error = std::current_exception();
+          }
+        },
+        &box);
+    if (box.error) std::rethrow_exception(box.error);
+  }
+
+  [[noreturn]] void fail(int32_t code, const std::string& what) const {
+    throw Error(code, std::string(op_) + ": " + what);
+  }
+  static std::string shape_str(const std::vector<int64_t>& s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + "]";
+  }
+
+ private:
+  const NpubValue& expect(int32_t i, int32_t tag, const char* type) const {
+    const NpubValue& v = arg(i);
+    if (v.tag != tag)
+      fail(NPUB_ERR_INVALID_ARGUMENT, "argument " + std::to_string(i) + ": expected " + type +
+                                          " but found value tag " + std::to_string(v.tag));
+    return v;
+  }
+  NpubValue& set_ret(int32_t i, int32_t tag) {
+    if (i < 0 || i >= num_rets_)
+      fail(NPUB_ERR_INTERNAL, "return index " + std::to_string(i) + " out of range");
+    rets_[i].tag = tag;
+    rets_[i].count = 0;
+    return rets_[i];
+  }
+
+  const char* op_;
+  NpubCallContext* ctx_;
+  const NpubValue* args_;
+  int32_t num_args_;
+  NpubValue* rets_;
+  int32_t num_rets_;
+};
+
+using KernelBody = void (*)(Call&);
+
+namespace detail {
+// The per-kernel state behind the C function pointer: the op name (for error
+// messages) and the C++ body.
+struct KernelThunkData {
+  std::string op;
+  KernelBody body;
+  void* user_data;
+  void (*user_deleter)(void*);
+};
+
+inline NpubError* kernel_thunk(NpubCallContext* ctx, const NpubValue* args, int32_t num_args,
+                               NpubValue* rets, int32_t num_rets) {
+  auto* data = static_cast<KernelThunkData*>(host().kernel_user_data(ctx));
+  return guard(data->op.c_str(), [&] {
+    Call call(data->op.c_str(), ctx, args, num_args, rets, num_rets);
+    data->body(call);
+  });
+}
+inline void delete_thunk_data(void* p) {
+  auto* data = static_cast<KernelThunkData*>(p);
+  if (data->user_deleter != nullptr) data->user_deleter(data->user_data);
+  delete data;
+}
+}  // namespace detail
+
+// ---------------------------------------------------------------------------
+// registration
+// ---------------------------------------------------------------------------
+
+class Registrar;
+
+// Builder for one kernel; registers itself when it goes out of scope (or on
+// an explicit commit()).
+class KernelBuilder {
+ public:
+  KernelBuilder(Registrar* r, std::string op, KernelBody body) : r_(r), op_(std::move(op)), body_(body) {}
+  KernelBuilder(const KernelBuilder&) = delete;
+  KernelBuilder& operator=(const KernelBuilder&) = delete;
+  ~KernelBuilder() noexcept(false) {
+    if (!committed_ && std::uncaught_exceptions() == 0) commit();
+  }
+  KernelBuilder& dtypes(std::initializer_list<DLDataType> d) {
+    dtypes_.assign(d.begin(), d.end());
+    return *this;
+  }
+  KernelBuilder& dtypes(const std::vector<DLDataType>& d) {
+    dtypes_ = d;
+    return *this;
+  }
+  KernelBuilder& priority(int32_t p) {
+    priority_ = p;
+    return *this;
+  }
+  KernelBuilder& device(int32_t device_type) {
+    device_type_ = device_type;
+    return *this;
+  }
+  KernelBuilder& contiguous_only() {
+    flags_ |= NPUB_KERNEL_CONTIGUOUS_ONLY;
+    return *this;
+  }
+  KernelBuilder& supports(NpubSupportsFn f) {
+    supports_ = f;
+    return *this;
+  }
+  KernelBuilder& workspace(NpubWorkspaceSizeFn f) {
+    workspace_ = f;
+    return *this;
+  }
+  KernelBuilder& opt_level(int32_t level) {
+    opt_level_ = level;
+    return *this;
+  }
+  // user_data passed to supports/workspace_size (the kernel body reaches it
+  // through Call::kernel_user_data()).
+  KernelBuilder& user_data(void* data, void (*deleter)(void*)) {
+    user_data_ = data;
+    user_deleter_ = deleter;
+    return *this;
+  }
+  void commit();
+
+ private:
+  Registrar* r_;
+  std::string op_;
+  KernelBody body_;
+  std::vector<DLDataType> dtypes_;
+  int32_t priority_ = 0;
+  int32_t device_type_ = NPUB_DEVICE_NPU;
+  uint32_t flags_ = 0;
+  NpubSupportsFn supports_ = nullptr;
+  NpubWorkspaceSizeFn workspace_ = nullptr;
+  int32_t opt_level_ = 1;
+  void* user_data_ = nullptr;
+  void (*user_deleter_)(void*) = nullptr;
+  bool committed_ = false;
+};
+
+class Registrar {
+ public:
+  Registrar(const NpubHostApi* host, NpubRegistrar* reg) : host_(host), reg_(reg) {}
+  void def(const char* schema) { check(host_->define_op(reg_, schema)); }
+  KernelBuilder kernel(std::string op, KernelBody body) { return {this, std::move(op), body}; }
+  const NpubHostApi* host_api() const { return host_; }
+  NpubRegistrar* raw() const { return reg_; }
+
+ private:
+  const NpubHostApi* host_;
+  NpubRegistrar* reg_;
+};
+
+// Note [SDK kernels carry their op name]: the C ABI passes no op name to a
+// kernel; the SDK keeps it in the kernel's user_data so that every error a
+// kernel raises names its op. The plugin's own user_data rides along.
+inline void KernelBuilder::commit() {
+  committed_ = true;
+  auto* data = new detail::KernelThunkData{op_, body_, user_data_, user_deleter_};
+  NpubKernelDesc desc;
+  std::memset(&desc, 0, sizeof desc);
+  desc.struct_size = sizeof desc;
+  desc.op_name = op_.c_str();
+  desc.device_type = device_type_;
+  desc.priority = priority_;
+  desc.dtypes = dtypes_.data();
+  desc.num_dtypes = static_cast<int32_t>(dtypes_.size());
+  desc.flags = flags_;
+  desc.fn = &detail::kernel_thunk;
+  desc.supports = supports_;
+  desc.workspace_size = workspace_;
+  desc.user_data = data;
+  desc.user_data_deleter = &detail::delete_thunk_data;
+  desc.min_opt_level = opt_level_;
+  NpubError* e = r_->host_api()->register_kernel(r_->raw(), &desc);
+  if (e != nullptr) {
+    delete data;  // a failed registration leaves user_data with us
+    throw HostError(e);
+  }
+}
+
+}  // namespace npub::sdk
+
+// Defines the plugin's entry point. `init` is `void init(npub::sdk::Registrar&)`;
+// exceptions it throws become the plugin's initialisation error.
+#define NPUB_DEFINE_PLUGIN(plugin_name, plugin_version, init)                          \
+  static NpubError* npub_sdk_initialize_(const NpubHostApi* host, NpubRegistrar* reg) { \
+    ::npub::sdk::detail::host_slot() = host;                                           \
+    return ::npub::sdk::guard(#plugin_name " initialize", [&] {                         \
+      ::npub::sdk::Registrar r(host, reg);                                             \
+      init(r);                                                                         \
+    });                                                                                \
+  }                                                                                    \
+  extern "C" NPUB_PLUGIN_EXPORT const NpubPluginApi* npub_plugin_init_v1(void) {       \
+    static const NpubPluginApi api = {sizeof(NpubPluginApi),                            \
+                                      NPUB_ABI_MAJOR,                                   \
+                                      NPUB_ABI_MINOR,                                   \
+                                      #plugin_name,                                     \
+                                      plugin_version,                                   \
+                                      &npub_sdk_initialize_,                            \
+                                      nullptr};                                         \
+    return &api;                                                                       \
+  }
+
+#endif  // NPUBRIDGE_PLUGIN_SDK_HPP_

@@ -1,0 +1,191 @@
+// What ops and kernels exist: the registry.
+//
+// Note [Why dispatch reads take no lock]
+// Registration is rare (plugin load, register_op); dispatch is hot and runs
+// on many threads. Every structure the dispatch path reads is an immutable
+// snapshot published through an atomic pointer: the name -> op map and each
+// op's kernel list. A writer (under the registry's mutex) builds a new
+// snapshot, publishes it with a release store, and retires the old one to a
+// list that is freed only when the registry is destroyed. Readers do one
+// acquire load and never see a half-built structure or a freed one. The cost
+// is memory for retired snapshots, bounded by the number of registrations.
+#pragma once
+
+#include <npubridge/plugin_api.h>
+#include <npubridge/registry/schema.h>
+#include <npubridge/support/dtype.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace npub::reg {
+
+class OpEntry;
+
+// A loaded plugin, as the registry sees it. Shared by its kernels: the last
+// kernel to go releases it, and with it the library (see PluginRecord::library).
+struct PluginRecord {
+  std::string name;
+  std::string version;
+  std::string path;
+  uint32_t abi_minor = 0;
+  std::atomic<bool> enabled{true};
+  // Keeps the shared library mapped while anything it registered is alive.
+  std::shared_ptr<void> library;
+  void (*shutdown)(void) = nullptr;
+  ~PluginRecord();
+};
+
+class Kernel {
+ public:
+  // Declared first: destroyed last, after user_data_deleter ran (its code
+  // lives in the library this keeps loaded).
+  std::shared_ptr<PluginRecord> plugin;
+  OpEntry* op = nullptr;
+  int32_t device_type = NPUB_DEVICE_NPU;
+  int32_t priority = 0;
+  uint32_t dtype_mask = 0;  // bit per npub::DType; 0 = any dtype
+  uint32_t flags = 0;
+  int32_t min_opt_level = 1;
+  NpubKernelFn fn = nullptr;
+  NpubSupportsFn supports = nullptr;
+  NpubWorkspaceSizeFn workspace_size = nullptr;
+  void* user_data = nullptr;
+  void (*user_data_deleter)(void*) = nullptr;
+  std::atomic<int64_t> calls{0};
+
+  Kernel() = default;
+  Kernel(const Kernel&) = delete;
+  Kernel& operator=(const Kernel&) = delete;
+  ~Kernel();
+
+  bool accepts(DType t) const {
+    return dtype_mask == 0 || (t != DType::kUnknown && ((dtype_mask >> static_cast<int>(t)) & 1u));
+  }
+  std::string plugin_name() const { return plugin ? plugin->name : std::string("host"); }
+  std::string dtypes_string() const;
+};
+
+// Kernels of one op for one device type, best first (priority descending,
+// then registration order).
+using KernelList = std::vector<Kernel*>;
+
+// Per-op statistics. Counters only; readers may see them mid-update.
+struct OpStats {
+  std::atomic<int64_t> calls{0};
+  std::atomic<int64_t> fallbacks{0};
+  std::atomic<int64_t> conversions{0};  // calls that converted dtype or layout
+  std::atomic<int64_t> errors{0};
+  std::atomic<int64_t> total_ns{0};
+  std::atomic<int64_t> precision_mismatches{0};
+  std::atomic<bool> fallback_warned{false};
+  void reset();
+};
+
+class OpEntry {
+ public:
+  OpEntry(Schema schema, std::string defined_by);
+  const Schema& schema() const { return schema_; }
+  const std::string& name() const { return name_; }
+  const std::string& defined_by() const { return defined_by_; }
+  // See Note [Why dispatch reads take no lock].
+  const KernelList& kernels(int32_t device_type) const {
+    return *slot(device_type).load(std::memory_order_acquire);
+  }
+  OpStats& stats() const { return stats_; }
+  // Arguments without a default that the caller must pass.
+  int32_t num_required_args() const { return num_required_; }
+  // Index of the argument each return aliases (Tensor(a!) returns), or -1.
+  const std::vector<int32_t>& return_alias() const { return return_alias_; }
+  const std::vector<uint32_t>& accepted() const { return accepted_; }
+
+ private:
+  friend class Registry;
+  std::atomic<const KernelList*>& slot(int32_t device_type) const {
+    return device_type == NPUB_DEVICE_CPU ? cpu_ : npu_;
+  }
+  Schema schema_;
+  std::string name_;
+  std::string defined_by_;
+  int32_t num_required_ = 0;
+  std::vector<int32_t> return_alias_;
+  std::vector<uint32_t> accepted_;
+  mutable std::atomic<const KernelList*> npu_;
+  mutable std::atomic<const KernelList*> cpu_;
+  mutable OpStats stats_;
+};
+
+class Registry {
+ public:
+  Registry();
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  // Defines an op; returns the existing entry when the same schema is
+  // defined again. Throws npub::Error when the name exists with another
+  // schema.
+  OpEntry* define(const Schema& schema, const std::string& defined_by);
+  // Adds a kernel. Throws npub::Error for a kernel that would be ambiguous
+  // (same op, device type and priority, overlapping dtypes).
+  void add_kernel(std::unique_ptr<Kernel> kernel);
+  // Drops every kernel of a plugin (a failed load rolls back this way).
+  void remove_plugin_kernels(const PluginRecord* plugin);
+
+  // Lock-free lookup (Note [Why dispatch reads take no lock]).
+  OpEntry* find(std::string_view name) const;
+  std::vector<OpEntry*> ops() const;  // sorted by name
+  // Which ops each plugin serves (plugin name -> sorted op names, "host"
+  // for kernels registered by the host itself).
+  std::vector<std::pair<std::string, std::vector<std::string>>> coverage_by_plugin() const;
+
+ private:
+  using OpMap = std::unordered_map<std::string_view, OpEntry*>;
+  void publish_list(OpEntry* op, int32_t device_type, KernelList list);
+
+  mutable std::mutex mu_;  // writers only
+  std::vector<std::unique_ptr<OpEntry>> ops_;
+  std::vector<std::unique_ptr<Kernel>> kernels_;
+  std::atomic<const OpMap*> map_;
+  std::vector<std::unique_ptr<const OpMap>> retired_maps_;
+  std::vector<std::unique_ptr<const KernelList>> lists_;  // current and retired
+};
+
+// The op-mapping table: framework op name -> the op (and optionally the
+// plugin) that serves it, in the spirit of torch_npu's op-plugin yaml. Read
+// from a text file shipped with npubridge and extended at run time.
+struct OpMapping {
+  std::string framework_op;
+  std::string target_op;
+  std::string plugin;  // empty: any plugin
+};
+
+class OpMappingTable {
+ public:
+  OpMappingTable();
+  ~OpMappingTable();
+  // Lines: `framework_op target_op [plugin]`, '#' starts a comment. Throws
+  // npub::Error naming the file and line on a malformed line.
+  void load_file(const std::string& path);
+  void load_text(const std::string& text, const std::string& origin);
+  // Adds or replaces one mapping.
+  void set(const OpMapping& m);
+  // Lock-free, like the registry.
+  const OpMapping* find(std::string_view framework_op) const;
+  std::vector<OpMapping> entries() const;
+
+ private:
+  using Map = std::unordered_map<std::string, OpMapping>;
+  mutable std::mutex mu_;
+  std::atomic<const Map*> map_;
+  std::vector<std::unique_ptr<const Map>> snapshots_;
+};
+
+}  // namespace npub::reg

@@ -1,0 +1,238 @@
+#include <npubridge/registry/op_registry.h>
+#include <npubridge/support/error.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+namespace npub::reg {
+
+PluginRecord::~PluginRecord() {
+  if (shutdown != nullptr) shutdown();
+}
+
+Kernel::~Kernel() {
+  if (user_data_deleter != nullptr) user_data_deleter(user_data);
+}
+
+std::string Kernel::dtypes_string() const {
+  if (dtype_mask == 0) return "any";
+  std::string s;
+  for (int i = 0; i < kNumDTypes; ++i)
+    if ((dtype_mask >> i) & 1u) s += (s.empty() ? "" : ", ") + std::string(dtype_name(static_cast<DType>(i)));
+  return s;
+}
+
+void OpStats::reset() {
+  calls = 0;
+  fallbacks = 0;
+  conversions = 0;
+  errors = 0;
+  total_ns = 0;
+  precision_mismatches = 0;
+}
+
+namespace {
+const KernelList kEmptyList;
+}
+
+OpEntry::OpEntry(Schema schema, std::string defined_by)
+    : schema_(std::move(schema)),
+      name_(schema_.qualified_name()),
+      defined_by_(std::move(defined_by)),
+      npu_(&kEmptyList),
+      cpu_(&kEmptyList) {
+  const auto& args = schema_.arguments;
+  // Trailing arguments with boxable defaults may be omitted by the caller.
+  num_required_ = static_cast<int32_t>(args.size());
+  while (num_required_ > 0) {
+    const Argument& a = args[static_cast<size_t>(num_required_ - 1)];
+    if (!a.default_value || !a.default_value->boxable) break;
+    --num_required_;
+  }
+  for (const Argument& a : args) accepted_.push_back(accepted_tags(a.type));
+  for (const Argument& r : schema_.returns) {
+    int32_t alias = -1;
+    if (r.alias && r.alias->is_write) {
+      for (size_t i = 0; i < args.size(); ++i)
+        if (args[i].alias && args[i].alias->set == r.alias->set && args[i].alias->is_write)
+          alias = static_cast<int32_t>(i);
+    }
+    return_alias_.push_back(alias);
+  }
+}
+
+Registry::Registry() : map_(new OpMap()) {}
+
+Registry::~Registry() {
+  // Kernels first (they may call back into their plugin), then the ops.
+  kernels_.clear();
+  delete map_.load();
+}
+
+OpEntry* Registry::define(const Schema& schema, const std::string& defined_by) {
+  const std::string name = schema.qualified_name();
+  std::lock_guard<std::mutex> lock(mu_);
+  const OpMap* current = map_.load(std::memory_order_relaxed);
+  auto it = current->find(name);
+  if (it != current->end()) {
+    OpEntry* existing = it->second;
+    const std::string a = existing->schema().to_string(), b = schema.to_string();
+    if (a != b)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "op '" + name + "' is already defined (by " + existing->defined_by() +
+                      ") with a different schema: existing \"" + a + "\", new \"" + b + "\"");
+    return existing;
+  }
+  ops_.push_back(std::make_unique<OpEntry>(schema, defined_by));
+  OpEntry* op = ops_.back().get();
+  auto next = std::make_unique<OpMap>(*current);
+  next->emplace(op->name(), op);
+  map_.store(next.release(), std::memory_order_release);
+  retired_maps_.emplace_back(current);
+  return op;
+}
+
+void Registry::publish_list(OpEntry* op, int32_t device_type, KernelList list) {
+  std::stable_sort(list.begin(), list.end(),
+                   [](const Kernel* a, const Kernel* b) { return a->priority > b->priority; });
+  lists_.push_back(std::make_unique<const KernelList>(std::move(list)));
+  op->slot(device_type).store(lists_.back().get(), std::memory_order_release);
+}
+
+void Registry::add_kernel(std::unique_ptr<Kernel> kernel) {
+  std::lock_guard<std::mutex> lock(mu_);
+  OpEntry* op = kernel->op;
+  const KernelList& current = *op->slot(kernel->device_type).load(std::memory_order_relaxed);
+  for (const Kernel* k : current) {
+    const bool overlap = k->dtype_mask == 0 || kernel->dtype_mask == 0 ||
+                         (k->dtype_mask & kernel->dtype_mask) != 0;
+    if (k->priority == kernel->priority && overlap)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "duplicate kernel for op '" + op->name() + "' on " +
+                      (kernel->device_type == NPUB_DEVICE_CPU ? "cpu" : "npu") + " at priority " +
+                      std::to_string(kernel->priority) + ": plugin '" + k->plugin_name() +
+                      "' already registered one for dtypes {" + k->dtypes_string() +
+                      "}; use another priority or disjoint dtypes");
+  }
+  KernelList next = current;
+  next.push_back(kernel.get());
+  kernels_.push_back(std::move(kernel));
+  publish_list(op, kernels_.back()->device_type, std::move(next));
+}
+
+void Registry::remove_plugin_kernels(const PluginRecord* plugin) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& op : ops_) {
+    for (int32_t dev : {NPUB_DEVICE_NPU, NPUB_DEVICE_CPU}) {
+      const KernelList& current = *op->slot(dev).load(std::memory_order_relaxed);
+      KernelList next;
+      for (Kernel* k : current)
+        if (k->plugin.get() != plugin) next.push_back(k);
+      if (next.size() != current.size()) publish_list(op.get(), dev, std::move(next));
+    }
+  }
+  // The kernel objects stay alive (a concurrent reader may hold one) and are
+  // freed with the registry; their plugin record stays referenced until then.
+}
+
+OpEntry* Registry::find(std::string_view name) const {
+  const OpMap* m = map_.load(std::memory_order_acquire);
+  auto it = m->find(name);
+  return it == m->end() ? nullptr : it->second;
+}
+
+std::vector<OpEntry*> Registry::ops() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<OpEntry*> out;
+  for (auto& op : ops_) out.push_back(op.get());
+  std::sort(out.begin(), out.end(),
+            [](const OpEntry* a, const OpEntry* b) { return a->name() < b->name(); });
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<std::string>>> Registry::coverage_by_plugin() const {
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  for (const OpEntry* op : ops()) {
+    for (int32_t dev : {NPUB_DEVICE_NPU, NPUB_DEVICE_CPU}) {
+      for (const Kernel* k : op->kernels(dev)) {
+        const std::string plugin = k->plugin_name();
+        auto it = std::find_if(out.begin(), out.end(), [&](auto& e) { return e.first == plugin; });
+        if (it == out.end()) it = out.insert(out.end(), {plugin, {}});
+        if (it->second.empty() || it->second.back() != op->name()) it->second.push_back(op->name());
+      }
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// ----------------------------------------------------------------------------
+// OpMappingTable
+// ----------------------------------------------------------------------------
+
+OpMappingTable::OpMappingTable() : map_(new Map()) {}
+OpMappingTable::~OpMappingTable() { delete map_.load(); }
+
+void OpMappingTable::set(const OpMapping& m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Map* current = map_.load(std::memory_order_relaxed);
+  auto next = std::make_unique<Map>(*current);
+  (*next)[m.framework_op] = m;
+  map_.store(next.release(), std::memory_order_release);
+  snapshots_.emplace_back(current);
+}
+
+const OpMapping* OpMappingTable::find(std::string_view framework_op) const {
+  const Map* m = map_.load(std::memory_order_acquire);
+  if (m->empty()) return nullptr;
+  auto it = m->find(std::string(framework_op));
+  return it == m->end() ? nullptr : &it->second;
+}
+
+std::vector<OpMapping> OpMappingTable::entries() const {
+  const Map* m = map_.load(std::memory_order_acquire);
+  std::vector<OpMapping> out;
+  for (auto& [k, v] : *m) out.push_back(v);
+  std::sort(out.begin(), out.end(),
+            [](const OpMapping& a, const OpMapping& b) { return a.framework_op < b.framework_op; });
+  return out;
+}
+
+void OpMappingTable::load_text(const std::string& text, const std::string& origin) {
+  std::istringstream in(text);
+  std::string line;
+  int lineno = 0;
+  std::vector<OpMapping> parsed;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    std::istringstream fields(line);
+    std::vector<std::string> f;
+    for (std::string w; fields >> w;) f.push_back(w);
+    if (f.empty()) continue;
+    if (f.size() < 2 || f.size() > 3)
+      throw Error(ErrorCode::kInvalidArgument,
+                  origin + ":" + std::to_string(lineno) +
+                      ": expected 'framework_op target_op [plugin]' but found " +
+                      std::to_string(f.size()) + " field(s)");
+    for (const std::string* op : {&f[0], &f[1]})
+      if (op->find("::") == std::string::npos)
+        throw Error(ErrorCode::kInvalidArgument,
+                    origin + ":" + std::to_string(lineno) + ": expected a qualified op name "
+                    "(ns::name[.overload]) but found '" + *op + "'");
+    parsed.push_back({f[0], f[1], f.size() == 3 ? f[2] : ""});
+  }
+  for (const auto& m : parsed) set(m);
+}
+
+void OpMappingTable::load_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in)
+    throw Error(ErrorCode::kNotFound, "op mapping table '" + path + "' cannot be read");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  load_text(ss.str(), path);
+}
+
+}  // namespace npub::reg
