@@ -163,12 +163,8 @@ LoadResult PluginLoader::load(const std::string& path) {
     return reject("NpubPluginApi.name must be 1 to 64 characters of [A-Za-z0-9_] but is " +
                   (api->name ? "'" + std::string(api->name) + "'" : std::string("NULL")));
   const std::string name = api->name;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& p : plugins_)
-      if (p->name == name)
-        return reject("a plugin named '" + name + "' is already loaded from '" + p->path + "'");
-  }
+  if (auto existing = plugin(name))
+    return reject("a plugin named '" + name + "' is already loaded from '" + existing->path + "'");
 
   // 4. Initialise, staging every registration.
   auto record = std::make_shared<reg::PluginRecord>();

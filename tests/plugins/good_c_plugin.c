@@ -1,0 +1,136 @@
+/* A plugin written entirely in C (C99) against plugin_api.h: proof that the
+ * ABI needs no C++. Ops:
+ *   testc::scale(Tensor self, float factor) -> Tensor      (host-allocated output, parallel_for)
+ *   testc::add_one_(Tensor(a!) self) -> Tensor(a!)          (in place)
+ *   testc::count_positive(Tensor self) -> int              (scalar return)
+ */
+#include <npubridge/plugin_api.h>
+
+#include <stdio.h>
+
+static const NpubHostApi* g_host = NULL;
+
+static int is_f32_contiguous(const DLTensor* t) {
+  int64_t expected = 1;
+  int i;
+  if (t->dtype.code != kDLFloat || t->dtype.bits != 32 || t->dtype.lanes != 1) return 0;
+  if (t->strides == NULL) return 1;
+  for (i = t->ndim - 1; i >= 0; --i) {
+    if (t->shape[i] != 1 && t->strides[i] != expected) return 0;
+    expected *= t->shape[i];
+  }
+  return 1;
+}
+
+static int64_t numel(const DLTensor* t) {
+  int64_t n = 1;
+  int i;
+  for (i = 0; i < t->ndim; ++i) n *= t->shape[i];
+  return n;
+}
+
+typedef struct {
+  const float* in;
+  float* out;
+  float factor;
+} ScaleJob;
+
+static void scale_body(void* user, int64_t begin, int64_t end) {
+  ScaleJob* job = (ScaleJob*)user;
+  int64_t i;
+  for (i = begin; i < end; ++i) job->out[i] = job->in[i] * job->factor;
+}
+
+static NpubError* scale_kernel(NpubCallContext* ctx, const NpubValue* args, int32_t num_args,
+                               NpubValue* rets, int32_t num_rets) {
+  const DLTensor* x = args[0].u.tensor;
+  DLTensor* y = NULL;
+  NpubError* err;
+  ScaleJob job;
+  (void)num_args;
+  (void)rets;
+  (void)num_rets;
+  if (!is_f32_contiguous(x))
+    return g_host->error_create(NPUB_ERR_UNSUPPORTED, "testc::scale: expected a contiguous float32 tensor");
+  err = g_host->alloc_output(ctx, 0, x->ndim, x->shape, x->dtype, &y);
+  if (err != NULL) return err;
+  job.in = (const float*)((const char*)x->data + x->byte_offset);
+  job.out = (float*)((char*)y->data + y->byte_offset);
+  job.factor = (float)(args[1].tag == NPUB_VALUE_DOUBLE ? args[1].u.d : (double)args[1].u.i);
+  g_host->parallel_for(ctx, 0, numel(x), 1024, scale_body, &job);
+  return NULL;
+}
+
+static NpubError* add_one_kernel(NpubCallContext* ctx, const NpubValue* args, int32_t num_args,
+                                 NpubValue* rets, int32_t num_rets) {
+  DLTensor* x = args[0].u.tensor;
+  float* p;
+  int64_t i, n;
+  (void)ctx;
+  (void)num_args;
+  (void)rets;
+  (void)num_rets;
+  if (!is_f32_contiguous(x))
+    return g_host->error_create(NPUB_ERR_UNSUPPORTED, "testc::add_one_: expected a contiguous float32 tensor");
+  p = (float*)((char*)x->data + x->byte_offset);
+  n = numel(x);
+  for (i = 0; i < n; ++i) p[i] += 1.0f;
+  return NULL;
+}
+
+static NpubError* count_positive_kernel(NpubCallContext* ctx, const NpubValue* args, int32_t num_args,
+                                        NpubValue* rets, int32_t num_rets) {
+  const DLTensor* x = args[0].u.tensor;
+  const float* p;
+  int64_t i, n, count = 0;
+  (void)ctx;
+  (void)num_args;
+  (void)num_rets;
+  if (!is_f32_contiguous(x))
+    return g_host->error_create(NPUB_ERR_UNSUPPORTED, "testc::count_positive: expected contiguous float32");
+  p = (const float*)((const char*)x->data + x->byte_offset);
+  n = numel(x);
+  for (i = 0; i < n; ++i) count += p[i] > 0.0f;
+  rets[0].tag = NPUB_VALUE_INT;
+  rets[0].count = 0;
+  rets[0].u.i = count;
+  return NULL;
+}
+
+static NpubError* register_one(NpubRegistrar* reg, const char* op, NpubKernelFn fn) {
+  static const DLDataType f32 = {kDLFloat, 32, 1};
+  NpubKernelDesc desc;
+  desc.struct_size = sizeof desc;
+  desc.op_name = op;
+  desc.device_type = NPUB_DEVICE_NPU;
+  desc.priority = 0;
+  desc.dtypes = &f32;
+  desc.num_dtypes = 1;
+  desc.flags = 0;
+  desc.fn = fn;
+  desc.supports = NULL;
+  desc.workspace_size = NULL;
+  desc.user_data = NULL;
+  desc.user_data_deleter = NULL;
+  desc.min_opt_level = 1;
+  return g_host->register_kernel(reg, &desc);
+}
+
+static NpubError* initialize(const NpubHostApi* host, NpubRegistrar* reg) {
+  NpubError* err;
+  g_host = host;
+  if ((err = host->define_op(reg, "testc::scale(Tensor self, float factor) -> Tensor")) != NULL) return err;
+  if ((err = host->define_op(reg, "testc::add_one_(Tensor(a!) self) -> Tensor(a!)")) != NULL) return err;
+  if ((err = host->define_op(reg, "testc::count_positive(Tensor self) -> int")) != NULL) return err;
+  if ((err = register_one(reg, "testc::scale", scale_kernel)) != NULL) return err;
+  if ((err = register_one(reg, "testc::add_one_", add_one_kernel)) != NULL) return err;
+  if ((err = register_one(reg, "testc::count_positive", count_positive_kernel)) != NULL) return err;
+  host->log(NPUB_LOG_DEBUG, "good_c_plugin initialised");
+  return NULL;
+}
+
+NPUB_PLUGIN_EXPORT const NpubPluginApi* npub_plugin_init_v1(void) {
+  static const NpubPluginApi api = {sizeof(NpubPluginApi), NPUB_ABI_MAJOR, NPUB_ABI_MINOR,
+                                    "good_c", "1.0.0", initialize, NULL};
+  return &api;
+}

@@ -1,0 +1,79 @@
+// Golden sizes and offsets of ABI 1.0 (LP64). A failure here means a
+// released layout changed: that is an ABI break (bump NPUB_ABI_MAJOR) or a
+// mistake. New fields go at the end of a struct and get their own asserts.
+#include <npubridge/plugin_api.h>
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+
+#define NPUB_GOLDEN(type, field, offset) \
+  static_assert(offsetof(type, field) == (offset), #type "." #field " moved: ABI 1.0 is frozen")
+
+static_assert(sizeof(void*) == 8, "golden layouts are for LP64 targets");
+
+static_assert(sizeof(NpubValue) == 16, "NpubValue must stay 16 bytes");
+NPUB_GOLDEN(NpubValue, tag, 0);
+NPUB_GOLDEN(NpubValue, count, 4);
+NPUB_GOLDEN(NpubValue, u, 8);
+
+static_assert(sizeof(NpubKernelDesc) == 88, "NpubKernelDesc v1.0 size");
+NPUB_GOLDEN(NpubKernelDesc, struct_size, 0);
+NPUB_GOLDEN(NpubKernelDesc, op_name, 8);
+NPUB_GOLDEN(NpubKernelDesc, device_type, 16);
+NPUB_GOLDEN(NpubKernelDesc, priority, 20);
+NPUB_GOLDEN(NpubKernelDesc, dtypes, 24);
+NPUB_GOLDEN(NpubKernelDesc, num_dtypes, 32);
+NPUB_GOLDEN(NpubKernelDesc, flags, 36);
+NPUB_GOLDEN(NpubKernelDesc, fn, 40);
+NPUB_GOLDEN(NpubKernelDesc, supports, 48);
+NPUB_GOLDEN(NpubKernelDesc, workspace_size, 56);
+NPUB_GOLDEN(NpubKernelDesc, user_data, 64);
+NPUB_GOLDEN(NpubKernelDesc, user_data_deleter, 72);
+NPUB_GOLDEN(NpubKernelDesc, min_opt_level, 80);
+
+static_assert(sizeof(NpubHostApi) == 136, "NpubHostApi v1.0 size");
+NPUB_GOLDEN(NpubHostApi, struct_size, 0);
+NPUB_GOLDEN(NpubHostApi, abi_major, 8);
+NPUB_GOLDEN(NpubHostApi, abi_minor, 12);
+NPUB_GOLDEN(NpubHostApi, error_create, 16);
+NPUB_GOLDEN(NpubHostApi, error_destroy, 24);
+NPUB_GOLDEN(NpubHostApi, error_code, 32);
+NPUB_GOLDEN(NpubHostApi, error_message, 40);
+NPUB_GOLDEN(NpubHostApi, log, 48);
+NPUB_GOLDEN(NpubHostApi, define_op, 56);
+NPUB_GOLDEN(NpubHostApi, register_kernel, 64);
+NPUB_GOLDEN(NpubHostApi, kernel_user_data, 72);
+NPUB_GOLDEN(NpubHostApi, device_index, 80);
+NPUB_GOLDEN(NpubHostApi, current_stream, 88);
+NPUB_GOLDEN(NpubHostApi, workspace, 96);
+NPUB_GOLDEN(NpubHostApi, alloc_output, 104);
+NPUB_GOLDEN(NpubHostApi, alloc_scratch, 112);
+NPUB_GOLDEN(NpubHostApi, parallel_for, 120);
+NPUB_GOLDEN(NpubHostApi, num_threads, 128);
+
+static_assert(sizeof(NpubPluginApi) == 48, "NpubPluginApi v1.0 size");
+NPUB_GOLDEN(NpubPluginApi, struct_size, 0);
+NPUB_GOLDEN(NpubPluginApi, abi_major, 8);
+NPUB_GOLDEN(NpubPluginApi, abi_minor, 12);
+NPUB_GOLDEN(NpubPluginApi, name, 16);
+NPUB_GOLDEN(NpubPluginApi, version, 24);
+NPUB_GOLDEN(NpubPluginApi, initialize, 32);
+NPUB_GOLDEN(NpubPluginApi, shutdown, 40);
+
+TEST(Abi, EnumValuesAreFixed) {
+  EXPECT_EQ(NPUB_VALUE_NONE, 0);
+  EXPECT_EQ(NPUB_VALUE_TENSOR, 1);
+  EXPECT_EQ(NPUB_VALUE_INT, 2);
+  EXPECT_EQ(NPUB_VALUE_DOUBLE, 3);
+  EXPECT_EQ(NPUB_VALUE_BOOL, 4);
+  EXPECT_EQ(NPUB_VALUE_STRING, 5);
+  EXPECT_EQ(NPUB_VALUE_INT_LIST, 6);
+  EXPECT_EQ(NPUB_VALUE_TENSOR_LIST, 7);
+  EXPECT_EQ(NPUB_VALUE_DOUBLE_LIST, 8);
+  EXPECT_EQ(NPUB_ERR_INVALID_ARGUMENT, 1);
+  EXPECT_EQ(NPUB_ERR_NOT_FOUND, 6);
+  EXPECT_EQ(NPUB_DEVICE_NPU, kDLExtDev);
+  EXPECT_EQ(NPUB_ABI_MAJOR, 1);
+  EXPECT_STREQ(NPUB_PLUGIN_ENTRY_SYMBOL, "npub_plugin_init_v1");
+}

@@ -1,0 +1,219 @@
+// The simulated NPU: caching allocator, out-of-memory, streams and events,
+// compute pool, copy engine and half-precision conversions.
+#include "test_util.h"
+
+#include <npubridge/device_sim/copy_engine.h>
+#include <npubridge/half.hpp>
+#include <npubridge/support/env.h>
+#include <npubridge/support/error.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+using namespace npub;
+using namespace npub::sim;
+using npub::test::expect_values;
+
+TEST(CachingAllocator, ReusesSplitsAndMergesBlocks) {
+  CachingAllocator a(0, 1ull << 30);
+  const void* s = reinterpret_cast<const void*>(1);
+  void* p1 = a.allocate(1000, s);
+  void* p2 = a.allocate(3000, s);
+  auto st = a.stats();
+  EXPECT_EQ(st.num_segments, 1);  // both from one 2 MiB small segment
+  EXPECT_EQ(st.reserved_bytes, 2 << 20);
+  EXPECT_EQ(st.allocated_bytes, 1024 + 3072);
+  EXPECT_EQ(st.requested_bytes, 4000);
+  a.free(p1);
+  void* p3 = a.allocate(900, s);  // reuses p1's block
+  EXPECT_EQ(p3, p1);
+  a.free(p2);
+  a.free(p3);
+  st = a.stats();
+  EXPECT_EQ(st.allocated_bytes, 0);
+  EXPECT_EQ(st.active_blocks, 0);
+  // Everything merged back: a request of the whole segment is a cache hit.
+  void* whole = a.allocate(1 << 20, s);
+  EXPECT_EQ(a.stats().num_segments, 1);
+  a.free(whole);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved_bytes, 0);
+  EXPECT_EQ(a.stats().peak_allocated_bytes, 1 << 20);
+  a.reset_peak_stats();
+  EXPECT_EQ(a.stats().peak_allocated_bytes, 0);
+}
+
+TEST(CachingAllocator, BlocksAreReusedOnlyOnTheirStream) {
+  CachingAllocator a(0, 1ull << 30);
+  const void* s1 = reinterpret_cast<const void*>(1);
+  const void* s2 = reinterpret_cast<const void*>(2);
+  void* p = a.allocate(4096, s1);
+  a.free(p);
+  void* q = a.allocate(4096, s2);
+  EXPECT_NE(p, q);
+  EXPECT_EQ(a.stats().num_segments, 2);
+  a.free(q);
+}
+
+TEST(CachingAllocator, OutOfMemoryStatesRequestCapacityAllocatedAndReserved) {
+  CachingAllocator a(1, 64ull << 20);
+  const void* s = nullptr;
+  void* p = a.allocate(40ull << 20, s);
+  std::string msg;
+  try {
+    a.allocate(30ull << 20, s);
+  } catch (const OutOfMemoryError& e) {
+    msg = e.what();
+  }
+  EXPECT_EQ(msg,
+            "npu:1 out of memory: tried to allocate 30.00 MiB; the device has a capacity of 64.00 MiB, of "
+            "which 40.00 MiB is allocated and 40.00 MiB is reserved by the caching allocator (0 bytes cached "
+            "and free). Free tensors, call empty_cache(), or raise NPUB_SIM_MEMORY.");
+  EXPECT_EQ(a.stats().num_ooms, 1);
+  // Cached free memory is released before giving up.
+  a.free(p);
+  void* big = a.allocate(60ull << 20, s);
+  EXPECT_NE(big, nullptr);
+  a.free(big);
+  EXPECT_THROW(a.free(big), Error);  // double free is reported, not ignored
+  EXPECT_THROW(a.allocate(1ull << 40, s), OutOfMemoryError);
+}
+
+TEST(Streams, RunInOrderAsynchronously) {
+  Stream s(0, 1, false);
+  std::vector<int> order;
+  std::atomic<bool> release{false};
+  s.enqueue([&] {
+    while (!release.load()) std::this_thread::yield();
+    order.push_back(1);
+  });
+  for (int i = 2; i <= 100; ++i) s.enqueue([&order, i] { order.push_back(i); });
+  EXPECT_FALSE(s.query());  // blocked on the first task: the host is not
+  release = true;
+  s.synchronize();
+  EXPECT_TRUE(s.query());
+  ASSERT_EQ(order.size(), 100u);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(order[static_cast<size_t>(i)], i + 1);
+}
+
+TEST(Streams, ErrorsSurfaceAtSynchronize) {
+  Stream s(0, 1, false);
+  s.enqueue([] { throw Error(ErrorCode::kInternal, "async failure"); });
+  s.enqueue([] {});
+  EXPECT_THROW(s.synchronize(), Error);
+  EXPECT_NO_THROW(s.synchronize());  // reported once
+}
+
+TEST(Streams, LaunchBlockingRunsInline) {
+  Stream s(0, 1, true);
+  const auto caller = std::this_thread::get_id();
+  std::thread::id ran_on;
+  s.enqueue([&] { ran_on = std::this_thread::get_id(); });
+  EXPECT_EQ(ran_on, caller);
+  EXPECT_THROW(s.enqueue([] { throw Error(ErrorCode::kInternal, "x"); }), Error);
+}
+
+TEST(Events, OrderWorkAcrossStreamsAndTime) {
+  Stream producer(0, 1, false), consumer(0, 2, false);
+  std::atomic<bool> release{false};
+  std::atomic<int> value{0};
+  Event start, done;
+  start.record(producer);
+  producer.enqueue([&] {
+    while (!release.load()) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    value = 42;
+  });
+  done.record(producer);
+  EXPECT_FALSE(done.query());
+  consumer.wait_event(done);
+  int seen = -1;
+  consumer.enqueue([&] { seen = value.load(); });
+  release = true;
+  consumer.synchronize();
+  EXPECT_EQ(seen, 42);  // the consumer waited for the producer's event
+  done.synchronize();
+  EXPECT_TRUE(done.query());
+  EXPECT_GE(start.elapsed_ms(done), 15.0);
+  Event never;
+  EXPECT_TRUE(never.query());
+  EXPECT_THROW(never.elapsed_ms(done), Error);
+}
+
+TEST(Devices, CurrentDeviceAndStreamArePerThread) {
+  auto rt = test::make_runtime();
+  DeviceSet& ds = rt->devices();
+  EXPECT_EQ(ds.current_device(), 0);
+  ds.set_current_device(1);
+  EXPECT_EQ(ds.current_device(), 1);
+  std::thread([&] { EXPECT_EQ(ds.current_device(), 0); }).join();
+  Device& d = ds.at(0);
+  Stream& s = d.create_stream();
+  d.set_current_stream(s);
+  EXPECT_EQ(&d.current_stream(), &s);
+  std::thread([&] { EXPECT_EQ(&d.current_stream(), &d.default_stream()); }).join();
+  EXPECT_THROW(ds.set_current_device(2), Error);
+  EXPECT_THROW(ds.at(-1), Error);
+  EXPECT_THROW(ds.at(1).set_current_stream(s), Error);
+}
+
+TEST(ComputePool, CoversTheRangeExactlyOnceAndNestsSerially) {
+  ComputePool pool(3);
+  std::vector<std::atomic<int>> hits(10007);
+  struct Ctx {
+    std::vector<std::atomic<int>>* hits;
+    ComputePool* pool;
+  } ctx{&hits, &pool};
+  pool.parallel_for(0, 10007, 100,
+                    [](void* u, int64_t b, int64_t e) {
+                      auto* c = static_cast<Ctx*>(u);
+                      for (int64_t i = b; i < e; ++i) (*c->hits)[static_cast<size_t>(i)]++;
+                      // Nested: runs serially on this thread, no deadlock.
+                      c->pool->parallel_for(0, 10, 1, [](void*, int64_t, int64_t) {}, nullptr);
+                    },
+                    &ctx);
+  for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+}
+
+TEST(CopyEngine, ConvertsDtypesAndLayouts) {
+  auto rt = test::make_runtime();
+  Device* dev = &rt->devices().at(0);
+  Tensor x = Tensor::from_values({2, 3}, DType::kFloat32, {1.5, -2.5, 3, 0, 65504, 1e-8}, dev);
+  expect_values(x.to(dev, DType::kFloat16), {1.5, -2.5, 3, 0, 65504, 0}, 1e-9);
+  expect_values(x.to(dev, DType::kInt32), {1, -2, 3, 0, 65504, 0});
+  expect_values(x.to(dev, DType::kBool), {1, 1, 1, 0, 1, 1});
+  expect_values(x.to(nullptr, DType::kBFloat16), {1.5, -2.5, 3, 0, 65536, 1e-8}, 1e-10);
+  Tensor xt = x.as_strided({3, 2}, {1, 3}, 0);
+  expect_values(xt.clone(), {1.5, 0, -2.5, 65504, 3, 1e-8}, 1e-12);
+  Tensor y = Tensor::empty({2, 2}, DType::kFloat32, dev);
+  EXPECT_THROW(copy_tensor(*y.dl(), *x.dl()), Error);
+}
+
+TEST(Half, ConversionsRoundToNearestEven) {
+  using namespace npub::half;
+  EXPECT_EQ(float_to_half(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_half(65504.0f), 0x7bff);
+  EXPECT_EQ(float_to_half(65520.0f), 0x7c00);  // rounds to inf
+  EXPECT_EQ(float_to_half(-0.0f), 0x8000);
+  EXPECT_EQ(float_to_half(5.960464477539063e-08f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_half(2.98023223876953125e-08f), 0x0000);  // half of it: ties to even
+  EXPECT_TRUE(std::isnan(half_to_float(float_to_half(std::nanf("")))));
+  for (uint32_t h = 0; h < 0x7c00; ++h)  // every finite positive half round-trips
+    ASSERT_EQ(float_to_half(half_to_float(static_cast<uint16_t>(h))), h) << h;
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16_to_float(float_to_bf16(3.140625f)), 3.140625f);
+  EXPECT_EQ(float_to_bf16(1.00390625f), 0x3f80);  // tie -> even
+}
+
+TEST(Env, ParsesSizesAndRejectsGarbage) {
+  EXPECT_EQ(env::parse_bytes("16G", "X"), 16ull << 30);
+  EXPECT_EQ(env::parse_bytes("512MiB", "X"), 512ull << 20);
+  EXPECT_EQ(env::parse_bytes("1024", "X"), 1024u);
+  EXPECT_THROW(env::parse_bytes("lots", "X"), Error);
+  EXPECT_THROW(env::parse_bytes("5Q", "X"), Error);
+  setenv("NPUB_SIM_DEVICES", "0", 1);
+  EXPECT_THROW(DeviceOptions::from_env(), Error);
+  unsetenv("NPUB_SIM_DEVICES");
+}

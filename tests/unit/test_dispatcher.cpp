@@ -1,0 +1,317 @@
+// Kernel selection, validation, conversion, staging, fallback, precision
+// check, statistics and the op-mapping table.
+#include "test_util.h"
+
+#include <npubridge/support/error.h>
+
+using namespace npub;
+using namespace npub::test;
+
+namespace {
+
+class DispatcherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    rt = make_runtime();
+    load_ok(*rt, test_plugin("npub_test_testsel"));
+    load_ok(*rt, builtin_plugin("npub_cann_like"));
+    host.install(rt->dispatcher());
+    dev = &rt->devices().at(0);
+  }
+  // Calls testsel::which and returns the id the serving kernel wrote.
+  double which(const Tensor& x) {
+    Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+    NpubValue args[] = {tensor_value(x.dl()), tensor_value(out.dl())};
+    NpubValue rets[1] = {};
+    rt->dispatcher().call("testsel::which", args, 2, rets, 1, nullptr);
+    return out.to_doubles().at(0);
+  }
+  Tensor f32(const std::vector<int64_t>& shape, const std::vector<double>& v) {
+    return Tensor::from_values(shape, DType::kFloat32, v, dev);
+  }
+  std::unique_ptr<Runtime> rt;
+  ReferenceHost host;
+  sim::Device* dev = nullptr;
+};
+
+TEST_F(DispatcherTest, SelectsByPriorityPredicateDtypeAndOptLevel) {
+  Tensor small = f32({3}, {1, 2, 3});
+  Tensor big = f32({10}, std::vector<double>(10, 1));
+  EXPECT_EQ(which(small), 2);  // priority 10, predicate accepts numel <= 4
+  EXPECT_EQ(which(big), 1);    // predicate declines; priority-5 kernel needs O3
+  rt->dispatcher().set_opt_level(3);
+  EXPECT_EQ(which(big), 3);
+  EXPECT_EQ(which(small), 2);
+  rt->dispatcher().set_opt_level(2);
+  Tensor f64 = Tensor::from_values({10}, DType::kFloat64, std::vector<double>(10, 1), dev);
+  EXPECT_EQ(which(f64), 1);  // only kernel A takes float64
+  Tensor i32 = Tensor::from_values({3}, DType::kInt32, {1, 2, 3}, dev);
+  EXPECT_EQ(which(i32), -1);  // no kernel: the host's implementation
+  rt->dispatcher().set_opt_level(0);  // O0: every plugin off
+  EXPECT_EQ(which(small), -1);
+  rt->dispatcher().set_opt_level(2);
+  rt->loader().plugin("testsel")->enabled = false;
+  EXPECT_EQ(which(small), -1);
+  rt->loader().plugin("testsel")->enabled = true;
+  EXPECT_EQ(which(small), 2);
+  const reg::Kernel* k = rt->dispatcher().select(rt->dispatcher().op("testsel::which"),
+                                                 std::vector<NpubValue>{tensor_value(small.dl()), tensor_value(small.dl())}.data(), 2);
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->priority, 10);
+  EXPECT_EQ(host.served.size(), 3u);
+}
+
+TEST_F(DispatcherTest, ValidationErrorsNameOpArgumentExpectedAndFound) {
+  Dispatcher& d = rt->dispatcher();
+  Tensor a = f32({3}, {1, 2, 3});
+  Tensor b = f32({3}, {1, 2, 3});
+  Tensor out = Tensor::empty({3}, DType::kFloat32, dev);
+  NpubValue rets[1] = {};
+  {  // wrong kind
+    NpubValue args[] = {tensor_value(a.dl()), int_value(3), int_value(1), tensor_value(out.dl())};
+    EXPECT_EQ(error_of([&] { d.call("aten::add.out", args, 4, rets, 1, nullptr); }),
+              "op 'aten::add.out', argument 'other' (1): expected Tensor but found int");
+  }
+  {  // too few
+    NpubValue args[] = {tensor_value(a.dl())};
+    EXPECT_NE(error_of([&] { d.call("aten::add.out", args, 1, rets, 1, nullptr); })
+                  .find("op 'aten::add.out': expected 4 arguments but found 1"),
+              std::string::npos);
+  }
+  {  // devices differ
+    Tensor other = Tensor::from_values({3}, DType::kFloat32, {1, 2, 3}, &rt->devices().at(1));
+    NpubValue args[] = {tensor_value(a.dl()), tensor_value(other.dl()), int_value(1), tensor_value(out.dl())};
+    EXPECT_EQ(error_of([&] { d.call("aten::add.out", args, 4, rets, 1, nullptr); }),
+              "Expected all tensors to be on the same device, but found at least two devices, npu:0 and npu:1 "
+              "(op 'aten::add.out', argument 'other')");
+  }
+  {  // negative size, NULL tensor, unknown dtype, device out of range
+    DLTensor bad = *a.dl();
+    int64_t neg[1] = {-2};
+    bad.shape = neg;
+    NpubValue args[] = {tensor_value(&bad), tensor_value(b.dl()), int_value(1), tensor_value(out.dl())};
+    EXPECT_EQ(error_of([&] { d.call("aten::add.out", args, 4, rets, 1, nullptr); }),
+              "op 'aten::add.out', argument 'self' (0): expected non-negative sizes but found -2 at dim 0");
+    args[0] = tensor_value(nullptr);
+    EXPECT_EQ(error_of([&] { d.call("aten::add.out", args, 4, rets, 1, nullptr); }),
+              "op 'aten::add.out', argument 'self' (0): expected a tensor but found a NULL DLTensor pointer");
+    DLTensor weird = *a.dl();
+    weird.dtype = DLDataType{kDLComplex, 64, 1};
+    args[0] = tensor_value(&weird);
+    EXPECT_EQ(error_of([&] { d.call("aten::add.out", args, 4, rets, 1, nullptr); }),
+              "op 'aten::add.out', argument 'self' (0): unsupported dtype dtype(code=5, bits=64, lanes=1)");
+    DLTensor far = *a.dl();
+    far.device.device_id = 7;
+    args[0] = tensor_value(&far);
+    EXPECT_EQ(error_of([&] { d.call("aten::add.out", args, 4, rets, 1, nullptr); }),
+              "op 'aten::add.out', argument 'self' (0): tensor is on npu:7, which does not exist (2 devices)");
+    int64_t huge[3] = {1ll << 40, 1ll << 40, 1ll << 40};
+    DLTensor big = *a.dl();
+    big.ndim = 3;
+    big.shape = huge;
+    big.strides = nullptr;
+    args[0] = tensor_value(&big);
+    EXPECT_EQ(error_of([&] { d.call("aten::add.out", args, 4, rets, 1, nullptr); }),
+              "op 'aten::add.out', argument 'self' (0): element count overflows int64");
+  }
+  // A kernel's own bound check surfaces with op and plugin.
+  NpubValue args[] = {tensor_value(a.dl()), int_value(5)};
+  TensorOutputs outs(rt->devices());
+  EXPECT_EQ(error_of([&] { d.call("testsel::bad_index", args, 2, rets, 1, &outs); }),
+            "op 'testsel::bad_index' failed in the kernel of plugin 'testsel': testsel::bad_index: index 5 is "
+            "out of bounds for a tensor of 3 elements");
+  EXPECT_EQ(error_of([&] { d.call("nope::op", args, 2, rets, 1, &outs); }),
+            "unknown op 'nope::op': no plugin defines it and the op-mapping table does not map it");
+  // Shape mismatch in a plugin kernel (cann_like broadcasting rule).
+  Tensor c = f32({2}, {1, 2});
+  NpubValue add_args[] = {tensor_value(a.dl()), tensor_value(c.dl()), int_value(1), tensor_value(out.dl())};
+  EXPECT_NE(error_of([&] { d.call("aten::add.out", add_args, 4, rets, 1, nullptr); })
+                .find("the size of tensor a (3) must match the size of tensor b (2) at non-singleton dimension 0"),
+            std::string::npos);
+}
+
+TEST_F(DispatcherTest, TrailingDefaultsAreFilledFromTheSchema) {
+  Tensor x = f32({2}, {0, 0});
+  Tensor out = Tensor::empty({2}, DType::kFloat32, dev);
+  NpubValue args[] = {tensor_value(x.dl()), tensor_value(out.dl())};
+  NpubValue rets[1] = {};
+  rt->dispatcher().call("testsel::defaults", args, 2, rets, 1, nullptr);
+  expect_values(out, {3 + 0.5 + 1 + 2 + 2, 3 + 0.5 + 1 + 2 + 2});
+  std::vector<int64_t> c = {10, 20};
+  NpubValue args2[] = {tensor_value(x.dl()), tensor_value(out.dl()), int_value(1), double_value(0.25), int_list_value(c)};
+  rt->dispatcher().call("testsel::defaults", args2, 5, rets, 1, nullptr);
+  expect_values(out, {1 + 0.25 + 30 + 2, 1 + 0.25 + 30 + 2});
+}
+
+TEST_F(DispatcherTest, HalfPrecisionRunsOnFloat32KernelAndCastsBack) {
+  for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+    Tensor x = Tensor::from_values({4}, t, {1.5, -2, 3.25, 0}, dev);
+    Tensor out = Tensor::empty({4}, t, dev);
+    NpubValue args[] = {tensor_value(x.dl()), tensor_value(out.dl())};
+    NpubValue rets[1] = {};
+    rt->dispatcher().call("testsel::twice", args, 2, rets, 1, nullptr);
+    EXPECT_EQ(out.dtype(), t);
+    expect_values(out, {3, -4, 6.5, 0});
+    // Kernel-allocated output comes back in the call's dtype.
+    TensorOutputs outs(rt->devices());
+    NpubValue fargs[] = {tensor_value(x.dl())};
+    NpubValue frets[1] = {};
+    rt->dispatcher().call("testsel::twice_fn", fargs, 1, frets, 1, &outs);
+    EXPECT_EQ(dtype_of(frets[0].u.tensor->dtype), t);
+    expect_values(outs[0], {3, -4, 6.5, 0});
+  }
+  EXPECT_TRUE(host.served.empty());
+  // With conversion off, the same call falls back.
+  rt->dispatcher().set_dtype_conversion(false);
+  Tensor x = Tensor::from_values({2}, DType::kBFloat16, {1, 2}, dev);
+  Tensor out = Tensor::empty({2}, DType::kBFloat16, dev);
+  NpubValue args[] = {tensor_value(x.dl()), tensor_value(out.dl())};
+  NpubValue rets[1] = {};
+  rt->dispatcher().call("testsel::twice", args, 2, rets, 1, nullptr);
+  expect_values(out, {2, 4});
+  EXPECT_EQ(host.served, std::vector<std::string>{"testsel::twice"});
+  bool found = false;
+  for (const auto& s : rt->dispatcher().stats())
+    if (s.op == "testsel::twice") {
+      EXPECT_EQ(s.conversions, 2);
+      EXPECT_EQ(s.fallbacks, 1);
+      found = true;
+    }
+  EXPECT_TRUE(found);
+}
+
+TEST_F(DispatcherTest, ContiguousOnlyKernelsGetStridedTensorsStaged) {
+  // x is the transpose of a 2x3 tensor: logical [[1,4],[2,5],[3,6]].
+  Tensor base = f32({2, 3}, {1, 2, 3, 4, 5, 6});
+  Tensor xt = base.as_strided({3, 2}, {1, 3}, 0);
+  ASSERT_FALSE(xt.is_contiguous());
+  Tensor out = Tensor::empty({3, 2}, DType::kFloat32, dev);
+  NpubValue args[] = {tensor_value(xt.dl()), tensor_value(out.dl())};
+  NpubValue rets[1] = {};
+  rt->dispatcher().call("testsel::flat_copy", args, 2, rets, 1, nullptr);
+  expect_values(out, {1, 4, 2, 5, 3, 6});
+  EXPECT_EQ(rets[0].u.tensor, out.dl());
+  // A strided output is written back through its strides.
+  Tensor target = Tensor::from_values({2, 3}, DType::kFloat32, std::vector<double>(6, 0), dev);
+  Tensor target_t = target.as_strided({3, 2}, {1, 3}, 0);
+  Tensor src = f32({3, 2}, {1, 2, 3, 4, 5, 6});
+  NpubValue args2[] = {tensor_value(src.dl()), tensor_value(target_t.dl())};
+  rt->dispatcher().call("testsel::flat_copy", args2, 2, rets, 1, nullptr);
+  expect_values(target, {1, 3, 5, 2, 4, 6});
+}
+
+TEST_F(DispatcherTest, WorkspaceScratchAndDataDependentOutputs) {
+  Tensor x = f32({4}, {1, -2, 3, 0});
+  TensorOutputs outs(rt->devices());
+  NpubValue args[] = {tensor_value(x.dl())};
+  NpubValue rets[1] = {};
+  const int64_t before = dev->allocator().stats().allocated_bytes;
+  rt->dispatcher().call("testsel::with_workspace", args, 1, rets, 1, &outs);
+  expect_values(outs[0], {20, -10, 40, 10});
+  TensorOutputs pos(rt->devices());
+  NpubValue prets[1] = {};
+  rt->dispatcher().call("testsel::positives", args, 1, prets, 1, &pos);
+  EXPECT_EQ(pos[0].shape(), std::vector<int64_t>{2});
+  EXPECT_EQ(pos[0].dtype(), DType::kInt64);
+  expect_values(pos[0], {0, 2});
+  // Workspace and scratch were returned; only the two outputs remain.
+  EXPECT_EQ(dev->allocator().stats().allocated_bytes - before, 512 + 512);
+}
+
+TEST_F(DispatcherTest, FallbackWarnsOnceCountsAndCanBeAnError) {
+  Tensor x = Tensor::from_values({2}, DType::kInt32, {1, 2}, dev);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(which(x), -1);
+  EXPECT_EQ(rt->dispatcher().total_fallbacks(), 3);
+  EXPECT_TRUE(rt->dispatcher().registry().find("testsel::which")->stats().fallback_warned.load());
+  rt->dispatcher().set_fallback_mode(FallbackMode::kError);
+  EXPECT_EQ(error_of([&] { which(x); }),
+            "op 'testsel::which' is not supported on npu:0: no kernel accepts dtype int32 (plugin 'testsel': "
+            "{float32} with a predicate; plugin 'testsel': {float32} needs O3; plugin 'testsel': {float32, "
+            "float64}); falling back to the host framework is disabled (NPUB_FALLBACK=error)");
+  rt->dispatcher().set_fallback_mode(FallbackMode::kAllow);
+  rt->dispatcher().set_fallback(nullptr);
+  EXPECT_NE(error_of([&] { which(x); }).find("and the host registered no fallback"), std::string::npos);
+}
+
+TEST_F(DispatcherTest, DecliningKernelHandsTheCallToTheFallback) {
+  Tensor x = f32({2}, {1, 2});
+  TensorOutputs outs(rt->devices());
+  NpubValue args[] = {tensor_value(x.dl())};
+  NpubValue rets[1] = {};
+  rt->dispatcher().call("testsel::decline", args, 1, rets, 1, &outs);
+  expect_values(outs[0], {3, 6});
+  EXPECT_EQ(host.served, std::vector<std::string>{"testsel::decline"});
+}
+
+TEST_F(DispatcherTest, PrecisionCheckReportsTheWorstElement) {
+  PrecisionCheckConfig cfg;
+  cfg.enabled = true;
+  rt->dispatcher().set_precision_check(cfg);
+  Tensor x = f32({4}, {1, 2, 3, 4});
+  TensorOutputs outs(rt->devices());
+  NpubValue args[] = {tensor_value(x.dl())};
+  NpubValue rets[1] = {};
+  rt->dispatcher().call("testsel::sloppy", args, 1, rets, 1, &outs);
+  auto mismatches = rt->dispatcher().precision_mismatches();
+  ASSERT_EQ(mismatches.size(), 1u);
+  EXPECT_EQ(mismatches[0].op, "testsel::sloppy");
+  EXPECT_EQ(mismatches[0].output, "return 0");
+  EXPECT_EQ(mismatches[0].worst_index, 2);
+  EXPECT_EQ(mismatches[0].num_mismatched, 1);
+  EXPECT_NEAR(mismatches[0].abs_error, 1e-3, 1e-6);
+  EXPECT_NE(mismatches[0].message().find("precision check failed for op 'testsel::sloppy' (plugin 'testsel'), return 0"),
+            std::string::npos);
+  // An accurate kernel (cann_like add, in place on `out`) passes, and the
+  // check leaves the kernel's result in place.
+  rt->dispatcher().clear_precision_mismatches();
+  Tensor y = f32({4}, {0.5, 0.25, 0.125, 1});
+  Tensor out = Tensor::empty({4}, DType::kFloat32, dev);
+  NpubValue add_args[] = {tensor_value(x.dl()), tensor_value(y.dl()), double_value(2), tensor_value(out.dl())};
+  rt->dispatcher().call("aten::add.out", add_args, 4, rets, 1, nullptr);
+  EXPECT_TRUE(rt->dispatcher().precision_mismatches().empty());
+  expect_values(out, {2, 2.5, 3.25, 6});
+  // raise_on_mismatch turns the report into an error.
+  cfg.raise_on_mismatch = true;
+  rt->dispatcher().set_precision_check(cfg);
+  EXPECT_NE(error_of([&] { rt->dispatcher().call("testsel::sloppy", args, 1, rets, 1, &outs); })
+                .find("worst at flat index 2"),
+            std::string::npos);
+}
+
+TEST_F(DispatcherTest, OpMappingTableRoutesFrameworkOps) {
+  reg::OpMappingTable& map = rt->op_map();
+  map.load_text("# comment\nfw::double_it   testsel::twice\n", "inline");
+  Tensor x = f32({2}, {1, 2});
+  Tensor out = Tensor::empty({2}, DType::kFloat32, dev);
+  NpubValue args[] = {tensor_value(x.dl()), tensor_value(out.dl())};
+  NpubValue rets[1] = {};
+  rt->dispatcher().call("fw::double_it", args, 2, rets, 1, nullptr);
+  expect_values(out, {2, 4});
+  map.set({"fw::double_it", "testsel::which", "testsel"});
+  OpHandle h = rt->dispatcher().op("fw::double_it");
+  EXPECT_EQ(h.op->name(), "testsel::which");
+  EXPECT_EQ(h.preferred_plugin, rt->loader().plugin("testsel").get());
+  EXPECT_NE(error_of([&] { map.load_text("only_one_field\n", "bad.txt"); })
+                .find("bad.txt:1: expected 'framework_op target_op [plugin]' but found 1 field(s)"),
+            std::string::npos);
+}
+
+TEST_F(DispatcherTest, StatisticsCountCallsKernelsAndTime) {
+  rt->dispatcher().reset_stats();
+  Tensor a = f32({2}, {1, 2});
+  Tensor out = Tensor::empty({2}, DType::kFloat32, dev);
+  NpubValue args[] = {tensor_value(a.dl()), tensor_value(a.dl()), int_value(1), tensor_value(out.dl())};
+  NpubValue rets[1] = {};
+  for (int i = 0; i < 5; ++i) rt->dispatcher().call("aten::add.out", args, 4, rets, 1, nullptr);
+  auto stats = rt->dispatcher().stats();
+  ASSERT_EQ(stats.size(), 1u);
+  EXPECT_EQ(stats[0].op, "aten::add.out");
+  EXPECT_EQ(stats[0].calls, 5);
+  EXPECT_EQ(stats[0].fallbacks, 0);
+  ASSERT_EQ(stats[0].kernels.size(), 1u);
+  EXPECT_EQ(stats[0].kernels[0].plugin, "cann_like");
+  EXPECT_EQ(stats[0].kernels[0].calls, 5);
+  EXPECT_GT(stats[0].total_ms, 0);
+}
+
+}  // namespace

@@ -1,0 +1,183 @@
+// The bad-plugin matrix: one purpose-built plugin per failure mode, each
+// rejected with a message naming the file and the reason, after which the
+// host and every other plugin keep working.
+#include "test_util.h"
+
+#include <npubridge/support/error.h>
+
+using namespace npub;
+using namespace npub::test;
+
+namespace {
+
+// Runs testc::scale through the good C plugin: proof the host still works.
+void expect_host_still_works(Runtime& rt) {
+  sim::Device* dev = &rt.devices().at(0);
+  Tensor x = Tensor::from_values({3}, DType::kFloat32, {1, 2, 3}, dev);
+  TensorOutputs outs(rt.devices());
+  NpubValue args[] = {tensor_value(x.dl()), double_value(2.0)};
+  NpubValue rets[1] = {};
+  rt.dispatcher().call("testc::scale", args, 2, rets, 1, &outs);
+  expect_values(outs[0], {2, 4, 6});
+}
+
+struct BadCase {
+  const char* file;       // test plugin (without lib/.so), or a path
+  const char* expected;   // substring of the rejection message
+};
+
+class BadPlugin : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(BadPlugin, IsRejectedWithItsReasonAndTheHostKeepsWorking) {
+  auto rt = make_runtime();
+  load_ok(*rt, test_plugin("npub_test_good_c"));
+  const BadCase& c = GetParam();
+  const std::string path = std::string(c.file).find('/') != std::string::npos ? c.file : test_plugin(c.file);
+  LoadResult r = rt->loader().load(path);
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("plugin '" + path + "' rejected: "), std::string::npos) << r.error;
+  EXPECT_NE(r.error.find(c.expected), std::string::npos) << "message was: " << r.error;
+  // Nothing of the rejected plugin stays registered.
+  for (const reg::OpEntry* op : rt->registry().ops())
+    for (const reg::Kernel* k : op->kernels(NPUB_DEVICE_NPU)) EXPECT_EQ(k->plugin_name(), "good_c");
+  ASSERT_EQ(rt->loader().plugins().size(), 1u);
+  ASSERT_EQ(rt->loader().failures().size(), 1u);
+  expect_host_still_works(*rt);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Matrix, BadPlugin,
+    ::testing::Values(
+        BadCase{"/nonexistent/dir/libmissing.so", "no such file"},
+        BadCase{NPUB_TEST_PLUGIN_DIR "/libnot_a_library.so", "not a shared library (no ELF header)"},
+        BadCase{NPUB_TEST_PLUGIN_DIR, "is a directory, not a shared library"},
+        BadCase{"npub_test_bad_no_entry", "entry symbol 'npub_plugin_init_v1' not found"},
+        BadCase{"npub_test_bad_wrong_major_symbol",
+                "built for plugin ABI major 2 (exports 'npub_plugin_init_v2'), but this host supports ABI major 1"},
+        BadCase{"npub_test_bad_struct_too_small",
+                "NpubPluginApi.struct_size is 16 but ABI 1.0 requires at least 48 (struct too small)"},
+        BadCase{"npub_test_bad_api_major_mismatch", "NpubPluginApi.abi_major is 7 but this host supports ABI major 1"},
+        BadCase{"npub_test_bad_null_initialize", "required function NpubPluginApi.initialize is NULL"},
+        BadCase{"npub_test_bad_entry_returns_null", "npub_plugin_init_v1() returned NULL"},
+        BadCase{"npub_test_bad_bad_name", "NpubPluginApi.name must be 1 to 64 characters of [A-Za-z0-9_] but is 'bad name!'"},
+        BadCase{"npub_test_bad_init_error", "initialize failed: simulated failure: device firmware not found"},
+        BadCase{"npub_test_init_throws", "initialize threw an exception: simulated exception from initialize"},
+        BadCase{"npub_test_sdk_throws", "initialize failed: sdk_throws initialize: simulated SDK init failure"},
+        BadCase{"npub_test_bad_bad_schema", "define_op: invalid schema at character 22: expected a type"},
+        BadCase{"npub_test_bad_schema_conflict",
+                "define_op: op 'testc::scale' is already defined (by plugin 'good_c') with a different schema: "
+                "existing \"testc::scale(Tensor self, float factor) -> Tensor\", new \"testc::scale(Tensor self, int factor) -> Tensor\""},
+        BadCase{"npub_test_bad_undefined_op",
+                "register_kernel: op 'nowhere::undefined_op' is not defined; define its schema with define_op first"},
+        BadCase{"npub_test_bad_duplicate_kernel",
+                "register_kernel: duplicate kernel for op 'dup::op' at priority 0 registered twice by this plugin"},
+        BadCase{"npub_test_bad_null_kernel_fn",
+                "register_kernel for op 'nullfn::op': required function NpubKernelDesc.fn is NULL"},
+        BadCase{"npub_test_bad_kernel_desc_too_small",
+                "register_kernel: NpubKernelDesc.struct_size is 16 but ABI 1.0 requires at least 88"},
+        BadCase{"npub_test_bad_ignored_error", "define_op: invalid schema at character 13: expected a type"}),
+    [](const ::testing::TestParamInfo<BadCase>& info) {
+      std::string name = info.param.file;
+      name = name.substr(name.find_last_of('/') + 1);
+      for (char& c : name)
+        if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+      return name + "_" + std::to_string(info.index);
+    });
+
+TEST(Loader, DuplicateKernelAcrossPluginsIsRejected) {
+  auto rt = make_runtime();
+  load_ok(*rt, test_plugin("npub_test_good_c"));
+  // Loading the same file twice: the second is rejected by name.
+  LoadResult r = rt->loader().load(test_plugin("npub_test_good_c"));
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.error.find("a plugin named 'good_c' is already loaded from"), std::string::npos) << r.error;
+  expect_host_still_works(*rt);
+}
+
+TEST(Loader, KernelErrorAtCallTimeNamesOpPluginAndReason) {
+  auto rt = make_runtime();
+  load_ok(*rt, test_plugin("npub_test_good_c"));
+  load_ok(*rt, test_plugin("npub_test_bad_kernel_error"));
+  Tensor x = Tensor::from_values({2}, DType::kFloat32, {1, 2}, &rt->devices().at(0));
+  TensorOutputs outs(rt->devices());
+  NpubValue args[] = {tensor_value(x.dl())};
+  NpubValue rets[1] = {};
+  const std::string msg = error_of([&] { rt->dispatcher().call("badk::fail", args, 1, rets, 1, &outs); });
+  EXPECT_EQ(msg, "op 'badk::fail' failed in the kernel of plugin 'bad_10': simulated failure inside the kernel");
+  EXPECT_EQ(rt->dispatcher().stats().front().errors, 1);
+  expect_host_still_works(*rt);
+}
+
+TEST(Loader, PureCPluginLoadsAndRuns) {
+  auto rt = make_runtime();
+  load_ok(*rt, test_plugin("npub_test_good_c"));
+  sim::Device* dev = &rt->devices().at(1);
+  Tensor x = Tensor::from_values({2, 2}, DType::kFloat32, {-1, 2, 0, 4}, dev);
+  // In place, returning its argument.
+  NpubValue args[] = {tensor_value(x.dl())};
+  NpubValue rets[1] = {};
+  rt->dispatcher().call("testc::add_one_", args, 1, rets, 1, nullptr);
+  EXPECT_EQ(rets[0].u.tensor, x.dl());
+  expect_values(x, {0, 3, 1, 5});
+  // Scalar return.
+  NpubValue crets[1] = {};
+  rt->dispatcher().call("testc::count_positive", args, 1, crets, 1, nullptr);
+  EXPECT_EQ(crets[0].tag, NPUB_VALUE_INT);
+  EXPECT_EQ(crets[0].u.i, 3);
+  // Host-allocated output lands on the input's device.
+  TensorOutputs outs(rt->devices());
+  NpubValue sargs[] = {tensor_value(x.dl()), int_value(3)};
+  NpubValue srets[1] = {};
+  rt->dispatcher().call("testc::scale", sargs, 2, srets, 1, &outs);
+  EXPECT_EQ(outs[0].dl()->device.device_id, 1);
+  expect_values(outs[0], {0, 9, 3, 15});
+}
+
+TEST(Loader, OldMinorAndFuturePluginsBothLoad) {
+  auto rt = make_runtime();
+  load_ok(*rt, test_plugin("npub_test_old_v1_0"));
+  load_ok(*rt, test_plugin("npub_test_future"));
+  auto future = rt->loader().plugin("future");
+  ASSERT_NE(future, nullptr);
+  EXPECT_EQ(future->abi_minor, static_cast<uint32_t>(NPUB_ABI_MINOR + 7));
+  sim::Device* dev = &rt->devices().at(0);
+  Tensor x = Tensor::from_values({3}, DType::kFloat32, {1, -2, 3}, dev);
+  Tensor y = Tensor::empty({3}, DType::kFloat32, dev);
+  NpubValue args[] = {tensor_value(x.dl()), tensor_value(y.dl())};
+  NpubValue rets[1] = {};
+  rt->dispatcher().call("old::negate", args, 2, rets, 1, nullptr);
+  expect_values(y, {-1, 2, -3});
+  Tensor z = Tensor::empty({3}, DType::kFloat32, dev);
+  NpubValue fargs[] = {tensor_value(y.dl()), tensor_value(z.dl())};
+  rt->dispatcher().call("future::copy", fargs, 2, rets, 1, nullptr);
+  expect_values(z, {-1, 2, -3});
+}
+
+TEST(Loader, DefaultSearchOrderIsBuiltinThenPluginPath) {
+  setenv("NPUB_PLUGIN_PATH", (std::string(NPUB_TEST_PLUGIN_DIR) + "/libnpub_test_good_c.so:/nonexistent").c_str(), 1);
+  auto files = PluginLoader::default_candidates();
+  unsetenv("NPUB_PLUGIN_PATH");
+  ASSERT_GE(files.size(), 5u);
+  EXPECT_NE(files[0].find("libnpub_cann_like.so"), std::string::npos);
+  EXPECT_NE(files[1].find("libnpub_mindspeed_like.so"), std::string::npos);
+  EXPECT_NE(files[2].find("libnpub_vllm_like.so"), std::string::npos);
+  EXPECT_NE(files[3].find("libnpub_test_good_c.so"), std::string::npos);
+  EXPECT_EQ(files[4], "/nonexistent");
+}
+
+TEST(Loader, PluginDirectoryInPathLoadsEverythingAndReportsEachFailure) {
+  // A directory of mostly bad plugins: each is reported, the good ones load.
+  auto rt = make_runtime();
+  load_ok(*rt, test_plugin("npub_test_good_c"));  // before the conflicting one
+  setenv("NPUB_PLUGIN_PATH", NPUB_TEST_PLUGIN_DIR, 1);
+  auto results = rt->loader().load_default();
+  unsetenv("NPUB_PLUGIN_PATH");
+  int ok = 0, bad = 0;
+  for (const auto& r : results) (r.ok ? ok : bad) += 1;
+  EXPECT_GE(ok, 3 + 4);  // 3 built-in + good_c, testsel, future, old, kernel_error...
+  EXPECT_GE(bad, 14);
+  EXPECT_NE(rt->loader().plugin("cann_like"), nullptr);
+  expect_host_still_works(*rt);
+}
+
+}  // namespace

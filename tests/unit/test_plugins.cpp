@@ -1,0 +1,123 @@
+// The in-tree plugins against references computed here, independently.
+#include "test_util.h"
+
+#include <cmath>
+#include <npubridge/device_sim/copy_engine.h>
+
+#include <random>
+
+using namespace npub;
+using namespace npub::test;
+
+namespace {
+
+class InTreePlugins : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    rt = make_runtime();
+    for (const char* p : {"npub_cann_like", "npub_mindspeed_like", "npub_vllm_like"}) load_ok(*rt, builtin_plugin(p));
+    dev = &rt->devices().at(0);
+  }
+  std::vector<double> random(size_t n, unsigned seed) {
+    std::mt19937 g(seed);
+    std::uniform_real_distribution<double> u(-2, 2);
+    std::vector<double> v(n);
+    for (auto& e : v) e = static_cast<float>(u(g));
+    return v;
+  }
+  std::unique_ptr<Runtime> rt;
+  sim::Device* dev = nullptr;
+};
+
+TEST_F(InTreePlugins, AddAndMulBroadcast) {
+  auto av = random(4 * 5, 1), bv = random(5, 2);
+  Tensor a = Tensor::from_values({4, 5}, DType::kFloat32, av, dev);
+  Tensor b = Tensor::from_values({5}, DType::kFloat32, bv, dev);
+  Tensor out = Tensor::empty({4, 5}, DType::kFloat32, dev);
+  NpubValue rets[1] = {};
+  NpubValue args[] = {tensor_value(a.dl()), tensor_value(b.dl()), double_value(-1.5), tensor_value(out.dl())};
+  rt->dispatcher().call("aten::add.out", args, 4, rets, 1, nullptr);
+  std::vector<double> expect(20);
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 5; ++j)
+      expect[static_cast<size_t>(i * 5 + j)] = static_cast<float>(float(av[static_cast<size_t>(i * 5 + j)]) + float(-1.5) * float(bv[static_cast<size_t>(j)]));
+  expect_values(out, expect, 1e-6);
+  NpubValue margs[] = {tensor_value(a.dl()), tensor_value(b.dl()), tensor_value(out.dl())};
+  rt->dispatcher().call("aten::mul.out", margs, 3, rets, 1, nullptr);
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 5; ++j)
+      expect[static_cast<size_t>(i * 5 + j)] = av[static_cast<size_t>(i * 5 + j)] * bv[static_cast<size_t>(j)];
+  expect_values(out, expect, 1e-6);
+  // int64 too
+  Tensor ia = Tensor::from_values({3}, DType::kInt64, {1, -2, 3}, dev);
+  Tensor iout = Tensor::empty({3}, DType::kInt64, dev);
+  NpubValue iargs[] = {tensor_value(ia.dl()), tensor_value(ia.dl()), int_value(2), tensor_value(iout.dl())};
+  rt->dispatcher().call("aten::add.out", iargs, 4, rets, 1, nullptr);
+  expect_values(iout, {3, -6, 9});
+}
+
+TEST_F(InTreePlugins, MatmulMatchesNaiveDoubleReference) {
+  const int m = 37, k = 300, n = 29;
+  auto av = random(m * k, 3), bv = random(k * n, 4);
+  Tensor a = Tensor::from_values({m, k}, DType::kFloat32, av, dev);
+  Tensor b = Tensor::from_values({k, n}, DType::kFloat32, bv, dev);
+  Tensor c = Tensor::empty({m, n}, DType::kFloat32, dev);
+  NpubValue args[] = {tensor_value(a.dl()), tensor_value(b.dl()), tensor_value(c.dl())};
+  NpubValue rets[1] = {};
+  rt->dispatcher().call("aten::mm.out", args, 3, rets, 1, nullptr);
+  std::vector<double> expect(static_cast<size_t>(m * n));
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double s = 0;
+      for (int p = 0; p < k; ++p) s += av[static_cast<size_t>(i * k + p)] * bv[static_cast<size_t>(p * n + j)];
+      expect[static_cast<size_t>(i * n + j)] = s;
+    }
+  expect_values(c, expect, 1e-3);
+  // A transposed (strided) operand is staged by the dispatcher.
+  Tensor bt_base = Tensor::from_values({n, k}, DType::kFloat32, std::vector<double>(static_cast<size_t>(n * k)), dev);
+  Tensor bt = bt_base.as_strided({k, n}, {1, k}, 0);
+  sim::copy_tensor(*bt.dl(), *b.dl());
+  NpubValue sargs[] = {tensor_value(a.dl()), tensor_value(bt.dl()), tensor_value(c.dl())};
+  rt->dispatcher().call("aten::mm.out", sargs, 3, rets, 1, nullptr);
+  expect_values(c, expect, 1e-3);
+}
+
+TEST_F(InTreePlugins, RmsNormAndSiluAndMul) {
+  const int rows = 6, cols = 16;
+  auto xv = random(rows * cols, 5), gv = random(cols, 6);
+  Tensor x = Tensor::from_values({2, 3, cols}, DType::kFloat32, xv, dev);
+  Tensor g = Tensor::from_values({cols}, DType::kFloat32, gv, dev);
+  TensorOutputs outs(rt->devices());
+  NpubValue args[] = {tensor_value(x.dl()), tensor_value(g.dl())};  // epsilon from its default
+  NpubValue rets[2] = {};
+  rt->dispatcher().call("mindspeed_like::npu_rms_norm", args, 2, rets, 2, &outs);
+  std::vector<double> ey, er;
+  for (int r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int c = 0; c < cols; ++c) ss += xv[static_cast<size_t>(r * cols + c)] * xv[static_cast<size_t>(r * cols + c)];
+    const double inv = 1.0 / std::sqrt(ss / cols + 1e-6);
+    er.push_back(inv);
+    for (int c = 0; c < cols; ++c) ey.push_back(xv[static_cast<size_t>(r * cols + c)] * inv * gv[static_cast<size_t>(c)]);
+  }
+  expect_values(outs[0], ey, 1e-5);
+  EXPECT_EQ(outs[1].shape(), (std::vector<int64_t>{2, 3, 1}));
+  expect_values(outs[1], er, 1e-5);
+
+  Tensor in = Tensor::from_values({rows, 2 * cols}, DType::kFloat32, random(rows * 2 * cols, 7), dev);
+  Tensor out = Tensor::empty({rows, cols}, DType::kFloat32, dev);
+  NpubValue sargs[] = {tensor_value(out.dl()), tensor_value(in.dl())};
+  rt->dispatcher().call("vllm_like::silu_and_mul", sargs, 2, nullptr, 0, nullptr);
+  auto iv = in.to_doubles();
+  std::vector<double> es;
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) {
+      const double gte = iv[static_cast<size_t>(r * 2 * cols + c)];
+      es.push_back(gte / (1 + std::exp(-gte)) * iv[static_cast<size_t>(r * 2 * cols + cols + c)]);
+    }
+  expect_values(out, es, 1e-5);
+  // Fused ops are O2: at O1 they are not eligible.
+  rt->dispatcher().set_opt_level(1);
+  EXPECT_EQ(rt->dispatcher().select(rt->dispatcher().op("vllm_like::silu_and_mul"), sargs, 2), nullptr);
+}
+
+}  // namespace

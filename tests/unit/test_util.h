@@ -1,0 +1,46 @@
+// Helpers shared by the unit tests: an isolated runtime, plugin paths, and a
+// small "host framework" whose implementations serve as the fallback.
+#pragma once
+
+#include <npubridge/dispatcher/runtime.h>
+#include <npubridge/dispatcher/value.h>
+#include <npubridge/support/error.h>
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace npub::test {
+
+std::string test_plugin(const std::string& name);     // tests/plugins/lib<name>.so
+std::string builtin_plugin(const std::string& name);  // lib/npubridge/plugins/lib<name>.so
+
+// A runtime with no plugins loaded, 2 devices of `memory` bytes, 2 threads.
+std::unique_ptr<Runtime> make_runtime(uint64_t memory = 1ull << 30);
+// Loads a plugin and fails the test with the loader's message if rejected.
+void load_ok(Runtime& rt, const std::string& path);
+
+// The test host's own implementations (the fallback): testsel ops, testc
+// ops and aten::add.out / aten::mul.out on same-shape tensors. Records the
+// ops it served.
+struct ReferenceHost {
+  std::vector<std::string> served;
+  void install(Dispatcher& d);
+};
+
+std::vector<double> values(const DLTensor& t);
+void expect_values(const Tensor& t, const std::vector<double>& expected, double tol = 0);
+// The exception message of f(), or "" when it did not throw npub::Error.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace npub::test
