@@ -23,7 +23,7 @@ struct Dispatcher::CallState {
   bool has_device = false;
   DType dtype = DType::kUnknown;  // the dispatch dtype
   // Arguments with defaults filled in, when the caller omitted some.
-  std::array<NpubValue, 24> inline_args{};
+  std::array<NpubValue, 24> inline_args;  // not zeroed: written before read
   std::vector<NpubValue> heap_args;
 };
 
@@ -38,11 +38,11 @@ bool is_contiguous(const DLTensor& t);
 // An OutputAllocator that refuses: for callers that preallocate everything.
 class NoOutputs final : public OutputAllocator {
  public:
-  explicit NoOutputs(const std::string& op) : op_(op) {}
+  explicit NoOutputs(const std::string& op) : op_(op) {}  // op outlives the call
   DLTensor* allocate(int32_t ret_index, const DLDevice&, int32_t, const int64_t*, DLDataType) override;
 
  private:
-  std::string op_;
+  const std::string& op_;
 };
 
 }  // namespace npub

@@ -6,6 +6,7 @@
 #include "logging.h"
 #include <npubridge/support/env.h>
 #include <npubridge/support/error.h>
+#include <npubridge/support/tick_clock.h>
 
 #include <chrono>
 #include <cstring>
@@ -133,7 +134,7 @@ void Dispatcher::validate(CallState& cs) const {
       cs.heap_args.resize(static_cast<size_t>(n));
       filled = cs.heap_args.data();
     }
-    std::memcpy(filled, cs.args, sizeof(NpubValue) * static_cast<size_t>(cs.num_args));
+    if (cs.num_args > 0) std::memcpy(filled, cs.args, sizeof(NpubValue) * static_cast<size_t>(cs.num_args));
     for (int32_t i = cs.num_args; i < n; ++i) filled[i] = sargs[static_cast<size_t>(i)].default_value->value;
     cs.args = filled;
     cs.num_args = n;
@@ -347,7 +348,7 @@ void Dispatcher::call(std::string_view op_name, const NpubValue* args, int32_t n
 void Dispatcher::call(const OpHandle& handle, const NpubValue* args, int32_t num_args,
                       NpubValue* rets, int32_t num_rets, OutputAllocator* outputs) {
   if (!handle) throw Error(ErrorCode::kInvalidArgument, "Dispatcher::call: empty op handle");
-  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t t0 = TickClock::now();
   reg::OpStats& stats = handle.op->stats();
   stats.calls.fetch_add(1, std::memory_order_relaxed);
   CallState cs;
@@ -381,9 +382,7 @@ void Dispatcher::call(const OpHandle& handle, const NpubValue* args, int32_t num
     stats.errors.fetch_add(1, std::memory_order_relaxed);
     throw;
   }
-  const auto t1 = std::chrono::steady_clock::now();
-  stats.total_ns.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count(),
-                           std::memory_order_relaxed);
+  stats.total_ticks.fetch_add(TickClock::now() - t0, std::memory_order_relaxed);
 }
 
 std::string explain_no_kernel(const Dispatcher& d, const reg::OpEntry& op, const DLDevice& dev,
@@ -446,12 +445,13 @@ void Dispatcher::run_kernel(CallState& cs, const reg::Kernel& k, DType convert_f
     // (NPUB_ERR_UNSUPPORTED) hands the call to the fallback untouched.
     std::array<NpubValue, 8> saved{};
     const bool can_restore = cs.num_rets <= static_cast<int32_t>(saved.size());
-    if (can_restore) std::memcpy(saved.data(), cs.rets, sizeof(NpubValue) * static_cast<size_t>(cs.num_rets));
+    if (can_restore && cs.num_rets > 0)
+      std::memcpy(saved.data(), cs.rets, sizeof(NpubValue) * static_cast<size_t>(cs.num_rets));
     try {
       invoke_kernel(devices_, cs, k, cs.args, cs.rets, cs.outputs);
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kUnsupported || !can_restore || !has_fallback()) throw;
-      std::memcpy(cs.rets, saved.data(), sizeof(NpubValue) * static_cast<size_t>(cs.num_rets));
+      if (cs.num_rets > 0) std::memcpy(cs.rets, saved.data(), sizeof(NpubValue) * static_cast<size_t>(cs.num_rets));
       run_fallback(cs, e.what());
     }
     return;

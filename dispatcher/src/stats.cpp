@@ -1,5 +1,6 @@
 #include <npubridge/dispatcher/dispatcher.h>
 #include <npubridge/support/error.h>
+#include <npubridge/support/tick_clock.h>
 
 namespace npub {
 
@@ -20,6 +21,7 @@ Tensor& TensorOutputs::operator[](size_t i) {
 
 std::vector<OpStatsSnapshot> Dispatcher::stats() const {
   std::vector<OpStatsSnapshot> out;
+  const double ns_per_tick = TickClock::ns_per_tick();
   for (const reg::OpEntry* op : registry_.ops()) {
     const reg::OpStats& s = op->stats();
     if (s.calls.load() == 0) continue;
@@ -30,7 +32,7 @@ std::vector<OpStatsSnapshot> Dispatcher::stats() const {
     snap.conversions = s.conversions.load();
     snap.errors = s.errors.load();
     snap.precision_mismatches = s.precision_mismatches.load();
-    snap.total_ms = static_cast<double>(s.total_ns.load()) / 1e6;
+    snap.total_ms = static_cast<double>(s.total_ticks.load()) * ns_per_tick / 1e6;
     for (const reg::Kernel* k : op->kernels(NPUB_DEVICE_NPU))
       snap.kernels.push_back({k->plugin_name(), k->dtypes_string(), k->priority, k->calls.load()});
     out.push_back(std::move(snap));

@@ -28,7 +28,7 @@ void OpStats::reset() {
   fallbacks = 0;
   conversions = 0;
   errors = 0;
-  total_ns = 0;
+  total_ticks = 0;
   precision_mismatches = 0;
 }
 

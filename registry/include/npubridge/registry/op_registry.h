@@ -83,7 +83,7 @@ struct OpStats {
   std::atomic<int64_t> fallbacks{0};
   std::atomic<int64_t> conversions{0};  // calls that converted dtype or layout
   std::atomic<int64_t> errors{0};
-  std::atomic<int64_t> total_ns{0};
+  std::atomic<int64_t> total_ticks{0};  // TickClock ticks in Dispatcher::call
   std::atomic<int64_t> precision_mismatches{0};
   std::atomic<bool> fallback_warned{false};
   void reset();

@@ -1,0 +1,35 @@
+/* The benchmark's trivial kernel: bench::touch(Tensor(a!) self) -> Tensor(a!)
+ * adds 1 to the first element. Exported so the benchmark can call the very
+ * same function directly (the baseline of the dispatch overhead). */
+#include <npubridge/plugin_api.h>
+
+static const NpubHostApi* g_host;
+
+static NpubError* touch(NpubCallContext* ctx, const NpubValue* args, int32_t num_args, NpubValue* rets,
+                        int32_t num_rets) {
+  DLTensor* t = args[0].u.tensor;
+  (void)ctx; (void)num_args; (void)rets; (void)num_rets;
+  *(float*)((char*)t->data + t->byte_offset) += 1.0f;
+  return 0;
+}
+
+static NpubError* initialize(const NpubHostApi* host, NpubRegistrar* reg) {
+  static const DLDataType f32 = {kDLFloat, 32, 1};
+  NpubKernelDesc d = {0};
+  NpubError* err;
+  g_host = host;
+  if ((err = host->define_op(reg, "bench::touch(Tensor(a!) self) -> Tensor(a!)")) != 0) return err;
+  d.struct_size = sizeof d;
+  d.op_name = "bench::touch";
+  d.device_type = NPUB_DEVICE_NPU;
+  d.dtypes = &f32;
+  d.num_dtypes = 1;
+  d.fn = touch;
+  return host->register_kernel(reg, &d);
+}
+
+NPUB_PLUGIN_EXPORT const NpubPluginApi* npub_plugin_init_v1(void) {
+  static const NpubPluginApi api = {sizeof(NpubPluginApi), NPUB_ABI_MAJOR, NPUB_ABI_MINOR, "bench_trivial",
+                                    "1.0.0", initialize, 0};
+  return &api;
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Benchmarks: ./scripts/bench.sh core
+# Prints the results and writes bench/results/<suite>.json.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+suite="${1:-core}"
+npub_setup
+npub_build "$NPUB_ROOT/build/release"
+mkdir -p "$NPUB_ROOT/bench/results"
+case "$suite" in
+  core)
+    "$NPUB_ROOT/build/release/bin/npub_bench_core" \
+      --benchmark_repetitions="${NPUB_BENCH_REPS:-5}" \
+      --benchmark_report_aggregates_only=true \
+      --benchmark_out="$NPUB_ROOT/bench/results/core.json" --benchmark_out_format=json
+    python3 "$NPUB_ROOT/bench/report_core.py" "$NPUB_ROOT/bench/results/core.json"
+    ;;
+  *)
+    echo "bench.sh: unknown suite '$suite' (known: core)" >&2
+    exit 2
+    ;;
+esac

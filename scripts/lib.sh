@@ -1,0 +1,55 @@
+# Shared by demo.sh, test.sh and bench.sh: set-up and build. Idempotent, and
+# fast when nothing changed (package checks only, incremental ccache build).
+set -euo pipefail
+
+NPUB_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+NPUB_JOBS="${NPUB_JOBS:-2}"
+
+npub_log() { printf '\n==> %s\n' "$*"; }
+
+# Debian packages the build needs.
+NPUB_APT_PACKAGES=(g++ cmake ninja-build ccache pkg-config libdlpack-dev libboost-dev
+                   libspdlog-dev libgtest-dev libbenchmark-dev binutils)
+
+npub_install_apt() {
+  local missing=()
+  for p in "${NPUB_APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  # cmake and ninja may come from pip instead; that is fine.
+  local needed=()
+  for p in "${missing[@]}"; do
+    case "$p" in
+      cmake) command -v cmake >/dev/null || needed+=("$p") ;;
+      ninja-build) command -v ninja >/dev/null || needed+=("$p") ;;
+      *) needed+=("$p") ;;
+    esac
+  done
+  [ ${#needed[@]} -eq 0 ] && return 0
+  npub_log "installing Debian packages: ${needed[*]}"
+  local sudo=""
+  [ "$(id -u)" -ne 0 ] && sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${needed[@]}"
+}
+
+# Configure and build one tree: npub_build <build-dir> [cmake args...]
+npub_build() {
+  local dir="$1"
+  shift
+  local gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  if [ ! -f "$dir/CMakeCache.txt" ]; then
+    npub_log "configuring $dir"
+    cmake -S "$NPUB_ROOT" -B "$dir" "${gen[@]}" -DNPUB_WERROR=ON "$@" >"$dir.configure.log" 2>&1 ||
+      { cat "$dir.configure.log"; return 1; }
+  fi
+  npub_log "building $dir"
+  cmake --build "$dir" -j "$NPUB_JOBS"
+}
+
+npub_setup() {
+  npub_install_apt
+  export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+  mkdir -p "$NPUB_ROOT/build"
+}

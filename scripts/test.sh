@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set up, build, and run every test: the release build, an ASan+UBSan build
+# of the whole suite, and a ThreadSanitizer run of the stream and concurrency
+# tests. Exits non-zero on any failure.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+npub_setup
+
+npub_build "$NPUB_ROOT/build/release"
+npub_log "tests (release)"
+(cd "$NPUB_ROOT/build/release" && ctest --output-on-failure -j "$NPUB_JOBS" --timeout 300)
+
+npub_log "demo (release)"
+"$NPUB_ROOT/build/release/bin/npub-demo" >/dev/null
+
+if [ "${NPUB_SKIP_SANITIZERS:-0}" != "1" ]; then
+  npub_build "$NPUB_ROOT/build/asan" -DNPUB_SANITIZE=address -DNPUB_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug
+  npub_log "tests (ASan + UBSan)"
+  (cd "$NPUB_ROOT/build/asan" &&
+   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+   ctest --output-on-failure -j "$NPUB_JOBS" --timeout 600)
+
+  npub_build "$NPUB_ROOT/build/tsan" -DNPUB_SANITIZE=thread -DNPUB_BUILD_BENCH=OFF -DCMAKE_BUILD_TYPE=Debug
+  npub_log "stream and concurrency tests (ThreadSanitizer)"
+  (cd "$NPUB_ROOT/build/tsan" &&
+   TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+   ctest --output-on-failure --timeout 900 -R 'Streams|Events|ComputePool|Concurrency|Devices|DispatcherTest')
+fi
+
+npub_log "all tests passed"
