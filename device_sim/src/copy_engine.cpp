@@ -1,11 +1,13 @@
 #include <npubridge/device_sim/compute_pool.h>
 #include <npubridge/device_sim/copy_engine.h>
+#include <npubridge/device_sim/stream.h>
 #include <npubridge/half.hpp>
 #include <npubridge/support/dtype.h>
 #include <npubridge/support/error.h>
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -134,6 +136,34 @@ std::string shape_str(const DLTensor& t) {
 }
 
 }  // namespace
+
+namespace {
+// A DLTensor whose shape and strides live in the object itself.
+struct OwnedTensorDesc {
+  DLTensor t{};
+  std::vector<int64_t> shape, strides;
+  explicit OwnedTensorDesc(const DLTensor& src)
+      : t(src), shape(src.shape, src.shape + src.ndim), strides(strides_of(src)) {
+    t.shape = shape.data();
+    t.strides = strides.data();
+  }
+};
+}  // namespace
+
+void memcpy_async(Stream& stream, void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  stream.enqueue([dst, src, bytes] { std::memmove(dst, src, bytes); });
+}
+
+void copy_tensor_async(Stream& stream, const DLTensor& dst, const DLTensor& src, ComputePool* pool) {
+  if (dst.ndim != src.ndim || !std::equal(dst.shape, dst.shape + dst.ndim, src.shape))
+    throw Error(ErrorCode::kInvalidArgument, "copy_tensor_async: expected equal shapes but found " +
+                                                 shape_str(dst) + " (destination) and " + shape_str(src) +
+                                                 " (source)");
+  auto d = std::make_shared<OwnedTensorDesc>(dst);
+  auto s = std::make_shared<OwnedTensorDesc>(src);
+  stream.enqueue([d, s, pool] { copy_tensor(d->t, s->t, pool); });
+}
 
 size_t span_bytes(const DLTensor& t) {
   const int64_t esize = (t.dtype.bits * t.dtype.lanes + 7) / 8;

@@ -268,6 +268,21 @@ const reg::Kernel* Dispatcher::select(const OpHandle& handle, const NpubValue* a
   return k;
 }
 
+const reg::Kernel* Dispatcher::kernel_for(const OpHandle& handle, DType dtype, int32_t device_type) const {
+  const int level = opt_level();
+  if (!handle || level == 0) return nullptr;
+  auto eligible = [&](const reg::Kernel* k) {
+    return (!k->plugin || k->plugin->enabled.load()) && k->min_opt_level <= level && k->accepts(dtype);
+  };
+  const reg::KernelList& list = handle.op->kernels(device_type);
+  if (handle.preferred_plugin != nullptr)
+    for (const reg::Kernel* k : list)
+      if (k->plugin.get() == handle.preferred_plugin && eligible(k)) return k;
+  for (const reg::Kernel* k : list)
+    if (eligible(k)) return k;
+  return nullptr;
+}
+
 // ----------------------------------------------------------------------------
 // the call
 // ----------------------------------------------------------------------------

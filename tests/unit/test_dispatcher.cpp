@@ -4,6 +4,8 @@
 
 #include <npubridge/support/error.h>
 
+#include <algorithm>
+
 using namespace npub;
 using namespace npub::test;
 
@@ -294,6 +296,25 @@ TEST_F(DispatcherTest, OpMappingTableRoutesFrameworkOps) {
   EXPECT_NE(error_of([&] { map.load_text("only_one_field\n", "bad.txt"); })
                 .find("bad.txt:1: expected 'framework_op target_op [plugin]' but found 1 field(s)"),
             std::string::npos);
+}
+
+TEST_F(DispatcherTest, ToolQueriesListOpsKernelsAndCoverage) {
+  Dispatcher& d = rt->dispatcher();
+  const reg::Kernel* k = d.kernel_for(d.op("aten::mm.out"), DType::kFloat32);
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(k->plugin_name(), "cann_like");
+  EXPECT_EQ(d.kernel_for(d.op("aten::mm.out"), DType::kBFloat16), nullptr);
+  EXPECT_EQ(d.kernel_for(d.op("testsel::which"), DType::kFloat32)->priority, 10);
+  auto coverage = rt->registry().coverage_by_plugin();
+  ASSERT_EQ(coverage.size(), 2u);
+  EXPECT_EQ(coverage[0].first, "cann_like");
+  EXPECT_EQ(coverage[0].second, (std::vector<std::string>{"aten::add.out", "aten::mm.out", "aten::mul.out", "aten::relu"}));
+  EXPECT_EQ(coverage[1].first, "testsel");
+  EXPECT_EQ(coverage[1].second.size(), 10u);
+  std::vector<std::string> names;
+  for (const reg::OpEntry* op : rt->registry().ops()) names.push_back(op->name());
+  EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
+  EXPECT_EQ(names.size(), 4u + 10u);
 }
 
 TEST_F(DispatcherTest, StatisticsCountCallsKernelsAndTime) {

@@ -20,6 +20,18 @@ class ComputePool;
 // With a pool, large contiguous copies run in parallel.
 void copy_tensor(const DLTensor& dst, const DLTensor& src, ComputePool* pool = nullptr);
 
+class Stream;
+
+// Queues a byte copy on `stream` (host<->device or device<->device). Both
+// buffers must stay valid until the stream reaches the copy.
+void memcpy_async(Stream& stream, void* dst, const void* src, size_t bytes);
+
+// Queues copy_tensor(dst, src) on `stream`. The DLTensor structs (shapes,
+// strides) are copied now; the data buffers must stay valid until the
+// stream reaches the copy.
+void copy_tensor_async(Stream& stream, const DLTensor& dst, const DLTensor& src,
+                       ComputePool* pool = nullptr);
+
 // Bytes spanned by a tensor from its first to its last element (0 if empty).
 size_t span_bytes(const DLTensor& t);
 

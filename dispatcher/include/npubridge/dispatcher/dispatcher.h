@@ -133,6 +133,12 @@ class Dispatcher {
   // The kernel that would serve these arguments (nullptr: fallback).
   const reg::Kernel* select(const OpHandle& op, const NpubValue* args, int32_t num_args) const;
 
+  // The tools' view: the kernel that would serve `op` for dispatch dtype
+  // `dtype` on `device_type` at the current level, predicates not consulted
+  // (they need arguments). nullptr: no kernel (fallback or conversion).
+  const reg::Kernel* kernel_for(const OpHandle& op, DType dtype,
+                                int32_t device_type = NPUB_DEVICE_NPU) const;
+
   void set_fallback(FallbackFn fn);
   bool has_fallback() const;
   void set_fallback_mode(FallbackMode m) { fallback_mode_.store(m); }
