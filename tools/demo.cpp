@@ -16,18 +16,18 @@ using namespace npub;
 
 namespace {
 
-// The host framework's own tanh, used by the dispatcher as the fallback:
+// The host framework's own tan, used by the dispatcher as the fallback:
 // copy to host memory, compute, copy back (through the copy engine).
 void host_fallback(Runtime& rt, const reg::OpEntry& op, const NpubValue* args, int32_t,
                    NpubValue* rets, int32_t, OutputAllocator& outputs) {
-  if (op.name() != "aten::tanh")
+  if (op.name() != "aten::tan")
     throw Error(ErrorCode::kUnsupported, "the demo host has no implementation of " + op.name());
   const DLTensor* x = args[0].u.tensor;
   std::vector<int64_t> shape(x->shape, x->shape + x->ndim);
   Tensor staged = Tensor::empty(shape, DType::kFloat64, nullptr);
   sim::copy_tensor(*staged.dl(), *x);
   std::vector<double> v = staged.to_doubles();
-  for (double& e : v) e = std::tanh(e);
+  for (double& e : v) e = std::tan(e);
   DLTensor* out = outputs.allocate(0, x->device, x->ndim, x->shape, x->dtype);
   Tensor result = Tensor::from_values(shape, DType::kFloat64, v, nullptr);
   sim::copy_tensor(*out, *result.dl());
@@ -55,7 +55,7 @@ int main() {
     for (const auto& f : rt.loader().failures()) std::printf("  REJECTED %s\n", f.error.c_str());
 
     // The host framework defines the ops it implements itself.
-    rt.registry().define(reg::parse_schema("aten::tanh(Tensor self) -> Tensor"), "host");
+    rt.registry().define(reg::parse_schema("aten::tan(Tensor self) -> Tensor"), "host");
 
     std::printf("\nOp table (op: kernels by priority):\n");
     for (const reg::OpEntry* op : rt.registry().ops()) {
@@ -97,20 +97,21 @@ int main() {
     d.call("aten::mm.out", mm_args, 3, mm_rets, 1, nullptr);
     print_tensor("mm(a, w)", mm);
 
-    // bf16 input: no bf16 kernel, so the dispatcher converts to fp32 and back.
-    Tensor hb = Tensor::from_values({4}, DType::kBFloat16, {1.5, 2.5, -3, 4}, npu0);
-    Tensor hs = Tensor::empty({4}, DType::kBFloat16, npu0);
-    NpubValue hadd_args[] = {tensor_value(hb.dl()), tensor_value(hb.dl()), int_value(1), tensor_value(hs.dl())};
-    NpubValue hadd_rets[1] = {};
-    d.call("aten::add.out", hadd_args, 4, hadd_rets, 1, nullptr);
-    print_tensor("add(bf16 x, x) via fp32 kernel", hs);
+    // bf16 matmul: cann_like's GEMM is fp32-only, so the dispatcher converts
+    // the operands to fp32, runs it, and casts the result back.
+    Tensor ha = Tensor::from_values({2, 2}, DType::kBFloat16, {1.5, 2, -3, 4}, npu0);
+    Tensor hm = Tensor::empty({2, 2}, DType::kBFloat16, npu0);
+    NpubValue hmm_args[] = {tensor_value(ha.dl()), tensor_value(ha.dl()), tensor_value(hm.dl())};
+    NpubValue hmm_rets[1] = {};
+    d.call("aten::mm.out", hmm_args, 3, hmm_rets, 1, nullptr);
+    print_tensor("mm(bf16 x, x) via fp32 kernel", hm);
 
-    // tanh: no plugin serves it -> the host's implementation (one warning).
-    TensorOutputs tanh_outs(rt.devices());
-    NpubValue tanh_args[] = {tensor_value(a.dl())};
-    NpubValue tanh_rets[1] = {};
-    d.call("aten::tanh", tanh_args, 1, tanh_rets, 1, &tanh_outs);
-    print_tensor("tanh(a) [fallback]", tanh_outs[0]);
+    // tan: no plugin serves it -> the host's implementation (one warning).
+    TensorOutputs tan_outs(rt.devices());
+    NpubValue tan_args[] = {tensor_value(a.dl())};
+    NpubValue tan_rets[1] = {};
+    d.call("aten::tan", tan_args, 1, tan_rets, 1, &tan_outs);
+    print_tensor("tan(a) [fallback]", tan_outs[0]);
 
     // Check results against values computed here.
     const double expect_add[] = {6, 8, 18, 1, 15, 9};

@@ -308,13 +308,15 @@ TEST_F(DispatcherTest, ToolQueriesListOpsKernelsAndCoverage) {
   auto coverage = rt->registry().coverage_by_plugin();
   ASSERT_EQ(coverage.size(), 2u);
   EXPECT_EQ(coverage[0].first, "cann_like");
-  EXPECT_EQ(coverage[0].second, (std::vector<std::string>{"aten::add.out", "aten::mm.out", "aten::mul.out", "aten::relu"}));
+  const auto& cann = coverage[0].second;
+  for (const char* op : {"aten::add.out", "aten::mm.out", "aten::mul.out", "aten::relu", "aten::_softmax.out"})
+    EXPECT_NE(std::find(cann.begin(), cann.end(), op), cann.end()) << op;
   EXPECT_EQ(coverage[1].first, "testsel");
   EXPECT_EQ(coverage[1].second.size(), 10u);
   std::vector<std::string> names;
   for (const reg::OpEntry* op : rt->registry().ops()) names.push_back(op->name());
   EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
-  EXPECT_EQ(names.size(), 4u + 10u);
+  EXPECT_EQ(names.size(), cann.size() + 10u);
 }
 
 TEST_F(DispatcherTest, StatisticsCountCallsKernelsAndTime) {

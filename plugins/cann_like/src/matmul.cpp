@@ -1,60 +1,193 @@
-// Matrix multiply: aten::mm.out, fp32, cache-blocked.
+// Matrix products: mm, bmm, addmm, baddbmm (.out overloads).
+//
+// float32/float64 run on OpenBLAS (Debian's serial build, one BLAS call per
+// block of rows, the blocks spread over the device's compute threads, so the
+// device's thread count is what the GEMM uses); without OpenBLAS a
+// cache-blocked kernel of our own runs instead. Integer dtypes use a plain
+// kernel. Half types reach the float32 kernel through the dispatcher's
+// conversion (fp32 accumulation, as CANN's matmul on fp16 inputs).
+#include "common.h"
+#include "elementwise.h"
 #include "ops.h"
 
-#include <algorithm>
-#include <cstring>
+#if defined(NPUB_CANN_HAVE_OPENBLAS)
+#include <cblas.h>
+#endif
 
 namespace cann_like {
 
-using npub::sdk::Call;
-using npub::sdk::TensorRef;
-
 namespace {
 
-// C[M,N] = A[M,K] * B[K,N], row-major contiguous, rows of C split across the
-// device's compute threads; k-blocked so a panel of B stays in cache.
-void gemm_f32(Call& call, const float* a, const float* b, float* c, int64_t m, int64_t n, int64_t k) {
-  std::memset(c, 0, sizeof(float) * static_cast<size_t>(m * n));
+struct Gemm {
+  // C[m, n] = alpha * A[m, k] @ B[k, n] + beta * C, all row-major contiguous.
+  int64_t m, n, k;
+  double alpha, beta;
+};
+
+template <typename T>
+void gemm_block_fallback(const Gemm& g, const T* a, const T* b, T* c, int64_t r0, int64_t r1) {
   constexpr int64_t kBlockK = 256;
-  call.parallel_for(0, m, 4, [&](int64_t r0, int64_t r1) {
-    for (int64_t kb = 0; kb < k; kb += kBlockK) {
-      const int64_t ke = std::min(k, kb + kBlockK);
-      for (int64_t i = r0; i < r1; ++i) {
-        float* ci = c + i * n;
-        const float* ai = a + i * k;
-        for (int64_t p = kb; p < ke; ++p) {
-          const float av = ai[p];
-          const float* bp = b + p * n;
-          for (int64_t j = 0; j < n; ++j) ci[j] += av * bp[j];
-        }
+  for (int64_t i = r0; i < r1; ++i) {
+    T* ci = c + i * g.n;
+    if (g.beta == 0) {
+      for (int64_t j = 0; j < g.n; ++j) ci[j] = T(0);
+    } else if (g.beta != 1) {
+      for (int64_t j = 0; j < g.n; ++j) ci[j] = static_cast<T>(ci[j] * g.beta);
+    }
+  }
+  for (int64_t kb = 0; kb < g.k; kb += kBlockK) {
+    const int64_t ke = std::min(g.k, kb + kBlockK);
+    for (int64_t i = r0; i < r1; ++i) {
+      T* ci = c + i * g.n;
+      const T* ai = a + i * g.k;
+      for (int64_t p = kb; p < ke; ++p) {
+        const T av = static_cast<T>(ai[p] * g.alpha);
+        const T* bp = b + p * g.n;
+        for (int64_t j = 0; j < g.n; ++j) ci[j] += av * bp[j];
       }
+    }
+  }
+}
+
+template <typename T>
+void gemm(const Call& call, const Gemm& g, const T* a, const T* b, T* c) {
+  if (g.m == 0 || g.n == 0) return;
+  const int64_t threads = std::max<int32_t>(1, call.num_threads());
+  // Rows per block: enough work per BLAS call, at least one block per thread.
+  const int64_t grain = std::max<int64_t>(1, std::min<int64_t>((g.m + threads - 1) / threads, 256));
+  call.parallel_for(0, g.m, grain, [&](int64_t r0, int64_t r1) {
+#if defined(NPUB_CANN_HAVE_OPENBLAS)
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(r1 - r0), static_cast<int>(g.n),
+                  static_cast<int>(g.k), static_cast<float>(g.alpha), a + r0 * g.k, static_cast<int>(std::max<int64_t>(g.k, 1)), b,
+                  static_cast<int>(std::max<int64_t>(g.n, 1)), static_cast<float>(g.beta), c + r0 * g.n,
+                  static_cast<int>(std::max<int64_t>(g.n, 1)));
+      return;
+    } else if constexpr (std::is_same_v<T, double>) {
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(r1 - r0), static_cast<int>(g.n),
+                  static_cast<int>(g.k), g.alpha, a + r0 * g.k, static_cast<int>(std::max<int64_t>(g.k, 1)), b,
+                  static_cast<int>(std::max<int64_t>(g.n, 1)), g.beta, c + r0 * g.n, static_cast<int>(std::max<int64_t>(g.n, 1)));
+      return;
+    }
+#endif
+    gemm_block_fallback<T>(g, a, b, c, r0, r1);
+  });
+}
+
+void check_2d(const Call& call, const TensorRef& t, const char* name) {
+  if (t.dim() != 2)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + " must be a matrix (2-d) but is " + std::to_string(t.dim()) + "-d");
+}
+void check_3d(const Call& call, const TensorRef& t, const char* name) {
+  if (t.dim() != 3)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + " must be a 3-d tensor but is " + std::to_string(t.dim()) + "-d");
+}
+
+void check_same_dtype(const Call& call, std::initializer_list<TensorRef> ts) {
+  const DT d = dt_of(ts.begin()->dtype());
+  for (const TensorRef& t : ts)
+    if (t.defined() && dt_of(t.dtype()) != d)
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("expected all operands to have the same dtype, but found ") +
+                                               dt_name(d) + " and " + dt_name(dt_of(t.dtype())));
+}
+
+// out[b] = beta * self[b] + alpha * (m1[b] @ m2[b]) for each batch b.
+// `self` (may be undefined) broadcasts to out's shape.
+void batched(Call& call, const TensorRef& self, const TensorRef& m1, const TensorRef& m2, const TensorRef& out,
+             double beta, double alpha, bool batch) {
+  const int64_t B = batch ? m1.size(0) : 1;
+  const int32_t o = batch ? 1 : 0;
+  const int64_t m = m1.size(o), k = m1.size(o + 1), n = m2.size(o + 1);
+  if (m2.size(o) != k)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(batch ? "Expected size for first two dimensions of batch2 tensor to be: [" +
+                                                                 std::to_string(B) + ", " + std::to_string(k) + "] but got: [" +
+                                                                 std::to_string(m2.size(0)) + ", " + std::to_string(m2.size(1)) + "]."
+                                                           : "mat1 and mat2 shapes cannot be multiplied (" + std::to_string(m) + "x" +
+                                                                 std::to_string(k) + " and " + std::to_string(m2.size(0)) + "x" +
+                                                                 std::to_string(n) + ")"));
+  if (batch && m2.size(0) != B)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "batch1 and batch2 must have the same number of batches, got " +
+                                             std::to_string(B) + " and " + std::to_string(m2.size(0)));
+  const Shape shape = batch ? Shape{B, m, n} : Shape{m, n};
+  check_out(call, out, shape);
+  check_same_dtype(call, {m1, m2, out, self});
+  if (!out.is_contiguous() || !m1.is_contiguous() || !m2.is_contiguous())
+    call.fail(NPUB_ERR_INTERNAL, "operands must be contiguous (the kernel is registered contiguous-only)");
+  const DT d = dt_of(out.dtype());
+  // C starts as beta * self (broadcast) or is overwritten (beta == 0 ignores
+  // self, NaNs included, as BLAS and ATen do).
+  const bool use_self = self.defined() && beta != 0;
+  if (use_self) {
+    const Shape b = broadcast(call, self.sizes(), shape);
+    if (b != shape)
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, "self of shape " + shape_str(self.sizes()) +
+                                               " cannot be broadcast to the result's shape " + shape_str(shape));
+    Iter it = make_iter(out, {self});
+    visit_compute(d, [&](auto tag) {
+      using T = decltype(tag);
+      for_each_row(call, it, [&](char** p, const int64_t* s, int64_t cnt) {
+        for (int64_t j = 0; j < cnt; ++j) store<T>(p[0] + j * s[0], it.dt[0], load<T>(p[1] + j * s[1], it.dt[1]));
+      });
+    });
+  }
+  visit_compute(d, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      call.fail(NPUB_ERR_UNSUPPORTED, "matrix products of bool tensors are not supported");
+    } else {
+      const T* a = m1.data<T>();
+      const T* bm = m2.data<T>();
+      T* c = out.data<T>();
+      Gemm g{m, n, k, alpha, use_self ? beta : 0.0};
+      for (int64_t bi = 0; bi < B; ++bi) gemm<T>(call, g, a + bi * m * k, bm + bi * k * n, c + bi * m * n);
     }
   });
 }
 
-// aten::mm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)
-void mm_out(Call& call) {
-  TensorRef a = call.tensor(0), b = call.tensor(1), out = call.tensor(2);
-  if (a.dim() != 2 || b.dim() != 2)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "expected 2-d tensors but found self " + std::to_string(a.dim()) +
-                                             "-d and mat2 " + std::to_string(b.dim()) + "-d");
-  if (a.size(1) != b.size(0))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "mat1 and mat2 shapes cannot be multiplied (" +
-                                             std::to_string(a.size(0)) + "x" + std::to_string(a.size(1)) + " and " +
-                                             std::to_string(b.size(0)) + "x" + std::to_string(b.size(1)) + ")");
-  if (!a.is(npub::sdk::kFloat32) || !b.is(npub::sdk::kFloat32) || !out.is(npub::sdk::kFloat32))
-    call.fail(NPUB_ERR_UNSUPPORTED, "expected float32 tensors");
-  if (out.sizes() != std::vector<int64_t>{a.size(0), b.size(1)})
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "out: expected shape [" + std::to_string(a.size(0)) + ", " +
-                                             std::to_string(b.size(1)) + "] but found " + Call::shape_str(out.sizes()));
-  gemm_f32(call, a.data<float>(), b.data<float>(), out.data<float>(), a.size(0), b.size(1), a.size(1));
+double scalar(const Call& call, int32_t i) { return call.scalar_arg(i); }
+
+// aten::mm.out(self, mat2, *, out)
+void mm(Call& call) {
+  TensorRef a = call.tensor(0), b = call.tensor(1);
+  check_2d(call, a, "self");
+  check_2d(call, b, "mat2");
+  batched(call, TensorRef(), a, b, call.tensor(2), 0.0, 1.0, false);
+}
+// aten::bmm.out(self, mat2, *, out)
+void bmm(Call& call) {
+  TensorRef a = call.tensor(0), b = call.tensor(1);
+  check_3d(call, a, "batch1");
+  check_3d(call, b, "batch2");
+  batched(call, TensorRef(), a, b, call.tensor(2), 0.0, 1.0, true);
+}
+// aten::addmm.out(self, mat1, mat2, *, beta, alpha, out)
+void addmm(Call& call) {
+  TensorRef a = call.tensor(1), b = call.tensor(2);
+  check_2d(call, a, "mat1");
+  check_2d(call, b, "mat2");
+  batched(call, call.tensor(0), a, b, call.tensor(5), scalar(call, 3), scalar(call, 4), false);
+}
+// aten::baddbmm.out(self, batch1, batch2, *, beta, alpha, out)
+void baddbmm(Call& call) {
+  TensorRef a = call.tensor(1), b = call.tensor(2);
+  check_3d(call, a, "batch1");
+  check_3d(call, b, "batch2");
+  batched(call, call.tensor(0), a, b, call.tensor(5), scalar(call, 3), scalar(call, 4), true);
 }
 
 }  // namespace
 
 void register_matmul(npub::sdk::Registrar& r) {
+  using namespace npub::sdk;
+  const std::vector<DLDataType> dts = {kFloat32, kFloat64, kInt64, kInt32, kInt16, kInt8, kUInt8};
   r.def("aten::mm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::mm.out", &mm_out).dtypes({npub::sdk::kFloat32}).contiguous_only();
+  r.kernel("aten::mm.out", &mm).dtypes(dts).contiguous_only();
+  r.def("aten::bmm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::bmm.out", &bmm).dtypes(dts).contiguous_only();
+  r.def("aten::addmm.out(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::addmm.out", &addmm).dtypes(dts).contiguous_only();
+  r.def("aten::baddbmm.out(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::baddbmm.out", &baddbmm).dtypes(dts).contiguous_only();
 }
 
 }  // namespace cann_like

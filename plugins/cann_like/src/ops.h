@@ -1,12 +1,15 @@
 // cann_like: the basic operator library (the role of CANN's aclnn ops).
-// Built against the plugin C ABI only.
+// Built against the plugin C ABI only; every kernel computes its own result.
 #pragma once
 
 #include <npubridge/plugin_sdk.hpp>
 
 namespace cann_like {
 
-void register_elementwise(npub::sdk::Registrar& r);
+void register_binary(npub::sdk::Registrar& r);
+void register_unary(npub::sdk::Registrar& r);
+void register_copy(npub::sdk::Registrar& r);
 void register_matmul(npub::sdk::Registrar& r);
+void register_reduce(npub::sdk::Registrar& r);
 
 }  // namespace cann_like

@@ -2,9 +2,12 @@
 
 namespace {
 void init(npub::sdk::Registrar& r) {
-  cann_like::register_elementwise(r);
+  cann_like::register_copy(r);
+  cann_like::register_binary(r);
+  cann_like::register_unary(r);
+  cann_like::register_reduce(r);
   cann_like::register_matmul(r);
 }
 }  // namespace
 
-NPUB_DEFINE_PLUGIN(cann_like, "0.1.0", init)
+NPUB_DEFINE_PLUGIN(cann_like, "0.2.0", init)

@@ -1,0 +1,458 @@
+// Binary and ternary elementwise ops with broadcasting and type promotion:
+// add, sub, mul, div (rounding modes), remainder, pow, maximum, minimum,
+// comparisons, logical_and/or, where, masked_fill, clamp, addcmul, addcdiv,
+// lerp.
+#include "elementwise.h"
+#include "ops.h"
+
+#include <cmath>
+#include <limits>
+#include <memory>
+
+namespace cann_like {
+
+namespace {
+
+// Operands of a binary op: `other` may be a tensor or a Scalar argument.
+struct Binary {
+  TensorRef a, b, out;
+  std::unique_ptr<ScalarTensor> scalar;
+  DT common = DT::unknown;
+};
+
+Binary binary_args(Call& call, int32_t a_index, int32_t b_index, int32_t out_index) {
+  Binary x;
+  x.a = call.tensor(a_index);
+  ResultType rt;
+  rt.tensor(x.a);
+  const NpubValue& bv = call.arg(b_index);
+  if (bv.tag == NPUB_VALUE_TENSOR) {
+    x.b = call.tensor(b_index);
+    rt.tensor(x.b);
+  } else {
+    x.scalar = std::make_unique<ScalarTensor>(bv);
+    x.b = x.scalar->ref();
+    rt.scalar_value(bv);
+  }
+  x.out = call.tensor(out_index);
+  x.common = rt.result();
+  check_out(call, x.out, broadcast(call, x.a.sizes(), x.b.sizes()));
+  return x;
+}
+
+template <typename Fn>
+void run_binary_as(Call& call, Binary& x, DT compute, Fn&& make_fn) {
+  Iter it = make_iter(x.out, {x.a, x.b});
+  visit_compute(compute, [&](auto tag) {
+    using T = decltype(tag);
+    run_elementwise<T>(call, it, make_fn(tag));
+  });
+}
+
+template <typename T>
+T scalar_as(const Call& call, int32_t i) {
+  const NpubValue& v = call.arg(i);
+  if (v.tag == NPUB_VALUE_DOUBLE) return static_cast<T>(v.u.d);
+  return static_cast<T>(v.u.i);
+}
+
+void check_alpha(Call& call, DT common, int32_t alpha_index) {
+  const NpubValue& v = call.arg(alpha_index);
+  if (is_integral(common, true) && v.tag == NPUB_VALUE_DOUBLE)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "for integral input tensors, argument alpha must not be a floating point number");
+  if (common == DT::b8 && v.tag == NPUB_VALUE_INT && v.u.i != 0 && v.u.i != 1)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "boolean alpha only supported for Boolean results");
+}
+
+// aten::add.out / aten::sub.out (self, other, *, alpha, out); alpha == 1
+// gets its own loop (no multiply).
+template <bool kSub>
+void add_sub_fast(Call& call) {
+  const NpubValue& alpha = call.arg(2);
+  const bool unit_alpha = (alpha.tag == NPUB_VALUE_INT && alpha.u.i == 1) ||
+                          (alpha.tag == NPUB_VALUE_DOUBLE && alpha.u.d == 1.0);
+  Binary x = binary_args(call, 0, 1, 3);
+  check_alpha(call, x.common, 2);
+  if (kSub && x.common == DT::b8)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "subtraction, the `-` operator, with two bool tensors is not supported");
+  check_castable(call, x.common, x.out);
+  if (x.common == DT::b8) {
+    const bool a = scalar_as<bool>(call, 2);
+    run_binary_as(call, x, x.common, [a](auto) { return [a](bool p, bool q) -> bool { return p || (a && q); }; });
+    return;
+  }
+  visit_compute(x.common, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (!std::is_same_v<T, bool>) {
+      Iter it = make_iter(x.out, {x.a, x.b});
+      if (unit_alpha && !kSub) {
+        run_elementwise<T>(call, it, [](T a, T b) { return static_cast<T>(a + b); });
+      } else if (unit_alpha && kSub) {
+        run_elementwise<T>(call, it, [](T a, T b) { return static_cast<T>(a - b); });
+      } else {
+        const T al = static_cast<T>(kSub ? -scalar_as<T>(call, 2) : scalar_as<T>(call, 2));
+        run_elementwise<T>(call, it, [al](T a, T b) { return static_cast<T>(a + al * b); });
+      }
+    }
+  });
+}
+
+// aten::mul.out
+void mul(Call& call) {
+  Binary x = binary_args(call, 0, 1, 2);
+  check_castable(call, x.common, x.out);
+  run_binary_as(call, x, x.common, [](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) return [](T a, T b) -> T { return a && b; };
+    else return [](T a, T b) { return static_cast<T>(a * b); };
+  });
+}
+
+template <typename T>
+void check_int_divisor(const Call& call, const Iter& it) {
+  if constexpr (std::is_integral_v<T>) {
+    // Scan the divisor operand for zeros before computing (ATen raises).
+    bool zero = false;
+    Iter probe;
+    probe.shape = it.shape;
+    probe.nops = 1;
+    probe.data[0] = it.data[2];
+    probe.dt[0] = it.dt[2];
+    probe.strides[0] = it.strides[2];
+    for_each_row(call, probe, [&](char** p, const int64_t* s, int64_t n) {
+      for (int64_t j = 0; j < n && !zero; ++j)
+        if (load<int64_t>(p[0] + j * s[0], probe.dt[0]) == 0) zero = true;
+    });
+    if (zero) call.fail(NPUB_ERR_INVALID_ARGUMENT, "ZeroDivisionError: integer division by zero");
+  }
+}
+
+// aten::div.out / aten::div.out_mode (rounding_mode None, "trunc", "floor")
+void div(Call& call) {
+  const bool has_mode = call.num_args() == 4;
+  std::string mode;
+  if (has_mode && !call.is_none(2)) mode = call.string_arg(2);
+  if (!mode.empty() && mode != "trunc" && mode != "floor")
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '" + mode + "'");
+  Binary x = binary_args(call, 0, 1, has_mode ? 3 : 2);
+  DT compute = x.common;
+  if (mode.empty() && is_integral(compute, true)) compute = DT::f32;  // true division
+  check_castable(call, compute, x.out);
+  Iter it = make_iter(x.out, {x.a, x.b});
+  visit_compute(compute, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, "div with rounding_mode on bool tensors is not supported");
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (mode == "trunc") run_elementwise<T>(call, it, [](T a, T b) { return std::trunc(a / b); });
+      else if (mode == "floor")
+        run_elementwise<T>(call, it, [](T a, T b) {
+          // Python's floor division, as ATen's div_floor_floating.
+          if (b == 0) return a / b;
+          T mod = std::fmod(a, b);
+          T q = (a - mod) / b;
+          if (mod != 0 && ((b < 0) != (mod < 0))) q -= 1;
+          T fq;
+          if (q != 0) {
+            fq = std::floor(q);
+            if (q - fq > T(0.5)) fq += 1;
+          } else {
+            fq = std::copysign(T(0), a / b);
+          }
+          return fq;
+        });
+      else run_elementwise<T>(call, it, [](T a, T b) { return a / b; });
+    } else {
+      check_int_divisor<T>(call, it);
+      if (mode == "trunc") run_elementwise<T>(call, it, [](T a, T b) { return static_cast<T>(a / b); });
+      else
+        run_elementwise<T>(call, it, [](T a, T b) {
+          T q = static_cast<T>(a / b);
+          if ((a % b != 0) && ((a < 0) != (b < 0))) q = static_cast<T>(q - 1);
+          return q;
+        });
+    }
+  });
+}
+
+// aten::remainder.Tensor_out: Python's modulo (sign of the divisor).
+void remainder(Call& call) {
+  Binary x = binary_args(call, 0, 1, 2);
+  check_castable(call, x.common, x.out);
+  Iter it = make_iter(x.out, {x.a, x.b});
+  visit_compute(x.common, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      call.fail(NPUB_ERR_UNSUPPORTED, "remainder is not implemented for bool");
+    } else if constexpr (std::is_floating_point_v<T>) {
+      run_elementwise<T>(call, it, [](T a, T b) {
+        T m = std::fmod(a, b);
+        if (m != 0 && ((b < 0) != (m < 0))) m += b;
+        return m;
+      });
+    } else {
+      check_int_divisor<T>(call, it);
+      run_elementwise<T>(call, it, [](T a, T b) {
+        T m = static_cast<T>(a % b);
+        if (m != 0 && ((b < 0) != (m < 0))) m = static_cast<T>(m + b);
+        return m;
+      });
+    }
+  });
+}
+
+template <typename T>
+T int_pow(T base, T exp) {
+  T result = 1;
+  while (exp > 0) {
+    if (exp & 1) result = static_cast<T>(result * base);
+    base = static_cast<T>(base * base);
+    exp = static_cast<T>(exp >> 1);
+  }
+  return result;
+}
+
+// aten::pow.Tensor_Tensor_out / aten::pow.Tensor_Scalar_out
+void pow_op(Call& call) {
+  Binary x = binary_args(call, 0, 1, 2);
+  check_castable(call, x.common, x.out);
+  Iter it = make_iter(x.out, {x.a, x.b});
+  visit_compute(x.common, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      run_elementwise<T>(call, it, [](T a, T b) -> T { return a || !b; });
+    } else if constexpr (std::is_floating_point_v<T>) {
+      run_elementwise<T>(call, it, [](T a, T b) { return static_cast<T>(std::pow(a, b)); });
+    } else {
+      bool negative = false;
+      Iter probe;
+      probe.shape = it.shape;
+      probe.nops = 1;
+      probe.data[0] = it.data[2];
+      probe.dt[0] = it.dt[2];
+      probe.strides[0] = it.strides[2];
+      for_each_row(call, probe, [&](char** p, const int64_t* s, int64_t n) {
+        for (int64_t j = 0; j < n; ++j) negative = negative || load<int64_t>(p[0] + j * s[0], probe.dt[0]) < 0;
+      });
+      if (negative) call.fail(NPUB_ERR_INVALID_ARGUMENT, "Integers to negative integer powers are not allowed.");
+      run_elementwise<T>(call, it, [](T a, T b) { return int_pow<T>(a, b); });
+    }
+  });
+}
+
+// aten::maximum.out / aten::minimum.out (NaN-propagating)
+template <bool kMax>
+void max_min(Call& call) {
+  Binary x = binary_args(call, 0, 1, 2);
+  check_castable(call, x.common, x.out);
+  run_binary_as(call, x, x.common, [](auto tag) {
+    using T = decltype(tag);
+    return [](T a, T b) -> T {
+      if constexpr (std::is_floating_point_v<T>) {
+        if (std::isnan(a)) return a;
+        if (std::isnan(b)) return b;
+      }
+      if constexpr (kMax) return a > b ? a : b;
+      else return a < b ? a : b;
+    };
+  });
+}
+
+enum class Cmp { eq, ne, lt, le, gt, ge };
+
+template <Cmp kOp>
+void compare(Call& call) {
+  Binary x = binary_args(call, 0, 1, 2);
+  run_binary_as(call, x, x.common, [](auto tag) {
+    using T = decltype(tag);
+    return [](T a, T b) -> bool {
+      if constexpr (kOp == Cmp::eq) return a == b;
+      else if constexpr (kOp == Cmp::ne) return a != b;
+      else if constexpr (kOp == Cmp::lt) return a < b;
+      else if constexpr (kOp == Cmp::le) return a <= b;
+      else if constexpr (kOp == Cmp::gt) return a > b;
+      else return a >= b;
+    };
+  });
+}
+
+template <bool kAnd>
+void logical(Call& call) {
+  Binary x = binary_args(call, 0, 1, 2);
+  Iter it = make_iter(x.out, {x.a, x.b});
+  run_elementwise<bool>(call, it, [](bool a, bool b) -> bool { return kAnd ? (a && b) : (a || b); });
+}
+
+// aten::where.self_out(condition, self, other, *, out)
+void where(Call& call) {
+  TensorRef cond = call.tensor(0), a = call.tensor(1), b = call.tensor(2), out = call.tensor(3);
+  const DT cd = dt_of(cond.dtype());
+  if (cd != DT::b8 && cd != DT::u8)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("where expected condition to be a boolean tensor, but got a tensor with dtype ") + dt_name(cd));
+  ResultType rt;
+  rt.tensor(a);
+  rt.tensor(b);
+  const DT common = rt.result();
+  check_castable(call, common, out);
+  check_out(call, out, broadcast(call, cond.sizes(), broadcast(call, a.sizes(), b.sizes())));
+  Iter it = make_iter(out, {cond, a, b});
+  visit_compute(common, [&](auto tag) {
+    using T = decltype(tag);
+    // The condition is loaded as T too: non-zero means true.
+    run_elementwise<T>(call, it, [](T c, T p, T q) -> T { return c != T(0) ? p : q; });
+  });
+}
+
+// aten::masked_fill.Scalar (functional) and aten::masked_fill_.Scalar
+template <bool kInPlace>
+void masked_fill(Call& call) {
+  TensorRef self = call.tensor(0), mask = call.tensor(1);
+  if (dt_of(mask.dtype()) != DT::b8)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("masked_fill_ only supports boolean masks, but got mask with dtype ") +
+                                             dt_name(dt_of(mask.dtype())));
+  const Shape b = broadcast(call, self.sizes(), mask.sizes());
+  if (b != self.sizes())
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "mask of shape " + shape_str(mask.sizes()) +
+                                             " is not broadcastable to self of shape " + shape_str(self.sizes()));
+  TensorRef out = kInPlace ? self : call.output(0, self.sizes(), self.dtype());
+  ScalarTensor value(call.arg(2));
+  const DT d = dt_of(self.dtype());  // the value is cast to self's dtype, as ATen does
+  Iter it = make_iter(out, {self, mask, value.ref()});
+  visit_compute(d, [&](auto tag) {
+    using T = decltype(tag);
+    run_elementwise<T>(call, it, [](T s, T m, T v) -> T { return m != T(0) ? v : s; });
+  });
+}
+
+// aten::clamp.out(self, Scalar? min, Scalar? max, *, out)
+void clamp(Call& call) {
+  TensorRef self = call.tensor(0), out = call.tensor(3);
+  const bool has_min = !call.is_none(1), has_max = !call.is_none(2);
+  if (!has_min && !has_max) call.fail(NPUB_ERR_INVALID_ARGUMENT, "At least one of 'min' or 'max' must not be None");
+  ResultType rt;
+  rt.tensor(self);
+  if (has_min) rt.scalar_value(call.arg(1));
+  if (has_max) rt.scalar_value(call.arg(2));
+  const DT common = rt.result();
+  if (common == DT::b8) call.fail(NPUB_ERR_UNSUPPORTED, "clamp is not supported for bool tensors");
+  check_castable(call, common, out);
+  check_out(call, out, self.sizes());
+  Iter it = make_iter(out, {self});
+  visit_compute(common, [&](auto tag) {
+    using T = decltype(tag);
+    const T lo = has_min ? scalar_as<T>(call, 1) : T(0);
+    const T hi = has_max ? scalar_as<T>(call, 2) : T(0);
+    run_elementwise<T>(call, it, [=](T v) -> T {
+      if constexpr (std::is_floating_point_v<T>) {
+        if (std::isnan(v)) return v;
+      }
+      if (has_min && v < lo) v = lo;
+      if (has_max && v > hi) v = hi;
+      return v;
+    });
+  });
+}
+
+// aten::addcmul.out / aten::addcdiv.out (self, tensor1, tensor2, *, value, out)
+template <bool kDiv>
+void addc(Call& call) {
+  TensorRef self = call.tensor(0), t1 = call.tensor(1), t2 = call.tensor(2), out = call.tensor(4);
+  ResultType rt;
+  rt.tensor(self);
+  rt.tensor(t1);
+  rt.tensor(t2);
+  const DT common = rt.result();
+  if (kDiv && is_integral(common, true))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "Integer division with addcdiv is no longer supported, and in a future release "
+                                         "addcdiv will perform a true division of tensor1 and tensor2.");
+  check_castable(call, common, out);
+  check_out(call, out, broadcast(call, self.sizes(), broadcast(call, t1.sizes(), t2.sizes())));
+  Iter it = make_iter(out, {self, t1, t2});
+  visit_compute(common, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, bool>) {
+      call.fail(NPUB_ERR_UNSUPPORTED, "addcmul is not supported for bool tensors");
+    } else {
+      const T value = scalar_as<T>(call, 3);
+      if constexpr (kDiv) run_elementwise<T>(call, it, [value](T s, T a, T b) { return static_cast<T>(s + value * (a / b)); });
+      else run_elementwise<T>(call, it, [value](T s, T a, T b) { return static_cast<T>(s + value * a * b); });
+    }
+  });
+}
+
+// aten::lerp.Scalar_out(self, end, weight, *, out)
+void lerp(Call& call) {
+  TensorRef self = call.tensor(0), end = call.tensor(1), out = call.tensor(3);
+  const DT d = dt_of(self.dtype());
+  if (!is_floating(d)) call.fail(NPUB_ERR_UNSUPPORTED, std::string("lerp expects floating tensors but found ") + dt_name(d));
+  if (dt_of(end.dtype()) != d)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("expected dtype ") + dt_name(d) + " for `end` but got dtype " +
+                                             dt_name(dt_of(end.dtype())));
+  check_out(call, out, broadcast(call, self.sizes(), end.sizes()));
+  Iter it = make_iter(out, {self, end});
+  visit_compute(d, [&](auto tag) {
+    using T = decltype(tag);
+    const T w = scalar_as<T>(call, 2);
+    run_elementwise<T>(call, it, [w](T s, T e) -> T {
+      return std::abs(w) < T(0.5) ? s + w * (e - s) : e - (e - s) * (T(1) - w);
+    });
+  });
+}
+
+}  // namespace
+
+void register_binary(npub::sdk::Registrar& r) {
+  const auto all = dtypes_all();
+  const auto numeric = dtypes_numeric();
+  r.def("aten::add.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::add.out", &add_sub_fast<false>).dtypes(all);
+  r.def("aten::sub.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::sub.out", &add_sub_fast<true>).dtypes(all);
+  r.def("aten::mul.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::mul.out", &mul).dtypes(all);
+  r.def("aten::div.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::div.out", &div).dtypes(all);
+  r.def("aten::div.out_mode(Tensor self, Tensor other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::div.out_mode", &div).dtypes(numeric);
+  r.def("aten::remainder.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::remainder.Tensor_out", &remainder).dtypes(numeric);
+  r.def("aten::pow.Tensor_Tensor_out(Tensor self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::pow.Tensor_Tensor_out", &pow_op).dtypes(numeric);
+  r.def("aten::pow.Tensor_Scalar_out(Tensor self, Scalar exponent, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::pow.Tensor_Scalar_out", &pow_op).dtypes(numeric);
+  r.def("aten::maximum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::maximum.out", &max_min<true>).dtypes(all);
+  r.def("aten::minimum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::minimum.out", &max_min<false>).dtypes(all);
+  const char* cmp_names[] = {"eq", "ne", "lt", "le", "gt", "ge"};
+  npub::sdk::KernelBody cmp_fns[] = {&compare<Cmp::eq>, &compare<Cmp::ne>, &compare<Cmp::lt>,
+                                     &compare<Cmp::le>, &compare<Cmp::gt>, &compare<Cmp::ge>};
+  for (int i = 0; i < 6; ++i) {
+    const std::string n = std::string("aten::") + cmp_names[i];
+    r.def((n + ".Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)").c_str());
+    r.kernel(n + ".Tensor_out", cmp_fns[i]).dtypes(all);
+    r.def((n + ".Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)").c_str());
+    r.kernel(n + ".Scalar_out", cmp_fns[i]).dtypes(all);
+  }
+  r.def("aten::logical_and.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::logical_and.out", &logical<true>).dtypes(all);
+  r.def("aten::logical_or.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::logical_or.out", &logical<false>).dtypes(all);
+  r.def("aten::where.self_out(Tensor condition, Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::where.self_out", &where).dtypes({npub::sdk::kBool, npub::sdk::kUInt8});
+  r.def("aten::masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor");
+  r.kernel("aten::masked_fill.Scalar", &masked_fill<false>).dtypes(all);
+  r.def("aten::masked_fill_.Scalar(Tensor(a!) self, Tensor mask, Scalar value) -> Tensor(a!)");
+  r.kernel("aten::masked_fill_.Scalar", &masked_fill<true>).dtypes(all);
+  r.def("aten::clamp.out(Tensor self, Scalar? min=None, Scalar? max=None, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::clamp.out", &clamp).dtypes(numeric);
+  r.def("aten::addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::addcmul.out", &addc<false>).dtypes(numeric);
+  r.def("aten::addcdiv.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::addcdiv.out", &addc<true>).dtypes(dtypes_floating());
+  r.def("aten::lerp.Scalar_out(Tensor self, Tensor end, Scalar weight, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::lerp.Scalar_out", &lerp).dtypes(dtypes_floating());
+}
+
+}  // namespace cann_like

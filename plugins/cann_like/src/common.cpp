@@ -1,0 +1,202 @@
+#include "common.h"
+
+namespace cann_like {
+
+DT promote(DT a, DT b) {
+  if (a == b) return a;
+  if (a == DT::unknown) return b;
+  if (b == DT::unknown) return a;
+  // Rank within the lattice bool < u8/i8 < i16 < i32 < i64 < f16/bf16 < f32 < f64.
+  auto rank = [](DT t) {
+    switch (t) {
+      case DT::b8: return 0;
+      case DT::u8: case DT::i8: return 1;
+      case DT::i16: return 2;
+      case DT::i32: return 3;
+      case DT::i64: return 4;
+      case DT::f16: case DT::bf16: return 5;
+      case DT::f32: return 6;
+      default: return 7;
+    }
+  };
+  if ((a == DT::u8 && b == DT::i8) || (a == DT::i8 && b == DT::u8)) return DT::i16;
+  if ((a == DT::f16 && b == DT::bf16) || (a == DT::bf16 && b == DT::f16)) return DT::f32;
+  return rank(a) >= rank(b) ? a : b;
+}
+
+DT from_scalar_type(int64_t c) {
+  // c10::ScalarType: Byte 0, Char 1, Short 2, Int 3, Long 4, Half 5, Float 6,
+  // Double 7, ..., Bool 11, BFloat16 15.
+  switch (c) {
+    case 0: return DT::u8;
+    case 1: return DT::i8;
+    case 2: return DT::i16;
+    case 3: return DT::i32;
+    case 4: return DT::i64;
+    case 5: return DT::f16;
+    case 6: return DT::f32;
+    case 7: return DT::f64;
+    case 11: return DT::b8;
+    case 15: return DT::bf16;
+    default: return DT::unknown;
+  }
+}
+
+void ResultType::tensor(const TensorRef& t) {
+  const DT d = dt_of(t.dtype());
+  if (t.dim() == 0) zero_ = combine(zero_, d);
+  else dim_ = combine(dim_, d);
+}
+
+void ResultType::scalar_value(const NpubValue& v) {
+  if (v.tag == NPUB_VALUE_DOUBLE) scalar_float();
+  else if (v.tag == NPUB_VALUE_BOOL) scalar_bool();
+  else scalar_int();
+}
+
+DT ResultType::result() const {
+  DT r = dim_;
+  if (zero_ != DT::unknown && (r == DT::unknown || category(zero_) > category(r))) r = combine(r, zero_);
+  if (wrapped_ != DT::unknown && (r == DT::unknown || category(wrapped_) > category(r))) {
+    // A wrapped int/float joins at its category's default (int64 / float32).
+    r = r == DT::unknown ? wrapped_ : promote(r, wrapped_);
+  }
+  return r;
+}
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+int64_t numel_of(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t v : s) n *= v;
+  return n;
+}
+
+Shape broadcast(const Call& call, const Shape& a, const Shape& b) {
+  const size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t sa = i + a.size() >= n ? a[i + a.size() - n] : 1;
+    const int64_t sb = i + b.size() >= n ? b[i + b.size() - n] : 1;
+    if (sa != sb && sa != 1 && sb != 1)
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, "the size of tensor a (" + std::to_string(sa) +
+                                               ") must match the size of tensor b (" + std::to_string(sb) +
+                                               ") at non-singleton dimension " + std::to_string(i));
+    out[i] = sa == 1 ? sb : sa;
+  }
+  return out;
+}
+
+int64_t wrap_dim(const Call& call, int64_t dim, int64_t ndim, const char* arg) {
+  const int64_t n = std::max<int64_t>(ndim, 1);
+  if (dim < -n || dim >= n)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(arg) + ": dimension out of range (expected to be in range of [" +
+                                             std::to_string(-n) + ", " + std::to_string(n - 1) + "], but got " +
+                                             std::to_string(dim) + ")");
+  return dim < 0 ? dim + n : dim;
+}
+
+void check_out(const Call& call, const TensorRef& out, const Shape& shape, const char* name) {
+  if (out.sizes() != shape)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + ": expected shape " + shape_str(shape) +
+                                             " but found " + shape_str(out.sizes()));
+}
+
+void Iter::add(const TensorRef& t) {
+  const int i = nops++;
+  data[i] = t.data<char>();
+  dt[i] = dt_of(t.dtype());
+  const int64_t es = dt_size(dt[i]);
+  const size_t n = shape.size();
+  strides[i].assign(n, 0);
+  for (int32_t d = 0; d < t.dim(); ++d) {
+    const size_t o = n - static_cast<size_t>(t.dim()) + static_cast<size_t>(d);
+    strides[i][o] = t.size(d) == 1 ? 0 : t.stride(d) * es;
+  }
+}
+
+bool Iter::contiguous() const {
+  for (int i = 0; i < nops; ++i) {
+    const int64_t es = dt_size(dt[i]);
+    int64_t expected = es;
+    for (size_t d = shape.size(); d-- > 0;) {
+      if (shape[d] != 1 && strides[i][d] != expected) return false;
+      expected *= shape[d];
+    }
+  }
+  return true;
+}
+
+Iter make_iter(const TensorRef& out, std::initializer_list<TensorRef> inputs) {
+  Iter it;
+  it.shape = out.sizes();
+  it.add(out);
+  for (const TensorRef& t : inputs) it.add(t);
+  return it;
+}
+
+std::vector<bool> reduce_mask(const Call& call, const std::vector<int64_t>& dims, int64_t ndim) {
+  std::vector<bool> mask(static_cast<size_t>(ndim), dims.empty());
+  for (int64_t d : dims) {
+    const int64_t w = wrap_dim(call, d, ndim);
+    if (ndim == 0) continue;
+    if (mask[static_cast<size_t>(w)])
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, "dim " + std::to_string(w) + " appears multiple times in the list of dims");
+    mask[static_cast<size_t>(w)] = true;
+  }
+  return mask;
+}
+
+Shape reduced_shape(const Shape& in, const std::vector<bool>& mask, bool keepdim) {
+  Shape out;
+  for (size_t d = 0; d < in.size(); ++d) {
+    if (!mask[d]) out.push_back(in[d]);
+    else if (keepdim) out.push_back(1);
+  }
+  return out;
+}
+
+ReducePlan plan_reduce(const TensorRef& t, const std::vector<bool>& mask) {
+  ReducePlan p;
+  const int64_t es = dt_size(dt_of(t.dtype()));
+  // Offsets of the kept dims (outer) and of the reduced dims (inner).
+  std::vector<int64_t> kept_sizes, kept_strides, red_sizes, red_strides;
+  for (int32_t d = 0; d < t.dim(); ++d) {
+    (mask[static_cast<size_t>(d)] ? red_sizes : kept_sizes).push_back(t.size(d));
+    (mask[static_cast<size_t>(d)] ? red_strides : kept_strides).push_back(t.stride(d) * es);
+  }
+  auto enumerate = [](const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+    std::vector<int64_t> offs{0};
+    for (size_t d = 0; d < sizes.size(); ++d) {
+      std::vector<int64_t> next;
+      next.reserve(offs.size() * static_cast<size_t>(sizes[d]));
+      for (int64_t o : offs)
+        for (int64_t i = 0; i < sizes[d]; ++i) next.push_back(o + i * strides[d]);
+      offs.swap(next);
+    }
+    return offs;
+  };
+  p.out_offsets = enumerate(kept_sizes, kept_strides);
+  p.reduce_offsets = enumerate(red_sizes, red_strides);
+  p.outputs = static_cast<int64_t>(p.out_offsets.size());
+  return p;
+}
+
+std::vector<DLDataType> dtypes_all() {
+  using namespace npub::sdk;
+  return {kFloat32, kFloat64, kFloat16, kBFloat16, kInt64, kInt32, kInt16, kInt8, kUInt8, kBool};
+}
+std::vector<DLDataType> dtypes_numeric() {
+  using namespace npub::sdk;
+  return {kFloat32, kFloat64, kFloat16, kBFloat16, kInt64, kInt32, kInt16, kInt8, kUInt8};
+}
+std::vector<DLDataType> dtypes_floating() {
+  using namespace npub::sdk;
+  return {kFloat32, kFloat64, kFloat16, kBFloat16};
+}
+
+}  // namespace cann_like

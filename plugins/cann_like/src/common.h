@@ -1,0 +1,285 @@
+// cann_like's building blocks: dtypes, ATen's type promotion, and a strided
+// broadcasting loop engine (a small TensorIterator). Built on the SDK only.
+#pragma once
+
+#include <npubridge/plugin_sdk.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace cann_like {
+
+using npub::sdk::Call;
+using npub::sdk::TensorRef;
+
+// ---------------------------------------------------------------------------
+// dtypes
+// ---------------------------------------------------------------------------
+
+enum class DT : uint8_t { f32, f64, f16, bf16, i64, i32, i16, i8, u8, b8, unknown };
+
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+
+inline DT dt_of(DLDataType t) {
+  using namespace npub::sdk;
+  if (same_dtype(t, kFloat32)) return DT::f32;
+  if (same_dtype(t, kFloat64)) return DT::f64;
+  if (same_dtype(t, kFloat16)) return DT::f16;
+  if (same_dtype(t, kBFloat16)) return DT::bf16;
+  if (same_dtype(t, kInt64)) return DT::i64;
+  if (same_dtype(t, kInt32)) return DT::i32;
+  if (same_dtype(t, kInt16)) return DT::i16;
+  if (same_dtype(t, kInt8)) return DT::i8;
+  if (same_dtype(t, kUInt8)) return DT::u8;
+  if (same_dtype(t, kBool)) return DT::b8;
+  return DT::unknown;
+}
+inline DLDataType to_dl(DT t) {
+  using namespace npub::sdk;
+  switch (t) {
+    case DT::f32: return kFloat32;
+    case DT::f64: return kFloat64;
+    case DT::f16: return kFloat16;
+    case DT::bf16: return kBFloat16;
+    case DT::i64: return kInt64;
+    case DT::i32: return kInt32;
+    case DT::i16: return kInt16;
+    case DT::i8: return kInt8;
+    case DT::u8: return kUInt8;
+    default: return kBool;
+  }
+}
+inline const char* dt_name(DT t) {
+  static const char* names[] = {"float32", "float64", "float16", "bfloat16", "int64", "int32",
+                                "int16",   "int8",    "uint8",   "bool",     "unknown"};
+  return names[static_cast<int>(t)];
+}
+inline int64_t dt_size(DT t) {
+  switch (t) {
+    case DT::f64: case DT::i64: return 8;
+    case DT::f32: case DT::i32: return 4;
+    case DT::f16: case DT::bf16: case DT::i16: return 2;
+    default: return 1;
+  }
+}
+inline bool is_floating(DT t) { return t == DT::f32 || t == DT::f64 || t == DT::f16 || t == DT::bf16; }
+inline bool is_integral(DT t, bool include_bool) {
+  return t == DT::i64 || t == DT::i32 || t == DT::i16 || t == DT::i8 || t == DT::u8 || (include_bool && t == DT::b8);
+}
+inline int category(DT t) { return t == DT::b8 ? 0 : is_floating(t) ? 2 : 1; }
+
+// torch.promote_types for the real dtypes.
+DT promote(DT a, DT b);
+// torch.can_cast(from, to): no floating -> integral, no non-bool -> bool.
+inline bool can_cast(DT from, DT to) {
+  if (is_floating(from) && is_integral(to, true)) return false;
+  if (from != DT::b8 && to == DT::b8) return false;
+  return true;
+}
+
+// The dtype for a value of ScalarType code `c` (c10::ScalarType numbering).
+DT from_scalar_type(int64_t c);
+
+// ATen's result_type over tensors and scalars: dimensioned tensors decide,
+// zero-dim tensors and scalars only when of a higher category (bool <
+// integral < floating); a floating scalar counts as float32 (the default
+// dtype).
+class ResultType {
+ public:
+  void tensor(const TensorRef& t);
+  void scalar_int() { wrapped_ = combine(wrapped_, DT::i64); }
+  void scalar_float() { wrapped_ = combine(wrapped_, DT::f32); }
+  void scalar_bool() { wrapped_ = combine(wrapped_, DT::b8); }
+  void scalar_value(const NpubValue& v);
+  DT result() const;
+
+ private:
+  static DT combine(DT a, DT b) { return a == DT::unknown ? b : promote(a, b); }
+  DT dim_ = DT::unknown, zero_ = DT::unknown, wrapped_ = DT::unknown;
+};
+
+// ---------------------------------------------------------------------------
+// element access with conversion (compute type T from any dtype)
+// ---------------------------------------------------------------------------
+
+template <typename T>
+inline T from_float(float v) {
+  if constexpr (std::is_same_v<T, bool>) return v != 0.0f;
+  else return static_cast<T>(v);
+}
+
+template <typename T>
+inline T load(const char* p, DT dt) {
+  switch (dt) {
+    case DT::f32: { float v; std::memcpy(&v, p, 4); if constexpr (std::is_same_v<T, bool>) return v != 0; else return static_cast<T>(v); }
+    case DT::f64: { double v; std::memcpy(&v, p, 8); if constexpr (std::is_same_v<T, bool>) return v != 0; else return static_cast<T>(v); }
+    case DT::f16: { uint16_t h; std::memcpy(&h, p, 2); return from_float<T>(npub::sdk::half_to_float(h)); }
+    case DT::bf16: { uint16_t h; std::memcpy(&h, p, 2); return from_float<T>(npub::sdk::bf16_to_float(h)); }
+    case DT::i64: { int64_t v; std::memcpy(&v, p, 8); if constexpr (std::is_same_v<T, bool>) return v != 0; else return static_cast<T>(v); }
+    case DT::i32: { int32_t v; std::memcpy(&v, p, 4); if constexpr (std::is_same_v<T, bool>) return v != 0; else return static_cast<T>(v); }
+    case DT::i16: { int16_t v; std::memcpy(&v, p, 2); if constexpr (std::is_same_v<T, bool>) return v != 0; else return static_cast<T>(v); }
+    case DT::i8: { int8_t v; std::memcpy(&v, p, 1); if constexpr (std::is_same_v<T, bool>) return v != 0; else return static_cast<T>(v); }
+    case DT::u8: { uint8_t v; std::memcpy(&v, p, 1); if constexpr (std::is_same_v<T, bool>) return v != 0; else return static_cast<T>(v); }
+    default: return static_cast<T>(*reinterpret_cast<const uint8_t*>(p) != 0);
+  }
+}
+
+template <typename T>
+inline void store(char* p, DT dt, T v) {
+  switch (dt) {
+    case DT::f32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
+    case DT::f64: { double x = static_cast<double>(v); std::memcpy(p, &x, 8); break; }
+    case DT::f16: { uint16_t h = npub::sdk::float_to_half(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    case DT::bf16: { uint16_t h = npub::sdk::float_to_bf16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
+    case DT::i64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
+    case DT::i32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
+    case DT::i16: { int16_t x = static_cast<int16_t>(v); std::memcpy(p, &x, 2); break; }
+    case DT::i8: { int8_t x = static_cast<int8_t>(v); std::memcpy(p, &x, 1); break; }
+    case DT::u8: { uint8_t x = static_cast<uint8_t>(v); std::memcpy(p, &x, 1); break; }
+    default: { uint8_t x = v != T(0) ? 1 : 0; std::memcpy(p, &x, 1); break; }
+  }
+}
+
+// The C++ type a dtype computes in (fp32 for the half types).
+template <DT D> struct ComputeOf;
+template <> struct ComputeOf<DT::f32> { using type = float; };
+template <> struct ComputeOf<DT::f64> { using type = double; };
+template <> struct ComputeOf<DT::f16> { using type = float; };
+template <> struct ComputeOf<DT::bf16> { using type = float; };
+template <> struct ComputeOf<DT::i64> { using type = int64_t; };
+template <> struct ComputeOf<DT::i32> { using type = int32_t; };
+template <> struct ComputeOf<DT::i16> { using type = int16_t; };
+template <> struct ComputeOf<DT::i8> { using type = int8_t; };
+template <> struct ComputeOf<DT::u8> { using type = uint8_t; };
+template <> struct ComputeOf<DT::b8> { using type = bool; };
+
+// Calls f(T{}) with T the compute type of dt.
+template <typename F>
+inline void visit_compute(DT dt, F&& f) {
+  switch (dt) {
+    case DT::f32: case DT::f16: case DT::bf16: return f(float{});
+    case DT::f64: return f(double{});
+    case DT::i64: return f(int64_t{});
+    case DT::i32: return f(int32_t{});
+    case DT::i16: return f(int16_t{});
+    case DT::i8: return f(int8_t{});
+    case DT::u8: return f(uint8_t{});
+    case DT::b8: return f(bool{});
+    default: throw npub::sdk::Error(NPUB_ERR_UNSUPPORTED, "unsupported dtype");
+  }
+}
+
+// ---------------------------------------------------------------------------
+// shapes
+// ---------------------------------------------------------------------------
+
+using Shape = std::vector<int64_t>;
+
+std::string shape_str(const Shape& s);
+// Broadcast shapes (numpy rules); fails naming the op and the sizes.
+Shape broadcast(const Call& call, const Shape& a, const Shape& b);
+// Wraps a dim index into [0, ndim); ndim 0 behaves as 1 (as ATen).
+int64_t wrap_dim(const Call& call, int64_t dim, int64_t ndim, const char* arg = "dim");
+// Checks a preallocated out tensor: dtype and shape (ATen resizes outs; a
+// host passes them sized).
+void check_out(const Call& call, const TensorRef& out, const Shape& shape, const char* name = "out");
+int64_t numel_of(const Shape& s);
+
+// ---------------------------------------------------------------------------
+// the loop engine
+// ---------------------------------------------------------------------------
+
+// Up to 4 operands viewed with the output's shape (broadcast strides of 0).
+// Operand 0 is the output.
+struct Iter {
+  Shape shape;
+  int nops = 0;
+  char* data[4] = {};
+  DT dt[4] = {};
+  std::vector<int64_t> strides[4];  // in bytes, per dim
+
+  void add(const TensorRef& t);  // broadcast to shape
+  int64_t numel() const { return numel_of(shape); }
+  // True when every operand is contiguous with the output's layout and has
+  // the output's full shape (no broadcasting).
+  bool contiguous() const;
+  bool all_dtype(DT d) const {
+    for (int i = 0; i < nops; ++i)
+      if (dt[i] != d) return false;
+    return true;
+  }
+};
+
+Iter make_iter(const TensorRef& out, std::initializer_list<TensorRef> inputs);
+
+// Runs row(ptrs, byte_strides, n) over the iterator: `ptrs[i]` points at the
+// first element of operand i in a run of n elements along the last dim,
+// `byte_strides[i]` steps along it. Rows are spread over compute threads.
+template <typename Row>
+void for_each_row(const Call& call, const Iter& it, Row&& row) {
+  const int64_t n = it.numel();
+  if (n == 0) return;
+  const int nd = static_cast<int>(it.shape.size());
+  if (it.contiguous()) {  // one flat run, split in chunks
+    int64_t es[4];
+    for (int i = 0; i < it.nops; ++i) es[i] = dt_size(it.dt[i]);
+    call.parallel_for(0, n, 1 << 14, [&](int64_t b, int64_t e) {
+      char* p[4];
+      for (int i = 0; i < it.nops; ++i) p[i] = it.data[i] + b * es[i];
+      row(p, es, e - b);
+    });
+    return;
+  }
+  const int64_t inner = nd > 0 ? it.shape[static_cast<size_t>(nd - 1)] : 1;
+  const int64_t rows = n / inner;
+  int64_t inner_stride[4];
+  for (int i = 0; i < it.nops; ++i) inner_stride[i] = nd > 0 ? it.strides[i][static_cast<size_t>(nd - 1)] : 0;
+  call.parallel_for(0, rows, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(inner, 1)), [&](int64_t rb, int64_t re) {
+    for (int64_t r = rb; r < re; ++r) {
+      char* p[4];
+      for (int i = 0; i < it.nops; ++i) p[i] = it.data[i];
+      int64_t rem = r;
+      for (int d = nd - 2; d >= 0; --d) {
+        const int64_t size = it.shape[static_cast<size_t>(d)];
+        const int64_t idx = rem % size;
+        rem /= size;
+        for (int i = 0; i < it.nops; ++i) p[i] += idx * it.strides[i][static_cast<size_t>(d)];
+      }
+      row(p, inner_stride, inner);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------
+// reductions
+// ---------------------------------------------------------------------------
+
+// Dims to reduce: `dims` wrapped and deduplicated; empty = all dims.
+std::vector<bool> reduce_mask(const Call& call, const std::vector<int64_t>& dims, int64_t ndim);
+Shape reduced_shape(const Shape& in, const std::vector<bool>& mask, bool keepdim);
+
+// Splits `t` into (outer index -> reduction elements): for each output
+// element, the byte offsets of the reduced elements are base + reduce_offsets.
+struct ReducePlan {
+  int64_t outputs = 1;                 // number of output elements
+  std::vector<int64_t> out_offsets;    // per output element: byte offset into the input
+  std::vector<int64_t> reduce_offsets; // byte offsets of the reduced elements
+};
+ReducePlan plan_reduce(const TensorRef& t, const std::vector<bool>& mask);
+
+// Registration helpers.
+std::vector<DLDataType> dtypes_all();            // every real dtype incl. bool
+std::vector<DLDataType> dtypes_numeric();        // all but bool
+std::vector<DLDataType> dtypes_floating();       // f32 f64 f16 bf16
+
+}  // namespace cann_like

@@ -1,0 +1,106 @@
+// The elementwise engine: out = fn(inputs...) with broadcasting, ATen type
+// promotion, any input/output dtype (cast on load and store), and a typed,
+// vectorisable fast path when every operand has the compute dtype and unit
+// stride.
+#pragma once
+
+#include "common.h"
+
+namespace cann_like {
+
+// A Scalar argument as a 0-d tensor that can join an Iter.
+struct ScalarTensor {
+  union {
+    double d;
+    int64_t i;
+    uint8_t b;
+  } value{};
+  DLTensor dl{};
+  explicit ScalarTensor(const NpubValue& v) {
+    dl.ndim = 0;
+    dl.device = DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_CPU), 0};
+    if (v.tag == NPUB_VALUE_DOUBLE) {
+      value.d = v.u.d;
+      dl.dtype = npub::sdk::kFloat64;
+    } else if (v.tag == NPUB_VALUE_BOOL) {
+      value.b = v.u.i != 0;
+      dl.dtype = npub::sdk::kBool;
+    } else {
+      value.i = v.u.i;
+      dl.dtype = npub::sdk::kInt64;
+    }
+    dl.data = &value;
+  }
+  ScalarTensor(const ScalarTensor&) = delete;
+  TensorRef ref() { return TensorRef(&dl); }
+};
+
+template <typename T>
+constexpr DT dt_for() {
+  if constexpr (std::is_same_v<T, float>) return DT::f32;
+  else if constexpr (std::is_same_v<T, double>) return DT::f64;
+  else if constexpr (std::is_same_v<T, int64_t>) return DT::i64;
+  else if constexpr (std::is_same_v<T, int32_t>) return DT::i32;
+  else if constexpr (std::is_same_v<T, int16_t>) return DT::i16;
+  else if constexpr (std::is_same_v<T, int8_t>) return DT::i8;
+  else if constexpr (std::is_same_v<T, uint8_t>) return DT::u8;
+  else return DT::b8;
+}
+
+// Runs out = fn(in1, ..., inK) with inputs loaded as T; K (1..3) is fn's
+// arity and must equal it.nops - 1. fn returns R, stored with conversion to
+// the output dtype; when every operand already has its C++ type and unit
+// stride, a plain (vectorisable) loop runs instead.
+template <typename T, typename Fn>
+void run_elementwise(const Call& call, const Iter& it, Fn fn) {
+  constexpr int K = std::is_invocable_v<Fn, T> ? 1 : std::is_invocable_v<Fn, T, T> ? 2 : 3;
+  if (it.nops - 1 != K) call.fail(NPUB_ERR_INTERNAL, "elementwise arity mismatch");
+  constexpr DT kT = dt_for<T>();
+  auto apply = [&fn](const T* v) {
+    if constexpr (K == 1) return fn(v[0]);
+    else if constexpr (K == 2) return fn(v[0], v[1]);
+    else return fn(v[0], v[1], v[2]);
+  };
+  using R = decltype(apply(static_cast<const T*>(nullptr)));
+  constexpr DT kR = dt_for<R>();
+  bool typed = it.dt[0] == kR;
+  for (int i = 1; i < it.nops; ++i) typed = typed && it.dt[i] == kT;
+  for_each_row(call, it, [&](char** p, const int64_t* s, int64_t n) {
+    bool unit = typed && s[0] == static_cast<int64_t>(sizeof(R));
+    for (int i = 1; i <= K; ++i) unit = unit && s[i] == static_cast<int64_t>(sizeof(T));
+    if (unit) {
+      R* o = reinterpret_cast<R*>(p[0]);
+      const T* a = reinterpret_cast<const T*>(p[1]);
+      if constexpr (K == 1) {
+        for (int64_t j = 0; j < n; ++j) o[j] = fn(a[j]);
+      } else if constexpr (K == 2) {
+        const T* b = reinterpret_cast<const T*>(p[2]);
+        for (int64_t j = 0; j < n; ++j) o[j] = fn(a[j], b[j]);
+      } else {
+        const T* b = reinterpret_cast<const T*>(p[2]);
+        const T* c = reinterpret_cast<const T*>(p[3]);
+        for (int64_t j = 0; j < n; ++j) o[j] = fn(a[j], b[j], c[j]);
+      }
+      return;
+    }
+    T v[3];
+    for (int64_t j = 0; j < n; ++j) {
+      for (int i = 0; i < K; ++i) v[i] = load<T>(p[i + 1] + j * s[i + 1], it.dt[i + 1]);
+      store<R>(p[0] + j * s[0], it.dt[0], apply(v));
+    }
+  });
+}
+
+// Out dtype checks shared by the .out ops.
+inline void check_castable(const Call& call, DT common, const TensorRef& out) {
+  const DT o = dt_of(out.dtype());
+  if (!can_cast(common, o))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("result type ") + dt_name(common) +
+                                             " can't be cast to the desired output type " + dt_name(o));
+}
+
+void register_binary(npub::sdk::Registrar& r);
+void register_unary(npub::sdk::Registrar& r);
+void register_copy(npub::sdk::Registrar& r);
+
+}  // namespace cann_like

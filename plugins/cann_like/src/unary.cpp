@@ -1,0 +1,173 @@
+// Unary elementwise ops. Floating functions of integer inputs compute in
+// float32 (ATen's promotion to the default dtype); sign/abs/neg/rounding keep
+// integer dtypes; logical_not and isnan produce bool.
+#include "elementwise.h"
+#include "ops.h"
+
+#include <cmath>
+
+namespace cann_like {
+
+namespace {
+
+enum class U {
+  neg, abs, exp, log, log1p, sqrt, rsqrt, reciprocal, sin, cos, tanh, sigmoid, relu, gelu, gelu_tanh,
+  silu, erf, sign, floor, ceil, round, logical_not, isnan
+};
+
+constexpr bool is_float_fn(U op) {
+  switch (op) {
+    case U::exp: case U::log: case U::log1p: case U::sqrt: case U::rsqrt: case U::reciprocal:
+    case U::sin: case U::cos: case U::tanh: case U::sigmoid: case U::gelu: case U::gelu_tanh:
+    case U::silu: case U::erf:
+      return true;
+    default:
+      return false;
+  }
+}
+
+template <U kOp, typename T>
+inline auto apply(T x) {
+  if constexpr (kOp == U::logical_not) return !static_cast<bool>(x);
+  else if constexpr (kOp == U::isnan) {
+    if constexpr (std::is_floating_point_v<T>) return static_cast<bool>(std::isnan(x));
+    else return false;
+  } else if constexpr (kOp == U::neg) return static_cast<T>(-x);
+  else if constexpr (kOp == U::abs) {
+    if constexpr (std::is_same_v<T, bool> || std::is_unsigned_v<T>) return x;
+    else return static_cast<T>(x < 0 ? -x : x);
+  } else if constexpr (kOp == U::sign) {
+    if constexpr (std::is_same_v<T, bool>) return x;
+    else if constexpr (std::is_floating_point_v<T>) return std::isnan(x) ? T(0) : static_cast<T>((T(0) < x) - (x < T(0)));
+    else return static_cast<T>((T(0) < x) - (x < T(0)));
+  } else if constexpr (kOp == U::relu) {
+    if constexpr (std::is_same_v<T, bool>) return x;
+    else if constexpr (std::is_floating_point_v<T>) return std::isnan(x) ? x : (x > T(0) ? x : T(0));
+    else return x > T(0) ? x : T(0);
+  } else if constexpr (kOp == U::floor) {
+    if constexpr (std::is_floating_point_v<T>) return std::floor(x);
+    else return x;
+  } else if constexpr (kOp == U::ceil) {
+    if constexpr (std::is_floating_point_v<T>) return std::ceil(x);
+    else return x;
+  } else if constexpr (kOp == U::round) {
+    if constexpr (std::is_floating_point_v<T>) return std::nearbyint(x);  // half to even
+    else return x;
+  } else if constexpr (kOp == U::exp) return std::exp(x);
+  else if constexpr (kOp == U::log) return std::log(x);
+  else if constexpr (kOp == U::log1p) return std::log1p(x);
+  else if constexpr (kOp == U::sqrt) return std::sqrt(x);
+  else if constexpr (kOp == U::rsqrt) return T(1) / std::sqrt(x);
+  else if constexpr (kOp == U::reciprocal) return T(1) / x;
+  else if constexpr (kOp == U::sin) return std::sin(x);
+  else if constexpr (kOp == U::cos) return std::cos(x);
+  else if constexpr (kOp == U::tanh) return std::tanh(x);
+  else if constexpr (kOp == U::sigmoid) return T(1) / (T(1) + std::exp(-x));
+  else if constexpr (kOp == U::silu) return x / (T(1) + std::exp(-x));
+  else if constexpr (kOp == U::erf) return std::erf(x);
+  else if constexpr (kOp == U::gelu) return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440)));
+  else {  // gelu_tanh
+    const T k = T(0.79788456080286535588);  // sqrt(2/pi)
+    return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+  }
+}
+
+// The dtype a unary op computes in for an input of dtype d.
+template <U kOp>
+DT compute_dtype(DT d) {
+  if constexpr (kOp == U::logical_not) return DT::b8;
+  if (is_float_fn(kOp) && !is_floating(d)) return DT::f32;
+  return d;
+}
+
+template <U kOp>
+void run_unary(Call& call, const TensorRef& self, const TensorRef& out) {
+  const DT d = dt_of(self.dtype());
+  const DT compute = compute_dtype<kOp>(d);
+  if constexpr (kOp != U::logical_not && kOp != U::isnan) check_castable(call, compute, out);
+  if constexpr (kOp == U::neg) {
+    if (d == DT::b8)
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, "Negation, the `-` operator, on a bool tensor is not supported. "
+                                           "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
+  }
+  check_out(call, out, self.sizes());
+  Iter it = make_iter(out, {self});
+  visit_compute(compute, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (is_float_fn(kOp) && !std::is_floating_point_v<T>) {
+      call.fail(NPUB_ERR_INTERNAL, "unreachable: integer compute type for a floating function");
+    } else {
+      run_elementwise<T>(call, it, [](T x) { return apply<kOp, T>(x); });
+    }
+  });
+}
+
+template <U kOp>
+void unary_out(Call& call) {
+  run_unary<kOp>(call, call.tensor(0), call.tensor(call.num_args() - 1));
+}
+
+// aten::gelu.out(self, *, approximate="none", out)
+void gelu_out(Call& call) {
+  const std::string approx = call.string_arg(1);
+  if (approx == "none") run_unary<U::gelu>(call, call.tensor(0), call.tensor(2));
+  else if (approx == "tanh") run_unary<U::gelu_tanh>(call, call.tensor(0), call.tensor(2));
+  else call.fail(NPUB_ERR_INVALID_ARGUMENT, "approximate argument must be either none or tanh but found '" + approx + "'");
+}
+
+// aten::relu (functional) / aten::relu_ (in place)
+void relu_fn(Call& call) {
+  TensorRef x = call.tensor(0);
+  if (dt_of(x.dtype()) == DT::b8) call.fail(NPUB_ERR_UNSUPPORTED, "relu is not implemented for bool");
+  run_unary<U::relu>(call, x, call.output(0, x.sizes(), x.dtype()));
+}
+void relu_inplace(Call& call) {
+  TensorRef x = call.tensor(0);
+  if (dt_of(x.dtype()) == DT::b8) call.fail(NPUB_ERR_UNSUPPORTED, "relu is not implemented for bool");
+  run_unary<U::relu>(call, x, x);
+}
+
+// aten::isnan (functional, bool output)
+void isnan_fn(Call& call) {
+  TensorRef x = call.tensor(0);
+  run_unary<U::isnan>(call, x, call.output(0, x.sizes(), npub::sdk::kBool));
+}
+
+}  // namespace
+
+void register_unary(npub::sdk::Registrar& r) {
+  const auto all = dtypes_all();
+  const auto numeric = dtypes_numeric();
+  struct Entry {
+    const char* name;
+    npub::sdk::KernelBody fn;
+    bool with_bool;
+  };
+  const Entry entries[] = {
+      {"neg", &unary_out<U::neg>, false},         {"abs", &unary_out<U::abs>, true},
+      {"exp", &unary_out<U::exp>, true},          {"log", &unary_out<U::log>, true},
+      {"log1p", &unary_out<U::log1p>, true},      {"sqrt", &unary_out<U::sqrt>, true},
+      {"rsqrt", &unary_out<U::rsqrt>, true},      {"reciprocal", &unary_out<U::reciprocal>, true},
+      {"sin", &unary_out<U::sin>, true},          {"cos", &unary_out<U::cos>, true},
+      {"tanh", &unary_out<U::tanh>, true},        {"sigmoid", &unary_out<U::sigmoid>, true},
+      {"silu", &unary_out<U::silu>, false},       {"erf", &unary_out<U::erf>, true},
+      {"sign", &unary_out<U::sign>, true},        {"floor", &unary_out<U::floor>, false},
+      {"ceil", &unary_out<U::ceil>, false},       {"round", &unary_out<U::round>, false},
+      {"logical_not", &unary_out<U::logical_not>, true},
+  };
+  for (const Entry& e : entries) {
+    const std::string op = std::string("aten::") + e.name + ".out";
+    r.def((op + "(Tensor self, *, Tensor(a!) out) -> Tensor(a!)").c_str());
+    r.kernel(op, e.fn).dtypes(e.with_bool ? all : numeric);
+  }
+  r.def("aten::gelu.out(Tensor self, *, str approximate=\"none\", Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::gelu.out", &gelu_out).dtypes(dtypes_floating());
+  r.def("aten::relu(Tensor self) -> Tensor");
+  r.kernel("aten::relu", &relu_fn).dtypes(numeric);
+  r.def("aten::relu_(Tensor(a!) self) -> Tensor(a!)");
+  r.kernel("aten::relu_", &relu_inplace).dtypes(numeric);
+  r.def("aten::isnan(Tensor self) -> Tensor");
+  r.kernel("aten::isnan", &isnan_fn).dtypes(all);
+}
+
+}  // namespace cann_like
