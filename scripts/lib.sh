@@ -48,8 +48,19 @@ npub_build() {
   cmake --build "$dir" -j "$NPUB_JOBS"
 }
 
+# PyPI packages: torch (CPU build, LibTorch for npub-conformance), pytest.
+# Always the pinned torch: any other spelling pulls a multi-GB CUDA build.
+npub_install_pip() {
+  if ! python3 -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
+    npub_log "installing torch==2.13.0"
+    python3 -m pip install -q torch==2.13.0
+  fi
+  python3 -c "import pytest" 2>/dev/null || python3 -m pip install -q pytest
+}
+
 npub_setup() {
   npub_install_apt
+  npub_install_pip
   export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
   mkdir -p "$NPUB_ROOT/build"
 }

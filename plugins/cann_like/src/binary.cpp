@@ -145,6 +145,8 @@ void div(Call& call) {
     if constexpr (std::is_same_v<T, bool>) {
       call.fail(NPUB_ERR_INVALID_ARGUMENT, "div with rounding_mode on bool tensors is not supported");
     } else if constexpr (std::is_floating_point_v<T>) {
+      // Half types divide in float32 and round once (ATen's vectorised CPU
+      // path rounds the quotient first and can be off by one).
       if (mode == "trunc") run_elementwise<T>(call, it, [](T a, T b) { return std::trunc(a / b); });
       else if (mode == "floor")
         run_elementwise<T>(call, it, [](T a, T b) {
@@ -288,7 +290,7 @@ void logical(Call& call) {
 void where(Call& call) {
   TensorRef cond = call.tensor(0), a = call.tensor(1), b = call.tensor(2), out = call.tensor(3);
   const DT cd = dt_of(cond.dtype());
-  if (cd != DT::b8 && cd != DT::u8)
+  if (cd != DT::b8)
     call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("where expected condition to be a boolean tensor, but got a tensor with dtype ") + dt_name(cd));
   ResultType rt;
   rt.tensor(a);
@@ -440,7 +442,7 @@ void register_binary(npub::sdk::Registrar& r) {
   r.def("aten::logical_or.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
   r.kernel("aten::logical_or.out", &logical<false>).dtypes(all);
   r.def("aten::where.self_out(Tensor condition, Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::where.self_out", &where).dtypes({npub::sdk::kBool, npub::sdk::kUInt8});
+  r.kernel("aten::where.self_out", &where).dtypes({npub::sdk::kBool});
   r.def("aten::masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor");
   r.kernel("aten::masked_fill.Scalar", &masked_fill<false>).dtypes(all);
   r.def("aten::masked_fill_.Scalar(Tensor(a!) self, Tensor mask, Scalar value) -> Tensor(a!)");

@@ -154,11 +154,12 @@ struct Reduction {
 };
 
 Reduction prepare(const Call& call, const TensorRef& in, const std::vector<int64_t>& dims, bool keepdim,
-                  const TensorRef& out) {
+                  const TensorRef& out, bool empty_means_none = false) {
   Reduction r;
   r.in = in;
   r.out = out;
   r.mask = reduce_mask(call, dims, in.dim());
+  if (empty_means_none && dims.empty()) r.mask.assign(r.mask.size(), false);
   r.out_shape = reduced_shape(in.sizes(), r.mask, keepdim);
   check_out(call, out, r.out_shape);
   r.plan = make_plan(in, r.mask);
@@ -437,7 +438,9 @@ void all_any(Call& call) {
   const DT od = dt_of(out.dtype());
   if (od != DT::b8 && !(od == DT::u8 && dt_of(in.dtype()) == DT::u8))
     call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(kAll ? "all" : "any") + " only supports bool tensor for result, got: " + dt_name(od));
-  Reduction r = prepare(call, in, dims_arg(call, 1), call.bool_arg(2), out);
+  // all.dims_out: None reduces every dim, [] none (ATen's int[]? semantics).
+  const bool explicit_empty = call.arg(1).tag == NPUB_VALUE_INT_LIST && call.arg(1).count == 0;
+  Reduction r = prepare(call, in, dims_arg(call, 1), call.bool_arg(2), out, explicit_empty);
   visit_input(dt_of(in.dtype()), [&](auto tag) {
     using V = decltype(tag);
     BoolR<kAll> red;

@@ -144,7 +144,7 @@ void register_unary(npub::sdk::Registrar& r) {
     bool with_bool;
   };
   const Entry entries[] = {
-      {"neg", &unary_out<U::neg>, false},         {"abs", &unary_out<U::abs>, true},
+      {"neg", &unary_out<U::neg>, false},         {"abs", &unary_out<U::abs>, false},
       {"exp", &unary_out<U::exp>, true},          {"log", &unary_out<U::log>, true},
       {"log1p", &unary_out<U::log1p>, true},      {"sqrt", &unary_out<U::sqrt>, true},
       {"rsqrt", &unary_out<U::rsqrt>, true},      {"reciprocal", &unary_out<U::reciprocal>, true},
@@ -158,7 +158,8 @@ void register_unary(npub::sdk::Registrar& r) {
   for (const Entry& e : entries) {
     const std::string op = std::string("aten::") + e.name + ".out";
     r.def((op + "(Tensor self, *, Tensor(a!) out) -> Tensor(a!)").c_str());
-    r.kernel(op, e.fn).dtypes(e.with_bool ? all : numeric);
+    // silu has no integer kernel in ATen either.
+    r.kernel(op, e.fn).dtypes(std::string(e.name) == "silu" ? dtypes_floating() : e.with_bool ? all : numeric);
   }
   r.def("aten::gelu.out(Tensor self, *, str approximate=\"none\", Tensor(a!) out) -> Tensor(a!)");
   r.kernel("aten::gelu.out", &gelu_out).dtypes(dtypes_floating());

@@ -1,0 +1,40 @@
+// npub-conformance: checks a plugin's kernels against ATen (LibTorch on the
+// CPU is the oracle). Shared declarations of the tool's two translation
+// units (kept to two: each torch-including file costs ~30 s to compile).
+#pragma once
+
+// Torch first: its bundled DLPack 1.x header then wins the include guard
+// (plugin_api.h uses only what both DLPack versions share).
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace npub::conformance {
+
+// One sample: the arguments in schema order, as ATen takes them (CPU
+// tensors, scalars, lists, None). `out` arguments are empty tensors of the
+// output dtype; ATen resizes them and the npu run gets tensors of the
+// resized shape.
+struct Sample {
+  std::string name;
+  std::vector<c10::IValue> args;
+};
+
+// Makes the samples of one op for one dtype (empty: dtype not sampled).
+using SampleFn = std::function<std::vector<Sample>(at::ScalarType)>;
+
+// The per-op sample specification, keyed by qualified op name.
+const std::map<std::string, SampleFn>& sample_specs();
+
+// References written with ATen for plugin ops that have no ATen
+// counterpart: given the sample's arguments, the expected results in the
+// order of the op's returns, or (for ops returning ()) of its written
+// arguments.
+using ReferenceFn = std::function<std::vector<at::Tensor>(const std::vector<c10::IValue>& args)>;
+const std::map<std::string, ReferenceFn>& reference_library();
+
+}  // namespace npub::conformance

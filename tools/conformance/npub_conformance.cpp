@@ -1,0 +1,507 @@
+// npub-conformance: runs every kernel of a plugin on the simulated NPU and the
+// same op in ATen on the CPU, over the samples of tools/conformance/
+// samples.cpp, and writes a coverage report (op x dtype x plugin: pass, fail
+// with the worst error, or not covered). Exits non-zero on any failure.
+//
+//   npub-conformance --plugin lib/npubridge/plugins/libnpub_cann_like.so
+//       [--plugin ...] [--all] [--op REGEX] [--md report.md] [--json report.json]
+#include "conformance.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <torch/version.h>
+
+#include <npubridge/device_sim/copy_engine.h>
+#include <npubridge/dispatcher/runtime.h>
+#include <npubridge/dispatcher/value.h>
+#include <npubridge/registry/schema.h>
+#include <npubridge/support/error.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+namespace npub::conformance {
+namespace {
+
+// ---------------------------------------------------------------------------
+// torch <-> npub
+// ---------------------------------------------------------------------------
+
+DType npub_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kDouble: return DType::kFloat64;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kLong: return DType::kInt64;
+    case at::kInt: return DType::kInt32;
+    case at::kShort: return DType::kInt16;
+    case at::kChar: return DType::kInt8;
+    case at::kByte: return DType::kUInt8;
+    case at::kBool: return DType::kBool;
+    default: throw std::runtime_error(std::string("unsupported torch dtype ") + c10::toString(t));
+  }
+}
+at::ScalarType torch_dtype(DType t) {
+  switch (t) {
+    case DType::kFloat32: return at::kFloat;
+    case DType::kFloat64: return at::kDouble;
+    case DType::kFloat16: return at::kHalf;
+    case DType::kBFloat16: return at::kBFloat16;
+    case DType::kInt64: return at::kLong;
+    case DType::kInt32: return at::kInt;
+    case DType::kInt16: return at::kShort;
+    case DType::kInt8: return at::kChar;
+    case DType::kUInt8: return at::kByte;
+    default: return at::kBool;
+  }
+}
+
+// A DLTensor view of a CPU torch tensor (valid while the tensor lives).
+struct TorchView {
+  DLTensor dl{};
+  std::vector<int64_t> shape, strides;
+  explicit TorchView(const at::Tensor& t) : shape(t.sizes().vec()), strides(t.strides().vec()) {
+    dl.data = t.data_ptr();
+    dl.device = DLDevice{kDLCPU, 0};
+    dl.ndim = static_cast<int32_t>(t.dim());
+    dl.dtype = to_dl(npub_dtype(t.scalar_type()));
+    dl.shape = shape.data();
+    dl.strides = strides.data();
+  }
+};
+
+// A device copy of `t` with the same sizes and strides (non-contiguous
+// samples stay non-contiguous on the device).
+Tensor to_device(const at::Tensor& t, sim::Device* dev) {
+  int64_t span = t.numel() == 0 ? 0 : 1;
+  if (t.numel() > 0)
+    for (int64_t d = 0; d < t.dim(); ++d) span += (t.size(d) - 1) * t.stride(d);
+  Tensor base = Tensor::empty({span}, npub_dtype(t.scalar_type()), dev);
+  Tensor view = base.as_strided(t.sizes().vec(), t.strides().vec(), 0);
+  if (t.numel() > 0) sim::copy_tensor(*view.dl(), TorchView(t).dl);
+  return view;
+}
+
+at::Tensor to_torch(const DLTensor& d) {
+  at::Tensor t = at::empty(std::vector<int64_t>(d.shape, d.shape + d.ndim),
+                           at::TensorOptions().dtype(torch_dtype(dtype_of(d.dtype))));
+  if (t.numel() > 0) sim::copy_tensor(TorchView(t).dl, d);
+  return t;
+}
+
+// Boxed arguments for the npu call, with the storage they point into.
+struct NpuArgs {
+  std::vector<NpubValue> values;
+  std::vector<Tensor> tensors;
+  std::vector<std::unique_ptr<std::vector<int64_t>>> int_lists;
+  std::vector<std::unique_ptr<std::vector<double>>> double_lists;
+  std::vector<std::unique_ptr<std::vector<DLTensor*>>> tensor_lists;
+  std::vector<std::unique_ptr<std::string>> strings;
+};
+
+NpubValue box(const c10::IValue& v, NpuArgs& a, sim::Device* dev) {
+  if (v.isNone()) return none_value();
+  if (v.isTensor()) {
+    a.tensors.push_back(to_device(v.toTensor(), dev));
+    return tensor_value(a.tensors.back().dl());
+  }
+  if (v.isBool()) return bool_value(v.toBool());
+  if (v.isInt()) return int_value(v.toInt());
+  if (v.isDouble()) return double_value(v.toDouble());
+  if (v.isString()) {
+    a.strings.push_back(std::make_unique<std::string>(v.toStringRef()));
+    return string_value(a.strings.back()->c_str());
+  }
+  if (v.isIntList()) {
+    a.int_lists.push_back(std::make_unique<std::vector<int64_t>>(v.toIntVector()));
+    return int_list_value(*a.int_lists.back());
+  }
+  if (v.isBoolList()) {
+    auto l = std::make_unique<std::vector<int64_t>>();
+    for (bool b : v.toBoolList()) l->push_back(b);
+    a.int_lists.push_back(std::move(l));
+    return int_list_value(*a.int_lists.back());
+  }
+  if (v.isDoubleList()) {
+    a.double_lists.push_back(std::make_unique<std::vector<double>>(v.toDoubleVector()));
+    return double_list_value(*a.double_lists.back());
+  }
+  if (v.isTensorList() || v.isList()) {
+    auto l = std::make_unique<std::vector<DLTensor*>>();
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isNone()) {
+        l->push_back(nullptr);
+      } else {
+        a.tensors.push_back(to_device(e.toTensor(), dev));
+        l->push_back(a.tensors.back().dl());
+      }
+    }
+    a.tensor_lists.push_back(std::move(l));
+    return tensor_list_value(*a.tensor_lists.back());
+  }
+  throw std::runtime_error("cannot box argument of type " + v.tagKind());
+}
+
+c10::IValue deep_copy(const c10::IValue& v) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    at::Tensor c = at::empty_strided(t.sizes(), t.strides(), t.options());
+    c.copy_(t);
+    return c;
+  }
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> l;
+    for (const at::Tensor& t : v.toTensorVector()) l.push_back(deep_copy(t).toTensor());
+    return l;
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------------------
+// comparison
+// ---------------------------------------------------------------------------
+
+struct Tolerance {
+  double atol, rtol;
+};
+Tolerance tolerance(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return {1e-7, 1e-7};
+    case at::kFloat: return {1e-5, 1e-5};
+    case at::kHalf: return {1e-3, 1e-3};
+    case at::kBFloat16: return {1.6e-2, 1.6e-2};
+    default: return {0, 0};
+  }
+}
+
+// "" when equal within tolerance, else what differs.
+std::string compare(const at::Tensor& got, const at::Tensor& want, double* worst) {
+  if (got.scalar_type() != want.scalar_type())
+    return std::string("dtype ") + c10::toString(got.scalar_type()) + ", expected " + c10::toString(want.scalar_type());
+  if (!got.sizes().equals(want.sizes())) {
+    std::ostringstream s;
+    s << "shape " << got.sizes() << ", expected " << want.sizes();
+    return s.str();
+  }
+  if (got.numel() == 0) return "";
+  const Tolerance tol = tolerance(want.scalar_type());
+  at::Tensor g = got.to(at::kDouble).contiguous(), w = want.to(at::kDouble).contiguous();
+  at::Tensor both_nan = g.isnan().logical_and(w.isnan());
+  at::Tensor same_inf = g.isinf().logical_and(w.isinf()).logical_and(g.eq(w));
+  at::Tensor diff = (g - w).abs();
+  at::Tensor bad = diff.gt(tol.atol + tol.rtol * w.abs()).logical_or(diff.isnan());
+  bad = bad.logical_and(both_nan.logical_not()).logical_and(same_inf.logical_not());
+  const int64_t nbad = bad.sum().item<int64_t>();
+  if (nbad == 0) return "";
+  at::Tensor score = at::where(bad, at::nan_to_num(diff, 1e300, 1e300, 1e300), at::zeros_like(diff));
+  const int64_t idx = score.view({-1}).argmax().item<int64_t>();
+  const double gv = g.view({-1})[idx].item<double>(), wv = w.view({-1})[idx].item<double>();
+  *worst = std::max(*worst, std::fabs(gv - wv));
+  std::ostringstream s;
+  s << nbad << " of " << g.numel() << " elements differ; worst at flat index " << idx << ": got " << gv << ", expected " << wv
+    << " (abs error " << std::fabs(gv - wv) << ", atol " << tol.atol << ", rtol " << tol.rtol << ")";
+  return s.str();
+}
+
+// ---------------------------------------------------------------------------
+// running one sample
+// ---------------------------------------------------------------------------
+
+struct Outcome {
+  bool pass = false;
+  std::string message;
+  double worst = 0;
+};
+
+std::pair<std::string, std::string> split_name(const std::string& qualified) {
+  const auto dot = qualified.find('.', qualified.find("::"));
+  if (dot == std::string::npos) return {qualified, ""};
+  return {qualified.substr(0, dot), qualified.substr(dot + 1)};
+}
+
+Outcome run_sample(Runtime& rt, const reg::OpEntry& op, const Sample& sample) {
+  Outcome o;
+  const auto& schema = op.schema();
+  // 1. The reference.
+  std::vector<c10::IValue> ref_args;
+  for (const auto& a : sample.args) ref_args.push_back(deep_copy(a));
+  std::vector<at::Tensor> expected;  // per return / written argument
+  std::string ref_error;
+  try {
+    auto lib = reference_library().find(op.name());
+    if (lib != reference_library().end()) {
+      expected = lib->second(ref_args);
+    } else {
+      auto [name, overload] = split_name(op.name());
+      auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+      torch::jit::Stack stack(ref_args.begin(), ref_args.end());
+      handle.callBoxed(&stack);
+      if (op.return_alias().empty() || std::all_of(op.return_alias().begin(), op.return_alias().end(), [](int32_t a) { return a < 0; })) {
+        for (const auto& v : stack) {
+          if (v.isTensor()) expected.push_back(v.toTensor());
+          else if (v.isTensorList()) for (const auto& t : v.toTensorVector()) expected.push_back(t);
+        }
+      }
+      // Written arguments (in place and out=) are compared as arguments.
+      for (size_t i = 0; i < schema.arguments.size(); ++i)
+        if (schema.arguments[i].is_write() && ref_args[i].isTensor()) expected.push_back(ref_args[i].toTensor());
+    }
+  } catch (const std::exception& e) {
+    ref_error = e.what();
+  }
+
+  // 2. The npu run: out arguments get the reference's resized shapes.
+  sim::Device* dev = &rt.devices().at(0);
+  NpuArgs args;
+  std::vector<size_t> written;
+  const bool from_library = reference_library().count(op.name()) != 0;
+  size_t out_index = 0;
+  for (size_t i = 0; i < sample.args.size(); ++i) {
+    c10::IValue v = sample.args[i];
+    const bool is_out = i < schema.arguments.size() && schema.arguments[i].is_write() &&
+                        schema.arguments[i].kwarg_only && v.isTensor() && ref_error.empty();
+    // out= arguments take the shape of the reference's result (ATen resized
+    // its own; a library reference returns it).
+    if (is_out) v = at::zeros_like(from_library && out_index < expected.size() ? expected[out_index++] : ref_args[i].toTensor());
+    args.values.push_back(box(v, args, dev));
+    if (i < schema.arguments.size() && schema.arguments[i].is_write() && v.isTensor()) written.push_back(args.tensors.size() - 1);
+  }
+  std::vector<NpubValue> rets(schema.returns.size(), none_value());
+  TensorOutputs outs(rt.devices());
+  std::string npu_error;
+  try {
+    rt.dispatcher().call(OpHandle{const_cast<reg::OpEntry*>(&op), nullptr}, args.values.data(),
+                         static_cast<int32_t>(args.values.size()), rets.data(), static_cast<int32_t>(rets.size()), &outs);
+  } catch (const std::exception& e) {
+    npu_error = e.what();
+  }
+
+  // 3. Verdict.
+  if (!ref_error.empty() || !npu_error.empty()) {
+    if (!ref_error.empty() && !npu_error.empty()) {
+      o.pass = true;  // both reject the input
+      return o;
+    }
+    const std::string first_line = ref_error.substr(0, ref_error.find('\n'));
+    o.message = ref_error.empty() ? "npu raised an error ATen did not: " + npu_error
+                                  : "ATen raised an error the npu did not: " + first_line;
+    return o;
+  }
+  std::vector<at::Tensor> got;
+  const bool has_alias = std::any_of(op.return_alias().begin(), op.return_alias().end(), [](int32_t a) { return a >= 0; });
+  if (!has_alias || from_library) {
+    for (const NpubValue& r : rets)
+      if (r.tag == NPUB_VALUE_TENSOR) got.push_back(to_torch(*r.u.tensor));
+  }
+  if (!from_library || std::all_of(rets.begin(), rets.end(), [](const NpubValue& r) { return r.tag == NPUB_VALUE_NONE; })) {
+    for (size_t w : written) got.push_back(to_torch(*args.tensors[w].dl()));
+  }
+  if (got.size() != expected.size()) {
+    o.message = "produced " + std::to_string(got.size()) + " outputs, expected " + std::to_string(expected.size());
+    return o;
+  }
+  for (size_t i = 0; i < got.size(); ++i) {
+    const std::string diff = compare(got[i], expected[i], &o.worst);
+    if (!diff.empty()) {
+      o.message = "output " + std::to_string(i) + ": " + diff;
+      return o;
+    }
+  }
+  o.pass = true;
+  return o;
+}
+
+// ---------------------------------------------------------------------------
+// the report
+// ---------------------------------------------------------------------------
+
+struct Cell {
+  std::string plugin, op, dtype;
+  std::string status;  // pass | fail | not covered
+  int samples = 0, passed = 0;
+  double worst = 0;
+  std::string detail;  // first failure, or why not covered
+};
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (c == '\n') {
+      o += "\\n";
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+
+void write_reports(const std::vector<Cell>& cells, const std::string& md, const std::string& json,
+                   const std::vector<std::string>& plugins) {
+  if (!md.empty()) {
+    std::ofstream f(md);
+    int pass = 0, fail = 0, uncovered = 0;
+    for (const Cell& c : cells) (c.status == "pass" ? pass : c.status == "fail" ? fail : uncovered)++;
+    f << "# Op coverage and conformance: " ;
+    for (size_t i = 0; i < plugins.size(); ++i) f << (i ? ", " : "") << plugins[i];
+    f << "\n\nGenerated by `npub-conformance` (tools/conformance): every kernel of the plugin runs on the simulated NPU and "
+         "the same op runs in ATen on the CPU (LibTorch " << TORCH_VERSION << "), over the samples of "
+         "`tools/conformance/samples.cpp`; outputs are compared with per-dtype tolerances (float64 1e-7, float32 1e-5, "
+         "float16 1e-3, bfloat16 1.6e-2, integers and bool exact). Regenerate with `./scripts/coverage.sh`.\n\n";
+    f << "**" << pass << " op x dtype pairs pass, " << fail << " fail, " << uncovered << " not covered.**\n\n";
+    f << "| plugin | op | dtype | result | samples | detail |\n|---|---|---|---|---|---|\n";
+    for (const Cell& c : cells) {
+      std::string detail = c.detail;
+      for (char& ch : detail)
+        if (ch == '|' || ch == '\n') ch = ' ';
+      f << "| " << c.plugin << " | `" << c.op << "` | " << c.dtype << " | " << c.status << " | " << c.passed << "/" << c.samples
+        << " | " << detail << " |\n";
+    }
+  }
+  if (!json.empty()) {
+    std::ofstream f(json);
+    f << "{\n  \"torch\": \"" << TORCH_VERSION << "\",\n  \"results\": [\n";
+    for (size_t i = 0; i < cells.size(); ++i) {
+      const Cell& c = cells[i];
+      f << "    {\"plugin\": \"" << c.plugin << "\", \"op\": \"" << c.op << "\", \"dtype\": \"" << c.dtype << "\", \"status\": \""
+        << c.status << "\", \"samples\": " << c.samples << ", \"passed\": " << c.passed << ", \"worst_abs_error\": " << c.worst
+        << ", \"detail\": \"" << json_escape(c.detail) << "\"}" << (i + 1 < cells.size() ? "," : "") << "\n";
+    }
+    f << "  ]\n}\n";
+  }
+}
+
+int usage() {
+  std::cerr << "usage: npub-conformance (--plugin FILE.so)... | --all  [--op REGEX] [--md FILE] [--json FILE]\n";
+  return 2;
+}
+
+}  // namespace
+}  // namespace npub::conformance
+
+int main(int argc, char** argv) {
+  using namespace npub;
+  using namespace npub::conformance;
+  std::vector<std::string> plugin_paths;
+  bool all = false;
+  std::string op_filter = ".*", md, json;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
+      return argv[++i];
+    };
+    try {
+      if (a == "--plugin") plugin_paths.push_back(next());
+      else if (a == "--all") all = true;
+      else if (a == "--op") op_filter = next();
+      else if (a == "--md") md = next();
+      else if (a == "--json") json = next();
+      else return usage();
+    } catch (const std::exception& e) {
+      std::cerr << "npub-conformance: " << e.what() << "\n";
+      return usage();
+    }
+  }
+  if (plugin_paths.empty() && !all) return usage();
+  if (all) plugin_paths = PluginLoader::default_candidates();
+
+  RuntimeOptions options;
+  options.devices.num_devices = 1;
+  options.load_default_plugins = false;
+  options.load_default_op_map = false;
+  options.dispatcher.fallback_mode = FallbackMode::kError;  // a kernel must serve every sample
+  Runtime rt(options);
+  std::vector<std::string> plugin_names;
+  bool load_failed = false;
+  for (const auto& p : plugin_paths) {
+    LoadResult r = rt.loader().load(p);
+    if (!r.ok) {
+      std::cerr << "npub-conformance: " << r.error << "\n";
+      load_failed = true;
+    } else {
+      plugin_names.push_back(r.plugin_name);
+    }
+  }
+  const std::regex filter(op_filter);
+  std::vector<Cell> cells;
+  int failures = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const reg::OpEntry* op : rt.registry().ops()) {
+    if (!std::regex_search(op->name(), filter)) continue;
+    std::set<std::pair<std::string, DType>> seen;
+    std::set<std::string> op_plugins;
+    for (const reg::Kernel* k : op->kernels(NPUB_DEVICE_NPU)) op_plugins.insert(k->plugin_name());
+    for (const reg::Kernel* k : op->kernels(NPUB_DEVICE_NPU)) {
+      std::vector<DType> dtypes;
+      for (int d = 0; d < kNumDTypes; ++d)
+        if (k->dtype_mask == 0 ? d == 0 : ((k->dtype_mask >> d) & 1u)) dtypes.push_back(static_cast<DType>(d));
+      for (DType d : dtypes) {
+        if (!seen.insert({k->plugin_name(), d}).second) continue;
+        Cell c{k->plugin_name(), op->name(), dtype_name(d), "not covered", 0, 0, 0, ""};
+        auto spec = sample_specs().find(op->name());
+        if (spec == sample_specs().end()) {
+          c.detail = "no sample specification for this op";
+          cells.push_back(c);
+          continue;
+        }
+        std::vector<Sample> samples;
+        try {
+          samples = spec->second(torch_dtype(d));
+        } catch (const std::exception& e) {
+          c.status = "fail";
+          c.detail = std::string("sample generation failed: ") + e.what();
+          ++failures;
+          cells.push_back(c);
+          continue;
+        }
+        c.status = "pass";
+        for (const Sample& s : samples) {
+          ++c.samples;
+          Outcome out = run_sample(rt, *op, s);
+          c.worst = std::max(c.worst, out.worst);
+          if (out.pass) {
+            ++c.passed;
+          } else if (c.status == "pass") {
+            c.status = "fail";
+            c.detail = "sample '" + s.name + "': " + out.message;
+          }
+        }
+        if (c.status == "fail") {
+          ++failures;
+          std::cerr << "FAIL " << c.plugin << " " << c.op << " " << c.dtype << ": " << c.detail << "\n";
+        }
+        cells.push_back(c);
+      }
+    }
+    // The rest of the grid: dtypes no kernel of the plugin takes.
+    for (const std::string& plugin : op_plugins)
+      for (int d = 0; d < kNumDTypes; ++d)
+        if (!seen.count({plugin, static_cast<DType>(d)}))
+          cells.push_back({plugin, op->name(), dtype_name(static_cast<DType>(d)), "not covered", 0, 0, 0,
+                           "no kernel for this dispatch dtype"});
+  }
+  std::stable_sort(cells.begin(), cells.end(), [](const Cell& a, const Cell& b) {
+    return std::tie(a.plugin, a.op) < std::tie(b.plugin, b.op);
+  });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  write_reports(cells, md, json, plugin_names);
+  int pass = 0, uncovered = 0, samples = 0;
+  for (const Cell& c : cells) {
+    pass += c.status == "pass";
+    uncovered += c.status == "not covered";
+    samples += c.samples;
+  }
+  std::printf("npub-conformance: %d op x dtype pairs: %d passed, %d failed, %d not covered (%d samples, %.1f s)\n",
+              static_cast<int>(cells.size()), pass, failures, uncovered, samples, secs);
+  return failures == 0 && !load_failed ? 0 : 1;
+}

@@ -1,0 +1,713 @@
+// Per-op sample specifications and the ATen reference library.
+//
+// Every op gets shapes that exercise the corners: 0-d, empty, broadcast,
+// non-contiguous (transposed and strided slices) and large (the parallel
+// path); values include negatives and zeros, and inf/nan for floating types
+// where meaningful. Integer divisors avoid zero (a ZeroDivisionError sample
+// checks that path separately) and integer exponents are non-negative.
+#include "conformance.h"
+
+#include <cmath>
+
+namespace npub::conformance {
+
+namespace {
+
+using at::ScalarType;
+using c10::IValue;
+
+bool is_float(ScalarType t) { return at::isFloatingType(t); }
+
+// Deterministic values for a dtype. `kind`: 0 general, 1 positive (non-zero
+// divisors, exponents), 2 general with inf/nan/-0 sprinkled in.
+at::Tensor make(at::IntArrayRef shape, ScalarType dt, int kind = 0) {
+  static uint64_t counter = 0;
+  at::Generator gen = at::detail::createCPUGenerator(0x5eed + 7919 * (++counter));
+  at::Tensor t;
+  if (dt == at::kBool) {
+    t = at::randint(0, 2, shape, gen, at::TensorOptions().dtype(at::kLong)).to(at::kBool);
+  } else if (is_float(dt)) {
+    t = (at::rand(shape, gen, at::TensorOptions().dtype(at::kDouble)) * 6 - 3);
+    if (kind == 1) t = t.abs() + 0.25;
+    t = t.to(dt);
+    if (kind == 2 && t.numel() >= 8) {
+      auto flat = t.view({-1});
+      flat[0] = std::numeric_limits<double>::quiet_NaN();
+      flat[1] = std::numeric_limits<double>::infinity();
+      flat[2] = -std::numeric_limits<double>::infinity();
+      flat[3] = 0.0;
+      flat[4] = -0.0;
+    }
+  } else {
+    const bool unsigned_t = dt == at::kByte;
+    const int64_t lo = kind == 1 ? 1 : (unsigned_t ? 0 : -9);
+    t = at::randint(lo, 10, shape, gen, at::TensorOptions().dtype(at::kLong)).to(dt);
+  }
+  return t;
+}
+
+// A transposed (non-contiguous) tensor of logical shape [a, b].
+at::Tensor make_t(int64_t a, int64_t b, ScalarType dt, int kind = 0) { return make({b, a}, dt, kind).t(); }
+// A strided slice (every other column) of logical shape [a, b].
+at::Tensor make_sliced(int64_t a, int64_t b, ScalarType dt, int kind = 0) {
+  return make({a, 2 * b}, dt, kind).slice(1, 0, 2 * b, 2);
+}
+
+at::Tensor empty_out(ScalarType dt) { return at::empty({0}, at::TensorOptions().dtype(dt)); }
+
+enum class OutRule { same, boolean, float_if_int, int64_if_int };
+ScalarType out_dtype(OutRule rule, ScalarType result) {
+  switch (rule) {
+    case OutRule::boolean: return at::kBool;
+    case OutRule::float_if_int: return at::isIntegralType(result, true) ? at::kFloat : result;
+    case OutRule::int64_if_int: return at::isIntegralType(result, true) ? at::kLong : result;
+    default: return result;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// elementwise binary: (self, other, [extra...], out)
+// ---------------------------------------------------------------------------
+
+struct BinarySpec {
+  std::vector<IValue> extra;  // arguments between `other` and `out`
+  OutRule rule = OutRule::same;
+  int other_kind = 0;         // value kind of `other` for integer dtypes
+  bool specials = true;       // inf/nan samples for floating dtypes
+  bool mixed = true;          // mixed-dtype (zero-dim) samples
+};
+
+std::vector<Sample> binary_samples(ScalarType dt, const BinarySpec& s) {
+  std::vector<Sample> out;
+  const int ok = at::isIntegralType(dt, true) ? s.other_kind : 0;
+  auto add = [&](const std::string& name, at::Tensor a, at::Tensor b) {
+    std::vector<IValue> args{a, b};
+    for (const auto& e : s.extra) args.push_back(e);
+    args.push_back(empty_out(out_dtype(s.rule, at::result_type(a, b))));
+    out.push_back({name, args});
+  };
+  add("same shape", make({5, 7}, dt), make({5, 7}, dt, ok));
+  add("broadcast [5,7] x [7]", make({5, 7}, dt), make({7}, dt, ok));
+  add("broadcast [4,1,3] x [2,3]", make({4, 1, 3}, dt), make({2, 3}, dt, ok));
+  add("0-d other", make({3, 4}, dt), make({}, dt, ok));
+  add("both 0-d", make({}, dt), make({}, dt, ok));
+  add("empty", make({0, 3}, dt), make({3}, dt, ok));
+  add("transposed operands", make_t(6, 5, dt), make_t(6, 5, dt, ok));
+  add("sliced operand", make_sliced(4, 6, dt), make({4, 6}, dt, ok));
+  add("large", make({128, 1024}, dt), make({128, 1024}, dt, ok));
+  if (is_float(dt) && s.specials) add("inf/nan/-0", make({4, 4}, dt, 2), make({4, 4}, dt, 2));
+  if (s.mixed && dt != at::kBool && dt != at::kDouble) {
+    add("mixed: 0-d float64 other", make({3, 4}, dt), make({}, at::kDouble, ok == 1 ? 1 : 0));
+    if (is_float(dt)) add("mixed: int64 other", make({3, 4}, dt), make({3, 4}, at::kLong, 1));
+  }
+  return out;
+}
+
+SampleFn binary(BinarySpec s) {
+  return [s](ScalarType dt) { return binary_samples(dt, s); };
+}
+
+// (self, Scalar other, out)
+SampleFn binary_scalar(OutRule rule, std::vector<IValue> scalars) {
+  return [rule, scalars](ScalarType dt) {
+    std::vector<Sample> out;
+    for (const IValue& sc : scalars) {
+      for (auto shape : {std::vector<int64_t>{5, 7}, std::vector<int64_t>{}, std::vector<int64_t>{0}}) {
+        at::Tensor a = make(shape, dt);
+        const ScalarType rt = at::result_type(a, sc.toScalar());
+        out.push_back({"scalar " + std::to_string(sc.toScalar().toDouble()) + ", " + std::to_string(shape.size()) + "-d self",
+                       {a, sc, empty_out(out_dtype(rule, rt))}});
+      }
+      at::Tensor t = make_t(6, 5, dt);
+      out.push_back({"scalar " + std::to_string(sc.toScalar().toDouble()) + ", transposed self",
+                     {t, sc, empty_out(out_dtype(rule, at::result_type(t, sc.toScalar())))}});
+    }
+    return out;
+  };
+}
+
+// ---------------------------------------------------------------------------
+// unary: (self, [extra...], out) and functional forms
+// ---------------------------------------------------------------------------
+
+std::vector<at::Tensor> unary_inputs(ScalarType dt) {
+  std::vector<at::Tensor> v{make({5, 7}, dt), make({}, dt), make({0}, dt), make_t(6, 5, dt), make_sliced(4, 6, dt),
+                            make({256, 512}, dt)};
+  if (is_float(dt)) v.push_back(make({4, 4}, dt, 2));
+  return v;
+}
+const char* kUnaryNames[] = {"[5,7]", "0-d", "empty", "transposed", "sliced", "large", "inf/nan/-0"};
+
+SampleFn unary(OutRule rule, std::vector<IValue> extra = {}, bool specials = true) {
+  return [rule, extra, specials](ScalarType dt) {
+    std::vector<Sample> out;
+    auto ins = unary_inputs(dt);
+    if (!specials && is_float(dt)) ins.pop_back();
+    for (size_t i = 0; i < ins.size(); ++i) {
+      std::vector<IValue> args{ins[i]};
+      for (const auto& e : extra) args.push_back(e);
+      args.push_back(empty_out(out_dtype(rule, dt)));
+      out.push_back({kUnaryNames[i], args});
+    }
+    return out;
+  };
+}
+SampleFn unary_functional() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto ins = unary_inputs(dt);
+    for (size_t i = 0; i < ins.size(); ++i) out.push_back({kUnaryNames[i], {ins[i]}});
+    return out;
+  };
+}
+
+// ---------------------------------------------------------------------------
+// reductions
+// ---------------------------------------------------------------------------
+
+struct DimCase {
+  std::string name;
+  IValue dim;  // as the schema takes it
+  bool keepdim;
+  std::vector<int64_t> shape;
+  bool noncontig = false;
+};
+
+std::vector<DimCase> dim_cases(bool list_dims, bool allow_all, bool allow_empty_input) {
+  std::vector<DimCase> c;
+  auto d = [&](std::vector<int64_t> dims) -> IValue {
+    if (list_dims) return IValue(dims);
+    return IValue(dims.at(0));
+  };
+  c.push_back({"dim 1", d({1}), false, {4, 5, 6}});
+  c.push_back({"dim -1 keepdim", d({-1}), true, {4, 5, 6}});
+  c.push_back({"dim 0", d({0}), false, {4, 5, 6}});
+  if (list_dims) {
+    c.push_back({"dims [0, 2]", d({0, 2}), false, {4, 5, 6}});
+    c.push_back({"dims [0, 2] keepdim", d({0, 2}), true, {4, 5, 6}});
+  }
+  if (allow_all) c.push_back({"all dims", list_dims ? IValue(std::vector<int64_t>{}) : IValue(), false, {4, 5, 6}});
+  c.push_back({"0-d input", d({0}), false, {}});
+  c.push_back({"transposed input", d({1}), false, {6, 5}, true});
+  c.push_back({"large, last dim", d({-1}), false, {64, 4096}});
+  c.push_back({"large, all", list_dims ? IValue(std::vector<int64_t>{0, 1}) : d({0}), false, {256, 1024}});
+  if (allow_empty_input) c.push_back({"empty input", d({1}), false, {0, 3}});
+  return c;
+}
+
+at::Tensor make_for(const DimCase& c, ScalarType dt, int kind = 0) {
+  if (c.noncontig) return make_t(c.shape[0], c.shape[1], dt, kind);
+  return make(c.shape, dt, kind);
+}
+
+// (self, dim, keepdim, [*, dtype=None], out)
+SampleFn reduce_dims(bool list_dims, bool with_dtype, OutRule rule, bool allow_all, bool allow_empty) {
+  return [=](ScalarType dt) {
+    std::vector<Sample> out;
+    for (const DimCase& c : dim_cases(list_dims, allow_all, allow_empty)) {
+      std::vector<IValue> args{make_for(c, dt), c.dim, c.keepdim};
+      if (with_dtype) args.push_back(IValue());
+      args.push_back(empty_out(out_dtype(rule, dt)));
+      out.push_back({c.name, args});
+    }
+    return out;
+  };
+}
+
+// amax/amin: (self, int[1] dim, keepdim, out)
+SampleFn reduce_extreme_list() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    for (const DimCase& c : dim_cases(true, true, false))
+      out.push_back({c.name, {make_for(c, dt, is_float(dt) ? 0 : 0), c.dim, c.keepdim, empty_out(dt)}});
+    if (is_float(dt)) out.push_back({"nan propagates", {make({4, 4}, dt, 2), IValue(std::vector<int64_t>{1}), false, empty_out(dt)}});
+    return out;
+  };
+}
+
+// max.dim_max / min.dim_min: (self, int dim, keepdim, values, indices)
+SampleFn reduce_with_indices() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    for (const DimCase& c : dim_cases(false, false, false))
+      out.push_back({c.name, {make_for(c, dt), c.dim, c.keepdim, empty_out(dt), empty_out(at::kLong)}});
+    // Ties: the first index wins.
+    at::Tensor ties = at::zeros({3, 4}, at::TensorOptions().dtype(dt));
+    out.push_back({"ties", {ties, IValue(int64_t{1}), false, empty_out(dt), empty_out(at::kLong)}});
+    return out;
+  };
+}
+
+// argmax/argmin: (self, int? dim, keepdim, out)
+SampleFn reduce_arg() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    for (const DimCase& c : dim_cases(false, true, false))
+      out.push_back({c.name, {make_for(c, dt), c.dim, c.keepdim, empty_out(at::kLong)}});
+    return out;
+  };
+}
+
+// var/std.correction_out: (self, dim?, *, correction?, keepdim, out)
+SampleFn reduce_var() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    for (const DimCase& c : dim_cases(true, true, false))
+      out.push_back({c.name, {make_for(c, dt), c.dim, IValue(), c.keepdim, empty_out(dt)}});
+    out.push_back({"correction 0", {make({4, 6}, dt), IValue(std::vector<int64_t>{1}), IValue(c10::Scalar(int64_t{0})), false, empty_out(dt)}});
+    out.push_back({"correction 2.5", {make({4, 6}, dt), IValue(std::vector<int64_t>{1}), IValue(c10::Scalar(2.5)), true, empty_out(dt)}});
+    return out;
+  };
+}
+
+// norm.out: (self, Scalar? p, int[1] dim, keepdim, out)
+SampleFn reduce_norm() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    const std::vector<std::pair<std::string, IValue>> ps = {
+        {"p=2", IValue(c10::Scalar(2.0))}, {"p=1", IValue(c10::Scalar(int64_t{1}))}, {"p=None", IValue()},
+        {"p=inf", IValue(c10::Scalar(std::numeric_limits<double>::infinity()))}, {"p=0", IValue(c10::Scalar(0.0))},
+        {"p=3", IValue(c10::Scalar(3.0))}};
+    for (const auto& [name, p] : ps)
+      for (const DimCase& c : dim_cases(true, false, false)) {
+        if (c.name.find("large") != std::string::npos && name != "p=2") continue;
+        out.push_back({name + ", " + c.name, {make_for(c, dt), p, c.dim, c.keepdim, empty_out(dt)}});
+      }
+    return out;
+  };
+}
+
+// cumsum.out: (self, dim, *, dtype?, out)
+SampleFn cumsum_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    const ScalarType od = at::isIntegralType(dt, true) ? at::kLong : dt;
+    out.push_back({"dim 1", {make({4, 5, 6}, dt), int64_t{1}, IValue(), empty_out(od)}});
+    out.push_back({"dim -1", {make({4, 5, 6}, dt), int64_t{-1}, IValue(), empty_out(od)}});
+    out.push_back({"dim 0", {make({4, 5, 6}, dt), int64_t{0}, IValue(), empty_out(od)}});
+    out.push_back({"0-d", {make({}, dt), int64_t{0}, IValue(), empty_out(od)}});
+    out.push_back({"empty", {make({0, 3}, dt), int64_t{1}, IValue(), empty_out(od)}});
+    out.push_back({"transposed", {make_t(6, 5, dt), int64_t{1}, IValue(), empty_out(od)}});
+    out.push_back({"large", {make({64, 2048}, dt), int64_t{1}, IValue(), empty_out(od)}});
+    return out;
+  };
+}
+
+// _softmax.out / _log_softmax.out: (self, dim, half_to_float, out)
+SampleFn softmax_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    const std::vector<std::pair<std::vector<int64_t>, int64_t>> cases = {
+        {{4, 7}, 1}, {{4, 7}, 0}, {{2, 3, 5}, 1}, {{2, 3, 5}, -1}, {{}, 0}, {{0, 5}, 1}, {{64, 1000}, 1}};
+    for (const auto& [shape, dim] : cases)
+      out.push_back({"shape " + std::to_string(shape.size()) + "-d dim " + std::to_string(dim), {make(shape, dt), dim, false, empty_out(dt)}});
+    out.push_back({"transposed", {make_t(6, 5, dt), int64_t{1}, false, empty_out(dt)}});
+    if (dt == at::kHalf || dt == at::kBFloat16)
+      out.push_back({"half_to_float", {make({4, 7}, dt), int64_t{1}, true, empty_out(at::kFloat)}});
+    return out;
+  };
+}
+
+// _softmax_backward_data.out / _log_softmax_backward_data.out:
+// (grad_output, output, dim, input_dtype, out)
+SampleFn softmax_backward_spec(bool log) {
+  return [log](ScalarType dt) {
+    std::vector<Sample> out;
+    const std::vector<std::pair<std::vector<int64_t>, int64_t>> cases = {{{4, 7}, 1}, {{4, 7}, 0}, {{2, 3, 5}, 1}, {{64, 1000}, -1}};
+    for (const auto& [shape, dim] : cases) {
+      at::Tensor x = make(shape, dt);
+      at::Tensor y = log ? at::_log_softmax(x, dim, false) : at::_softmax(x, dim, false);
+      out.push_back({"dim " + std::to_string(dim) + " of " + std::to_string(shape.size()) + "-d",
+                     {make(shape, dt), y, dim, static_cast<int64_t>(dt), empty_out(dt)}});
+    }
+    return out;
+  };
+}
+
+// ---------------------------------------------------------------------------
+// matrix products
+// ---------------------------------------------------------------------------
+
+SampleFn mm_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto add = [&](const std::string& n, at::Tensor a, at::Tensor b) { out.push_back({n, {a, b, empty_out(dt)}}); };
+    add("[5,7] x [7,3]", make({5, 7}, dt), make({7, 3}, dt));
+    add("empty m", make({0, 3}, dt), make({3, 4}, dt));
+    add("empty k", make({3, 0}, dt), make({0, 4}, dt));
+    add("transposed operands", make_t(9, 6, dt), make_t(6, 4, dt));
+    add("large", make({130, 257}, dt), make({257, 65}, dt));
+    add("shape mismatch (error)", make({3, 4}, dt), make({5, 6}, dt));
+    return out;
+  };
+}
+SampleFn bmm_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    out.push_back({"[3,5,7] x [3,7,2]", {make({3, 5, 7}, dt), make({3, 7, 2}, dt), empty_out(dt)}});
+    out.push_back({"empty batch", {make({0, 5, 7}, dt), make({0, 7, 2}, dt), empty_out(dt)}});
+    out.push_back({"batch mismatch (error)", {make({2, 5, 7}, dt), make({3, 7, 2}, dt), empty_out(dt)}});
+    out.push_back({"large", {make({4, 64, 96}, dt), make({4, 96, 33}, dt), empty_out(dt)}});
+    return out;
+  };
+}
+SampleFn addmm_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    const bool fl = is_float(dt);
+    auto sc = [&](double v) { return fl ? IValue(c10::Scalar(v)) : IValue(c10::Scalar(static_cast<int64_t>(v))); };
+    out.push_back({"self [3] broadcast", {make({3}, dt), make({4, 5}, dt), make({5, 3}, dt), sc(1), sc(1), empty_out(dt)}});
+    out.push_back({"beta 0.5 alpha 2", {make({4, 3}, dt), make({4, 5}, dt), make({5, 3}, dt), sc(fl ? 0.5 : 3), sc(2), empty_out(dt)}});
+    out.push_back({"beta 0", {make({4, 3}, dt), make({4, 5}, dt), make({5, 3}, dt), sc(0), sc(1), empty_out(dt)}});
+    out.push_back({"large", {make({96}, dt), make({64, 128}, dt), make({128, 96}, dt), sc(1), sc(1), empty_out(dt)}});
+    return out;
+  };
+}
+SampleFn baddbmm_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    const bool fl = is_float(dt);
+    auto sc = [&](double v) { return fl ? IValue(c10::Scalar(v)) : IValue(c10::Scalar(static_cast<int64_t>(v))); };
+    out.push_back({"self broadcast", {make({1, 3}, dt), make({2, 4, 5}, dt), make({2, 5, 3}, dt), sc(1), sc(1), empty_out(dt)}});
+    out.push_back({"beta 0.5 alpha 2", {make({2, 4, 3}, dt), make({2, 4, 5}, dt), make({2, 5, 3}, dt), sc(fl ? 0.5 : 2), sc(2), empty_out(dt)}});
+    return out;
+  };
+}
+
+// ---------------------------------------------------------------------------
+// other elementwise
+// ---------------------------------------------------------------------------
+
+SampleFn where_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    // dt here is the condition's dtype (the dispatch dtype); values vary.
+    for (ScalarType v : {at::kFloat, at::kLong, at::kBFloat16}) {
+      out.push_back({std::string("values ") + c10::toString(v), {make({5, 7}, dt), make({5, 7}, v), make({7}, v), empty_out(v)}});
+      out.push_back({std::string("broadcast cond, ") + c10::toString(v), {make({7}, dt), make({5, 7}, v), make({}, v), empty_out(v)}});
+    }
+    out.push_back({"empty", {make({0, 3}, dt), make({0, 3}, at::kFloat), make({3}, at::kFloat), empty_out(at::kFloat)}});
+    return out;
+  };
+}
+
+SampleFn masked_fill_spec(bool inplace) {
+  return [inplace](ScalarType dt) {
+    std::vector<Sample> out;
+    const IValue value = is_float(dt) ? IValue(c10::Scalar(-2.5)) : dt == at::kBool ? IValue(c10::Scalar(true)) : IValue(c10::Scalar(int64_t{7}));
+    auto add = [&](const std::string& n, at::Tensor self, at::Tensor mask) {
+      out.push_back({n, {self, mask, value}});
+    };
+    add("same shape", make({5, 7}, dt), make({5, 7}, at::kBool));
+    add("broadcast mask", make({5, 7}, dt), make({7}, at::kBool));
+    add("0-d", make({}, dt), make({}, at::kBool));
+    add("empty", make({0, 4}, dt), make({4}, at::kBool));
+    add("large", make({256, 256}, dt), make({256, 256}, at::kBool));
+    if (!inplace) add("transposed self", make_t(6, 5, dt), make({6, 5}, at::kBool));
+    return out;
+  };
+}
+
+SampleFn clamp_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    const bool fl = is_float(dt);
+    auto sc = [&](double v) { return fl ? IValue(c10::Scalar(v)) : IValue(c10::Scalar(static_cast<int64_t>(v))); };
+    for (auto shape : {std::vector<int64_t>{5, 7}, std::vector<int64_t>{}, std::vector<int64_t>{0}}) {
+      out.push_back({"min and max", {make(shape, dt), sc(-1), sc(2), empty_out(dt)}});
+      out.push_back({"min only", {make(shape, dt), sc(0), IValue(), empty_out(dt)}});
+      out.push_back({"max only", {make(shape, dt), IValue(), sc(1), empty_out(dt)}});
+    }
+    out.push_back({"min > max", {make({4, 4}, dt), sc(2), sc(-1), empty_out(dt)}});
+    out.push_back({"transposed", {make_t(6, 5, dt), sc(-1), sc(1), empty_out(dt)}});
+    if (fl) out.push_back({"nan/inf", {make({4, 4}, dt, 2), sc(-1), sc(1), empty_out(dt)}});
+    out.push_back({"no bounds (error)", {make({3}, dt), IValue(), IValue(), empty_out(dt)}});
+    return out;
+  };
+}
+
+SampleFn addc_spec(bool div) {
+  return [div](ScalarType dt) {
+    std::vector<Sample> out;
+    const bool fl = is_float(dt);
+    const IValue v = fl ? IValue(c10::Scalar(0.5)) : IValue(c10::Scalar(int64_t{2}));
+    auto add = [&](const std::string& n, at::Tensor s, at::Tensor a, at::Tensor b, IValue value) {
+      out.push_back({n, {s, a, b, value, empty_out(dt)}});
+    };
+    add("same shape", make({5, 7}, dt), make({5, 7}, dt), make({5, 7}, dt, div ? 1 : 0), v);
+    add("broadcast", make({7}, dt), make({5, 7}, dt), make({5, 1}, dt, div ? 1 : 0), v);
+    add("0-d", make({}, dt), make({}, dt), make({}, dt, div ? 1 : 0), v);
+    add("empty", make({0, 3}, dt), make({0, 3}, dt), make({3}, dt, div ? 1 : 0), v);
+    add("value 1", make({4, 4}, dt), make({4, 4}, dt), make({4, 4}, dt, div ? 1 : 0), IValue(c10::Scalar(int64_t{1})));
+    add("large", make({128, 512}, dt), make({128, 512}, dt), make({128, 512}, dt, div ? 1 : 0), v);
+    return out;
+  };
+}
+
+SampleFn lerp_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    for (double w : {0.25, 0.75, -0.5, 1.5}) {
+      out.push_back({"weight " + std::to_string(w), {make({5, 7}, dt), make({5, 7}, dt), IValue(c10::Scalar(w)), empty_out(dt)}});
+    }
+    out.push_back({"broadcast", {make({5, 7}, dt), make({7}, dt), IValue(c10::Scalar(0.3)), empty_out(dt)}});
+    out.push_back({"0-d", {make({}, dt), make({}, dt), IValue(c10::Scalar(0.3)), empty_out(dt)}});
+    return out;
+  };
+}
+
+// copy_(self!, src, non_blocking): dst of dtype dt from sources of several dtypes.
+SampleFn copy_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    for (ScalarType src : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kInt, at::kByte, at::kBool}) {
+      out.push_back({std::string("from ") + c10::toString(src), {make({5, 7}, dt), make({5, 7}, src), false}});
+    }
+    out.push_back({"broadcast src", {make({5, 7}, dt), make({7}, dt), false}});
+    out.push_back({"transposed dst", {make_t(6, 5, dt), make({6, 5}, dt), false}});
+    out.push_back({"transposed src", {make({6, 5}, dt), make_t(6, 5, dt), false}});
+    out.push_back({"0-d", {make({}, dt), make({}, dt), false}});
+    out.push_back({"empty", {make({0, 3}, dt), make({0, 3}, dt), false}});
+    out.push_back({"large", {make({512, 512}, dt), make({512, 512}, dt), false}});
+    out.push_back({"not broadcastable (error)", {make({3}, dt), make({4}, dt), false}});
+    return out;
+  };
+}
+SampleFn fill_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    for (IValue v : {IValue(c10::Scalar(3)), IValue(c10::Scalar(-1.75)), IValue(c10::Scalar(true))}) {
+      out.push_back({"[5,7]", {make({5, 7}, dt), v}});
+      out.push_back({"transposed", {make_t(6, 5, dt), v}});
+      out.push_back({"0-d", {make({}, dt), v}});
+    }
+    return out;
+  };
+}
+SampleFn zero_spec() {
+  return [](ScalarType dt) {
+    return std::vector<Sample>{{"[5,7]", {make({5, 7}, dt)}}, {"transposed", {make_t(6, 5, dt)}}, {"0-d", {make({}, dt)}},
+                               {"empty", {make({0}, dt)}}};
+  };
+}
+SampleFn clone_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto ins = unary_inputs(dt);
+    for (size_t i = 0; i < ins.size(); ++i) out.push_back({kUnaryNames[i], {ins[i], IValue()}});
+    return out;
+  };
+}
+
+// ---------------------------------------------------------------------------
+// plugin ops without an ATen counterpart
+// ---------------------------------------------------------------------------
+
+SampleFn rms_norm_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    out.push_back({"[2,3,16] gamma [16]", {make({2, 3, 16}, dt), make({16}, dt), IValue(1e-6)}});
+    out.push_back({"[4,8] gamma [4,8]", {make({4, 8}, dt), make({4, 8}, dt), IValue(1e-5)}});
+    out.push_back({"large [256,1024]", {make({256, 1024}, dt), make({1024}, dt), IValue(1e-6)}});
+    out.push_back({"gamma mismatch (error)", {make({4, 8}, dt), make({7}, dt), IValue(1e-6)}});
+    return out;
+  };
+}
+SampleFn silu_and_mul_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    out.push_back({"[4,32]", {at::empty({4, 16}, at::TensorOptions().dtype(dt)), make({4, 32}, dt)}});
+    out.push_back({"[2,3,64]", {at::empty({2, 3, 32}, at::TensorOptions().dtype(dt)), make({2, 3, 64}, dt)}});
+    out.push_back({"odd last dim (error)", {at::empty({4, 2}, at::TensorOptions().dtype(dt)), make({4, 5}, dt)}});
+    return out;
+  };
+}
+
+}  // namespace
+
+const std::map<std::string, SampleFn>& sample_specs() {
+  static const std::map<std::string, SampleFn> specs = [] {
+    std::map<std::string, SampleFn> m;
+    using R = OutRule;
+    // copy and fill
+    m["aten::copy_"] = copy_spec();
+    m["aten::fill_.Scalar"] = fill_spec();
+    m["aten::zero_"] = zero_spec();
+    m["aten::clone"] = clone_spec();
+    // binary
+    m["aten::add.out"] = binary({{IValue(c10::Scalar(int64_t{1}))}});
+    m["aten::sub.out"] = binary({{IValue(c10::Scalar(int64_t{2}))}});
+    m["aten::mul.out"] = binary({});
+    m["aten::div.out"] = binary({{}, R::float_if_int, 1});
+    m["aten::div.out_mode"] = [](ScalarType dt) {
+      std::vector<Sample> out;
+      for (const char* mode : {"trunc", "floor"}) {
+        BinarySpec s{{IValue(std::string(mode))}, R::same, 1, true, false};
+        for (auto& smp : binary_samples(dt, s)) {
+          smp.name = std::string(mode) + ": " + smp.name;
+          out.push_back(smp);
+        }
+      }
+      BinarySpec none{{IValue()}, R::float_if_int, 1, false, false};
+      for (auto& smp : binary_samples(dt, none)) {
+        smp.name = "None: " + smp.name;
+        out.push_back(smp);
+      }
+      if (at::isIntegralType(dt, false))
+        out.push_back({"integer division by zero (error)", {make({3}, dt), at::zeros({3}, at::TensorOptions().dtype(dt)),
+                                                            IValue(std::string("trunc")), empty_out(dt)}});
+      return out;
+    };
+    m["aten::remainder.Tensor_out"] = binary({{}, R::same, 1});
+    m["aten::pow.Tensor_Tensor_out"] = [](ScalarType dt) {
+      BinarySpec s{{}, R::same, 1, true, false};
+      auto out = binary_samples(dt, s);
+      if (at::isIntegralType(dt, false))  // small bases keep integer powers in range
+        for (auto& smp : out) smp.args[1] = smp.args[1].toTensor().clamp(0, 3);
+      return out;
+    };
+    m["aten::pow.Tensor_Scalar_out"] = binary_scalar(R::same, {IValue(c10::Scalar(int64_t{2})), IValue(c10::Scalar(int64_t{3})),
+                                                              IValue(c10::Scalar(0.5)), IValue(c10::Scalar(int64_t{0}))});
+    m["aten::maximum.out"] = binary({{}, R::same, 0, true, false});
+    m["aten::minimum.out"] = binary({{}, R::same, 0, true, false});
+    for (const char* c : {"eq", "ne", "lt", "le", "gt", "ge"}) {
+      m[std::string("aten::") + c + ".Tensor_out"] = binary({{}, R::boolean});
+      m[std::string("aten::") + c + ".Scalar_out"] =
+          binary_scalar(R::boolean, {IValue(c10::Scalar(int64_t{0})), IValue(c10::Scalar(1.5)), IValue(c10::Scalar(true))});
+    }
+    m["aten::logical_and.out"] = binary({{}, R::boolean});
+    m["aten::logical_or.out"] = binary({{}, R::boolean});
+    m["aten::where.self_out"] = where_spec();
+    m["aten::masked_fill.Scalar"] = masked_fill_spec(false);
+    m["aten::masked_fill_.Scalar"] = masked_fill_spec(true);
+    m["aten::clamp.out"] = clamp_spec();
+    m["aten::addcmul.out"] = addc_spec(false);
+    m["aten::addcdiv.out"] = addc_spec(true);
+    m["aten::lerp.Scalar_out"] = lerp_spec();
+    // unary
+    for (const char* u : {"neg", "abs", "sign", "floor", "ceil", "round"}) m[std::string("aten::") + u + ".out"] = unary(R::same);
+    for (const char* u : {"exp", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid", "erf", "silu"})
+      m[std::string("aten::") + u + ".out"] = unary(R::float_if_int);
+    m["aten::logical_not.out"] = unary(R::boolean);
+    // No inf/nan sample for gelu: ATen's vectorised erf returns nan at inf
+    // where gelu(inf) = inf; the kernel keeps the mathematical value.
+    m["aten::gelu.out"] = [](ScalarType dt) {
+      auto a = unary(R::same, {IValue(std::string("none"))}, false)(dt);
+      auto b = unary(R::same, {IValue(std::string("tanh"))}, false)(dt);
+      for (auto& s : b) s.name = "tanh: " + s.name;
+      a.insert(a.end(), b.begin(), b.end());
+      return a;
+    };
+    m["aten::relu"] = unary_functional();
+    m["aten::relu_"] = unary_functional();
+    m["aten::isnan"] = unary_functional();
+    // reductions
+    m["aten::sum.IntList_out"] = reduce_dims(true, true, R::int64_if_int, true, true);
+    m["aten::mean.out"] = reduce_dims(true, true, R::same, true, false);
+    // Products of many values overflow or lose all precision: prod's
+    // samples stay near 1 (floats in [0.5, 1.5], integers in {-1, 0, 1}).
+    m["aten::prod.int_out"] = [](ScalarType dt) {
+      auto out = reduce_dims(false, true, R::int64_if_int, false, true)(dt);
+      for (auto& smp : out) {
+        at::Tensor t = smp.args[0].toTensor();
+        smp.args[0] = at::isFloatingType(dt) ? (t / 6 + 1) : t.remainder(3) - 1;
+        // Half types: ATen accumulates long products in reduced precision
+        // (a few ulps from the exact product); keep reductions short there.
+        const int64_t keep = (dt == at::kHalf || dt == at::kBFloat16) ? 32 : 256;
+        if (at::isFloatingType(dt) && t.dim() == 2 && t.size(1) > 1000) {
+          at::Tensor n = smp.args[0].toTensor().narrow(1, 0, keep);
+          if (t.size(0) > 64 && keep == 32) n = n.narrow(0, 0, 32);
+          smp.args[0] = n;
+        }
+      }
+      return out;
+    };
+    m["aten::amax.out"] = reduce_extreme_list();
+    m["aten::amin.out"] = reduce_extreme_list();
+    m["aten::max.dim_max"] = reduce_with_indices();
+    m["aten::min.dim_min"] = reduce_with_indices();
+    m["aten::argmax.out"] = reduce_arg();
+    m["aten::argmin.out"] = reduce_arg();
+    m["aten::var.correction_out"] = reduce_var();
+    m["aten::std.correction_out"] = reduce_var();
+    m["aten::norm.out"] = reduce_norm();
+    m["aten::all.dims_out"] = reduce_dims(true, false, R::boolean, true, true);
+    m["aten::any.dims_out"] = reduce_dims(true, false, R::boolean, true, true);
+    m["aten::all.out"] = reduce_dims(false, false, R::boolean, false, true);
+    m["aten::any.out"] = reduce_dims(false, false, R::boolean, false, true);
+    m["aten::cumsum.out"] = cumsum_spec();
+    m["aten::_softmax.out"] = softmax_spec();
+    m["aten::_log_softmax.out"] = softmax_spec();
+    m["aten::_softmax_backward_data.out"] = softmax_backward_spec(false);
+    m["aten::_log_softmax_backward_data.out"] = softmax_backward_spec(true);
+    // matrix products
+    m["aten::mm.out"] = mm_spec();
+    m["aten::bmm.out"] = bmm_spec();
+    m["aten::addmm.out"] = addmm_spec();
+    m["aten::baddbmm.out"] = baddbmm_spec();
+    // plugin ops
+    m["mindspeed_like::npu_rms_norm"] = rms_norm_spec();
+    m["vllm_like::silu_and_mul"] = silu_and_mul_spec();
+    return m;
+  }();
+  return specs;
+}
+
+const std::map<std::string, ReferenceFn>& reference_library() {
+  static const std::map<std::string, ReferenceFn> refs = {
+      // Half-type division with rounding: ATen's vectorised CPU path rounds
+      // the quotient to half first and is then off by one for some large
+      // quotients (its scalar path agrees with the exact result); the
+      // reference is float32 division, rounded once.
+      {"aten::div.out_mode",
+       [](const std::vector<IValue>& a) {
+         at::Tensor self = a[0].toTensor(), other = a[1].toTensor(), out = a[3].toTensor();
+         std::optional<c10::string_view> mode;
+         std::string mode_str;
+         if (!a[2].isNone()) {
+           mode_str = a[2].toStringRef();
+           mode = mode_str;
+         }
+         const at::ScalarType rt = at::result_type(self, other);
+         at::Tensor r = (rt == at::kHalf || rt == at::kBFloat16)
+                            ? at::div(self.to(at::kFloat), other.to(at::kFloat), mode).to(out.scalar_type())
+                            : at::div(self, other, mode).to(out.scalar_type());
+         if (!at::can_cast(at::isIntegralType(rt, true) && !mode ? at::kFloat : rt, out.scalar_type()))
+           throw std::invalid_argument("result type can't be cast to the desired output type");
+         return std::vector<at::Tensor>{r};
+       }},
+      // Half-type products: ATen accumulates them in reduced precision; the
+      // reference is the float32 product, rounded once.
+      {"aten::prod.int_out",
+       [](const std::vector<IValue>& a) {
+         at::Tensor self = a[0].toTensor(), out = a[4].toTensor();
+         const bool half = self.scalar_type() == at::kHalf || self.scalar_type() == at::kBFloat16;
+         at::Tensor r = at::prod(half ? self.to(at::kFloat) : self, a[1].toInt(), a[2].toBool(),
+                                 a[3].isNone() ? std::optional<at::ScalarType>() : std::optional<at::ScalarType>(
+                                                                                        static_cast<at::ScalarType>(a[3].toInt())));
+         return std::vector<at::Tensor>{r.to(out.scalar_type())};
+       }},
+      {"mindspeed_like::npu_rms_norm",
+       [](const std::vector<IValue>& a) {
+         at::Tensor x = a[0].toTensor(), g = a[1].toTensor();
+         const double eps = a[2].toDouble();
+         if (g.dim() < 1 || g.dim() > x.dim() || !x.sizes().slice(x.dim() - g.dim()).equals(g.sizes()))
+           throw std::invalid_argument("gamma must match the trailing shape of self");
+         std::vector<int64_t> dims;
+         for (int64_t d = x.dim() - g.dim(); d < x.dim(); ++d) dims.push_back(d);
+         at::Tensor xf = x.to(at::kDouble);
+         at::Tensor rstd = at::rsqrt(xf.pow(2).mean(dims, /*keepdim=*/true) + eps);
+         return std::vector<at::Tensor>{(xf * rstd * g.to(at::kDouble)).to(x.scalar_type()), rstd.to(at::kFloat)};
+       }},
+      {"vllm_like::silu_and_mul",
+       [](const std::vector<IValue>& a) {
+         at::Tensor in = a[1].toTensor();
+         const int64_t d = in.size(-1) / 2;
+         if (in.size(-1) % 2 != 0) throw std::invalid_argument("input's last dimension must be even");
+         return std::vector<at::Tensor>{at::silu(in.narrow(-1, 0, d)) * in.narrow(-1, d, d)};
+       }},
+  };
+  return refs;
+}
+
+}  // namespace npub::conformance
