@@ -7,6 +7,7 @@
 // checks that path separately) and integer exponents are non-negative.
 #include "conformance.h"
 
+#include <array>
 #include <cmath>
 
 namespace npub::conformance {
@@ -523,6 +524,248 @@ SampleFn silu_and_mul_spec() {
   };
 }
 
+
+// ---------------------------------------------------------------------------
+// NN ops
+// ---------------------------------------------------------------------------
+
+SampleFn layer_norm_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> norm, bool w, bool b) {
+      std::vector<int64_t> ps(norm);
+      out.push_back({n, {make(shape, dt), IValue(norm), w ? IValue(make(ps, dt)) : IValue(), b ? IValue(make(ps, dt)) : IValue(), IValue(1e-5)}});
+    };
+    add("[4,16] affine", {4, 16}, {16}, true, true);
+    add("[2,3,8] over [3,8]", {2, 3, 8}, {3, 8}, true, true);
+    add("no weight, no bias", {5, 7}, {7}, false, false);
+    add("weight only", {5, 7}, {7}, true, false);
+    add("large [512,1024]", {512, 1024}, {1024}, true, true);
+    add("empty rows", {0, 8}, {8}, true, true);
+    out.push_back({"shape mismatch (error)", {make({4, 6}, dt), IValue(std::vector<int64_t>{5}), IValue(), IValue(), IValue(1e-5)}});
+    return out;
+  };
+}
+
+SampleFn layer_norm_backward_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> norm, bool affine, std::array<bool, 3> mask) {
+      at::Tensor x = make(shape, dt);
+      at::Tensor w = affine ? make(norm, dt) : at::Tensor(), b = affine ? make(norm, dt) : at::Tensor();
+      auto fwd = at::native_layer_norm(x, norm, w, b, 1e-5);
+      out.push_back({n, {make(shape, dt), x, IValue(norm), std::get<1>(fwd), std::get<2>(fwd), affine ? IValue(w) : IValue(),
+                         affine ? IValue(b) : IValue(), IValue(c10::List<bool>({mask[0], mask[1], mask[2]}))}});
+    };
+    add("affine, all grads", {4, 16}, {16}, true, {true, true, true});
+    add("no affine", {2, 3, 8}, {3, 8}, false, {true, false, false});
+    add("only weight/bias grads", {6, 10}, {10}, true, {false, true, true});
+    add("large", {256, 512}, {512}, true, {true, true, true});
+    return out;
+  };
+}
+
+at::Tensor long_tensor(std::vector<int64_t> v, std::vector<int64_t> shape) {
+  return at::tensor(v, at::TensorOptions().dtype(at::kLong)).reshape(shape);
+}
+at::Tensor rand_index(std::vector<int64_t> shape, int64_t bound, ScalarType dt = at::kLong) {
+  static uint64_t counter = 0;
+  at::Generator gen = at::detail::createCPUGenerator(0xabc + 31 * (++counter));
+  return at::randint(0, std::max<int64_t>(bound, 1), shape, gen, at::TensorOptions().dtype(at::kLong)).to(dt);
+}
+
+SampleFn embedding_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto add = [&](const std::string& n, at::Tensor w, at::Tensor idx) {
+      out.push_back({n, {w, idx, int64_t{-1}, false, false}});
+    };
+    add("[10,4] x [3,5]", make({10, 4}, dt), rand_index({3, 5}, 10));
+    add("int32 indices", make({10, 4}, dt), rand_index({7}, 10, at::kInt));
+    add("0-d index", make({10, 4}, dt), rand_index({}, 10));
+    add("empty indices", make({10, 4}, dt), rand_index({0}, 10));
+    add("large", make({1000, 64}, dt), rand_index({64, 32}, 1000));
+    add("index out of range (error)", make({10, 4}, dt), long_tensor({1, 10}, {2}));
+    add("negative index (error)", make({10, 4}, dt), long_tensor({-1}, {1}));
+    return out;
+  };
+}
+
+SampleFn embedding_backward_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    at::Tensor idx = rand_index({3, 5}, 6);
+    out.push_back({"plain", {make({3, 5, 4}, dt), idx, int64_t{6}, int64_t{-1}, false}});
+    out.push_back({"padding_idx 2", {make({3, 5, 4}, dt), idx, int64_t{6}, int64_t{2}, false}});
+    out.push_back({"scale_grad_by_freq", {make({3, 5, 4}, dt), idx, int64_t{6}, int64_t{-1}, true}});
+    out.push_back({"large", {make({64, 32, 16}, dt), rand_index({64, 32}, 500), int64_t{500}, int64_t{-1}, false}});
+    return out;
+  };
+}
+
+SampleFn nll_loss_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    at::Tensor t = rand_index({6}, 5);
+    t[2] = -100;  // ignored
+    for (int64_t red : {0, 1, 2}) {
+      out.push_back({"[6,5] reduction " + std::to_string(red), {make({6, 5}, dt), t, IValue(), red, int64_t{-100}, empty_out(dt), empty_out(dt)}});
+      out.push_back({"weighted, reduction " + std::to_string(red),
+                     {make({6, 5}, dt, 1), t, make({5}, dt, 1), red, int64_t{-100}, empty_out(dt), empty_out(dt)}});
+    }
+    out.push_back({"1-d input", {make({5}, dt), long_tensor({3}, {}), IValue(), int64_t{1}, int64_t{-100}, empty_out(dt), empty_out(dt)}});
+    out.push_back({"target out of bounds (error)",
+                   {make({2, 5}, dt), long_tensor({1, 7}, {2}), IValue(), int64_t{1}, int64_t{-100}, empty_out(dt), empty_out(dt)}});
+    return out;
+  };
+}
+
+SampleFn nll_loss_backward_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    at::Tensor t = rand_index({6}, 5);
+    t[1] = -100;
+    for (int64_t red : {0, 1, 2}) {
+      for (bool weighted : {false, true}) {
+        at::Tensor x = make({6, 5}, dt);
+        at::Tensor w = weighted ? make({5}, dt, 1) : at::Tensor();
+        auto fwd = at::nll_loss_forward(x, t, w, red, -100);
+        at::Tensor go = red == 0 ? make({6}, dt) : make({}, dt);
+        out.push_back({std::string(weighted ? "weighted, " : "") + "reduction " + std::to_string(red),
+                       {go, x, t, weighted ? IValue(w) : IValue(), red, int64_t{-100}, std::get<1>(fwd), empty_out(dt)}});
+      }
+    }
+    return out;
+  };
+}
+
+SampleFn index_select_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    out.push_back({"dim 0", {make({6, 4}, dt), int64_t{0}, rand_index({5}, 6), empty_out(dt)}});
+    out.push_back({"dim 1, int32 index", {make({6, 4}, dt), int64_t{1}, rand_index({7}, 4, at::kInt), empty_out(dt)}});
+    out.push_back({"dim -1 of 3-d", {make({2, 3, 5}, dt), int64_t{-1}, rand_index({4}, 5), empty_out(dt)}});
+    out.push_back({"empty index", {make({6, 4}, dt), int64_t{0}, rand_index({0}, 6), empty_out(dt)}});
+    out.push_back({"transposed self", {make_t(6, 5, dt), int64_t{0}, rand_index({3}, 6), empty_out(dt)}});
+    out.push_back({"large", {make({2048, 64}, dt), int64_t{0}, rand_index({1024}, 2048), empty_out(dt)}});
+    out.push_back({"index out of range (error)", {make({6, 4}, dt), int64_t{0}, long_tensor({0, 6}, {2}), empty_out(dt)}});
+    return out;
+  };
+}
+
+SampleFn gather_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    out.push_back({"dim 1", {make({4, 6}, dt), int64_t{1}, rand_index({4, 3}, 6), false, empty_out(dt)}});
+    out.push_back({"dim 0, smaller index", {make({4, 6}, dt), int64_t{0}, rand_index({2, 5}, 4), false, empty_out(dt)}});
+    out.push_back({"3-d", {make({2, 3, 5}, dt), int64_t{2}, rand_index({2, 3, 7}, 5), false, empty_out(dt)}});
+    out.push_back({"large", {make({256, 512}, dt), int64_t{1}, rand_index({256, 256}, 512), false, empty_out(dt)}});
+    out.push_back({"index out of range (error)", {make({4, 6}, dt), int64_t{1}, long_tensor({0, 6, 1, 2}, {2, 2}), false, empty_out(dt)}});
+    return out;
+  };
+}
+
+SampleFn scatter_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    // Unique targets per row for scatter (duplicates make its result order-dependent).
+    at::Tensor perm = at::stack({at::randperm(6, at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 4),
+                                 at::randperm(6, at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 4)});
+    out.push_back({"dim 1", {make({2, 6}, dt), int64_t{1}, perm, make({2, 4}, dt), empty_out(dt)}});
+    at::Tensor perm0 = at::randperm(5, at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 3).unsqueeze(1).expand({3, 4}).contiguous();
+    out.push_back({"dim 0", {make({5, 4}, dt), int64_t{0}, perm0, make({3, 4}, dt), empty_out(dt)}});
+    out.push_back({"index out of range (error)", {make({2, 6}, dt), int64_t{1}, long_tensor({0, 6}, {1, 2}), make({1, 2}, dt), empty_out(dt)}});
+    return out;
+  };
+}
+
+SampleFn scatter_add_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    out.push_back({"dim 1 with duplicates", {make({3, 5}, dt), int64_t{1}, rand_index({3, 8}, 5), make({3, 8}, dt), empty_out(dt)}});
+    out.push_back({"dim 0", {make({4, 3}, dt), int64_t{0}, rand_index({6, 3}, 4), make({6, 3}, dt), empty_out(dt)}});
+    out.push_back({"large", {make({64, 128}, dt), int64_t{1}, rand_index({64, 256}, 128), make({64, 256}, dt), empty_out(dt)}});
+    out.push_back({"index out of range (error)", {make({2, 6}, dt), int64_t{1}, long_tensor({-1, 0}, {1, 2}), make({1, 2}, dt), empty_out(dt)}});
+    return out;
+  };
+}
+
+SampleFn cat_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto list = [](std::vector<at::Tensor> v) { return IValue(c10::List<at::Tensor>(v)); };
+    out.push_back({"dim 0", {list({make({2, 3}, dt), make({4, 3}, dt)}), int64_t{0}, empty_out(dt)}});
+    out.push_back({"dim 1, three parts", {list({make({2, 3}, dt), make({2, 1}, dt), make({2, 5}, dt)}), int64_t{1}, empty_out(dt)}});
+    out.push_back({"dim -1 of 3-d", {list({make({2, 3, 4}, dt), make({2, 3, 2}, dt)}), int64_t{-1}, empty_out(dt)}});
+    out.push_back({"skips 1-d empty", {list({make({0}, dt), make({2, 3}, dt)}), int64_t{0}, empty_out(dt)}});
+    out.push_back({"transposed part", {list({make_t(3, 2, dt), make({3, 2}, dt)}), int64_t{0}, empty_out(dt)}});
+    out.push_back({"large", {list({make({512, 256}, dt), make({512, 256}, dt)}), int64_t{1}, empty_out(dt)}});
+    out.push_back({"size mismatch (error)", {list({make({2, 3}, dt), make({2, 4}, dt)}), int64_t{0}, empty_out(dt)}});
+    return out;
+  };
+}
+
+SampleFn nonzero_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    for (auto shape : {std::vector<int64_t>{5, 7}, std::vector<int64_t>{}, std::vector<int64_t>{0, 3}, std::vector<int64_t>{2, 3, 4},
+                       std::vector<int64_t>{300, 200}}) {
+      at::Tensor t = make(shape, dt);
+      if (dt != at::kBool) t = t * (make(shape, at::kBool).to(dt));  // plenty of zeros
+      out.push_back({std::to_string(shape.size()) + "-d", {t}});
+    }
+    return out;
+  };
+}
+
+// Values unique within each row of the last dim (a permutation per row),
+// exactly representable in every dtype for rows of up to 200, so that
+// top-k indices are unambiguous.
+at::Tensor unique_values(std::vector<int64_t> shape, ScalarType dt) {
+  const int64_t cols = shape.back();
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
+  std::vector<at::Tensor> r;
+  for (int64_t i = 0; i < rows; ++i) r.push_back(at::randperm(cols, at::TensorOptions().dtype(at::kLong)));
+  at::Tensor p = at::stack(r).reshape(shape);
+  if (at::isFloatingType(dt)) return (p.to(at::kDouble) * 0.25 - cols * 0.1).to(dt);
+  if (dt == at::kByte) return p.to(dt);
+  return (p - cols / 2).to(dt);
+}
+
+SampleFn topk_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto add = [&](const std::string& n, at::Tensor t, int64_t k, int64_t dim, bool largest) {
+      out.push_back({n, {t, k, dim, largest, true, empty_out(dt), empty_out(at::kLong)}});
+    };
+    add("k 3 largest", unique_values({4, 9}, dt), 3, -1, true);
+    add("k 2 smallest, dim 0 (transposed)", unique_values({4, 5}, dt).t(), 2, 0, false);
+    add("k = size", unique_values({3, 6}, dt), 6, 1, true);
+    add("k 0", unique_values({3, 6}, dt), 0, 1, true);
+    add("large", unique_values({256, 200}, dt), 10, 1, true);
+    add("k too large (error)", unique_values({3, 4}, dt), 5, 1, true);
+    return out;
+  };
+}
+
+SampleFn sort_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto add = [&](const std::string& n, at::Tensor t, int64_t dim, bool desc) {
+      out.push_back({n, {t, IValue(true), dim, desc, empty_out(dt), empty_out(at::kLong)}});
+    };
+    add("ascending", make({4, 9}, dt), -1, false);
+    add("descending, dim 0", make({5, 4}, dt), 0, true);
+    add("ties are stable", at::zeros({3, 5}, at::TensorOptions().dtype(dt)), 1, false);
+    add("0-d", make({}, dt), 0, false);
+    add("transposed", make_t(6, 5, dt), 1, true);
+    add("large", make({128, 300}, dt), 1, false);
+    if (at::isFloatingType(dt)) add("nan last", make({4, 4}, dt, 2), 1, false);
+    return out;
+  };
+}
+
 }  // namespace
 
 const std::map<std::string, SampleFn>& sample_specs() {
@@ -645,6 +888,21 @@ const std::map<std::string, SampleFn>& sample_specs() {
     m["aten::bmm.out"] = bmm_spec();
     m["aten::addmm.out"] = addmm_spec();
     m["aten::baddbmm.out"] = baddbmm_spec();
+    // NN and indexing
+    m["aten::native_layer_norm"] = layer_norm_spec();
+    m["aten::native_layer_norm_backward"] = layer_norm_backward_spec();
+    m["aten::embedding"] = embedding_spec();
+    m["aten::embedding_dense_backward"] = embedding_backward_spec();
+    m["aten::nll_loss_forward.output"] = nll_loss_spec();
+    m["aten::nll_loss_backward.grad_input"] = nll_loss_backward_spec();
+    m["aten::index_select.out"] = index_select_spec();
+    m["aten::gather.out"] = gather_spec();
+    m["aten::scatter.src_out"] = scatter_spec();
+    m["aten::scatter_add.out"] = scatter_add_spec();
+    m["aten::cat.out"] = cat_spec();
+    m["aten::nonzero"] = nonzero_spec();
+    m["aten::topk.values"] = topk_spec();
+    m["aten::sort.values_stable"] = sort_spec();
     // plugin ops
     m["mindspeed_like::npu_rms_norm"] = rms_norm_spec();
     m["vllm_like::silu_and_mul"] = silu_and_mul_spec();
@@ -655,38 +913,6 @@ const std::map<std::string, SampleFn>& sample_specs() {
 
 const std::map<std::string, ReferenceFn>& reference_library() {
   static const std::map<std::string, ReferenceFn> refs = {
-      // Half-type division with rounding: ATen's vectorised CPU path rounds
-      // the quotient to half first and is then off by one for some large
-      // quotients (its scalar path agrees with the exact result); the
-      // reference is float32 division, rounded once.
-      {"aten::div.out_mode",
-       [](const std::vector<IValue>& a) {
-         at::Tensor self = a[0].toTensor(), other = a[1].toTensor(), out = a[3].toTensor();
-         std::optional<c10::string_view> mode;
-         std::string mode_str;
-         if (!a[2].isNone()) {
-           mode_str = a[2].toStringRef();
-           mode = mode_str;
-         }
-         const at::ScalarType rt = at::result_type(self, other);
-         at::Tensor r = (rt == at::kHalf || rt == at::kBFloat16)
-                            ? at::div(self.to(at::kFloat), other.to(at::kFloat), mode).to(out.scalar_type())
-                            : at::div(self, other, mode).to(out.scalar_type());
-         if (!at::can_cast(at::isIntegralType(rt, true) && !mode ? at::kFloat : rt, out.scalar_type()))
-           throw std::invalid_argument("result type can't be cast to the desired output type");
-         return std::vector<at::Tensor>{r};
-       }},
-      // Half-type products: ATen accumulates them in reduced precision; the
-      // reference is the float32 product, rounded once.
-      {"aten::prod.int_out",
-       [](const std::vector<IValue>& a) {
-         at::Tensor self = a[0].toTensor(), out = a[4].toTensor();
-         const bool half = self.scalar_type() == at::kHalf || self.scalar_type() == at::kBFloat16;
-         at::Tensor r = at::prod(half ? self.to(at::kFloat) : self, a[1].toInt(), a[2].toBool(),
-                                 a[3].isNone() ? std::optional<at::ScalarType>() : std::optional<at::ScalarType>(
-                                                                                        static_cast<at::ScalarType>(a[3].toInt())));
-         return std::vector<at::Tensor>{r.to(out.scalar_type())};
-       }},
       {"mindspeed_like::npu_rms_norm",
        [](const std::vector<IValue>& a) {
          at::Tensor x = a[0].toTensor(), g = a[1].toTensor();

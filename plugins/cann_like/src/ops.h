@@ -11,5 +11,7 @@ void register_unary(npub::sdk::Registrar& r);
 void register_copy(npub::sdk::Registrar& r);
 void register_matmul(npub::sdk::Registrar& r);
 void register_reduce(npub::sdk::Registrar& r);
+void register_nn(npub::sdk::Registrar& r);
+void register_index(npub::sdk::Registrar& r);
 
 }  // namespace cann_like

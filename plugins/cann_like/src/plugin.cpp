@@ -7,6 +7,8 @@ void init(npub::sdk::Registrar& r) {
   cann_like::register_unary(r);
   cann_like::register_reduce(r);
   cann_like::register_matmul(r);
+  cann_like::register_nn(r);
+  cann_like::register_index(r);
 }
 }  // namespace
 

@@ -1,0 +1,327 @@
+// Indexing and ordering: index_select, gather, scatter, scatter_add, cat,
+// nonzero (kernel-allocated output), topk, sort. Every index is checked
+// before it is used: an out-of-range index is an error, never a stray read.
+// Registered contiguous-only: the dispatcher stages strided tensors.
+#include "elementwise.h"
+#include "ops.h"
+
+#include <algorithm>
+#include <numeric>
+
+namespace cann_like {
+
+namespace {
+
+int64_t idx_at(const TensorRef& idx, int64_t i) {
+  const DT d = dt_of(idx.dtype());
+  return load<int64_t>(idx.data<char>() + i * dt_size(d), d);
+}
+
+void require_index(const Call& call, const TensorRef& idx, const char* name) {
+  const DT d = dt_of(idx.dtype());
+  if (d != DT::i64 && d != DT::i32)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + "(): Expected dtype int32/int64 for index but found " + dt_name(d));
+}
+
+// [outer, size(dim), inner] view of a contiguous tensor.
+struct DimView {
+  int64_t outer = 1, size = 1, inner = 1;
+};
+DimView dim_view(const TensorRef& t, int64_t dim) {
+  DimView v;
+  for (int32_t i = 0; i < t.dim(); ++i) {
+    if (i < dim) v.outer *= t.size(i);
+    else if (i == dim) v.size = t.size(i);
+    else v.inner *= t.size(i);
+  }
+  return v;
+}
+
+// aten::index_select.out(self, dim, index, *, out)
+void index_select(Call& call) {
+  TensorRef self = call.tensor(0), index = call.tensor(2), out = call.tensor(3);
+  require_index(call, index, "index_select");
+  if (index.dim() > 1) call.fail(NPUB_ERR_INVALID_ARGUMENT, "index_select(): Index is supposed to be a vector");
+  const int64_t dim = wrap_dim(call, call.int_arg(1), self.dim());
+  const int64_t n = index.numel();
+  Shape shape = self.sizes();
+  if (self.dim() > 0) shape[static_cast<size_t>(dim)] = n;
+  check_out(call, out, shape);
+  if (dt_of(out.dtype()) != dt_of(self.dtype())) call.fail(NPUB_ERR_INVALID_ARGUMENT, "index_select(): self and out must have the same dtype");
+  const DimView v = dim_view(self, dim);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t k = idx_at(index, i);
+    if (k < 0 || k >= v.size)
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, "index_select(): index " + std::to_string(k) + " out of range for dimension " +
+                                               std::to_string(dim) + " of size " + std::to_string(v.size));
+  }
+  const int64_t es = dt_size(dt_of(self.dtype()));
+  call.parallel_for(0, v.outer * n, std::max<int64_t>(1, 16384 / std::max<int64_t>(v.inner, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t o = r / n, i = r % n;
+      std::memcpy(out.data<char>() + (o * n + i) * v.inner * es,
+                  self.data<char>() + (o * v.size + idx_at(index, i)) * v.inner * es, static_cast<size_t>(v.inner * es));
+    }
+  });
+}
+
+// Walks every element of `index` (contiguous) with its coordinate along
+// `dim` replaced by the index value: f(index_pos, target_offset_elements).
+template <typename F>
+void for_each_index(const Call& call, const TensorRef& index, const TensorRef& target, int64_t dim, const char* op, F&& f) {
+  const int32_t nd = index.dim();
+  if (nd != target.dim() && !(nd <= 1 && target.dim() <= 1))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("Index tensor must have the same number of dimensions as ") +
+                                             (std::string(op) == "gather" ? "input" : "self") + " tensor");
+  for (int32_t d = 0; d < nd; ++d)
+    if (d != dim && index.size(d) > target.size(d))
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("Size does not match at dimension ") + std::to_string(d) +
+                                               " expected index " + shape_str(index.sizes()) + " to be smaller than self " +
+                                               shape_str(target.sizes()) + " apart from dimension " + std::to_string(dim));
+  const int64_t n = index.numel();
+  const int64_t bound = target.dim() == 0 ? 1 : target.size(static_cast<int32_t>(dim));
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t rem = i, off = 0;
+    int64_t k = idx_at(index, i);
+    if (k < 0 || k >= bound)
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(op) + "(): index " + std::to_string(k) + " is out of bounds for dimension " +
+                                               std::to_string(dim) + " with size " + std::to_string(bound));
+    for (int32_t d = nd - 1; d >= 0; --d) {
+      const int64_t c = rem % index.size(d);
+      rem /= index.size(d);
+      off += (d == dim ? k : c) * target.stride(d);
+    }
+    f(i, off);
+  }
+}
+
+// aten::gather.out(self, dim, index, *, sparse_grad, out)
+void gather(Call& call) {
+  TensorRef self = call.tensor(0), index = call.tensor(2), out = call.tensor(4);
+  require_index(call, index, "gather");
+  if (dt_of(index.dtype()) != DT::i64) call.fail(NPUB_ERR_INVALID_ARGUMENT, "gather(): Expected dtype int64 for index");
+  const int64_t dim = wrap_dim(call, call.int_arg(1), self.dim());
+  check_out(call, out, index.sizes());
+  const DT d = dt_of(self.dtype());
+  const int64_t es = dt_size(d);
+  for_each_index(call, index, self, dim, "gather", [&](int64_t i, int64_t off) {
+    std::memcpy(out.data<char>() + i * es, self.data<char>() + off * es, static_cast<size_t>(es));
+  });
+}
+
+// aten::scatter.src_out / aten::scatter_add.out(self, dim, index, src, *, out)
+template <bool kAdd>
+void scatter(Call& call) {
+  TensorRef self = call.tensor(0), index = call.tensor(2), src = call.tensor(3), out = call.tensor(4);
+  if (dt_of(index.dtype()) != DT::i64) call.fail(NPUB_ERR_INVALID_ARGUMENT, "scatter(): Expected dtype int64 for index");
+  const int64_t dim = wrap_dim(call, call.int_arg(1), self.dim());
+  if (dt_of(src.dtype()) != dt_of(self.dtype()))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("scatter(): Expected self.dtype to be equal to src.dtype"));
+  for (int32_t d = 0; d < index.dim(); ++d)
+    if (index.size(d) > src.size(d))
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, "Size does not match at dimension " + std::to_string(d) + " expected index " +
+                                               shape_str(index.sizes()) + " to be smaller than src " + shape_str(src.sizes()));
+  check_out(call, out, self.sizes());
+  const DT d = dt_of(self.dtype());
+  const int64_t es = dt_size(d);
+  if (out.data<char>() != self.data<char>())
+    std::memcpy(out.data<char>(), self.data<char>(), static_cast<size_t>(self.numel() * es));
+  // src element for index position i: same coordinates in src.
+  auto src_off = [&](int64_t i) {
+    int64_t rem = i, off = 0;
+    for (int32_t dd = index.dim() - 1; dd >= 0; --dd) {
+      off += (rem % index.size(dd)) * src.stride(dd);
+      rem /= index.size(dd);
+    }
+    return off;
+  };
+  // Half types accumulate in float32 and round once at the end.
+  const bool widen = kAdd && (d == DT::f16 || d == DT::bf16);
+  std::vector<float> acc;
+  if (widen) {
+    acc.resize(static_cast<size_t>(out.numel()));
+    for (int64_t i = 0; i < out.numel(); ++i) acc[static_cast<size_t>(i)] = load<float>(out.data<char>() + i * es, d);
+  }
+  for_each_index(call, index, out, dim, kAdd ? "scatter_add" : "scatter", [&](int64_t i, int64_t off) {
+    char* dst = out.data<char>() + off * es;
+    const char* s = src.data<char>() + src_off(i) * es;
+    if (widen) {
+      acc[static_cast<size_t>(off)] += load<float>(s, d);
+    } else if (kAdd) {
+      visit_compute(d, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (std::is_same_v<T, bool>) store<bool>(dst, d, load<bool>(dst, d) || load<bool>(s, d));
+        else store<T>(dst, d, static_cast<T>(load<T>(dst, d) + load<T>(s, d)));
+      });
+    } else {
+      std::memcpy(dst, s, static_cast<size_t>(es));
+    }
+  });
+  if (widen)
+    for (int64_t i = 0; i < out.numel(); ++i) store<float>(out.data<char>() + i * es, d, acc[static_cast<size_t>(i)]);
+}
+
+// aten::cat.out(Tensor[] tensors, int dim=0, *, out)
+void cat(Call& call) {
+  const auto ts = call.tensor_list(0);
+  TensorRef out = call.tensor(2);
+  if (ts.empty()) call.fail(NPUB_ERR_INVALID_ARGUMENT, "torch.cat(): expected a non-empty list of Tensors");
+  // Legacy rule: 1-d empty tensors are skipped.
+  std::vector<TensorRef> parts;
+  for (const auto& t : ts)
+    if (!(t.dim() == 1 && t.size(0) == 0)) parts.push_back(t);
+  if (parts.empty()) {
+    check_out(call, out, {0});
+    return;
+  }
+  const TensorRef& ref = parts.front();
+  const int64_t dim = wrap_dim(call, call.int_arg(1), ref.dim());
+  if (ref.dim() == 0) call.fail(NPUB_ERR_INVALID_ARGUMENT, "zero-dimensional tensor (at position 0) cannot be concatenated");
+  Shape shape = ref.sizes();
+  shape[static_cast<size_t>(dim)] = 0;
+  const DT d = dt_of(out.dtype());
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const TensorRef& t = parts[p];
+    if (t.dim() != ref.dim())
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, "Tensors must have same number of dimensions: got " + std::to_string(ref.dim()) +
+                                               " and " + std::to_string(t.dim()));
+    for (int32_t i = 0; i < t.dim(); ++i)
+      if (i != dim && t.size(i) != ref.size(i))
+        call.fail(NPUB_ERR_INVALID_ARGUMENT, "Sizes of tensors must match except in dimension " + std::to_string(dim) +
+                                                 ". Expected size " + std::to_string(ref.size(i)) + " but got size " +
+                                                 std::to_string(t.size(i)) + " for tensor number " + std::to_string(p) + " in the list.");
+    shape[static_cast<size_t>(dim)] += t.size(static_cast<int32_t>(dim));
+  }
+  check_out(call, out, shape);
+  const int64_t es = dt_size(d);
+  const DimView ov = dim_view(out, dim);
+  int64_t offset = 0;
+  for (const TensorRef& t : parts) {
+    const DimView v = dim_view(t, dim);
+    const DT td = dt_of(t.dtype());
+    for (int64_t o = 0; o < v.outer; ++o) {
+      char* dst = out.data<char>() + (o * ov.size + offset) * ov.inner * es;
+      const char* src = t.data<char>() + o * v.size * v.inner * dt_size(td);
+      const int64_t n = v.size * v.inner;
+      if (td == d) {
+        std::memcpy(dst, src, static_cast<size_t>(n * es));
+      } else {
+        visit_compute(td == DT::f16 || td == DT::bf16 ? DT::f32 : td, [&](auto tag) {
+          using T = decltype(tag);
+          for (int64_t j = 0; j < n; ++j) store<T>(dst + j * es, d, load<T>(src + j * dt_size(td), td));
+        });
+      }
+    }
+    offset += v.size;
+  }
+}
+
+// aten::nonzero(Tensor self) -> Tensor: [n, ndim] int64, allocated here (the
+// shape depends on the data).
+void nonzero(Call& call) {
+  TensorRef self = call.tensor(0);
+  const DT d = dt_of(self.dtype());
+  const int64_t n = self.numel(), es = dt_size(d);
+  std::vector<int64_t> hits;
+  for (int64_t i = 0; i < n; ++i)
+    if (load<bool>(self.data<char>() + i * es, d)) hits.push_back(i);
+  TensorRef out = call.output(0, {static_cast<int64_t>(hits.size()), self.dim()}, npub::sdk::kInt64);
+  int64_t* po = out.data<int64_t>();
+  for (size_t h = 0; h < hits.size(); ++h) {
+    int64_t rem = hits[h];
+    for (int32_t dd = self.dim() - 1; dd >= 0; --dd) {
+      po[h * static_cast<size_t>(self.dim()) + static_cast<size_t>(dd)] = rem % self.size(dd);
+      rem /= self.size(dd);
+    }
+  }
+}
+
+// Sorts each [dim] slice; writes the first `k` (values, indices). NaN is
+// greater than every number (as ATen); ties keep index order (stable).
+template <typename T>
+void sort_slices(const Call& call, const TensorRef& self, int64_t dim, int64_t k, bool descending, const TensorRef& values,
+                 const TensorRef& indices) {
+  const DimView v = dim_view(self, dim);
+  const DT d = dt_of(self.dtype());
+  const int64_t es = dt_size(d), oes = dt_size(dt_of(values.dtype()));
+  call.parallel_for(0, v.outer * v.inner, 16, [&](int64_t b, int64_t e) {
+    std::vector<std::pair<T, int64_t>> row(static_cast<size_t>(v.size));
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t o = r / v.inner, i = r % v.inner;
+      for (int64_t j = 0; j < v.size; ++j)
+        row[static_cast<size_t>(j)] = {load<T>(self.data<char>() + ((o * v.size + j) * v.inner + i) * es, d), j};
+      auto less = [](const std::pair<T, int64_t>& a, const std::pair<T, int64_t>& c) {
+        if constexpr (std::is_floating_point_v<T>) {
+          if (std::isnan(a.first)) return false;
+          if (std::isnan(c.first)) return true;
+        }
+        return a.first < c.first;
+      };
+      if (descending)
+        std::stable_sort(row.begin(), row.end(), [&](const auto& a, const auto& c) { return less(c, a); });
+      else
+        std::stable_sort(row.begin(), row.end(), less);
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t pos = (o * k + j) * v.inner + i;
+        store<T>(values.data<char>() + pos * oes, dt_of(values.dtype()), row[static_cast<size_t>(j)].first);
+        indices.data<int64_t>()[pos] = row[static_cast<size_t>(j)].second;
+      }
+    }
+  });
+}
+
+void run_sort(Call& call, const TensorRef& self, int64_t dim_arg, int64_t k, bool descending, const TensorRef& values,
+              const TensorRef& indices, const char* op) {
+  const int64_t dim = wrap_dim(call, dim_arg, self.dim());
+  const int64_t size = self.dim() == 0 ? 1 : self.size(static_cast<int32_t>(dim));
+  if (k < 0 || k > size)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(op) + "(): k (" + std::to_string(k) + ") out of range for dimension " +
+                                             std::to_string(dim) + " of size " + std::to_string(size));
+  Shape shape = self.sizes();
+  if (self.dim() > 0) shape[static_cast<size_t>(dim)] = k;
+  check_out(call, values, shape, "values");
+  check_out(call, indices, shape, "indices");
+  if (dt_of(indices.dtype()) != DT::i64) call.fail(NPUB_ERR_INVALID_ARGUMENT, "indices: expected dtype int64");
+  if (dt_of(values.dtype()) != dt_of(self.dtype())) call.fail(NPUB_ERR_INVALID_ARGUMENT, "values: expected the dtype of self");
+  visit_compute(dt_of(self.dtype()), [&](auto tag) {
+    using T = decltype(tag);
+    sort_slices<T>(call, self, self.dim() == 0 ? 0 : dim, k, descending, values, indices);
+  });
+}
+
+// aten::topk.values(self, k, dim=-1, largest=True, sorted=True, *, values!, indices!)
+void topk(Call& call) {
+  run_sort(call, call.tensor(0), call.int_arg(2), call.int_arg(1), call.bool_arg(3), call.tensor(5), call.tensor(6), "topk");
+}
+
+// aten::sort.values_stable(self, *, stable?, dim=-1, descending=False, values!, indices!)
+void sort(Call& call) {
+  TensorRef self = call.tensor(0);
+  const int64_t dim = call.int_arg(2);
+  const int64_t k = self.dim() == 0 ? 1 : self.size(static_cast<int32_t>(wrap_dim(call, dim, self.dim())));
+  run_sort(call, self, dim, k, call.bool_arg(3), call.tensor(4), call.tensor(5), "sort");
+}
+
+}  // namespace
+
+void register_index(npub::sdk::Registrar& r) {
+  const auto all = dtypes_all();
+  r.def("aten::index_select.out(Tensor self, int dim, Tensor index, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::index_select.out", &index_select).dtypes(all).contiguous_only();
+  r.def("aten::gather.out(Tensor self, int dim, Tensor index, *, bool sparse_grad=False, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::gather.out", &gather).dtypes(all).contiguous_only();
+  r.def("aten::scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::scatter.src_out", &scatter<false>).dtypes(all).contiguous_only();
+  r.def("aten::scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::scatter_add.out", &scatter<true>).dtypes(dtypes_numeric()).contiguous_only();
+  r.def("aten::cat.out(Tensor[] tensors, int dim=0, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::cat.out", &cat).dtypes(all).contiguous_only();
+  r.def("aten::nonzero(Tensor self) -> Tensor");
+  r.kernel("aten::nonzero", &nonzero).dtypes(all).contiguous_only();
+  r.def("aten::topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)");
+  r.kernel("aten::topk.values", &topk).dtypes(dtypes_numeric()).contiguous_only();
+  r.def("aten::sort.values_stable(Tensor self, *, bool? stable, int dim=-1, bool descending=False, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)");
+  r.kernel("aten::sort.values_stable", &sort).dtypes(dtypes_numeric()).contiguous_only();
+}
+
+}  // namespace cann_like
