@@ -14,8 +14,11 @@ case "$suite" in
       --benchmark_out="$NPUB_ROOT/bench/results/core.json" --benchmark_out_format=json
     python3 "$NPUB_ROOT/bench/report_core.py" "$NPUB_ROOT/bench/results/core.json"
     ;;
+  cann)
+    "$NPUB_ROOT/build/release/bin/npub_bench_cann" "$NPUB_ROOT/bench/results/cann.json"
+    ;;
   *)
-    echo "bench.sh: unknown suite '$suite' (known: core)" >&2
+    echo "bench.sh: unknown suite '$suite' (known: core, cann)" >&2
     exit 2
     ;;
 esac

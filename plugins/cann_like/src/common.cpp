@@ -1,4 +1,7 @@
 #include "common.h"
+#include "elementwise.h"
+
+#include <immintrin.h>
 
 namespace cann_like {
 
@@ -197,6 +200,60 @@ std::vector<DLDataType> dtypes_numeric() {
 std::vector<DLDataType> dtypes_floating() {
   using namespace npub::sdk;
   return {kFloat32, kFloat64, kFloat16, kBFloat16};
+}
+
+namespace {
+
+__attribute__((target("f16c"))) void f16_to_f32_f16c(const uint16_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = _cvtsh_ss(src[i]);
+}
+__attribute__((target("f16c"))) void f32_to_f16_f16c(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
+}
+bool have_f16c() {
+  static const bool yes = __builtin_cpu_supports("f16c");
+  return yes;
+}
+
+}  // namespace
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void half_block_to_float(const char* src, DT dt, float* dst, int64_t n) {
+  uint16_t h[512];
+  for (int64_t j0 = 0; j0 < n; j0 += 512) {
+    const int64_t m = std::min<int64_t>(512, n - j0);
+    std::memcpy(h, src + j0 * 2, static_cast<size_t>(m) * 2);
+    if (dt == DT::bf16) {
+      for (int64_t i = 0; i < m; ++i) {
+        const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
+        std::memcpy(dst + j0 + i, &bits, 4);
+      }
+    } else if (have_f16c()) {
+      f16_to_f32_f16c(h, dst + j0, m);
+    } else {
+      for (int64_t i = 0; i < m; ++i) dst[j0 + i] = npub::sdk::half_to_float(h[i]);
+    }
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void float_block_to_half(const float* src, char* dst, DT dt, int64_t n) {
+  uint16_t h[512];
+  for (int64_t j0 = 0; j0 < n; j0 += 512) {
+    const int64_t m = std::min<int64_t>(512, n - j0);
+    if (dt == DT::bf16) {
+      for (int64_t i = 0; i < m; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, src + j0 + i, 4);
+        const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+        const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+        h[i] = static_cast<uint16_t>(nan ? ((bits >> 16) | 0x40u) : rounded);
+      }
+    } else if (have_f16c()) {
+      f32_to_f16_f16c(src + j0, h, m);
+    } else {
+      for (int64_t i = 0; i < m; ++i) h[i] = npub::sdk::float_to_half(src[j0 + i]);
+    }
+    std::memcpy(dst + j0 * 2, h, static_cast<size_t>(m) * 2);
+  }
 }
 
 }  // namespace cann_like

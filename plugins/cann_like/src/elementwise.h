@@ -47,6 +47,11 @@ constexpr DT dt_for() {
   else return DT::b8;
 }
 
+// Block conversions between a half type and float32 (vectorisable loops;
+// F16C instructions for float16 where the CPU has them).
+void half_block_to_float(const char* src, DT dt, float* dst, int64_t n);
+void float_block_to_half(const float* src, char* dst, DT dt, int64_t n);
+
 // Runs out = fn(in1, ..., inK) with inputs loaded as T; K (1..3) is fn's
 // arity and must equal it.nops - 1. fn returns R, stored with conversion to
 // the output dtype; when every operand already has its C++ type and unit
@@ -65,7 +70,35 @@ void run_elementwise(const Call& call, const Iter& it, Fn fn) {
   constexpr DT kR = dt_for<R>();
   bool typed = it.dt[0] == kR;
   for (int i = 1; i < it.nops; ++i) typed = typed && it.dt[i] == kT;
+  // Every operand float16 (or every one bfloat16), computing in float: convert
+  // blocks to float32, compute, convert back.
+  bool half_typed = false;
+  if constexpr (std::is_same_v<T, float> && std::is_same_v<R, float>) {
+    half_typed = it.dt[0] == DT::f16 || it.dt[0] == DT::bf16;
+    for (int i = 1; i < it.nops; ++i) half_typed = half_typed && it.dt[i] == it.dt[0];
+  }
   for_each_row(call, it, [&](char** p, const int64_t* s, int64_t n) {
+    if constexpr (std::is_same_v<T, float> && std::is_same_v<R, float>) {
+      bool unit2 = half_typed;
+      for (int i = 0; i <= K; ++i) unit2 = unit2 && s[i] == 2;
+      if (unit2) {
+        constexpr int64_t B = 512;
+        float in[3][B], res[B];
+        for (int64_t j0 = 0; j0 < n; j0 += B) {
+          const int64_t m = std::min(B, n - j0);
+          for (int i = 0; i < K; ++i) half_block_to_float(p[i + 1] + j0 * 2, it.dt[i + 1], in[i], m);
+          if constexpr (K == 1) {
+            for (int64_t j = 0; j < m; ++j) res[j] = fn(in[0][j]);
+          } else if constexpr (K == 2) {
+            for (int64_t j = 0; j < m; ++j) res[j] = fn(in[0][j], in[1][j]);
+          } else {
+            for (int64_t j = 0; j < m; ++j) res[j] = fn(in[0][j], in[1][j], in[2][j]);
+          }
+          float_block_to_half(res, p[0] + j0 * 2, it.dt[0], m);
+        }
+        return;
+      }
+    }
     bool unit = typed && s[0] == static_cast<int64_t>(sizeof(R));
     for (int i = 1; i <= K; ++i) unit = unit && s[i] == static_cast<int64_t>(sizeof(T));
     if (unit) {

@@ -1,0 +1,206 @@
+// cann_like against PyTorch on the CPU, in one process, with the same number
+// of threads on both sides: each case runs through the dispatcher on npu:0
+// and as the equivalent ATen call; the ratio npu time / torch time (lower is
+// better) is printed with the achieved GFLOP/s or GB/s, and all figures go
+// to the JSON file given as argv[1].
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/version.h>
+
+#include <npubridge/device_sim/copy_engine.h>
+#include <npubridge/dispatcher/runtime.h>
+#include <npubridge/dispatcher/value.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+using namespace npub;
+
+namespace {
+
+DType npub_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kHalf: return DType::kFloat16;
+    default: return DType::kFloat64;
+  }
+}
+
+Tensor to_npu(const at::Tensor& t, sim::Device* dev) {
+  at::Tensor c = t.contiguous();
+  Tensor out = Tensor::empty(c.sizes().vec(), npub_dtype(c.scalar_type()), dev);
+  std::vector<int64_t> shape = c.sizes().vec();
+  DLTensor src{};
+  src.data = c.data_ptr();
+  src.device = DLDevice{kDLCPU, 0};
+  src.ndim = static_cast<int32_t>(shape.size());
+  src.dtype = to_dl(npub_dtype(c.scalar_type()));
+  src.shape = shape.data();
+  sim::copy_tensor(*out.dl(), src, &dev->compute());
+  return out;
+}
+
+double median_seconds(const std::function<void()>& f, int reps) {
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto a = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+struct Result {
+  std::string name;
+  double npu_s, torch_s, work;  // work: FLOP or bytes
+  const char* unit;             // "GFLOP/s" or "GB/s"
+  double target;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string json_path = argc > 1 ? argv[1] : "cann.json";
+  const int threads = 2;
+  at::set_num_threads(threads);
+  RuntimeOptions o;
+  o.devices.num_devices = 1;
+  o.devices.compute_threads = threads;
+  o.load_default_op_map = false;
+  Runtime rt(o);
+  Dispatcher& d = rt.dispatcher();
+  d.set_fallback_mode(FallbackMode::kError);  // every case must run on a kernel
+  sim::Device* dev = &rt.devices().at(0);
+  std::vector<Result> results;
+
+  // Runs the npu call and the torch call in alternating blocks (3 blocks of
+  // `reps` calls each side) and compares medians. Blocks, not single calls:
+  // torch's OpenMP threads spin for a while after each torch op, which
+  // would otherwise steal the cores from the npu call that follows.
+  auto measure = [&](const std::string& name, const std::function<void()>& npu, const std::function<void()>& ref, double work,
+                     const char* unit, double target, int reps) {
+    npu();
+    ref();  // warm-up (caches, allocator, page faults)
+    std::vector<double> a, b;
+    for (int block = 0; block < 3; ++block) {
+      for (int i = 0; i < reps; ++i) a.push_back(median_seconds(npu, 1));
+      for (int i = 0; i < reps; ++i) b.push_back(median_seconds(ref, 1));
+    }
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    Result r{name, a[a.size() / 2], b[b.size() / 2], work, unit, target};
+    const double rate = work / r.npu_s / 1e9;
+    std::printf("%-44s npu %9.3f ms  torch %9.3f ms  ratio %5.2f (target <= %.2f) %s  %8.1f %s\n", name.c_str(), r.npu_s * 1e3,
+                r.torch_s * 1e3, r.npu_s / r.torch_s, target, r.npu_s / r.torch_s <= target ? "ok    " : "MISSED", rate, unit);
+    std::fflush(stdout);
+    results.push_back(r);
+  };
+
+  auto opts = [](at::ScalarType t) { return at::TensorOptions().dtype(t); };
+  NpubValue rets_storage[3] = {};
+  // Return slots are cleared before every call: a slot holding a tensor means
+  // "preallocated" to the dispatcher.
+  struct Rets {
+    NpubValue* r;
+    operator NpubValue*() {
+      for (int i = 0; i < 3; ++i) r[i] = none_value();
+      return r;
+    }
+  } rets{rets_storage};
+
+  for (int64_t n : {1024, 4096}) {
+    at::Tensor a = at::randn({n, n}), b = at::randn({n, n}), c = at::empty({n, n});
+    Tensor na = to_npu(a, dev), nb = to_npu(b, dev), nc = to_npu(c, dev);
+    const OpHandle mm = d.op("aten::mm.out");
+    NpubValue args[] = {tensor_value(na.dl()), tensor_value(nb.dl()), tensor_value(nc.dl())};
+    const int reps = n == 1024 ? 5 : 1;
+    measure("mm fp32 " + std::to_string(n) + "^3", [&] { d.call(mm, args, 3, rets, 1, nullptr); },
+            [&] { at::mm_out(c, a, b); }, 2.0 * n * n * n, "GFLOP/s", 1.25, reps);
+    at::Tensor bias = at::randn({n});
+    Tensor nbias = to_npu(bias, dev);
+    const OpHandle addmm = d.op("aten::addmm.out");
+    NpubValue aargs[] = {tensor_value(nbias.dl()), tensor_value(na.dl()), tensor_value(nb.dl()), int_value(1), int_value(1),
+                         tensor_value(nc.dl())};
+    measure("addmm fp32 " + std::to_string(n) + "^3", [&] { d.call(addmm, aargs, 6, rets, 1, nullptr); },
+            [&] { at::addmm_out(c, bias, a, b); }, 2.0 * n * n * n, "GFLOP/s", 1.25, reps);
+  }
+  {
+    const int64_t n = 16 << 20;
+    at::Tensor a = at::randn({n}), b = at::randn({n}), c = at::empty({n});
+    Tensor na = to_npu(a, dev), nb = to_npu(b, dev), nc = to_npu(c, dev);
+    const OpHandle add = d.op("aten::add.out"), mul = d.op("aten::mul.out");
+    NpubValue args[] = {tensor_value(na.dl()), tensor_value(nb.dl()), int_value(1), tensor_value(nc.dl())};
+    measure("add fp32 16M", [&] { d.call(add, args, 4, rets, 1, nullptr); }, [&] { at::add_out(c, a, b); }, 12.0 * n, "GB/s", 1.1, 7);
+    NpubValue margs[] = {tensor_value(na.dl()), tensor_value(nb.dl()), tensor_value(nc.dl())};
+    measure("mul fp32 16M", [&] { d.call(mul, margs, 3, rets, 1, nullptr); }, [&] { at::mul_out(c, a, b); }, 12.0 * n, "GB/s", 1.1, 7);
+    at::Tensor ab = a.to(at::kBFloat16), bb = b.to(at::kBFloat16), cb = at::empty({n}, opts(at::kBFloat16));
+    Tensor nab = to_npu(ab, dev), nbb = to_npu(bb, dev), ncb = to_npu(cb, dev);
+    NpubValue bargs[] = {tensor_value(nab.dl()), tensor_value(nbb.dl()), int_value(1), tensor_value(ncb.dl())};
+    measure("add bf16 16M", [&] { d.call(add, bargs, 4, rets, 1, nullptr); }, [&] { at::add_out(cb, ab, bb); }, 6.0 * n, "GB/s", 1.25, 7);
+  }
+  {
+    at::Tensor x = at::randn({4096, 4096}), y = at::empty({4096, 4096});
+    Tensor nx = to_npu(x, dev), ny = to_npu(y, dev);
+    const OpHandle sm = d.op("aten::_softmax.out");
+    NpubValue args[] = {tensor_value(nx.dl()), int_value(1), bool_value(false), tensor_value(ny.dl())};
+    measure("softmax fp32 [4096, 4096]", [&] { d.call(sm, args, 4, rets, 1, nullptr); },
+            [&] { at::_softmax_out(y, x, 1, false); }, 8.0 * 4096 * 4096, "GB/s", 1.1, 5);
+  }
+  {
+    at::Tensor x = at::randn({8192, 1024}), w = at::randn({1024}), b = at::randn({1024});
+    Tensor nx = to_npu(x, dev), nw = to_npu(w, dev), nb = to_npu(b, dev);
+    const OpHandle ln = d.op("aten::native_layer_norm");
+    std::vector<int64_t> shape{1024};
+    NpubValue args[] = {tensor_value(nx.dl()), int_list_value(shape), tensor_value(nw.dl()), tensor_value(nb.dl()), double_value(1e-5)};
+    measure("native_layer_norm fp32 [8192, 1024]",
+            [&] {
+              TensorOutputs outs(rt.devices());
+              d.call(ln, args, 5, rets, 3, &outs);
+            },
+            [&] { at::native_layer_norm(x, {1024}, w, b, 1e-5); }, 8.0 * 8192 * 1024, "GB/s", 1.1, 5);
+  }
+  {
+    const int64_t n = 1024;
+    at::Tensor a = at::randn({n, n}, opts(at::kBFloat16)), b = at::randn({n, n}, opts(at::kBFloat16)),
+               c = at::empty({n, n}, opts(at::kBFloat16));
+    Tensor na = to_npu(a, dev), nb = to_npu(b, dev), nc = to_npu(c, dev);
+    const OpHandle mm = d.op("aten::mm.out");
+    NpubValue args[] = {tensor_value(na.dl()), tensor_value(nb.dl()), tensor_value(nc.dl())};
+    measure("mm bf16 1024^3 (fp32 kernel via conversion)", [&] { d.call(mm, args, 3, rets, 1, nullptr); },
+            [&] { at::mm_out(c, a, b); }, 2.0 * n * n * n, "GFLOP/s", 1.25, 3);
+  }
+  if (d.find("cann_like::conv2d_bias_relu")) {
+    at::Tensor x = at::randn({8, 64, 56, 56}), w = at::randn({64, 64, 3, 3}) * 0.05, b = at::randn({64});
+    Tensor nx = to_npu(x, dev), nw = to_npu(w, dev), nb = to_npu(b, dev);
+    const OpHandle conv = d.op("cann_like::conv2d_bias_relu");
+    std::vector<int64_t> one{1, 1};
+    NpubValue args[] = {tensor_value(nx.dl()), tensor_value(nw.dl()), tensor_value(nb.dl()), int_list_value(one), int_list_value(one),
+                        int_list_value(one), int_value(1)};
+    measure("conv2d_bias_relu fused [8,64,56,56] 3x3",
+            [&] {
+              TensorOutputs outs(rt.devices());
+              d.call(conv, args, 7, rets, 1, &outs);
+            },
+            [&] { at::relu(at::conv2d(x, w, b, 1, 1)); }, 2.0 * 8 * 64 * 64 * 9 * 56 * 56, "GFLOP/s", 1.0, 3);
+  } else {
+    std::printf("%-44s not implemented yet (cann_like::conv2d_bias_relu is not registered)\n", "conv2d_bias_relu fused");
+  }
+
+  std::ofstream f(json_path);
+  f << "{\n  \"threads\": " << threads << ",\n  \"torch\": \"" << TORCH_VERSION << "\",\n  \"results\": [\n";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    f << "    {\"name\": \"" << r.name << "\", \"npu_ms\": " << r.npu_s * 1e3 << ", \"torch_ms\": " << r.torch_s * 1e3
+      << ", \"ratio\": " << r.npu_s / r.torch_s << ", \"target\": " << r.target << ", \"rate\": " << r.work / r.npu_s / 1e9
+      << ", \"unit\": \"" << r.unit << "\"}" << (i + 1 < results.size() ? "," : "") << "\n";
+  }
+  f << "  ]\n}\n";
+  return 0;
+}
