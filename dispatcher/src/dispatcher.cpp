@@ -196,8 +196,9 @@ void Dispatcher::validate(CallState& cs) const {
       case NPUB_VALUE_INT_LIST:
       case NPUB_VALUE_DOUBLE_LIST:
         if (v.count < 0 || (v.count > 0 && v.u.ints == nullptr)) bad_arg(op, a, i, "malformed list");
-        // int[N] with N >= 2 takes N values or one to repeat; int[1] is any length.
-        if (a.type.fixed_size > 1 && v.count != a.type.fixed_size && v.count != 1)
+        // int[N] with N >= 2 takes N values, one to repeat, or none (the
+        // op's default, e.g. stride=[]); int[1] is any length.
+        if (a.type.fixed_size > 1 && v.count != a.type.fixed_size && v.count > 1)
           bad_arg(op, a, i, "expected a list of " + std::to_string(a.type.fixed_size) + " values but found " + std::to_string(v.count));
         break;
       case NPUB_VALUE_STRING:

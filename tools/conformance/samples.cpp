@@ -766,6 +766,138 @@ SampleFn sort_spec() {
   };
 }
 
+// ---------------------------------------------------------------------------
+// convolution and pooling
+// ---------------------------------------------------------------------------
+
+struct ConvCase {
+  std::string name;
+  std::vector<int64_t> x, w;
+  std::vector<int64_t> stride, padding, dilation;
+  int64_t groups;
+  bool bias;
+};
+std::vector<ConvCase> conv_cases() {
+  return {{"3x3 pad 1", {2, 3, 8, 8}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, true},
+          {"stride 2, no bias", {1, 4, 9, 7}, {6, 4, 3, 3}, {2, 2}, {0, 0}, {1, 1}, 1, false},
+          {"dilation 2, pad 2", {2, 2, 10, 10}, {3, 2, 3, 3}, {1, 1}, {2, 2}, {2, 2}, 1, true},
+          {"groups 2, 1x1", {2, 4, 5, 5}, {6, 2, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 2, true},
+          {"depthwise", {1, 4, 6, 6}, {4, 1, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 4, true},
+          {"rectangular kernel", {1, 3, 7, 9}, {2, 3, 2, 4}, {1, 2}, {1, 0}, {1, 1}, 1, true},
+          {"larger", {4, 16, 28, 28}, {32, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, true}};
+}
+
+SampleFn conv_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    for (const ConvCase& c : conv_cases())
+      out.push_back({c.name, {make(c.x, dt), make(c.w, dt), c.bias ? IValue(make({c.w[0]}, dt)) : IValue(), IValue(c.stride),
+                              IValue(c.padding), IValue(c.dilation), false, IValue(std::vector<int64_t>{0, 0}), c.groups}});
+    out.push_back({"channel mismatch (error)", {make({1, 3, 5, 5}, dt), make({2, 4, 3, 3}, dt), IValue(), IValue(std::vector<int64_t>{1, 1}),
+                                                IValue(std::vector<int64_t>{0, 0}), IValue(std::vector<int64_t>{1, 1}), false,
+                                                IValue(std::vector<int64_t>{0, 0}), int64_t{1}}});
+    return out;
+  };
+}
+
+SampleFn conv_backward_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    for (ConvCase c : conv_cases()) {
+      // grad_weight sums N*OH*OW products: keep that in the hundreds so that
+      // float32 summation order stays within tolerance.
+      if (c.name == "larger") c.x = {2, 16, 14, 14};
+      at::Tensor x = make(c.x, dt), w = make(c.w, dt);
+      at::Tensor y = at::convolution(x, w, {}, c.stride, c.padding, c.dilation, false, {0, 0}, c.groups);
+      out.push_back({c.name, {make(y.sizes().vec(), dt), x, w, IValue(c.stride), IValue(c.padding), IValue(c.dilation), false,
+                              IValue(std::vector<int64_t>{0, 0}), c.groups, IValue(c10::List<bool>({true, true, c.bias}))}});
+    }
+    return out;
+  };
+}
+
+SampleFn conv2d_bias_relu_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    for (const ConvCase& c : conv_cases())
+      out.push_back({c.name, {make(c.x, dt), make(c.w, dt), make({c.w[0]}, dt), IValue(c.stride), IValue(c.padding), IValue(c.dilation),
+                              c.groups}});
+    return out;
+  };
+}
+
+SampleFn max_pool_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> k, std::vector<int64_t> s,
+                   std::vector<int64_t> p, std::vector<int64_t> d, bool ceil) {
+      out.push_back({n, {make(shape, dt), IValue(k), IValue(s), IValue(p), IValue(d), ceil, empty_out(dt), empty_out(at::kLong)}});
+    };
+    add("2x2", {2, 3, 8, 8}, {2, 2}, {}, {0, 0}, {1, 1}, false);
+    add("3x3 stride 2 pad 1", {1, 2, 9, 9}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, false);
+    add("ceil_mode", {1, 2, 7, 7}, {2, 2}, {2, 2}, {0, 0}, {1, 1}, true);
+    add("dilation 2", {1, 1, 10, 10}, {3, 3}, {1, 1}, {0, 0}, {2, 2}, false);
+    add("3-d input", {3, 6, 6}, {2, 2}, {}, {0, 0}, {1, 1}, false);
+    add("large", {8, 64, 56, 56}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, false);
+    if (at::isFloatingType(dt)) add("nan propagates", {1, 1, 4, 4}, {2, 2}, {}, {0, 0}, {1, 1}, false);
+    if (at::isFloatingType(dt)) out.back().args[0] = make({1, 1, 4, 4}, dt, 2);
+    add("pad too large (error)", {1, 1, 6, 6}, {2, 2}, {}, {2, 2}, {1, 1}, false);
+    return out;
+  };
+}
+
+SampleFn max_pool_backward_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> k, std::vector<int64_t> s,
+                   std::vector<int64_t> p, bool ceil) {
+      at::Tensor x = make(shape, dt);
+      auto fwd = at::max_pool2d_with_indices(x, k, s, p, {1, 1}, ceil);
+      out.push_back({n, {make(std::get<0>(fwd).sizes().vec(), dt), x, IValue(k), IValue(s), IValue(p), IValue(std::vector<int64_t>{1, 1}),
+                         ceil, std::get<1>(fwd), empty_out(dt)}});
+    };
+    add("2x2", {2, 3, 8, 8}, {2, 2}, {2, 2}, {0, 0}, false);
+    add("overlapping 3x3 stride 1", {1, 2, 7, 7}, {3, 3}, {1, 1}, {1, 1}, false);
+    add("ceil_mode", {1, 2, 7, 7}, {2, 2}, {2, 2}, {0, 0}, true);
+    return out;
+  };
+}
+
+SampleFn avg_pool_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> k, std::vector<int64_t> s,
+                   std::vector<int64_t> p, bool ceil, bool include_pad, IValue div) {
+      out.push_back({n, {make(shape, dt), IValue(k), IValue(s), IValue(p), ceil, include_pad, div, empty_out(dt)}});
+    };
+    add("2x2", {2, 3, 8, 8}, {2, 2}, {}, {0, 0}, false, true, IValue());
+    add("3x3 pad 1 include pad", {1, 2, 9, 9}, {3, 3}, {2, 2}, {1, 1}, false, true, IValue());
+    add("3x3 pad 1 exclude pad", {1, 2, 9, 9}, {3, 3}, {2, 2}, {1, 1}, false, false, IValue());
+    add("ceil_mode", {1, 2, 7, 7}, {2, 2}, {2, 2}, {1, 1}, true, true, IValue());
+    add("divisor_override 3", {1, 2, 6, 6}, {2, 2}, {}, {0, 0}, false, true, IValue(int64_t{3}));
+    add("3-d input", {3, 6, 6}, {3, 3}, {3, 3}, {0, 0}, false, true, IValue());
+    return out;
+  };
+}
+
+SampleFn avg_pool_backward_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> k, std::vector<int64_t> s,
+                   std::vector<int64_t> p, bool ceil, bool include_pad, IValue div) {
+      at::Tensor x = make(shape, dt);
+      std::optional<int64_t> d = div.isNone() ? std::nullopt : std::optional<int64_t>(div.toInt());
+      at::Tensor y = at::avg_pool2d(x, k, s, p, ceil, include_pad, d);
+      out.push_back({n, {make(y.sizes().vec(), dt), x, IValue(k), IValue(s), IValue(p), ceil, include_pad, div, empty_out(dt)}});
+    };
+    add("2x2", {2, 3, 8, 8}, {2, 2}, {2, 2}, {0, 0}, false, true, IValue());
+    add("3x3 pad 1 exclude pad", {1, 2, 9, 9}, {3, 3}, {2, 2}, {1, 1}, false, false, IValue());
+    add("ceil_mode", {1, 2, 7, 7}, {2, 2}, {2, 2}, {1, 1}, true, true, IValue());
+    add("divisor_override 3", {1, 2, 6, 6}, {2, 2}, {2, 2}, {0, 0}, false, true, IValue(int64_t{3}));
+    return out;
+  };
+}
+
 }  // namespace
 
 const std::map<std::string, SampleFn>& sample_specs() {
@@ -903,7 +1035,14 @@ const std::map<std::string, SampleFn>& sample_specs() {
     m["aten::nonzero"] = nonzero_spec();
     m["aten::topk.values"] = topk_spec();
     m["aten::sort.values_stable"] = sort_spec();
+    m["aten::convolution_overrideable"] = conv_spec();
+    m["aten::convolution_backward_overrideable"] = conv_backward_spec();
+    m["aten::max_pool2d_with_indices.out"] = max_pool_spec();
+    m["aten::max_pool2d_with_indices_backward.grad_input"] = max_pool_backward_spec();
+    m["aten::avg_pool2d.out"] = avg_pool_spec();
+    m["aten::avg_pool2d_backward.grad_input"] = avg_pool_backward_spec();
     // plugin ops
+    m["cann_like::conv2d_bias_relu"] = conv2d_bias_relu_spec();
     m["mindspeed_like::npu_rms_norm"] = rms_norm_spec();
     m["vllm_like::silu_and_mul"] = silu_and_mul_spec();
     return m;
@@ -911,8 +1050,43 @@ const std::map<std::string, SampleFn>& sample_specs() {
   return specs;
 }
 
+const std::map<std::string, double>& float32_tolerance_overrides() {
+  static const std::map<std::string, double> overrides = {
+      {"aten::convolution_overrideable", 1e-4},
+      {"aten::convolution_backward_overrideable", 1e-4},
+      {"cann_like::conv2d_bias_relu", 1e-4},
+  };
+  return overrides;
+}
+
 const std::map<std::string, ReferenceFn>& reference_library() {
   static const std::map<std::string, ReferenceFn> refs = {
+      // ATen's CPU backend has no *_overrideable kernels (they exist for
+      // out-of-tree backends); the reference is the convolution it would run.
+      {"aten::convolution_overrideable",
+       [](const std::vector<IValue>& a) {
+         at::Tensor bias = a[2].isNone() ? at::Tensor() : a[2].toTensor();
+         return std::vector<at::Tensor>{at::convolution(a[0].toTensor(), a[1].toTensor(), bias, a[3].toIntVector(), a[4].toIntVector(),
+                                                        a[5].toIntVector(), a[6].toBool(), a[7].toIntVector(), a[8].toInt())};
+       }},
+      {"aten::convolution_backward_overrideable",
+       [](const std::vector<IValue>& a) {
+         auto mask_list = a[9].toBoolList();
+         std::array<bool, 3> mask{mask_list[0], mask_list[1], mask_list[2]};
+         const int64_t oc = a[2].toTensor().size(0);
+         auto r = at::convolution_backward(a[0].toTensor(), a[1].toTensor(), a[2].toTensor(), std::vector<int64_t>{oc},
+                                           a[3].toIntVector(), a[4].toIntVector(), a[5].toIntVector(), a[6].toBool(),
+                                           a[7].toIntVector(), a[8].toInt(), mask);
+         std::vector<at::Tensor> out;
+         for (const at::Tensor& t : {std::get<0>(r), std::get<1>(r), std::get<2>(r)})
+           if (t.defined()) out.push_back(t);
+         return out;
+       }},
+      {"cann_like::conv2d_bias_relu",
+       [](const std::vector<IValue>& a) {
+         return std::vector<at::Tensor>{at::relu(at::conv2d(a[0].toTensor(), a[1].toTensor(), a[2].toTensor(), a[3].toIntVector(),
+                                                            a[4].toIntVector(), a[5].toIntVector(), a[6].toInt()))};
+       }},
       {"mindspeed_like::npu_rms_norm",
        [](const std::vector<IValue>& a) {
          at::Tensor x = a[0].toTensor(), g = a[1].toTensor();

@@ -13,5 +13,6 @@ void register_matmul(npub::sdk::Registrar& r);
 void register_reduce(npub::sdk::Registrar& r);
 void register_nn(npub::sdk::Registrar& r);
 void register_index(npub::sdk::Registrar& r);
+void register_conv(npub::sdk::Registrar& r);
 
 }  // namespace cann_like

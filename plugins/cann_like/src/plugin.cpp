@@ -9,6 +9,7 @@ void init(npub::sdk::Registrar& r) {
   cann_like::register_matmul(r);
   cann_like::register_nn(r);
   cann_like::register_index(r);
+  cann_like::register_conv(r);
 }
 }  // namespace
 

@@ -1,0 +1,432 @@
+// 2-d convolution (forward and backward) by im2col + GEMM, the fused
+// conv2d + bias + relu (the fusion CANN's graph engine applies), and 2-d max
+// and average pooling with their backward.
+#include "elementwise.h"
+#include "ops.h"
+
+#include <cmath>
+#include <limits>
+
+namespace cann_like {
+
+// Serial row-major GEMM: C[m,n] = alpha * op(A) @ op(B) + beta * C (matmul.cpp).
+void gemm_serial_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                     const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+
+namespace {
+
+struct Conv2d {
+  int64_t n, c, h, w;       // input
+  int64_t oc, kh, kw;       // weight [oc, c/groups, kh, kw]
+  int64_t sh, sw, ph, pw, dh, dw, groups;
+  int64_t oh, ow;
+  int64_t cg() const { return c / groups; }
+  int64_t ocg() const { return oc / groups; }
+  int64_t col_rows() const { return cg() * kh * kw; }
+  int64_t col_cols() const { return oh * ow; }
+};
+
+int64_t pair_at(const std::vector<int64_t>& v, size_t i, const Call& call, const char* name) {
+  if (v.size() == 1) return v[0];
+  if (v.size() != 2) call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + ": expected 1 or 2 values but found " + std::to_string(v.size()));
+  return v[i];
+}
+
+Conv2d conv_geometry(const Call& call, const TensorRef& x, const TensorRef& wt, const std::vector<int64_t>& stride,
+                     const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups) {
+  if (x.dim() != 4) call.fail(NPUB_ERR_UNSUPPORTED, "only 2-d convolution on 4-d NCHW input is implemented, got a " +
+                                                        std::to_string(x.dim()) + "-d input");
+  if (wt.dim() != 4) call.fail(NPUB_ERR_INVALID_ARGUMENT, "weight: expected 4 dimensions but found " + std::to_string(wt.dim()));
+  Conv2d g{x.size(0), x.size(1), x.size(2), x.size(3), wt.size(0), wt.size(2), wt.size(3),
+           pair_at(stride, 0, call, "stride"), pair_at(stride, 1, call, "stride"), pair_at(padding, 0, call, "padding"),
+           pair_at(padding, 1, call, "padding"), pair_at(dilation, 0, call, "dilation"), pair_at(dilation, 1, call, "dilation"),
+           groups, 0, 0};
+  if (groups < 1 || g.c % groups != 0 || g.oc % groups != 0)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "groups " + std::to_string(groups) + " must divide input channels " + std::to_string(g.c) +
+                                             " and output channels " + std::to_string(g.oc));
+  if (wt.size(1) != g.cg())
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "Given groups=" + std::to_string(groups) + ", weight of size " + shape_str(wt.sizes()) +
+                                             ", expected input" + shape_str(x.sizes()) + " to have " + std::to_string(wt.size(1) * groups) +
+                                             " channels, but got " + std::to_string(g.c) + " channels instead");
+  if (g.sh < 1 || g.sw < 1 || g.dh < 1 || g.dw < 1 || g.ph < 0 || g.pw < 0)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "stride and dilation must be positive and padding non-negative");
+  g.oh = (g.h + 2 * g.ph - g.dh * (g.kh - 1) - 1) / g.sh + 1;
+  g.ow = (g.w + 2 * g.pw - g.dw * (g.kw - 1) - 1) / g.sw + 1;
+  if (g.oh < 1 || g.ow < 1)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "Calculated output size: (" + std::to_string(g.oh) + "x" + std::to_string(g.ow) +
+                                             "). Output size is too small for input " + shape_str(x.sizes()) + " and kernel " +
+                                             std::to_string(g.kh) + "x" + std::to_string(g.kw));
+  return g;
+}
+
+// col[(ci*kh + i)*kw + j, oy*ow + ox] = x[ci, oy*sh - ph + i*dh, ox*sw - pw + j*dw]
+void im2col(const Conv2d& g, const float* x, float* col) {
+  for (int64_t ci = 0; ci < g.cg(); ++ci)
+    for (int64_t i = 0; i < g.kh; ++i)
+      for (int64_t j = 0; j < g.kw; ++j) {
+        float* row = col + ((ci * g.kh + i) * g.kw + j) * g.oh * g.ow;
+        for (int64_t oy = 0; oy < g.oh; ++oy) {
+          const int64_t iy = oy * g.sh - g.ph + i * g.dh;
+          float* r = row + oy * g.ow;
+          if (iy < 0 || iy >= g.h) {
+            for (int64_t ox = 0; ox < g.ow; ++ox) r[ox] = 0;
+            continue;
+          }
+          const float* xr = x + (ci * g.h + iy) * g.w;
+          for (int64_t ox = 0; ox < g.ow; ++ox) {
+            const int64_t ix = ox * g.sw - g.pw + j * g.dw;
+            r[ox] = (ix >= 0 && ix < g.w) ? xr[ix] : 0.0f;
+          }
+        }
+      }
+}
+
+// The adjoint of im2col: accumulates col into x.
+void col2im(const Conv2d& g, const float* col, float* x) {
+  for (int64_t ci = 0; ci < g.cg(); ++ci)
+    for (int64_t i = 0; i < g.kh; ++i)
+      for (int64_t j = 0; j < g.kw; ++j) {
+        const float* row = col + ((ci * g.kh + i) * g.kw + j) * g.oh * g.ow;
+        for (int64_t oy = 0; oy < g.oh; ++oy) {
+          const int64_t iy = oy * g.sh - g.ph + i * g.dh;
+          if (iy < 0 || iy >= g.h) continue;
+          float* xr = x + (ci * g.h + iy) * g.w;
+          for (int64_t ox = 0; ox < g.ow; ++ox) {
+            const int64_t ix = ox * g.sw - g.pw + j * g.dw;
+            if (ix >= 0 && ix < g.w) xr[ix] += row[oy * g.ow + ox];
+          }
+        }
+      }
+}
+
+void require_f32(const Call& call, std::initializer_list<TensorRef> ts) {
+  for (const TensorRef& t : ts)
+    if (t.defined() && dt_of(t.dtype()) != DT::f32)
+      call.fail(NPUB_ERR_UNSUPPORTED, std::string("expected float32 tensors but found ") + dt_name(dt_of(t.dtype())));
+}
+
+// out = conv(x, w) (+ bias) (relu), out preallocated [n, oc, oh, ow].
+void conv_forward(const Call& call, const Conv2d& g, const TensorRef& x, const TensorRef& wt, const TensorRef& bias,
+                  const TensorRef& out, bool relu) {
+  const float* xp = x.data<float>();
+  const float* wp = wt.data<float>();
+  const float* bp = bias.defined() ? bias.data<float>() : nullptr;
+  float* op = out.data<float>();
+  const int64_t jobs = g.n * g.groups;
+  call.parallel_for(0, jobs, 1, [&](int64_t b, int64_t e) {
+    std::vector<float> col(static_cast<size_t>(g.col_rows() * g.col_cols()));
+    for (int64_t job = b; job < e; ++job) {
+      const int64_t ni = job / g.groups, gi = job % g.groups;
+      im2col(g, xp + (ni * g.c + gi * g.cg()) * g.h * g.w, col.data());
+      float* o = op + (ni * g.oc + gi * g.ocg()) * g.oh * g.ow;
+      gemm_serial_f32(false, false, g.ocg(), g.col_cols(), g.col_rows(), 1.0f, wp + gi * g.ocg() * g.col_rows(), g.col_rows(),
+                      col.data(), g.col_cols(), 0.0f, o, g.col_cols());
+      if (bp != nullptr || relu) {
+        for (int64_t oc = 0; oc < g.ocg(); ++oc) {
+          float* r = o + oc * g.oh * g.ow;
+          const float bv = bp != nullptr ? bp[gi * g.ocg() + oc] : 0.0f;
+          if (relu) {
+            for (int64_t k = 0; k < g.oh * g.ow; ++k) {
+              const float v = r[k] + bv;
+              r[k] = v > 0.0f ? v : (v != v ? v : 0.0f);
+            }
+          } else {
+            for (int64_t k = 0; k < g.oh * g.ow; ++k) r[k] += bv;
+          }
+        }
+      }
+    }
+  });
+}
+
+// aten::convolution_overrideable(input, weight, bias?, stride, padding, dilation,
+//     transposed, output_padding, groups) -> Tensor
+void convolution(Call& call) {
+  TensorRef x = call.tensor(0), wt = call.tensor(1), bias = call.optional_tensor(2);
+  if (call.bool_arg(6)) call.fail(NPUB_ERR_UNSUPPORTED, "transposed convolution is not implemented");
+  require_f32(call, {x, wt, bias});
+  const Conv2d g = conv_geometry(call, x, wt, call.int_list(3), call.int_list(4), call.int_list(5), call.int_arg(8));
+  if (bias.defined() && bias.numel() != g.oc)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "bias: expected " + std::to_string(g.oc) + " elements but found " + std::to_string(bias.numel()));
+  TensorRef out = call.output(0, {g.n, g.oc, g.oh, g.ow}, x.dtype());
+  conv_forward(call, g, x, wt, bias, out, false);
+}
+
+// cann_like::conv2d_bias_relu(input, weight, bias, int[2] stride, int[2] padding, int[2] dilation, int groups) -> Tensor
+void conv2d_bias_relu(Call& call) {
+  TensorRef x = call.tensor(0), wt = call.tensor(1), bias = call.tensor(2);
+  require_f32(call, {x, wt, bias});
+  const Conv2d g = conv_geometry(call, x, wt, call.int_list(3), call.int_list(4), call.int_list(5), call.int_arg(6));
+  if (bias.numel() != g.oc)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "bias: expected " + std::to_string(g.oc) + " elements but found " + std::to_string(bias.numel()));
+  TensorRef out = call.output(0, {g.n, g.oc, g.oh, g.ow}, x.dtype());
+  conv_forward(call, g, x, wt, bias, out, true);
+}
+
+// aten::convolution_backward_overrideable(grad_output, input, weight, stride, padding,
+//     dilation, transposed, output_padding, groups, bool[3] output_mask)
+//     -> (grad_input, grad_weight, grad_bias)
+void convolution_backward(Call& call) {
+  TensorRef go = call.tensor(0), x = call.tensor(1), wt = call.tensor(2);
+  if (call.bool_arg(6)) call.fail(NPUB_ERR_UNSUPPORTED, "transposed convolution is not implemented");
+  require_f32(call, {go, x, wt});
+  const Conv2d g = conv_geometry(call, x, wt, call.int_list(3), call.int_list(4), call.int_list(5), call.int_arg(8));
+  const auto mask = call.int_list(9);
+  if (mask.size() != 3) call.fail(NPUB_ERR_INVALID_ARGUMENT, "output_mask: expected 3 values");
+  check_out(call, go, {g.n, g.oc, g.oh, g.ow}, "grad_output");
+  const float* gp = go.data<float>();
+  const float* xp = x.data<float>();
+  const float* wp = wt.data<float>();
+  const int64_t cols = g.col_cols(), rows = g.col_rows();
+  if (mask[0]) {
+    TensorRef gi = call.output(0, x.sizes(), x.dtype());
+    float* gip = gi.data<float>();
+    std::memset(gip, 0, sizeof(float) * static_cast<size_t>(gi.numel()));
+    call.parallel_for(0, g.n * g.groups, 1, [&](int64_t b, int64_t e) {
+      std::vector<float> col(static_cast<size_t>(rows * cols));
+      for (int64_t job = b; job < e; ++job) {
+        const int64_t ni = job / g.groups, gr = job % g.groups;
+        // col = W_g^T [rows, ocg] @ grad_out [ocg, cols]
+        gemm_serial_f32(true, false, rows, cols, g.ocg(), 1.0f, wp + gr * g.ocg() * rows, rows,
+                        gp + (ni * g.oc + gr * g.ocg()) * cols, cols, 0.0f, col.data(), cols);
+        col2im(g, col.data(), gip + (ni * g.c + gr * g.cg()) * g.h * g.w);
+      }
+    });
+  }
+  if (mask[1]) {
+    TensorRef gw = call.output(1, wt.sizes(), wt.dtype());
+    float* gwp = gw.data<float>();
+    // Per-thread partial sums over images, added in a fixed order.
+    const int64_t chunks = std::min<int64_t>(g.n, std::max<int32_t>(1, call.num_threads()));
+    std::vector<std::vector<float>> partial(static_cast<size_t>(chunks), std::vector<float>(static_cast<size_t>(gw.numel()), 0.0f));
+    const int64_t per = (g.n + chunks - 1) / chunks;
+    call.parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
+      std::vector<float> col(static_cast<size_t>(rows * cols));
+      for (int64_t ch = b; ch < e; ++ch)
+        for (int64_t ni = ch * per; ni < std::min(g.n, (ch + 1) * per); ++ni)
+          for (int64_t gr = 0; gr < g.groups; ++gr) {
+            im2col(g, xp + (ni * g.c + gr * g.cg()) * g.h * g.w, col.data());
+            // dW_g [ocg, rows] += grad_out [ocg, cols] @ col^T [cols, rows]
+            gemm_serial_f32(false, true, g.ocg(), rows, cols, 1.0f, gp + (ni * g.oc + gr * g.ocg()) * cols, cols, col.data(), cols, 1.0f,
+                            partial[static_cast<size_t>(ch)].data() + gr * g.ocg() * rows, rows);
+          }
+    });
+    for (int64_t i = 0; i < gw.numel(); ++i) {
+      float s = 0;
+      for (const auto& p : partial) s += p[static_cast<size_t>(i)];
+      gwp[i] = s;
+    }
+  }
+  if (mask[2]) {
+    TensorRef gb = call.output(2, {g.oc}, go.dtype());
+    float* gbp = gb.data<float>();
+    for (int64_t oc = 0; oc < g.oc; ++oc) {
+      double s = 0;
+      for (int64_t ni = 0; ni < g.n; ++ni)
+        for (int64_t k = 0; k < cols; ++k) s += gp[(ni * g.oc + oc) * cols + k];
+      gbp[oc] = static_cast<float>(s);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// pooling
+// ---------------------------------------------------------------------------
+
+struct Pool2d {
+  int64_t planes, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow;
+  bool ceil_mode;
+};
+
+int64_t pool_out(int64_t size, int64_t k, int64_t p, int64_t s, int64_t d, bool ceil_mode) {
+  int64_t out = (size + 2 * p - d * (k - 1) - 1 + (ceil_mode ? s - 1 : 0)) / s + 1;
+  if (ceil_mode && (out - 1) * s >= size + p) --out;
+  return out;
+}
+
+Pool2d pool_geometry(const Call& call, const TensorRef& x, const std::vector<int64_t>& kernel, std::vector<int64_t> stride,
+                     const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, bool ceil_mode) {
+  if (x.dim() != 3 && x.dim() != 4)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "Expected 3D or 4D (batch mode) tensor for input but got " + std::to_string(x.dim()) + "-d");
+  if (stride.empty()) stride = kernel;
+  Pool2d p{};
+  p.h = x.size(-2);
+  p.w = x.size(-1);
+  p.planes = x.numel() / std::max<int64_t>(p.h * p.w, 1);
+  if (p.h * p.w == 0) p.planes = x.dim() == 4 ? x.size(0) * x.size(1) : x.size(0);
+  p.kh = pair_at(kernel, 0, call, "kernel_size");
+  p.kw = pair_at(kernel, 1, call, "kernel_size");
+  p.sh = pair_at(stride, 0, call, "stride");
+  p.sw = pair_at(stride, 1, call, "stride");
+  p.ph = pair_at(padding, 0, call, "padding");
+  p.pw = pair_at(padding, 1, call, "padding");
+  p.dh = dilation.empty() ? 1 : pair_at(dilation, 0, call, "dilation");
+  p.dw = dilation.empty() ? 1 : pair_at(dilation, 1, call, "dilation");
+  p.ceil_mode = ceil_mode;
+  if (p.kh < 1 || p.kw < 1 || p.sh < 1 || p.sw < 1 || p.dh < 1 || p.dw < 1)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "kernel_size, stride and dilation must be positive");
+  if (p.ph > p.kh / 2 || p.pw > p.kw / 2)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "pad should be at most half of effective kernel size, but got pad=" + std::to_string(p.ph) +
+                                             ", kernel_size=" + std::to_string(p.kh));
+  p.oh = pool_out(p.h, p.kh, p.ph, p.sh, p.dh, ceil_mode);
+  p.ow = pool_out(p.w, p.kw, p.pw, p.sw, p.dw, ceil_mode);
+  if (p.oh < 1 || p.ow < 1) call.fail(NPUB_ERR_INVALID_ARGUMENT, "Output size is too small");
+  return p;
+}
+
+Shape pooled_shape(const TensorRef& x, const Pool2d& p) {
+  Shape s = x.sizes();
+  s[s.size() - 2] = p.oh;
+  s[s.size() - 1] = p.ow;
+  return s;
+}
+
+// aten::max_pool2d_with_indices.out(self, kernel_size, stride=[], padding=0, dilation=1,
+//     ceil_mode=False, *, out!, indices!)
+void max_pool2d(Call& call) {
+  TensorRef x = call.tensor(0), out = call.tensor(6), indices = call.tensor(7);
+  const Pool2d p = pool_geometry(call, x, call.int_list(1), call.int_list(2), call.int_list(3), call.int_list(4), call.bool_arg(5));
+  check_out(call, out, pooled_shape(x, p));
+  check_out(call, indices, pooled_shape(x, p), "indices");
+  const DT d = dt_of(x.dtype());
+  const int64_t es = dt_size(d);
+  call.parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
+    for (int64_t pl = b; pl < e; ++pl)
+      for (int64_t oy = 0; oy < p.oh; ++oy)
+        for (int64_t ox = 0; ox < p.ow; ++ox) {
+          double best = -std::numeric_limits<double>::infinity();
+          int64_t best_i = -1;
+          for (int64_t i = 0; i < p.kh; ++i) {
+            const int64_t iy = oy * p.sh - p.ph + i * p.dh;
+            if (iy < 0 || iy >= p.h) continue;
+            for (int64_t j = 0; j < p.kw; ++j) {
+              const int64_t ix = ox * p.sw - p.pw + j * p.dw;
+              if (ix < 0 || ix >= p.w) continue;
+              const double v = load<double>(x.data<char>() + ((pl * p.h + iy) * p.w + ix) * es, d);
+              if (best_i < 0 || v > best || std::isnan(v)) {
+                best = v;
+                best_i = iy * p.w + ix;
+                if (std::isnan(v)) break;
+              }
+            }
+            if (std::isnan(best)) break;
+          }
+          const int64_t o = (pl * p.oh + oy) * p.ow + ox;
+          store<double>(out.data<char>() + o * es, d, best);
+          indices.data<int64_t>()[o] = best_i;
+        }
+  });
+}
+
+// aten::max_pool2d_with_indices_backward.grad_input(grad_output, self, kernel_size, stride,
+//     padding, dilation, ceil_mode, indices, *, grad_input!)
+void max_pool2d_backward(Call& call) {
+  TensorRef go = call.tensor(0), x = call.tensor(1), indices = call.tensor(7), gi = call.tensor(8);
+  const Pool2d p = pool_geometry(call, x, call.int_list(2), call.int_list(3), call.int_list(4), call.int_list(5), call.bool_arg(6));
+  check_out(call, go, pooled_shape(x, p), "grad_output");
+  check_out(call, gi, x.sizes(), "grad_input");
+  const DT d = dt_of(x.dtype());
+  const int64_t es = dt_size(d);
+  call.parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
+    for (int64_t pl = b; pl < e; ++pl) {
+      std::vector<double> acc(static_cast<size_t>(p.h * p.w), 0.0);
+      for (int64_t o = 0; o < p.oh * p.ow; ++o) {
+        const int64_t idx = indices.data<int64_t>()[pl * p.oh * p.ow + o];
+        if (idx < 0 || idx >= p.h * p.w)
+          call.fail(NPUB_ERR_INVALID_ARGUMENT, "indices: " + std::to_string(idx) + " is out of range for an input plane of " +
+                                                   std::to_string(p.h * p.w) + " elements");
+        acc[static_cast<size_t>(idx)] += load<double>(go.data<char>() + (pl * p.oh * p.ow + o) * es, d);
+      }
+      for (int64_t k = 0; k < p.h * p.w; ++k) store<double>(gi.data<char>() + (pl * p.h * p.w + k) * es, d, acc[static_cast<size_t>(k)]);
+    }
+  });
+}
+
+// The window of output (oy, ox) for avg_pool2d and its divisor (ATen's rule).
+struct AvgWindow {
+  int64_t y0, y1, x0, x1, divisor;
+};
+AvgWindow avg_window(const Pool2d& p, int64_t oy, int64_t ox, bool count_include_pad, int64_t divisor_override) {
+  int64_t y0 = oy * p.sh - p.ph, x0 = ox * p.sw - p.pw;
+  int64_t y1 = std::min(y0 + p.kh, p.h + p.ph), x1 = std::min(x0 + p.kw, p.w + p.pw);
+  const int64_t pool_size = (y1 - y0) * (x1 - x0);
+  y0 = std::max<int64_t>(y0, 0);
+  x0 = std::max<int64_t>(x0, 0);
+  y1 = std::min(y1, p.h);
+  x1 = std::min(x1, p.w);
+  int64_t div = divisor_override > 0 ? divisor_override : count_include_pad ? pool_size : (y1 - y0) * (x1 - x0);
+  return {y0, y1, x0, x1, div};
+}
+
+// aten::avg_pool2d.out(self, kernel_size, stride=[], padding=0, ceil_mode=False,
+//     count_include_pad=True, divisor_override=None, *, out!)
+void avg_pool2d(Call& call) {
+  TensorRef x = call.tensor(0), out = call.tensor(7);
+  const Pool2d p = pool_geometry(call, x, call.int_list(1), call.int_list(2), call.int_list(3), {}, call.bool_arg(4));
+  const bool include_pad = call.bool_arg(5);
+  const int64_t div_override = call.is_none(6) ? 0 : call.int_arg(6);
+  if (!call.is_none(6) && div_override == 0) call.fail(NPUB_ERR_INVALID_ARGUMENT, "divisor must be not zero");
+  check_out(call, out, pooled_shape(x, p));
+  const DT d = dt_of(x.dtype());
+  const int64_t es = dt_size(d);
+  call.parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
+    for (int64_t pl = b; pl < e; ++pl)
+      for (int64_t oy = 0; oy < p.oh; ++oy)
+        for (int64_t ox = 0; ox < p.ow; ++ox) {
+          const AvgWindow win = avg_window(p, oy, ox, include_pad, div_override);
+          double s = 0;
+          for (int64_t iy = win.y0; iy < win.y1; ++iy)
+            for (int64_t ix = win.x0; ix < win.x1; ++ix) s += load<double>(x.data<char>() + ((pl * p.h + iy) * p.w + ix) * es, d);
+          store<double>(out.data<char>() + ((pl * p.oh + oy) * p.ow + ox) * es, d, s / static_cast<double>(win.divisor));
+        }
+  });
+}
+
+// aten::avg_pool2d_backward.grad_input(grad_output, self, kernel_size, stride, padding,
+//     ceil_mode, count_include_pad, divisor_override?, *, grad_input!)
+void avg_pool2d_backward(Call& call) {
+  TensorRef go = call.tensor(0), x = call.tensor(1), gi = call.tensor(8);
+  const Pool2d p = pool_geometry(call, x, call.int_list(2), call.int_list(3), call.int_list(4), {}, call.bool_arg(5));
+  const bool include_pad = call.bool_arg(6);
+  const int64_t div_override = call.is_none(7) ? 0 : call.int_arg(7);
+  check_out(call, go, pooled_shape(x, p), "grad_output");
+  check_out(call, gi, x.sizes(), "grad_input");
+  const DT d = dt_of(x.dtype());
+  const int64_t es = dt_size(d);
+  call.parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
+    for (int64_t pl = b; pl < e; ++pl) {
+      std::vector<double> acc(static_cast<size_t>(p.h * p.w), 0.0);
+      for (int64_t oy = 0; oy < p.oh; ++oy)
+        for (int64_t ox = 0; ox < p.ow; ++ox) {
+          const AvgWindow win = avg_window(p, oy, ox, include_pad, div_override);
+          const double g = load<double>(go.data<char>() + ((pl * p.oh + oy) * p.ow + ox) * es, d) / static_cast<double>(win.divisor);
+          for (int64_t iy = win.y0; iy < win.y1; ++iy)
+            for (int64_t ix = win.x0; ix < win.x1; ++ix) acc[static_cast<size_t>(iy * p.w + ix)] += g;
+        }
+      for (int64_t k = 0; k < p.h * p.w; ++k) store<double>(gi.data<char>() + (pl * p.h * p.w + k) * es, d, acc[static_cast<size_t>(k)]);
+    }
+  });
+}
+
+}  // namespace
+
+void register_conv(npub::sdk::Registrar& r) {
+  using namespace npub::sdk;
+  const auto floating = dtypes_floating();
+  r.def("aten::convolution_overrideable(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor");
+  r.kernel("aten::convolution_overrideable", &convolution).dtypes({kFloat32}).contiguous_only();
+  r.def("aten::convolution_backward_overrideable(Tensor grad_output, Tensor input, Tensor weight, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  r.kernel("aten::convolution_backward_overrideable", &convolution_backward).dtypes({kFloat32}).contiguous_only();
+  r.def("cann_like::conv2d_bias_relu(Tensor input, Tensor weight, Tensor bias, int[2] stride=1, int[2] padding=0, int[2] dilation=1, int groups=1) -> Tensor");
+  r.kernel("cann_like::conv2d_bias_relu", &conv2d_bias_relu).dtypes({kFloat32}).contiguous_only().opt_level(2);
+  r.def("aten::max_pool2d_with_indices.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))");
+  r.kernel("aten::max_pool2d_with_indices.out", &max_pool2d).dtypes(floating).contiguous_only();
+  r.def("aten::max_pool2d_with_indices_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices, *, Tensor(a!) grad_input) -> Tensor(a!)");
+  r.kernel("aten::max_pool2d_with_indices_backward.grad_input", &max_pool2d_backward).dtypes(floating).contiguous_only();
+  r.def("aten::avg_pool2d.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::avg_pool2d.out", &avg_pool2d).dtypes(floating).contiguous_only();
+  r.def("aten::avg_pool2d_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override, *, Tensor(a!) grad_input) -> Tensor(a!)");
+  r.kernel("aten::avg_pool2d_backward.grad_input", &avg_pool2d_backward).dtypes(floating).contiguous_only();
+}
+
+}  // namespace cann_like
