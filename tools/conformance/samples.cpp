@@ -766,6 +766,47 @@ SampleFn sort_spec() {
   };
 }
 
+IValue opt_list(std::vector<std::optional<at::Tensor>> v) {
+  c10::List<std::optional<at::Tensor>> l;
+  for (auto& t : v) l.push_back(t);
+  return IValue(l);
+}
+
+SampleFn index_tensor_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto add = [&](const std::string& n, at::Tensor self, std::vector<std::optional<at::Tensor>> idx) {
+      out.push_back({n, {self, opt_list(idx), empty_out(dt)}});
+    };
+    add("one long index", make({5, 4}, dt), {rand_index({3}, 5)});
+    add("negative indices", make({5, 4}, dt), {long_tensor({-1, -5, 2}, {3})});
+    add("index on dim 1", make({5, 4}, dt), {std::nullopt, rand_index({2, 3}, 4)});
+    add("two broadcast indices", make({5, 4, 3}, dt), {rand_index({2, 1}, 5), rand_index({3}, 4)});
+    add("non-adjacent indices", make({5, 4, 3}, dt), {rand_index({2}, 5), std::nullopt, rand_index({2}, 3)});
+    add("bool mask", make({4, 5}, dt), {make({4, 5}, at::kBool)});
+    add("bool mask on dim 0", make({4, 5}, dt), {make({4}, at::kBool)});
+    add("int32 index", make({6}, dt), {rand_index({4}, 6, at::kInt)});
+    add("index out of range (error)", make({5, 4}, dt), {long_tensor({5}, {1})});
+    return out;
+  };
+}
+
+SampleFn index_put_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto add = [&](const std::string& n, at::Tensor self, std::vector<std::optional<at::Tensor>> idx, at::Tensor v, bool acc) {
+      out.push_back({n, {self, opt_list(idx), v, acc}});
+    };
+    add("unique rows", make({5, 4}, dt), {at::randperm(5, at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 3)}, make({3, 4}, dt), false);
+    add("broadcast value", make({5, 4}, dt), {long_tensor({0, 2}, {2})}, make({4}, dt), false);
+    add("accumulate with duplicates", make({5, 4}, dt), {long_tensor({1, 1, 3}, {3})}, make({3, 4}, dt), dt != at::kBool);
+    add("two indices", make({5, 4}, dt), {long_tensor({0, 4}, {2}), long_tensor({1, 3}, {2})}, make({2}, dt), false);
+    add("bool mask", make({4, 5}, dt), {make({4, 5}, at::kBool)}, make({}, dt), false);
+    add("index out of range (error)", make({5, 4}, dt), {long_tensor({7}, {1})}, make({4}, dt), false);
+    return out;
+  };
+}
+
 // ---------------------------------------------------------------------------
 // convolution and pooling
 // ---------------------------------------------------------------------------
@@ -1032,6 +1073,8 @@ const std::map<std::string, SampleFn>& sample_specs() {
     m["aten::scatter.src_out"] = scatter_spec();
     m["aten::scatter_add.out"] = scatter_add_spec();
     m["aten::cat.out"] = cat_spec();
+    m["aten::index.Tensor_out"] = index_tensor_spec();
+    m["aten::index_put_"] = index_put_spec();
     m["aten::nonzero"] = nonzero_spec();
     m["aten::topk.values"] = topk_spec();
     m["aten::sort.values_stable"] = sort_spec();

@@ -302,6 +302,179 @@ void sort(Call& call) {
   run_sort(call, self, dim, k, call.bool_arg(3), call.tensor(4), call.tensor(5), "sort");
 }
 
+// ---------------------------------------------------------------------------
+// advanced indexing: index.Tensor_out and index_put_
+// ---------------------------------------------------------------------------
+
+// self[indices] as ATen defines it: bool/uint8 masks become the long indices
+// of their non-zero elements; the index tensors broadcast together; if the
+// indexed dims are adjacent the broadcast shape replaces them in place,
+// otherwise it comes first.
+struct AdvancedIndex {
+  Shape result;                       // shape of self[indices]
+  std::vector<int64_t> src_offsets;   // per result element: element offset into self
+};
+
+AdvancedIndex plan_advanced_index(const Call& call, const TensorRef& self, const std::vector<TensorRef>& raw) {
+  const int32_t nd = self.dim();
+  // 1. One (possibly empty) long index per self dim, masks expanded.
+  std::vector<std::vector<int64_t>> idx_values;  // per indexed dim
+  std::vector<Shape> idx_shapes;
+  std::vector<int32_t> idx_dims;
+  int32_t dim = 0;
+  for (const TensorRef& t : raw) {
+    if (!t.defined()) {
+      ++dim;
+      continue;
+    }
+    const DT d = dt_of(t.dtype());
+    if (d == DT::b8 || d == DT::u8) {
+      if (dim + t.dim() > nd) call.fail(NPUB_ERR_INVALID_ARGUMENT, "too many indices for tensor of dimension " + std::to_string(nd));
+      for (int32_t k = 0; k < t.dim(); ++k)
+        if (t.size(k) != self.size(dim + k))
+          call.fail(NPUB_ERR_INVALID_ARGUMENT, "The shape of the mask " + shape_str(t.sizes()) + " at index " + std::to_string(k) +
+                                                   " does not match the shape of the indexed tensor " + shape_str(self.sizes()) +
+                                                   " at index " + std::to_string(dim + k));
+      std::vector<std::vector<int64_t>> cols(static_cast<size_t>(t.dim()));
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        if (!load<bool>(t.data<char>() + i * dt_size(d), d)) continue;
+        int64_t rem = i;
+        for (int32_t k = t.dim() - 1; k >= 0; --k) {
+          cols[static_cast<size_t>(k)].push_back(rem % t.size(k));
+          rem /= t.size(k);
+        }
+      }
+      for (int32_t k = 0; k < t.dim(); ++k) {
+        std::vector<int64_t> v(cols[static_cast<size_t>(k)]);
+        idx_shapes.push_back({static_cast<int64_t>(v.size())});
+        idx_values.push_back(std::move(v));
+        idx_dims.push_back(dim + k);
+      }
+      dim += t.dim() == 0 ? 1 : t.dim();
+      continue;
+    }
+    if (d != DT::i64 && d != DT::i32)
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("tensors used as indices must be long, int, byte or bool tensors, but found ") + dt_name(d));
+    if (dim >= nd) call.fail(NPUB_ERR_INVALID_ARGUMENT, "too many indices for tensor of dimension " + std::to_string(nd));
+    std::vector<int64_t> v(static_cast<size_t>(t.numel()));
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      int64_t k = load<int64_t>(t.data<char>() + i * dt_size(d), d);
+      const int64_t size = self.size(dim);
+      if (k < -size || k >= size)
+        call.fail(NPUB_ERR_INVALID_ARGUMENT, "index " + std::to_string(k) + " is out of bounds for dimension " + std::to_string(dim) +
+                                                 " with size " + std::to_string(size));
+      v[static_cast<size_t>(i)] = k < 0 ? k + size : k;
+    }
+    idx_shapes.push_back(t.sizes());
+    idx_values.push_back(std::move(v));
+    idx_dims.push_back(dim);
+    ++dim;
+  }
+  if (idx_dims.empty()) call.fail(NPUB_ERR_INVALID_ARGUMENT, "index: at least one index tensor must be defined");
+  // 2. Broadcast the index shapes.
+  Shape b = idx_shapes[0];
+  for (size_t i = 1; i < idx_shapes.size(); ++i) b = broadcast(call, b, idx_shapes[i]);
+  bool adjacent = true;
+  for (size_t i = 1; i < idx_dims.size(); ++i) adjacent = adjacent && idx_dims[i] == idx_dims[i - 1] + 1;
+  // 3. Result shape: [before..., B..., after...] or [B..., rest...].
+  std::vector<int32_t> rest;
+  for (int32_t d2 = 0; d2 < nd; ++d2)
+    if (std::find(idx_dims.begin(), idx_dims.end(), d2) == idx_dims.end()) rest.push_back(d2);
+  AdvancedIndex plan;
+  std::vector<int32_t> layout;  // per result dim: self dim (>= 0) or -1 - position in B
+  const int32_t first = idx_dims.front();
+  auto push_b = [&] {
+    for (size_t k = 0; k < b.size(); ++k) layout.push_back(-1 - static_cast<int32_t>(k));
+  };
+  if (adjacent) {
+    for (int32_t d2 : rest)
+      if (d2 < first) layout.push_back(d2);
+    push_b();
+    for (int32_t d2 : rest)
+      if (d2 > first) layout.push_back(d2);
+  } else {
+    push_b();
+    for (int32_t d2 : rest) layout.push_back(d2);
+  }
+  for (int32_t l : layout) plan.result.push_back(l >= 0 ? self.size(l) : b[static_cast<size_t>(-1 - l)]);
+  // 4. Source offsets.
+  const int64_t n = numel_of(plan.result);
+  plan.src_offsets.resize(static_cast<size_t>(n));
+  std::vector<int64_t> coord(plan.result.size());
+  std::vector<int64_t> bcoord(b.size());
+  for (int64_t e = 0; e < n; ++e) {
+    int64_t rem = e;
+    for (size_t k = plan.result.size(); k-- > 0;) {
+      coord[k] = rem % plan.result[k];
+      rem /= plan.result[k];
+    }
+    int64_t off = 0;
+    for (size_t k = 0; k < layout.size(); ++k) {
+      if (layout[k] >= 0) off += coord[k] * self.stride(layout[k]);
+      else bcoord[static_cast<size_t>(-1 - layout[k])] = coord[k];
+    }
+    for (size_t i = 0; i < idx_dims.size(); ++i) {
+      // Flat position in index tensor i, broadcast from bcoord.
+      const Shape& s = idx_shapes[i];
+      int64_t flat = 0;
+      for (size_t k = 0; k < s.size(); ++k) {
+        const size_t bk = b.size() - s.size() + k;
+        flat = flat * s[k] + (s[k] == 1 ? 0 : bcoord[bk]);
+      }
+      off += idx_values[i][static_cast<size_t>(flat)] * self.stride(idx_dims[i]);
+    }
+    plan.src_offsets[static_cast<size_t>(e)] = off;
+  }
+  return plan;
+}
+
+// aten::index.Tensor_out(self, Tensor?[] indices, *, out)
+void index_tensor(Call& call) {
+  TensorRef self = call.tensor(0), out = call.tensor(2);
+  const AdvancedIndex plan = plan_advanced_index(call, self, call.tensor_list(1));
+  check_out(call, out, plan.result);
+  if (dt_of(out.dtype()) != dt_of(self.dtype())) call.fail(NPUB_ERR_INVALID_ARGUMENT, "index: out must have the dtype of self");
+  const int64_t es = dt_size(dt_of(self.dtype()));
+  for (size_t e = 0; e < plan.src_offsets.size(); ++e)
+    std::memcpy(out.data<char>() + static_cast<int64_t>(e) * es, self.data<char>() + plan.src_offsets[e] * es, static_cast<size_t>(es));
+}
+
+// aten::index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False)
+void index_put(Call& call) {
+  TensorRef self = call.tensor(0), values = call.tensor(2);
+  const bool accumulate = call.bool_arg(3);
+  const AdvancedIndex plan = plan_advanced_index(call, self, call.tensor_list(1));
+  const Shape vb = broadcast(call, values.sizes(), plan.result);
+  if (vb != plan.result)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "shape mismatch: value tensor of shape " + shape_str(values.sizes()) +
+                                             " cannot be broadcast to indexing result of shape " + shape_str(plan.result));
+  const DT d = dt_of(self.dtype()), vd = dt_of(values.dtype());
+  if (d != vd) call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("Index put requires the source and destination dtypes match, got ") +
+                                                        dt_name(d) + " for the destination and " + dt_name(vd) + " for the source.");
+  const int64_t es = dt_size(d);
+  for (size_t e = 0; e < plan.src_offsets.size(); ++e) {
+    // values element for result position e (broadcast).
+    int64_t rem = static_cast<int64_t>(e), voff = 0;
+    for (size_t k = plan.result.size(); k-- > 0;) {
+      const int64_t c = rem % plan.result[k];
+      rem /= plan.result[k];
+      const int64_t vk = static_cast<int64_t>(k) - static_cast<int64_t>(plan.result.size() - static_cast<size_t>(values.dim()));
+      if (vk >= 0 && values.size(static_cast<int32_t>(vk)) != 1) voff += c * values.stride(static_cast<int32_t>(vk));
+    }
+    char* dst = self.data<char>() + plan.src_offsets[e] * es;
+    const char* src = values.data<char>() + voff * es;
+    if (accumulate) {
+      visit_compute(d, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (std::is_same_v<T, bool>) store<bool>(dst, d, load<bool>(dst, d) || load<bool>(src, d));
+        else store<T>(dst, d, static_cast<T>(load<T>(dst, d) + load<T>(src, d)));
+      });
+    } else {
+      std::memcpy(dst, src, static_cast<size_t>(es));
+    }
+  }
+}
+
 }  // namespace
 
 void register_index(npub::sdk::Registrar& r) {
@@ -314,6 +487,10 @@ void register_index(npub::sdk::Registrar& r) {
   r.kernel("aten::scatter.src_out", &scatter<false>).dtypes(all).contiguous_only();
   r.def("aten::scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)");
   r.kernel("aten::scatter_add.out", &scatter<true>).dtypes(dtypes_numeric()).contiguous_only();
+  r.def("aten::index.Tensor_out(Tensor self, Tensor?[] indices, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::index.Tensor_out", &index_tensor).dtypes(all).contiguous_only();
+  r.def("aten::index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)");
+  r.kernel("aten::index_put_", &index_put).dtypes(all).contiguous_only();
   r.def("aten::cat.out(Tensor[] tensors, int dim=0, *, Tensor(a!) out) -> Tensor(a!)");
   r.kernel("aten::cat.out", &cat).dtypes(all).contiguous_only();
   r.def("aten::nonzero(Tensor self) -> Tensor");
