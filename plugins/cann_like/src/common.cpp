@@ -210,6 +210,20 @@ __attribute__((target("f16c"))) void f16_to_f32_f16c(const uint16_t* src, float*
 __attribute__((target("f16c"))) void f32_to_f16_f16c(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
 }
+// bfloat16 rounding in one instruction (AVX512-BF16: vcvtneps2bf16, round to
+// nearest even, NaN stays NaN).
+__attribute__((target("avx512f,avx512bf16"))) void f32_to_bf16_avx512(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<const __m256i&>(v));
+  }
+  for (; i < n; ++i) dst[i] = npub::sdk::float_to_bf16(src[i]);
+}
+bool have_avx512bf16() {
+  static const bool yes = __builtin_cpu_supports("avx512bf16");
+  return yes;
+}
 bool have_f16c() {
   static const bool yes = __builtin_cpu_supports("f16c");
   return yes;
@@ -239,7 +253,9 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void float_block_to
   uint16_t h[512];
   for (int64_t j0 = 0; j0 < n; j0 += 512) {
     const int64_t m = std::min<int64_t>(512, n - j0);
-    if (dt == DT::bf16) {
+    if (dt == DT::bf16 && have_avx512bf16()) {
+      f32_to_bf16_avx512(src + j0, h, m);
+    } else if (dt == DT::bf16) {
       for (int64_t i = 0; i < m; ++i) {
         uint32_t bits;
         std::memcpy(&bits, src + j0 + i, 4);

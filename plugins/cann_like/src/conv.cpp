@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
 
 namespace cann_like {
 
@@ -114,13 +115,15 @@ void conv_forward(const Call& call, const Conv2d& g, const TensorRef& x, const T
   float* op = out.data<float>();
   const int64_t jobs = g.n * g.groups;
   call.parallel_for(0, jobs, 1, [&](int64_t b, int64_t e) {
-    std::vector<float> col(static_cast<size_t>(g.col_rows() * g.col_cols()));
+    // Uninitialised: im2col writes every element (a zeroed vector would cost
+    // one more pass over a buffer of several MB).
+    std::unique_ptr<float[]> col(new float[static_cast<size_t>(g.col_rows() * g.col_cols())]);
     for (int64_t job = b; job < e; ++job) {
       const int64_t ni = job / g.groups, gi = job % g.groups;
-      im2col(g, xp + (ni * g.c + gi * g.cg()) * g.h * g.w, col.data());
+      im2col(g, xp + (ni * g.c + gi * g.cg()) * g.h * g.w, col.get());
       float* o = op + (ni * g.oc + gi * g.ocg()) * g.oh * g.ow;
       gemm_serial_f32(false, false, g.ocg(), g.col_cols(), g.col_rows(), 1.0f, wp + gi * g.ocg() * g.col_rows(), g.col_rows(),
-                      col.data(), g.col_cols(), 0.0f, o, g.col_cols());
+                      col.get(), g.col_cols(), 0.0f, o, g.col_cols());
       if (bp != nullptr || relu) {
         for (int64_t oc = 0; oc < g.ocg(); ++oc) {
           float* r = o + oc * g.oh * g.ow;

@@ -504,31 +504,20 @@ SoftmaxView softmax_view(const Call& call, const TensorRef& t, int64_t dim_arg) 
 // fast_exp for the exponentials.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_row_f32(const float* __restrict x,
                                                                                  float* __restrict y, int64_t d, bool log) {
+  // A NaN in the row needs no special case: the max skips it, exp(NaN - mx)
+  // is NaN, so the sum and every output become NaN, as in ATen.
   constexpr int64_t L = 16;
   float lane_max[L], lane_sum[L];
-  int lane_nan[L];
   for (int64_t k = 0; k < L; ++k) {
     lane_max[k] = -INFINITY;
     lane_sum[k] = 0;
-    lane_nan[k] = 0;
   }
   int64_t j = 0;
   for (; j + L <= d; j += L)
-    for (int64_t k = 0; k < L; ++k) {
-      lane_max[k] = x[j + k] > lane_max[k] ? x[j + k] : lane_max[k];
-      lane_nan[k] |= x[j + k] != x[j + k];
-    }
-  for (; j < d; ++j) {
-    lane_max[0] = x[j] > lane_max[0] ? x[j] : lane_max[0];
-    lane_nan[0] |= x[j] != x[j];
-  }
+    for (int64_t k = 0; k < L; ++k) lane_max[k] = x[j + k] > lane_max[k] ? x[j + k] : lane_max[k];
+  for (; j < d; ++j) lane_max[0] = x[j] > lane_max[0] ? x[j] : lane_max[0];
   float mx = lane_max[0];
-  bool nan = lane_nan[0] != 0;
-  for (int64_t k = 1; k < L; ++k) {
-    mx = lane_max[k] > mx ? lane_max[k] : mx;
-    nan = nan || lane_nan[k] != 0;
-  }
-  if (nan) mx = NAN;
+  for (int64_t k = 1; k < L; ++k) mx = lane_max[k] > mx ? lane_max[k] : mx;
   for (int64_t i = 0; i < d; ++i) y[i] = fast_exp(x[i] - mx);
   int64_t i = 0;
   for (; i + L <= d; i += L)
