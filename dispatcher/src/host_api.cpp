@@ -217,6 +217,12 @@ void parallel_for(NpubCallContext* ctx, int64_t begin, int64_t end, int64_t grai
 
 int32_t num_threads(NpubCallContext* ctx) { return ctx->device->compute().num_threads(); }
 
+void philox_reserve(NpubCallContext* ctx, uint64_t count, uint64_t* seed, uint64_t* offset) {
+  const sim::Device::PhiloxState s = ctx->device->philox_reserve(count);
+  if (seed != nullptr) *seed = s.seed;
+  if (offset != nullptr) *offset = s.offset;
+}
+
 const NpubHostApi kHostApi = {
     sizeof(NpubHostApi), NPUB_ABI_MAJOR, NPUB_ABI_MINOR,
     &error_create,       &error_destroy, &error_code,
@@ -224,6 +230,7 @@ const NpubHostApi kHostApi = {
     &register_kernel,    &kernel_user_data, &device_index,
     &current_stream,     &workspace,     &alloc_output,
     &alloc_scratch,      &parallel_for,  &num_threads,
+    &philox_reserve,  // \since 1.1
 };
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Golden sizes and offsets of ABI 1.0 (LP64). A failure here means a
+// Golden sizes and offsets of ABI 1.x (LP64): 1.0 plus the slots appended
+// since (marked). A failure here means a
 // released layout changed: that is an ABI break (bump NPUB_ABI_MAJOR) or a
 // mistake. New fields go at the end of a struct and get their own asserts.
 #include <npubridge/plugin_api.h>
@@ -32,7 +33,8 @@ NPUB_GOLDEN(NpubKernelDesc, user_data, 64);
 NPUB_GOLDEN(NpubKernelDesc, user_data_deleter, 72);
 NPUB_GOLDEN(NpubKernelDesc, min_opt_level, 80);
 
-static_assert(sizeof(NpubHostApi) == 136, "NpubHostApi v1.0 size");
+// NpubHostApi grew in 1.1 (philox_reserve); the 1.0 part is unchanged.
+static_assert(sizeof(NpubHostApi) == 144, "NpubHostApi v1.1 size");
 NPUB_GOLDEN(NpubHostApi, struct_size, 0);
 NPUB_GOLDEN(NpubHostApi, abi_major, 8);
 NPUB_GOLDEN(NpubHostApi, abi_minor, 12);
@@ -51,6 +53,7 @@ NPUB_GOLDEN(NpubHostApi, alloc_output, 104);
 NPUB_GOLDEN(NpubHostApi, alloc_scratch, 112);
 NPUB_GOLDEN(NpubHostApi, parallel_for, 120);
 NPUB_GOLDEN(NpubHostApi, num_threads, 128);
+NPUB_GOLDEN(NpubHostApi, philox_reserve, 136);  // \since 1.1
 
 static_assert(sizeof(NpubPluginApi) == 48, "NpubPluginApi v1.0 size");
 NPUB_GOLDEN(NpubPluginApi, struct_size, 0);
@@ -75,5 +78,6 @@ TEST(Abi, EnumValuesAreFixed) {
   EXPECT_EQ(NPUB_ERR_NOT_FOUND, 6);
   EXPECT_EQ(NPUB_DEVICE_NPU, kDLExtDev);
   EXPECT_EQ(NPUB_ABI_MAJOR, 1);
+  EXPECT_EQ(NPUB_ABI_MINOR, 1);
   EXPECT_STREQ(NPUB_PLUGIN_ENTRY_SYMBOL, "npub_plugin_init_v1");
 }

@@ -120,4 +120,31 @@ TEST_F(InTreePlugins, RmsNormAndSiluAndMul) {
   EXPECT_EQ(rt->dispatcher().select(rt->dispatcher().op("vllm_like::silu_and_mul"), sargs, 2), nullptr);
 }
 
+TEST_F(InTreePlugins, DropoutIsReproduciblePerSeedAndDisjointAcrossCalls) {
+  Tensor x = Tensor::from_values({4096}, DType::kFloat32, std::vector<double>(4096, 2.0), dev);
+  auto run = [&] {
+    TensorOutputs outs(rt->devices());
+    NpubValue args[] = {tensor_value(x.dl()), double_value(0.25), bool_value(true)};
+    NpubValue rets[2] = {};
+    rt->dispatcher().call("aten::native_dropout", args, 3, rets, 2, &outs);
+    return std::make_pair(outs[0].to_doubles(), outs[1].to_doubles());
+  };
+  dev->manual_seed(1234);
+  auto [out1, mask1] = run();
+  auto [out2, mask2] = run();
+  EXPECT_NE(mask1, mask2);  // the generator advanced
+  dev->manual_seed(1234);
+  auto [out3, mask3] = run();
+  EXPECT_EQ(mask1, mask3);  // same seed, same stream
+  EXPECT_EQ(out1, out3);
+  double kept = 0;
+  for (size_t i = 0; i < mask1.size(); ++i) {
+    kept += mask1[i];
+    EXPECT_DOUBLE_EQ(out1[i], mask1[i] * 2.0 / 0.75);
+  }
+  EXPECT_NEAR(kept / 4096.0, 0.75, 0.05);
+  EXPECT_EQ(dev->philox_state().seed, 1234u);
+  EXPECT_EQ(dev->philox_state().offset, 1024u);  // one counter per 4 elements
+}
+
 }  // namespace

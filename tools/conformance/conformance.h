@@ -37,6 +37,12 @@ const std::map<std::string, SampleFn>& sample_specs();
 using ReferenceFn = std::function<std::vector<at::Tensor>(const std::vector<c10::IValue>& args)>;
 const std::map<std::string, ReferenceFn>& reference_library();
 
+// Ops whose results are random (dropout): no ATen value to compare with, but
+// properties to check. Given the sample's arguments and the npu's outputs,
+// "" or what is wrong. Samples whose name contains "(error)" must raise.
+using PropertyFn = std::function<std::string(const std::vector<c10::IValue>& args, const std::vector<at::Tensor>& got)>;
+const std::map<std::string, PropertyFn>& property_checks();
+
 // Tolerance overrides for ops whose float32 results sum many products, where
 // two correct implementations differ by more than 1e-5 through summation
 // order alone (as PyTorch's own OpInfo precision overrides): op -> atol and

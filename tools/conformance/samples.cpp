@@ -807,6 +807,21 @@ SampleFn index_put_spec() {
   };
 }
 
+SampleFn dropout_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    out.push_back({"p 0.5 large", {make({256, 512}, dt), IValue(0.5), IValue(true)}});
+    out.push_back({"p 0.1 large", {make({256, 512}, dt), IValue(0.1), IValue()}});
+    out.push_back({"p 0.9", {make({64, 64}, dt), IValue(0.9), IValue(true)}});
+    out.push_back({"p 0", {make({5, 7}, dt), IValue(0.0), IValue(true)}});
+    out.push_back({"p 1", {make({5, 7}, dt), IValue(1.0), IValue(true)}});
+    out.push_back({"not training", {make({5, 7}, dt), IValue(0.5), IValue(false)}});
+    out.push_back({"0-d", {make({}, dt), IValue(0.5), IValue(true)}});
+    out.push_back({"p 1.5 (error)", {make({5}, dt), IValue(1.5), IValue(true)}});
+    return out;
+  };
+}
+
 // ---------------------------------------------------------------------------
 // convolution and pooling
 // ---------------------------------------------------------------------------
@@ -1073,6 +1088,7 @@ const std::map<std::string, SampleFn>& sample_specs() {
     m["aten::scatter.src_out"] = scatter_spec();
     m["aten::scatter_add.out"] = scatter_add_spec();
     m["aten::cat.out"] = cat_spec();
+    m["aten::native_dropout"] = dropout_spec();
     m["aten::index.Tensor_out"] = index_tensor_spec();
     m["aten::index_put_"] = index_put_spec();
     m["aten::nonzero"] = nonzero_spec();
@@ -1091,6 +1107,40 @@ const std::map<std::string, SampleFn>& sample_specs() {
     return m;
   }();
   return specs;
+}
+
+const std::map<std::string, PropertyFn>& property_checks() {
+  static const std::map<std::string, PropertyFn> checks = {
+      {"aten::native_dropout",
+       [](const std::vector<IValue>& a, const std::vector<at::Tensor>& got) -> std::string {
+         const at::Tensor x = a[0].toTensor();
+         const double p = a[1].toDouble();
+         const bool train = a[2].isNone() || a[2].toBool();
+         if (got.size() != 2) return "expected (output, mask)";
+         const at::Tensor out = got[0], mask = got[1];
+         if (mask.scalar_type() != at::kBool) return "mask is not bool";
+         if (!out.sizes().equals(x.sizes()) || !mask.sizes().equals(x.sizes())) return "output or mask shape differs from input";
+         if (out.scalar_type() != x.scalar_type()) return "output dtype differs from input";
+         if (!train || p == 0) {
+           if (!mask.all().item<bool>()) return "mask must be all true when not training or p == 0";
+           if (!at::equal(out, x)) return "output must equal input when not training or p == 0";
+           return "";
+         }
+         const double scale = p == 1 ? 0.0 : 1.0 / (1.0 - p);
+         const at::Tensor expect = (x.to(at::kDouble) * mask.to(at::kDouble) * scale).to(x.scalar_type());
+         if (!at::allclose(out.to(at::kDouble), expect.to(at::kDouble), 1e-3, 1e-6)) return "output != input * mask / (1 - p)";
+         const double n = static_cast<double>(x.numel());
+         if (n >= 1000) {
+           const double kept = mask.to(at::kDouble).sum().item<double>();
+           const double mean = n * (1 - p), sd = std::sqrt(n * p * (1 - p));
+           if (std::fabs(kept - mean) > 6 * sd + 1)
+             return "kept " + std::to_string(kept) + " of " + std::to_string(n) + " elements; expected " + std::to_string(mean) +
+                    " +- 6 sigma (" + std::to_string(6 * sd) + ")";
+         }
+         return "";
+       }},
+  };
+  return checks;
 }
 
 const std::map<std::string, double>& float32_tolerance_overrides() {

@@ -47,7 +47,7 @@ extern "C" {
 /** Removing, retyping or reordering anything bumps the major version. */
 #define NPUB_ABI_MAJOR 1
 /** Appending a field or a function to a struct bumps the minor version. */
-#define NPUB_ABI_MINOR 0
+#define NPUB_ABI_MINOR 1
 
 /** The one symbol a plugin exports. Its name carries the major version. */
 #define NPUB_PLUGIN_ENTRY_SYMBOL "npub_plugin_init_v1"
@@ -308,6 +308,19 @@ typedef struct NpubHostApi {
                        int64_t grain, NpubParallelBody body, void* user);
   /** Number of compute threads of the call's device (>= 1). */
   int32_t (*num_threads)(NpubCallContext* ctx);
+
+  /* --- \since 1.1 (check struct_size before use) --- */
+
+  /**
+   * Reserves `count` 128-bit counters of the call's device generator, a
+   * Philox-4x32-10 stream as PyTorch's CUDA generator uses: returns the
+   * generator's seed and the first reserved counter (`offset`). The kernel
+   * draws counter offset + i for i < count (npubridge/philox.hpp). The same
+   * seed and the same sequence of reservations give the same numbers;
+   * concurrent calls get disjoint ranges. \since 1.1
+   */
+  void (*philox_reserve)(NpubCallContext* ctx, uint64_t count, uint64_t* seed /* out */,
+                         uint64_t* offset /* out */);
 } NpubHostApi;
 
 /* ------------------------------------------------------------------------ */

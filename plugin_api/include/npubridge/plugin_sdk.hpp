@@ -24,6 +24,7 @@
 #include <npubridge/half.hpp>
 #include <npubridge/plugin_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -298,6 +299,18 @@ class Call {
   }
   void set_int_return(int32_t i, int64_t v) { set_ret(i, NPUB_VALUE_INT).u.i = v; }
   void set_double_return(int32_t i, double v) { set_ret(i, NPUB_VALUE_DOUBLE).u.d = v; }
+
+  // Reserves `count` Philox counters of the device generator (ABI 1.1):
+  // returns {seed, first counter}. Fails cleanly on a 1.0 host.
+  std::pair<uint64_t, uint64_t> philox(uint64_t count) const {
+    const NpubHostApi& h = host();
+    if (h.struct_size < offsetof(NpubHostApi, philox_reserve) + sizeof(h.philox_reserve) || h.philox_reserve == nullptr)
+      fail(NPUB_ERR_UNSUPPORTED, "the host provides no random number generator (it implements plugin ABI 1." +
+                                     std::to_string(h.abi_minor) + "; philox_reserve needs 1.1)");
+    uint64_t seed = 0, offset = 0;
+    h.philox_reserve(ctx_, count, &seed, &offset);
+    return {seed, offset};
+  }
 
   void* kernel_user_data() const { return host().kernel_user_data(ctx_); }
   int32_t device_index() const { return host().device_index(ctx_); }

@@ -3,6 +3,8 @@
 #include "elementwise.h"
 #include "ops.h"
 
+#include <npubridge/philox.hpp>
+
 #include <cmath>
 
 namespace cann_like {
@@ -326,9 +328,48 @@ void nll_loss_backward(Call& call) {
   }
 }
 
+// aten::native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
+// Training: mask ~ Bernoulli(1 - p) from the device's Philox stream (one
+// counter per 4 elements), output = input * mask / (1 - p). Inference
+// (train=False): output = input, mask all true.
+void native_dropout(Call& call) {
+  TensorRef x = call.tensor(0);
+  const double p = call.double_arg(1);
+  const bool train = call.is_none(2) || call.bool_arg(2);
+  if (!(p >= 0 && p <= 1))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "dropout probability has to be between 0 and 1, but got " + std::to_string(p));
+  const DT d = dt_of(x.dtype());
+  const int64_t n = x.numel(), es = dt_size(d);
+  TensorRef out = call.output(0, x.sizes(), x.dtype());
+  TensorRef mask = call.output(1, x.sizes(), npub::sdk::kBool);
+  uint8_t* m = mask.data<uint8_t>();
+  if (!train || p == 0) {
+    std::memcpy(out.data<char>(), x.data<char>(), static_cast<size_t>(n * es));
+    std::memset(m, 1, static_cast<size_t>(n));
+    return;
+  }
+  const auto [seed, offset] = call.philox(static_cast<uint64_t>((n + 3) / 4));
+  const float keep = static_cast<float>(1.0 - p);
+  const double scale = p == 1 ? 0.0 : 1.0 / (1.0 - p);
+  call.parallel_for(0, (n + 3) / 4, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t blk = b; blk < e; ++blk) {
+      const auto r = npub::philox::block(seed, offset + static_cast<uint64_t>(blk));
+      for (int64_t lane = 0; lane < 4; ++lane) {
+        const int64_t i = blk * 4 + lane;
+        if (i >= n) break;
+        const bool kept = npub::philox::uniform(r[static_cast<size_t>(lane)]) < keep;
+        m[i] = kept;
+        store<double>(out.data<char>() + i * es, d, kept ? load<double>(x.data<char>() + i * es, d) * scale : 0.0);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void register_nn(npub::sdk::Registrar& r) {
+  r.def("aten::native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)");
+  r.kernel("aten::native_dropout", &native_dropout).dtypes(dtypes_floating()).contiguous_only();
   const auto floating = dtypes_floating();
   r.def("aten::native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)");
   r.kernel("aten::native_layer_norm", &layer_norm).dtypes(floating).contiguous_only();

@@ -47,6 +47,19 @@ class Device {
   // Waits for every stream of the device.
   void synchronize();
 
+  // The device's random number generator: a Philox-4x32-10 stream given by a
+  // seed and the next unused counter (kernels reserve counter ranges).
+  void manual_seed(uint64_t seed);
+  struct PhiloxState {
+    uint64_t seed;
+    uint64_t offset;
+  };
+  PhiloxState philox_state() const;
+  void set_philox_state(const PhiloxState& state);
+  // Reserves `count` counters; returns the seed and the first counter.
+  PhiloxState philox_reserve(uint64_t count);
+  static constexpr uint64_t kDefaultSeed = 67280421310721ull;  // PyTorch's default
+
   // Device memory on the current stream.
   void* allocate(size_t bytes) { return allocator_.allocate(bytes, &current_stream()); }
   void free(void* ptr) { allocator_.free(ptr); }
@@ -59,6 +72,8 @@ class Device {
   ComputePool compute_;
   std::mutex streams_mu_;
   std::vector<std::unique_ptr<Stream>> streams_;
+  mutable std::mutex rng_mu_;
+  PhiloxState rng_{kDefaultSeed, 0};
 };
 
 class DeviceSet {
