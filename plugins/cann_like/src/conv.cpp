@@ -74,10 +74,20 @@ void im2col(const Conv2d& g, const float* x, float* col) {
             continue;
           }
           const float* xr = x + (ci * g.h + iy) * g.w;
-          for (int64_t ox = 0; ox < g.ow; ++ox) {
-            const int64_t ix = ox * g.sw - g.pw + j * g.dw;
-            r[ox] = (ix >= 0 && ix < g.w) ? xr[ix] : 0.0f;
+          // Output columns whose input column ix = ox*sw - pw + j*dw is inside
+          // [0, w): one range, zero on either side (no per-element test).
+          const int64_t off = j * g.dw - g.pw;
+          int64_t ox0 = off >= 0 ? 0 : (-off + g.sw - 1) / g.sw;
+          int64_t ox1 = g.w - off <= 0 ? 0 : (g.w - off + g.sw - 1) / g.sw;
+          ox0 = std::min(ox0, g.ow);
+          ox1 = std::min(std::max(ox1, ox0), g.ow);
+          for (int64_t ox = 0; ox < ox0; ++ox) r[ox] = 0.0f;
+          if (g.sw == 1) {
+            std::memcpy(r + ox0, xr + ox0 + off, sizeof(float) * static_cast<size_t>(ox1 - ox0));
+          } else {
+            for (int64_t ox = ox0; ox < ox1; ++ox) r[ox] = xr[ox * g.sw + off];
           }
+          for (int64_t ox = ox1; ox < g.ow; ++ox) r[ox] = 0.0f;
         }
       }
 }
