@@ -1,0 +1,792 @@
+// npubridge's PyTorch backend (PrivateUse1, renamed "npu" by the Python
+// package): the device runtime PyTorch needs (allocator, device guard,
+// hooks), the native view and copy ops, and the bridge that routes ATen ops
+// to the dispatcher: every aten op a loaded plugin implements is registered
+// for PrivateUse1 at import, generically (no per-op code here); functional
+// and in-place ops reach a plugin's .out kernel through their meta kernel;
+// everything else falls back to the CPU through PyTorch's boxed fallback.
+//
+// The only translation unit of npubridge that includes torch headers besides
+// the tools; it is compiled once into npubridge/_C.
+#include <torch/extension.h>
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/CPUFallback.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <npubridge/device_sim/copy_engine.h>
+#include <npubridge/dispatcher/runtime.h>
+#include <npubridge/dispatcher/value.h>
+#include <npubridge/support/error.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <sstream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace npub::torch_backend {
+
+namespace {
+
+Runtime& rt() { return Runtime::global(); }
+
+c10::DeviceIndex current_index() { return static_cast<c10::DeviceIndex>(rt().devices().current_device()); }
+
+// ---------------------------------------------------------------------------
+// allocator
+// ---------------------------------------------------------------------------
+
+struct AllocationContext {
+  void* ptr;
+  int device;
+};
+
+void free_allocation(void* ctx) {
+  auto* a = static_cast<AllocationContext*>(ctx);
+  rt().devices().at(a->device).free(a->ptr);
+  delete a;
+}
+
+// Device memory from the simulated NPU's caching allocator, on the current
+// device. The memory is reached only through the device's copy APIs.
+class NpuAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    const int dev = rt().devices().current_device();
+    void* p = nullptr;
+    try {
+      p = rt().devices().at(dev).allocate(n);
+    } catch (const OutOfMemoryError& e) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+    }
+    auto* ctx = new AllocationContext{p, dev};
+    return {p, ctx, &free_allocation, c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(dev))};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+};
+
+NpuAllocator g_allocator;
+
+// ---------------------------------------------------------------------------
+// device guard
+// ---------------------------------------------------------------------------
+
+struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
+  static constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
+  c10::DeviceType type() const override { return kType; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    const c10::Device old = getDevice();
+    setDevice(d);
+    return old;
+  }
+  c10::Device getDevice() const override { return {kType, current_index()}; }
+  void setDevice(c10::Device d) const override {
+    TORCH_CHECK(d.type() == kType, "expected an npu device but got ", d);
+    if (d.index() >= 0) rt().devices().set_current_device(d.index());
+  }
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    try {
+      if (d.index() >= 0) rt().devices().set_current_device(d.index());
+    } catch (...) {
+    }
+  }
+  c10::Stream getStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
+  c10::Stream getDefaultStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
+  c10::Stream exchangeStream(c10::Stream s) const override { return c10::Stream(c10::Stream::DEFAULT, s.device()); }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    try {
+      return static_cast<c10::DeviceIndex>(rt().devices().count());
+    } catch (...) {
+      return 0;
+    }
+  }
+  void synchronizeDevice(const c10::DeviceIndex index) const override {
+    rt().devices().at(index < 0 ? current_index() : index).synchronize();
+  }
+  // Kernels run in stream order on the calling thread (Note [Kernels run
+  // inline, in stream order]): events recorded on the default stream are
+  // complete when recorded.
+  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+};
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, NpuGuardImpl);
+
+// ---------------------------------------------------------------------------
+// hooks
+// ---------------------------------------------------------------------------
+
+struct NpuHooks final : public at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return rt().devices().count() > 0; }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override {
+    // Random factories run through the CPU fallback with the CPU generator;
+    // device-side random kernels use the device's Philox stream.
+    (void)device_index;
+    return at::detail::getDefaultCPUGenerator();
+  }
+  at::Device getDeviceFromPtr(void* data) const override {
+    for (int i = 0; i < rt().devices().count(); ++i)
+      if (rt().devices().at(i).allocator().contains(data, 1)) return {c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(i)};
+    return {c10::DeviceType::PrivateUse1, current_index()};
+  }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    c10::DataPtr fresh = g_allocator.allocate(newsize);
+    const size_t keep = std::min(newsize, storage.nbytes());
+    if (keep > 0) std::memcpy(fresh.get(), storage.data(), keep);
+    const_cast<c10::Storage&>(storage).set_data_ptr_noswap(std::move(fresh));
+    const_cast<c10::Storage&>(storage).set_nbytes(newsize);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// tensors as DLTensors
+// ---------------------------------------------------------------------------
+
+DType npub_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::kFloat32;
+    case at::kDouble: return DType::kFloat64;
+    case at::kHalf: return DType::kFloat16;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kLong: return DType::kInt64;
+    case at::kInt: return DType::kInt32;
+    case at::kShort: return DType::kInt16;
+    case at::kChar: return DType::kInt8;
+    case at::kByte: return DType::kUInt8;
+    case at::kBool: return DType::kBool;
+    default: return DType::kUnknown;
+  }
+}
+
+at::ScalarType torch_dtype(DType t) {
+  switch (t) {
+    case DType::kFloat32: return at::kFloat;
+    case DType::kFloat64: return at::kDouble;
+    case DType::kFloat16: return at::kHalf;
+    case DType::kBFloat16: return at::kBFloat16;
+    case DType::kInt64: return at::kLong;
+    case DType::kInt32: return at::kInt;
+    case DType::kInt16: return at::kShort;
+    case DType::kInt8: return at::kChar;
+    case DType::kUInt8: return at::kByte;
+    default: return at::kBool;
+  }
+}
+
+// A DLTensor describing a torch tensor (valid while the tensor lives).
+struct DLView {
+  DLTensor dl{};
+  std::vector<int64_t> shape, strides;
+  explicit DLView(const at::Tensor& t) : shape(t.sizes().vec()), strides(t.strides().vec()) {
+    dl.data = t.data_ptr();
+    dl.device = t.device().is_cpu() ? DLDevice{kDLCPU, 0}
+                                    : DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), t.device().index()};
+    dl.ndim = static_cast<int32_t>(t.dim());
+    dl.dtype = to_dl(npub_dtype(t.scalar_type()));
+    dl.shape = shape.data();
+    dl.strides = strides.data();
+  }
+};
+
+// ---------------------------------------------------------------------------
+// native ops: factories, views, copies
+// ---------------------------------------------------------------------------
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout>,
+                               std::optional<at::Device> device, std::optional<bool>, std::optional<at::MemoryFormat> mf) {
+  c10::DeviceGuard guard(device.value_or(at::Device(c10::DeviceType::PrivateUse1, current_index())));
+  return at::detail::empty_generic(size, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   dtype.value_or(at::get_default_dtype_as_scalartype()), mf);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
+                         std::optional<at::Layout>, std::optional<at::Device> device, std::optional<bool>) {
+  c10::DeviceGuard guard(device.value_or(at::Device(c10::DeviceType::PrivateUse1, current_index())));
+  return at::detail::empty_strided_generic(size, stride, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           dtype.value_or(at::get_default_dtype_as_scalartype()));
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<int64_t> offset) {
+  return at::native::as_strided_tensorimpl(self, size, stride, offset);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<at::MemoryFormat> mf) {
+  int64_t numel = 1;
+  for (int64_t s : size) numel *= s;
+  const size_t needed = static_cast<size_t>((numel + self.storage_offset()) * self.element_size());
+  if (needed > self.storage().nbytes()) NpuHooks().resizePrivateUse1Bytes(self.storage(), needed);
+  self.unsafeGetTensorImpl()->set_sizes_contiguous(size);
+  if (mf.has_value() && *mf != at::MemoryFormat::Contiguous && *mf != at::MemoryFormat::Preserve)
+    self.unsafeGetTensorImpl()->empty_tensor_restride(*mf);
+  return self;
+}
+
+// Copies between npu and cpu tensors of any dtype and layout, through the
+// device's copy engine (device memory is never aliased by a host tensor).
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  TORCH_CHECK(npub_dtype(self.scalar_type()) != DType::kUnknown && npub_dtype(dst.scalar_type()) != DType::kUnknown,
+              "npu copy: unsupported dtype ", self.scalar_type(), " -> ", dst.scalar_type());
+  if (dst.numel() == 0) return dst;
+  at::Tensor src = self.sizes().equals(dst.sizes()) ? self : self.expand_as(dst);
+  if (self.is_privateuseone()) rt().devices().at(self.device().index()).synchronize();
+  sim::copy_tensor(DLView(dst).dl, DLView(src).dl);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (!dst.sizes().equals(self.sizes())) resize_(dst, self.sizes(), std::nullopt);
+  return copy_from(self, dst, false);
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  at::Tensor cpu = at::empty({}, self.options().device(at::kCPU));
+  copy_from(self, cpu, false);
+  return cpu.item();
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", &empty_memory_format);
+  m.impl("empty_strided", &empty_strided);
+  m.impl("as_strided", &as_strided);
+  m.impl("view", &at::native::view);
+  m.impl("_reshape_alias", &at::native::_reshape_alias);
+  m.impl("alias", &at::native::alias);
+  m.impl("resize_", &resize_);
+  m.impl("_copy_from", &copy_from);
+  m.impl("_copy_from_and_resize", &copy_from_and_resize);
+  m.impl("_local_scalar_dense", &local_scalar_dense);
+}
+
+// ---------------------------------------------------------------------------
+// the bridge: ATen boxed calls -> npubridge's dispatcher
+// ---------------------------------------------------------------------------
+
+// The torch call being served on this thread, for the dispatcher's fallback.
+struct TorchCall {
+  const c10::OperatorHandle* op;
+  torch::jit::Stack* stack;
+  bool fell_back = false;
+};
+thread_local TorchCall* tls_call = nullptr;
+
+// Produces torch npu tensors for returns the kernel allocates.
+class TorchOutputs final : public OutputAllocator {
+ public:
+  DLTensor* allocate(int32_t ret_index, const DLDevice& device, int32_t ndim, const int64_t* shape, DLDataType dtype) override {
+    c10::DeviceGuard guard(at::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device.device_id)));
+    at::Tensor t = at::empty(std::vector<int64_t>(shape, shape + ndim),
+                             at::TensorOptions().dtype(torch_dtype(dtype_of(dtype))).device(c10::DeviceType::PrivateUse1,
+                                                                                             device.device_id));
+    tensors_[ret_index] = t;
+    views_[ret_index] = std::make_unique<DLView>(t);
+    return &views_[ret_index]->dl;
+  }
+  std::map<int32_t, at::Tensor> tensors_;
+  std::map<int32_t, std::unique_ptr<DLView>> views_;
+};
+
+struct Boxed {
+  std::vector<NpubValue> values;
+  std::vector<at::Tensor> keep;  // moved CPU scalars
+  std::vector<std::unique_ptr<DLView>> views;
+  std::vector<std::unique_ptr<std::vector<int64_t>>> ints;
+  std::vector<std::unique_ptr<std::vector<double>>> doubles;
+  std::vector<std::unique_ptr<std::vector<DLTensor*>>> lists;
+  std::vector<std::unique_ptr<std::string>> strings;
+};
+
+// Converts one IValue. A 0-d CPU tensor (a wrapped Python number) joins the
+// call's device, as CUDA accepts CPU scalars.
+NpubValue box(const c10::IValue& v, Boxed& b, c10::DeviceIndex device) {
+  auto tensor_view = [&](at::Tensor t) -> DLTensor* {
+    if (t.device().is_cpu() && t.dim() == 0) {
+      t = t.to(at::Device(c10::DeviceType::PrivateUse1, device));
+      b.keep.push_back(t);
+    }
+    b.views.push_back(std::make_unique<DLView>(t));
+    return &b.views.back()->dl;
+  };
+  if (v.isNone()) return none_value();
+  if (v.isTensor()) return v.toTensor().defined() ? tensor_value(tensor_view(v.toTensor())) : none_value();
+  if (v.isBool()) return bool_value(v.toBool());
+  if (v.isInt()) return int_value(v.toInt());
+  if (v.isDouble()) return double_value(v.toDouble());
+  if (v.isString()) {
+    b.strings.push_back(std::make_unique<std::string>(v.toStringRef()));
+    return string_value(b.strings.back()->c_str());
+  }
+  if (v.isIntList()) {
+    b.ints.push_back(std::make_unique<std::vector<int64_t>>(v.toIntVector()));
+    return int_list_value(*b.ints.back());
+  }
+  if (v.isBoolList()) {
+    auto l = std::make_unique<std::vector<int64_t>>();
+    for (bool x : v.toBoolList()) l->push_back(x);
+    b.ints.push_back(std::move(l));
+    return int_list_value(*b.ints.back());
+  }
+  if (v.isDoubleList()) {
+    b.doubles.push_back(std::make_unique<std::vector<double>>(v.toDoubleVector()));
+    return double_list_value(*b.doubles.back());
+  }
+  if (v.isList()) {
+    auto l = std::make_unique<std::vector<DLTensor*>>();
+    for (const c10::IValue& e : v.toListRef()) l->push_back(e.isNone() || !e.toTensor().defined() ? nullptr : tensor_view(e.toTensor()));
+    b.lists.push_back(std::move(l));
+    return tensor_list_value(*b.lists.back());
+  }
+  TORCH_CHECK(false, "npubridge: cannot pass an argument of type ", v.tagKind(), " to a plugin kernel");
+}
+
+c10::DeviceIndex call_device(const torch::jit::Stack& args) {
+  for (const auto& v : args) {
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_privateuseone()) return v.toTensor().device().index();
+    if (v.isList())
+      for (const auto& e : v.toListRef())
+        if (e.isTensor() && e.toTensor().defined() && e.toTensor().is_privateuseone()) return e.toTensor().device().index();
+  }
+  return current_index();
+}
+
+std::mutex g_handles_mu;
+std::unordered_map<std::string, OpHandle> g_handles;
+
+OpHandle handle_for(const c10::OperatorHandle& op) {
+  const auto& n = op.schema().operator_name();
+  const std::string name = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+  std::lock_guard<std::mutex> lock(g_handles_mu);
+  auto it = g_handles.find(name);
+  if (it != g_handles.end()) return it->second;
+  OpHandle h = rt().dispatcher().op(name);
+  g_handles.emplace(name, h);
+  return h;
+}
+
+// Runs `target` (an op of the registry) on the given IValue arguments and
+// leaves its results on `stack` (which must not hold the arguments).
+void run_on_dispatcher(const c10::OperatorHandle& op, const OpHandle& target, const std::vector<c10::IValue>& args,
+                       torch::jit::Stack* stack) {
+  const c10::DeviceIndex device = call_device(args);
+  c10::DeviceGuard guard(at::Device(c10::DeviceType::PrivateUse1, device));
+  Boxed b;
+  for (const auto& a : args) b.values.push_back(box(a, b, device));
+  const auto& returns = target.op->schema().returns;
+  std::vector<NpubValue> rets(returns.size(), none_value());
+  TorchOutputs outs;
+  try {
+    rt().dispatcher().call(target, b.values.data(), static_cast<int32_t>(b.values.size()), rets.data(),
+                           static_cast<int32_t>(rets.size()), &outs);
+  } catch (const OutOfMemoryError& e) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+  } catch (const Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+  const auto& alias = target.op->return_alias();
+  for (size_t i = 0; i < returns.size(); ++i) {
+    if (alias[i] >= 0) {
+      stack->push_back(args[static_cast<size_t>(alias[i])]);
+    } else if (auto t = outs.tensors_.find(static_cast<int32_t>(i)); t != outs.tensors_.end()) {
+      stack->push_back(t->second);
+    } else if (rets[i].tag == NPUB_VALUE_INT) {
+      stack->push_back(rets[i].u.i);
+    } else if (rets[i].tag == NPUB_VALUE_DOUBLE) {
+      stack->push_back(rets[i].u.d);
+    } else if (rets[i].tag == NPUB_VALUE_BOOL) {
+      stack->push_back(rets[i].u.i != 0);
+    } else {
+      stack->push_back(at::Tensor());  // undefined (output_mask off)
+    }
+  }
+  (void)op;
+}
+
+// A plugin kernel for exactly this aten op.
+void plugin_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
+  // copy_ between the host and the device is a transfer, not a kernel: the
+  // device's copy engine does it (a plugin's copy_ is device to device).
+  if (op.schema().operator_name().name == "aten::copy_") {
+    const at::Tensor& self = args[0].toTensor();
+    const at::Tensor& src = args[1].toTensor();
+    if (self.device() != src.device()) {
+      copy_from(src, self, false);
+      torch::jit::drop(*stack, n);
+      stack->push_back(self);
+      return;
+    }
+  }
+  TorchCall call{&op, stack};
+  TorchCall* outer = tls_call;
+  tls_call = &call;
+  struct Restore {
+    TorchCall* o;
+    ~Restore() { tls_call = o; }
+  } restore{outer};
+  // The dispatcher's fallback (no kernel for these dtypes) runs ATen's CPU
+  // fallback on the original stack; otherwise the results replace it.
+  torch::jit::Stack results;
+  run_on_dispatcher(op, handle_for(op), args, &results);
+  if (call.fell_back) return;
+  torch::jit::drop(*stack, n);
+  for (auto& r : results) stack->push_back(std::move(r));
+}
+
+// Functional and in-place ops served by a plugin's .out kernel: the outputs'
+// shapes and dtypes come from the op's meta kernel (ATen's own shape and
+// type-promotion rules), then the .out kernel fills them.
+std::mutex g_out_mu;
+std::unordered_map<std::string, std::string> g_out_of;  // aten op -> registry .out op
+std::unordered_map<std::string, bool> g_inplace;
+
+void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+void via_out_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& n = op.schema().operator_name();
+  const std::string name = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+  std::string out_name;
+  bool inplace = false;
+  {
+    std::lock_guard<std::mutex> lock(g_out_mu);
+    out_name = g_out_of.at(name);
+    inplace = g_inplace.at(name);
+  }
+  const size_t nargs = op.schema().arguments().size();
+  std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end());
+  std::vector<at::Tensor> outs;
+  if (inplace) {
+    outs.push_back(args[0].toTensor());
+  } else {
+    // Meta run: same arguments with tensors on the meta device.
+    torch::jit::Stack meta;
+    for (const auto& a : args) {
+      if (a.isTensor() && a.toTensor().defined()) {
+        const at::Tensor& t = a.toTensor();
+        meta.push_back(at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta)));
+      } else {
+        meta.push_back(a);
+      }
+    }
+    try {
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+    } catch (const c10::Error&) {
+      // No meta kernel (or an input the meta kernel rejects): let the CPU
+      // implementation decide, and raise its own error if it must.
+      cpu_fallback_counted(op, stack);
+      return;
+    }
+    const c10::DeviceIndex device = call_device(args);
+    for (const auto& r : meta) {
+      const at::Tensor& m = r.toTensor();
+      outs.push_back(at::empty(m.sizes(), m.options().device(c10::DeviceType::PrivateUse1, device)));
+    }
+  }
+  std::vector<c10::IValue> out_args(args.begin(), args.end());
+  for (const auto& o : outs) out_args.push_back(o);
+  const OpHandle target = rt().dispatcher().op(out_name);
+  TorchCall call{&op, stack};
+  TorchCall* outer = tls_call;
+  tls_call = &call;
+  struct Restore {
+    TorchCall* o;
+    ~Restore() { tls_call = o; }
+  } restore{outer};
+  torch::jit::Stack results;
+  run_on_dispatcher(op, target, out_args, &results);
+  if (call.fell_back) return;
+  torch::jit::drop(*stack, nargs);
+  for (const auto& o : outs) stack->push_back(o);
+}
+
+// The dispatcher's fallback: ATen's CPU fallback on the torch call.
+void torch_fallback(const reg::OpEntry&, const NpubValue*, int32_t, NpubValue*, int32_t, OutputAllocator&) {
+  TORCH_CHECK(tls_call != nullptr, "npubridge: fallback outside a torch call");
+  tls_call->fell_back = true;
+  at::native::cpu_fallback(*tls_call->op, tls_call->stack);
+}
+
+// Global boxed fallback for ops no plugin registers: counted per op.
+std::mutex g_fallback_mu;
+std::map<std::string, int64_t> g_fallback_counts;
+std::atomic<bool> g_fallback_error{false};
+
+void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto& n = op.schema().operator_name();
+  const std::string name = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(g_fallback_mu);
+    first = g_fallback_counts[name]++ == 0;
+  }
+  TORCH_CHECK(!g_fallback_error.load(), "npubridge: operator '", name,
+              "' is not supported on the NPU backend and NPUB_FALLBACK=error forbids falling back to the CPU");
+  if (first)
+    TORCH_WARN("npubridge: operator '", name, "' is not supported on the NPU backend and will fall back to run on the CPU");
+  at::native::cpu_fallback(op, stack);
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback_counted>()); }
+
+// Registrations made at init, kept alive for the process.
+std::vector<std::unique_ptr<torch::Library>> g_libraries;
+std::vector<std::string> g_native, g_via_out;
+
+// "Type name" of an argument without alias annotation and default.
+std::string plain(std::string s) {
+  for (size_t open; (open = s.find('(')) != std::string::npos;) {
+    const size_t close = s.find(')', open);
+    if (close == std::string::npos) break;
+    s.erase(open, close - open + 1);
+  }
+  if (auto eq = s.find('='); eq != std::string::npos) s.resize(eq);
+  return s;
+}
+
+// Whether functional/in-place `f` takes exactly the arguments of `out`
+// minus its trailing out= tensors (same names and types, in order).
+bool same_args(const c10::FunctionSchema& f, const reg::Schema& out) {
+  size_t n = out.arguments.size();
+  while (n > 0 && out.arguments[n - 1].is_write() && out.arguments[n - 1].kwarg_only) --n;
+  if (n != f.arguments().size()) return false;
+  for (size_t i = 0; i < n; ++i) {
+    std::ostringstream theirs;
+    theirs << f.arguments()[i];
+    const reg::Argument& a = out.arguments[i];
+    if (plain(theirs.str()) != plain(reg::type_to_string(a.type) + " " + a.name)) return false;
+  }
+  return true;
+}
+
+void register_plugin_ops() {
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  std::set<std::string> registered;
+  const auto ops = rt().registry().ops();
+  for (const reg::OpEntry* e : ops) {
+    if (e->schema().ns != "aten" || e->kernels(NPUB_DEVICE_NPU).empty()) continue;
+    const std::string unqualified = e->schema().overload.empty() ? e->schema().name : e->schema().name + "." + e->schema().overload;
+    auto h = c10::Dispatcher::singleton().findSchema({"aten::" + e->schema().name, e->schema().overload});
+    if (!h) continue;
+    // The plugin's schema must be ATen's (names and types); otherwise the
+    // boxed arguments would not line up.
+    const std::string theirs = c10::toString(h->schema());
+    if (theirs != e->schema().to_string()) {
+      TORCH_WARN("npubridge: not routing '", e->name(), "': its schema differs from ATen's (plugin: ", e->schema().to_string(),
+                 ", ATen: ", theirs, ")");
+      continue;
+    }
+    lib->impl(unqualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&plugin_kernel>());
+    registered.insert(e->name());
+    g_native.push_back(e->name());
+  }
+  // Functional and in-place overloads of ops whose .out variant a plugin serves.
+  for (const reg::OpEntry* e : ops) {
+    if (e->schema().ns != "aten" || !registered.count(e->name())) continue;
+    bool is_out = false;
+    for (const auto& a : e->schema().arguments) is_out = is_out || (a.is_write() && a.kwarg_only);
+    if (!is_out) continue;
+    for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+      if (name.name != "aten::" + e->schema().name && name.name != "aten::" + e->schema().name + "_") continue;
+      const std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+      if (registered.count(full)) continue;
+      auto h = c10::Dispatcher::singleton().findSchema(name);
+      if (!h) continue;
+      const auto& f = h->schema();
+      const bool inplace = name.name.back() == '_';
+      if (f.is_mutable() != inplace) continue;
+      if (!same_args(f, e->schema())) continue;
+      if (!inplace && (f.returns().size() == 0 || f.returns().size() != static_cast<size_t>(std::count_if(
+                                                       e->schema().arguments.begin(), e->schema().arguments.end(),
+                                                       [](const reg::Argument& a) { return a.is_write() && a.kwarg_only; }))))
+        continue;
+      if (inplace && std::count_if(e->schema().arguments.begin(), e->schema().arguments.end(),
+                                   [](const reg::Argument& a) { return a.is_write() && a.kwarg_only; }) != 1)
+        continue;
+      {
+        std::lock_guard<std::mutex> lock(g_out_mu);
+        g_out_of[full] = e->name();
+        g_inplace[full] = inplace;
+      }
+      const std::string unq = full.substr(std::string("aten::").size());
+      lib->impl(unq.c_str(), torch::CppFunction::makeFromBoxedFunction<&via_out_kernel>());
+      registered.insert(full);
+      g_via_out.push_back(full + " -> " + e->name());
+    }
+  }
+  g_libraries.push_back(std::move(lib));
+}
+
+std::once_flag g_init_once;
+
+void init() {
+  std::call_once(g_init_once, [] {
+    static NpuHooks hooks;
+    at::RegisterPrivateUse1HooksInterface(&hooks);
+    c10::SetAllocator(c10::DeviceType::PrivateUse1, &g_allocator);
+    rt().dispatcher().set_fallback(&torch_fallback);
+    g_fallback_error = rt().dispatcher().fallback_mode() == FallbackMode::kError;
+    register_plugin_ops();
+  });
+}
+
+}  // namespace
+
+}  // namespace npub::torch_backend
+
+// ---------------------------------------------------------------------------
+// Python module npubridge._C
+// ---------------------------------------------------------------------------
+
+namespace py = pybind11;
+using namespace npub;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "npubridge: PyTorch on the simulated NPU through acceleration-library plugins";
+  m.def("_init", &npub::torch_backend::init);
+  m.def("device_count", [] { return Runtime::global().devices().count(); });
+  m.def("current_device", [] { return Runtime::global().devices().current_device(); });
+  m.def("set_device", [](int d) { Runtime::global().devices().set_current_device(d); });
+  m.def("synchronize", [](int d) {
+    auto& ds = Runtime::global().devices();
+    if (d < 0)
+      for (int i = 0; i < ds.count(); ++i) ds.at(i).synchronize();
+    else
+      ds.at(d).synchronize();
+  });
+  m.def("manual_seed", [](int d, uint64_t seed) { Runtime::global().devices().at(d).manual_seed(seed); });
+  m.def("memory_stats", [](int d) {
+    const auto s = Runtime::global().devices().at(d).allocator().stats();
+    py::dict r;
+    r["allocated_bytes"] = s.allocated_bytes;
+    r["reserved_bytes"] = s.reserved_bytes;
+    r["peak_allocated_bytes"] = s.peak_allocated_bytes;
+    r["peak_reserved_bytes"] = s.peak_reserved_bytes;
+    r["num_allocs"] = s.num_allocs;
+    r["num_frees"] = s.num_frees;
+    r["num_ooms"] = s.num_ooms;
+    return r;
+  });
+  m.def("empty_cache", [] {
+    auto& ds = Runtime::global().devices();
+    for (int i = 0; i < ds.count(); ++i) ds.at(i).allocator().empty_cache();
+  });
+  m.def("reset_peak_memory_stats", [](int d) { Runtime::global().devices().at(d).allocator().reset_peak_stats(); });
+  m.def("plugins", [] {
+    py::list out;
+    for (const auto& p : Runtime::global().loader().plugins()) {
+      int ops = 0;
+      for (const reg::OpEntry* e : Runtime::global().registry().ops())
+        for (const reg::Kernel* k : e->kernels(NPUB_DEVICE_NPU))
+          if (k->plugin.get() == p.get()) {
+            ++ops;
+            break;
+          }
+      py::dict d;
+      d["name"] = p->name;
+      d["version"] = p->version;
+      d["path"] = p->path;
+      d["ops"] = ops;
+      d["enabled"] = p->enabled.load();
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("load_failures", [] {
+    py::list out;
+    for (const auto& f : Runtime::global().loader().failures()) out.append(f.error);
+    return out;
+  });
+  m.def("stats", [] {
+    py::dict out;
+    for (const auto& s : Runtime::global().dispatcher().stats()) {
+      py::dict d;
+      d["calls"] = s.calls;
+      d["fallbacks"] = s.fallbacks;
+      d["conversions"] = s.conversions;
+      d["errors"] = s.errors;
+      d["time_ms"] = s.total_ms;
+      py::dict by_plugin;
+      for (const auto& k : s.kernels)
+        if (k.calls > 0) by_plugin[py::str(k.plugin)] = k.calls;
+      d["native"] = by_plugin;
+      out[py::str(s.op)] = d;
+    }
+    std::lock_guard<std::mutex> lock(npub::torch_backend::g_fallback_mu);
+    for (const auto& [name, count] : npub::torch_backend::g_fallback_counts) {
+      py::dict d;
+      d["calls"] = count;
+      d["fallbacks"] = count;
+      d["conversions"] = 0;
+      d["errors"] = 0;
+      d["time_ms"] = 0.0;
+      d["native"] = py::dict();
+      out[py::str(name)] = d;
+    }
+    return out;
+  });
+  m.def("reset_stats", [] {
+    Runtime::global().dispatcher().reset_stats();
+    std::lock_guard<std::mutex> lock(npub::torch_backend::g_fallback_mu);
+    npub::torch_backend::g_fallback_counts.clear();
+  });
+  m.def("set_optim_level", [](int level) { Runtime::global().dispatcher().set_opt_level(level); });
+  m.def("optim_level", [] { return Runtime::global().dispatcher().opt_level(); });
+  m.def("enable_plugin", [](const std::string& name, bool on) {
+    auto p = Runtime::global().loader().plugin(name);
+    if (!p) throw py::value_error("no plugin named '" + name + "' is loaded");
+    p->enabled = on;
+  });
+  m.def("register_op", [](const std::string& framework_op, const std::string& plugin_op, const std::string& plugin) {
+    if (!Runtime::global().registry().find(plugin_op)) throw py::value_error("unknown op '" + plugin_op + "'");
+    Runtime::global().op_map().set({framework_op, plugin_op, plugin});
+  });
+  m.def("precision_check", [](bool enabled, double atol, double rtol) {
+    PrecisionCheckConfig c;
+    c.enabled = enabled;
+    c.fp32_atol = atol;
+    c.fp32_rtol = rtol;
+    Runtime::global().dispatcher().set_precision_check(c);
+  });
+  m.def("precision_mismatches", [] {
+    py::list out;
+    for (const auto& mm : Runtime::global().dispatcher().precision_mismatches()) out.append(mm.message());
+    return out;
+  });
+  m.def("routed_ops", [] {
+    py::dict d;
+    d["native"] = npub::torch_backend::g_native;
+    d["via_out"] = npub::torch_backend::g_via_out;
+    return d;
+  });
+  m.def("ops", [](const std::string& plugin) {
+    py::list out;
+    for (const reg::OpEntry* e : Runtime::global().registry().ops()) {
+      for (const reg::Kernel* k : e->kernels(NPUB_DEVICE_NPU)) {
+        if (!plugin.empty() && k->plugin_name() != plugin) continue;
+        py::dict d;
+        d["op"] = e->name();
+        d["plugin"] = k->plugin_name();
+        d["dtypes"] = k->dtypes_string();
+        d["priority"] = k->priority;
+        d["schema"] = e->schema().to_string();
+        out.append(d);
+      }
+    }
+    return out;
+  });
+}

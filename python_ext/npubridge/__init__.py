@@ -1,0 +1,65 @@
+"""npubridge: PyTorch on a (simulated) NPU through acceleration-library plugins.
+
+``import npubridge`` renames PyTorch's PrivateUse1 backend to ``npu``,
+registers ``torch.npu``, and routes every ATen op a loaded plugin implements
+to npubridge's dispatcher; other ops fall back to the CPU (one warning per
+op; ``NPUB_FALLBACK=error`` makes that an error).
+"""
+import torch
+
+from . import _C
+
+torch.utils.rename_privateuse1_backend("npu")
+_C._init()
+
+from . import npu as _npu  # noqa: E402
+
+torch._register_device_module("npu", _npu)
+torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+
+__all__ = [
+    "plugins", "stats", "reset_stats", "set_optim_level", "enable_plugin", "disable_plugin",
+    "register_op", "precision_check", "routed_ops",
+]
+
+
+def plugins():
+    """Loaded plugins: name, version, path, number of ops, enabled."""
+    return _C.plugins()
+
+
+def stats():
+    """Per op: calls, native calls per plugin, fallbacks, conversions, time."""
+    return _C.stats()
+
+
+def reset_stats():
+    _C.reset_stats()
+
+
+def set_optim_level(level: int):
+    """0: no plugin kernels; 1: basic ops; 2: fused ops (default); 3: all."""
+    _C.set_optim_level(int(level))
+
+
+def enable_plugin(name: str):
+    _C.enable_plugin(name, True)
+
+
+def disable_plugin(name: str):
+    _C.enable_plugin(name, False)
+
+
+def register_op(framework_op: str, plugin_op: str, plugin: str = ""):
+    """Serve `framework_op` with `plugin_op` (optionally a given plugin's kernel)."""
+    _C.register_op(framework_op, plugin_op, plugin)
+
+
+def precision_check(enabled: bool = True, atol: float = 1e-5, rtol: float = 1e-5):
+    """Run each kernel and the CPU implementation and report mismatches."""
+    _C.precision_check(bool(enabled), float(atol), float(rtol))
+
+
+def routed_ops():
+    """ATen ops served by plugins: natively, and through their .out kernels."""
+    return _C.routed_ops()

@@ -1,0 +1,40 @@
+"""python3 -m npubridge {plugins, ops [--plugin NAME], coverage}"""
+import argparse
+import sys
+
+import torch  # noqa: F401
+
+import npubridge
+from . import _C
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m npubridge")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("plugins", help="loaded plugins (and rejected ones)")
+    ops = sub.add_parser("ops", help="ops with npu kernels")
+    ops.add_argument("--plugin", default="")
+    sub.add_parser("coverage", help="ATen ops served natively (by which plugin) or through .out kernels")
+    args = parser.parse_args(argv)
+    if args.command == "plugins":
+        for p in npubridge.plugins():
+            print(f"{p['name']:16} {p['version']:8} {p['ops']:4} ops  {'enabled ' if p['enabled'] else 'disabled'}  {p['path']}")
+        for failure in _C.load_failures():
+            print(f"REJECTED {failure}")
+    elif args.command == "ops":
+        for o in _C.ops(args.plugin):
+            print(f"{o['op']:48} {o['plugin']:16} p{o['priority']:<3} {{{o['dtypes']}}}")
+    elif args.command == "coverage":
+        routed = npubridge.routed_ops()
+        print(f"# {len(routed['native'])} ATen ops served by plugin kernels directly")
+        for name in sorted(routed["native"]):
+            print(f"native   {name}")
+        print(f"# {len(routed['via_out'])} functional / in-place ATen ops served through a plugin's .out kernel")
+        for name in sorted(routed["via_out"]):
+            print(f"via-out  {name}")
+        print("# every other ATen op falls back to the CPU")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

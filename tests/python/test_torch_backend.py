@@ -1,0 +1,138 @@
+"""PyTorch on npu through npubridge, checked against PyTorch on the CPU."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import npubridge
+
+
+def test_acceptance_snippet():
+    x = torch.ones(3).to("npu")
+    assert torch.equal((x + x).cpu(), torch.tensor([2.0, 2.0, 2.0]))
+    assert torch.npu.device_count() == 2
+    assert (x + x).device == torch.device("npu:0")
+
+
+def test_factories_devices_and_printing():
+    y = torch.randn(2, 3, device="npu:1")
+    assert y.device == torch.device("npu:1")
+    assert "device='npu:1'" in repr(y)
+    z = torch.zeros(4, 5, device="npu")
+    assert torch.equal(z.cpu(), torch.zeros(4, 5))
+    assert z.is_npu
+    assert torch.full((2,), 7.0).npu().cpu().tolist() == [7.0, 7.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_elementwise_and_reductions_match_cpu(dtype):
+    torch.manual_seed(0)
+    a = (torch.randn(6, 7) * 3).to(dtype)
+    b = (torch.randn(7) * 3).to(dtype)
+    na, nb = a.npu(), b.npu()
+    tol = dict(atol=1e-2, rtol=1e-2) if dtype == torch.bfloat16 else dict(atol=1e-6, rtol=1e-6)
+    for fn in (lambda x, y: x + y, lambda x, y: x * y, lambda x, y: x - 2 * y, torch.maximum, lambda x, y: x > y):
+        torch.testing.assert_close(fn(na, nb).cpu(), fn(a, b), **tol)
+    torch.testing.assert_close(na.sum(dim=1).cpu(), a.sum(dim=1), **tol)
+    torch.testing.assert_close(na.amax(dim=0).cpu(), a.amax(dim=0), **tol)
+    if dtype != torch.int64:
+        torch.testing.assert_close(na.mean(dim=1).cpu(), a.mean(dim=1), **tol)
+        torch.testing.assert_close(torch.softmax(na, dim=1).cpu(), torch.softmax(a, dim=1), **tol)
+
+
+def test_views_are_native_and_strided_inputs_work():
+    a = torch.randn(4, 6)
+    na = a.npu()
+    t = na.t()
+    assert t.data_ptr() == na.data_ptr()  # a view, not a copy
+    torch.testing.assert_close((t @ na).cpu(), a.t() @ a, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(na[1:3, ::2].cpu(), a[1:3, ::2])
+    torch.testing.assert_close(na.view(3, 8).relu().cpu(), a.view(3, 8).relu())
+
+
+def test_inplace_and_out_variants():
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    na, nb = a.npu(), b.npu()
+    na.add_(nb, alpha=2)
+    torch.testing.assert_close(na.cpu(), a + 2 * b)
+    out = torch.empty(3, 4, device="npu")
+    torch.mul(na, nb, out=out)
+    torch.testing.assert_close(out.cpu(), (a + 2 * b) * b)
+    na.relu_()
+    torch.testing.assert_close(na.cpu(), (a + 2 * b).relu())
+
+
+def test_nn_ops_and_a_few_training_steps_match_cpu():
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    ref = torch.nn.Sequential(*[m for m in model])  # same parameters object graph
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    cpu_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    cpu_model.load_state_dict(model.state_dict())
+    npu_model = model.npu()
+    opt_n = torch.optim.SGD(npu_model.parameters(), lr=0.1)
+    opt_c = torch.optim.SGD(cpu_model.parameters(), lr=0.1)
+    for _ in range(3):
+        ln = F.cross_entropy(npu_model(x.npu()), y.npu())
+        lc = F.cross_entropy(cpu_model(x), y)
+        torch.testing.assert_close(ln.cpu(), lc, atol=1e-5, rtol=1e-5)
+        opt_n.zero_grad()
+        opt_c.zero_grad()
+        ln.backward()
+        lc.backward()
+        opt_n.step()
+        opt_c.step()
+    for pn, pc in zip(npu_model.parameters(), cpu_model.parameters()):
+        torch.testing.assert_close(pn.cpu(), pc, atol=1e-5, rtol=1e-5)
+    del ref
+
+
+def test_statistics_count_native_calls_and_fallbacks():
+    npubridge.reset_stats()
+    a = torch.randn(5).npu()
+    (a + a).cpu()
+    torch.tan(a).cpu()  # no plugin serves tan: CPU fallback
+    s = npubridge.stats()
+    assert s["aten::add.out"]["native"]["cann_like"] >= 1
+    assert s["aten::tan"]["fallbacks"] >= 1 if "aten::tan" in s else s["aten::tan.out"]["fallbacks"] >= 1
+
+
+def test_mixed_devices_raise_pytorchs_message():
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.randn(3).npu() + torch.randn(3)
+
+
+def test_plugin_errors_surface_as_python_exceptions():
+    # Shapes are checked by ATen's meta kernel first, with PyTorch's message.
+    with pytest.raises(RuntimeError, match="reduction dim|cannot be multiplied"):
+        torch.randn(2, 3).npu() @ torch.randn(4, 5).npu()
+    # A plugin's own check names the op, the plugin and the reason.
+    weight = torch.randn(10, 4).npu()
+    with pytest.raises(RuntimeError, match=r"aten::embedding.*cann_like.*index out of range"):
+        F.embedding(torch.tensor([3, 12]).npu(), weight)
+
+
+def test_device_module_and_memory_stats():
+    assert torch.npu.is_available()
+    with torch.npu.device(1):
+        assert torch.npu.current_device() == 1
+        t = torch.empty(1024, device="npu")
+        assert t.device.index == 1
+    assert torch.npu.current_device() == 0
+    before = torch.npu.memory_allocated(0)
+    big = torch.empty(1 << 20, device="npu:0")
+    assert torch.npu.memory_allocated(0) >= before + 4 * (1 << 20)
+    del big
+    torch.npu.synchronize()
+
+
+def test_plugin_control():
+    names = [p["name"] for p in npubridge.plugins()]
+    assert "cann_like" in names
+    a = torch.randn(4, 4).npu()
+    npubridge.disable_plugin("cann_like")
+    try:
+        npubridge.reset_stats()
+        torch.testing.assert_close((a @ a).cpu(), a.cpu() @ a.cpu(), atol=1e-5, rtol=1e-5)
+        assert npubridge.stats()["aten::mm.out"]["fallbacks"] == 1
+    finally:
+        npubridge.enable_plugin("cann_like")
