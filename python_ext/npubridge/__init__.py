@@ -5,9 +5,18 @@ registers ``torch.npu``, and routes every ATen op a loaded plugin implements
 to npubridge's dispatcher; other ops fall back to the CPU (one warning per
 op; ``NPUB_FALLBACK=error`` makes that an error).
 """
-import torch
 
-from . import _C
+
+def _autoload():
+    """Entry point of the `torch.backends` group: `import torch` alone loads
+    npubridge once it is installed (TORCH_DEVICE_BACKEND_AUTOLOAD=0 turns
+    that off). Defined before `import torch`: when npubridge is imported
+    first, torch's autoload finds it on the partially initialised module."""
+
+
+import torch  # noqa: E402
+
+from . import _C  # noqa: E402
 
 torch.utils.rename_privateuse1_backend("npu")
 _C._init()
