@@ -136,3 +136,32 @@ def test_plugin_control():
         assert npubridge.stats()["aten::mm.out"]["fallbacks"] == 1
     finally:
         npubridge.enable_plugin("cann_like")
+
+
+def _run(code, **env):
+    import os
+    import subprocess
+    import sys
+
+    full_env = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=120)
+
+
+def test_fallback_error_mode():
+    r = _run("import torch, npubridge\ntorch.tan(torch.ones(3).npu())", NPUB_FALLBACK="error")
+    assert r.returncode != 0
+    assert "aten::tan" in r.stderr and "NPUB_FALLBACK=error" in r.stderr
+
+
+def test_out_of_memory_raises_torch_oom_with_the_allocators_message():
+    code = (
+        "import torch, npubridge\n"
+        "try:\n"
+        "    torch.empty(64 << 20, device='npu')\n"
+        "except torch.OutOfMemoryError as e:\n"
+        "    print('OOM:', e)\n"
+    )
+    r = _run(code, NPUB_SIM_MEMORY="64M")
+    assert r.returncode == 0, r.stderr
+    assert "OOM: npu:0 out of memory: tried to allocate 256.00 MiB" in r.stdout
+    assert "capacity of 64.00 MiB" in r.stdout
