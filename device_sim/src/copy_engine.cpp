@@ -57,15 +57,6 @@ std::vector<int64_t> strides_of(const DLTensor& t) {
   return s;
 }
 
-bool contiguous(const DLTensor& t) {
-  if (t.strides == nullptr) return true;
-  int64_t expected = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] != 1 && t.strides[i] != expected) return false;
-    expected *= t.shape[i];
-  }
-  return true;
-}
 
 struct Plan {
   const DLTensor* dst;
@@ -165,6 +156,16 @@ void copy_tensor_async(Stream& stream, const DLTensor& dst, const DLTensor& src,
   stream.enqueue([d, s, pool] { copy_tensor(d->t, s->t, pool); });
 }
 
+bool is_contiguous(const DLTensor& t) {
+  if (t.strides == nullptr) return true;
+  int64_t expected = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] != 1 && t.strides[i] != expected) return false;
+    expected *= t.shape[i];
+  }
+  return true;
+}
+
 size_t span_bytes(const DLTensor& t) {
   const int64_t esize = (t.dtype.bits * t.dtype.lanes + 7) / 8;
   int64_t last = 0;
@@ -194,7 +195,7 @@ void copy_tensor(const DLTensor& dst, const DLTensor& src, ComputePool* pool) {
   for (int i = 0; i < dst.ndim; ++i) numel *= dst.shape[i];
   if (numel == 0) return;
 
-  if (dt == st && contiguous(dst) && contiguous(src)) {
+  if (dt == st && is_contiguous(dst) && is_contiguous(src)) {
     auto* d = static_cast<char*>(dst.data) + dst.byte_offset;
     auto* s = static_cast<const char*>(src.data) + src.byte_offset;
     const int64_t bytes = numel * element_size(dt);

@@ -3,6 +3,7 @@
 // (precision_check.cpp).
 #pragma once
 
+#include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/dispatcher.h>
 #include <npubridge/support/dtype.h>
 
@@ -33,7 +34,7 @@ void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs,
                    const reg::Kernel& k, const NpubValue* args, NpubValue* rets,
                    OutputAllocator* outputs);
 
-bool is_contiguous(const DLTensor& t);
+using sim::is_contiguous;
 
 // An OutputAllocator that refuses: for callers that preallocate everything.
 class NoOutputs final : public OutputAllocator {

@@ -29,16 +29,6 @@ std::string device_str(const DLDevice& d) {
 
 }  // namespace
 
-bool is_contiguous(const DLTensor& t) {
-  if (t.strides == nullptr) return true;
-  int64_t expected = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] != 1 && t.strides[i] != expected) return false;
-    expected *= t.shape[i];
-  }
-  return true;
-}
-
 DLTensor* NoOutputs::allocate(int32_t ret_index, const DLDevice&, int32_t, const int64_t*, DLDataType) {
   throw Error(ErrorCode::kInvalidArgument,
               "op '" + op_ + "': return " + std::to_string(ret_index) +

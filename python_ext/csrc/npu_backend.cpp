@@ -285,6 +285,16 @@ struct TorchCall {
 };
 thread_local TorchCall* tls_call = nullptr;
 
+// Makes `call` the thread's current torch call for its scope (nested calls
+// restore the outer one).
+struct ScopedTorchCall {
+  TorchCall* outer;
+  explicit ScopedTorchCall(TorchCall& call) : outer(tls_call) { tls_call = &call; }
+  ~ScopedTorchCall() { tls_call = outer; }
+  ScopedTorchCall(const ScopedTorchCall&) = delete;
+  ScopedTorchCall& operator=(const ScopedTorchCall&) = delete;
+};
+
 // Produces torch npu tensors for returns the kernel allocates.
 class TorchOutputs final : public OutputAllocator {
  public:
@@ -433,12 +443,7 @@ void plugin_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     }
   }
   TorchCall call{&op, stack};
-  TorchCall* outer = tls_call;
-  tls_call = &call;
-  struct Restore {
-    TorchCall* o;
-    ~Restore() { tls_call = o; }
-  } restore{outer};
+  ScopedTorchCall scope(call);
   // The dispatcher's fallback (no kernel for these dtypes) runs ATen's CPU
   // fallback on the original stack; otherwise the results replace it.
   torch::jit::Stack results;
@@ -501,12 +506,7 @@ void via_out_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (const auto& o : outs) out_args.push_back(o);
   const OpHandle target = rt().dispatcher().op(out_name);
   TorchCall call{&op, stack};
-  TorchCall* outer = tls_call;
-  tls_call = &call;
-  struct Restore {
-    TorchCall* o;
-    ~Restore() { tls_call = o; }
-  } restore{outer};
+  ScopedTorchCall scope(call);
   torch::jit::Stack results;
   run_on_dispatcher(op, target, out_args, &results);
   if (call.fell_back) return;

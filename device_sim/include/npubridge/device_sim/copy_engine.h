@@ -32,6 +32,10 @@ void memcpy_async(Stream& stream, void* dst, const void* src, size_t bytes);
 void copy_tensor_async(Stream& stream, const DLTensor& dst, const DLTensor& src,
                        ComputePool* pool = nullptr);
 
+// True when the tensor's strides are row-major contiguous (NULL strides
+// included; size-1 dims ignore their stride).
+bool is_contiguous(const DLTensor& t);
+
 // Bytes spanned by a tensor from its first to its last element (0 if empty).
 size_t span_bytes(const DLTensor& t);
 
