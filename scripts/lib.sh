@@ -39,11 +39,12 @@ npub_build() {
   shift
   local gen=()
   command -v ninja >/dev/null && gen=(-G Ninja)
-  if [ ! -f "$dir/CMakeCache.txt" ]; then
-    npub_log "configuring $dir"
-    cmake -S "$NPUB_ROOT" -B "$dir" "${gen[@]}" -DNPUB_WERROR=ON "$@" >"$dir.configure.log" 2>&1 ||
-      { cat "$dir.configure.log"; return 1; }
-  fi
+  # Configured every time (a second or two) so that changed options apply.
+  [ -f "$dir/CMakeCache.txt" ] && gen=()
+  npub_log "configuring $dir"
+  mkdir -p "$(dirname "$dir")"
+  cmake -S "$NPUB_ROOT" -B "$dir" "${gen[@]}" -DNPUB_WERROR=ON "$@" >"$dir.configure.log" 2>&1 ||
+    { cat "$dir.configure.log"; return 1; }
   npub_log "building $dir"
   cmake --build "$dir" -j "$NPUB_JOBS"
 }
