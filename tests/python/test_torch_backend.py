@@ -165,3 +165,24 @@ def test_out_of_memory_raises_torch_oom_with_the_allocators_message():
     assert r.returncode == 0, r.stderr
     assert "OOM: npu:0 out of memory: tried to allocate 256.00 MiB" in r.stdout
     assert "capacity of 64.00 MiB" in r.stdout
+
+
+def test_random_ops_run_on_the_device_and_follow_the_seed():
+    npubridge.reset_stats()
+    torch.manual_seed(7)
+    a = torch.randn(1000, device="npu")
+    b = torch.rand(1000, device="npu")
+    torch.manual_seed(7)
+    a2 = torch.randn(1000, device="npu")
+    assert torch.equal(a.cpu(), a2.cpu())
+    assert not torch.equal(a.cpu(), b.cpu())
+    assert abs(a.cpu().mean().item()) < 0.2 and 0.8 < a.cpu().std().item() < 1.2
+    assert 0 <= b.cpu().min().item() and b.cpu().max().item() < 1
+    s = npubridge.stats()
+    assert s["aten::normal_"]["native"]["cann_like"] >= 2 and s["aten::normal_"]["fallbacks"] == 0
+    # dropout in training mode uses the same stream
+    torch.manual_seed(1)
+    d1 = torch.nn.functional.dropout(torch.ones(64, device="npu"), 0.5, training=True)
+    torch.manual_seed(1)
+    d2 = torch.nn.functional.dropout(torch.ones(64, device="npu"), 0.5, training=True)
+    assert torch.equal(d1.cpu(), d2.cpu())

@@ -807,6 +807,24 @@ SampleFn index_put_spec() {
   };
 }
 
+SampleFn random_fill_spec(std::vector<std::vector<IValue>> params) {
+  return [params](ScalarType dt) {
+    std::vector<Sample> out;
+    for (const auto& p : params) {
+      std::vector<IValue> args{make({256, 256}, dt)};
+      for (const auto& v : p) args.push_back(v);
+      args.push_back(IValue());  // generator
+      std::string name = "large, params";
+      for (const auto& v : p) name += " " + std::to_string(v.toDouble());
+      out.push_back({name, args});
+      std::vector<IValue> small = args;
+      small[0] = make({3, 5}, dt);
+      out.push_back({"small", small});
+    }
+    return out;
+  };
+}
+
 SampleFn dropout_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
@@ -1089,6 +1107,9 @@ const std::map<std::string, SampleFn>& sample_specs() {
     m["aten::scatter_add.out"] = scatter_add_spec();
     m["aten::cat.out"] = cat_spec();
     m["aten::native_dropout"] = dropout_spec();
+    m["aten::uniform_"] = random_fill_spec({{IValue(0.0), IValue(1.0)}, {IValue(-2.0), IValue(3.0)}});
+    m["aten::normal_"] = random_fill_spec({{IValue(0.0), IValue(1.0)}, {IValue(2.0), IValue(0.5)}});
+    m["aten::bernoulli_.float"] = random_fill_spec({{IValue(0.3)}, {IValue(0.9)}});
     m["aten::index.Tensor_out"] = index_tensor_spec();
     m["aten::index_put_"] = index_put_spec();
     m["aten::nonzero"] = nonzero_spec();
@@ -1109,8 +1130,45 @@ const std::map<std::string, SampleFn>& sample_specs() {
   return specs;
 }
 
+namespace {
+
+// Mean and spread of a random fill against its distribution (6 sigma).
+std::string check_moments(const at::Tensor& t, double mean, double sd, double lo, double hi) {
+  const at::Tensor d = t.to(at::kDouble);
+  if (d.numel() == 0) return "";
+  if (d.min().item<double>() < lo || d.max().item<double>() > hi)
+    return "values outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  if (d.numel() < 1000) return "";
+  const double m = d.mean().item<double>(), s = d.std().item<double>();
+  const double tol = 6 * sd / std::sqrt(static_cast<double>(d.numel())) + 1e-2 * std::fabs(sd);
+  if (std::fabs(m - mean) > tol) return "mean " + std::to_string(m) + ", expected " + std::to_string(mean) + " +- " + std::to_string(tol);
+  if (sd > 0 && std::fabs(s - sd) > 0.05 * sd) return "std " + std::to_string(s) + ", expected " + std::to_string(sd) + " +- 5%";
+  return "";
+}
+
+}  // namespace
+
 const std::map<std::string, PropertyFn>& property_checks() {
   static const std::map<std::string, PropertyFn> checks = {
+      {"aten::uniform_",
+       [](const std::vector<IValue>& a, const std::vector<at::Tensor>& got) -> std::string {
+         const double lo = a[1].toDouble(), hi = a[2].toDouble();
+         if (got.size() != 1 || !got[0].sizes().equals(a[0].toTensor().sizes())) return "expected self back";
+         return check_moments(got[0], (lo + hi) / 2, (hi - lo) / std::sqrt(12.0), lo, hi);
+       }},
+      {"aten::normal_",
+       [](const std::vector<IValue>& a, const std::vector<at::Tensor>& got) -> std::string {
+         if (got.size() != 1 || !got[0].sizes().equals(a[0].toTensor().sizes())) return "expected self back";
+         return check_moments(got[0], a[1].toDouble(), a[2].toDouble(), -1e30, 1e30);
+       }},
+      {"aten::bernoulli_.float",
+       [](const std::vector<IValue>& a, const std::vector<at::Tensor>& got) -> std::string {
+         const double p = a[1].toDouble();
+         if (got.size() != 1 || !got[0].sizes().equals(a[0].toTensor().sizes())) return "expected self back";
+         const at::Tensor d = got[0].to(at::kDouble);
+         if (!d.eq(0).logical_or(d.eq(1)).all().item<bool>()) return "values other than 0 and 1";
+         return check_moments(got[0], p, std::sqrt(p * (1 - p)), 0, 1);
+       }},
       {"aten::native_dropout",
        [](const std::vector<IValue>& a, const std::vector<at::Tensor>& got) -> std::string {
          const at::Tensor x = a[0].toTensor();

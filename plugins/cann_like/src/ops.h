@@ -14,5 +14,6 @@ void register_reduce(npub::sdk::Registrar& r);
 void register_nn(npub::sdk::Registrar& r);
 void register_index(npub::sdk::Registrar& r);
 void register_conv(npub::sdk::Registrar& r);
+void register_random(npub::sdk::Registrar& r);
 
 }  // namespace cann_like

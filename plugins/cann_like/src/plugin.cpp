@@ -10,6 +10,7 @@ void init(npub::sdk::Registrar& r) {
   cann_like::register_nn(r);
   cann_like::register_index(r);
   cann_like::register_conv(r);
+  cann_like::register_random(r);
 }
 }  // namespace
 

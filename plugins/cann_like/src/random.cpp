@@ -1,0 +1,78 @@
+// Random fills on the device's Philox stream (plugin ABI 1.1): uniform_,
+// normal_ (Box-Muller), bernoulli_. Reproducible per device seed
+// (torch.npu.manual_seed / torch.manual_seed); independent of thread count,
+// as every element's numbers depend only on (seed, counter).
+#include "elementwise.h"
+#include "ops.h"
+
+#include <npubridge/philox.hpp>
+
+#include <cmath>
+
+namespace cann_like {
+
+namespace {
+
+enum class Dist { uniform, normal, bernoulli };
+
+template <Dist kDist>
+void fill_random(Call& call) {
+  TensorRef self = call.tensor(0);
+  if (!call.is_none(call.num_args() - 1))
+    call.fail(NPUB_ERR_UNSUPPORTED, "explicit generators are not supported; seed the device instead");
+  const DT d = dt_of(self.dtype());
+  const double a = call.double_arg(1);
+  const double b = kDist == Dist::bernoulli ? 0.0 : call.double_arg(2);
+  if (kDist == Dist::uniform && !(a <= b))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "uniform_ expects to return a [from, to) range, but found from=" + std::to_string(a) +
+                                             " > to=" + std::to_string(b));
+  if (kDist == Dist::normal && !(b >= 0))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "normal expects std >= 0.0, but found std " + std::to_string(b));
+  if (kDist == Dist::bernoulli && !(a >= 0 && a <= 1))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "bernoulli_ expects p to be in [0, 1], but got p=" + std::to_string(a));
+  if (!is_floating(d) && kDist != Dist::bernoulli)
+    call.fail(NPUB_ERR_UNSUPPORTED, std::string("random fill of dtype ") + dt_name(d));
+  const int64_t n = self.numel(), es = dt_size(d);
+  if (n == 0) return;
+  const auto [seed, offset] = call.philox(static_cast<uint64_t>((n + 3) / 4));
+  call.parallel_for(0, (n + 3) / 4, 2048, [&](int64_t blk0, int64_t blk1) {
+    for (int64_t blk = blk0; blk < blk1; ++blk) {
+      const auto r = npub::philox::block(seed, offset + static_cast<uint64_t>(blk));
+      double v[4];
+      if constexpr (kDist == Dist::normal) {
+        for (int k = 0; k < 4; k += 2) {
+          // u1 in (0, 1] so that log(u1) is finite.
+          const double u1 = (static_cast<double>(r[static_cast<size_t>(k)] >> 8) + 1.0) / 16777216.0;
+          const double u2 = static_cast<double>(r[static_cast<size_t>(k + 1)] >> 8) / 16777216.0;
+          const double radius = std::sqrt(-2.0 * std::log(u1));
+          v[k] = a + b * radius * std::cos(2.0 * M_PI * u2);
+          v[k + 1] = a + b * radius * std::sin(2.0 * M_PI * u2);
+        }
+      } else {
+        for (int k = 0; k < 4; ++k) {
+          const double u = static_cast<double>(r[static_cast<size_t>(k)] >> 8) / 16777216.0;  // [0, 1)
+          if constexpr (kDist == Dist::uniform) v[k] = std::min(a + (b - a) * u, std::nextafter(b, a));
+          else v[k] = u < a ? 1.0 : 0.0;
+        }
+      }
+      for (int k = 0; k < 4; ++k) {
+        const int64_t i = blk * 4 + k;
+        if (i >= n) break;
+        store<double>(self.data<char>() + i * es, d, v[k]);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void register_random(npub::sdk::Registrar& r) {
+  r.def("aten::uniform_(Tensor(a!) self, float from=0., float to=1., *, Generator? generator=None) -> Tensor(a!)");
+  r.kernel("aten::uniform_", &fill_random<Dist::uniform>).dtypes(dtypes_floating()).contiguous_only();
+  r.def("aten::normal_(Tensor(a!) self, float mean=0., float std=1., *, Generator? generator=None) -> Tensor(a!)");
+  r.kernel("aten::normal_", &fill_random<Dist::normal>).dtypes(dtypes_floating()).contiguous_only();
+  r.def("aten::bernoulli_.float(Tensor(a!) self, float p=0.5, *, Generator? generator=None) -> Tensor(a!)");
+  r.kernel("aten::bernoulli_.float", &fill_random<Dist::bernoulli>).dtypes(dtypes_all()).contiguous_only();
+}
+
+}  // namespace cann_like
