@@ -231,44 +231,41 @@ bool have_f16c() {
 
 }  // namespace
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void half_block_to_float(const char* src, DT dt, float* dst, int64_t n) {
-  uint16_t h[512];
-  for (int64_t j0 = 0; j0 < n; j0 += 512) {
-    const int64_t m = std::min<int64_t>(512, n - j0);
-    std::memcpy(h, src + j0 * 2, static_cast<size_t>(m) * 2);
-    if (dt == DT::bf16) {
-      for (int64_t i = 0; i < m; ++i) {
-        const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
-        std::memcpy(dst + j0 + i, &bits, 4);
-      }
-    } else if (have_f16c()) {
-      f16_to_f32_f16c(h, dst + j0, m);
-    } else {
-      for (int64_t i = 0; i < m; ++i) dst[j0 + i] = npub::sdk::half_to_float(h[i]);
+// Half-type elements are 2-byte aligned in device memory (allocations are
+// 512-byte aligned and offsets are whole elements), so they are read and
+// written in place as uint16_t.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void half_block_to_float(const char* src, DT dt, float* dst,
+                                                                                     int64_t n) {
+  const auto* h = reinterpret_cast<const uint16_t*>(src);
+  if (dt == DT::bf16) {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
+      std::memcpy(dst + i, &bits, 4);
     }
+  } else if (have_f16c()) {
+    f16_to_f32_f16c(h, dst, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = npub::sdk::half_to_float(h[i]);
   }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void float_block_to_half(const float* src, char* dst, DT dt, int64_t n) {
-  uint16_t h[512];
-  for (int64_t j0 = 0; j0 < n; j0 += 512) {
-    const int64_t m = std::min<int64_t>(512, n - j0);
-    if (dt == DT::bf16 && have_avx512bf16()) {
-      f32_to_bf16_avx512(src + j0, h, m);
-    } else if (dt == DT::bf16) {
-      for (int64_t i = 0; i < m; ++i) {
-        uint32_t bits;
-        std::memcpy(&bits, src + j0 + i, 4);
-        const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-        const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
-        h[i] = static_cast<uint16_t>(nan ? ((bits >> 16) | 0x40u) : rounded);
-      }
-    } else if (have_f16c()) {
-      f32_to_f16_f16c(src + j0, h, m);
-    } else {
-      for (int64_t i = 0; i < m; ++i) h[i] = npub::sdk::float_to_half(src[j0 + i]);
+__attribute__((target_clones("avx512f", "avx2", "default"))) void float_block_to_half(const float* src, char* dst, DT dt,
+                                                                                     int64_t n) {
+  auto* h = reinterpret_cast<uint16_t*>(dst);
+  if (dt == DT::bf16 && have_avx512bf16()) {
+    f32_to_bf16_avx512(src, h, n);
+  } else if (dt == DT::bf16) {
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, src + i, 4);
+      const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+      const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+      h[i] = static_cast<uint16_t>(nan ? ((bits >> 16) | 0x40u) : rounded);
     }
-    std::memcpy(dst + j0 * 2, h, static_cast<size_t>(m) * 2);
+  } else if (have_f16c()) {
+    f32_to_f16_f16c(src, h, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) h[i] = npub::sdk::float_to_half(src[i]);
   }
 }
 
