@@ -11,6 +11,7 @@
 #include <torch/extension.h>
 
 #include <ATen/EmptyTensor.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/CPUFallback.h>
@@ -543,9 +544,39 @@ void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stac
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback_counted>()); }
 
+// Autocast for npu: PyTorch's usual policy. Matrix products and
+// convolutions in the autocast dtype; reductions, norms, losses and
+// exponentials in float32.
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+  KERNEL_PRIVATEUSEONE(mm, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(addmm, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(bmm, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(baddbmm, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(matmul, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(linear, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(conv2d, lower_precision_fp)
+  KERNEL_PRIVATEUSEONE(exp, fp32)
+  KERNEL_PRIVATEUSEONE(log, fp32)
+  KERNEL_PRIVATEUSEONE(log1p, fp32)
+  KERNEL_PRIVATEUSEONE(rsqrt, fp32)
+  KERNEL_PRIVATEUSEONE(reciprocal, fp32)
+  KERNEL_PRIVATEUSEONE(pow, Tensor_Scalar, fp32)
+  KERNEL_PRIVATEUSEONE(layer_norm, fp32)
+  KERNEL_PRIVATEUSEONE(nll_loss, fp32)
+  KERNEL_PRIVATEUSEONE(mse_loss, fp32)
+  KERNEL_PRIVATEUSEONE(l1_loss, fp32)
+  KERNEL_PRIVATEUSEONE(binary_cross_entropy_with_logits, fp32)
+  KERNEL_PRIVATEUSEONE(softmax, int, fp32_set_opt_dtype)
+  KERNEL_PRIVATEUSEONE(log_softmax, int, fp32_set_opt_dtype)
+  KERNEL_PRIVATEUSEONE(sum, fp32_set_opt_dtype)
+  KERNEL_PRIVATEUSEONE(cumsum, fp32_set_opt_dtype)
+}
+
 // Registrations made at init, kept alive for the process.
 std::vector<std::unique_ptr<torch::Library>> g_libraries;
-std::vector<std::string> g_native, g_via_out;
+std::vector<std::string> g_native, g_via_out, g_custom;
 
 // "Type name" of an argument without alias annotation and default.
 std::string plain(std::string s) {
@@ -629,6 +660,25 @@ void register_plugin_ops() {
     }
   }
   g_libraries.push_back(std::move(lib));
+
+  // Plugin ops outside aten: defined under torch.ops.<namespace> from the
+  // schema the plugin registered, served by the same boxed bridge.
+  std::map<std::string, std::vector<const reg::OpEntry*>> by_ns;
+  for (const reg::OpEntry* e : ops)
+    if (e->schema().ns != "aten" && !e->kernels(NPUB_DEVICE_NPU).empty()) by_ns[e->schema().ns].push_back(e);
+  for (const auto& [ns, entries] : by_ns) {
+    auto def = std::make_unique<torch::Library>(torch::Library::FRAGMENT, ns, std::nullopt, __FILE__, __LINE__);
+    auto impl = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    for (const reg::OpEntry* e : entries) {
+      if (c10::Dispatcher::singleton().findSchema({ns + "::" + e->schema().name, e->schema().overload})) continue;
+      def->def(e->schema().to_string().c_str());
+      const std::string unq = e->schema().overload.empty() ? e->schema().name : e->schema().name + "." + e->schema().overload;
+      impl->impl(unq.c_str(), torch::CppFunction::makeFromBoxedFunction<&plugin_kernel>());
+      g_custom.push_back(e->name());
+    }
+    g_libraries.push_back(std::move(def));
+    g_libraries.push_back(std::move(impl));
+  }
 }
 
 std::once_flag g_init_once;
@@ -771,6 +821,7 @@ PYBIND11_MODULE(_C, m) {
     py::dict d;
     d["native"] = npub::torch_backend::g_native;
     d["via_out"] = npub::torch_backend::g_via_out;
+    d["custom"] = npub::torch_backend::g_custom;
     return d;
   });
   m.def("ops", [](const std::string& plugin) {

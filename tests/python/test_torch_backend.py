@@ -186,3 +186,31 @@ def test_random_ops_run_on_the_device_and_follow_the_seed():
     torch.manual_seed(1)
     d2 = torch.nn.functional.dropout(torch.ones(64, device="npu"), 0.5, training=True)
     assert torch.equal(d1.cpu(), d2.cpu())
+
+
+def test_plugin_ops_appear_under_torch_ops():
+    assert set(npubridge.routed_ops()["custom"]) >= {"mindspeed_like::npu_rms_norm", "vllm_like::silu_and_mul",
+                                                      "cann_like::conv2d_bias_relu"}
+    x, g = torch.randn(2, 3, 16), torch.randn(16)
+    y, rstd = torch.ops.mindspeed_like.npu_rms_norm(x.npu(), g.npu(), 1e-6)
+    ref_rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(y.cpu(), x * ref_rstd * g, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rstd.cpu(), ref_rstd, atol=1e-5, rtol=1e-5)
+    inp = torch.randn(4, 32)
+    out = torch.empty(4, 16, device="npu")
+    torch.ops.vllm_like.silu_and_mul(out, inp.npu())
+    torch.testing.assert_close(out.cpu(), F.silu(inp[:, :16]) * inp[:, 16:])
+    xc, w, b = torch.randn(1, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+    yc = torch.ops.cann_like.conv2d_bias_relu(xc.npu(), w.npu(), b.npu(), [1, 1], [1, 1], [1, 1], 1)
+    torch.testing.assert_close(yc.cpu(), F.relu(F.conv2d(xc, w, b, padding=1)), atol=1e-4, rtol=1e-4)
+
+
+def test_autocast_follows_pytorchs_policy():
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    with torch.autocast("npu", dtype=torch.bfloat16):
+        c = a.npu() @ b.npu()
+        s = torch.softmax(c, dim=-1)
+        lin = F.linear(a.npu(), b.npu())
+    assert c.dtype == torch.bfloat16 and lin.dtype == torch.bfloat16
+    assert s.dtype == torch.float32
+    torch.testing.assert_close(c.cpu().float(), (a.bfloat16() @ b.bfloat16()).float(), atol=5e-2, rtol=2e-2)
