@@ -18,6 +18,7 @@
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/alias_native.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/set_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -261,7 +262,24 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   return cpu.item();
 }
 
+// set_: a tensor onto (part of) an npu storage; what storage copies and
+// torch.save / torch.load use.
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source, c10::SymInt offset, c10::SymIntArrayRef size,
+                        c10::SymIntArrayRef stride) {
+  return at::native::set_storage_cpu_(self, std::move(source), offset.expect_int(), C10_AS_INTARRAYREF_SLOW(size),
+                                      C10_AS_INTARRAYREF_SLOW(stride));
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage empty(c10::Storage::use_byte_size_t(), 0, &g_allocator, /*resizable=*/true);
+  return at::native::set_storage_cpu_(self, empty, 0, {0}, {});
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("set_.source_Storage", &at::native::set_);
+  m.impl("set_.source_Storage_storage_offset", &set_storage);
+  m.impl("set_.source_Tensor", &at::native::set_tensor_);
+  m.impl("set_", &set_empty);
   m.impl("empty.memory_format", &empty_memory_format);
   m.impl("empty_strided", &empty_strided);
   m.impl("as_strided", &as_strided);

@@ -214,3 +214,20 @@ def test_autocast_follows_pytorchs_policy():
     assert c.dtype == torch.bfloat16 and lin.dtype == torch.bfloat16
     assert s.dtype == torch.float32
     torch.testing.assert_close(c.cpu().float(), (a.bfloat16() @ b.bfloat16()).float(), atol=5e-2, rtol=2e-2)
+
+
+def test_save_load_and_dlpack_round_trips():
+    import io
+
+    from torch.utils.dlpack import from_dlpack, to_dlpack
+
+    x = torch.arange(6.0).reshape(2, 3).to("npu:1")
+    buf = io.BytesIO()
+    torch.save({"x": x}, buf)
+    for location, device in ((None, "npu:1"), ("cpu", "cpu"), ("npu:0", "npu:0")):
+        buf.seek(0)
+        y = torch.load(buf, map_location=location)["x"]
+        assert y.device == torch.device(device)
+        assert torch.equal(y.cpu(), x.cpu())
+    z = from_dlpack(to_dlpack(x))
+    assert z.device == x.device and torch.equal(z.cpu(), x.cpu())
