@@ -83,6 +83,14 @@ Stream& Device::create_stream() {
   return *streams_.back();
 }
 
+Stream& Device::stream(int id) {
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  if (id < 0 || id >= static_cast<int>(streams_.size()))
+    throw Error(ErrorCode::kInvalidArgument, "npu:" + std::to_string(index_) + " has no stream " + std::to_string(id) +
+                                                 " (" + std::to_string(streams_.size()) + " streams created)");
+  return *streams_[static_cast<size_t>(id)];
+}
+
 Stream& Device::current_stream() {
   Stream* s = tls_streams.find(uid_);
   return s != nullptr ? *s : *streams_.front();

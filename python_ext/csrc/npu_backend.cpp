@@ -723,6 +723,18 @@ void init() {
 namespace py = pybind11;
 using namespace npub;
 
+namespace {
+std::mutex g_events_mu;
+std::map<int64_t, sim::Event> g_events;
+int64_t g_next_event = 1;
+sim::Event& event_at(int64_t id) {
+  std::lock_guard<std::mutex> lock(g_events_mu);
+  auto it = g_events.find(id);
+  if (it == g_events.end()) throw py::value_error("unknown npu event " + std::to_string(id));
+  return it->second;
+}
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "npubridge: PyTorch on the simulated NPU through acceleration-library plugins";
   m.def("_init", &npub::torch_backend::init);
@@ -737,6 +749,44 @@ PYBIND11_MODULE(_C, m) {
       ds.at(d).synchronize();
   });
   m.def("manual_seed", [](int d, uint64_t seed) { Runtime::global().devices().at(d).manual_seed(seed); });
+  m.def("get_rng_state", [](int d) {
+    const auto s = Runtime::global().devices().at(d).philox_state();
+    return py::make_tuple(s.seed, s.offset);
+  });
+  m.def("set_rng_state", [](int d, uint64_t seed, uint64_t offset) {
+    Runtime::global().devices().at(d).set_philox_state({seed, offset});
+  });
+  // Streams (by id within their device) and events (by id).
+  m.def("stream_new", [](int d) { return Runtime::global().devices().at(d).create_stream().id(); });
+  m.def("stream_synchronize", [](int d, int id) {
+    py::gil_scoped_release nogil;
+    Runtime::global().devices().at(d).stream(id).synchronize();
+  });
+  m.def("stream_query", [](int d, int id) { return Runtime::global().devices().at(d).stream(id).query(); });
+  m.def("set_current_stream", [](int d, int id) {
+    auto& dev = Runtime::global().devices().at(d);
+    dev.set_current_stream(dev.stream(id));
+  });
+  m.def("current_stream", [](int d) { return Runtime::global().devices().at(d).current_stream().id(); });
+  m.def("stream_wait_event", [](int d, int id, int64_t ev) { Runtime::global().devices().at(d).stream(id).wait_event(event_at(ev)); });
+  m.def("event_new", [] {
+    std::lock_guard<std::mutex> lock(g_events_mu);
+    const int64_t id = g_next_event++;
+    g_events.emplace(id, sim::Event());
+    return id;
+  });
+  m.def("event_destroy", [](int64_t id) {
+    std::lock_guard<std::mutex> lock(g_events_mu);
+    g_events.erase(id);
+  });
+  m.def("event_record", [](int64_t ev, int d, int id) { event_at(ev).record(Runtime::global().devices().at(d).stream(id)); });
+  m.def("event_query", [](int64_t ev) { return event_at(ev).query(); });
+  m.def("event_synchronize", [](int64_t ev) {
+    sim::Event& e = event_at(ev);
+    py::gil_scoped_release nogil;
+    e.synchronize();
+  });
+  m.def("event_elapsed_ms", [](int64_t start, int64_t end) { return event_at(start).elapsed_ms(event_at(end)); });
   m.def("memory_stats", [](int d) {
     const auto s = Runtime::global().devices().at(d).allocator().stats();
     py::dict r;

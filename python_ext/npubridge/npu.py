@@ -54,6 +54,127 @@ def manual_seed_all(seed: int) -> None:
         _C.manual_seed(i, int(seed))
 
 
+def get_rng_state(device="npu") -> torch.Tensor:
+    """The device generator's state: seed and next Philox counter (16 bytes)."""
+    seed, offset = _C.get_rng_state(_index(device))
+    return torch.tensor(list(seed.to_bytes(8, "little") + offset.to_bytes(8, "little")), dtype=torch.uint8)
+
+
+def set_rng_state(new_state: torch.Tensor, device="npu") -> None:
+    data = bytes(new_state.to(torch.uint8).tolist())
+    if len(data) != 16:
+        raise ValueError(f"set_rng_state: expected a state of 16 bytes but found {len(data)}")
+    _C.set_rng_state(_index(device), int.from_bytes(data[:8], "little"), int.from_bytes(data[8:], "little"))
+
+
+def get_rng_state_all():
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(states) -> None:
+    for i, state in enumerate(states):
+        set_rng_state(state, i)
+
+
+def initial_seed() -> int:
+    return _C.get_rng_state(current_device())[0]
+
+
+class Event:
+    """A marker in an npu stream (record, query, synchronize, elapsed_time)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        self.event_id = _C.event_new()
+        self.enable_timing = enable_timing
+
+    def record(self, stream=None):
+        stream = stream if stream is not None else current_stream()
+        _C.event_record(self.event_id, stream.device_index, stream.stream_id)
+
+    def query(self) -> bool:
+        return _C.event_query(self.event_id)
+
+    def synchronize(self) -> None:
+        _C.event_synchronize(self.event_id)
+
+    def wait(self, stream=None) -> None:
+        (stream if stream is not None else current_stream()).wait_event(self)
+
+    def elapsed_time(self, end_event) -> float:
+        return _C.event_elapsed_ms(self.event_id, end_event.event_id)
+
+    def __del__(self):
+        try:
+            _C.event_destroy(self.event_id)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class Stream:
+    """An npu stream: work on it runs in order; `with torch.npu.stream(s)`
+    makes it the current stream that kernels are ordered on."""
+
+    def __init__(self, device=None, priority: int = 0, _stream_id=None):
+        self.device_index = _index(device)
+        self.stream_id = _C.stream_new(self.device_index) if _stream_id is None else _stream_id
+
+    @property
+    def device(self):
+        return torch.device("npu", self.device_index)
+
+    def synchronize(self) -> None:
+        _C.stream_synchronize(self.device_index, self.stream_id)
+
+    def query(self) -> bool:
+        return _C.stream_query(self.device_index, self.stream_id)
+
+    def wait_event(self, event) -> None:
+        _C.stream_wait_event(self.device_index, self.stream_id, event.event_id)
+
+    def wait_stream(self, stream) -> None:
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event=None):
+        event = event if event is not None else Event()
+        event.record(self)
+        return event
+
+    def __eq__(self, other):
+        return isinstance(other, Stream) and (self.device_index, self.stream_id) == (other.device_index, other.stream_id)
+
+    def __hash__(self):
+        return hash((self.device_index, self.stream_id))
+
+    def __repr__(self):
+        return f"<torch.npu.Stream device=npu:{self.device_index} id={self.stream_id}>"
+
+
+def current_stream(device=None) -> Stream:
+    index = _index(device)
+    return Stream(index, _stream_id=_C.current_stream(index))
+
+
+def default_stream(device=None) -> Stream:
+    return Stream(_index(device), _stream_id=0)
+
+
+def set_stream(stream: Stream) -> None:
+    _C.set_current_stream(stream.device_index, stream.stream_id)
+
+
+@contextlib.contextmanager
+def stream(stream: Stream):
+    if stream is None:
+        yield
+        return
+    previous = current_stream(stream.device_index)
+    set_stream(stream)
+    try:
+        yield
+    finally:
+        set_stream(previous)
+
+
 def memory_stats(device=None) -> dict:
     return _C.memory_stats(_index(device))
 

@@ -231,3 +231,25 @@ def test_save_load_and_dlpack_round_trips():
         assert torch.equal(y.cpu(), x.cpu())
     z = from_dlpack(to_dlpack(x))
     assert z.device == x.device and torch.equal(z.cpu(), x.cpu())
+
+
+def test_streams_events_and_rng_state():
+    s = torch.npu.Stream()
+    assert s != torch.npu.default_stream()
+    with torch.npu.stream(s):
+        assert torch.npu.current_stream() == s
+        a = torch.ones(1000, device="npu") * 3
+        start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
+        start.record()
+        b = a + a
+        end.record()
+    assert torch.npu.current_stream() == torch.npu.default_stream()
+    end.synchronize()
+    assert end.query() and start.elapsed_time(end) >= 0
+    s.synchronize()
+    assert torch.equal(b.cpu(), torch.full((1000,), 6.0))
+    state = torch.npu.get_rng_state()
+    x1 = torch.randn(100, device="npu")
+    torch.npu.set_rng_state(state)
+    x2 = torch.randn(100, device="npu")
+    assert torch.equal(x1.cpu(), x2.cpu())

@@ -40,6 +40,9 @@ class Device {
   Stream& default_stream() { return *streams_.front(); }
   // A new stream owned by the device; valid while the device lives.
   Stream& create_stream();
+  // Stream `id` of this device (0 is the default stream); throws npub::Error
+  // for an id the device never handed out.
+  Stream& stream(int id);
   // The calling thread's current stream on this device (default: the
   // default stream).
   Stream& current_stream();
