@@ -147,6 +147,8 @@ struct NpuHooks final : public at::PrivateUse1HooksInterface {
     return {c10::DeviceType::PrivateUse1, current_index()};
   }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  // Host memory needs no pinning for the simulated device.
+  c10::Allocator* getPinnedMemoryAllocator() const override { return at::getCPUAllocator(); }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     c10::DataPtr fresh = g_allocator.allocate(newsize);
     const size_t keep = std::min(newsize, storage.nbytes());
@@ -245,7 +247,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   TORCH_CHECK(npub_dtype(self.scalar_type()) != DType::kUnknown && npub_dtype(dst.scalar_type()) != DType::kUnknown,
               "npu copy: unsupported dtype ", self.scalar_type(), " -> ", dst.scalar_type());
   if (dst.numel() == 0) return dst;
-  at::Tensor src = self.sizes().equals(dst.sizes()) ? self : self.expand_as(dst);
+  // Broadcast, or (as copy_ allows) the same number of elements in another
+  // shape, e.g. [1] into [].
+  at::Tensor src = self.sizes().equals(dst.sizes())     ? self
+                   : self.numel() == dst.numel()        ? self.reshape(dst.sizes())
+                                                        : self.expand_as(dst);
   if (self.is_privateuseone()) rt().devices().at(self.device().index()).synchronize();
   sim::copy_tensor(DLView(dst).dl, DLView(src).dl);
   return dst;
@@ -445,6 +451,32 @@ void run_on_dispatcher(const c10::OperatorHandle& op, const OpHandle& target, co
   (void)op;
 }
 
+c10::IValue to_meta(const c10::IValue& v);
+
+// out= tensors of the wrong shape are resized first, as ATen's out
+// convention does (callers pass empty outs); the shapes come from the op's
+// meta kernel. Without a meta kernel the plugin's own shape check decides.
+void resize_outs(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  const auto& schema_args = op.schema().arguments();
+  bool has_out = false;
+  for (const auto& a : schema_args) has_out = has_out || (a.is_out() && a.type()->kind() == c10::TypeKind::TensorType);
+  if (!has_out) return;
+  torch::jit::Stack meta;
+  for (const auto& a : args) meta.push_back(to_meta(a));
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+  } catch (const c10::Error&) {
+    return;
+  }
+  size_t r = 0;
+  for (size_t i = 0; i < schema_args.size() && r < meta.size(); ++i) {
+    if (!schema_args[i].is_out() || !args[i].isTensor()) continue;
+    const at::Tensor& real = args[i].toTensor();
+    const at::Tensor& shaped = meta[r++].toTensor();
+    if (!real.sizes().equals(shaped.sizes())) resize_(real, shaped.sizes(), std::nullopt);
+  }
+}
+
 // A plugin kernel for exactly this aten op.
 void plugin_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t n = op.schema().arguments().size();
@@ -461,6 +493,7 @@ void plugin_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       return;
     }
   }
+  resize_outs(op, args);
   TorchCall call{&op, stack};
   ScopedTorchCall scope(call);
   // The dispatcher's fallback (no kernel for these dtypes) runs ATen's CPU
@@ -481,6 +514,30 @@ std::unordered_map<std::string, bool> g_inplace;
 
 void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// The same value with every tensor (also inside lists) on the meta device,
+// keeping the wrapped-number flag that type promotion depends on.
+at::Tensor to_meta(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  at::Tensor m = at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) m.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return m;
+}
+c10::IValue to_meta(const c10::IValue& v) {
+  if (v.isTensor()) return to_meta(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> l;
+    for (const at::Tensor& t : v.toTensorVector()) l.push_back(to_meta(t));
+    return l;
+  }
+  if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
+    c10::List<std::optional<at::Tensor>> l;
+    for (const c10::IValue& e : v.toListRef())
+      l.push_back(e.isNone() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(to_meta(e.toTensor())));
+    return l;
+  }
+  return v;
+}
+
 void via_out_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& n = op.schema().operator_name();
   const std::string name = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
@@ -499,14 +556,7 @@ void via_out_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   } else {
     // Meta run: same arguments with tensors on the meta device.
     torch::jit::Stack meta;
-    for (const auto& a : args) {
-      if (a.isTensor() && a.toTensor().defined()) {
-        const at::Tensor& t = a.toTensor();
-        meta.push_back(at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta)));
-      } else {
-        meta.push_back(a);
-      }
-    }
+    for (const auto& a : args) meta.push_back(to_meta(a));
     try {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
     } catch (const c10::Error&) {

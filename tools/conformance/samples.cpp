@@ -660,6 +660,10 @@ SampleFn gather_spec() {
     out.push_back({"dim 0, smaller index", {make({4, 6}, dt), int64_t{0}, rand_index({2, 5}, 4), false, empty_out(dt)}});
     out.push_back({"3-d", {make({2, 3, 5}, dt), int64_t{2}, rand_index({2, 3, 7}, 5), false, empty_out(dt)}});
     out.push_back({"large", {make({256, 512}, dt), int64_t{1}, rand_index({256, 256}, 512), false, empty_out(dt)}});
+    out.push_back({"int32 index", {make({4, 6}, dt), int64_t{1}, rand_index({4, 3}, 6, at::kInt), false, empty_out(dt)}});
+    out.push_back({"0-d self", {make({}, dt), int64_t{0}, long_tensor({0}, {1}), false, empty_out(dt)}});
+    out.push_back({"0-d self and index", {make({}, dt), int64_t{0}, long_tensor({0}, {}), false, empty_out(dt)}});
+    out.push_back({"empty index", {make({4, 6}, dt), int64_t{1}, rand_index({4, 0}, 6), false, empty_out(dt)}});
     out.push_back({"index out of range (error)", {make({4, 6}, dt), int64_t{1}, long_tensor({0, 6, 1, 2}, {2, 2}), false, empty_out(dt)}});
     return out;
   };

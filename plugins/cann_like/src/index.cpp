@@ -70,6 +70,19 @@ void index_select(Call& call) {
 template <typename F>
 void for_each_index(const Call& call, const TensorRef& index, const TensorRef& target, int64_t dim, const char* op, F&& f) {
   const int32_t nd = index.dim();
+  if (index.numel() == 0) return;
+  if (target.dim() == 0 || nd == 0) {  // 0-d: a single element, index must be 0
+    for (int64_t i = 0; i < index.numel(); ++i) {
+      const int64_t k = idx_at(index, i);
+      const int64_t bound = target.dim() == 0 ? 1 : target.size(static_cast<int32_t>(dim));
+      if (k < 0 || k >= bound)
+        call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(op) + "(): index " + std::to_string(k) +
+                                                 " is out of bounds for dimension " + std::to_string(dim) + " with size " +
+                                                 std::to_string(bound));
+      f(i, target.dim() == 0 ? 0 : k * target.stride(static_cast<int32_t>(dim)));
+    }
+    return;
+  }
   if (nd != target.dim() && !(nd <= 1 && target.dim() <= 1))
     call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("Index tensor must have the same number of dimensions as ") +
                                              (std::string(op) == "gather" ? "input" : "self") + " tensor");
@@ -98,8 +111,7 @@ void for_each_index(const Call& call, const TensorRef& index, const TensorRef& t
 // aten::gather.out(self, dim, index, *, sparse_grad, out)
 void gather(Call& call) {
   TensorRef self = call.tensor(0), index = call.tensor(2), out = call.tensor(4);
-  require_index(call, index, "gather");
-  if (dt_of(index.dtype()) != DT::i64) call.fail(NPUB_ERR_INVALID_ARGUMENT, "gather(): Expected dtype int64 for index");
+  if (index.numel() > 0) require_index(call, index, "gather");
   const int64_t dim = wrap_dim(call, call.int_arg(1), self.dim());
   check_out(call, out, index.sizes());
   const DT d = dt_of(self.dtype());
@@ -113,7 +125,7 @@ void gather(Call& call) {
 template <bool kAdd>
 void scatter(Call& call) {
   TensorRef self = call.tensor(0), index = call.tensor(2), src = call.tensor(3), out = call.tensor(4);
-  if (dt_of(index.dtype()) != DT::i64) call.fail(NPUB_ERR_INVALID_ARGUMENT, "scatter(): Expected dtype int64 for index");
+  if (index.numel() > 0) require_index(call, index, kAdd ? "scatter_add" : "scatter");
   const int64_t dim = wrap_dim(call, call.int_arg(1), self.dim());
   if (dt_of(src.dtype()) != dt_of(self.dtype()))
     call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("scatter(): Expected self.dtype to be equal to src.dtype"));
@@ -128,6 +140,7 @@ void scatter(Call& call) {
     std::memcpy(out.data<char>(), self.data<char>(), static_cast<size_t>(self.numel() * es));
   // src element for index position i: same coordinates in src.
   auto src_off = [&](int64_t i) {
+    if (src.dim() == 0) return int64_t{0};
     int64_t rem = i, off = 0;
     for (int32_t dd = index.dim() - 1; dd >= 0; --dd) {
       off += (rem % index.size(dd)) * src.stride(dd);
