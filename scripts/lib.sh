@@ -56,7 +56,9 @@ npub_install_pip() {
     npub_log "installing torch==2.13.0"
     python3 -m pip install -q torch==2.13.0
   fi
-  python3 -c "import pytest" 2>/dev/null || python3 -m pip install -q pytest
+  # pytest, and what torch.testing._internal (PyTorch's OpInfo database) imports.
+  python3 -c "import pytest, expecttest, hypothesis" 2>/dev/null ||
+    python3 -m pip install -q --root-user-action=ignore pytest expecttest hypothesis
 }
 
 npub_setup() {

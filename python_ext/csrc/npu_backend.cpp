@@ -19,6 +19,8 @@
 #include <ATen/ops/alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/set_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -243,7 +245,25 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::op
 
 // Copies between npu and cpu tensors of any dtype and layout, through the
 // device's copy engine (device memory is never aliased by a host tensor).
-at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  // Types the copy engine does not know move as their real components or
+  // as same-size integers (bit-exact): complex as pairs of floats, uint64
+  // as int64.
+  if (self.scalar_type() == dst.scalar_type() && npub_dtype(self.scalar_type()) == DType::kUnknown) {
+    if (self.is_complex()) {
+      // The native views directly: through the dispatcher they could land
+      // in the CPU fallback, which copies with this function again.
+      TORCH_CHECK(!self.is_conj(), "npu copy: conjugated complex views are not supported; call resolve_conj() first");
+      copy_from(at::native::view_as_real(self), at::native::view_as_real(dst), non_blocking);
+      return dst;
+    }
+    if (self.element_size() == 8 || self.element_size() == 4 || self.element_size() == 2 || self.element_size() == 1) {
+      const at::ScalarType as = self.element_size() == 8 ? at::kLong : self.element_size() == 4 ? at::kInt
+                                : self.element_size() == 2 ? at::kShort : at::kByte;
+      copy_from(at::native::view_dtype(self, as), at::native::view_dtype(dst, as), non_blocking);
+      return dst;
+    }
+  }
   TORCH_CHECK(npub_dtype(self.scalar_type()) != DType::kUnknown && npub_dtype(dst.scalar_type()) != DType::kUnknown,
               "npu copy: unsupported dtype ", self.scalar_type(), " -> ", dst.scalar_type());
   if (dst.numel() == 0) return dst;
@@ -292,6 +312,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("view", &at::native::view);
   m.impl("_reshape_alias", &at::native::_reshape_alias);
   m.impl("alias", &at::native::alias);
+  m.impl("view_as_real", &at::native::view_as_real);
+  m.impl("view_as_complex", &at::native::view_as_complex);
+  m.impl("view.dtype", &at::native::view_dtype);
   m.impl("resize_", &resize_);
   m.impl("_copy_from", &copy_from);
   m.impl("_copy_from_and_resize", &copy_from_and_resize);
@@ -368,6 +391,12 @@ NpubValue box(const c10::IValue& v, Boxed& b, c10::DeviceIndex device) {
   }
   if (v.isIntList()) {
     b.ints.push_back(std::make_unique<std::vector<int64_t>>(v.toIntVector()));
+    return int_list_value(*b.ints.back());
+  }
+  if (v.isList() && !v.toListRef().empty() && (v.toListRef()[0].isSymInt() || v.toListRef()[0].isInt())) {
+    auto l = std::make_unique<std::vector<int64_t>>();
+    for (const c10::IValue& e : v.toListRef()) l->push_back(e.isSymInt() ? e.toSymInt().expect_int() : e.toInt());
+    b.ints.push_back(std::move(l));
     return int_list_value(*b.ints.back());
   }
   if (v.isBoolList()) {
@@ -465,7 +494,7 @@ void resize_outs(const c10::OperatorHandle& op, const std::vector<c10::IValue>& 
   for (const auto& a : args) meta.push_back(to_meta(a));
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
-  } catch (const c10::Error&) {
+  } catch (const std::exception&) {  // no meta kernel, or one raising from Python
     return;
   }
   size_t r = 0;
@@ -529,7 +558,10 @@ c10::IValue to_meta(const c10::IValue& v) {
     for (const at::Tensor& t : v.toTensorVector()) l.push_back(to_meta(t));
     return l;
   }
-  if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
+  bool tensors = v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList();
+  if (tensors)
+    for (const c10::IValue& e : v.toListRef()) tensors = tensors && (e.isNone() || e.isTensor());
+  if (tensors) {
     c10::List<std::optional<at::Tensor>> l;
     for (const c10::IValue& e : v.toListRef())
       l.push_back(e.isNone() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(to_meta(e.toTensor())));
@@ -559,7 +591,7 @@ void via_out_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     for (const auto& a : args) meta.push_back(to_meta(a));
     try {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
-    } catch (const c10::Error&) {
+    } catch (const std::exception&) {
       // No meta kernel (or an input the meta kernel rejects): let the CPU
       // implementation decide, and raise its own error if it must.
       cpu_fallback_counted(op, stack);

@@ -15,6 +15,11 @@ def main(argv=None) -> int:
     ops = sub.add_parser("ops", help="ops with npu kernels")
     ops.add_argument("--plugin", default="")
     sub.add_parser("coverage", help="ATen ops served natively (by which plugin) or through .out kernels")
+    conf = sub.add_parser("conformance", help="PyTorch's OpInfo database on npu against the CPU")
+    conf.add_argument("--opinfo", action="store_true", required=True)
+    conf.add_argument("--report", default="opinfo_report.md")
+    conf.add_argument("--json", default="")
+    conf.add_argument("--max-samples", type=int, default=8)
     args = parser.parse_args(argv)
     if args.command == "plugins":
         for p in npubridge.plugins():
@@ -33,6 +38,14 @@ def main(argv=None) -> int:
         for name in sorted(routed["via_out"]):
             print(f"via-out  {name}")
         print("# every other ATen op falls back to the CPU")
+    elif args.command == "conformance":
+        from . import opinfo
+
+        results = opinfo.run(max_samples=args.max_samples)
+        opinfo.write_report(results, args.report, args.json or None)
+        passed, tested = opinfo.summary(results)
+        print(f"OpInfo on npu: {passed}/{tested} ops pass ({100.0 * passed / max(tested, 1):.1f}%); report: {args.report}")
+        return 0 if passed / max(tested, 1) >= 0.9 else 1
     return 0
 
 

@@ -405,6 +405,7 @@ SampleFn masked_fill_spec(bool inplace) {
     add("empty", make({0, 4}, dt), make({4}, at::kBool));
     add("large", make({256, 256}, dt), make({256, 256}, at::kBool));
     if (!inplace) add("transposed self", make_t(6, 5, dt), make({6, 5}, at::kBool));
+    if (!inplace) add("self broadcast to the mask", make({5}, dt), make({3, 5}, at::kBool));
     return out;
   };
 }

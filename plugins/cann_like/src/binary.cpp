@@ -313,11 +313,12 @@ void masked_fill(Call& call) {
   if (dt_of(mask.dtype()) != DT::b8)
     call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("masked_fill_ only supports boolean masks, but got mask with dtype ") +
                                              dt_name(dt_of(mask.dtype())));
+  // In place the mask broadcasts to self; the functional form broadcasts both.
   const Shape b = broadcast(call, self.sizes(), mask.sizes());
-  if (b != self.sizes())
+  if (kInPlace && b != self.sizes())
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "mask of shape " + shape_str(mask.sizes()) +
                                              " is not broadcastable to self of shape " + shape_str(self.sizes()));
-  TensorRef out = kInPlace ? self : call.output(0, self.sizes(), self.dtype());
+  TensorRef out = kInPlace ? self : call.output(0, b, self.dtype());
   ScalarTensor value(call.arg(2));
   const DT d = dt_of(self.dtype());  // the value is cast to self's dtype, as ATen does
   Iter it = make_iter(out, {self, mask, value.ref()});

@@ -1,0 +1,143 @@
+"""Runs PyTorch's own OpInfo database (torch.testing._internal, shipped in the
+wheel) on npu against the CPU.
+
+For every op of ``op_db`` that supports float32: each sample input (up to
+``max_samples``) runs on the CPU and, moved to npu, on npu; outputs are
+compared (float32: atol/rtol 1e-4... see TOLERANCE); where the op supports
+autograd the gradients of a fixed projection of the outputs are compared too;
+every third sample also runs with non-contiguous inputs. Ops whose results
+are random or uninitialised by definition are not compared (SKIPPED, with the
+reason), as PyTorch's own device tests skip them.
+"""
+import json
+import time
+import warnings
+
+import torch
+
+TOLERANCE = dict(atol=1e-4, rtol=1e-4)
+
+# Ops whose output is not a function of their inputs, or that need other
+# hardware; PyTorch's device tests skip these the same way.
+SKIPPED = {
+    "empty": "uninitialised memory", "empty_like": "uninitialised memory", "new_empty": "uninitialised memory",
+    "new_empty_strided": "uninitialised memory", "empty_strided": "uninitialised memory",
+    "empty_permuted": "uninitialised memory",
+    "randn_like": "random", "rand_like": "random", "randint_like": "random", "randint": "random", "randn": "random",
+    "rand": "random", "normal": "random", "normal.in_place": "random", "normal.number_mean": "random", "uniform": "random",
+    "bernoulli": "random", "multinomial": "random", "cauchy": "random", "exponential": "random",
+    "geometric": "random", "log_normal": "random", "nn.functional.dropout": "random",
+    "nn.functional.dropout2d": "random", "nn.functional.dropout3d": "random", "nn.functional.alpha_dropout": "random",
+    "nn.functional.feature_alpha_dropout.with_train": "random",
+    "nn.functional.feature_alpha_dropout.without_train": "random", "nn.functional.rrelu": "random",
+    "nn.functional.fractional_max_pool2d": "random", "nn.functional.fractional_max_pool3d": "random",
+    "as_strided.partial_views": "reads storage outside the view, which a device copy of the view does not carry",
+    "as_strided": "reads storage outside the view, which a device copy of the view does not carry",
+    "as_strided_copy": "reads storage outside the view, which a device copy of the view does not carry",
+    "as_strided_scatter": "reads storage outside the view, which a device copy of the view does not carry",
+    "tensor_split": "takes its indices on the CPU by contract",
+}
+SKIPPED_PREFIXES = ("jiterator_", "_refs.")
+
+
+def _tree_map(fn, x):
+    if isinstance(x, (list, tuple)):
+        return type(x)(_tree_map(fn, e) for e in x)
+    if isinstance(x, dict):
+        return {k: _tree_map(fn, v) for k, v in x.items()}
+    return fn(x)
+
+
+def _to(device):
+    return lambda t: t.detach().to(device).requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t
+
+
+def _tensors(x):
+    out = []
+    _tree_map(lambda t: out.append(t) if isinstance(t, torch.Tensor) else None, x)
+    return out
+
+
+def _check_sample(op, sample, backward):
+    ref = op(sample.input, *sample.args, **sample.kwargs)
+    npu_sample = sample.transform(_to("npu"))
+    out = op(npu_sample.input, *npu_sample.args, **npu_sample.kwargs)
+    torch.testing.assert_close(_tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, out), ref,
+                               equal_nan=True, check_device=False, **TOLERANCE)
+    if not backward:
+        return
+    ref_outs = [t for t in _tensors(ref) if t.requires_grad and t.is_floating_point()]
+    npu_outs = [t for t in _tensors(out) if t.requires_grad and t.is_floating_point()]
+    if not ref_outs:
+        return
+    ref_in = [t for t in _tensors([sample.input, sample.args, sample.kwargs]) if t.requires_grad]
+    npu_in = [t for t in _tensors([npu_sample.input, npu_sample.args, npu_sample.kwargs]) if t.requires_grad]
+    weights = [torch.linspace(-1, 1, t.numel()).reshape(t.shape) for t in ref_outs]
+    ref_grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(ref_outs, weights)), ref_in, allow_unused=True)
+    npu_grads = torch.autograd.grad(sum((t * w.npu()).sum() for t, w in zip(npu_outs, weights)), npu_in, allow_unused=True)
+    for g_ref, g_npu in zip(ref_grads, npu_grads):
+        if g_ref is None or g_npu is None:
+            assert (g_ref is None) == (g_npu is None), "gradient defined on one device only"
+            continue
+        torch.testing.assert_close(g_npu.cpu(), g_ref, equal_nan=True, **TOLERANCE)
+
+
+def run(max_samples=8, ops=None, time_limit=None):
+    """Returns {op name: {"status": "pass" | "fail" | "skip", "reason": str,
+    "samples": int}} for every float32 op of op_db."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    results = {}
+    start = time.time()
+    torch.manual_seed(0)  # sample inputs are random: make the run repeatable
+    for op in op_db:
+        name = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
+        if ops is not None and name not in ops:
+            continue
+        if not op.supports_dtype(torch.float32, "cpu"):
+            continue
+        if name in SKIPPED or name.startswith(SKIPPED_PREFIXES):
+            results[name] = {"status": "skip", "reason": SKIPPED.get(name, "needs CUDA"), "samples": 0}
+            continue
+        if time_limit is not None and time.time() - start > time_limit:
+            results[name] = {"status": "skip", "reason": "time limit", "samples": 0}
+            continue
+        status, reason, count = "pass", "", 0
+        backward = op.supports_autograd
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                samples = op.sample_inputs("cpu", torch.float32, requires_grad=backward)
+                for i, sample in enumerate(samples):
+                    if i >= max_samples:
+                        break
+                    _check_sample(op, sample, backward)
+                    if i % 3 == 0:
+                        _check_sample(op, sample.noncontiguous(), False)
+                    count += 1
+            except Exception as e:  # noqa: BLE001 - every failure is recorded with its reason
+                status = "fail"
+                reason = f"sample {count}: {type(e).__name__}: " + str(e).strip().split("\n")[0][:300]
+        results[name] = {"status": status, "reason": reason, "samples": count}
+    return results
+
+
+def summary(results):
+    tested = {k: v for k, v in results.items() if v["status"] != "skip"}
+    passed = sum(1 for v in tested.values() if v["status"] == "pass")
+    return passed, len(tested)
+
+
+def write_report(results, path_md, path_json=None):
+    passed, tested = summary(results)
+    with open(path_md, "w") as f:
+        f.write("# PyTorch OpInfo on npu (float32)\n\n")
+        f.write(f"Generated by `python3 -m npubridge conformance --opinfo`: {passed} of {tested} ops pass "
+                f"({100.0 * passed / max(tested, 1):.1f}%); forward and backward against the CPU, atol/rtol 1e-4.\n\n")
+        f.write("| op | result | samples | reason |\n|---|---|---|---|\n")
+        for name in sorted(results):
+            r = results[name]
+            f.write(f"| `{name}` | {r['status']} | {r['samples']} | {r['reason'].replace('|', ' ')} |\n")
+    if path_json:
+        with open(path_json, "w") as f:
+            json.dump(results, f, indent=1, sort_keys=True)
