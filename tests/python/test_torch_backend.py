@@ -253,3 +253,9 @@ def test_streams_events_and_rng_state():
     torch.npu.set_rng_state(state)
     x2 = torch.randn(100, device="npu")
     assert torch.equal(x1.cpu(), x2.cpu())
+
+
+def test_precision_check_from_python_says_it_is_not_wired_yet():
+    with pytest.raises(NotImplementedError, match="npub-conformance"):
+        npubridge.precision_check(True)
+    npubridge.precision_check(False)
