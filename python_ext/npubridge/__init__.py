@@ -24,6 +24,25 @@ _C._init()
 from . import npu as _npu  # noqa: E402
 
 torch._register_device_module("npu", _npu)
+
+
+def _quiesce_at_exit():
+    # PyTorch's autograd engine runs npu backward passes on a device thread
+    # that releases the graph after handing the result back; if the
+    # interpreter finalises meanwhile, that thread needs the GIL during
+    # shutdown and the process aborts ("terminate called without an active
+    # exception"). Give it a moment to finish before finalisation.
+    import time
+
+    try:
+        _C.synchronize(-1)
+    finally:
+        time.sleep(0.05)
+
+
+import atexit  # noqa: E402
+
+atexit.register(_quiesce_at_exit)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
 
 __all__ = [

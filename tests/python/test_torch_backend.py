@@ -259,3 +259,15 @@ def test_precision_check_from_python_says_it_is_not_wired_yet():
     with pytest.raises(NotImplementedError, match="npub-conformance"):
         npubridge.precision_check(True)
     npubridge.precision_check(False)
+
+
+def test_process_exits_cleanly_after_an_npu_backward():
+    code = (
+        "import torch, npubridge\n"
+        "x = torch.randn(4, 5, device='npu', requires_grad=True)\n"
+        "parts = torch.split(x, [1, 3])\n"
+        "torch.autograd.grad(sum(p.sum() for p in parts), [x])\n"
+    )
+    for _ in range(5):
+        r = _run(code)
+        assert r.returncode == 0, r.stderr[-500:]
