@@ -56,9 +56,13 @@ npub_install_pip() {
     npub_log "installing torch==2.13.0"
     python3 -m pip install -q torch==2.13.0
   fi
-  # pytest, and what torch.testing._internal (PyTorch's OpInfo database) imports.
-  python3 -c "import pytest, expecttest, hypothesis" 2>/dev/null ||
-    python3 -m pip install -q --root-user-action=ignore pytest expecttest hypothesis
+  # pytest, what torch.testing._internal (PyTorch's OpInfo database)
+  # imports, and transformers for the real-model test (it must not pull
+  # another torch: torch==2.13.0 is already installed, checked after).
+  python3 -c "import pytest, expecttest, hypothesis, transformers" 2>/dev/null ||
+    python3 -m pip install -q --root-user-action=ignore pytest expecttest hypothesis transformers
+  python3 -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" ||
+    { echo "torch is no longer 2.13.0 after installing Python packages" >&2; return 1; }
 }
 
 npub_setup() {

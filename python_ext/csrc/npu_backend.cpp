@@ -543,13 +543,12 @@ std::unordered_map<std::string, bool> g_inplace;
 
 void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
-// The same value with every tensor (also inside lists) on the meta device,
-// keeping the wrapped-number flag that type promotion depends on.
+// The same value with every tensor (also inside lists) on the meta device.
+// Wrapped numbers (Python scalars as 0-d CPU tensors) stay as they are: meta
+// kernels take CPU scalars, and type promotion depends on the flag.
 at::Tensor to_meta(const at::Tensor& t) {
-  if (!t.defined()) return t;
-  at::Tensor m = at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
-  if (t.unsafeGetTensorImpl()->is_wrapped_number()) m.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return m;
+  if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
 }
 c10::IValue to_meta(const c10::IValue& v) {
   if (v.isTensor()) return to_meta(v.toTensor());
@@ -591,7 +590,9 @@ void via_out_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     for (const auto& a : args) meta.push_back(to_meta(a));
     try {
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      if (const char* lvl = std::getenv("NPUB_LOG_LEVEL"); lvl != nullptr && std::string(lvl) == "debug")
+        std::fprintf(stderr, "[npubridge] [debug] meta kernel of '%s' failed: %s\n", op.schema().name().c_str(), e.what());
       // No meta kernel (or an input the meta kernel rejects): let the CPU
       // implementation decide, and raise its own error if it must.
       cpu_fallback_counted(op, stack);
@@ -639,7 +640,22 @@ void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stac
               "' is not supported on the NPU backend and NPUB_FALLBACK=error forbids falling back to the CPU");
   if (first)
     TORCH_WARN("npubridge: operator '", name, "' is not supported on the NPU backend and will fall back to run on the CPU");
+  // PyTorch's cpu_fallback returns outputs to the first tensor argument's
+  // device; when that is a CPU scalar (1 - x is sub(1, x)), the outputs
+  // belong on the npu tensor's device instead, as with any device op.
+  std::optional<c10::Device> npu;
+  const size_t nargs = op.schema().arguments().size();
+  for (size_t i = stack->size() - nargs; i < stack->size() && !npu; ++i) {
+    const c10::IValue& v = (*stack)[i];
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_privateuseone()) npu = v.toTensor().device();
+  }
   at::native::cpu_fallback(op, stack);
+  if (!npu) return;
+  const size_t nret = op.schema().returns().size();
+  for (size_t i = stack->size() - nret; i < stack->size(); ++i) {
+    c10::IValue& v = (*stack)[i];
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_cpu()) v = v.toTensor().to(*npu);
+  }
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback_counted>()); }
