@@ -17,8 +17,12 @@ case "$suite" in
   cann)
     "$NPUB_ROOT/build/release/bin/npub_bench_cann" "$NPUB_ROOT/bench/results/cann.json"
     ;;
+  torch)
+    (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error \
+       python3 "$NPUB_ROOT/bench/bench_torch.py" "$NPUB_ROOT/bench/results/torch.json")
+    ;;
   *)
-    echo "bench.sh: unknown suite '$suite' (known: core, cann)" >&2
+    echo "bench.sh: unknown suite '$suite' (known: core, cann, torch)" >&2
     exit 2
     ;;
 esac
