@@ -569,6 +569,73 @@ c10::IValue to_meta(const c10::IValue& v) {
   return v;
 }
 
+// Output shapes and dtypes by call signature (op, argument metadata and
+// scalar values): ATen's meta kernels are exact but slow (many are written in
+// Python); a repeated call shape reuses their answer.
+struct OutputSpec {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype;
+};
+std::mutex g_meta_cache_mu;
+std::unordered_map<std::string, std::vector<OutputSpec>> g_meta_cache;
+
+// "" when some argument cannot be part of a key (the call is not cached).
+std::string signature(const std::string& op, const std::vector<c10::IValue>& args) {
+  std::ostringstream k;
+  k << op;
+  auto tensor_key = [&](const at::Tensor& t) {
+    if (!t.defined()) {
+      k << "|U";
+      return;
+    }
+    k << "|T" << static_cast<int>(t.scalar_type()) << (t.device().is_cpu() ? "c" : "d")
+      << (t.unsafeGetTensorImpl()->is_wrapped_number() ? "w" : "") << t.sizes();
+  };
+  for (const auto& a : args) {
+    if (a.isNone()) k << "|N";
+    else if (a.isTensor()) tensor_key(a.toTensor());
+    else if (a.isInt()) k << "|i" << a.toInt();
+    else if (a.isDouble()) k << "|f" << a.toDouble();
+    else if (a.isBool()) k << "|b" << a.toBool();
+    else if (a.isString()) k << "|s" << a.toStringRef();
+    else if (a.isIntList()) k << "|l" << a.toDimVector();
+    else if (a.isTensorList())
+      for (const at::Tensor& t : a.toTensorVector()) tensor_key(t);
+    else return "";
+  }
+  return k.str();
+}
+
+// The outputs' shapes and dtypes of a functional op: from the cache, or from
+// the op's meta kernel. False when the meta kernel fails.
+bool output_specs(const c10::OperatorHandle& op, const std::string& name, const std::vector<c10::IValue>& args,
+                  std::vector<OutputSpec>* specs) {
+  const std::string key = signature(name, args);
+  if (!key.empty()) {
+    std::lock_guard<std::mutex> lock(g_meta_cache_mu);
+    if (auto it = g_meta_cache.find(key); it != g_meta_cache.end()) {
+      *specs = it->second;
+      return true;
+    }
+  }
+  torch::jit::Stack meta;
+  for (const auto& a : args) meta.push_back(to_meta(a));
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+  } catch (const std::exception& e) {
+    if (const char* lvl = std::getenv("NPUB_LOG_LEVEL"); lvl != nullptr && std::string(lvl) == "debug")
+      std::fprintf(stderr, "[npubridge] [debug] meta kernel of '%s' failed: %s\n", name.c_str(), e.what());
+    return false;
+  }
+  for (const auto& r : meta) specs->push_back({r.toTensor().sizes().vec(), r.toTensor().scalar_type()});
+  if (!key.empty()) {
+    std::lock_guard<std::mutex> lock(g_meta_cache_mu);
+    if (g_meta_cache.size() > 4096) g_meta_cache.clear();
+    g_meta_cache.emplace(key, *specs);
+  }
+  return true;
+}
+
 void via_out_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& n = op.schema().operator_name();
   const std::string name = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
@@ -585,24 +652,16 @@ void via_out_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (inplace) {
     outs.push_back(args[0].toTensor());
   } else {
-    // Meta run: same arguments with tensors on the meta device.
-    torch::jit::Stack meta;
-    for (const auto& a : args) meta.push_back(to_meta(a));
-    try {
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
-    } catch (const std::exception& e) {
-      if (const char* lvl = std::getenv("NPUB_LOG_LEVEL"); lvl != nullptr && std::string(lvl) == "debug")
-        std::fprintf(stderr, "[npubridge] [debug] meta kernel of '%s' failed: %s\n", op.schema().name().c_str(), e.what());
+    std::vector<OutputSpec> specs;
+    if (!output_specs(op, name, args, &specs)) {
       // No meta kernel (or an input the meta kernel rejects): let the CPU
       // implementation decide, and raise its own error if it must.
       cpu_fallback_counted(op, stack);
       return;
     }
     const c10::DeviceIndex device = call_device(args);
-    for (const auto& r : meta) {
-      const at::Tensor& m = r.toTensor();
-      outs.push_back(at::empty(m.sizes(), m.options().device(c10::DeviceType::PrivateUse1, device)));
-    }
+    for (const OutputSpec& spec : specs)
+      outs.push_back(at::empty(spec.sizes, at::TensorOptions().dtype(spec.dtype).device(c10::DeviceType::PrivateUse1, device)));
   }
   std::vector<c10::IValue> out_args(args.begin(), args.end());
   for (const auto& o : outs) out_args.push_back(o);
