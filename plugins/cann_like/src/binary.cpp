@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <atomic>
 #include <memory>
 
 namespace cann_like {
@@ -109,23 +110,28 @@ void mul(Call& call) {
   });
 }
 
+// Whether any element of the iterator's operand `op` (as int64) satisfies
+// `pred`: scanned before computing, for checks ATen makes up front.
+template <typename Pred>
+bool any_element(const Call& call, const Iter& it, int op, Pred pred) {
+  Iter probe;
+  probe.shape = it.shape;
+  probe.nops = 1;
+  probe.data[0] = it.data[op];
+  probe.dt[0] = it.dt[op];
+  probe.strides[0] = it.strides[op];
+  std::atomic<bool> found{false};
+  for_each_row(call, probe, [&](char** p, const int64_t* s, int64_t n) {
+    for (int64_t j = 0; j < n && !found.load(std::memory_order_relaxed); ++j)
+      if (pred(load<int64_t>(p[0] + j * s[0], probe.dt[0]))) found = true;
+  });
+  return found.load();
+}
+
 template <typename T>
 void check_int_divisor(const Call& call, const Iter& it) {
-  if constexpr (std::is_integral_v<T>) {
-    // Scan the divisor operand for zeros before computing (ATen raises).
-    bool zero = false;
-    Iter probe;
-    probe.shape = it.shape;
-    probe.nops = 1;
-    probe.data[0] = it.data[2];
-    probe.dt[0] = it.dt[2];
-    probe.strides[0] = it.strides[2];
-    for_each_row(call, probe, [&](char** p, const int64_t* s, int64_t n) {
-      for (int64_t j = 0; j < n && !zero; ++j)
-        if (load<int64_t>(p[0] + j * s[0], probe.dt[0]) == 0) zero = true;
-    });
-    if (zero) call.fail(NPUB_ERR_INVALID_ARGUMENT, "ZeroDivisionError: integer division by zero");
-  }
+  if (any_element(call, it, 2, [](int64_t v) { return v == 0; }))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "ZeroDivisionError: integer division by zero");
 }
 
 // aten::div.out / aten::div.out_mode (rounding_mode None, "trunc", "floor")
@@ -227,16 +233,7 @@ void pow_op(Call& call) {
     } else if constexpr (std::is_floating_point_v<T>) {
       run_elementwise<T>(call, it, [](T a, T b) { return static_cast<T>(std::pow(a, b)); });
     } else {
-      bool negative = false;
-      Iter probe;
-      probe.shape = it.shape;
-      probe.nops = 1;
-      probe.data[0] = it.data[2];
-      probe.dt[0] = it.dt[2];
-      probe.strides[0] = it.strides[2];
-      for_each_row(call, probe, [&](char** p, const int64_t* s, int64_t n) {
-        for (int64_t j = 0; j < n; ++j) negative = negative || load<int64_t>(p[0] + j * s[0], probe.dt[0]) < 0;
-      });
+      const bool negative = any_element(call, it, 2, [](int64_t v) { return v < 0; });
       if (negative) call.fail(NPUB_ERR_INVALID_ARGUMENT, "Integers to negative integer powers are not allowed.");
       run_elementwise<T>(call, it, [](T a, T b) { return int_pow<T>(a, b); });
     }
