@@ -830,6 +830,22 @@ SampleFn random_fill_spec(std::vector<std::vector<IValue>> params) {
   };
 }
 
+// Activation gradients: (grad_output, input-or-output, [extra...], grad_input).
+SampleFn activation_backward_spec(std::vector<IValue> extra, bool from_output) {
+  return [extra, from_output](ScalarType dt) {
+    std::vector<Sample> out;
+    for (auto shape : {std::vector<int64_t>{5, 7}, std::vector<int64_t>{}, std::vector<int64_t>{0}, std::vector<int64_t>{128, 512}}) {
+      at::Tensor x = make(shape, dt);
+      if (from_output) x = at::sigmoid(x.to(at::kFloat)).to(dt);  // a value an output can take
+      std::vector<IValue> args{make(shape, dt), x};
+      for (const auto& e : extra) args.push_back(e);
+      args.push_back(empty_out(dt));
+      out.push_back({std::to_string(shape.size()) + "-d", args});
+    }
+    return out;
+  };
+}
+
 SampleFn dropout_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
@@ -1112,6 +1128,16 @@ const std::map<std::string, SampleFn>& sample_specs() {
     m["aten::scatter_add.out"] = scatter_add_spec();
     m["aten::cat.out"] = cat_spec();
     m["aten::native_dropout"] = dropout_spec();
+    m["aten::gelu_backward.grad_input"] = [](ScalarType dt) {
+      auto a = activation_backward_spec({IValue(std::string("none"))}, false)(dt);
+      auto b = activation_backward_spec({IValue(std::string("tanh"))}, false)(dt);
+      a.insert(a.end(), b.begin(), b.end());
+      return a;
+    };
+    m["aten::threshold_backward.grad_input"] = activation_backward_spec({IValue(c10::Scalar(0.0))}, false);
+    m["aten::sigmoid_backward.grad_input"] = activation_backward_spec({}, true);
+    m["aten::tanh_backward.grad_input"] = activation_backward_spec({}, true);
+    m["aten::silu_backward.grad_input"] = activation_backward_spec({}, false);
     m["aten::uniform_"] = random_fill_spec({{IValue(0.0), IValue(1.0)}, {IValue(-2.0), IValue(3.0)}});
     m["aten::normal_"] = random_fill_spec({{IValue(0.0), IValue(1.0)}, {IValue(2.0), IValue(0.5)}});
     m["aten::bernoulli_.float"] = random_fill_spec({{IValue(0.3)}, {IValue(0.9)}});

@@ -133,9 +133,76 @@ void isnan_fn(Call& call) {
   run_unary<U::isnan>(call, x, call.output(0, x.sizes(), npub::sdk::kBool));
 }
 
+// ---------------------------------------------------------------------------
+// activation gradients: grad_input = f(grad_output, input or output)
+// ---------------------------------------------------------------------------
+
+enum class G { gelu, gelu_tanh, threshold, sigmoid, tanh, silu };
+
+template <G kOp>
+void activation_backward(Call& call) {
+  TensorRef g = call.tensor(0), x = call.tensor(1), out = call.tensor(call.num_args() - 1);
+  const DT d = dt_of(g.dtype());
+  if (!is_floating(d)) call.fail(NPUB_ERR_UNSUPPORTED, std::string("expected floating tensors but found ") + dt_name(d));
+  if (g.sizes() != x.sizes())
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "grad_output of shape " + shape_str(g.sizes()) + " does not match " + shape_str(x.sizes()));
+  check_out(call, out, g.sizes(), "grad_input");
+  Iter it = make_iter(out, {g, x});
+  visit_compute(d, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      if constexpr (kOp == G::gelu) {
+        run_elementwise<T>(call, it, [](T go, T v) {
+          const T cdf = T(0.5) * (T(1) + std::erf(v * T(0.70710678118654752440)));
+          const T pdf = std::exp(T(-0.5) * v * v) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
+          return go * (cdf + v * pdf);
+        });
+      } else if constexpr (kOp == G::gelu_tanh) {
+        run_elementwise<T>(call, it, [](T go, T v) {
+          const T k = T(0.79788456080286535588), c = T(0.044715);
+          const T inner = k * (v + c * v * v * v);
+          const T t = std::tanh(inner);
+          const T dinner = k * (T(1) + T(3) * c * v * v);
+          return go * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * dinner);
+        });
+      } else if constexpr (kOp == G::threshold) {
+        const T th = static_cast<T>(call.scalar_arg(2));
+        run_elementwise<T>(call, it, [th](T go, T v) { return v <= th ? T(0) : go; });
+      } else if constexpr (kOp == G::sigmoid) {
+        run_elementwise<T>(call, it, [](T go, T y) { return go * (T(1) - y) * y; });
+      } else if constexpr (kOp == G::tanh) {
+        run_elementwise<T>(call, it, [](T go, T y) { return go * (T(1) - y * y); });
+      } else {
+        run_elementwise<T>(call, it, [](T go, T v) {
+          const T s = T(1) / (T(1) + std::exp(-v));
+          return go * s * (T(1) + v * (T(1) - s));
+        });
+      }
+    }
+  });
+}
+
+void gelu_backward(Call& call) {
+  const std::string approx = call.string_arg(2);
+  if (approx == "none") activation_backward<G::gelu>(call);
+  else if (approx == "tanh") activation_backward<G::gelu_tanh>(call);
+  else call.fail(NPUB_ERR_INVALID_ARGUMENT, "approximate argument must be either none or tanh but found '" + approx + "'");
+}
+
 }  // namespace
 
 void register_unary(npub::sdk::Registrar& r) {
+  const auto floating = dtypes_floating();
+  r.def("aten::gelu_backward.grad_input(Tensor grad_output, Tensor self, *, str approximate=\"none\", Tensor(a!) grad_input) -> Tensor(a!)");
+  r.kernel("aten::gelu_backward.grad_input", &gelu_backward).dtypes(floating);
+  r.def("aten::threshold_backward.grad_input(Tensor grad_output, Tensor self, Scalar threshold, *, Tensor(a!) grad_input) -> Tensor(a!)");
+  r.kernel("aten::threshold_backward.grad_input", &activation_backward<G::threshold>).dtypes(floating);
+  r.def("aten::sigmoid_backward.grad_input(Tensor grad_output, Tensor output, *, Tensor(a!) grad_input) -> Tensor(a!)");
+  r.kernel("aten::sigmoid_backward.grad_input", &activation_backward<G::sigmoid>).dtypes(floating);
+  r.def("aten::tanh_backward.grad_input(Tensor grad_output, Tensor output, *, Tensor(a!) grad_input) -> Tensor(a!)");
+  r.kernel("aten::tanh_backward.grad_input", &activation_backward<G::tanh>).dtypes(floating);
+  r.def("aten::silu_backward.grad_input(Tensor grad_output, Tensor self, *, Tensor(a!) grad_input) -> Tensor(a!)");
+  r.kernel("aten::silu_backward.grad_input", &activation_backward<G::silu>).dtypes(floating);
   const auto all = dtypes_all();
   const auto numeric = dtypes_numeric();
   struct Entry {
