@@ -23,11 +23,6 @@ struct F16 {
   uint16_t bits;
 };
 
-template <typename T>
-inline float to_float_value(T v) {
-  return static_cast<float>(v);
-}
-
 // Converts one element. Floating -> integral truncates toward zero (as a C
 // cast); anything -> bool is "non-zero".
 template <typename To, typename From>
@@ -164,22 +159,6 @@ bool is_contiguous(const DLTensor& t) {
     expected *= t.shape[i];
   }
   return true;
-}
-
-size_t span_bytes(const DLTensor& t) {
-  const int64_t esize = (t.dtype.bits * t.dtype.lanes + 7) / 8;
-  int64_t last = 0;
-  for (int i = 0; i < t.ndim; ++i) {
-    if (t.shape[i] == 0) return 0;
-    const int64_t stride = t.strides != nullptr ? t.strides[i] : 0;
-    last += (t.shape[i] - 1) * (stride > 0 ? stride : 0);
-  }
-  if (t.strides == nullptr) {
-    int64_t n = 1;
-    for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
-    return static_cast<size_t>(n * esize);
-  }
-  return static_cast<size_t>((last + 1) * esize);
 }
 
 void copy_tensor(const DLTensor& dst, const DLTensor& src, ComputePool* pool) {

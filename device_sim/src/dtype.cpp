@@ -70,16 +70,4 @@ bool is_floating(DType t) noexcept {
          t == DType::kBFloat16;
 }
 
-DType dtype_from_name(const std::string& name) noexcept {
-  for (const auto& i : kInfo)
-    if (name == i.name) return i.type;
-  if (name == "float" || name == "f32") return DType::kFloat32;
-  if (name == "double" || name == "f64") return DType::kFloat64;
-  if (name == "half" || name == "f16") return DType::kFloat16;
-  if (name == "bf16") return DType::kBFloat16;
-  if (name == "long") return DType::kInt64;
-  if (name == "int") return DType::kInt32;
-  return DType::kUnknown;
-}
-
 }  // namespace npub

@@ -163,32 +163,6 @@ Shape reduced_shape(const Shape& in, const std::vector<bool>& mask, bool keepdim
   return out;
 }
 
-ReducePlan plan_reduce(const TensorRef& t, const std::vector<bool>& mask) {
-  ReducePlan p;
-  const int64_t es = dt_size(dt_of(t.dtype()));
-  // Offsets of the kept dims (outer) and of the reduced dims (inner).
-  std::vector<int64_t> kept_sizes, kept_strides, red_sizes, red_strides;
-  for (int32_t d = 0; d < t.dim(); ++d) {
-    (mask[static_cast<size_t>(d)] ? red_sizes : kept_sizes).push_back(t.size(d));
-    (mask[static_cast<size_t>(d)] ? red_strides : kept_strides).push_back(t.stride(d) * es);
-  }
-  auto enumerate = [](const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
-    std::vector<int64_t> offs{0};
-    for (size_t d = 0; d < sizes.size(); ++d) {
-      std::vector<int64_t> next;
-      next.reserve(offs.size() * static_cast<size_t>(sizes[d]));
-      for (int64_t o : offs)
-        for (int64_t i = 0; i < sizes[d]; ++i) next.push_back(o + i * strides[d]);
-      offs.swap(next);
-    }
-    return offs;
-  };
-  p.out_offsets = enumerate(kept_sizes, kept_strides);
-  p.reduce_offsets = enumerate(red_sizes, red_strides);
-  p.outputs = static_cast<int64_t>(p.out_offsets.size());
-  return p;
-}
-
 std::vector<DLDataType> dtypes_all() {
   using namespace npub::sdk;
   return {kFloat32, kFloat64, kFloat16, kBFloat16, kInt64, kInt32, kInt16, kInt8, kUInt8, kBool};

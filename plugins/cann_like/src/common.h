@@ -295,15 +295,6 @@ void for_each_row(const Call& call, const Iter& it, Row&& row) {
 std::vector<bool> reduce_mask(const Call& call, const std::vector<int64_t>& dims, int64_t ndim);
 Shape reduced_shape(const Shape& in, const std::vector<bool>& mask, bool keepdim);
 
-// Splits `t` into (outer index -> reduction elements): for each output
-// element, the byte offsets of the reduced elements are base + reduce_offsets.
-struct ReducePlan {
-  int64_t outputs = 1;                 // number of output elements
-  std::vector<int64_t> out_offsets;    // per output element: byte offset into the input
-  std::vector<int64_t> reduce_offsets; // byte offsets of the reduced elements
-};
-ReducePlan plan_reduce(const TensorRef& t, const std::vector<bool>& mask);
-
 // Registration helpers.
 std::vector<DLDataType> dtypes_all();            // every real dtype incl. bool
 std::vector<DLDataType> dtypes_numeric();        // all but bool

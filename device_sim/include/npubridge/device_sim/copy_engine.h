@@ -36,7 +36,4 @@ void copy_tensor_async(Stream& stream, const DLTensor& dst, const DLTensor& src,
 // included; size-1 dims ignore their stride).
 bool is_contiguous(const DLTensor& t);
 
-// Bytes spanned by a tensor from its first to its last element (0 if empty).
-size_t span_bytes(const DLTensor& t);
-
 }  // namespace npub::sim

@@ -29,7 +29,5 @@ inline bool operator==(DLDataType a, DLDataType b) noexcept {
   return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
 }
 inline bool operator!=(DLDataType a, DLDataType b) noexcept { return !(a == b); }
-// Parses "float32", "bf16", "int64", ...; kUnknown when unknown.
-DType dtype_from_name(const std::string& name) noexcept;
 
 }  // namespace npub
