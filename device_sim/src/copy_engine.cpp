@@ -215,4 +215,38 @@ void copy_tensor(const DLTensor& dst, const DLTensor& src, ComputePool* pool) {
     body(&work, 0, plan.rows);
 }
 
+namespace {
+
+// A row-major float64 host view of `data` with `like`'s shape.
+DLTensor host_f64(const DLTensor& like, double* data) {
+  DLTensor host{};
+  host.data = data;
+  host.device = DLDevice{kDLCPU, 0};
+  host.ndim = like.ndim;
+  host.dtype = DLDataType{kDLFloat, 64, 1};
+  host.shape = like.shape;
+  return host;
+}
+
+size_t numel(const DLTensor& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
+  return static_cast<size_t>(n);
+}
+
+}  // namespace
+
+std::vector<double> read_doubles(const DLTensor& t) {
+  std::vector<double> out(numel(t));
+  copy_tensor(host_f64(t, out.data()), t);
+  return out;
+}
+
+void write_doubles(const DLTensor& t, const std::vector<double>& values) {
+  if (values.size() != numel(t))
+    throw Error(ErrorCode::kInvalidArgument, "write_doubles: expected " + std::to_string(numel(t)) +
+                                                 " values but found " + std::to_string(values.size()));
+  copy_tensor(t, host_f64(t, const_cast<double*>(values.data())));
+}
+
 }  // namespace npub::sim

@@ -12,24 +12,6 @@
 
 namespace npub {
 
-namespace {
-
-std::vector<double> read_doubles(const DLTensor& t) {
-  int64_t n = 1;
-  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
-  std::vector<double> out(static_cast<size_t>(n));
-  DLTensor host{};
-  host.data = out.data();
-  host.device = DLDevice{kDLCPU, 0};
-  host.ndim = t.ndim;
-  host.dtype = DLDataType{kDLFloat, 64, 1};
-  host.shape = t.shape;
-  sim::copy_tensor(host, t);
-  return out;
-}
-
-}  // namespace
-
 std::string PrecisionMismatch::message() const {
   char buf[512];
   std::snprintf(buf, sizeof buf,
@@ -156,7 +138,7 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
       case DType::kFloat32: break;
       default: atol = 0; rtol = 0; break;  // integers and bool: exact
     }
-    const std::vector<double> x = read_doubles(a), y = read_doubles(b);
+    const std::vector<double> x = sim::read_doubles(a), y = sim::read_doubles(b);
     m.numel = static_cast<int64_t>(x.size());
     double worst = -1;
     for (size_t e = 0; e < x.size(); ++e) {

@@ -76,13 +76,7 @@ Tensor Tensor::from_values(const std::vector<int64_t>& shape, DType dtype,
     throw Error(ErrorCode::kInvalidArgument, "Tensor::from_values: expected " + std::to_string(t.numel()) +
                                                  " values for shape " + t.shape_string() + " but found " +
                                                  std::to_string(values.size()));
-  DLTensor host{};
-  host.data = const_cast<double*>(values.data());
-  host.device = DLDevice{kDLCPU, 0};
-  host.ndim = static_cast<int32_t>(shape.size());
-  host.dtype = DLDataType{kDLFloat, 64, 1};
-  host.shape = const_cast<int64_t*>(shape.data());
-  sim::copy_tensor(*t.dl(), host);
+  sim::write_doubles(*t.dl(), values);
   return t;
 }
 
@@ -115,17 +109,7 @@ Tensor Tensor::to(sim::Device* device, DType dtype) const {
   return out;
 }
 
-std::vector<double> Tensor::to_doubles() const {
-  std::vector<double> out(static_cast<size_t>(numel()));
-  DLTensor host{};
-  host.data = out.data();
-  host.device = DLDevice{kDLCPU, 0};
-  host.ndim = impl_->dl.ndim;
-  host.dtype = DLDataType{kDLFloat, 64, 1};
-  host.shape = impl_->shape.data();
-  sim::copy_tensor(host, impl_->dl);
-  return out;
-}
+std::vector<double> Tensor::to_doubles() const { return sim::read_doubles(impl_->dl); }
 
 std::string Tensor::shape_string() const {
   std::string s = "[";

@@ -29,20 +29,6 @@ void load_ok(Runtime& rt, const std::string& path) {
   ASSERT_TRUE(r.ok) << r.error;
 }
 
-std::vector<double> values(const DLTensor& t) {
-  int64_t n = 1;
-  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
-  std::vector<double> out(static_cast<size_t>(n));
-  DLTensor host{};
-  host.data = out.data();
-  host.device = DLDevice{kDLCPU, 0};
-  host.ndim = t.ndim;
-  host.dtype = DLDataType{kDLFloat, 64, 1};
-  host.shape = t.shape;
-  sim::copy_tensor(host, t);
-  return out;
-}
-
 void expect_values(const Tensor& t, const std::vector<double>& expected, double tol) {
   const std::vector<double> got = t.to_doubles();
   ASSERT_EQ(got.size(), expected.size());
@@ -50,17 +36,6 @@ void expect_values(const Tensor& t, const std::vector<double>& expected, double 
 }
 
 namespace {
-
-// Writes `v` (row-major doubles) into `t` through the copy engine.
-void write_values(const DLTensor& t, std::vector<double> v) {
-  DLTensor host{};
-  host.data = v.data();
-  host.device = DLDevice{kDLCPU, 0};
-  host.ndim = t.ndim;
-  host.dtype = DLDataType{kDLFloat, 64, 1};
-  host.shape = t.shape;
-  sim::copy_tensor(t, host);
-}
 
 DLTensor* new_output(OutputAllocator& outs, int32_t i, const DLTensor& like, DLDataType dtype) {
   return outs.allocate(i, like.device, like.ndim, like.shape, dtype);
@@ -74,29 +49,29 @@ void ReferenceHost::install(Dispatcher& d) {
     const std::string& name = op.name();
     served.push_back(name);
     const DLTensor& x = *args[0].u.tensor;
-    std::vector<double> v = values(x);
+    std::vector<double> v = sim::read_doubles(x);
     if (name == "testsel::which") {
-      write_values(*args[1].u.tensor, std::vector<double>(v.size(), -1));
+      sim::write_doubles(*args[1].u.tensor, std::vector<double>(v.size(), -1));
     } else if (name == "testsel::twice") {
       for (double& e : v) e *= 2;
-      write_values(*args[1].u.tensor, v);
+      sim::write_doubles(*args[1].u.tensor, v);
     } else if (name == "testsel::decline") {
       for (double& e : v) e *= 3;
       DLTensor* out = new_output(outs, 0, x, x.dtype);
-      write_values(*out, v);
+      sim::write_doubles(*out, v);
       rets[0] = tensor_value(out);
     } else if (name == "testsel::sloppy" || name == "testsel::twice_fn") {
       if (name == "testsel::twice_fn")
         for (double& e : v) e *= 2;
       DLTensor* out = new_output(outs, 0, x, x.dtype);
-      write_values(*out, v);
+      sim::write_doubles(*out, v);
       rets[0] = tensor_value(out);
     } else if (name == "aten::add.out" || name == "aten::mul.out") {
-      const std::vector<double> w = values(*args[1].u.tensor);
+      const std::vector<double> w = sim::read_doubles(*args[1].u.tensor);
       if (w.size() != v.size()) throw Error(ErrorCode::kUnsupported, "reference host: same shapes only");
       const double alpha = name == "aten::add.out" ? (args[2].tag == NPUB_VALUE_DOUBLE ? args[2].u.d : double(args[2].u.i)) : 0;
       for (size_t i = 0; i < v.size(); ++i) v[i] = name == "aten::add.out" ? v[i] + alpha * w[i] : v[i] * w[i];
-      write_values(*args[name == "aten::add.out" ? 3 : 2].u.tensor, v);
+      sim::write_doubles(*args[name == "aten::add.out" ? 3 : 2].u.tensor, v);
     } else {
       throw Error(ErrorCode::kUnsupported, "reference host has no implementation of " + name);
     }

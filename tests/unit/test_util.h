@@ -30,7 +30,6 @@ struct ReferenceHost {
   void install(Dispatcher& d);
 };
 
-std::vector<double> values(const DLTensor& t);
 void expect_values(const Tensor& t, const std::vector<double>& expected, double tol = 0);
 // The exception message of f(), or "" when it did not throw npub::Error.
 template <typename F>

@@ -10,6 +10,7 @@
 #include <npubridge/plugin_api.h>
 
 #include <cstddef>
+#include <vector>
 
 namespace npub::sim {
 
@@ -35,5 +36,12 @@ void copy_tensor_async(Stream& stream, const DLTensor& dst, const DLTensor& src,
 // True when the tensor's strides are row-major contiguous (NULL strides
 // included; size-1 dims ignore their stride).
 bool is_contiguous(const DLTensor& t);
+
+// Reads every element of `t` (any layout and dtype) as row-major doubles.
+std::vector<double> read_doubles(const DLTensor& t);
+
+// Writes row-major doubles into `t`, converting to its dtype. Throws
+// npub::Error if `values` does not hold exactly one value per element.
+void write_doubles(const DLTensor& t, const std::vector<double>& values);
 
 }  // namespace npub::sim
