@@ -428,12 +428,16 @@ c10::DeviceIndex call_device(const torch::jit::Stack& args) {
   return current_index();
 }
 
+// "aten::add.out": the registry's spelling of an ATen operator name.
+std::string full_name(const c10::OperatorName& n) {
+  return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+}
+
 std::mutex g_handles_mu;
 std::unordered_map<std::string, OpHandle> g_handles;
 
 OpHandle handle_for(const c10::OperatorHandle& op) {
-  const auto& n = op.schema().operator_name();
-  const std::string name = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+  const std::string name = full_name(op.schema().operator_name());
   std::lock_guard<std::mutex> lock(g_handles_mu);
   auto it = g_handles.find(name);
   if (it != g_handles.end()) return it->second;
@@ -480,31 +484,7 @@ void run_on_dispatcher(const c10::OperatorHandle& op, const OpHandle& target, co
   (void)op;
 }
 
-c10::IValue to_meta(const c10::IValue& v);
-
-// out= tensors of the wrong shape are resized first, as ATen's out
-// convention does (callers pass empty outs); the shapes come from the op's
-// meta kernel. Without a meta kernel the plugin's own shape check decides.
-void resize_outs(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
-  const auto& schema_args = op.schema().arguments();
-  bool has_out = false;
-  for (const auto& a : schema_args) has_out = has_out || (a.is_out() && a.type()->kind() == c10::TypeKind::TensorType);
-  if (!has_out) return;
-  torch::jit::Stack meta;
-  for (const auto& a : args) meta.push_back(to_meta(a));
-  try {
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
-  } catch (const std::exception&) {  // no meta kernel, or one raising from Python
-    return;
-  }
-  size_t r = 0;
-  for (size_t i = 0; i < schema_args.size() && r < meta.size(); ++i) {
-    if (!schema_args[i].is_out() || !args[i].isTensor()) continue;
-    const at::Tensor& real = args[i].toTensor();
-    const at::Tensor& shaped = meta[r++].toTensor();
-    if (!real.sizes().equals(shaped.sizes())) resize_(real, shaped.sizes(), std::nullopt);
-  }
-}
+void resize_outs(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args);
 
 // A plugin kernel for exactly this aten op.
 void plugin_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
@@ -636,9 +616,27 @@ bool output_specs(const c10::OperatorHandle& op, const std::string& name, const 
   return true;
 }
 
+// out= tensors of the wrong shape are resized first, as ATen's out
+// convention does (callers pass empty outs); the shapes come from the op's
+// meta kernel. Without a meta kernel the plugin's own shape check decides.
+void resize_outs(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  const auto& schema_args = op.schema().arguments();
+  bool has_out = false;
+  for (const auto& a : schema_args) has_out = has_out || (a.is_out() && a.type()->kind() == c10::TypeKind::TensorType);
+  if (!has_out) return;
+  std::vector<OutputSpec> specs;
+  if (!output_specs(op, full_name(op.schema().operator_name()), args, &specs)) return;
+  size_t r = 0;
+  for (size_t i = 0; i < schema_args.size() && r < specs.size(); ++i) {
+    if (!schema_args[i].is_out() || !args[i].isTensor()) continue;
+    const at::Tensor& real = args[i].toTensor();
+    const std::vector<int64_t>& sizes = specs[r++].sizes;
+    if (!real.sizes().equals(sizes)) resize_(real, sizes, std::nullopt);
+  }
+}
+
 void via_out_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto& n = op.schema().operator_name();
-  const std::string name = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+  const std::string name = full_name(op.schema().operator_name());
   std::string out_name;
   bool inplace = false;
   {
@@ -688,8 +686,7 @@ std::map<std::string, int64_t> g_fallback_counts;
 std::atomic<bool> g_fallback_error{false};
 
 void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const auto& n = op.schema().operator_name();
-  const std::string name = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+  const std::string name = full_name(op.schema().operator_name());
   bool first = false;
   {
     std::lock_guard<std::mutex> lock(g_fallback_mu);
@@ -808,7 +805,7 @@ void register_plugin_ops() {
     if (!is_out) continue;
     for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
       if (name.name != "aten::" + e->schema().name && name.name != "aten::" + e->schema().name + "_") continue;
-      const std::string full = name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
+      const std::string full = full_name(name);
       if (registered.count(full)) continue;
       auto h = c10::Dispatcher::singleton().findSchema(name);
       if (!h) continue;
