@@ -98,8 +98,10 @@ CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, size_t si
   auto it = pool.lower_bound(&key);
   if (it == pool.end() || (*it)->stream != stream) return nullptr;
   Block* b = *it;
-  // Do not carve a small request out of a huge cached block (fragmentation).
-  if (!b->small && size < kLargeRequest && b->size >= kLargeRequest) return nullptr;
+  // Do not carve a request below kLargeRequest out of an oversize segment
+  // (one made for a single huge request): that would pin it. Blocks of the
+  // shared 20 MiB segments are exactly what such requests are for.
+  if (!b->small && size < kLargeRequest && b->segment->size > kLargeSegment) return nullptr;
   pool.erase(it);
   return b;
 }

@@ -45,6 +45,29 @@ TEST(CachingAllocator, ReusesSplitsAndMergesBlocks) {
   EXPECT_EQ(a.stats().peak_allocated_bytes, 0);
 }
 
+// A stream of medium tensors (x = x + b of 4 MiB each) lives in one 20 MiB
+// segment: the allocator must not map a new segment per allocation.
+TEST(CachingAllocator, MediumRequestsReuseTheSharedLargeSegment) {
+  CachingAllocator a(0, 1ull << 30);
+  const void* s = reinterpret_cast<const void*>(1);
+  void* x = a.allocate(4 << 20, s);
+  for (int i = 0; i < 100; ++i) {
+    void* y = a.allocate(4 << 20, s);
+    a.free(x);
+    x = y;
+  }
+  EXPECT_EQ(a.stats().num_segments, 1);
+  EXPECT_EQ(a.stats().reserved_bytes, CachingAllocator::kLargeSegment);
+  a.free(x);
+  // An oversize segment (made for one huge request) is not carved up for
+  // medium requests.
+  void* huge = a.allocate(64 << 20, s);
+  a.free(huge);
+  void* m = a.allocate(4 << 20, s);
+  EXPECT_FALSE(m >= huge && m < static_cast<char*>(huge) + (64 << 20));
+  a.free(m);
+}
+
 TEST(CachingAllocator, BlocksAreReusedOnlyOnTheirStream) {
   CachingAllocator a(0, 1ull << 30);
   const void* s1 = reinterpret_cast<const void*>(1);
