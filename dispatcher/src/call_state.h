@@ -23,6 +23,7 @@ struct Dispatcher::CallState {
   DLDevice device{};
   bool has_device = false;
   DType dtype = DType::kUnknown;  // the dispatch dtype
+  bool meta = false;  // infer_meta: tensors carry metadata only (data may be NULL)
   // Arguments with defaults filled in, when the caller omitted some.
   std::array<NpubValue, 24> inline_args;  // not zeroed: written before read
   std::vector<NpubValue> heap_args;

@@ -143,7 +143,7 @@ void Dispatcher::validate(CallState& cs) const {
       if (s != 0 && numel > (INT64_MAX / 8) / s) bad_arg(op, a, index, "element count overflows int64");
       numel *= s;
     }
-    if (numel > 0 && t->data == nullptr) bad_arg(op, a, index, "tensor has elements but a NULL data pointer");
+    if (numel > 0 && t->data == nullptr && !cs.meta) bad_arg(op, a, index, "tensor has elements but a NULL data pointer");
     const DLDevice dev{t->device.device_type, t->device.device_id};
     if (dev.device_type != NPUB_DEVICE_NPU && dev.device_type != NPUB_DEVICE_CPU)
       bad_arg(op, a, index, "expected a tensor on npu or cpu but found one on " + device_str(dev));
@@ -386,6 +386,49 @@ void Dispatcher::call(const OpHandle& handle, const NpubValue* args, int32_t num
     throw;
   }
   stats.total_ticks.fetch_add(TickClock::now() - t0, std::memory_order_relaxed);
+}
+
+std::vector<OutputMeta> Dispatcher::infer_meta(const OpHandle& handle, const NpubValue* args, int32_t num_args) const {
+  if (!handle) throw Error(ErrorCode::kInvalidArgument, "Dispatcher::infer_meta: empty op handle");
+  const reg::OpEntry& op = *handle.op;
+  const size_t nret = op.schema().returns.size();
+  std::vector<NpubValue> rets(nret, NpubValue{});
+  for (auto& r : rets) r.tag = NPUB_VALUE_NONE;
+  CallState cs;
+  cs.handle = &handle;
+  cs.op = handle.op;
+  cs.args = args;
+  cs.num_args = num_args;
+  cs.rets = rets.data();
+  cs.num_rets = static_cast<int32_t>(nret);
+  cs.meta = true;
+  validate(cs);
+  std::vector<OutputMeta> out(nret);
+  for (size_t i = 0; i < nret; ++i) out[i].alias = op.return_alias()[i];
+  const reg::MetaFunction* meta = op.meta();
+  bool needs_meta = false;
+  for (size_t i = 0; i < nret; ++i) needs_meta = needs_meta || out[i].alias < 0;
+  // An op that only writes its arguments needs no meta function (its
+  // outputs are its arguments); one it has still checks them.
+  if (meta == nullptr && !needs_meta) return out;
+  if (meta == nullptr)
+    throw Error(ErrorCode::kNotFound, "op '" + op.name() + "' has no meta function: " + op.defined_by() +
+                                          " did not register one (register_meta), so its outputs' shapes "
+                                          "cannot be known without running it");
+  NpubMetaContext ctx{&op, &out};
+  if (NpubError* e = meta->fn(&ctx, cs.args, cs.num_args)) {
+    int32_t code = 0;
+    const std::string msg = consume_error(e, &code);
+    throw Error(code == 0 ? ErrorCode::kInternal : static_cast<ErrorCode>(code), "op '" + op.name() + "' (plugin '" + meta->plugin->name + "'): " + msg);
+  }
+  for (size_t i = 0; i < nret; ++i) {
+    const reg::Argument& r = op.schema().returns[i];
+    if (out[i].alias < 0 && !out[i].set && r.type.base == reg::BaseType::kTensor && !r.type.list)
+      throw Error(ErrorCode::kInternal, "op '" + op.name() + "' (plugin '" + meta->plugin->name +
+                                            "'): the meta function did not declare return " + std::to_string(i) +
+                                            " (set_output_meta)");
+  }
+  return out;
 }
 
 std::string explain_no_kernel(const Dispatcher& d, const reg::OpEntry& op, const DLDevice& dev,

@@ -5,6 +5,7 @@
 #include <npubridge/support/dtype.h>
 #include <npubridge/support/error.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace npub {
@@ -40,12 +41,14 @@ NpubError* registration_error(NpubRegistrar* r, std::string message) {
   return make_error(NPUB_ERR_INVALID_ARGUMENT, std::move(message));
 }
 
-bool staged_or_registered(NpubRegistrar* r, const std::string& op) {
-  if (r->registry->find(op) != nullptr) return true;
+const reg::Schema* staged_or_registered_schema(NpubRegistrar* r, const std::string& op) {
+  if (const reg::OpEntry* e = r->registry->find(op)) return &e->schema();
   for (const auto& s : r->schemas)
-    if (s.qualified_name() == op) return true;
-  return false;
+    if (s.qualified_name() == op) return &s;
+  return nullptr;
 }
+
+bool staged_or_registered(NpubRegistrar* r, const std::string& op) { return staged_or_registered_schema(r, op) != nullptr; }
 
 NpubError* define_op(NpubRegistrar* r, const char* schema_text) {
   if (r == nullptr) return make_error(NPUB_ERR_INVALID_ARGUMENT, "define_op: registrar is NULL");
@@ -154,6 +157,153 @@ NpubError* register_kernel(NpubRegistrar* r, const NpubKernelDesc* desc) {
   return nullptr;
 }
 
+NpubError* register_meta(NpubRegistrar* r, const char* op_name, NpubMetaFn fn) {
+  if (r == nullptr) return make_error(NPUB_ERR_INVALID_ARGUMENT, "register_meta: registrar is NULL");
+  if (!r->open) return registration_error(r, "register_meta called after initialize returned");
+  if (op_name == nullptr) return registration_error(r, "register_meta: op_name is NULL");
+  const std::string op = op_name;
+  if (fn == nullptr) return registration_error(r, "register_meta for op '" + op + "': the meta function is NULL");
+  if (!staged_or_registered(r, op))
+    return registration_error(r, "register_meta: op '" + op + "' is not defined; define its schema with define_op first");
+  if (const reg::OpEntry* e = r->registry->find(op); e != nullptr && e->meta() != nullptr)
+    return registration_error(r, "register_meta: op '" + op + "' already has a meta function (from plugin '" +
+                                     e->meta()->plugin->name + "')");
+  for (const auto& m : r->metas)
+    if (m.first == op) return registration_error(r, "register_meta: op '" + op + "' given two meta functions by this plugin");
+  r->metas.emplace_back(op, fn);
+  return nullptr;
+}
+
+NpubError* set_output_meta(NpubMetaContext* ctx, int32_t ret_index, int32_t ndim, const int64_t* shape, DLDataType dtype) {
+  if (ctx == nullptr) return make_error(NPUB_ERR_INVALID_ARGUMENT, "set_output_meta: context is NULL");
+  const auto& returns = ctx->op->schema().returns;
+  const std::string where = "set_output_meta for op '" + ctx->op->name() + "'";
+  if (ret_index < 0 || ret_index >= static_cast<int32_t>(returns.size()))
+    return make_error(NPUB_ERR_INVALID_ARGUMENT, where + ": return index " + std::to_string(ret_index) +
+                                                     " out of range (the op has " + std::to_string(returns.size()) +
+                                                     " returns)");
+  const reg::Argument& ret = returns[static_cast<size_t>(ret_index)];
+  if (ret.type.base != reg::BaseType::kTensor || ret.type.list)
+    return make_error(NPUB_ERR_INVALID_ARGUMENT, where + ": return " + std::to_string(ret_index) + " is " +
+                                                     reg::type_to_string(ret.type) + ", not a Tensor");
+  if (ctx->op->return_alias()[static_cast<size_t>(ret_index)] >= 0)
+    return make_error(NPUB_ERR_INVALID_ARGUMENT, where + ": return " + std::to_string(ret_index) +
+                                                     " aliases an argument; its metadata is the argument's");
+  if (ndim < 0 || ndim > 64 || (ndim > 0 && shape == nullptr))
+    return make_error(NPUB_ERR_INVALID_ARGUMENT, where + ": expected ndim 0..64 with a shape but found ndim " + std::to_string(ndim));
+  for (int32_t d = 0; d < ndim; ++d)
+    if (shape[d] < 0)
+      return make_error(NPUB_ERR_INVALID_ARGUMENT, where + ": negative size " + std::to_string(shape[d]) + " at dim " +
+                                                       std::to_string(d));
+  const DType t = dtype_of(dtype);
+  if (t == DType::kUnknown) return make_error(NPUB_ERR_INVALID_ARGUMENT, where + ": unsupported dtype " + dtype_name(dtype));
+  OutputMeta& out = (*ctx->outputs)[static_cast<size_t>(ret_index)];
+  out.set = true;
+  out.dtype = t;
+  out.shape.assign(shape, shape + ndim);
+  return nullptr;
+}
+
+// Parses and checks a derivative formula (see NpubHostApi.define_derivative).
+NpubError* define_derivative(NpubRegistrar* r, const char* op_name, const char* formula) {
+  if (r == nullptr) return make_error(NPUB_ERR_INVALID_ARGUMENT, "define_derivative: registrar is NULL");
+  if (!r->open) return registration_error(r, "define_derivative called after initialize returned");
+  if (op_name == nullptr || formula == nullptr) return registration_error(r, "define_derivative: op_name or formula is NULL");
+  const std::string op = op_name, text = formula;
+  const std::string where = "define_derivative for op '" + op + "' (\"" + text + "\")";
+  const reg::Schema* fwd = staged_or_registered_schema(r, op);
+  if (fwd == nullptr) return registration_error(r, where + ": op '" + op + "' is not defined; define its schema first");
+  for (const auto& a : fwd->arguments)
+    if (a.is_write()) return registration_error(r, where + ": the op writes argument '" + a.name + "'; only functional ops can be differentiated");
+  for (const auto& d : r->derivatives)
+    if (d.first == op) return registration_error(r, where + ": the op already has a derivative from this plugin");
+  if (const reg::OpEntry* e = r->registry->find(op); e != nullptr && e->derivative() != nullptr)
+    return registration_error(r, where + ": the op already has a derivative (from plugin '" + e->derivative()->plugin + "')");
+
+  auto trim = [](std::string x) {
+    const size_t b = x.find_first_not_of(" \t"), e = x.find_last_not_of(" \t");
+    return b == std::string::npos ? std::string() : x.substr(b, e - b + 1);
+  };
+  auto split = [&](const std::string& x) {
+    std::vector<std::string> parts;
+    size_t start = 0;
+    for (size_t i = 0; i <= x.size(); ++i)
+      if (i == x.size() || x[i] == ',') {
+        parts.push_back(trim(x.substr(start, i - start)));
+        start = i + 1;
+      }
+    return parts;
+  };
+  const size_t colon = text.find(": ");
+  const size_t open = text.find('(', colon == std::string::npos ? 0 : colon);
+  if (colon == std::string::npos || open == std::string::npos || text.back() != ')')
+    return registration_error(r, where + ": expected \"<inputs>: <backward op>(<arguments>)\"");
+  reg::Derivative d;
+  d.formula = text;
+  d.plugin = r->plugin ? r->plugin->name : "host";
+  d.backward = trim(text.substr(colon + 2, open - colon - 2));
+  const reg::Schema* bwd = staged_or_registered_schema(r, d.backward);
+  if (bwd == nullptr)
+    return registration_error(r, where + ": backward op '" + d.backward + "' is not defined; define its schema first");
+  auto arg_index = [&](const std::string& name) -> int32_t {
+    for (size_t i = 0; i < fwd->arguments.size(); ++i)
+      if (fwd->arguments[i].name == name) return static_cast<int32_t>(i);
+    return -1;
+  };
+  auto is_tensor = [](const reg::Argument& a) { return a.type.base == reg::BaseType::kTensor && !a.type.list; };
+  for (const std::string& name : split(text.substr(0, colon))) {
+    const int32_t i = arg_index(name);
+    if (i < 0) return registration_error(r, where + ": '" + name + "' is not an argument of " + op);
+    if (!is_tensor(fwd->arguments[static_cast<size_t>(i)]))
+      return registration_error(r, where + ": argument '" + name + "' is not a Tensor and cannot receive a gradient");
+    if (std::find(d.inputs.begin(), d.inputs.end(), i) != d.inputs.end())
+      return registration_error(r, where + ": '" + name + "' is listed twice");
+    d.inputs.push_back(i);
+  }
+  const std::string inner = text.substr(open + 1, text.size() - open - 2);
+  const std::vector<std::string> args = trim(inner).empty() ? std::vector<std::string>() : split(inner);
+  const int32_t nret = static_cast<int32_t>(fwd->returns.size());
+  for (const std::string& a : args) {
+    reg::Derivative::Arg arg{reg::Derivative::Arg::kInput, -1};
+    auto indexed = [&](const char* prefix, reg::Derivative::Arg::Kind kind) {
+      const std::string p = prefix;
+      if (a.rfind(p + "[", 0) != 0 || a.back() != ']') return false;
+      const std::string num = a.substr(p.size() + 1, a.size() - p.size() - 2);
+      if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos || num.size() > 3) return false;
+      arg = {kind, std::stoi(num)};
+      return true;
+    };
+    if (a == "grad") arg = {reg::Derivative::Arg::kGrad, 0};
+    else if (a == "result") arg = {reg::Derivative::Arg::kResult, 0};
+    else if (!indexed("grads", reg::Derivative::Arg::kGrad) && !indexed("results", reg::Derivative::Arg::kResult)) {
+      arg.index = arg_index(a);
+      if (arg.index < 0)
+        return registration_error(r, where + ": '" + a + "' is neither grads[i], results[i] nor an argument of " + op);
+    }
+    if (arg.kind != reg::Derivative::Arg::kInput) {
+      if (arg.index >= nret)
+        return registration_error(r, where + ": '" + a + "' but the op has " + std::to_string(nret) + " returns");
+      if (!is_tensor(fwd->returns[static_cast<size_t>(arg.index)]))
+        return registration_error(r, where + ": '" + a + "' refers to a return that is not a Tensor");
+    }
+    d.args.push_back(arg);
+  }
+  size_t required = bwd->arguments.size();
+  while (required > 0 && bwd->arguments[required - 1].default_value) --required;
+  if (d.args.size() < required || d.args.size() > bwd->arguments.size())
+    return registration_error(r, where + ": backward op '" + d.backward + "' takes " +
+                                     (required == bwd->arguments.size() ? std::to_string(required)
+                                                                        : std::to_string(required) + " to " + std::to_string(bwd->arguments.size())) +
+                                     " arguments but the formula passes " + std::to_string(d.args.size()));
+  if (bwd->returns.size() != d.inputs.size())
+    return registration_error(r, where + ": backward op '" + d.backward + "' returns " + std::to_string(bwd->returns.size()) +
+                                     " values but the formula lists " + std::to_string(d.inputs.size()) + " inputs");
+  for (const auto& ret : bwd->returns)
+    if (!is_tensor(ret)) return registration_error(r, where + ": backward op '" + d.backward + "' must return Tensors");
+  r->derivatives.emplace_back(op, std::move(d));
+  return nullptr;
+}
+
 void* kernel_user_data(NpubCallContext* ctx) { return ctx->kernel->user_data; }
 int32_t device_index(NpubCallContext* ctx) { return ctx->dl_device.device_id; }
 NpubStream* current_stream(NpubCallContext* ctx) {
@@ -231,6 +381,7 @@ const NpubHostApi kHostApi = {
     &current_stream,     &workspace,     &alloc_output,
     &alloc_scratch,      &parallel_for,  &num_threads,
     &philox_reserve,  // \since 1.1
+    &register_meta,   &set_output_meta, &define_derivative,  // \since 1.2
 };
 
 }  // namespace

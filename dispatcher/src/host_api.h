@@ -23,6 +23,8 @@ struct NpubRegistrar {
   std::vector<npub::reg::Schema> schemas;
   std::vector<std::unique_ptr<npub::reg::Kernel>> kernels;
   std::vector<std::string> kernel_ops;  // op name of each staged kernel
+  std::vector<std::pair<std::string, NpubMetaFn>> metas;                // \since 1.2
+  std::vector<std::pair<std::string, npub::reg::Derivative>> derivatives;  // \since 1.2
   std::string first_error;              // sticky: the plugin is rejected
   bool open = true;                     // false once initialize returned
 };
@@ -38,6 +40,12 @@ struct NpubCallContext {
   void* workspace = nullptr;
   uint64_t workspace_bytes = 0;
   std::vector<void*> scratch;  // freed when the call ends
+};
+
+// One meta-function call (Dispatcher::infer_meta).
+struct NpubMetaContext {
+  const npub::reg::OpEntry* op = nullptr;
+  std::vector<npub::OutputMeta>* outputs = nullptr;  // one per return
 };
 
 namespace npub {

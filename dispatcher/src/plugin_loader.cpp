@@ -199,6 +199,8 @@ LoadResult PluginLoader::load(const std::string& path) {
       k->op = registry_.find(registrar.kernel_ops[i]);
       registry_.add_kernel(std::move(k));
     }
+    for (const auto& [op, fn] : registrar.metas) registry_.set_meta(registry_.find(op), reg::MetaFunction{fn, record});
+    for (auto& [op, d] : registrar.derivatives) registry_.set_derivative(registry_.find(op), std::move(d));
   } catch (const Error& e) {
     registry_.remove_plugin_kernels(record.get());
     return reject(e.what());

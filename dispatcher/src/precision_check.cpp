@@ -45,6 +45,19 @@ void Dispatcher::clear_precision_mismatches() {
   mismatches_.clear();
 }
 
+void Dispatcher::record_precision_mismatch(const PrecisionMismatch& m, const reg::OpEntry* counted_on) {
+  if (counted_on == nullptr) counted_on = registry_.find(m.op);
+  if (counted_on != nullptr) counted_on->stats().precision_mismatches.fetch_add(1);
+  log().warn("{}", m.message());
+  bool raise = false;
+  {
+    std::lock_guard<std::mutex> lock(config_mu_);
+    mismatches_.push_back(m);
+    raise = precision_.raise_on_mismatch;
+  }
+  if (raise) throw Error(ErrorCode::kInternal, m.message());
+}
+
 void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType convert_from) {
   const int index = cs.device.device_type == NPUB_DEVICE_NPU ? cs.device.device_id : devices_.current_device();
   sim::Device* dev = cs.device.device_type == NPUB_DEVICE_NPU ? &devices_.at(index) : nullptr;

@@ -195,18 +195,23 @@ at::ScalarType torch_dtype(DType t) {
   }
 }
 
-// A DLTensor describing a torch tensor (valid while the tensor lives).
+// A DLTensor describing a torch tensor, valid while the tensor lives and
+// keeps its shape: shape and strides point into the tensor's own metadata
+// (kernels only read them).
+// A metadata-only view (data NULL) describes a meta or fake tensor as a
+// tensor of the current npu.
 struct DLView {
   DLTensor dl{};
-  std::vector<int64_t> shape, strides;
-  explicit DLView(const at::Tensor& t) : shape(t.sizes().vec()), strides(t.strides().vec()) {
-    dl.data = t.data_ptr();
-    dl.device = t.device().is_cpu() ? DLDevice{kDLCPU, 0}
-                                    : DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), t.device().index()};
+  explicit DLView(const at::Tensor& t, bool metadata_only = false) {
+    dl.data = metadata_only ? nullptr : t.data_ptr();
+    dl.device = t.device().is_cpu() && !metadata_only
+                    ? DLDevice{kDLCPU, 0}
+                    : DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU),
+                               t.device().is_privateuseone() ? t.device().index() : current_index()};
     dl.ndim = static_cast<int32_t>(t.dim());
     dl.dtype = to_dl(npub_dtype(t.scalar_type()));
-    dl.shape = shape.data();
-    dl.strides = strides.data();
+    dl.shape = const_cast<int64_t*>(t.sizes().data());
+    dl.strides = const_cast<int64_t*>(t.strides().data());
   }
 };
 
@@ -343,7 +348,8 @@ struct ScopedTorchCall {
   ScopedTorchCall& operator=(const ScopedTorchCall&) = delete;
 };
 
-// Produces torch npu tensors for returns the kernel allocates.
+// Produces torch npu tensors for returns the kernel allocates (rare: ops
+// whose output shape depends on data).
 class TorchOutputs final : public OutputAllocator {
  public:
   DLTensor* allocate(int32_t ret_index, const DLDevice& device, int32_t ndim, const int64_t* shape, DLDataType dtype) override {
@@ -351,34 +357,62 @@ class TorchOutputs final : public OutputAllocator {
     at::Tensor t = at::empty(std::vector<int64_t>(shape, shape + ndim),
                              at::TensorOptions().dtype(torch_dtype(dtype_of(dtype))).device(c10::DeviceType::PrivateUse1,
                                                                                              device.device_id));
-    tensors_[ret_index] = t;
-    views_[ret_index] = std::make_unique<DLView>(t);
-    return &views_[ret_index]->dl;
+    slots_.push_back({ret_index, t, std::make_unique<DLView>(t)});
+    return &slots_.back().view->dl;
   }
-  std::map<int32_t, at::Tensor> tensors_;
-  std::map<int32_t, std::unique_ptr<DLView>> views_;
+  const at::Tensor* find(int32_t ret_index) const {
+    for (const Slot& s : slots_)
+      if (s.index == ret_index) return &s.tensor;
+    return nullptr;
+  }
+
+ private:
+  struct Slot {
+    int32_t index;
+    at::Tensor tensor;
+    std::unique_ptr<DLView> view;
+  };
+  std::vector<Slot> slots_;
 };
 
+// One call's arguments as NpubValues, and what they point to. `views` is
+// reserved for every tensor of the call up front, so the DLTensor addresses
+// handed out stay put; the rarer kinds live behind their own pointers.
 struct Boxed {
-  std::vector<NpubValue> values;
-  std::vector<at::Tensor> keep;  // moved CPU scalars
-  std::vector<std::unique_ptr<DLView>> views;
+  c10::SmallVector<NpubValue, 8> values;
+  c10::SmallVector<DLView, 6> views;
+  std::vector<at::Tensor> keep;  // CPU scalars moved to the device
   std::vector<std::unique_ptr<std::vector<int64_t>>> ints;
   std::vector<std::unique_ptr<std::vector<double>>> doubles;
   std::vector<std::unique_ptr<std::vector<DLTensor*>>> lists;
   std::vector<std::unique_ptr<std::string>> strings;
 };
 
+size_t count_tensors(const std::vector<c10::IValue>& args) {
+  size_t n = 0;
+  for (const auto& v : args) {
+    if (v.isTensor()) ++n;
+    else if (v.isList()) n += v.toListRef().size();
+  }
+  return n;
+}
+
 // Converts one IValue. A 0-d CPU tensor (a wrapped Python number) joins the
 // call's device, as CUDA accepts CPU scalars.
-NpubValue box(const c10::IValue& v, Boxed& b, c10::DeviceIndex device) {
+NpubValue box(const c10::IValue& v, Boxed& b, c10::DeviceIndex device, bool metadata_only = false) {
   auto tensor_view = [&](at::Tensor t) -> DLTensor* {
+    if (metadata_only) {
+      TORCH_INTERNAL_ASSERT(b.views.size() < b.views.capacity(), "npubridge: tensor views were not reserved");
+      b.views.emplace_back(t, true);
+      return &b.views.back().dl;
+    }
     if (t.device().is_cpu() && t.dim() == 0) {
       t = t.to(at::Device(c10::DeviceType::PrivateUse1, device));
       b.keep.push_back(t);
     }
-    b.views.push_back(std::make_unique<DLView>(t));
-    return &b.views.back()->dl;
+    TORCH_INTERNAL_ASSERT(b.views.size() < b.views.capacity(), "npubridge: tensor views were not reserved");
+    b.views.emplace_back(t);
+    return &b.views.back().dl;
   };
   if (v.isNone()) return none_value();
   if (v.isTensor()) return v.toTensor().defined() ? tensor_value(tensor_view(v.toTensor())) : none_value();
@@ -418,7 +452,7 @@ NpubValue box(const c10::IValue& v, Boxed& b, c10::DeviceIndex device) {
   TORCH_CHECK(false, "npubridge: cannot pass an argument of type ", v.tagKind(), " to a plugin kernel");
 }
 
-c10::DeviceIndex call_device(const torch::jit::Stack& args) {
+c10::DeviceIndex call_device(const std::vector<c10::IValue>& args) {
   for (const auto& v : args) {
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_privateuseone()) return v.toTensor().device().index();
     if (v.isList())
@@ -433,33 +467,28 @@ std::string full_name(const c10::OperatorName& n) {
   return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
 }
 
-std::mutex g_handles_mu;
-std::unordered_map<std::string, OpHandle> g_handles;
-
-OpHandle handle_for(const c10::OperatorHandle& op) {
-  const std::string name = full_name(op.schema().operator_name());
-  std::lock_guard<std::mutex> lock(g_handles_mu);
-  auto it = g_handles.find(name);
-  if (it != g_handles.end()) return it->second;
-  OpHandle h = rt().dispatcher().op(name);
-  g_handles.emplace(name, h);
-  return h;
-}
-
 // Runs `target` (an op of the registry) on the given IValue arguments and
 // leaves its results on `stack` (which must not hold the arguments).
-void run_on_dispatcher(const c10::OperatorHandle& op, const OpHandle& target, const std::vector<c10::IValue>& args,
-                       torch::jit::Stack* stack) {
+void run_on_dispatcher(const OpHandle& target, const std::vector<c10::IValue>& args, torch::jit::Stack* stack) {
   const c10::DeviceIndex device = call_device(args);
   c10::DeviceGuard guard(at::Device(c10::DeviceType::PrivateUse1, device));
   Boxed b;
+  b.values.reserve(args.size());
+  b.views.reserve(count_tensors(args));
   for (const auto& a : args) b.values.push_back(box(a, b, device));
   const auto& returns = target.op->schema().returns;
-  std::vector<NpubValue> rets(returns.size(), none_value());
+  NpubValue rets_small[4];
+  std::vector<NpubValue> rets_big;
+  NpubValue* rets = rets_small;
+  if (returns.size() > 4) {
+    rets_big.resize(returns.size());
+    rets = rets_big.data();
+  }
+  for (size_t i = 0; i < returns.size(); ++i) rets[i] = none_value();
   TorchOutputs outs;
   try {
-    rt().dispatcher().call(target, b.values.data(), static_cast<int32_t>(b.values.size()), rets.data(),
-                           static_cast<int32_t>(rets.size()), &outs);
+    rt().dispatcher().call(target, b.values.data(), static_cast<int32_t>(b.values.size()), rets,
+                           static_cast<int32_t>(returns.size()), &outs);
   } catch (const OutOfMemoryError& e) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
   } catch (const Error& e) {
@@ -469,8 +498,8 @@ void run_on_dispatcher(const c10::OperatorHandle& op, const OpHandle& target, co
   for (size_t i = 0; i < returns.size(); ++i) {
     if (alias[i] >= 0) {
       stack->push_back(args[static_cast<size_t>(alias[i])]);
-    } else if (auto t = outs.tensors_.find(static_cast<int32_t>(i)); t != outs.tensors_.end()) {
-      stack->push_back(t->second);
+    } else if (const at::Tensor* t = outs.find(static_cast<int32_t>(i))) {
+      stack->push_back(*t);
     } else if (rets[i].tag == NPUB_VALUE_INT) {
       stack->push_back(rets[i].u.i);
     } else if (rets[i].tag == NPUB_VALUE_DOUBLE) {
@@ -481,45 +510,7 @@ void run_on_dispatcher(const c10::OperatorHandle& op, const OpHandle& target, co
       stack->push_back(at::Tensor());  // undefined (output_mask off)
     }
   }
-  (void)op;
 }
-
-void resize_outs(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args);
-
-// A plugin kernel for exactly this aten op.
-void plugin_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const size_t n = op.schema().arguments().size();
-  std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
-  // copy_ between the host and the device is a transfer, not a kernel: the
-  // device's copy engine does it (a plugin's copy_ is device to device).
-  if (op.schema().operator_name().name == "aten::copy_") {
-    const at::Tensor& self = args[0].toTensor();
-    const at::Tensor& src = args[1].toTensor();
-    if (self.device() != src.device()) {
-      copy_from(src, self, false);
-      torch::jit::drop(*stack, n);
-      stack->push_back(self);
-      return;
-    }
-  }
-  resize_outs(op, args);
-  TorchCall call{&op, stack};
-  ScopedTorchCall scope(call);
-  // The dispatcher's fallback (no kernel for these dtypes) runs ATen's CPU
-  // fallback on the original stack; otherwise the results replace it.
-  torch::jit::Stack results;
-  run_on_dispatcher(op, handle_for(op), args, &results);
-  if (call.fell_back) return;
-  torch::jit::drop(*stack, n);
-  for (auto& r : results) stack->push_back(std::move(r));
-}
-
-// Functional and in-place ops served by a plugin's .out kernel: the outputs'
-// shapes and dtypes come from the op's meta kernel (ATen's own shape and
-// type-promotion rules), then the .out kernel fills them.
-std::mutex g_out_mu;
-std::unordered_map<std::string, std::string> g_out_of;  // aten op -> registry .out op
-std::unordered_map<std::string, bool> g_inplace;
 
 void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
@@ -530,11 +521,14 @@ at::Tensor to_meta(const at::Tensor& t) {
   if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
   return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
 }
-c10::IValue to_meta(const c10::IValue& v) {
-  if (v.isTensor()) return to_meta(v.toTensor());
+
+// The same value with every tensor mapped by `fn` (lists of tensors too).
+template <typename Fn>
+c10::IValue map_tensors(const c10::IValue& v, Fn fn) {
+  if (v.isTensor()) return fn(v.toTensor());
   if (v.isTensorList()) {
     c10::List<at::Tensor> l;
-    for (const at::Tensor& t : v.toTensorVector()) l.push_back(to_meta(t));
+    for (const at::Tensor& t : v.toTensorVector()) l.push_back(fn(t));
     return l;
   }
   bool tensors = v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList();
@@ -543,7 +537,7 @@ c10::IValue to_meta(const c10::IValue& v) {
   if (tensors) {
     c10::List<std::optional<at::Tensor>> l;
     for (const c10::IValue& e : v.toListRef())
-      l.push_back(e.isNone() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(to_meta(e.toTensor())));
+      l.push_back(e.isNone() ? std::optional<at::Tensor>() : std::optional<at::Tensor>(fn(e.toTensor())));
     return l;
   }
   return v;
@@ -556,122 +550,327 @@ struct OutputSpec {
   std::vector<int64_t> sizes;
   at::ScalarType dtype;
 };
+using OutputSpecs = std::vector<OutputSpec>;
 std::mutex g_meta_cache_mu;
-std::unordered_map<std::string, std::vector<OutputSpec>> g_meta_cache;
+std::unordered_map<std::string, std::shared_ptr<const OutputSpecs>> g_meta_cache;
 
-// "" when some argument cannot be part of a key (the call is not cached).
-std::string signature(const std::string& op, const std::vector<c10::IValue>& args) {
-  std::ostringstream k;
-  k << op;
+// The cache key: raw bytes of every argument's metadata, prefixed with the
+// op's address. False when some argument cannot be part of a key (the call
+// is not cached).
+template <typename T>
+void put(std::string& k, const T& v) {
+  k.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+bool signature(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args, std::string* key) {
+  std::string& k = *key;
+  k.clear();
+  put(k, &op.schema());
   auto tensor_key = [&](const at::Tensor& t) {
     if (!t.defined()) {
-      k << "|U";
+      k.push_back('U');
       return;
     }
-    k << "|T" << static_cast<int>(t.scalar_type()) << (t.device().is_cpu() ? "c" : "d")
-      << (t.unsafeGetTensorImpl()->is_wrapped_number() ? "w" : "") << t.sizes();
+    k.push_back(t.device().is_cpu() ? (t.unsafeGetTensorImpl()->is_wrapped_number() ? 'w' : 'c') : 'd');
+    put(k, static_cast<int8_t>(t.scalar_type()));
+    put(k, static_cast<int8_t>(t.dim()));
+    k.append(reinterpret_cast<const char*>(t.sizes().data()), t.sizes().size() * sizeof(int64_t));
   };
   for (const auto& a : args) {
-    if (a.isNone()) k << "|N";
+    if (a.isNone()) k.push_back('N');
     else if (a.isTensor()) tensor_key(a.toTensor());
-    else if (a.isInt()) k << "|i" << a.toInt();
-    else if (a.isDouble()) k << "|f" << a.toDouble();
-    else if (a.isBool()) k << "|b" << a.toBool();
-    else if (a.isString()) k << "|s" << a.toStringRef();
-    else if (a.isIntList()) k << "|l" << a.toDimVector();
-    else if (a.isTensorList())
-      for (const at::Tensor& t : a.toTensorVector()) tensor_key(t);
-    else return "";
+    else if (a.isInt()) { k.push_back('i'); put(k, a.toInt()); }
+    else if (a.isDouble()) { k.push_back('f'); put(k, a.toDouble()); }
+    else if (a.isBool()) { k.push_back('b'); put(k, a.toBool()); }
+    else if (a.isString()) { k.push_back('s'); k += a.toStringRef(); k.push_back('\0'); }
+    else if (a.isIntList()) {
+      k.push_back('l');
+      const auto l = a.toIntList();
+      put(k, static_cast<int32_t>(l.size()));
+      for (int64_t x : l) put(k, x);
+    } else if (a.isTensorList()) {
+      k.push_back('L');
+      const auto l = a.toTensorList();
+      put(k, static_cast<int32_t>(l.size()));
+      for (const at::Tensor& t : l) tensor_key(t);
+    } else {
+      return false;
+    }
   }
-  return k.str();
+  return true;
 }
 
 // The outputs' shapes and dtypes of a functional op: from the cache, or from
-// the op's meta kernel. False when the meta kernel fails.
-bool output_specs(const c10::OperatorHandle& op, const std::string& name, const std::vector<c10::IValue>& args,
-                  std::vector<OutputSpec>* specs) {
-  const std::string key = signature(name, args);
-  if (!key.empty()) {
+// the op's meta kernel. Null when the meta kernel fails.
+std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  thread_local std::string key;  // keeps its capacity: no allocation per call
+  const bool cacheable = signature(op, args, &key);
+  if (cacheable) {
     std::lock_guard<std::mutex> lock(g_meta_cache_mu);
-    if (auto it = g_meta_cache.find(key); it != g_meta_cache.end()) {
-      *specs = it->second;
-      return true;
-    }
+    if (auto it = g_meta_cache.find(key); it != g_meta_cache.end()) return it->second;
   }
   torch::jit::Stack meta;
-  for (const auto& a : args) meta.push_back(to_meta(a));
+  for (const auto& a : args) meta.push_back(map_tensors(a, [](const at::Tensor& t) { return to_meta(t); }));
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
   } catch (const std::exception& e) {
     if (const char* lvl = std::getenv("NPUB_LOG_LEVEL"); lvl != nullptr && std::string(lvl) == "debug")
-      std::fprintf(stderr, "[npubridge] [debug] meta kernel of '%s' failed: %s\n", name.c_str(), e.what());
-    return false;
+      std::fprintf(stderr, "[npubridge] [debug] meta kernel of '%s' failed: %s\n",
+                   full_name(op.schema().operator_name()).c_str(), e.what());
+    return nullptr;
   }
+  auto specs = std::make_shared<OutputSpecs>();
   for (const auto& r : meta) specs->push_back({r.toTensor().sizes().vec(), r.toTensor().scalar_type()});
-  if (!key.empty()) {
+  if (cacheable) {
     std::lock_guard<std::mutex> lock(g_meta_cache_mu);
     if (g_meta_cache.size() > 4096) g_meta_cache.clear();
-    g_meta_cache.emplace(key, *specs);
+    g_meta_cache.emplace(key, specs);
   }
-  return true;
+  return specs;
 }
 
 // out= tensors of the wrong shape are resized first, as ATen's out
 // convention does (callers pass empty outs); the shapes come from the op's
 // meta kernel. Without a meta kernel the plugin's own shape check decides.
 void resize_outs(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+  const auto specs = output_specs(op, args);
+  if (!specs) return;
   const auto& schema_args = op.schema().arguments();
-  bool has_out = false;
-  for (const auto& a : schema_args) has_out = has_out || (a.is_out() && a.type()->kind() == c10::TypeKind::TensorType);
-  if (!has_out) return;
-  std::vector<OutputSpec> specs;
-  if (!output_specs(op, full_name(op.schema().operator_name()), args, &specs)) return;
   size_t r = 0;
-  for (size_t i = 0; i < schema_args.size() && r < specs.size(); ++i) {
+  for (size_t i = 0; i < schema_args.size() && r < specs->size(); ++i) {
     if (!schema_args[i].is_out() || !args[i].isTensor()) continue;
     const at::Tensor& real = args[i].toTensor();
-    const std::vector<int64_t>& sizes = specs[r++].sizes;
+    const std::vector<int64_t>& sizes = (*specs)[r++].sizes;
     if (!real.sizes().equals(sizes)) resize_(real, sizes, std::nullopt);
   }
 }
 
-void via_out_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const std::string name = full_name(op.schema().operator_name());
-  std::string out_name;
-  bool inplace = false;
-  {
-    std::lock_guard<std::mutex> lock(g_out_mu);
-    out_name = g_out_of.at(name);
-    inplace = g_inplace.at(name);
+// ---------------------------------------------------------------------------
+// precision check: every plugin call against ATen's CPU kernel
+// ---------------------------------------------------------------------------
+
+std::atomic<bool> g_precision_on{false};
+
+// Compares a tensor a plugin produced with ATen's CPU result and reports a
+// mismatch through the dispatcher (per-dtype tolerances of its config).
+void compare_with_cpu(const std::string& op, const reg::OpEntry* target, const std::string& plugin, const std::string& label,
+                      const at::Tensor& got_npu, const at::Tensor& ref) {
+  if (!got_npu.defined() || !ref.defined()) return;
+  const PrecisionCheckConfig cfg = rt().dispatcher().precision_check();
+  PrecisionMismatch m;
+  m.op = op;
+  m.plugin = plugin;
+  m.output = label;
+  const at::Tensor got = got_npu.cpu();
+  m.numel = ref.numel();
+  if (!got.sizes().equals(ref.sizes()) || got.scalar_type() != ref.scalar_type()) {
+    m.num_mismatched = 1;
+    rt().dispatcher().record_precision_mismatch(m, target);
+    return;
   }
-  const size_t nargs = op.schema().arguments().size();
-  std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end());
-  std::vector<at::Tensor> outs;
-  if (inplace) {
-    outs.push_back(args[0].toTensor());
-  } else {
-    std::vector<OutputSpec> specs;
-    if (!output_specs(op, name, args, &specs)) {
-      // No meta kernel (or an input the meta kernel rejects): let the CPU
-      // implementation decide, and raise its own error if it must.
-      cpu_fallback_counted(op, stack);
+  if (ref.numel() == 0 || ref.is_complex()) return;
+  double atol = 0, rtol = 0;  // integers and bool: exact
+  switch (ref.scalar_type()) {
+    case at::kFloat: atol = cfg.fp32_atol; rtol = cfg.fp32_rtol; break;
+    case at::kDouble: atol = cfg.fp64_atol; rtol = cfg.fp64_rtol; break;
+    case at::kHalf: atol = cfg.fp16_atol; rtol = cfg.fp16_rtol; break;
+    case at::kBFloat16: atol = cfg.bf16_atol; rtol = cfg.bf16_rtol; break;
+    default: break;
+  }
+  const at::Tensor a = got.to(at::kDouble).reshape(-1), b = ref.to(at::kDouble).reshape(-1);
+  const at::Tensor diff = (a - b).abs();
+  const at::Tensor nan_a = a.isnan(), nan_b = b.isnan();
+  const at::Tensor inf = a.isinf().logical_or(b.isinf());
+  at::Tensor bad = nan_a.ne(nan_b)
+                       .logical_or(inf.logical_and(a.ne(b)).logical_and(nan_a.logical_not()))
+                       .logical_or(diff.gt(atol + rtol * b.abs()).logical_and(inf.logical_not()));
+  m.num_mismatched = bad.sum().item<int64_t>();
+  if (m.num_mismatched == 0) return;
+  const at::Tensor score = at::where(bad, diff.nan_to_num(INFINITY, INFINITY), at::zeros_like(diff));
+  m.worst_index = score.argmax().item<int64_t>();
+  m.kernel_value = a[m.worst_index].item<double>();
+  m.reference_value = b[m.worst_index].item<double>();
+  m.abs_error = std::fabs(m.kernel_value - m.reference_value);
+  m.rel_error = m.reference_value != 0 ? m.abs_error / std::fabs(m.reference_value) : m.abs_error;
+  rt().dispatcher().record_precision_mismatch(m, target);
+}
+
+// CPU copies of a call's arguments, taken before the plugin runs.
+std::vector<c10::IValue> cpu_copies(const std::vector<c10::IValue>& args) {
+  std::vector<c10::IValue> cpu;
+  cpu.reserve(args.size());
+  for (const auto& a : args)
+    cpu.push_back(map_tensors(a, [](const at::Tensor& t) {
+      if (!t.defined()) return t;
+      return t.device().is_cpu() ? t.clone() : t.to(at::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    }));
+  return cpu;
+}
+
+// Runs `op` on the CPU copies through ATen and compares returns and written
+// arguments with what the plugin left in `results` and `args`.
+void check_against_cpu(const c10::OperatorHandle& op, const OpHandle& target, std::vector<c10::IValue> cpu_args,
+                       const std::vector<c10::IValue>& args, const std::vector<c10::IValue>& results) {
+  torch::jit::Stack cpu(cpu_args.begin(), cpu_args.end());
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    op.callBoxed(&cpu);
+  }
+  const std::string name = full_name(op.schema().operator_name());
+  const DType dt = [&] {
+    for (const auto& a : args)
+      if (a.isTensor() && a.toTensor().defined()) return npub_dtype(a.toTensor().scalar_type());
+    return DType::kUnknown;
+  }();
+  const reg::Kernel* k = rt().dispatcher().kernel_for(target, dt);
+  const std::string plugin = k != nullptr ? k->plugin_name() : std::string("?");
+  const auto& sargs = op.schema().arguments();
+  for (size_t i = 0; i < sargs.size() && i < args.size(); ++i)
+    if (sargs[i].alias_info() != nullptr && sargs[i].alias_info()->isWrite() && args[i].isTensor())
+      compare_with_cpu(name, target.op, plugin, "argument '" + sargs[i].name() + "'", args[i].toTensor(), cpu_args[i].toTensor());
+  const auto& sret = op.schema().returns();
+  for (size_t i = 0; i < sret.size() && i < results.size() && i < cpu.size(); ++i) {
+    if (sret[i].alias_info() != nullptr && sret[i].alias_info()->isWrite()) continue;  // compared as its argument
+    if (results[i].isTensor() && cpu[i].isTensor())
+      compare_with_cpu(name, target.op, plugin, "return " + std::to_string(i), results[i].toTensor(), cpu[i].toTensor());
+  }
+}
+
+// ---------------------------------------------------------------------------
+// the boxed kernel every routed op is registered with
+// ---------------------------------------------------------------------------
+
+// How a torch op reaches a plugin kernel: the op itself (kDirect), or a
+// functional / in-place op through the plugin's .out kernel, the outputs'
+// shapes and dtypes coming from the op's meta kernel (ATen's own shape and
+// type-promotion rules).
+enum class Route { kDirect, kViaOut, kInplaceViaOut };
+
+// State resolved once at registration, so a call does no name lookups; the
+// registry op is re-resolved only when the op-mapping table changes.
+class Bridge final : public c10::OperatorKernel {
+ public:
+  Bridge(Route route, std::string target_name) : route_(route), target_name_(std::move(target_name)) {}
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const size_t n = op.schema().arguments().size();
+    std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
+    // copy_ between the host and the device is a transfer, not a kernel: the
+    // device's copy engine does it (a plugin's copy_ is device to device).
+    if (route_ == Route::kDirect && op.schema().operator_name().name == "aten::copy_" &&
+        args[0].toTensor().device() != args[1].toTensor().device()) {
+      copy_from(args[1].toTensor(), args[0].toTensor(), false);
+      torch::jit::drop(*stack, n);
+      stack->push_back(args[0]);
       return;
     }
-    const c10::DeviceIndex device = call_device(args);
-    for (const OutputSpec& spec : specs)
-      outs.push_back(at::empty(spec.sizes, at::TensorOptions().dtype(spec.dtype).device(c10::DeviceType::PrivateUse1, device)));
+    std::vector<at::Tensor> outs;
+    if (route_ == Route::kDirect) {
+      if (has_out_) resize_outs(op, args);
+    } else if (route_ == Route::kInplaceViaOut) {
+      outs.push_back(args[0].toTensor());
+    } else {
+      const auto specs = output_specs(op, args);
+      if (!specs) {
+        // No meta kernel (or an input the meta kernel rejects): let the CPU
+        // implementation decide, and raise its own error if it must.
+        cpu_fallback_counted(op, stack);
+        return;
+      }
+      const c10::DeviceIndex device = call_device(args);
+      for (const OutputSpec& spec : *specs)
+        outs.push_back(empty_memory_format(spec.sizes, spec.dtype, std::nullopt,
+                                           at::Device(c10::DeviceType::PrivateUse1, device), std::nullopt, std::nullopt));
+    }
+    // The reference is ATen's CPU kernel of the same op (ops of a plugin's
+    // own namespace have none).
+    const bool check = g_precision_on.load(std::memory_order_relaxed) &&
+                       (op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+                        op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd));
+    std::vector<c10::IValue> cpu_args;
+    if (check) cpu_args = cpu_copies(args);
+    std::vector<c10::IValue> call_args;
+    call_args.reserve(args.size() + outs.size());
+    call_args.insert(call_args.end(), args.begin(), args.end());
+    for (const auto& o : outs) call_args.push_back(o);
+    const OpHandle target = resolve();
+    TorchCall call{&op, stack};
+    ScopedTorchCall scope(call);
+    // The dispatcher's fallback (no kernel for these dtypes) runs ATen's CPU
+    // fallback on the original stack; otherwise the results replace it.
+    torch::jit::Stack results;
+    run_on_dispatcher(target, call_args, &results);
+    if (call.fell_back) return;
+    torch::jit::drop(*stack, n);
+    if (route_ == Route::kDirect) {
+      for (auto& r : results) stack->push_back(std::move(r));
+    } else {
+      for (const auto& o : outs) stack->push_back(o);
+    }
+    if (check) {
+      const std::vector<c10::IValue> got(stack->end() - static_cast<std::ptrdiff_t>(op.schema().returns().size()), stack->end());
+      check_against_cpu(op, target, std::move(cpu_args), args, got);
+    }
   }
-  std::vector<c10::IValue> out_args(args.begin(), args.end());
-  for (const auto& o : outs) out_args.push_back(o);
-  const OpHandle target = rt().dispatcher().op(out_name);
-  TorchCall call{&op, stack};
-  ScopedTorchCall scope(call);
-  torch::jit::Stack results;
-  run_on_dispatcher(op, target, out_args, &results);
-  if (call.fell_back) return;
-  torch::jit::drop(*stack, nargs);
-  for (const auto& o : outs) stack->push_back(o);
-}
+
+  void set_has_out(bool v) { has_out_ = v; }
+
+ private:
+  // The registry op for this call: lock-free while the op-mapping table
+  // stays as it was (an immutable resolution published by pointer; replaced
+  // ones are kept until the process ends, like the registry's snapshots).
+  struct Resolution {
+    OpHandle handle;
+    uint64_t map_version;
+  };
+  OpHandle resolve() {
+    const uint64_t v = rt().op_map().version();
+    const Resolution* r = resolved_.load(std::memory_order_acquire);
+    if (r != nullptr && r->map_version == v) return r->handle;
+    std::lock_guard<std::mutex> lock(mu_);
+    retired_.push_back(std::make_unique<Resolution>(Resolution{rt().dispatcher().op(target_name_), v}));
+    resolved_.store(retired_.back().get(), std::memory_order_release);
+    return retired_.back()->handle;
+  }
+
+  const Route route_;
+  const std::string target_name_;
+  bool has_out_ = false;
+  std::atomic<const Resolution*> resolved_{nullptr};
+  std::mutex mu_;  // writers of resolved_
+  std::vector<std::unique_ptr<Resolution>> retired_;
+};
+
+// The Meta kernel of a plugin's own op: its outputs' shapes and dtypes from
+// the meta function the plugin registered (Dispatcher::infer_meta), on meta
+// tensors; what fake tensors, torch.compile and torch.export trace with.
+class MetaBridge final : public c10::OperatorKernel {
+ public:
+  explicit MetaBridge(std::string target_name) : target_name_(std::move(target_name)) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const size_t n = op.schema().arguments().size();
+    std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
+    Boxed b;
+    b.values.reserve(args.size());
+    b.views.reserve(count_tensors(args));
+    for (const auto& a : args) b.values.push_back(box(a, b, current_index(), /*metadata_only=*/true));
+    std::vector<OutputMeta> metas;
+    try {
+      metas = rt().dispatcher().infer_meta(rt().dispatcher().op(target_name_), b.values.data(),
+                                           static_cast<int32_t>(b.values.size()));
+    } catch (const Error& e) {
+      TORCH_CHECK(false, e.what());
+    }
+    torch::jit::drop(*stack, n);
+    for (const OutputMeta& m : metas) {
+      if (m.alias >= 0) stack->push_back(args[static_cast<size_t>(m.alias)]);
+      else if (m.set) stack->push_back(at::empty(m.shape, at::TensorOptions().dtype(torch_dtype(m.dtype)).device(at::kMeta)));
+      else stack->push_back(c10::IValue());
+    }
+  }
+
+ private:
+  const std::string target_name_;
+};
 
 // The dispatcher's fallback: ATen's CPU fallback on the torch call.
 void torch_fallback(const reg::OpEntry&, const NpubValue*, int32_t, NpubValue*, int32_t, OutputAllocator&) {
@@ -793,7 +992,11 @@ void register_plugin_ops() {
                  ", ATen: ", theirs, ")");
       continue;
     }
-    lib->impl(unqualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&plugin_kernel>());
+    auto bridge = std::make_unique<Bridge>(Route::kDirect, e->name());
+    bool has_out = false;
+    for (const auto& a : h->schema().arguments()) has_out = has_out || (a.is_out() && a.type()->kind() == c10::TypeKind::TensorType);
+    bridge->set_has_out(has_out);
+    lib->impl(unqualified.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(bridge)));
     registered.insert(e->name());
     g_native.push_back(e->name());
   }
@@ -820,13 +1023,9 @@ void register_plugin_ops() {
       if (inplace && std::count_if(e->schema().arguments.begin(), e->schema().arguments.end(),
                                    [](const reg::Argument& a) { return a.is_write() && a.kwarg_only; }) != 1)
         continue;
-      {
-        std::lock_guard<std::mutex> lock(g_out_mu);
-        g_out_of[full] = e->name();
-        g_inplace[full] = inplace;
-      }
       const std::string unq = full.substr(std::string("aten::").size());
-      lib->impl(unq.c_str(), torch::CppFunction::makeFromBoxedFunction<&via_out_kernel>());
+      lib->impl(unq.c_str(), torch::CppFunction::makeFromBoxedFunctor(
+                                 std::make_unique<Bridge>(inplace ? Route::kInplaceViaOut : Route::kViaOut, e->name())));
       registered.insert(full);
       g_via_out.push_back(full + " -> " + e->name());
     }
@@ -841,15 +1040,23 @@ void register_plugin_ops() {
   for (const auto& [ns, entries] : by_ns) {
     auto def = std::make_unique<torch::Library>(torch::Library::FRAGMENT, ns, std::nullopt, __FILE__, __LINE__);
     auto impl = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    auto meta = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::Meta, __FILE__, __LINE__);
     for (const reg::OpEntry* e : entries) {
       if (c10::Dispatcher::singleton().findSchema({ns + "::" + e->schema().name, e->schema().overload})) continue;
       def->def(e->schema().to_string().c_str());
       const std::string unq = e->schema().overload.empty() ? e->schema().name : e->schema().name + "." + e->schema().overload;
-      impl->impl(unq.c_str(), torch::CppFunction::makeFromBoxedFunction<&plugin_kernel>());
+      impl->impl(unq.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Bridge>(Route::kDirect, e->name())));
+      // Shapes without running: from the plugin's meta function, or, for ops
+      // that only write their arguments, from the arguments themselves.
+      bool writes_only = true;
+      for (size_t i = 0; i < e->schema().returns.size(); ++i) writes_only = writes_only && e->return_alias()[i] >= 0;
+      if (e->meta() != nullptr || writes_only)
+        meta->impl(unq.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<MetaBridge>(e->name())));
       g_custom.push_back(e->name());
     }
     g_libraries.push_back(std::move(def));
     g_libraries.push_back(std::move(impl));
+    g_libraries.push_back(std::move(meta));
   }
 }
 
@@ -991,6 +1198,7 @@ PYBIND11_MODULE(_C, m) {
       d["fallbacks"] = s.fallbacks;
       d["conversions"] = s.conversions;
       d["errors"] = s.errors;
+      d["precision_mismatches"] = s.precision_mismatches;
       d["time_ms"] = s.total_ms;
       py::dict by_plugin;
       for (const auto& k : s.kernels)
@@ -1027,16 +1235,61 @@ PYBIND11_MODULE(_C, m) {
     if (!Runtime::global().registry().find(plugin_op)) throw py::value_error("unknown op '" + plugin_op + "'");
     Runtime::global().op_map().set({framework_op, plugin_op, plugin});
   });
-  m.def("precision_check", [](bool enabled, double atol, double rtol) {
+  // The extension checks at the torch level (every routed call against
+  // ATen's CPU kernel on copies of its inputs); the dispatcher's own check,
+  // which needs a fallback that computes on given arguments, stays off and
+  // only holds the tolerances and the report.
+  m.def("precision_check", [](bool enabled, py::object atol, py::object rtol, bool raise_on_mismatch) {
     PrecisionCheckConfig c;
-    c.enabled = enabled;
-    c.fp32_atol = atol;
-    c.fp32_rtol = rtol;
+    c.enabled = false;
+    if (!atol.is_none()) c.fp32_atol = c.fp64_atol = c.fp16_atol = c.bf16_atol = atol.cast<double>();
+    if (!rtol.is_none()) c.fp32_rtol = c.fp64_rtol = c.fp16_rtol = c.bf16_rtol = rtol.cast<double>();
+    c.raise_on_mismatch = raise_on_mismatch;
     Runtime::global().dispatcher().set_precision_check(c);
+    Runtime::global().dispatcher().clear_precision_mismatches();
+    npub::torch_backend::g_precision_on = enabled;
   });
   m.def("precision_mismatches", [] {
     py::list out;
-    for (const auto& mm : Runtime::global().dispatcher().precision_mismatches()) out.append(mm.message());
+    for (const auto& mm : Runtime::global().dispatcher().precision_mismatches()) {
+      py::dict d;
+      d["op"] = mm.op;
+      d["plugin"] = mm.plugin;
+      d["output"] = mm.output;
+      d["mismatched"] = mm.num_mismatched;
+      d["numel"] = mm.numel;
+      d["worst_index"] = mm.worst_index;
+      d["kernel_value"] = mm.kernel_value;
+      d["reference_value"] = mm.reference_value;
+      d["abs_error"] = mm.abs_error;
+      d["message"] = mm.message();
+      out.append(d);
+    }
+    return out;
+  });
+  // Derivative formulas plugins declared (NpubHostApi.define_derivative),
+  // for the package to register with torch.library.register_autograd.
+  m.def("derivatives", [] {
+    py::list out;
+    for (const reg::OpEntry* e : Runtime::global().registry().ops()) {
+      const reg::Derivative* d = e->derivative();
+      if (d == nullptr || e->kernels(NPUB_DEVICE_NPU).empty()) continue;
+      py::dict r;
+      r["op"] = e->name();
+      r["backward"] = d->backward;
+      r["formula"] = d->formula;
+      r["plugin"] = d->plugin;
+      py::list inputs, args;
+      for (int32_t i : d->inputs) inputs.append(i);
+      for (const auto& a : d->args)
+        args.append(py::make_tuple(a.kind == reg::Derivative::Arg::kGrad     ? "grad"
+                                   : a.kind == reg::Derivative::Arg::kResult ? "result"
+                                                                             : "input",
+                                   a.index));
+      r["inputs"] = inputs;
+      r["args"] = args;
+      out.append(r);
+    }
     return out;
   });
   m.def("routed_ops", [] {

@@ -25,6 +25,10 @@ from . import npu as _npu  # noqa: E402
 
 torch._register_device_module("npu", _npu)
 
+from . import _autograd  # noqa: E402
+
+_autograd.register_all()
+
 
 def _quiesce_at_exit():
     # PyTorch's autograd engine runs npu backward passes on a device thread
@@ -47,7 +51,7 @@ torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module
 
 __all__ = [
     "plugins", "stats", "reset_stats", "set_optim_level", "enable_plugin", "disable_plugin",
-    "register_op", "precision_check", "routed_ops",
+    "register_op", "precision_check", "precision_mismatches", "routed_ops",
 ]
 
 
@@ -83,17 +87,24 @@ def register_op(framework_op: str, plugin_op: str, plugin: str = ""):
     _C.register_op(framework_op, plugin_op, plugin)
 
 
-def precision_check(enabled: bool = True, atol: float = 1e-5, rtol: float = 1e-5):
-    """Run each kernel and the CPU implementation and report mismatches.
+def precision_check(enabled: bool = True, atol: float = None, rtol: float = None, raise_on_mismatch: bool = False):
+    """Check every plugin call against PyTorch's CPU kernel of the same op.
 
-    Not wired to PyTorch's CPU fallback yet (the dispatcher's precision check
-    works for C++ hosts that register a fallback); enabling it raises rather
-    than silently checking nothing."""
-    if enabled:
-        raise NotImplementedError(
-            "npubridge.precision_check: comparing plugin kernels against PyTorch's CPU implementation from Python "
-            "is not implemented yet; use npub-conformance (tools/conformance) to check a plugin against ATen")
-    _C.precision_check(False, float(atol), float(rtol))
+    While enabled, each ATen op served by a plugin also runs on CPU copies of
+    its inputs through ATen; returns and written arguments are compared
+    (|kernel - cpu| <= atol + rtol * |cpu|, NaN and inf must match).
+    Mismatches are logged, counted in stats() and listed by
+    precision_mismatches(); with raise_on_mismatch the call raises instead.
+    atol/rtol override the per-dtype defaults (float32 1e-5, float64 1e-7,
+    float16 1e-3, bfloat16 1e-2) for every floating dtype; integers and bool
+    must be exact. Slow: for finding a wrong kernel, not for production."""
+    _C.precision_check(bool(enabled), atol, rtol, bool(raise_on_mismatch))
+
+
+def precision_mismatches():
+    """Mismatches found since precision_check() was last called: per entry op,
+    plugin, output, mismatched/numel elements, worst element and message."""
+    return _C.precision_mismatches()
 
 
 def routed_ops():

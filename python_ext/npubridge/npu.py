@@ -10,6 +10,15 @@ def is_available() -> bool:
     return _C.device_count() > 0
 
 
+def is_initialized() -> bool:
+    """The simulated devices exist from import on (no lazy initialisation)."""
+    return True
+
+
+def _lazy_init() -> None:
+    pass
+
+
 def device_count() -> int:
     return _C.device_count()
 

@@ -67,6 +67,7 @@ Registry::Registry() : map_(new OpMap()) {}
 Registry::~Registry() {
   // Kernels first (they may call back into their plugin), then the ops.
   kernels_.clear();
+  annotations_.clear();
   delete map_.load();
 }
 
@@ -98,6 +99,30 @@ void Registry::publish_list(OpEntry* op, int32_t device_type, KernelList list) {
                    [](const Kernel* a, const Kernel* b) { return a->priority > b->priority; });
   lists_.push_back(std::make_unique<const KernelList>(std::move(list)));
   op->slot(device_type).store(lists_.back().get(), std::memory_order_release);
+}
+
+void Registry::set_meta(OpEntry* op, MetaFunction meta) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const OpAnnotations* current = op->annotations_.load(std::memory_order_relaxed);
+  if (current != nullptr && current->meta.fn != nullptr)
+    throw Error(ErrorCode::kInvalidArgument, "op '" + op->name() + "' already has a meta function (from plugin '" +
+                                                 (current->meta.plugin ? current->meta.plugin->name : "host") + "')");
+  auto next = std::make_unique<OpAnnotations>(current != nullptr ? *current : OpAnnotations{});
+  next->meta = std::move(meta);
+  annotations_.push_back(std::move(next));
+  op->annotations_.store(annotations_.back().get(), std::memory_order_release);
+}
+
+void Registry::set_derivative(OpEntry* op, Derivative derivative) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const OpAnnotations* current = op->annotations_.load(std::memory_order_relaxed);
+  if (current != nullptr && current->derivative)
+    throw Error(ErrorCode::kInvalidArgument, "op '" + op->name() + "' already has a derivative (from plugin '" +
+                                                 current->derivative->plugin + "')");
+  auto next = std::make_unique<OpAnnotations>(current != nullptr ? *current : OpAnnotations{});
+  next->derivative = std::make_shared<const Derivative>(std::move(derivative));
+  annotations_.push_back(std::move(next));
+  op->annotations_.store(annotations_.back().get(), std::memory_order_release);
 }
 
 void Registry::add_kernel(std::unique_ptr<Kernel> kernel) {
@@ -181,6 +206,7 @@ void OpMappingTable::set(const OpMapping& m) {
   (*next)[m.framework_op] = m;
   map_.store(next.release(), std::memory_order_release);
   snapshots_.emplace_back(current);
+  version_.fetch_add(1, std::memory_order_acq_rel);
 }
 
 const OpMapping* OpMappingTable::find(std::string_view framework_op) const {

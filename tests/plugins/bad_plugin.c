@@ -21,6 +21,10 @@
 #define MODE_BAD_NAME 14
 #define MODE_ENTRY_RETURNS_NULL 15
 #define MODE_IGNORED_ERROR 16
+#define MODE_DERIVATIVE_UNKNOWN_INPUT 17
+#define MODE_DERIVATIVE_ARITY 18
+#define MODE_DERIVATIVE_RETURNS 19
+#define MODE_META_UNDEFINED_OP 20
 
 #ifndef BAD_MODE
 #error "BAD_MODE must be defined"
@@ -35,6 +39,18 @@ static NpubError* failing_kernel(NpubCallContext* ctx, const NpubValue* args, in
                                  NpubValue* rets, int32_t num_rets) {
   (void)ctx; (void)args; (void)num_args; (void)rets; (void)num_rets;
   return g_host->error_create(NPUB_ERR_INVALID_ARGUMENT, "simulated failure inside the kernel");
+}
+
+static NpubError* any_meta(NpubMetaContext* ctx, const NpubValue* args, int32_t num_args) {
+  (void)ctx; (void)args; (void)num_args;
+  return NULL;
+}
+
+/* Two ops for the derivative modes. */
+static NpubError* define_pair(NpubRegistrar* reg) {
+  NpubError* err = g_host->define_op(reg, "bd::f(Tensor self, Tensor w) -> Tensor");
+  if (err != NULL) return err;
+  return g_host->define_op(reg, "bd::f_backward(Tensor grad, Tensor self, Tensor w) -> (Tensor, Tensor)");
 }
 
 static NpubKernelDesc make_desc(const char* op) {
@@ -94,6 +110,17 @@ static NpubError* initialize(const NpubHostApi* host, NpubRegistrar* reg) {
       err = host->define_op(reg, "ignored::op(NotAType self) -> Tensor");
       if (err != NULL) host->error_destroy(err);
       return NULL;
+    case MODE_DERIVATIVE_UNKNOWN_INPUT:
+      if ((err = define_pair(reg)) != NULL) return err;
+      return host->define_derivative(reg, "bd::f", "self, bias: bd::f_backward(grad, self, w)");
+    case MODE_DERIVATIVE_ARITY:
+      if ((err = define_pair(reg)) != NULL) return err;
+      return host->define_derivative(reg, "bd::f", "self, w: bd::f_backward(grad, self)");
+    case MODE_DERIVATIVE_RETURNS:
+      if ((err = define_pair(reg)) != NULL) return err;
+      return host->define_derivative(reg, "bd::f", "self: bd::f_backward(grads[0], self, results[1])");
+    case MODE_META_UNDEFINED_OP:
+      return host->register_meta(reg, "nowhere::op", any_meta);
     default:
       return NULL;
   }

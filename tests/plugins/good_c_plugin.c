@@ -97,6 +97,13 @@ static NpubError* count_positive_kernel(NpubCallContext* ctx, const NpubValue* a
   return NULL;
 }
 
+/* Meta function of testc::scale (ABI 1.2): the result is like self. */
+static NpubError* scale_meta(NpubMetaContext* ctx, const NpubValue* args, int32_t num_args) {
+  const DLTensor* self = args[0].u.tensor;
+  (void)num_args;
+  return g_host->set_output_meta(ctx, 0, self->ndim, self->shape, self->dtype);
+}
+
 static NpubError* register_one(NpubRegistrar* reg, const char* op, NpubKernelFn fn) {
   static const DLDataType f32 = {kDLFloat, 32, 1};
   NpubKernelDesc desc;
@@ -125,6 +132,9 @@ static NpubError* initialize(const NpubHostApi* host, NpubRegistrar* reg) {
   if ((err = register_one(reg, "testc::scale", scale_kernel)) != NULL) return err;
   if ((err = register_one(reg, "testc::add_one_", add_one_kernel)) != NULL) return err;
   if ((err = register_one(reg, "testc::count_positive", count_positive_kernel)) != NULL) return err;
+  if ((err = host->register_meta(reg, "testc::scale", scale_meta)) != NULL) return err;
+  /* d(self * factor)/d(self) applied to grad is scale(grad, factor). */
+  if ((err = host->define_derivative(reg, "testc::scale", "self: testc::scale(grads[0], factor)")) != NULL) return err;
   host->log(NPUB_LOG_DEBUG, "good_c_plugin initialised");
   return NULL;
 }

@@ -205,6 +205,87 @@ def test_plugin_ops_appear_under_torch_ops():
     torch.testing.assert_close(yc.cpu(), F.relu(F.conv2d(xc, w, b, padding=1)), atol=1e-4, rtol=1e-4)
 
 
+def _rms_norm_reference(x, g, eps=1e-6):
+    rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return x * rstd * g, rstd
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_plugin_op_autograd_comes_from_the_plugins_derivative_formula(dtype):
+    assert "mindspeed_like::npu_rms_norm" in [d["op"] for d in npubridge._C.derivatives()]
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 16, dtype=dtype, requires_grad=True)
+    g = torch.randn(16, dtype=dtype, requires_grad=True)
+    xn = x.detach().npu().requires_grad_()
+    gn = g.detach().npu().requires_grad_()
+    y, rstd = torch.ops.mindspeed_like.npu_rms_norm(xn, gn)
+    # The oracle: PyTorch's own autograd through the formula, in float64.
+    x64, g64 = x.detach().double().requires_grad_(), g.detach().double().requires_grad_()
+    y64, _ = _rms_norm_reference(x64, g64)
+    dy = torch.randn(3, 5, 16, dtype=dtype)
+    (y * dy.npu()).sum().backward()
+    (y64 * dy.double()).sum().backward()
+    tol = dict(atol=1e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(xn.grad.cpu().double(), x64.grad, **tol)
+    torch.testing.assert_close(gn.grad.cpu().double(), g64.grad, **tol)
+    assert npubridge.stats()["mindspeed_like::npu_rms_norm_backward"]["native"]["mindspeed_like"] >= 1
+    # Only the second output reaches the loss: the backward gets zeros for dy.
+    xn.grad = None
+    _, rstd = torch.ops.mindspeed_like.npu_rms_norm(xn, gn)
+    rstd.sum().backward()
+    assert xn.grad is not None and torch.count_nonzero(xn.grad.cpu()) == 0
+
+
+def test_plugin_ops_have_fake_kernels_for_compile_and_export():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # Meta tensors and fake tensors: shapes from the plugin's meta function.
+    y, rstd = torch.ops.mindspeed_like.npu_rms_norm(torch.empty(3, 5, 8, device="meta"), torch.empty(8, device="meta"))
+    assert (y.shape, rstd.shape, rstd.dtype) == ((3, 5, 8), (3, 5, 1), torch.float32)
+    with FakeTensorMode():
+        y, rstd = torch.ops.mindspeed_like.npu_rms_norm(torch.empty(2, 8, dtype=torch.bfloat16, device="npu"),
+                                                        torch.empty(8, dtype=torch.bfloat16, device="npu"))
+        assert (y.shape, y.dtype, y.device, rstd.dtype) == ((2, 8), torch.bfloat16, torch.device("npu:0"), torch.float32)
+    # The meta function rejects what the kernel rejects, with its message.
+    with pytest.raises(RuntimeError, match=r"npu_rms_norm' \(plugin 'mindspeed_like'\): gamma: expected the trailing shape"):
+        torch.ops.mindspeed_like.npu_rms_norm(torch.empty(3, 8, device="meta"), torch.empty(7, device="meta"))
+    with pytest.raises(RuntimeError, match=r"silu_and_mul.*out: expected shape \[3, 8\] but found \[3, 9\]"):
+        torch.ops.vllm_like.silu_and_mul(torch.empty(3, 9, device="meta"), torch.empty(3, 16, device="meta"))
+
+    # PyTorch's own custom-op checker: schema, fake tensor and AOT dispatch
+    # (its autograd-registration check supports only CPU/CUDA/XPU devices).
+    utils = ("test_schema", "test_faketensor", "test_aot_dispatch_dynamic")
+    x, g = torch.randn(4, 8).npu().requires_grad_(), torch.randn(8).npu().requires_grad_()
+    r = torch.library.opcheck(torch.ops.mindspeed_like.npu_rms_norm.default, (x, g), test_utils=utils)
+    assert set(r.values()) == {"SUCCESS"}, r
+    r = torch.library.opcheck(torch.ops.vllm_like.silu_and_mul.default,
+                              (torch.empty(3, 8).npu(), torch.randn(3, 16).npu()), test_utils=utils)
+    assert set(r.values()) == {"SUCCESS"}, r
+    xc, w, b = torch.randn(1, 3, 8, 8).npu(), torch.randn(4, 3, 3, 3).npu(), torch.randn(4).npu()
+    r = torch.library.opcheck(torch.ops.cann_like.conv2d_bias_relu.default, (xc, w, b, [2, 2], [1, 1], [1, 1], 1),
+                              test_utils=utils)
+    assert set(r.values()) == {"SUCCESS"}, r
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8))
+
+        def forward(self, x):
+            y, _ = torch.ops.mindspeed_like.npu_rms_norm(x, self.w)
+            return (y * 2).sum()
+
+    m = Block().npu()
+    xx = torch.randn(4, 8).npu()
+    eager = m(xx)
+    compiled = torch.compile(m, backend="aot_eager", fullgraph=True)(xx)
+    torch.testing.assert_close(compiled.cpu(), eager.cpu())
+    ep = torch.export.export(m, (xx,))
+    targets = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    assert torch.ops.mindspeed_like.npu_rms_norm.default in targets
+    torch.testing.assert_close(ep.module()(xx).cpu(), eager.cpu())
+
+
 def test_autocast_follows_pytorchs_policy():
     a, b = torch.randn(8, 8), torch.randn(8, 8)
     with torch.autocast("npu", dtype=torch.bfloat16):
@@ -255,10 +336,61 @@ def test_streams_events_and_rng_state():
     assert torch.equal(x1.cpu(), x2.cpu())
 
 
-def test_precision_check_from_python_says_it_is_not_wired_yet():
-    with pytest.raises(NotImplementedError, match="npub-conformance"):
-        npubridge.precision_check(True)
-    npubridge.precision_check(False)
+def test_precision_check_agrees_with_atens_cpu_kernels_on_a_training_step():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                                torch.nn.Linear(32, 4)).to("npu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    x, y = torch.randn(8, 16).npu(), torch.randint(0, 4, (8,)).npu()
+    npubridge.reset_stats()
+    npubridge.precision_check(True, raise_on_mismatch=True)
+    try:
+        for _ in range(2):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        assert npubridge.precision_mismatches() == []
+    finally:
+        npubridge.precision_check(False)
+    stats = npubridge.stats()
+    assert stats["aten::addmm.out"]["native"]["cann_like"] >= 2
+    assert all(s.get("precision_mismatches", 0) == 0 for s in stats.values())
+
+
+def test_precision_check_catches_a_wrong_kernel():
+    import os
+
+    # The sloppy test plugin serves aten::neg.out (float32) off by 1e-3.
+    code = """
+import warnings
+import torch, npubridge
+warnings.simplefilter("ignore")
+x = torch.randn(64)
+assert torch.allclose((-x.npu()).cpu(), -x, atol=2e-3)  # unchecked: runs, slightly wrong
+npubridge.precision_check(True)
+y = (-x.npu()).cpu()
+m = npubridge.precision_mismatches()
+assert len(m) == 1, m
+m = m[0]
+assert (m["op"], m["plugin"], m["output"]) == ("aten::neg", "sloppy", "return 0"), m
+assert m["mismatched"] == 64 and m["numel"] == 64, m
+assert abs(m["abs_error"] - 1e-3) < 1e-5, m
+assert "precision check failed for op 'aten::neg' (plugin 'sloppy')" in m["message"], m
+assert npubridge.stats()["aten::neg.out"]["precision_mismatches"] == 1
+npubridge.precision_check(True, raise_on_mismatch=True)
+try:
+    -x.npu()
+    raise SystemExit("no error")
+except RuntimeError as e:
+    assert "precision check failed for op 'aten::neg' (plugin 'sloppy')" in str(e), e
+npubridge.precision_check(True, atol=1e-2)
+-x.npu()
+assert npubridge.precision_mismatches() == []
+print("ok")
+"""
+    r = _run(code, NPUB_PLUGIN_PATH=os.environ["NPUB_TEST_SLOPPY_PLUGIN_DIR"])
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
 
 
 def test_process_exits_cleanly_after_an_npu_backward():

@@ -33,8 +33,9 @@ NPUB_GOLDEN(NpubKernelDesc, user_data, 64);
 NPUB_GOLDEN(NpubKernelDesc, user_data_deleter, 72);
 NPUB_GOLDEN(NpubKernelDesc, min_opt_level, 80);
 
-// NpubHostApi grew in 1.1 (philox_reserve); the 1.0 part is unchanged.
-static_assert(sizeof(NpubHostApi) == 144, "NpubHostApi v1.1 size");
+// NpubHostApi grew in 1.1 (philox_reserve) and 1.2 (register_meta,
+// set_output_meta, define_derivative); the earlier parts are unchanged.
+static_assert(sizeof(NpubHostApi) == 168, "NpubHostApi v1.2 size");
 NPUB_GOLDEN(NpubHostApi, struct_size, 0);
 NPUB_GOLDEN(NpubHostApi, abi_major, 8);
 NPUB_GOLDEN(NpubHostApi, abi_minor, 12);
@@ -54,6 +55,9 @@ NPUB_GOLDEN(NpubHostApi, alloc_scratch, 112);
 NPUB_GOLDEN(NpubHostApi, parallel_for, 120);
 NPUB_GOLDEN(NpubHostApi, num_threads, 128);
 NPUB_GOLDEN(NpubHostApi, philox_reserve, 136);  // \since 1.1
+NPUB_GOLDEN(NpubHostApi, register_meta, 144);   // \since 1.2
+NPUB_GOLDEN(NpubHostApi, set_output_meta, 152);
+NPUB_GOLDEN(NpubHostApi, define_derivative, 160);
 
 static_assert(sizeof(NpubPluginApi) == 48, "NpubPluginApi v1.0 size");
 NPUB_GOLDEN(NpubPluginApi, struct_size, 0);
@@ -78,6 +82,6 @@ TEST(Abi, EnumValuesAreFixed) {
   EXPECT_EQ(NPUB_ERR_NOT_FOUND, 6);
   EXPECT_EQ(NPUB_DEVICE_NPU, kDLExtDev);
   EXPECT_EQ(NPUB_ABI_MAJOR, 1);
-  EXPECT_EQ(NPUB_ABI_MINOR, 1);
+  EXPECT_EQ(NPUB_ABI_MINOR, 2);
   EXPECT_STREQ(NPUB_PLUGIN_ENTRY_SYMBOL, "npub_plugin_init_v1");
 }

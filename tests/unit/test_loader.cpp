@@ -75,7 +75,18 @@ INSTANTIATE_TEST_SUITE_P(
                 "register_kernel for op 'nullfn::op': required function NpubKernelDesc.fn is NULL"},
         BadCase{"npub_test_bad_kernel_desc_too_small",
                 "register_kernel: NpubKernelDesc.struct_size is 16 but ABI 1.0 requires at least 88"},
-        BadCase{"npub_test_bad_ignored_error", "define_op: invalid schema at character 13: expected a type"}),
+        BadCase{"npub_test_bad_ignored_error", "define_op: invalid schema at character 13: expected a type"},
+        BadCase{"npub_test_bad_derivative_unknown_input",
+                "define_derivative for op 'bd::f' (\"self, bias: bd::f_backward(grad, self, w)\"): 'bias' is not an "
+                "argument of bd::f"},
+        BadCase{"npub_test_bad_derivative_arity",
+                "define_derivative for op 'bd::f' (\"self, w: bd::f_backward(grad, self)\"): backward op "
+                "'bd::f_backward' takes 3 arguments but the formula passes 2"},
+        BadCase{"npub_test_bad_derivative_returns",
+                "define_derivative for op 'bd::f' (\"self: bd::f_backward(grads[0], self, results[1])\"): "
+                "'results[1]' but the op has 1 returns"},
+        BadCase{"npub_test_bad_meta_undefined_op",
+                "register_meta: op 'nowhere::op' is not defined; define its schema with define_op first"}),
     [](const ::testing::TestParamInfo<BadCase>& info) {
       std::string name = info.param.file;
       name = name.substr(name.find_last_of('/') + 1);
@@ -106,6 +117,46 @@ TEST(Loader, KernelErrorAtCallTimeNamesOpPluginAndReason) {
   EXPECT_EQ(msg, "op 'badk::fail' failed in the kernel of plugin 'bad_10': simulated failure inside the kernel");
   EXPECT_EQ(rt->dispatcher().stats().front().errors, 1);
   expect_host_still_works(*rt);
+}
+
+// ABI 1.2 from a pure C plugin: a meta function gives the outputs' shapes
+// without running the kernel (tensors without data), and a derivative
+// formula is parsed against both schemas.
+TEST(Loader, MetaFunctionsAndDerivativeFormulas) {
+  auto rt = make_runtime();
+  load_ok(*rt, test_plugin("npub_test_good_c"));
+  int64_t shape[] = {3, 4};
+  DLTensor meta_only{};
+  meta_only.data = nullptr;
+  meta_only.device = DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), 1};
+  meta_only.ndim = 2;
+  meta_only.dtype = to_dl(DType::kBFloat16);
+  meta_only.shape = shape;
+  NpubValue args[] = {tensor_value(&meta_only), double_value(2.0)};
+  const auto metas = rt->dispatcher().infer_meta(rt->dispatcher().op("testc::scale"), args, 2);
+  ASSERT_EQ(metas.size(), 1u);
+  EXPECT_TRUE(metas[0].set);
+  EXPECT_EQ(metas[0].dtype, DType::kBFloat16);
+  EXPECT_EQ(metas[0].shape, (std::vector<int64_t>{3, 4}));
+  // Arguments are validated as for a call.
+  EXPECT_EQ(error_of([&] { rt->dispatcher().infer_meta(rt->dispatcher().op("testc::scale"), args, 1); }),
+            "op 'testc::scale': expected 2 arguments but found 1 (schema: testc::scale(Tensor self, float factor) -> Tensor)");
+  // In-place ops need none; others without one cannot be traced.
+  NpubValue one[] = {tensor_value(&meta_only)};
+  EXPECT_EQ(rt->dispatcher().infer_meta(rt->dispatcher().op("testc::add_one_"), one, 1)[0].alias, 0);
+  EXPECT_EQ(error_of([&] { rt->dispatcher().infer_meta(rt->dispatcher().op("testc::count_positive"), one, 1); }),
+            "op 'testc::count_positive' has no meta function: plugin 'good_c' did not register one (register_meta), "
+            "so its outputs' shapes cannot be known without running it");
+  const reg::Derivative* d = rt->registry().find("testc::scale")->derivative();
+  ASSERT_NE(d, nullptr);
+  EXPECT_EQ(d->backward, "testc::scale");
+  EXPECT_EQ(d->inputs, (std::vector<int32_t>{0}));
+  ASSERT_EQ(d->args.size(), 2u);
+  EXPECT_EQ(d->args[0].kind, reg::Derivative::Arg::kGrad);
+  EXPECT_EQ(d->args[1].kind, reg::Derivative::Arg::kInput);
+  EXPECT_EQ(d->args[1].index, 1);
+  EXPECT_EQ(d->plugin, "good_c");
+  EXPECT_EQ(rt->registry().find("testc::add_one_")->derivative(), nullptr);
 }
 
 TEST(Loader, PureCPluginLoadsAndRuns) {

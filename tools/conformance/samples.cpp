@@ -7,6 +7,8 @@
 // checks that path separately) and integer exponents are non-negative.
 #include "conformance.h"
 
+#include <torch/csrc/autograd/autograd.h>
+
 #include <array>
 #include <cmath>
 
@@ -512,6 +514,28 @@ SampleFn rms_norm_spec() {
     out.push_back({"[4,8] gamma [4,8]", {make({4, 8}, dt), make({4, 8}, dt), IValue(1e-5)}});
     out.push_back({"large [256,1024]", {make({256, 1024}, dt), make({1024}, dt), IValue(1e-6)}});
     out.push_back({"gamma mismatch (error)", {make({4, 8}, dt), make({7}, dt), IValue(1e-6)}});
+    return out;
+  };
+}
+// dy, self, gamma and a consistent rstd (float32, ones in the normalised dims).
+SampleFn rms_norm_backward_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> gshape) {
+      at::Tensor x = make(shape, dt);
+      std::vector<int64_t> dims, rshape = shape;
+      for (size_t d = shape.size() - gshape.size(); d < shape.size(); ++d) {
+        dims.push_back(static_cast<int64_t>(d));
+        rshape[d] = 1;
+      }
+      at::Tensor rstd = at::rsqrt(x.to(at::kDouble).pow(2).mean(dims, true) + 1e-6).to(at::kFloat);
+      out.push_back({n, {make(shape, dt), x, make(gshape, dt), rstd}});
+    };
+    add("[2,3,16] gamma [16]", {2, 3, 16}, {16});
+    add("[4,8] gamma [4,8]", {4, 8}, {4, 8});
+    add("large [256,1024]", {256, 1024}, {1024});
+    out.push_back({"rstd shape mismatch (error)", {make({4, 8}, dt), make({4, 8}, dt), make({8}, dt),
+                                                   at::ones({4}, at::TensorOptions().dtype(at::kFloat))}});
     return out;
   };
 }
@@ -1155,6 +1179,7 @@ const std::map<std::string, SampleFn>& sample_specs() {
     // plugin ops
     m["cann_like::conv2d_bias_relu"] = conv2d_bias_relu_spec();
     m["mindspeed_like::npu_rms_norm"] = rms_norm_spec();
+    m["mindspeed_like::npu_rms_norm_backward"] = rms_norm_backward_spec();
     m["vllm_like::silu_and_mul"] = silu_and_mul_spec();
     return m;
   }();
@@ -1280,6 +1305,25 @@ const std::map<std::string, ReferenceFn>& reference_library() {
          at::Tensor xf = x.to(at::kDouble);
          at::Tensor rstd = at::rsqrt(xf.pow(2).mean(dims, /*keepdim=*/true) + eps);
          return std::vector<at::Tensor>{(xf * rstd * g.to(at::kDouble)).to(x.scalar_type()), rstd.to(at::kFloat)};
+       }},
+      // The gradients of y = x * rstd * gamma by LibTorch's autograd, in
+      // float64, with the sample's rstd held fixed as the kernel's input.
+      {"mindspeed_like::npu_rms_norm_backward",
+       [](const std::vector<IValue>& a) {
+         at::Tensor dy = a[0].toTensor(), x = a[1].toTensor(), g = a[2].toTensor(), rstd = a[3].toTensor();
+         std::vector<int64_t> rshape = x.sizes().vec();
+         for (int64_t d = x.dim() - g.dim(); d < x.dim(); ++d) rshape[static_cast<size_t>(d)] = 1;
+         if (!rstd.sizes().equals(rshape)) throw std::invalid_argument("rstd shape");
+         std::vector<int64_t> dims;
+         for (int64_t d = x.dim() - g.dim(); d < x.dim(); ++d) dims.push_back(d);
+         at::Tensor xd = x.to(at::kDouble).detach().requires_grad_(true);
+         at::Tensor gd = g.to(at::kDouble).detach().requires_grad_(true);
+         const int64_t n = g.numel();
+         // rstd as a function of x (so dx includes its term), equal in value to the sample's.
+         at::Tensor r = at::rsqrt(xd.pow(2).sum(dims, true) / double(n) + 1e-6);
+         at::Tensor y = xd * r * gd;
+         auto grads = torch::autograd::grad({y}, {xd, gd}, {dy.to(at::kDouble)});
+         return std::vector<at::Tensor>{grads[0].to(x.scalar_type()), grads[1].to(g.scalar_type())};
        }},
       {"vllm_like::silu_and_mul",
        [](const std::vector<IValue>& a) {

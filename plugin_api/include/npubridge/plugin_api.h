@@ -47,7 +47,7 @@ extern "C" {
 /** Removing, retyping or reordering anything bumps the major version. */
 #define NPUB_ABI_MAJOR 1
 /** Appending a field or a function to a struct bumps the minor version. */
-#define NPUB_ABI_MINOR 1
+#define NPUB_ABI_MINOR 2
 
 /** The one symbol a plugin exports. Its name carries the major version. */
 #define NPUB_PLUGIN_ENTRY_SYMBOL "npub_plugin_init_v1"
@@ -149,6 +149,8 @@ typedef struct NpubRegistrar NpubRegistrar;
 typedef struct NpubCallContext NpubCallContext;
 /** A device stream. Host-owned; valid while the device exists. */
 typedef struct NpubStream NpubStream;
+/** Opaque: the state of one meta-function call (\since 1.2). */
+typedef struct NpubMetaContext NpubMetaContext;
 
 /** Log levels for NpubHostApi.log. */
 typedef enum NpubLogLevel {
@@ -197,6 +199,19 @@ typedef NpubError* (*NpubWorkspaceSizeFn)(void* user_data,
                                           const NpubValue* args,
                                           int32_t num_args,
                                           uint64_t* bytes /* out */);
+
+/**
+ * A meta (shape) function of an op: computes the dtype and shape of every
+ * tensor return from the arguments' metadata alone, without running the
+ * kernel. Tensor arguments carry shape, strides, dtype and device, but
+ * `data` is NULL and must not be read. Declares each tensor return with
+ * NpubHostApi.set_output_meta (returns that alias an argument, Tensor(a!),
+ * need nothing). Returns NULL, or an error for arguments the kernel would
+ * reject, with the kernel's message. PyTorch's fake tensors, torch.compile
+ * and torch.export trace a plugin's own ops with it. \since 1.2
+ */
+typedef NpubError* (*NpubMetaFn)(NpubMetaContext* ctx, const NpubValue* args,
+                                 int32_t num_args);
 
 /** Kernel flags (bit set). */
 typedef enum NpubKernelFlags {
@@ -321,6 +336,40 @@ typedef struct NpubHostApi {
    */
   void (*philox_reserve)(NpubCallContext* ctx, uint64_t count, uint64_t* seed /* out */,
                          uint64_t* offset /* out */);
+
+  /* --- \since 1.2 (check struct_size before use) --- */
+
+  /** Registers the meta function of a defined op (one per op). Only from
+   * inside `initialize`. \since 1.2 */
+  NpubError* (*register_meta)(NpubRegistrar* registrar, const char* op_name,
+                              NpubMetaFn fn);
+  /** Inside a meta function: return `ret_index` is a tensor of `dtype` and
+   * `shape` (copied). \since 1.2 */
+  NpubError* (*set_output_meta)(NpubMetaContext* ctx, int32_t ret_index,
+                                int32_t ndim, const int64_t* shape,
+                                DLDataType dtype);
+  /**
+   * Declares how to differentiate a defined, functional op through another
+   * defined op, in the spirit of PyTorch's derivatives.yaml: a host with
+   * autograd (the PyTorch extension) then trains through the op without
+   * per-op code. `formula` is
+   *
+   *     "<inputs>: <backward op>(<argument>, ...)"
+   *
+   * where <inputs> names the op's Tensor arguments that receive gradients,
+   * in the order the backward op returns them, and each <argument> is
+   * `grads[i]` (the gradient of return i; `grad` is grads[0]), `results[i]`
+   * (return i of the forward call; `result` is results[0]) or the name of a
+   * forward argument. Example, for
+   * "ns::rms_norm(Tensor self, Tensor gamma, float epsilon) -> (Tensor, Tensor)":
+   *
+   *     "self, gamma: ns::rms_norm_backward(grads[0], self, gamma, results[1])"
+   *
+   * Checked at registration (names, indices, argument count and return
+   * count against both schemas). Only from inside `initialize`. \since 1.2
+   */
+  NpubError* (*define_derivative)(NpubRegistrar* registrar, const char* op_name,
+                                  const char* formula);
 } NpubHostApi;
 
 /* ------------------------------------------------------------------------ */

@@ -221,6 +221,14 @@ class Call {
        int32_t num_args, NpubValue* rets, int32_t num_rets)
       : op_(op), ctx_(ctx), args_(args), num_args_(num_args), rets_(rets),
         num_rets_(num_rets) {}
+  // A meta-function call (ABI 1.2): tensors carry metadata only, and
+  // output() declares a return's shape and dtype instead of allocating it
+  // (it returns an undefined TensorRef). A body that only reads metadata
+  // until its output() calls can serve as its op's meta function as is.
+  Call(const char* op, NpubMetaContext* meta, const NpubValue* args, int32_t num_args)
+      : op_(op), ctx_(nullptr), meta_(meta), args_(args), num_args_(num_args), rets_(nullptr),
+        num_rets_(0) {}
+  bool is_meta() const { return meta_ != nullptr; }
 
   const char* op() const { return op_; }
   NpubCallContext* context() const { return ctx_; }
@@ -277,6 +285,10 @@ class Call {
   // Return i: the preallocated tensor if the caller gave one (its shape and
   // dtype are checked), otherwise a new one allocated by the host.
   TensorRef output(int32_t i, const std::vector<int64_t>& shape, DLDataType dtype) {
+    if (meta_ != nullptr) {
+      check(host().set_output_meta(meta_, i, static_cast<int32_t>(shape.size()), shape.data(), dtype));
+      return TensorRef();
+    }
     if (i < 0 || i >= num_rets_)
       fail(NPUB_ERR_INTERNAL, "return index " + std::to_string(i) + " out of range");
     NpubValue& r = rets_[i];
@@ -344,7 +356,7 @@ class Call {
   }
 
   [[noreturn]] void fail(int32_t code, const std::string& what) const {
-    throw Error(code, std::string(op_) + ": " + what);
+    throw Error(code, *op_ != '\0' ? std::string(op_) + ": " + what : what);
   }
   static std::string shape_str(const std::vector<int64_t>& s) {
     std::string out = "[";
@@ -370,6 +382,7 @@ class Call {
 
   const char* op_;
   NpubCallContext* ctx_;
+  NpubMetaContext* meta_ = nullptr;
   const NpubValue* args_;
   int32_t num_args_;
   NpubValue* rets_;
@@ -394,6 +407,16 @@ inline NpubError* kernel_thunk(NpubCallContext* ctx, const NpubValue* args, int3
   return guard(data->op.c_str(), [&] {
     Call call(data->op.c_str(), ctx, args, num_args, rets, num_rets);
     data->body(call);
+  });
+}
+// A meta function's C entry for the C++ body `Body` (the C signature has no
+// user data, so the body is a template argument). The host names the op in
+// every error, so the body's messages need not.
+template <KernelBody Body>
+NpubError* meta_thunk(NpubMetaContext* ctx, const NpubValue* args, int32_t num_args) {
+  return guard("meta function", [&] {
+    Call call("", ctx, args, num_args);
+    Body(call);
   });
 }
 inline void delete_thunk_data(void* p) {
@@ -480,11 +503,29 @@ class Registrar {
  public:
   Registrar(const NpubHostApi* host, NpubRegistrar* reg) : host_(host), reg_(reg) {}
   void def(const char* schema) { check(host_->define_op(reg_, schema)); }
+  // The meta function of `op` (ABI 1.2): a body that declares the returns'
+  // shapes and dtypes with Call::output on metadata-only arguments.
+  template <KernelBody Body>
+  void meta(const char* op) {
+    require_1_2("register_meta", host_->struct_size >= offsetof(NpubHostApi, register_meta) + sizeof(void*));
+    check(host_->register_meta(reg_, op, &detail::meta_thunk<Body>));
+  }
+  // How autograd differentiates `op` through a backward op (ABI 1.2); see
+  // NpubHostApi.define_derivative for the formula.
+  void derivative(const char* op, const char* formula) {
+    require_1_2("define_derivative", host_->struct_size >= offsetof(NpubHostApi, define_derivative) + sizeof(void*));
+    check(host_->define_derivative(reg_, op, formula));
+  }
   KernelBuilder kernel(std::string op, KernelBody body) { return {this, std::move(op), body}; }
   const NpubHostApi* host_api() const { return host_; }
   NpubRegistrar* raw() const { return reg_; }
 
  private:
+  void require_1_2(const char* what, bool ok) const {
+    if (!ok)
+      throw Error(NPUB_ERR_ABI, std::string(what) + " needs a host with plugin ABI 1.2; this one implements 1." +
+                                    std::to_string(host_->abi_minor));
+  }
   const NpubHostApi* host_;
   NpubRegistrar* reg_;
 };

@@ -166,13 +166,28 @@ void convolution(Call& call) {
 }
 
 // cann_like::conv2d_bias_relu(input, weight, bias, int[2] stride, int[2] padding, int[2] dilation, int groups) -> Tensor
-void conv2d_bias_relu(Call& call) {
+// Shape checks and the output (declared, in a meta call); on its own, the
+// op's meta function (dtypes are the kernel's business: half types reach it
+// converted).
+Conv2d conv2d_bias_relu_output(Call& call, TensorRef* out) {
   TensorRef x = call.tensor(0), wt = call.tensor(1), bias = call.tensor(2);
-  require_f32(call, {x, wt, bias});
   const Conv2d g = conv_geometry(call, x, wt, call.int_list(3), call.int_list(4), call.int_list(5), call.int_arg(6));
   if (bias.numel() != g.oc)
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "bias: expected " + std::to_string(g.oc) + " elements but found " + std::to_string(bias.numel()));
-  TensorRef out = call.output(0, {g.n, g.oc, g.oh, g.ow}, x.dtype());
+  *out = call.output(0, {g.n, g.oc, g.oh, g.ow}, x.dtype());
+  return g;
+}
+
+void conv2d_bias_relu_meta(Call& call) {
+  TensorRef out;
+  conv2d_bias_relu_output(call, &out);
+}
+
+void conv2d_bias_relu(Call& call) {
+  TensorRef x = call.tensor(0), wt = call.tensor(1), bias = call.tensor(2);
+  require_f32(call, {x, wt, bias});
+  TensorRef out;
+  const Conv2d g = conv2d_bias_relu_output(call, &out);
   conv_forward(call, g, x, wt, bias, out, true);
 }
 
@@ -432,6 +447,7 @@ void register_conv(npub::sdk::Registrar& r) {
   r.kernel("aten::convolution_backward_overrideable", &convolution_backward).dtypes({kFloat32}).contiguous_only();
   r.def("cann_like::conv2d_bias_relu(Tensor input, Tensor weight, Tensor bias, int[2] stride=1, int[2] padding=0, int[2] dilation=1, int groups=1) -> Tensor");
   r.kernel("cann_like::conv2d_bias_relu", &conv2d_bias_relu).dtypes({kFloat32}).contiguous_only().opt_level(2);
+  r.meta<&conv2d_bias_relu_meta>("cann_like::conv2d_bias_relu");
   r.def("aten::max_pool2d_with_indices.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))");
   r.kernel("aten::max_pool2d_with_indices.out", &max_pool2d).dtypes(floating).contiguous_only();
   r.def("aten::max_pool2d_with_indices_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices, *, Tensor(a!) grad_input) -> Tensor(a!)");

@@ -13,10 +13,10 @@ using npub::sdk::TensorRef;
 
 // vllm_like::silu_and_mul(Tensor(a!) out, Tensor input) -> ()
 // out[..., d] = silu(input[..., :d]) * input[..., d:]
-void silu_and_mul(Call& call) {
+// The checks on metadata alone; also the op's meta function (it writes only
+// `out`, so there is nothing to declare).
+void silu_and_mul_meta(Call& call) {
   TensorRef out = call.tensor(0), in = call.tensor(1);
-  if (!in.is(npub::sdk::kFloat32) || !out.is(npub::sdk::kFloat32))
-    call.fail(NPUB_ERR_UNSUPPORTED, "expected float32 out and input");
   if (in.dim() < 1 || in.size(-1) % 2 != 0)
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "input: expected an even last dimension but found shape " +
                                              Call::shape_str(in.sizes()));
@@ -25,7 +25,17 @@ void silu_and_mul(Call& call) {
   if (out.sizes() != expected)
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "out: expected shape " + Call::shape_str(expected) + " but found " +
                                              Call::shape_str(out.sizes()));
-  const int64_t d = expected.back();
+  if (!out.is(in.dtype()))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "out: expected the dtype of input (" + npub::sdk::dtype_name(in.dtype()) +
+                                             ") but found " + npub::sdk::dtype_name(out.dtype()));
+}
+
+void silu_and_mul(Call& call) {
+  TensorRef out = call.tensor(0), in = call.tensor(1);
+  if (!in.is(npub::sdk::kFloat32) || !out.is(npub::sdk::kFloat32))
+    call.fail(NPUB_ERR_UNSUPPORTED, "expected float32 out and input");
+  silu_and_mul_meta(call);
+  const int64_t d = in.size(-1) / 2;
   const int64_t rows = d == 0 ? 0 : out.numel() / d;
   const float* pi = in.data<float>();
   float* po = out.data<float>();
@@ -47,6 +57,7 @@ void init(npub::sdk::Registrar& r) {
       .dtypes({npub::sdk::kFloat32})
       .contiguous_only()
       .opt_level(2);
+  r.meta<&silu_and_mul_meta>("vllm_like::silu_and_mul");
 }
 
 }  // namespace

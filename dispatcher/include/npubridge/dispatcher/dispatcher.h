@@ -65,6 +65,14 @@ using FallbackFn = std::function<void(const reg::OpEntry& op, const NpubValue* a
 
 enum class FallbackMode { kAllow, kError };
 
+// The dtype and shape of one return, as an op's meta function declared it.
+struct OutputMeta {
+  bool set = false;
+  int32_t alias = -1;  // >= 0: the return is this argument (Tensor(a!))
+  DType dtype = DType::kUnknown;
+  std::vector<int64_t> shape;
+};
+
 struct PrecisionCheckConfig {
   bool enabled = false;
   // Per-dtype tolerances: |kernel - reference| <= atol + rtol * |reference|.
@@ -136,6 +144,13 @@ class Dispatcher {
   // The tools' view: the kernel that would serve `op` for dispatch dtype
   // `dtype` on `device_type` at the current level, predicates not consulted
   // (they need arguments). nullptr: no kernel (fallback or conversion).
+  // The returns' dtypes and shapes of a call, without running it: the op's
+  // meta function (NpubHostApi.register_meta) on the arguments, whose
+  // tensors may have NULL data. Validates the arguments like call(); throws
+  // npub::Error naming the op when it has no meta function, when the meta
+  // function rejects the arguments, or when it leaves a return undeclared.
+  std::vector<OutputMeta> infer_meta(const OpHandle& op, const NpubValue* args, int32_t num_args) const;
+
   const reg::Kernel* kernel_for(const OpHandle& op, DType dtype,
                                 int32_t device_type = NPUB_DEVICE_NPU) const;
 
@@ -151,6 +166,11 @@ class Dispatcher {
   PrecisionCheckConfig precision_check() const;
   std::vector<PrecisionMismatch> precision_mismatches() const;
   void clear_precision_mismatches();
+  // Adds a mismatch found by a host that checks precision itself (the
+  // PyTorch extension compares against ATen's CPU kernels): reported and
+  // counted with the dispatcher's own (on `counted_on`, else on the op
+  // named m.op); throws when raise_on_mismatch is set.
+  void record_precision_mismatch(const PrecisionMismatch& m, const reg::OpEntry* counted_on = nullptr);
 
   std::vector<OpStatsSnapshot> stats() const;  // ops with at least one call
   void reset_stats();

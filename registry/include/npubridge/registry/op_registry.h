@@ -73,6 +73,32 @@ class Kernel {
   std::string dtypes_string() const;
 };
 
+// A plugin's meta (shape) function for an op (NpubHostApi.register_meta).
+struct MetaFunction {
+  NpubMetaFn fn = nullptr;
+  std::shared_ptr<PluginRecord> plugin;  // keeps fn's code loaded
+};
+
+// How to differentiate an op through another op, as a plugin declared it
+// (NpubHostApi.define_derivative).
+struct Derivative {
+  struct Arg {
+    enum Kind { kGrad, kResult, kInput } kind;
+    int32_t index;  // return index (kGrad, kResult) or argument index (kInput)
+  };
+  std::string backward;         // qualified name of the backward op
+  std::vector<int32_t> inputs;  // forward argument receiving backward return i
+  std::vector<Arg> args;        // the backward op's arguments, in order
+  std::string formula;          // as declared
+  std::string plugin;
+};
+
+// What an op has besides kernels; immutable once published.
+struct OpAnnotations {
+  MetaFunction meta;
+  std::shared_ptr<const Derivative> derivative;
+};
+
 // Kernels of one op for one device type, best first (priority descending,
 // then registration order).
 using KernelList = std::vector<Kernel*>;
@@ -105,6 +131,16 @@ class OpEntry {
   // Index of the argument each return aliases (Tensor(a!) returns), or -1.
   const std::vector<int32_t>& return_alias() const { return return_alias_; }
   const std::vector<uint32_t>& accepted() const { return accepted_; }
+  // The meta function and derivative a plugin registered, or null (lock-free,
+  // like the kernel lists).
+  const MetaFunction* meta() const {
+    const OpAnnotations* a = annotations_.load(std::memory_order_acquire);
+    return a != nullptr && a->meta.fn != nullptr ? &a->meta : nullptr;
+  }
+  const Derivative* derivative() const {
+    const OpAnnotations* a = annotations_.load(std::memory_order_acquire);
+    return a != nullptr ? a->derivative.get() : nullptr;
+  }
 
  private:
   friend class Registry;
@@ -119,6 +155,7 @@ class OpEntry {
   std::vector<uint32_t> accepted_;
   mutable std::atomic<const KernelList*> npu_;
   mutable std::atomic<const KernelList*> cpu_;
+  std::atomic<const OpAnnotations*> annotations_{nullptr};
   mutable OpStats stats_;
 };
 
@@ -136,6 +173,10 @@ class Registry {
   // Adds a kernel. Throws npub::Error for a kernel that would be ambiguous
   // (same op, device type and priority, overlapping dtypes).
   void add_kernel(std::unique_ptr<Kernel> kernel);
+  // Sets an op's meta function or derivative (the other one is kept).
+  // Throws npub::Error when the op already has one.
+  void set_meta(OpEntry* op, MetaFunction meta);
+  void set_derivative(OpEntry* op, Derivative derivative);
   // Drops every kernel of a plugin (a failed load rolls back this way).
   void remove_plugin_kernels(const PluginRecord* plugin);
 
@@ -156,6 +197,7 @@ class Registry {
   std::atomic<const OpMap*> map_;
   std::vector<std::unique_ptr<const OpMap>> retired_maps_;
   std::vector<std::unique_ptr<const KernelList>> lists_;  // current and retired
+  std::vector<std::unique_ptr<const OpAnnotations>> annotations_;  // current and retired
 };
 
 // The op-mapping table: framework op name -> the op (and optionally the
@@ -180,9 +222,13 @@ class OpMappingTable {
   // Lock-free, like the registry.
   const OpMapping* find(std::string_view framework_op) const;
   std::vector<OpMapping> entries() const;
+  // Bumped by every change: a host that caches resolved ops re-resolves
+  // when it moves.
+  uint64_t version() const { return version_.load(std::memory_order_acquire); }
 
  private:
   using Map = std::unordered_map<std::string, OpMapping>;
+  std::atomic<uint64_t> version_{0};
   mutable std::mutex mu_;
   std::atomic<const Map*> map_;
   std::vector<std::unique_ptr<const Map>> snapshots_;

@@ -1,0 +1,66 @@
+"""Autograd for plugin ops from the derivative formulas plugins declare.
+
+A plugin states, in the spirit of PyTorch's derivatives.yaml, which of an
+op's inputs get gradients and which backward op computes them from the
+output gradients, the forward results and the forward arguments
+(``NpubHostApi.define_derivative``). Here each formula becomes a
+``torch.library.register_autograd`` registration: no per-op code.
+"""
+import torch
+
+from . import _C
+
+
+def _resolve(op: str):
+    ns, rest = op.split("::", 1)
+    name, _, overload = rest.partition(".")
+    packet = getattr(getattr(torch.ops, ns), name)
+    return getattr(packet, overload or "default")
+
+
+def _make(entry):
+    forward = _resolve(entry["op"])
+    backward_op = _resolve(entry["backward"])
+    schema = forward._schema
+    arg_names = [a.name for a in schema.arguments]
+    grad_slots = list(entry["inputs"])
+    spec = [tuple(a) for a in entry["args"]]
+    needs_results = sorted({i for kind, i in spec if kind == "result"})
+    needs_inputs = sorted({i for kind, i in spec if kind == "input"})
+
+    def setup_context(ctx, inputs, output):
+        outs = output if isinstance(output, tuple) else (output,)
+        ctx.results = {i: outs[i] for i in needs_results}
+        ctx.saved = {i: inputs[i] for i in needs_inputs}
+        ctx.result_likes = [(o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None for o in outs]
+
+    def backward(ctx, *grads):
+        args = []
+        for kind, i in spec:
+            if kind == "grad":
+                g = grads[i]
+                if g is None:  # that output did not reach the loss
+                    shape, dtype, device = ctx.result_likes[i]
+                    g = torch.zeros(shape, dtype=dtype, device=device)
+                args.append(g)
+            elif kind == "result":
+                args.append(ctx.results[i])
+            else:
+                args.append(ctx.saved[i])
+        out = backward_op(*args)
+        out = out if isinstance(out, (tuple, list)) else (out,)
+        result = [None] * len(arg_names)
+        for slot, grad in zip(grad_slots, out):
+            result[slot] = grad
+        return tuple(result)
+
+    torch.library.register_autograd(entry["op"], backward, setup_context=setup_context)
+
+
+def register_all():
+    """Registers autograd for every plugin op with a derivative formula."""
+    registered = []
+    for entry in _C.derivatives():
+        _make(entry)
+        registered.append(entry["op"])
+    return registered
