@@ -84,6 +84,7 @@ void* CachingAllocator::allocate(size_t bytes, const void* stream) {
   block->requested = bytes;
   live_.emplace(block->ptr, block);
   stats_.allocated_bytes += static_cast<int64_t>(block->size);
+  stats_.total_allocated_bytes += static_cast<int64_t>(block->size);
   stats_.requested_bytes += static_cast<int64_t>(bytes);
   if (stats_.allocated_bytes > stats_.peak_allocated_bytes)
     stats_.peak_allocated_bytes = stats_.allocated_bytes;
@@ -114,6 +115,7 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t segment_size, bool
   auto* seg = new Segment{static_cast<char*>(mem), segment_size};
   auto* b = new Block{seg->base, segment_size, 0, stream, false, small, nullptr, nullptr, seg};
   stats_.reserved_bytes += static_cast<int64_t>(segment_size);
+  stats_.total_reserved_bytes += static_cast<int64_t>(segment_size);
   if (stats_.reserved_bytes > stats_.peak_reserved_bytes)
     stats_.peak_reserved_bytes = stats_.reserved_bytes;
   ++stats_.num_segments;
@@ -148,6 +150,7 @@ void CachingAllocator::free(void* ptr) {
   Block* b = it->second;
   live_.erase(it);
   stats_.allocated_bytes -= static_cast<int64_t>(b->size);
+  stats_.total_freed_bytes += static_cast<int64_t>(b->size);
   stats_.requested_bytes -= static_cast<int64_t>(b->requested);
   ++stats_.num_frees;
   --stats_.active_blocks;
@@ -195,6 +198,7 @@ void CachingAllocator::release_segment(Block* block) {
   Segment* seg = block->segment;
   ::munmap(seg->base, seg->size);
   stats_.reserved_bytes -= static_cast<int64_t>(seg->size);
+  stats_.total_released_bytes += static_cast<int64_t>(seg->size);
   --stats_.num_segments;
   delete seg;
   delete block;
@@ -208,6 +212,13 @@ void CachingAllocator::empty_cache() {
 AllocatorStats CachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
+}
+
+void CachingAllocator::reset_accumulated_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.num_allocs = stats_.num_frees = stats_.num_cache_hits = stats_.num_ooms = 0;
+  stats_.total_allocated_bytes = stats_.total_freed_bytes = 0;
+  stats_.total_reserved_bytes = stats_.total_released_bytes = 0;
 }
 
 void CachingAllocator::reset_peak_stats() {

@@ -11,6 +11,7 @@
 #include <torch/extension.h>
 
 #include <ATen/EmptyTensor.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -63,8 +64,9 @@ void free_allocation(void* ctx) {
 }
 
 // Device memory from the simulated NPU's caching allocator, on the current
-// device. The memory is reached only through the device's copy APIs.
-class NpuAllocator final : public c10::Allocator {
+// device. The memory is reached only through the device's copy APIs. A
+// c10::DeviceAllocator, so torch.accelerator's memory functions work too.
+class NpuAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     const int dev = rt().devices().current_device();
@@ -79,6 +81,50 @@ class NpuAllocator final : public c10::Allocator {
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t) override {
+    for (int i = 0; i < rt().devices().count(); ++i) rt().devices().at(i).allocator().empty_cache();
+  }
+  // Blocks are stream-ordered and kernels run in stream order (Note [Blocks
+  // are stream-ordered]); a tensor used on another stream is synchronised by
+  // its user, as the caching allocator's note says.
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    const sim::AllocatorStats s = allocator_of(device).stats();
+    c10::CachingDeviceAllocator::DeviceStats d;
+    auto fill = [](c10::CachingDeviceAllocator::StatArray& a, int64_t current, int64_t peak, int64_t allocated, int64_t freed) {
+      auto& all = a[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
+      all.current = current;
+      all.peak = peak;
+      all.allocated = allocated;
+      all.freed = freed;
+    };
+    fill(d.allocated_bytes, s.allocated_bytes, s.peak_allocated_bytes, s.total_allocated_bytes, s.total_freed_bytes);
+    fill(d.active_bytes, s.allocated_bytes, s.peak_allocated_bytes, s.total_allocated_bytes, s.total_freed_bytes);
+    fill(d.reserved_bytes, s.reserved_bytes, s.peak_reserved_bytes, s.total_reserved_bytes, s.total_released_bytes);
+    fill(d.requested_bytes, s.requested_bytes, s.requested_bytes, 0, 0);
+    fill(d.allocation, s.active_blocks, s.active_blocks, s.num_allocs, s.num_frees);
+    fill(d.active, s.active_blocks, s.active_blocks, s.num_allocs, s.num_frees);
+    fill(d.segment, s.num_segments, s.num_segments, 0, 0);
+    d.num_ooms = s.num_ooms;
+    return d;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override { allocator_of(device).reset_accumulated_stats(); }
+  void resetPeakStats(c10::DeviceIndex device) override { allocator_of(device).reset_peak_stats(); }
+  // (free, total): the capacity not reserved by the cache, and the capacity.
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    sim::CachingAllocator& a = allocator_of(device);
+    const uint64_t reserved = static_cast<uint64_t>(a.stats().reserved_bytes);
+    return {a.capacity() - std::min(reserved, a.capacity()), a.capacity()};
+  }
+
+ private:
+  static sim::CachingAllocator& allocator_of(c10::DeviceIndex device) {
+    TORCH_CHECK(device >= 0 && device < rt().devices().count(), "npu: device index ", static_cast<int>(device),
+                " is out of range (", rt().devices().count(), " devices)");
+    return rt().devices().at(device).allocator();
+  }
 };
 
 NpuAllocator g_allocator;
@@ -106,9 +152,37 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     } catch (...) {
     }
   }
-  c10::Stream getStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
-  c10::Stream getDefaultStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
-  c10::Stream exchangeStream(c10::Stream s) const override { return c10::Stream(c10::Stream::DEFAULT, s.device()); }
+  // Streams are the device's simulated streams; a c10::Stream's id is the
+  // stream's id within its device (0: the default stream).
+  static c10::Stream to_c10(const sim::Stream& s) {
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kType, static_cast<c10::DeviceIndex>(s.device_index())),
+                       static_cast<c10::StreamId>(s.id()));
+  }
+  static sim::Device& device_of(c10::Device d) { return rt().devices().at(d.index() < 0 ? current_index() : d.index()); }
+  static sim::Stream& from_c10(const c10::Stream& s) { return device_of(s.device()).stream(static_cast<int>(s.id())); }
+  c10::Stream getStream(c10::Device d) const override { return to_c10(device_of(d).current_stream()); }
+  c10::Stream getDefaultStream(c10::Device d) const override { return to_c10(device_of(d).stream(0)); }
+  // New streams come from a small per-device pool, round robin (as CUDA's
+  // pool does): every stream owns a worker thread.
+  c10::Stream getNewStream(c10::Device d, int) const override {
+    static std::mutex mu;
+    static std::map<int, std::vector<int>> pool;
+    static std::map<int, size_t> next;
+    sim::Device& dev = device_of(d);
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<int>& ids = pool[dev.index()];
+    if (ids.size() < 4) ids.push_back(dev.create_stream().id());
+    const int id = ids[next[dev.index()]++ % ids.size()];
+    return to_c10(dev.stream(id));
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    sim::Device& dev = device_of(s.device());
+    const c10::Stream old = to_c10(dev.current_stream());
+    dev.set_current_stream(from_c10(s));
+    return old;
+  }
+  bool queryStream(const c10::Stream& s) const override { return from_c10(s).query(); }
+  void synchronizeStream(const c10::Stream& s) const override { from_c10(s).synchronize(); }
   c10::DeviceIndex deviceCount() const noexcept override {
     try {
       return static_cast<c10::DeviceIndex>(rt().devices().count());
@@ -119,13 +193,28 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void synchronizeDevice(const c10::DeviceIndex index) const override {
     rt().devices().at(index < 0 ? current_index() : index).synchronize();
   }
-  // Kernels run in stream order on the calling thread (Note [Kernels run
-  // inline, in stream order]): events recorded on the default stream are
-  // complete when recorded.
-  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
-  void block(void*, const c10::Stream&) const override {}
-  bool queryEvent(void*) const override { return true; }
-  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  // Events are the simulator's events (completion and timing follow the
+  // stream's queued work).
+  void record(void** event, const c10::Stream& s, const c10::DeviceIndex, const c10::EventFlag) const override {
+    if (*event == nullptr) *event = new sim::Event();
+    static_cast<sim::Event*>(*event)->record(from_c10(s));
+  }
+  void block(void* event, const c10::Stream& s) const override {
+    if (event != nullptr) from_c10(s).wait_event(*static_cast<sim::Event*>(event));
+  }
+  bool queryEvent(void* event) const override { return event == nullptr || static_cast<sim::Event*>(event)->query(); }
+  void synchronizeEvent(void* event) const override {
+    if (event != nullptr) static_cast<sim::Event*>(event)->synchronize();
+  }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    TORCH_CHECK(start != nullptr && end != nullptr, "npu: elapsed_time needs both events recorded");
+    try {
+      return static_cast<sim::Event*>(start)->elapsed_ms(*static_cast<sim::Event*>(end));
+    } catch (const Error& e) {
+      TORCH_CHECK(false, e.what());
+    }
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override { delete static_cast<sim::Event*>(event); }
 };
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, NpuGuardImpl);

@@ -336,6 +336,49 @@ def test_streams_events_and_rng_state():
     assert torch.equal(x1.cpu(), x2.cpu())
 
 
+def test_torch_accelerator_works_for_npu():
+    A = torch.accelerator
+    assert A.is_available() and A.current_accelerator() == torch.device("npu") and A.device_count() == 2
+    with A.device_index(1):
+        assert A.current_device_index() == 1
+        assert torch.ones(2, device="npu").device == torch.device("npu:1")
+    assert A.current_device_index() == 0
+    # Memory statistics come from the simulated device's caching allocator.
+    A.synchronize()
+    A.empty_cache()
+    A.reset_peak_memory_stats(0)
+    base = A.memory_allocated(0)
+    x = torch.empty(1 << 20, device="npu")  # 4 MiB
+    assert A.memory_allocated(0) == base + (4 << 20)
+    assert A.max_memory_allocated(0) >= base + (4 << 20)
+    assert A.memory_reserved(0) >= A.memory_allocated(0)
+    stats = A.memory_stats(0)
+    assert stats["allocated_bytes.all.current"] == A.memory_allocated(0)
+    assert stats["allocation.all.allocated"] >= 1
+    assert A.memory_allocated(0) == torch.npu.memory_allocated(0)
+    free, total = A.get_memory_info(0)
+    assert total == 16 << 30 and 0 < free <= total
+    del x
+    assert A.memory_allocated(0) == base
+    # Streams and events are the simulator's: work on a side stream, an event
+    # recorded after it, the default stream waiting for that event.
+    side = torch.Stream(device="npu:0")
+    assert side != A.current_stream() and side.stream_id != 0
+    start, end = torch.Event(device="npu", enable_timing=True), torch.Event(device="npu", enable_timing=True)
+    a = torch.randn(256, 256, device="npu")
+    with side:
+        assert A.current_stream() == side
+        start.record()
+        b = a @ a
+        end.record()
+    A.current_stream().wait_event(end)
+    end.synchronize()
+    assert end.query() and side.query()
+    assert start.elapsed_time(end) >= 0
+    torch.testing.assert_close(b.cpu(), a.cpu() @ a.cpu(), atol=1e-3, rtol=1e-4)
+    assert A.current_stream().stream_id == 0
+
+
 def test_precision_check_agrees_with_atens_cpu_kernels_on_a_training_step():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),

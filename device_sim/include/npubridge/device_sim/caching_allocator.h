@@ -36,6 +36,10 @@ struct AllocatorStats {
   int64_t num_cache_hits = 0;        // allocations served without a new segment
   int64_t num_segments = 0;
   int64_t num_ooms = 0;
+  int64_t total_allocated_bytes = 0;  // cumulative, rounded sizes
+  int64_t total_freed_bytes = 0;
+  int64_t total_reserved_bytes = 0;   // cumulative segment sizes mapped
+  int64_t total_released_bytes = 0;   // cumulative segment sizes unmapped
   int64_t active_blocks = 0;
 };
 
@@ -55,6 +59,8 @@ class CachingAllocator {
   void empty_cache();
   AllocatorStats stats() const;
   void reset_peak_stats();
+  // Zeroes the cumulative counters (allocs, frees, cache hits, OOMs, totals).
+  void reset_accumulated_stats();
   uint64_t capacity() const { return capacity_; }
   // True when [ptr, ptr + bytes) lies inside one live block.
   bool contains(const void* ptr, size_t bytes) const;
