@@ -41,11 +41,17 @@ def main(argv=None) -> int:
     elif args.command == "conformance":
         from . import opinfo
 
+        import torch
+
         results = opinfo.run(max_samples=args.max_samples)
-        opinfo.write_report(results, args.report, args.json or None)
+        results_bf16 = opinfo.run(max_samples=args.max_samples, dtype=torch.bfloat16)
+        opinfo.write_report(results, args.report, args.json or None, results_bf16)
         passed, tested = opinfo.summary(results)
-        print(f"OpInfo on npu: {passed}/{tested} ops pass ({100.0 * passed / max(tested, 1):.1f}%); report: {args.report}")
-        return 0 if passed / max(tested, 1) >= 0.9 else 1
+        passed16, tested16 = opinfo.summary(results_bf16)
+        print(f"OpInfo on npu: float32 {passed}/{tested} ops pass ({100.0 * passed / max(tested, 1):.1f}%), "
+              f"bfloat16 (native ops) {passed16}/{tested16} ({100.0 * passed16 / max(tested16, 1):.1f}%); "
+              f"report: {args.report}")
+        return 0 if passed / max(tested, 1) >= 0.9 and passed16 / max(tested16, 1) >= 0.9 else 1
     return 0
 
 

@@ -1,9 +1,10 @@
 """Runs PyTorch's own OpInfo database (torch.testing._internal, shipped in the
 wheel) on npu against the CPU.
 
-For every op of ``op_db`` that supports float32: each sample input (up to
-``max_samples``) runs on the CPU and, moved to npu, on npu; outputs are
-compared (float32: atol/rtol 1e-4... see TOLERANCE); where the op supports
+For every op of ``op_db`` that supports the dtype (float32, or bfloat16 for
+ops a plugin serves natively): each sample input (up to ``max_samples``)
+runs on the CPU and, moved to npu, on npu; outputs are compared (see
+TOLERANCE); where the op supports
 autograd the gradients of a fixed projection of the outputs are compared too;
 every third sample also runs with non-contiguous inputs. Ops whose results
 are random or uninitialised by definition are not compared (SKIPPED, with the
@@ -15,7 +16,10 @@ import warnings
 
 import torch
 
-TOLERANCE = dict(atol=1e-4, rtol=1e-4)
+# float32: both sides compute in float32. bfloat16: both round the same
+# float32 math to 8 significant bits, but may accumulate in different orders
+# (one bfloat16 ulp is 2^-8 relative), as PyTorch's own bf16 tolerances allow.
+TOLERANCE = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=1.6e-2)}
 
 # Ops whose output is not a function of their inputs, or that need other
 # hardware; PyTorch's device tests skip these the same way.
@@ -58,12 +62,18 @@ def _tensors(x):
     return out
 
 
-def _check_sample(op, sample, backward):
+def _native_calls():
+    import npubridge
+
+    return sum(sum(s["native"].values()) for s in npubridge.stats().values())
+
+
+def _check_sample(op, sample, backward, tol):
     ref = op(sample.input, *sample.args, **sample.kwargs)
     npu_sample = sample.transform(_to("npu"))
     out = op(npu_sample.input, *npu_sample.args, **npu_sample.kwargs)
     torch.testing.assert_close(_tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, out), ref,
-                               equal_nan=True, check_device=False, **TOLERANCE)
+                               equal_nan=True, check_device=False, **tol)
     if not backward:
         return
     ref_outs = [t for t in _tensors(ref) if t.requires_grad and t.is_floating_point()]
@@ -72,19 +82,23 @@ def _check_sample(op, sample, backward):
         return
     ref_in = [t for t in _tensors([sample.input, sample.args, sample.kwargs]) if t.requires_grad]
     npu_in = [t for t in _tensors([npu_sample.input, npu_sample.args, npu_sample.kwargs]) if t.requires_grad]
-    weights = [torch.linspace(-1, 1, t.numel()).reshape(t.shape) for t in ref_outs]
+    weights = [torch.linspace(-1, 1, t.numel(), dtype=t.dtype).reshape(t.shape) for t in ref_outs]
     ref_grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(ref_outs, weights)), ref_in, allow_unused=True)
     npu_grads = torch.autograd.grad(sum((t * w.npu()).sum() for t, w in zip(npu_outs, weights)), npu_in, allow_unused=True)
     for g_ref, g_npu in zip(ref_grads, npu_grads):
         if g_ref is None or g_npu is None:
             assert (g_ref is None) == (g_npu is None), "gradient defined on one device only"
             continue
-        torch.testing.assert_close(g_npu.cpu(), g_ref, equal_nan=True, **TOLERANCE)
+        torch.testing.assert_close(g_npu.cpu(), g_ref, equal_nan=True, **tol)
 
 
-def run(max_samples=8, ops=None, time_limit=None):
+def run(max_samples=8, ops=None, time_limit=None, dtype=torch.float32):
     """Returns {op name: {"status": "pass" | "fail" | "skip", "reason": str,
-    "samples": int}} for every float32 op of op_db."""
+    "samples": int, "native": bool}} for every op of op_db that supports
+    `dtype`. "native": some call of the op's run was served by a plugin
+    kernel (not all by the CPU fallback). For a dtype other than float32,
+    ops that ran entirely on the CPU fallback are skipped: the check is of
+    the plugins' kernels for that dtype."""
     from torch.testing._internal.common_methods_invocations import op_db
 
     results = {}
@@ -94,7 +108,7 @@ def run(max_samples=8, ops=None, time_limit=None):
         name = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
         if ops is not None and name not in ops:
             continue
-        if not op.supports_dtype(torch.float32, "cpu"):
+        if not op.supports_dtype(dtype, "cpu"):
             continue
         if name in SKIPPED or name.startswith(SKIPPED_PREFIXES):
             results[name] = {"status": "skip", "reason": SKIPPED.get(name, "needs CUDA"), "samples": 0}
@@ -103,22 +117,27 @@ def run(max_samples=8, ops=None, time_limit=None):
             results[name] = {"status": "skip", "reason": "time limit", "samples": 0}
             continue
         status, reason, count = "pass", "", 0
-        backward = op.supports_autograd
+        backward = op.supports_autograd and dtype.is_floating_point
+        tol = TOLERANCE[dtype]
+        native_before = _native_calls()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                samples = op.sample_inputs("cpu", torch.float32, requires_grad=backward)
+                samples = op.sample_inputs("cpu", dtype, requires_grad=backward)
                 for i, sample in enumerate(samples):
                     if i >= max_samples:
                         break
-                    _check_sample(op, sample, backward)
+                    _check_sample(op, sample, backward, tol)
                     if i % 3 == 0:
-                        _check_sample(op, sample.noncontiguous(), False)
+                        _check_sample(op, sample.noncontiguous(), False, tol)
                     count += 1
             except Exception as e:  # noqa: BLE001 - every failure is recorded with its reason
                 status = "fail"
                 reason = f"sample {count}: {type(e).__name__}: " + str(e).strip().split("\n")[0][:300]
-        results[name] = {"status": status, "reason": reason, "samples": count}
+        native = _native_calls() > native_before
+        if dtype != torch.float32 and not native:
+            status, reason = "skip", "served by the CPU fallback only (no native kernel for this dtype)"
+        results[name] = {"status": status, "reason": reason, "samples": count, "native": native}
     return results
 
 
@@ -128,16 +147,25 @@ def summary(results):
     return passed, len(tested)
 
 
-def write_report(results, path_md, path_json=None):
-    passed, tested = summary(results)
+def write_report(results, path_md, path_json=None, results_bf16=None):
+    """Markdown (and JSON) report: float32, and bfloat16 when given."""
+    def table(f, res, title, tol):
+        passed, tested = summary(res)
+        f.write(f"## {title}\n\n{passed} of {tested} ops pass ({100.0 * passed / max(tested, 1):.1f}%); forward "
+                f"and backward against the CPU, atol {tol['atol']}, rtol {tol['rtol']}.\n\n")
+        f.write("| op | result | served | samples | reason |\n|---|---|---|---|---|\n")
+        for name in sorted(res):
+            r = res[name]
+            served = "native" if r.get("native") else "fallback"
+            f.write(f"| `{name}` | {r['status']} | {served} | {r['samples']} | {r['reason'].replace('|', ' ')} |\n")
+        f.write("\n")
+
     with open(path_md, "w") as f:
-        f.write("# PyTorch OpInfo on npu (float32)\n\n")
-        f.write(f"Generated by `python3 -m npubridge conformance --opinfo`: {passed} of {tested} ops pass "
-                f"({100.0 * passed / max(tested, 1):.1f}%); forward and backward against the CPU, atol/rtol 1e-4.\n\n")
-        f.write("| op | result | samples | reason |\n|---|---|---|---|\n")
-        for name in sorted(results):
-            r = results[name]
-            f.write(f"| `{name}` | {r['status']} | {r['samples']} | {r['reason'].replace('|', ' ')} |\n")
+        f.write("# PyTorch OpInfo on npu\n\nGenerated by `python3 -m npubridge conformance --opinfo`. \"served\": "
+                "whether plugin kernels served the op's calls (native) or only the CPU fallback did.\n\n")
+        table(f, results, "float32", TOLERANCE[torch.float32])
+        if results_bf16 is not None:
+            table(f, results_bf16, "bfloat16 (ops a plugin serves natively)", TOLERANCE[torch.bfloat16])
     if path_json:
         with open(path_json, "w") as f:
-            json.dump(results, f, indent=1, sort_keys=True)
+            json.dump({"float32": results, "bfloat16": results_bf16}, f, indent=1, sort_keys=True)
