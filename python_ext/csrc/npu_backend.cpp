@@ -310,7 +310,8 @@ struct DLView {
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout>,
                                std::optional<at::Device> device, std::optional<bool>, std::optional<at::MemoryFormat> mf) {
-  c10::DeviceGuard guard(device.value_or(at::Device(c10::DeviceType::PrivateUse1, current_index())));
+  c10::OptionalDeviceGuard guard;
+  if (device.has_value() && device->has_index() && device->index() != current_index()) guard.reset_device(*device);
   return at::detail::empty_generic(size, &g_allocator, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    dtype.value_or(at::get_default_dtype_as_scalartype()), mf);
 }
@@ -557,10 +558,12 @@ std::string full_name(const c10::OperatorName& n) {
 }
 
 // Runs `target` (an op of the registry) on the given IValue arguments and
-// leaves its results on `stack` (which must not hold the arguments).
+// leaves its results on `stack` (which must not hold the arguments; null:
+// the caller needs no results).
 void run_on_dispatcher(const OpHandle& target, const std::vector<c10::IValue>& args, torch::jit::Stack* stack) {
   const c10::DeviceIndex device = call_device(args);
-  c10::DeviceGuard guard(at::Device(c10::DeviceType::PrivateUse1, device));
+  c10::OptionalDeviceGuard guard;
+  if (device != current_index()) guard.reset_device(at::Device(c10::DeviceType::PrivateUse1, device));
   Boxed b;
   b.values.reserve(args.size());
   b.views.reserve(count_tensors(args));
@@ -583,6 +586,7 @@ void run_on_dispatcher(const OpHandle& target, const std::vector<c10::IValue>& a
   } catch (const Error& e) {
     TORCH_CHECK(false, e.what());
   }
+  if (stack == nullptr) return;
   const auto& alias = target.op->return_alias();
   for (size_t i = 0; i < returns.size(); ++i) {
     if (alias[i] >= 0) {
@@ -842,7 +846,10 @@ class Bridge final : public c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t n = op.schema().arguments().size();
-    std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
+    // The call's arguments, then (for the .out routes) its outputs.
+    std::vector<c10::IValue> args;
+    args.reserve(n + 2);
+    args.insert(args.end(), stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
     // copy_ between the host and the device is a transfer, not a kernel: the
     // device's copy engine does it (a plugin's copy_ is device to device).
     if (route_ == Route::kDirect && op.schema().operator_name().name == "aten::copy_" &&
@@ -852,7 +859,7 @@ class Bridge final : public c10::OperatorKernel {
       stack->push_back(args[0]);
       return;
     }
-    std::vector<at::Tensor> outs;
+    c10::SmallVector<at::Tensor, 2> outs;
     if (route_ == Route::kDirect) {
       if (has_out_) resize_outs(op, args);
     } else if (route_ == Route::kInplaceViaOut) {
@@ -877,17 +884,15 @@ class Bridge final : public c10::OperatorKernel {
                         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd));
     std::vector<c10::IValue> cpu_args;
     if (check) cpu_args = cpu_copies(args);
-    std::vector<c10::IValue> call_args;
-    call_args.reserve(args.size() + outs.size());
-    call_args.insert(call_args.end(), args.begin(), args.end());
-    for (const auto& o : outs) call_args.push_back(o);
+    for (const auto& o : outs) args.push_back(o);
     const OpHandle target = resolve();
     TorchCall call{&op, stack};
     ScopedTorchCall scope(call);
     // The dispatcher's fallback (no kernel for these dtypes) runs ATen's CPU
-    // fallback on the original stack; otherwise the results replace it.
+    // fallback on the original stack; otherwise the results replace it (the
+    // .out routes return their outputs).
     torch::jit::Stack results;
-    run_on_dispatcher(target, call_args, &results);
+    run_on_dispatcher(target, args, route_ == Route::kDirect ? &results : nullptr);
     if (call.fell_back) return;
     torch::jit::drop(*stack, n);
     if (route_ == Route::kDirect) {
