@@ -46,11 +46,23 @@ RmsOutputs rms_norm_outputs(Call& call) {
 
 void rms_norm_meta(Call& call) { rms_norm_outputs(call); }
 
-// Reads element i of a float32, float16 or bfloat16 tensor as float.
-float load(const TensorRef& t, int64_t i) {
-  if (t.is(npub::sdk::kFloat16)) return npub::sdk::half_to_float(t.data<uint16_t>()[i]);
-  if (t.is(npub::sdk::kBFloat16)) return npub::sdk::bf16_to_float(t.data<uint16_t>()[i]);
-  return t.data<float>()[i];
+// Calls f(load, store) with element accessors typed for dtype `t` (float32,
+// float16 or bfloat16; half types are read and written in their own dtype
+// and computed in float32): one compiled loop per dtype.
+template <typename F>
+void with_float_access(const Call& call, DLDataType t, F&& f) {
+  if (npub::sdk::same_dtype(t, npub::sdk::kFloat32)) {
+    f([](const TensorRef& x, int64_t i) { return x.data<float>()[i]; },
+      [](const TensorRef& x, int64_t i, float v) { x.data<float>()[i] = v; });
+  } else if (npub::sdk::same_dtype(t, npub::sdk::kFloat16)) {
+    f([](const TensorRef& x, int64_t i) { return npub::sdk::half_to_float(x.data<uint16_t>()[i]); },
+      [](const TensorRef& x, int64_t i, float v) { x.data<uint16_t>()[i] = npub::sdk::float_to_half(v); });
+  } else if (npub::sdk::same_dtype(t, npub::sdk::kBFloat16)) {
+    f([](const TensorRef& x, int64_t i) { return npub::sdk::bf16_to_float(x.data<uint16_t>()[i]); },
+      [](const TensorRef& x, int64_t i, float v) { x.data<uint16_t>()[i] = npub::sdk::float_to_bf16(v); });
+  } else {
+    call.fail(NPUB_ERR_UNSUPPORTED, "dtype " + npub::sdk::dtype_name(t));
+  }
 }
 
 void rms_norm(Call& call) {
@@ -60,9 +72,8 @@ void rms_norm(Call& call) {
   const TensorRef& y = o.y;
   const int64_t rows = o.rows, cols = o.cols;
   float* pr = o.rstd.data<float>();
-  // Half types are read and written in their own dtype and computed in
-  // float32 (rstd is float32 whatever the input, as in torch_npu).
-  auto run = [&](auto load, auto store) {
+  // rstd is float32 whatever the input, as in torch_npu.
+  with_float_access(call, x.dtype(), [&](auto load, auto store) {
     call.parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(cols, 1)), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) {
         double ss = 0;
@@ -75,25 +86,7 @@ void rms_norm(Call& call) {
         for (int64_t c = 0; c < cols; ++c) store(y, r * cols + c, load(x, r * cols + c) * inv * load(gamma, c));
       }
     });
-  };
-  if (x.is(npub::sdk::kFloat32)) {
-    run([](const TensorRef& t, int64_t i) { return t.data<float>()[i]; },
-        [](const TensorRef& t, int64_t i, float v) { t.data<float>()[i] = v; });
-  } else if (x.is(npub::sdk::kFloat16)) {
-    run([](const TensorRef& t, int64_t i) { return npub::sdk::half_to_float(t.data<uint16_t>()[i]); },
-        [](const TensorRef& t, int64_t i, float v) { t.data<uint16_t>()[i] = npub::sdk::float_to_half(v); });
-  } else if (x.is(npub::sdk::kBFloat16)) {
-    run([](const TensorRef& t, int64_t i) { return npub::sdk::bf16_to_float(t.data<uint16_t>()[i]); },
-        [](const TensorRef& t, int64_t i, float v) { t.data<uint16_t>()[i] = npub::sdk::float_to_bf16(v); });
-  } else {
-    call.fail(NPUB_ERR_UNSUPPORTED, "dtype " + npub::sdk::dtype_name(x.dtype()));
-  }
-}
-
-void store(const TensorRef& t, int64_t i, float v) {
-  if (t.is(npub::sdk::kFloat16)) t.data<uint16_t>()[i] = npub::sdk::float_to_half(v);
-  else if (t.is(npub::sdk::kBFloat16)) t.data<uint16_t>()[i] = npub::sdk::float_to_bf16(v);
-  else t.data<float>()[i] = v;
+  });
 }
 
 // mindspeed_like::npu_rms_norm_backward(Tensor dy, Tensor self, Tensor gamma, Tensor rstd) -> (Tensor, Tensor)
@@ -140,31 +133,31 @@ void rms_norm_backward_meta(Call& call) { rms_norm_backward_outputs(call); }
 
 void rms_norm_backward(Call& call) {
   TensorRef dy = call.tensor(0), x = call.tensor(1), gamma = call.tensor(2), rstd = call.tensor(3);
-  if (!x.is(npub::sdk::kFloat32) && !x.is(npub::sdk::kFloat16) && !x.is(npub::sdk::kBFloat16))
-    call.fail(NPUB_ERR_UNSUPPORTED, "dtype " + npub::sdk::dtype_name(x.dtype()));
   const RmsBackwardOutputs o = rms_norm_backward_outputs(call);
   const int64_t rows = o.rows, cols = o.cols;
   const float* pr = rstd.data<float>();
-  // dx: rows are independent.
-  call.parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(cols, 1)), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const double inv = pr[r];
-      double dot = 0;
-      for (int64_t c = 0; c < cols; ++c) dot += double(load(dy, r * cols + c)) * load(gamma, c) * load(x, r * cols + c);
-      const double k = inv * inv * inv * dot / double(cols);
-      for (int64_t c = 0; c < cols; ++c) {
-        const int64_t i = r * cols + c;
-        store(o.dx, i, static_cast<float>(inv * load(dy, i) * load(gamma, c) - load(x, i) * k));
+  with_float_access(call, x.dtype(), [&](auto load, auto store) {
+    // dx: rows are independent.
+    call.parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(cols, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) {
+        const double inv = pr[r];
+        double dot = 0;
+        for (int64_t c = 0; c < cols; ++c) dot += double(load(dy, r * cols + c)) * load(gamma, c) * load(x, r * cols + c);
+        const double k = inv * inv * inv * dot / double(cols);
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t i = r * cols + c;
+          store(o.dx, i, static_cast<float>(inv * load(dy, i) * load(gamma, c) - load(x, i) * k));
+        }
       }
-    }
-  });
-  // dgamma: columns are independent (each sums over the rows).
-  call.parallel_for(0, cols, std::max<int64_t>(1, 4096 / std::max<int64_t>(rows, 1)), [&](int64_t b, int64_t e) {
-    for (int64_t c = b; c < e; ++c) {
-      double acc = 0;
-      for (int64_t r = 0; r < rows; ++r) acc += double(load(dy, r * cols + c)) * load(x, r * cols + c) * pr[r];
-      store(o.dgamma, c, static_cast<float>(acc));
-    }
+    });
+    // dgamma: columns are independent (each sums over the rows).
+    call.parallel_for(0, cols, std::max<int64_t>(1, 4096 / std::max<int64_t>(rows, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) {
+        double acc = 0;
+        for (int64_t r = 0; r < rows; ++r) acc += double(load(dy, r * cols + c)) * load(x, r * cols + c) * pr[r];
+        store(o.dgamma, c, static_cast<float>(acc));
+      }
+    });
   });
 }
 
