@@ -9,6 +9,7 @@
 
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/runtime.h>
+#include <npubridge/dispatcher/torch_dtype.h>
 #include <npubridge/dispatcher/value.h>
 
 #include <algorithm>
@@ -22,15 +23,6 @@
 using namespace npub;
 
 namespace {
-
-DType npub_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kHalf: return DType::kFloat16;
-    default: return DType::kFloat64;
-  }
-}
 
 Tensor to_npu(const at::Tensor& t, sim::Device* dev) {
   at::Tensor c = t.contiguous();

@@ -27,6 +27,7 @@
 
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/runtime.h>
+#include <npubridge/dispatcher/torch_dtype.h>
 #include <npubridge/dispatcher/value.h>
 #include <npubridge/support/error.h>
 
@@ -252,37 +253,6 @@ struct NpuHooks final : public at::PrivateUse1HooksInterface {
 // ---------------------------------------------------------------------------
 // tensors as DLTensors
 // ---------------------------------------------------------------------------
-
-DType npub_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kDouble: return DType::kFloat64;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kLong: return DType::kInt64;
-    case at::kInt: return DType::kInt32;
-    case at::kShort: return DType::kInt16;
-    case at::kChar: return DType::kInt8;
-    case at::kByte: return DType::kUInt8;
-    case at::kBool: return DType::kBool;
-    default: return DType::kUnknown;
-  }
-}
-
-at::ScalarType torch_dtype(DType t) {
-  switch (t) {
-    case DType::kFloat32: return at::kFloat;
-    case DType::kFloat64: return at::kDouble;
-    case DType::kFloat16: return at::kHalf;
-    case DType::kBFloat16: return at::kBFloat16;
-    case DType::kInt64: return at::kLong;
-    case DType::kInt32: return at::kInt;
-    case DType::kInt16: return at::kShort;
-    case DType::kInt8: return at::kChar;
-    case DType::kUInt8: return at::kByte;
-    default: return at::kBool;
-  }
-}
 
 // A DLTensor describing a torch tensor, valid while the tensor lives and
 // keeps its shape: shape and strides point into the tensor's own metadata

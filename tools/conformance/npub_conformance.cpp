@@ -13,6 +13,7 @@
 
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/runtime.h>
+#include <npubridge/dispatcher/torch_dtype.h>
 #include <npubridge/dispatcher/value.h>
 #include <npubridge/registry/schema.h>
 #include <npubridge/support/error.h>
@@ -35,34 +36,11 @@ namespace {
 // torch <-> npub
 // ---------------------------------------------------------------------------
 
-DType npub_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kDouble: return DType::kFloat64;
-    case at::kHalf: return DType::kFloat16;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kLong: return DType::kInt64;
-    case at::kInt: return DType::kInt32;
-    case at::kShort: return DType::kInt16;
-    case at::kChar: return DType::kInt8;
-    case at::kByte: return DType::kUInt8;
-    case at::kBool: return DType::kBool;
-    default: throw std::runtime_error(std::string("unsupported torch dtype ") + c10::toString(t));
-  }
-}
-at::ScalarType torch_dtype(DType t) {
-  switch (t) {
-    case DType::kFloat32: return at::kFloat;
-    case DType::kFloat64: return at::kDouble;
-    case DType::kFloat16: return at::kHalf;
-    case DType::kBFloat16: return at::kBFloat16;
-    case DType::kInt64: return at::kLong;
-    case DType::kInt32: return at::kInt;
-    case DType::kInt16: return at::kShort;
-    case DType::kInt8: return at::kChar;
-    case DType::kUInt8: return at::kByte;
-    default: return at::kBool;
-  }
+// The DType of a sample's tensor; samples use only dtypes npubridge carries.
+DType checked_dtype(at::ScalarType t) {
+  const DType d = npub_dtype(t);
+  if (d == DType::kUnknown) throw std::runtime_error(std::string("unsupported torch dtype ") + c10::toString(t));
+  return d;
 }
 
 // A DLTensor view of a CPU torch tensor (valid while the tensor lives).
@@ -73,7 +51,7 @@ struct TorchView {
     dl.data = t.data_ptr();
     dl.device = DLDevice{kDLCPU, 0};
     dl.ndim = static_cast<int32_t>(t.dim());
-    dl.dtype = to_dl(npub_dtype(t.scalar_type()));
+    dl.dtype = to_dl(checked_dtype(t.scalar_type()));
     dl.shape = shape.data();
     dl.strides = strides.data();
   }
@@ -85,7 +63,7 @@ Tensor to_device(const at::Tensor& t, sim::Device* dev) {
   int64_t span = t.numel() == 0 ? 0 : 1;
   if (t.numel() > 0)
     for (int64_t d = 0; d < t.dim(); ++d) span += (t.size(d) - 1) * t.stride(d);
-  Tensor base = Tensor::empty({span}, npub_dtype(t.scalar_type()), dev);
+  Tensor base = Tensor::empty({span}, checked_dtype(t.scalar_type()), dev);
   Tensor view = base.as_strided(t.sizes().vec(), t.strides().vec(), 0);
   if (t.numel() > 0) sim::copy_tensor(*view.dl(), TorchView(t).dl);
   return view;
