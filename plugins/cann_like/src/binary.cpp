@@ -41,6 +41,31 @@ Binary binary_args(Call& call, int32_t a_index, int32_t b_index, int32_t out_ind
   return x;
 }
 
+// The common case, recognised without building an iterator (no
+// allocation): tensors `a`, `b` and `out` all float32, contiguous and of one
+// shape, as activations in a model mostly are.
+bool same_shape_f32(const Call& call, int32_t a, int32_t b, int32_t out) {
+  if (call.arg(b).tag != NPUB_VALUE_TENSOR) return false;
+  const TensorRef ta = call.tensor(a), tb = call.tensor(b), to = call.tensor(out);
+  for (const TensorRef* t : {&ta, &tb, &to})
+    if (!t->is(npub::sdk::kFloat32) || !t->is_contiguous() || t->dim() != ta.dim()) return false;
+  for (int32_t d = 0; d < ta.dim(); ++d)
+    if (tb.size(d) != ta.size(d) || to.size(d) != ta.size(d)) return false;
+  return true;
+}
+
+// out[i] = fn(a[i], b[i]) for operands same_shape_f32 accepted (out may be
+// a or b itself: each element is read before it is written).
+template <typename Fn>
+void run_same_shape_f32(Call& call, int32_t a, int32_t b, int32_t out, Fn fn) {
+  const float* pa = call.tensor(a).data<float>();
+  const float* pb = call.tensor(b).data<float>();
+  float* po = call.tensor(out).data<float>();
+  call.parallel_for(0, call.tensor(out).numel(), 1 << 14, [&](int64_t s, int64_t e) {
+    for (int64_t i = s; i < e; ++i) po[i] = fn(pa[i], pb[i]);
+  });
+}
+
 template <typename Fn>
 void run_binary_as(Call& call, Binary& x, DT compute, Fn&& make_fn) {
   Iter it = make_iter(x.out, {x.a, x.b});
@@ -73,6 +98,17 @@ void add_sub_fast(Call& call) {
   const NpubValue& alpha = call.arg(2);
   const bool unit_alpha = (alpha.tag == NPUB_VALUE_INT && alpha.u.i == 1) ||
                           (alpha.tag == NPUB_VALUE_DOUBLE && alpha.u.d == 1.0);
+  if (same_shape_f32(call, 0, 1, 3)) {  // the same loops as below, without the iterator
+    if (unit_alpha && !kSub) {
+      run_same_shape_f32(call, 0, 1, 3, [](float a, float b) { return a + b; });
+    } else if (unit_alpha && kSub) {
+      run_same_shape_f32(call, 0, 1, 3, [](float a, float b) { return a - b; });
+    } else {
+      const float al = kSub ? -scalar_as<float>(call, 2) : scalar_as<float>(call, 2);
+      run_same_shape_f32(call, 0, 1, 3, [al](float a, float b) { return a + al * b; });
+    }
+    return;
+  }
   Binary x = binary_args(call, 0, 1, 3);
   check_alpha(call, x.common, 2);
   if (kSub && x.common == DT::b8)
@@ -101,6 +137,10 @@ void add_sub_fast(Call& call) {
 
 // aten::mul.out
 void mul(Call& call) {
+  if (same_shape_f32(call, 0, 1, 2)) {
+    run_same_shape_f32(call, 0, 1, 2, [](float a, float b) { return a * b; });
+    return;
+  }
   Binary x = binary_args(call, 0, 1, 2);
   check_castable(call, x.common, x.out);
   run_binary_as(call, x, x.common, [](auto tag) {
