@@ -265,6 +265,27 @@ T int_pow(T base, T exp) {
 void pow_op(Call& call) {
   Binary x = binary_args(call, 0, 1, 2);
   check_castable(call, x.common, x.out);
+  // A floating tensor to a Scalar power: the exponents ATen specialises get
+  // the same arithmetic (x*x for 2, sqrt for 0.5, ...), the rest std::pow
+  // with the exponent held in a register rather than read per element.
+  if (x.scalar && (x.common == DT::f32 || x.common == DT::f64) && dt_of(x.a.dtype()) == x.common) {
+    const double e = scalar_as<double>(call, 1);
+    Iter it = make_iter(x.out, {x.a});
+    visit_compute(x.common, [&](auto tag) {
+      using T = decltype(tag);
+      if constexpr (std::is_floating_point_v<T>) {
+        const T et = static_cast<T>(e);
+        if (e == 2) run_elementwise<T>(call, it, [](T a) { return a * a; });
+        else if (e == 3) run_elementwise<T>(call, it, [](T a) { return a * a * a; });
+        else if (e == 0.5) run_elementwise<T>(call, it, [](T a) { return std::sqrt(a); });
+        else if (e == -0.5) run_elementwise<T>(call, it, [](T a) { return T(1) / std::sqrt(a); });
+        else if (e == -1) run_elementwise<T>(call, it, [](T a) { return T(1) / a; });
+        else if (e == -2) run_elementwise<T>(call, it, [](T a) { return T(1) / (a * a); });
+        else run_elementwise<T>(call, it, [et](T a) { return static_cast<T>(std::pow(a, et)); });
+      }
+    });
+    return;
+  }
   Iter it = make_iter(x.out, {x.a, x.b});
   visit_compute(x.common, [&](auto tag) {
     using T = decltype(tag);

@@ -49,28 +49,60 @@ void gemm_block_fallback(const Gemm& g, const T* a, const T* b, T* c, int64_t r0
   }
 }
 
+// Rows [r0, r1) of C on the calling thread: OpenBLAS (serial build) for
+// float and double, the blocked loop otherwise.
+template <typename T>
+void gemm_rows(const Gemm& g, const T* a, const T* b, T* c, int64_t r0, int64_t r1) {
+#if defined(NPUB_CANN_HAVE_OPENBLAS)
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(r1 - r0), static_cast<int>(g.n),
+                static_cast<int>(g.k), static_cast<float>(g.alpha), a + r0 * g.k, static_cast<int>(std::max<int64_t>(g.k, 1)), b,
+                static_cast<int>(std::max<int64_t>(g.n, 1)), static_cast<float>(g.beta), c + r0 * g.n,
+                static_cast<int>(std::max<int64_t>(g.n, 1)));
+    return;
+  } else if constexpr (std::is_same_v<T, double>) {
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(r1 - r0), static_cast<int>(g.n),
+                static_cast<int>(g.k), g.alpha, a + r0 * g.k, static_cast<int>(std::max<int64_t>(g.k, 1)), b,
+                static_cast<int>(std::max<int64_t>(g.n, 1)), g.beta, c + r0 * g.n, static_cast<int>(std::max<int64_t>(g.n, 1)));
+    return;
+  }
+#endif
+  gemm_block_fallback<T>(g, a, b, c, r0, r1);
+}
+
+// Below this many multiply-adds a product runs on one thread: waking the
+// device's other threads costs more than they would save (the small
+// projections of a transformer layer are 10^4 to 10^5).
+constexpr int64_t kParallelMinMacs = int64_t{1} << 18;
+
+int64_t macs(const Gemm& g) { return g.m * g.n * std::max<int64_t>(g.k, 1); }
+
 template <typename T>
 void gemm(const Call& call, const Gemm& g, const T* a, const T* b, T* c) {
   if (g.m == 0 || g.n == 0) return;
+  if (macs(g) < kParallelMinMacs) {
+    gemm_rows<T>(g, a, b, c, 0, g.m);
+    return;
+  }
   const int64_t threads = std::max<int32_t>(1, call.num_threads());
   // Rows per block: enough work per BLAS call, at least one block per thread.
   const int64_t grain = std::max<int64_t>(1, std::min<int64_t>((g.m + threads - 1) / threads, 256));
-  call.parallel_for(0, g.m, grain, [&](int64_t r0, int64_t r1) {
-#if defined(NPUB_CANN_HAVE_OPENBLAS)
-    if constexpr (std::is_same_v<T, float>) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(r1 - r0), static_cast<int>(g.n),
-                  static_cast<int>(g.k), static_cast<float>(g.alpha), a + r0 * g.k, static_cast<int>(std::max<int64_t>(g.k, 1)), b,
-                  static_cast<int>(std::max<int64_t>(g.n, 1)), static_cast<float>(g.beta), c + r0 * g.n,
-                  static_cast<int>(std::max<int64_t>(g.n, 1)));
-      return;
-    } else if constexpr (std::is_same_v<T, double>) {
-      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(r1 - r0), static_cast<int>(g.n),
-                  static_cast<int>(g.k), g.alpha, a + r0 * g.k, static_cast<int>(std::max<int64_t>(g.k, 1)), b,
-                  static_cast<int>(std::max<int64_t>(g.n, 1)), g.beta, c + r0 * g.n, static_cast<int>(std::max<int64_t>(g.n, 1)));
-      return;
-    }
-#endif
-    gemm_block_fallback<T>(g, a, b, c, r0, r1);
+  call.parallel_for(0, g.m, grain, [&](int64_t r0, int64_t r1) { gemm_rows<T>(g, a, b, c, r0, r1); });
+}
+
+// B products: each split over the threads when large, or whole products
+// spread over the threads when small.
+template <typename T>
+void gemm_batched(const Call& call, const Gemm& g, int64_t batches, const T* a, const T* b, T* c) {
+  if (g.m == 0 || g.n == 0 || batches == 0) return;
+  if (batches == 1 || macs(g) >= kParallelMinMacs) {
+    for (int64_t bi = 0; bi < batches; ++bi) gemm<T>(call, g, a + bi * g.m * g.k, b + bi * g.k * g.n, c + bi * g.m * g.n);
+    return;
+  }
+  const int64_t grain = std::max<int64_t>(1, kParallelMinMacs / macs(g));
+  call.parallel_for(0, batches, grain, [&](int64_t b0, int64_t b1) {
+    for (int64_t bi = b0; bi < b1; ++bi)
+      gemm_rows<T>(g, a + bi * g.m * g.k, b + bi * g.k * g.n, c + bi * g.m * g.n, 0, g.m);
   });
 }
 
@@ -138,8 +170,7 @@ void batched(Call& call, const TensorRef& self, const TensorRef& m1, const Tenso
       const T* a = m1.data<T>();
       const T* bm = m2.data<T>();
       T* c = out.data<T>();
-      Gemm g{m, n, k, alpha, use_self ? beta : 0.0};
-      for (int64_t bi = 0; bi < B; ++bi) gemm<T>(call, g, a + bi * m * k, bm + bi * k * n, c + bi * m * n);
+      gemm_batched<T>(call, Gemm{m, n, k, alpha, use_self ? beta : 0.0}, B, a, bm, c);
     }
   });
 }
