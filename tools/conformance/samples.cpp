@@ -477,6 +477,30 @@ SampleFn copy_spec() {
     return out;
   };
 }
+SampleFn arange_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    const auto empty = [dt] { return at::empty({0}, at::TensorOptions().dtype(dt)); };
+    auto add = [&](const std::string& n, c10::Scalar a, c10::Scalar b, c10::Scalar s) {
+      out.push_back({n, {IValue(a), IValue(b), IValue(s), empty()}});
+    };
+    add("0..12", int64_t{0}, int64_t{12}, int64_t{1});
+    add("-3..17 step 4", int64_t{-3}, int64_t{17}, int64_t{4});
+    add("10..-5 step -3", int64_t{10}, int64_t{-5}, int64_t{-3});
+    add("empty 5..5", int64_t{5}, int64_t{5}, int64_t{1});
+    if (at::isFloatingType(dt)) {
+      add("0..1 step 0.1", 0.0, 1.0, 0.1);
+      add("-2.5..3.25 step 0.75", -2.5, 3.25, 0.75);
+    }
+    if (dt == at::kFloat || dt == at::kDouble || dt == at::kInt || dt == at::kLong)
+      add("large 0..70000", int64_t{0}, int64_t{70000}, int64_t{1});
+    else
+      add("0..100", int64_t{0}, int64_t{100}, int64_t{1});
+    add("step 0 (error)", int64_t{0}, int64_t{5}, int64_t{0});
+    add("wrong sign (error)", int64_t{0}, int64_t{5}, int64_t{-1});
+    return out;
+  };
+}
 SampleFn fill_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
@@ -1026,6 +1050,7 @@ const std::map<std::string, SampleFn>& sample_specs() {
     // copy and fill
     m["aten::copy_"] = copy_spec();
     m["aten::fill_.Scalar"] = fill_spec();
+    m["aten::arange.start_out"] = arange_spec();
     m["aten::zero_"] = zero_spec();
     m["aten::clone"] = clone_spec();
     // binary

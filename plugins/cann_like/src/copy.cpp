@@ -4,6 +4,7 @@
 #include "ops.h"
 
 #include <cmath>
+#include <limits>
 
 namespace cann_like {
 
@@ -76,6 +77,48 @@ void clone(Call& call) {
   copy_into(call, call.output(0, self.sizes(), self.dtype()), self);
 }
 
+// aten::arange.start_out(Scalar start, Scalar end, Scalar step=1, *, out):
+// out[i] = start + i * step, computed in double (ATen's accumulate type on
+// the CPU) and cast; out has ATen's length ceil((end - start) / step).
+void arange(Call& call) {
+  TensorRef out = call.tensor(3);
+  const DT d = dt_of(out.dtype());
+  if (d == DT::b8) call.fail(NPUB_ERR_INVALID_ARGUMENT, "out: arange is not implemented for bool");
+  const bool integral = !is_floating(d);
+  const bool int_scalars = call.arg(0).tag == NPUB_VALUE_INT && call.arg(1).tag == NPUB_VALUE_INT && call.arg(2).tag == NPUB_VALUE_INT;
+  // ATen truncates floating bounds to the integral dtype before sizing;
+  // rather than mirror every corner of that, hand such calls to the host.
+  if (integral && !int_scalars) call.fail(NPUB_ERR_UNSUPPORTED, "floating bounds with an integral out");
+  auto value = [&](int32_t i) { return call.scalar_arg(i); };
+  const double start = value(0), end = value(1), step = value(2);
+  if (!std::isfinite(start) || !std::isfinite(end))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "unsupported range: " + std::to_string(start) + " -> " + std::to_string(end));
+  if (step == 0) call.fail(NPUB_ERR_INVALID_ARGUMENT, "step must be nonzero");
+  if (!((step > 0 && end >= start) || (step < 0 && end <= start)))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "upper bound and larger bound inconsistent with step sign");
+  double size_d;
+  if (integral) {
+    const int64_t s = call.arg(0).u.i, e = call.arg(1).u.i, st = call.arg(2).u.i;
+    const int64_t sgn = (st > 0) - (st < 0);
+    size_d = static_cast<double>((e - s + st - sgn) / st);  // integer division, as ATen
+  } else {
+    size_d = std::ceil((end - start) / step);
+  }
+  if (!(size_d >= 0 && size_d <= static_cast<double>(std::numeric_limits<int64_t>::max())))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "invalid size, possible overflow?");
+  const int64_t size = static_cast<int64_t>(size_d);
+  if (out.numel() != size)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "out: expected " + std::to_string(size) + " elements but found " + std::to_string(out.numel()));
+  visit_compute(d, [&](auto tag) {
+    using T = decltype(tag);
+    char* p = out.data<char>();
+    const int64_t es = dt_size(d);
+    call.parallel_for(0, size, 1 << 14, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) store<T>(p + i * es, d, static_cast<T>(start + step * static_cast<double>(i)));
+    });
+  });
+}
+
 }  // namespace
 
 void register_copy(npub::sdk::Registrar& r) {
@@ -88,6 +131,8 @@ void register_copy(npub::sdk::Registrar& r) {
   r.kernel("aten::zero_", &zero_).dtypes(all);
   r.def("aten::clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor");
   r.kernel("aten::clone", &clone).dtypes(all);
+  r.def("aten::arange.start_out(Scalar start, Scalar end, Scalar step=1, *, Tensor(a!) out) -> Tensor(a!)");
+  r.kernel("aten::arange.start_out", &arange).dtypes(dtypes_numeric()).contiguous_only();
 }
 
 }  // namespace cann_like
