@@ -351,6 +351,8 @@ SampleFn bmm_spec() {
     out.push_back({"empty batch", {make({0, 5, 7}, dt), make({0, 7, 2}, dt), empty_out(dt)}});
     out.push_back({"batch mismatch (error)", {make({2, 5, 7}, dt), make({3, 7, 2}, dt), empty_out(dt)}});
     out.push_back({"large", {make({4, 64, 96}, dt), make({4, 96, 33}, dt), empty_out(dt)}});
+    out.push_back({"transposed batch2 (k^T)", {make({3, 5, 7}, dt), make({3, 2, 7}, dt).transpose(1, 2), empty_out(dt)}});
+    out.push_back({"transposed batch1", {make({3, 7, 5}, dt).transpose(1, 2), make({3, 7, 2}, dt), empty_out(dt)}});
     return out;
   };
 }
@@ -363,6 +365,8 @@ SampleFn addmm_spec() {
     out.push_back({"beta 0.5 alpha 2", {make({4, 3}, dt), make({4, 5}, dt), make({5, 3}, dt), sc(fl ? 0.5 : 3), sc(2), empty_out(dt)}});
     out.push_back({"beta 0", {make({4, 3}, dt), make({4, 5}, dt), make({5, 3}, dt), sc(0), sc(1), empty_out(dt)}});
     out.push_back({"large", {make({96}, dt), make({64, 128}, dt), make({128, 96}, dt), sc(1), sc(1), empty_out(dt)}});
+    out.push_back({"linear: mat2 transposed", {make({6}, dt), make({4, 5}, dt), make({6, 5}, dt).t(), sc(1), sc(1), empty_out(dt)}});
+    out.push_back({"both transposed", {make({4, 6}, dt), make({5, 4}, dt).t(), make({6, 5}, dt).t(), sc(fl ? 0.5 : 2), sc(2), empty_out(dt)}});
     return out;
   };
 }

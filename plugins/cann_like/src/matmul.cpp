@@ -6,6 +6,10 @@
 // cache-blocked kernel of our own runs instead. Integer dtypes use a plain
 // kernel. Half types reach the float32 kernel through the dispatcher's
 // conversion (fp32 accumulation, as CANN's matmul on fp16 inputs).
+// Transposed float operands (x.t() in every linear layer, k^T in attention)
+// go to BLAS as they are: a second, higher-priority registration whose
+// predicate accepts exactly those layouts, so nothing is staged; products
+// below 2^18 multiply-adds run on one thread.
 #include "common.h"
 #include "elementwise.h"
 #include "ops.h"
@@ -19,9 +23,12 @@ namespace cann_like {
 namespace {
 
 struct Gemm {
-  // C[m, n] = alpha * A[m, k] @ B[k, n] + beta * C, all row-major contiguous.
+  // C[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * C, C row-major
+  // contiguous; op(X) is X, or X stored transposed (column-major) when
+  // trans_x is set (BLAS only: the predicate routes nothing else here).
   int64_t m, n, k;
   double alpha, beta;
+  bool trans_a = false, trans_b = false;
 };
 
 template <typename T>
@@ -54,16 +61,19 @@ void gemm_block_fallback(const Gemm& g, const T* a, const T* b, T* c, int64_t r0
 template <typename T>
 void gemm_rows(const Gemm& g, const T* a, const T* b, T* c, int64_t r0, int64_t r1) {
 #if defined(NPUB_CANN_HAVE_OPENBLAS)
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(r1 - r0), static_cast<int>(g.n),
-                static_cast<int>(g.k), static_cast<float>(g.alpha), a + r0 * g.k, static_cast<int>(std::max<int64_t>(g.k, 1)), b,
-                static_cast<int>(std::max<int64_t>(g.n, 1)), static_cast<float>(g.beta), c + r0 * g.n,
-                static_cast<int>(std::max<int64_t>(g.n, 1)));
-    return;
-  } else if constexpr (std::is_same_v<T, double>) {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(r1 - r0), static_cast<int>(g.n),
-                static_cast<int>(g.k), g.alpha, a + r0 * g.k, static_cast<int>(std::max<int64_t>(g.k, 1)), b,
-                static_cast<int>(std::max<int64_t>(g.n, 1)), g.beta, c + r0 * g.n, static_cast<int>(std::max<int64_t>(g.n, 1)));
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    // Rows r0.. of op(A): rows of A, or columns of A stored transposed.
+    const T* ar = g.trans_a ? a + r0 : a + r0 * g.k;
+    const int lda = static_cast<int>(std::max<int64_t>(g.trans_a ? g.m : g.k, 1));
+    const int ldb = static_cast<int>(std::max<int64_t>(g.trans_b ? g.k : g.n, 1));
+    const int ldc = static_cast<int>(std::max<int64_t>(g.n, 1));
+    const auto ta = g.trans_a ? CblasTrans : CblasNoTrans, tb = g.trans_b ? CblasTrans : CblasNoTrans;
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(r1 - r0), static_cast<int>(g.n), static_cast<int>(g.k),
+                  static_cast<float>(g.alpha), ar, lda, b, ldb, static_cast<float>(g.beta), c + r0 * g.n, ldc);
+    else
+      cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(r1 - r0), static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, ar,
+                  lda, b, ldb, g.beta, c + r0 * g.n, ldc);
     return;
   }
 #endif
@@ -123,6 +133,19 @@ void check_same_dtype(const Call& call, std::initializer_list<TensorRef> ts) {
                                                dt_name(d) + " and " + dt_name(dt_of(t.dtype())));
 }
 
+// How a (batch of) matrix operand(s) is stored: row-major contiguous,
+// transposed (each matrix column-major, batches contiguous one after
+// another; what x.t() and k.transpose(-1, -2) give), or otherwise.
+enum class Layout { kRowMajor, kTransposed, kOther };
+Layout layout_of(const TensorRef& t, bool batch) {
+  if (t.is_contiguous()) return Layout::kRowMajor;
+  const int32_t r = batch ? 1 : 0;
+  const int64_t rows = t.size(r), cols = t.size(r + 1);
+  const bool transposed = (cols <= 1 || t.stride(r + 1) == rows) && (rows <= 1 || t.stride(r) == 1) &&
+                          (!batch || t.size(0) <= 1 || t.stride(0) == rows * cols);
+  return transposed ? Layout::kTransposed : Layout::kOther;
+}
+
 // out[b] = beta * self[b] + alpha * (m1[b] @ m2[b]) for each batch b.
 // `self` (may be undefined) broadcasts to out's shape.
 void batched(Call& call, const TensorRef& self, const TensorRef& m1, const TensorRef& m2, const TensorRef& out,
@@ -143,8 +166,9 @@ void batched(Call& call, const TensorRef& self, const TensorRef& m1, const Tenso
   const Shape shape = batch ? Shape{B, m, n} : Shape{m, n};
   check_out(call, out, shape);
   check_same_dtype(call, {m1, m2, out, self});
-  if (!out.is_contiguous() || !m1.is_contiguous() || !m2.is_contiguous())
-    call.fail(NPUB_ERR_INTERNAL, "operands must be contiguous (the kernel is registered contiguous-only)");
+  const Layout la = layout_of(m1, batch), lb = layout_of(m2, batch);
+  if (!out.is_contiguous() || la == Layout::kOther || lb == Layout::kOther)
+    call.fail(NPUB_ERR_INTERNAL, "operands must be contiguous or transposed (the strided kernel's predicate checks this)");
   const DT d = dt_of(out.dtype());
   // C starts as beta * self (broadcast) or is overwritten (beta == 0 ignores
   // self, NaNs included, as BLAS and ATen do).
@@ -170,7 +194,8 @@ void batched(Call& call, const TensorRef& self, const TensorRef& m1, const Tenso
       const T* a = m1.data<T>();
       const T* bm = m2.data<T>();
       T* c = out.data<T>();
-      gemm_batched<T>(call, Gemm{m, n, k, alpha, use_self ? beta : 0.0}, B, a, bm, c);
+      gemm_batched<T>(call, Gemm{m, n, k, alpha, use_self ? beta : 0.0, la == Layout::kTransposed, lb == Layout::kTransposed},
+                      B, a, bm, c);
     }
   });
 }
@@ -225,6 +250,25 @@ void gemm_serial_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k
 #endif
 }
 
+#if defined(NPUB_CANN_HAVE_OPENBLAS)
+namespace {
+// Predicate of the strided kernels: BLAS takes transposed operands as they
+// are (no staging copy of x.t() for every linear layer); anything else
+// declines to the contiguous-only kernel. Arguments: the two matrix
+// operands and out, by index.
+template <int32_t A, int32_t B, int32_t Out, bool kBatch>
+int32_t blas_layouts(void*, const NpubValue* args, int32_t num_args) {
+  if (num_args <= Out) return 0;
+  for (int32_t i : {A, B, Out})
+    if (args[i].tag != NPUB_VALUE_TENSOR || args[i].u.tensor->ndim != (kBatch ? 3 : 2)) return 0;
+  const TensorRef a(args[A].u.tensor), b(args[B].u.tensor), out(args[Out].u.tensor);
+  if (!out.is_contiguous()) return 0;
+  const Layout la = layout_of(a, kBatch), lb = layout_of(b, kBatch);
+  return la != Layout::kOther && lb != Layout::kOther && (la == Layout::kTransposed || lb == Layout::kTransposed);
+}
+}  // namespace
+#endif
+
 void register_matmul(npub::sdk::Registrar& r) {
   using namespace npub::sdk;
   const std::vector<DLDataType> dts = {kFloat32, kFloat64, kInt64, kInt32, kInt16, kInt8, kUInt8};
@@ -236,6 +280,15 @@ void register_matmul(npub::sdk::Registrar& r) {
   r.kernel("aten::addmm.out", &addmm).dtypes(dts).contiguous_only();
   r.def("aten::baddbmm.out(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)");
   r.kernel("aten::baddbmm.out", &baddbmm).dtypes(dts).contiguous_only();
+#if defined(NPUB_CANN_HAVE_OPENBLAS)
+  // float32/float64 with a transposed operand: the same kernels, preferred
+  // when their predicate accepts the layouts.
+  const std::vector<DLDataType> blas = {kFloat32, kFloat64};
+  r.kernel("aten::mm.out", &mm).dtypes(blas).priority(1).supports(&blas_layouts<0, 1, 2, false>);
+  r.kernel("aten::bmm.out", &bmm).dtypes(blas).priority(1).supports(&blas_layouts<0, 1, 2, true>);
+  r.kernel("aten::addmm.out", &addmm).dtypes(blas).priority(1).supports(&blas_layouts<1, 2, 5, false>);
+  r.kernel("aten::baddbmm.out", &baddbmm).dtypes(blas).priority(1).supports(&blas_layouts<1, 2, 5, true>);
+#endif
 }
 
 }  // namespace cann_like
