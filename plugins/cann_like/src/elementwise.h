@@ -101,6 +101,24 @@ void run_elementwise(const Call& call, const Iter& it, Fn fn) {
     }
     bool unit = typed && s[0] == static_cast<int64_t>(sizeof(R));
     for (int i = 1; i <= K; ++i) unit = unit && s[i] == static_cast<int64_t>(sizeof(T));
+    // Binary ops with one operand broadcast along the row (x * rstd[..., 1]):
+    // the broadcast value is loaded once.
+    if constexpr (K == 2) {
+      const bool row = typed && s[0] == static_cast<int64_t>(sizeof(R));
+      R* o = reinterpret_cast<R*>(p[0]);
+      if (row && s[1] == static_cast<int64_t>(sizeof(T)) && s[2] == 0) {
+        const T* a = reinterpret_cast<const T*>(p[1]);
+        const T b = *reinterpret_cast<const T*>(p[2]);
+        for (int64_t j = 0; j < n; ++j) o[j] = fn(a[j], b);
+        return;
+      }
+      if (row && s[1] == 0 && s[2] == static_cast<int64_t>(sizeof(T))) {
+        const T a = *reinterpret_cast<const T*>(p[1]);
+        const T* b = reinterpret_cast<const T*>(p[2]);
+        for (int64_t j = 0; j < n; ++j) o[j] = fn(a, b[j]);
+        return;
+      }
+    }
     if (unit) {
       R* o = reinterpret_cast<R*>(p[0]);
       const T* a = reinterpret_cast<const T*>(p[1]);
