@@ -27,6 +27,7 @@
 
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/runtime.h>
+#include <npubridge/dispatcher/torch_boxing.h>
 #include <npubridge/dispatcher/torch_dtype.h>
 #include <npubridge/dispatcher/value.h>
 #include <npubridge/support/error.h>
@@ -442,10 +443,7 @@ struct Boxed {
   c10::SmallVector<NpubValue, 8> values;
   c10::SmallVector<DLView, 6> views;
   std::vector<at::Tensor> keep;  // CPU scalars moved to the device
-  std::vector<std::unique_ptr<std::vector<int64_t>>> ints;
-  std::vector<std::unique_ptr<std::vector<double>>> doubles;
-  std::vector<std::unique_ptr<std::vector<DLTensor*>>> lists;
-  std::vector<std::unique_ptr<std::string>> strings;
+  BoxedStorage storage;  // lists and strings
 };
 
 size_t count_tensors(const std::vector<c10::IValue>& args) {
@@ -474,42 +472,7 @@ NpubValue box(const c10::IValue& v, Boxed& b, c10::DeviceIndex device, bool meta
     b.views.emplace_back(t);
     return &b.views.back().dl;
   };
-  if (v.isNone()) return none_value();
-  if (v.isTensor()) return v.toTensor().defined() ? tensor_value(tensor_view(v.toTensor())) : none_value();
-  if (v.isBool()) return bool_value(v.toBool());
-  if (v.isInt()) return int_value(v.toInt());
-  if (v.isDouble()) return double_value(v.toDouble());
-  if (v.isString()) {
-    b.strings.push_back(std::make_unique<std::string>(v.toStringRef()));
-    return string_value(b.strings.back()->c_str());
-  }
-  if (v.isIntList()) {
-    b.ints.push_back(std::make_unique<std::vector<int64_t>>(v.toIntVector()));
-    return int_list_value(*b.ints.back());
-  }
-  if (v.isList() && !v.toListRef().empty() && (v.toListRef()[0].isSymInt() || v.toListRef()[0].isInt())) {
-    auto l = std::make_unique<std::vector<int64_t>>();
-    for (const c10::IValue& e : v.toListRef()) l->push_back(e.isSymInt() ? e.toSymInt().expect_int() : e.toInt());
-    b.ints.push_back(std::move(l));
-    return int_list_value(*b.ints.back());
-  }
-  if (v.isBoolList()) {
-    auto l = std::make_unique<std::vector<int64_t>>();
-    for (bool x : v.toBoolList()) l->push_back(x);
-    b.ints.push_back(std::move(l));
-    return int_list_value(*b.ints.back());
-  }
-  if (v.isDoubleList()) {
-    b.doubles.push_back(std::make_unique<std::vector<double>>(v.toDoubleVector()));
-    return double_list_value(*b.doubles.back());
-  }
-  if (v.isList()) {
-    auto l = std::make_unique<std::vector<DLTensor*>>();
-    for (const c10::IValue& e : v.toListRef()) l->push_back(e.isNone() || !e.toTensor().defined() ? nullptr : tensor_view(e.toTensor()));
-    b.lists.push_back(std::move(l));
-    return tensor_list_value(*b.lists.back());
-  }
-  TORCH_CHECK(false, "npubridge: cannot pass an argument of type ", v.tagKind(), " to a plugin kernel");
+  return box_ivalue(v, b.storage, tensor_view);
 }
 
 c10::DeviceIndex call_device(const std::vector<c10::IValue>& args) {

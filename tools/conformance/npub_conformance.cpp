@@ -13,6 +13,7 @@
 
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/runtime.h>
+#include <npubridge/dispatcher/torch_boxing.h>
 #include <npubridge/dispatcher/torch_dtype.h>
 #include <npubridge/dispatcher/value.h>
 #include <npubridge/registry/schema.h>
@@ -80,53 +81,15 @@ at::Tensor to_torch(const DLTensor& d) {
 struct NpuArgs {
   std::vector<NpubValue> values;
   std::vector<Tensor> tensors;
-  std::vector<std::unique_ptr<std::vector<int64_t>>> int_lists;
-  std::vector<std::unique_ptr<std::vector<double>>> double_lists;
-  std::vector<std::unique_ptr<std::vector<DLTensor*>>> tensor_lists;
-  std::vector<std::unique_ptr<std::string>> strings;
+  BoxedStorage storage;
 };
 
+// Tensors are copied to the device (same sizes and strides).
 NpubValue box(const c10::IValue& v, NpuArgs& a, sim::Device* dev) {
-  if (v.isNone()) return none_value();
-  if (v.isTensor()) {
-    a.tensors.push_back(to_device(v.toTensor(), dev));
-    return tensor_value(a.tensors.back().dl());
-  }
-  if (v.isBool()) return bool_value(v.toBool());
-  if (v.isInt()) return int_value(v.toInt());
-  if (v.isDouble()) return double_value(v.toDouble());
-  if (v.isString()) {
-    a.strings.push_back(std::make_unique<std::string>(v.toStringRef()));
-    return string_value(a.strings.back()->c_str());
-  }
-  if (v.isIntList()) {
-    a.int_lists.push_back(std::make_unique<std::vector<int64_t>>(v.toIntVector()));
-    return int_list_value(*a.int_lists.back());
-  }
-  if (v.isBoolList()) {
-    auto l = std::make_unique<std::vector<int64_t>>();
-    for (bool b : v.toBoolList()) l->push_back(b);
-    a.int_lists.push_back(std::move(l));
-    return int_list_value(*a.int_lists.back());
-  }
-  if (v.isDoubleList()) {
-    a.double_lists.push_back(std::make_unique<std::vector<double>>(v.toDoubleVector()));
-    return double_list_value(*a.double_lists.back());
-  }
-  if (v.isTensorList() || v.isList()) {
-    auto l = std::make_unique<std::vector<DLTensor*>>();
-    for (const c10::IValue& e : v.toListRef()) {
-      if (e.isNone()) {
-        l->push_back(nullptr);
-      } else {
-        a.tensors.push_back(to_device(e.toTensor(), dev));
-        l->push_back(a.tensors.back().dl());
-      }
-    }
-    a.tensor_lists.push_back(std::move(l));
-    return tensor_list_value(*a.tensor_lists.back());
-  }
-  throw std::runtime_error("cannot box argument of type " + v.tagKind());
+  return box_ivalue(v, a.storage, [&](const at::Tensor& t) {
+    a.tensors.push_back(to_device(t, dev));
+    return a.tensors.back().dl();
+  });
 }
 
 c10::IValue deep_copy(const c10::IValue& v) {
