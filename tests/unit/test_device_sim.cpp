@@ -200,6 +200,36 @@ TEST(ComputePool, CoversTheRangeExactlyOnceAndNestsSerially) {
   for (auto& h : hits) EXPECT_EQ(h.load(), 1);
 }
 
+// Workers poll for work for a while after a loop, then sleep; a loop posted
+// in either state, or by several callers at once, is run exactly once.
+TEST(ComputePool, WorkersWakeFromSpinningAndFromSleep) {
+  ComputePool pool(2, std::chrono::microseconds(200));
+  auto sum_range = [&](int64_t n) {
+    std::atomic<int64_t> sum{0};
+    pool.parallel_for(0, n, 1,
+                      [](void* u, int64_t b, int64_t e) {
+                        int64_t s = 0;
+                        for (int64_t i = b; i < e; ++i) s += i;
+                        static_cast<std::atomic<int64_t>*>(u)->fetch_add(s);
+                      },
+                      &sum);
+    return sum.load();
+  };
+  for (int round = 0; round < 50; ++round) {
+    EXPECT_EQ(sum_range(1000), 999 * 1000 / 2);  // back to back: the worker is spinning
+    if (round % 10 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // past the spin: asleep
+  }
+  std::vector<std::thread> callers;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 3; ++t)
+    callers.emplace_back([&] {
+      for (int i = 0; i < 200; ++i)
+        if (sum_range(4096) != 4095 * 4096 / 2) wrong++;
+    });
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
+
 TEST(CopyEngine, ConvertsDtypesAndLayouts) {
   auto rt = test::make_runtime();
   Device* dev = &rt->devices().at(0);

@@ -4,10 +4,13 @@
 // least `grain` indices; the calling thread runs chunks too, so a call always
 // makes progress even when every worker is busy with another caller's loop.
 // A parallel_for issued from inside a worker runs serially (no nested
-// parallelism, no deadlock).
+// parallelism, no deadlock). Workers and callers spin briefly before they
+// block (see Note [Compute threads spin before they sleep] in
+// compute_pool.cpp).
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -21,9 +24,12 @@ namespace npub::sim {
 class ComputePool {
  public:
   using Body = void (*)(void* user, int64_t begin, int64_t end);
+  static constexpr std::chrono::nanoseconds kDefaultSpin = std::chrono::microseconds(100);
 
   // num_threads counts the calling thread: a pool of n starts n - 1 workers.
-  explicit ComputePool(int num_threads);
+  // `spin`: how long a thread polls for work (a worker) or for the other
+  // threads' chunks (a caller) before it blocks.
+  explicit ComputePool(int num_threads, std::chrono::nanoseconds spin = kDefaultSpin);
   ~ComputePool();
   ComputePool(const ComputePool&) = delete;
   ComputePool& operator=(const ComputePool&) = delete;
@@ -44,6 +50,7 @@ class ComputePool {
     std::condition_variable cv;
   };
   static void run_chunks(Job& job);
+  std::shared_ptr<Job> open_job();  // under mu_: a job with chunks left to claim
   void worker_loop();
 
   const int num_threads_;
@@ -51,6 +58,9 @@ class ComputePool {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> jobs_;
   bool stopping_ = false;
+  int sleepers_ = 0;                    // workers blocked on cv_ (under mu_)
+  std::atomic<uint64_t> posted_{0};     // bumped per posted job: what spinning workers poll
+  const std::chrono::nanoseconds spin_;
   std::vector<std::thread> workers_;
 };
 

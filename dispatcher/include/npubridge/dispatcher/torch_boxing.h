@@ -65,6 +65,7 @@ NpubValue box_ivalue(const c10::IValue& v, BoxedStorage& s, TensorFn&& tensor) {
     return tensor_list_value(*s.tensor_lists.back());
   }
   TORCH_CHECK(false, "npubridge: cannot pass an argument of type ", v.tagKind(), " to a plugin kernel");
+  return none_value();  // not reached; unoptimised builds do not see TORCH_CHECK(false) as noreturn
 }
 
 }  // namespace npub
