@@ -39,6 +39,58 @@ CachingAllocator::~CachingAllocator() {
     }
   }
   for (Block* b : all) delete b;
+  for (Block* b : spare_blocks_) delete b;
+}
+
+// See Note [A cache hit does not touch the heap].
+void CachingAllocator::pool_insert(Pool& pool, Block* b) {
+  if (spare_pool_nodes_.empty()) {
+    pool.insert(b);
+    return;
+  }
+  Pool::node_type node = std::move(spare_pool_nodes_.back());
+  spare_pool_nodes_.pop_back();
+  node.value() = b;
+  pool.insert(std::move(node));
+}
+
+void CachingAllocator::pool_erase(Pool& pool, Pool::iterator it) {
+  Pool::node_type node = pool.extract(it);
+  if (spare_pool_nodes_.size() < kMaxSpares) spare_pool_nodes_.push_back(std::move(node));
+}
+
+void CachingAllocator::live_insert(Block* b) {
+  if (spare_live_nodes_.empty()) {
+    live_.emplace(b->ptr, b);
+    return;
+  }
+  LiveMap::node_type node = std::move(spare_live_nodes_.back());
+  spare_live_nodes_.pop_back();
+  node.key() = b->ptr;
+  node.mapped() = b;
+  live_.insert(std::move(node));
+}
+
+CachingAllocator::Block* CachingAllocator::live_take(void* ptr) {
+  auto it = live_.find(ptr);
+  if (it == live_.end()) return nullptr;
+  Block* b = it->second;
+  LiveMap::node_type node = live_.extract(it);
+  if (spare_live_nodes_.size() < kMaxSpares) spare_live_nodes_.push_back(std::move(node));
+  return b;
+}
+
+CachingAllocator::Block* CachingAllocator::new_block(const Block& init) {
+  if (spare_blocks_.empty()) return new Block(init);
+  Block* b = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  *b = init;
+  return b;
+}
+
+void CachingAllocator::drop_block(Block* b) {
+  if (spare_blocks_.size() < kMaxSpares) spare_blocks_.push_back(b);
+  else delete b;
 }
 
 size_t CachingAllocator::round_size(size_t bytes) {
@@ -82,7 +134,7 @@ void* CachingAllocator::allocate(size_t bytes, const void* stream) {
   block = split(block, size, pool);
   block->allocated = true;
   block->requested = bytes;
-  live_.emplace(block->ptr, block);
+  live_insert(block);
   stats_.allocated_bytes += static_cast<int64_t>(block->size);
   stats_.total_allocated_bytes += static_cast<int64_t>(block->size);
   stats_.requested_bytes += static_cast<int64_t>(bytes);
@@ -103,7 +155,7 @@ CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, size_t si
   // (one made for a single huge request): that would pin it. Blocks of the
   // shared 20 MiB segments are exactly what such requests are for.
   if (!b->small && size < kLargeRequest && b->segment->size > kLargeSegment) return nullptr;
-  pool.erase(it);
+  pool_erase(pool, it);
   return b;
 }
 
@@ -113,7 +165,7 @@ CachingAllocator::Block* CachingAllocator::new_segment(size_t segment_size, bool
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (mem == MAP_FAILED) return nullptr;
   auto* seg = new Segment{static_cast<char*>(mem), segment_size};
-  auto* b = new Block{seg->base, segment_size, 0, stream, false, small, nullptr, nullptr, seg};
+  Block* b = new_block(Block{seg->base, segment_size, 0, stream, false, small, nullptr, nullptr, seg});
   stats_.reserved_bytes += static_cast<int64_t>(segment_size);
   stats_.total_reserved_bytes += static_cast<int64_t>(segment_size);
   if (stats_.reserved_bytes > stats_.peak_reserved_bytes)
@@ -126,20 +178,20 @@ CachingAllocator::Block* CachingAllocator::split(Block* block, size_t size, Pool
   const size_t remaining = block->size - size;
   const bool worth_splitting = block->small ? remaining >= kMinBlock : remaining > kSmallRequest;
   if (!worth_splitting) return block;
-  auto* rest = new Block{block->ptr + size, remaining, 0, block->stream, false, block->small,
-                         block, block->next, block->segment};
+  Block* rest = new_block(Block{block->ptr + size, remaining, 0, block->stream, false, block->small,
+                                block, block->next, block->segment});
   if (block->next != nullptr) block->next->prev = rest;
   block->next = rest;
   block->size = size;
-  pool.insert(rest);
+  pool_insert(pool, rest);
   return block;
 }
 
 void CachingAllocator::free(void* ptr) {
   if (ptr == nullptr) return;
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = live_.find(ptr);
-  if (it == live_.end()) {
+  Block* b = live_take(ptr);
+  if (b == nullptr) {
     char buf[160];
     std::snprintf(buf, sizeof buf,
                   "npu:%d caching allocator: free of %p, which is not a live allocation of "
@@ -147,8 +199,6 @@ void CachingAllocator::free(void* ptr) {
                   device_index_, ptr);
     throw Error(ErrorCode::kInvalidArgument, buf);
   }
-  Block* b = it->second;
-  live_.erase(it);
   stats_.allocated_bytes -= static_cast<int64_t>(b->size);
   stats_.total_freed_bytes += static_cast<int64_t>(b->size);
   stats_.requested_bytes -= static_cast<int64_t>(b->requested);
@@ -160,21 +210,21 @@ void CachingAllocator::free(void* ptr) {
   // Merge with free neighbours of the same segment.
   for (Block* n : {b->prev, b->next}) {
     if (n == nullptr || n->allocated) continue;
-    pool.erase(n);
+    pool_erase(pool, pool.find(n));
     if (n == b->prev) {
       n->size += b->size;
       n->next = b->next;
       if (b->next != nullptr) b->next->prev = n;
-      delete b;
+      drop_block(b);
       b = n;
     } else {
       b->size += n->size;
       b->next = n->next;
       if (n->next != nullptr) n->next->prev = b;
-      delete n;
+      drop_block(n);
     }
   }
-  pool.insert(b);
+  pool_insert(pool, b);
 }
 
 size_t CachingAllocator::release_cached_segments() {
@@ -201,7 +251,7 @@ void CachingAllocator::release_segment(Block* block) {
   stats_.total_released_bytes += static_cast<int64_t>(seg->size);
   --stats_.num_segments;
   delete seg;
-  delete block;
+  drop_block(block);
 }
 
 void CachingAllocator::empty_cache() {

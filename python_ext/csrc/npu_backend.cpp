@@ -33,6 +33,7 @@
 #include <npubridge/support/error.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <set>
 #include <sstream>
@@ -54,16 +55,19 @@ c10::DeviceIndex current_index() { return static_cast<c10::DeviceIndex>(rt().dev
 // allocator
 // ---------------------------------------------------------------------------
 
-struct AllocationContext {
-  void* ptr;
-  int device;
-};
-
-void free_allocation(void* ctx) {
-  auto* a = static_cast<AllocationContext*>(ctx);
-  rt().devices().at(a->device).free(a->ptr);
-  delete a;
+// The deleter of a device's memory: one function per device index, the
+// context being the pointer itself, so handing out a DataPtr allocates
+// nothing on the host (see Note [A cache hit does not touch the heap]).
+constexpr int kMaxDevices = 64;  // NPUB_SIM_DEVICES' upper bound
+template <int kDevice>
+void free_on_device(void* ptr) {
+  rt().devices().at(kDevice).free(ptr);
 }
+template <int... kDevices>
+constexpr std::array<c10::DeleterFnPtr, sizeof...(kDevices)> make_deleters(std::integer_sequence<int, kDevices...>) {
+  return {&free_on_device<kDevices>...};
+}
+constexpr auto kDeleters = make_deleters(std::make_integer_sequence<int, kMaxDevices>());
 
 // Device memory from the simulated NPU's caching allocator, on the current
 // device. The memory is reached only through the device's copy APIs. A
@@ -78,8 +82,8 @@ class NpuAllocator final : public c10::DeviceAllocator {
     } catch (const OutOfMemoryError& e) {
       TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
     }
-    auto* ctx = new AllocationContext{p, dev};
-    return {p, ctx, &free_allocation, c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(dev))};
+    TORCH_INTERNAL_ASSERT(dev >= 0 && dev < kMaxDevices, "npu: device index ", dev, " has no deleter");
+    return {p, p, kDeleters[static_cast<size_t>(dev)], c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(dev))};
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
@@ -446,7 +450,7 @@ struct Boxed {
   BoxedStorage storage;  // lists and strings
 };
 
-size_t count_tensors(const std::vector<c10::IValue>& args) {
+size_t count_tensors(c10::ArrayRef<c10::IValue> args) {
   size_t n = 0;
   for (const auto& v : args) {
     if (v.isTensor()) ++n;
@@ -475,7 +479,7 @@ NpubValue box(const c10::IValue& v, Boxed& b, c10::DeviceIndex device, bool meta
   return box_ivalue(v, b.storage, tensor_view);
 }
 
-c10::DeviceIndex call_device(const std::vector<c10::IValue>& args) {
+c10::DeviceIndex call_device(c10::ArrayRef<c10::IValue> args) {
   for (const auto& v : args) {
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_privateuseone()) return v.toTensor().device().index();
     if (v.isList())
@@ -493,7 +497,7 @@ std::string full_name(const c10::OperatorName& n) {
 // Runs `target` (an op of the registry) on the given IValue arguments and
 // leaves its results on `stack` (which must not hold the arguments; null:
 // the caller needs no results).
-void run_on_dispatcher(const OpHandle& target, const std::vector<c10::IValue>& args, torch::jit::Stack* stack) {
+void run_on_dispatcher(const OpHandle& target, c10::ArrayRef<c10::IValue> args, torch::jit::Stack* stack) {
   const c10::DeviceIndex device = call_device(args);
   c10::OptionalDeviceGuard guard;
   if (device != current_index()) guard.reset_device(at::Device(c10::DeviceType::PrivateUse1, device));
@@ -577,8 +581,9 @@ struct OutputSpec {
   at::ScalarType dtype;
 };
 using OutputSpecs = std::vector<OutputSpec>;
-std::mutex g_meta_cache_mu;
-std::unordered_map<std::string, std::shared_ptr<const OutputSpecs>> g_meta_cache;
+// Per thread, so the hot path takes no lock; each thread asks the meta
+// kernel once per call signature.
+thread_local std::unordered_map<std::string, std::shared_ptr<const OutputSpecs>> tls_meta_cache;
 
 // The cache key: raw bytes of every argument's metadata, prefixed with the
 // op's address. False when some argument cannot be part of a key (the call
@@ -587,7 +592,7 @@ template <typename T>
 void put(std::string& k, const T& v) {
   k.append(reinterpret_cast<const char*>(&v), sizeof v);
 }
-bool signature(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args, std::string* key) {
+bool signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, std::string* key) {
   std::string& k = *key;
   k.clear();
   put(k, &op.schema());
@@ -627,12 +632,11 @@ bool signature(const c10::OperatorHandle& op, const std::vector<c10::IValue>& ar
 
 // The outputs' shapes and dtypes of a functional op: from the cache, or from
 // the op's meta kernel. Null when the meta kernel fails.
-std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   thread_local std::string key;  // keeps its capacity: no allocation per call
   const bool cacheable = signature(op, args, &key);
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(g_meta_cache_mu);
-    if (auto it = g_meta_cache.find(key); it != g_meta_cache.end()) return it->second;
+    if (auto it = tls_meta_cache.find(key); it != tls_meta_cache.end()) return it->second;
   }
   torch::jit::Stack meta;
   for (const auto& a : args) meta.push_back(map_tensors(a, [](const at::Tensor& t) { return to_meta(t); }));
@@ -647,9 +651,8 @@ std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op, c
   auto specs = std::make_shared<OutputSpecs>();
   for (const auto& r : meta) specs->push_back({r.toTensor().sizes().vec(), r.toTensor().scalar_type()});
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(g_meta_cache_mu);
-    if (g_meta_cache.size() > 4096) g_meta_cache.clear();
-    g_meta_cache.emplace(key, specs);
+    if (tls_meta_cache.size() > 4096) tls_meta_cache.clear();
+    tls_meta_cache.emplace(key, specs);
   }
   return specs;
 }
@@ -657,7 +660,7 @@ std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op, c
 // out= tensors of the wrong shape are resized first, as ATen's out
 // convention does (callers pass empty outs); the shapes come from the op's
 // meta kernel. Without a meta kernel the plugin's own shape check decides.
-void resize_outs(const c10::OperatorHandle& op, const std::vector<c10::IValue>& args) {
+void resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   const auto specs = output_specs(op, args);
   if (!specs) return;
   const auto& schema_args = op.schema().arguments();
@@ -721,7 +724,7 @@ void compare_with_cpu(const std::string& op, const reg::OpEntry* target, const s
 }
 
 // CPU copies of a call's arguments, taken before the plugin runs.
-std::vector<c10::IValue> cpu_copies(const std::vector<c10::IValue>& args) {
+std::vector<c10::IValue> cpu_copies(c10::ArrayRef<c10::IValue> args) {
   std::vector<c10::IValue> cpu;
   cpu.reserve(args.size());
   for (const auto& a : args)
@@ -735,7 +738,7 @@ std::vector<c10::IValue> cpu_copies(const std::vector<c10::IValue>& args) {
 // Runs `op` on the CPU copies through ATen and compares returns and written
 // arguments with what the plugin left in `results` and `args`.
 void check_against_cpu(const c10::OperatorHandle& op, const OpHandle& target, std::vector<c10::IValue> cpu_args,
-                       const std::vector<c10::IValue>& args, const std::vector<c10::IValue>& results) {
+                       c10::ArrayRef<c10::IValue> args, const std::vector<c10::IValue>& results) {
   torch::jit::Stack cpu(cpu_args.begin(), cpu_args.end());
   {
     at::AutoDispatchBelowADInplaceOrView below;
@@ -780,9 +783,7 @@ class Bridge final : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t n = op.schema().arguments().size();
     // The call's arguments, then (for the .out routes) its outputs.
-    std::vector<c10::IValue> args;
-    args.reserve(n + 2);
-    args.insert(args.end(), stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
+    c10::SmallVector<c10::IValue, 8> args(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
     // copy_ between the host and the device is a transfer, not a kernel: the
     // device's copy engine does it (a plugin's copy_ is device to device).
     if (route_ == Route::kDirect && op.schema().operator_name().name == "aten::copy_" &&

@@ -22,6 +22,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace npub::sim {
 
@@ -96,6 +97,7 @@ class CachingAllocator {
     }
   };
   using Pool = std::set<Block*, BlockOrder>;
+  using LiveMap = std::unordered_map<void*, Block*>;
 
   static size_t round_size(size_t bytes);
   static size_t segment_size_for(size_t rounded);
@@ -105,14 +107,28 @@ class CachingAllocator {
   size_t release_cached_segments();  // caller holds mu_
   Block* split(Block* block, size_t size, Pool& pool);
   [[noreturn]] void throw_oom(size_t requested);
+  // Note [A cache hit does not touch the heap]: a steady stream of
+  // allocations and frees (a training step, a decode loop) reuses blocks;
+  // the tree and hash nodes and Block objects that bookkeeping needs are
+  // recycled too, so only new segments allocate host memory.
+  void pool_insert(Pool& pool, Block* b);
+  void pool_erase(Pool& pool, Pool::iterator it);
+  void live_insert(Block* b);
+  Block* live_take(void* ptr);  // null when ptr is not live
+  Block* new_block(const Block& init);
+  void drop_block(Block* b);
 
   const int device_index_;
   const uint64_t capacity_;
   mutable std::mutex mu_;
   Pool small_pool_;
   Pool large_pool_;
-  std::unordered_map<void*, Block*> live_;
+  LiveMap live_;
   AllocatorStats stats_;
+  static constexpr size_t kMaxSpares = 256;
+  std::vector<Pool::node_type> spare_pool_nodes_;
+  std::vector<LiveMap::node_type> spare_live_nodes_;
+  std::vector<Block*> spare_blocks_;
 };
 
 std::string format_bytes(uint64_t bytes);
