@@ -40,6 +40,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -397,9 +398,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 
 // The torch call being served on this thread, for the dispatcher's fallback.
 struct TorchCall {
+  TorchCall(const c10::OperatorHandle* o, torch::jit::Stack* s) : op(o), stack(s) {}
   const c10::OperatorHandle* op;
-  torch::jit::Stack* stack;
+  torch::jit::Stack* stack;  // null for an unboxed call until a fallback needs it
   bool fell_back = false;
+  // An unboxed call's arguments, pushed onto `own` when the fallback needs a
+  // stack (see Note [Unboxed entry for the common signatures]).
+  void (*push_args)(const void* ctx, torch::jit::Stack& stack) = nullptr;
+  const void* push_ctx = nullptr;
+  torch::jit::Stack own;
 };
 thread_local TorchCall* tls_call = nullptr;
 
@@ -487,6 +494,26 @@ c10::DeviceIndex call_device(c10::ArrayRef<c10::IValue> args) {
         if (e.isTensor() && e.toTensor().defined() && e.toTensor().is_privateuseone()) return e.toTensor().device().index();
   }
   return current_index();
+}
+
+// False when some tensor argument has a dtype without a DLPack code plugins
+// know (DType::kUnknown: complex, float8, ...), so the host computes the op.
+// Not for tensors with a lazy conjugate or negation: the CPU fallback
+// resolves those on the device first (a clone, routed here again), so they
+// keep the dispatcher's error instead of recursing.
+bool describable(c10::ArrayRef<c10::IValue> args) {
+  auto ok = [](const c10::IValue& v) {
+    if (!v.isTensor() || !v.toTensor().defined()) return true;
+    const at::Tensor& t = v.toTensor();
+    return npub_dtype(t.scalar_type()) != DType::kUnknown || t.is_conj() || t.is_neg();
+  };
+  for (const auto& v : args) {
+    if (!ok(v)) return false;
+    if (v.isList())
+      for (const auto& e : v.toListRef())
+        if (!ok(e)) return false;
+  }
+  return true;
 }
 
 // "aten::add.out": the registry's spelling of an ATen operator name.
@@ -592,26 +619,30 @@ template <typename T>
 void put(std::string& k, const T& v) {
   k.append(reinterpret_cast<const char*>(&v), sizeof v);
 }
+void tensor_key(std::string& k, const at::Tensor& t) {
+  if (!t.defined()) {
+    k.push_back('U');
+    return;
+  }
+  k.push_back(t.device().is_cpu() ? (t.unsafeGetTensorImpl()->is_wrapped_number() ? 'w' : 'c') : 'd');
+  put(k, static_cast<int8_t>(t.scalar_type()));
+  put(k, static_cast<int8_t>(t.dim()));
+  k.append(reinterpret_cast<const char*>(t.sizes().data()), t.sizes().size() * sizeof(int64_t));
+}
+void int_key(std::string& k, int64_t v) { k.push_back('i'); put(k, v); }
+void double_key(std::string& k, double v) { k.push_back('f'); put(k, v); }
+void bool_key(std::string& k, bool v) { k.push_back('b'); put(k, v); }
+
 bool signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, std::string* key) {
   std::string& k = *key;
   k.clear();
   put(k, &op.schema());
-  auto tensor_key = [&](const at::Tensor& t) {
-    if (!t.defined()) {
-      k.push_back('U');
-      return;
-    }
-    k.push_back(t.device().is_cpu() ? (t.unsafeGetTensorImpl()->is_wrapped_number() ? 'w' : 'c') : 'd');
-    put(k, static_cast<int8_t>(t.scalar_type()));
-    put(k, static_cast<int8_t>(t.dim()));
-    k.append(reinterpret_cast<const char*>(t.sizes().data()), t.sizes().size() * sizeof(int64_t));
-  };
   for (const auto& a : args) {
     if (a.isNone()) k.push_back('N');
-    else if (a.isTensor()) tensor_key(a.toTensor());
-    else if (a.isInt()) { k.push_back('i'); put(k, a.toInt()); }
-    else if (a.isDouble()) { k.push_back('f'); put(k, a.toDouble()); }
-    else if (a.isBool()) { k.push_back('b'); put(k, a.toBool()); }
+    else if (a.isTensor()) tensor_key(k, a.toTensor());
+    else if (a.isInt()) int_key(k, a.toInt());
+    else if (a.isDouble()) double_key(k, a.toDouble());
+    else if (a.isBool()) bool_key(k, a.toBool());
     else if (a.isString()) { k.push_back('s'); k += a.toStringRef(); k.push_back('\0'); }
     else if (a.isIntList()) {
       k.push_back('l');
@@ -622,7 +653,7 @@ bool signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, s
       k.push_back('L');
       const auto l = a.toTensorList();
       put(k, static_cast<int32_t>(l.size()));
-      for (const at::Tensor& t : l) tensor_key(t);
+      for (const at::Tensor& t : l) tensor_key(k, t);
     } else {
       return false;
     }
@@ -632,6 +663,11 @@ bool signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, s
 
 // The outputs' shapes and dtypes of a functional op: from the cache, or from
 // the op's meta kernel. Null when the meta kernel fails.
+const OutputSpecs* cached_output_specs(const std::string& key) {
+  auto it = tls_meta_cache.find(key);
+  return it != tls_meta_cache.end() ? it->second.get() : nullptr;
+}
+
 std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   thread_local std::string key;  // keeps its capacity: no allocation per call
   const bool cacheable = signature(op, args, &key);
@@ -793,6 +829,12 @@ class Bridge final : public c10::OperatorKernel {
       stack->push_back(args[0]);
       return;
     }
+    // Tensors of a dtype plugins cannot describe (complex, float8, ...) are
+    // the host's to compute.
+    if (!describable(args)) {
+      cpu_fallback_counted(op, stack);
+      return;
+    }
     c10::SmallVector<at::Tensor, 2> outs;
     if (route_ == Route::kDirect) {
       if (has_out_) resize_outs(op, args);
@@ -841,15 +883,11 @@ class Bridge final : public c10::OperatorKernel {
   }
 
   void set_has_out(bool v) { has_out_ = v; }
+  Route route() const { return route_; }
 
- private:
   // The registry op for this call: lock-free while the op-mapping table
   // stays as it was (an immutable resolution published by pointer; replaced
   // ones are kept until the process ends, like the registry's snapshots).
-  struct Resolution {
-    OpHandle handle;
-    uint64_t map_version;
-  };
   OpHandle resolve() {
     const uint64_t v = rt().op_map().version();
     const Resolution* r = resolved_.load(std::memory_order_acquire);
@@ -860,6 +898,12 @@ class Bridge final : public c10::OperatorKernel {
     return retired_.back()->handle;
   }
 
+ private:
+  struct Resolution {
+    OpHandle handle;
+    uint64_t map_version;
+  };
+
   const Route route_;
   const std::string target_name_;
   bool has_out_ = false;
@@ -867,6 +911,128 @@ class Bridge final : public c10::OperatorKernel {
   std::mutex mu_;  // writers of resolved_
   std::vector<std::unique_ptr<Resolution>> retired_;
 };
+
+// Note [Unboxed entry for the common signatures]
+// A boxed kernel makes PyTorch build a stack for every call: the arguments
+// are copied into IValues, and copying a tensor that Python owns takes the
+// GIL (PyObject preservation), twice per call. Routed ops whose schema is
+// made of tensors and scalars only and returns one new tensor (add.Tensor,
+// mul.Tensor, relu, mul.Scalar, ...) get an unboxed entry instead. It serves
+// the common case by reference: npu tensors of the current device, a call
+// signature the meta cache already knows, no precision check. Anything else
+// (CPU scalars, another device, a first call, complex values) goes to the
+// boxed bridge unchanged, so both entries behave the same. When the
+// dispatcher falls back, the stack is built then (TorchCall::push_args).
+template <class... Args>
+class UnboxedBridge {
+ public:
+  UnboxedBridge(std::shared_ptr<Bridge> boxed, c10::OperatorHandle op) : boxed_(std::move(boxed)), op_(std::move(op)) {}
+
+  at::Tensor operator()(const Args&... args) const {
+    constexpr size_t kArgs = sizeof...(Args);
+    const c10::DeviceIndex device = current_index();
+    if (g_precision_on.load(std::memory_order_relaxed) || !(servable(args, device) && ...)) return boxed(args...);
+    const bool via_out = boxed_->route() == Route::kViaOut;
+    at::Tensor out;
+    if (via_out) {
+      thread_local std::string key;
+      key.clear();
+      put(key, &op_.schema());
+      (add_key(key, args), ...);
+      const OutputSpecs* specs = cached_output_specs(key);
+      if (specs == nullptr || specs->size() != 1) return boxed(args...);
+      out = empty_memory_format((*specs)[0].sizes, (*specs)[0].dtype, std::nullopt,
+                                at::Device(c10::DeviceType::PrivateUse1, device), std::nullopt, std::nullopt);
+    }
+    std::array<DLTensor, kArgs + 1> dls{};
+    std::array<NpubValue, kArgs + 1> values{};
+    size_t i = 0;
+    ((values[i] = box_arg(args, dls[i]), ++i), ...);
+    if (via_out) values[i++] = tensor_value(&(dls[kArgs] = DLView(out).dl));
+    NpubValue ret = none_value();
+    TorchOutputs outs;
+    TorchCall call{&op_, nullptr};
+    const std::tuple<const Args&...> refs(args...);
+    call.push_args = [](const void* ctx, torch::jit::Stack& stack) {
+      std::apply([&](const Args&... a) { (stack.emplace_back(a), ...); }, *static_cast<const std::tuple<const Args&...>*>(ctx));
+    };
+    call.push_ctx = &refs;
+    ScopedTorchCall scope(call);
+    try {
+      rt().dispatcher().call(boxed_->resolve(), values.data(), static_cast<int32_t>(i), &ret, 1, &outs);
+    } catch (const OutOfMemoryError& e) {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+    } catch (const Error& e) {
+      TORCH_CHECK(false, e.what());
+    }
+    if (call.fell_back) return call.own.back().toTensor();
+    if (via_out) return out;
+    const at::Tensor* r = outs.find(0);
+    TORCH_INTERNAL_ASSERT(r != nullptr, "npubridge: '", full_name(op_.schema().operator_name()), "' returned no tensor");
+    return *r;
+  }
+
+ private:
+  static bool servable(const at::Tensor& t, c10::DeviceIndex device) {
+    return t.defined() && t.is_privateuseone() && t.device().index() == device &&
+           npub_dtype(t.scalar_type()) != DType::kUnknown;
+  }
+  static bool servable(const c10::Scalar& s, c10::DeviceIndex) { return !s.isComplex() && !s.isSymbolic(); }
+  // The same bytes signature() writes for the boxed form of the argument.
+  static void add_key(std::string& k, const at::Tensor& t) { tensor_key(k, t); }
+  static void add_key(std::string& k, const c10::Scalar& s) {
+    if (s.isBoolean()) bool_key(k, s.toBool());
+    else if (s.isIntegral(false)) int_key(k, s.toLong());
+    else double_key(k, s.toDouble());
+  }
+  static NpubValue box_arg(const at::Tensor& t, DLTensor& dl) { return tensor_value(&(dl = DLView(t).dl)); }
+  static NpubValue box_arg(const c10::Scalar& s, DLTensor&) {
+    if (s.isBoolean()) return bool_value(s.toBool());
+    if (s.isIntegral(false)) return int_value(s.toLong());
+    return double_value(s.toDouble());
+  }
+  at::Tensor boxed(const Args&... args) const {
+    torch::jit::Stack stack;
+    stack.reserve(sizeof...(Args));
+    (stack.emplace_back(args), ...);
+    (*boxed_)(op_, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+    return stack.back().toTensor();
+  }
+
+  std::shared_ptr<Bridge> boxed_;
+  c10::OperatorHandle op_;
+};
+
+// The kernel registered for a routed op: the unboxed entry when the schema
+// has one of its shapes (Note [Unboxed entry for the common signatures]),
+// else the boxed bridge.
+torch::CppFunction bridge_kernel(Route route, const std::string& target, const c10::OperatorHandle& op, bool has_out = false) {
+  auto bridge = std::make_shared<Bridge>(route, target);
+  bridge->set_has_out(has_out);
+  const c10::FunctionSchema& f = op.schema();
+  std::string shape;
+  bool plain = f.returns().size() == 1 && f.returns()[0].type()->kind() == c10::TypeKind::TensorType &&
+               f.returns()[0].alias_info() == nullptr && route != Route::kInplaceViaOut;
+  for (const auto& a : f.arguments()) {
+    plain = plain && a.alias_info() == nullptr;
+    const c10::TypeKind k = a.type()->kind();
+    shape += k == c10::TypeKind::TensorType ? 'T' : k == c10::TypeKind::NumberType ? 'S' : '?';
+  }
+  if (plain) {
+    if (shape == "T") return torch::CppFunction(UnboxedBridge<at::Tensor>(bridge, op));
+    if (shape == "TT") return torch::CppFunction(UnboxedBridge<at::Tensor, at::Tensor>(bridge, op));
+    if (shape == "TS") return torch::CppFunction(UnboxedBridge<at::Tensor, c10::Scalar>(bridge, op));
+    if (shape == "TTS") return torch::CppFunction(UnboxedBridge<at::Tensor, at::Tensor, c10::Scalar>(bridge, op));
+    if (shape == "TSS") return torch::CppFunction(UnboxedBridge<at::Tensor, c10::Scalar, c10::Scalar>(bridge, op));
+  }
+  struct BoxedEntry final : c10::OperatorKernel {
+    std::shared_ptr<Bridge> bridge;
+    void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) { (*bridge)(op, ks, stack); }
+  };
+  auto k = std::make_unique<BoxedEntry>();
+  k->bridge = std::move(bridge);
+  return torch::CppFunction::makeFromBoxedFunctor(std::move(k));
+}
 
 // The Meta kernel of a plugin's own op: its outputs' shapes and dtypes from
 // the meta function the plugin registered (Dispatcher::infer_meta), on meta
@@ -904,6 +1070,11 @@ class MetaBridge final : public c10::OperatorKernel {
 void torch_fallback(const reg::OpEntry&, const NpubValue*, int32_t, NpubValue*, int32_t, OutputAllocator&) {
   TORCH_CHECK(tls_call != nullptr, "npubridge: fallback outside a torch call");
   tls_call->fell_back = true;
+  if (tls_call->stack == nullptr) {
+    TORCH_INTERNAL_ASSERT(tls_call->push_args != nullptr, "npubridge: an unboxed call without its arguments");
+    tls_call->push_args(tls_call->push_ctx, tls_call->own);
+    tls_call->stack = &tls_call->own;
+  }
   at::native::cpu_fallback(*tls_call->op, tls_call->stack);
 }
 
@@ -1020,11 +1191,9 @@ void register_plugin_ops() {
                  ", ATen: ", theirs, ")");
       continue;
     }
-    auto bridge = std::make_unique<Bridge>(Route::kDirect, e->name());
     bool has_out = false;
     for (const auto& a : h->schema().arguments()) has_out = has_out || (a.is_out() && a.type()->kind() == c10::TypeKind::TensorType);
-    bridge->set_has_out(has_out);
-    lib->impl(unqualified.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(bridge)));
+    lib->impl(unqualified.c_str(), bridge_kernel(Route::kDirect, e->name(), *h, has_out));
     registered.insert(e->name());
     g_native.push_back(e->name());
   }
@@ -1052,8 +1221,7 @@ void register_plugin_ops() {
                                    [](const reg::Argument& a) { return a.is_write() && a.kwarg_only; }) != 1)
         continue;
       const std::string unq = full.substr(std::string("aten::").size());
-      lib->impl(unq.c_str(), torch::CppFunction::makeFromBoxedFunctor(
-                                 std::make_unique<Bridge>(inplace ? Route::kInplaceViaOut : Route::kViaOut, e->name())));
+      lib->impl(unq.c_str(), bridge_kernel(inplace ? Route::kInplaceViaOut : Route::kViaOut, e->name(), *h));
       registered.insert(full);
       g_via_out.push_back(full + " -> " + e->name());
     }
@@ -1235,15 +1403,26 @@ PYBIND11_MODULE(_C, m) {
       out[py::str(s.op)] = d;
     }
     std::lock_guard<std::mutex> lock(npub::torch_backend::g_fallback_mu);
+    // Calls the host computed without asking the dispatcher (no plugin
+    // serves the op, or its dtype has no DLPack code): added to the op's
+    // entry when the dispatcher has one too.
     for (const auto& [name, count] : npub::torch_backend::g_fallback_counts) {
+      py::str key(name);
+      if (out.contains(key)) {
+        py::dict d = out[key];
+        d["calls"] = d["calls"].cast<int64_t>() + count;
+        d["fallbacks"] = d["fallbacks"].cast<int64_t>() + count;
+        continue;
+      }
       py::dict d;
       d["calls"] = count;
       d["fallbacks"] = count;
       d["conversions"] = 0;
       d["errors"] = 0;
+      d["precision_mismatches"] = 0;
       d["time_ms"] = 0.0;
       d["native"] = py::dict();
-      out[py::str(name)] = d;
+      out[key] = d;
     }
     return out;
   });

@@ -96,6 +96,79 @@ def test_statistics_count_native_calls_and_fallbacks():
     assert s["aten::tan"]["fallbacks"] >= 1 if "aten::tan" in s else s["aten::tan.out"]["fallbacks"] >= 1
 
 
+def test_unboxed_entry_agrees_with_the_cpu_for_every_signature_shape():
+    # Ops made of tensors and scalars get an unboxed entry (Note [Unboxed
+    # entry for the common signatures]); the first call of a signature takes
+    # the boxed bridge, the repeats the unboxed one. Both must agree with ATen.
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    i = torch.randint(-5, 5, (4, 5))
+    na, nb, ni = a.npu(), b.npu(), i.npu()
+    aten = torch.ops.aten
+    cases = [
+        (lambda x, y, k: aten.relu(x), (na, nb, ni), (a, b, i)),                           # (Tensor)
+        (lambda x, y, k: aten.mul.Tensor(x, y), (na, nb, ni), (a, b, i)),                  # (Tensor, Tensor)
+        (lambda x, y, k: aten.add.Tensor(x, y, alpha=2.5), (na, nb, ni), (a, b, i)),       # (Tensor, Tensor, Scalar)
+        (lambda x, y, k: aten.sub.Tensor(k, k, alpha=3), (na, nb, ni), (a, b, i)),
+        (lambda x, y, k: aten.mul.Scalar(x, 3), (na, nb, ni), (a, b, i)),                  # (Tensor, Scalar)
+        (lambda x, y, k: aten.mul.Scalar(k, 2.5), (na, nb, ni), (a, b, i)),                # int * float -> float
+        (lambda x, y, k: aten.add.Scalar(k, True, alpha=2), (na, nb, ni), (a, b, i)),      # (Tensor, Scalar, Scalar)
+    ]
+    for fn, dev_args, cpu_args in cases:
+        want = fn(*cpu_args)
+        for _ in range(3):
+            got = fn(*dev_args)
+            assert got.device == torch.device("npu:0")
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got.cpu(), want)
+
+
+def test_unboxed_entry_falls_back_and_hands_over_unusual_calls():
+    torch.manual_seed(0)
+    # complex has no dtype code plugins know: the host computes it
+    c = torch.randn(3, dtype=torch.complex64)
+    nc = c.npu()
+    npubridge.reset_stats()
+    for _ in range(3):
+        torch.testing.assert_close((nc * nc).cpu(), c * c)
+        torch.testing.assert_close((nc + 1j).cpu(), c + 1j)
+    torch.empty(3, device="npu").copy_(torch.ones(3, device="npu"))  # a float copy_: served natively
+    torch.empty_like(nc).copy_(nc)  # a complex one: by the host
+    s = npubridge.stats()
+    assert s["aten::mul.Tensor"]["fallbacks"] == 3
+    assert s["aten::copy_"]["fallbacks"] >= 1 and s["aten::copy_"]["native"]["cann_like"] >= 1
+    # a dtype the plugin does not serve (int16 matmul): the dispatcher falls
+    # back from inside the unboxed call
+    s16 = torch.randint(-3, 3, (3, 3), dtype=torch.int16)
+    n16 = s16.npu()
+    for _ in range(3):
+        assert torch.equal((n16 @ n16).cpu(), s16 @ s16)
+    # another device than the current one, and a CPU scalar operand
+    a = torch.randn(6)
+    n1 = a.to("npu:1")
+    for _ in range(3):
+        r = torch.ops.aten.mul.Tensor(n1, n1)
+        assert r.device == torch.device("npu:1")
+        torch.testing.assert_close(r.cpu(), a * a)
+        torch.testing.assert_close((n1 * 2.0).cpu(), a * 2.0)
+    # a plugin disabled after the signature was cached
+    x = torch.randn(4, 4)
+    nx = x.npu()
+    torch.testing.assert_close((nx @ nx).cpu(), x @ x, atol=1e-5, rtol=1e-5)
+    npubridge.disable_plugin("cann_like")
+    try:
+        npubridge.reset_stats()
+        torch.testing.assert_close((nx @ nx).cpu(), x @ x, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close((nx + nx).cpu(), x + x)
+        s = npubridge.stats()
+        assert s["aten::mm.out"]["fallbacks"] == 1 and s["aten::add.out"]["fallbacks"] == 1
+    finally:
+        npubridge.enable_plugin("cann_like")
+    # bad shapes still raise ATen's message
+    with pytest.raises(RuntimeError, match="must match the size"):
+        torch.randn(3).npu() + torch.randn(4).npu()
+
+
 def test_mixed_devices_raise_pytorchs_message():
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         torch.randn(3).npu() + torch.randn(3)
