@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <thread>
 
 using namespace npub;
@@ -43,6 +44,29 @@ TEST(CachingAllocator, ReusesSplitsAndMergesBlocks) {
   EXPECT_EQ(a.stats().peak_allocated_bytes, 1 << 20);
   a.reset_peak_stats();
   EXPECT_EQ(a.stats().peak_allocated_bytes, 0);
+}
+
+// Segments start on a 2 MiB boundary (huge-page backed where the OS allows),
+// and a steady alloc/free cycle keeps returning the same blocks.
+TEST(CachingAllocator, SegmentsAreHugePageAlignedAndCyclesReuseBlocks) {
+  CachingAllocator a(0, 1ull << 30);
+  const void* s = reinterpret_cast<const void*>(1);
+  void* small = a.allocate(100, s);
+  void* large = a.allocate(4 << 20, s);
+  void* huge = a.allocate(30 << 20, s);
+  for (void* p : {small, large, huge}) EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % (2 << 20), 0u) << p;
+  std::memset(huge, 1, 30 << 20);  // the whole mapping is usable
+  void* first = nullptr;
+  for (int i = 0; i < 100; ++i) {
+    void* x = a.allocate(4 << 20, s);
+    if (i == 0) first = x;
+    EXPECT_EQ(x, first);
+    a.free(x);
+  }
+  for (void* p : {small, large, huge}) a.free(p);
+  EXPECT_EQ(a.stats().allocated_bytes, 0);
+  a.empty_cache();
+  EXPECT_EQ(a.stats().reserved_bytes, 0);
 }
 
 // A stream of medium tensors (x = x + b of 4 MiB each) lives in one 20 MiB

@@ -102,6 +102,7 @@ class CachingAllocator {
   static size_t round_size(size_t bytes);
   static size_t segment_size_for(size_t rounded);
   Block* find_free_block(Pool& pool, size_t size, const void* stream);
+  static void* map_segment(size_t segment_size);  // null when the OS refuses
   Block* new_segment(size_t segment_size, bool small, const void* stream);
   void release_segment(Block* block);
   size_t release_cached_segments();  // caller holds mu_
