@@ -570,6 +570,7 @@ void run_on_dispatcher(const OpHandle& target, c10::ArrayRef<c10::IValue> args, 
 }
 
 void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+void cpu_decides(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // The same value with every tensor (also inside lists) on the meta device.
 // Wrapped numbers (Python scalars as 0-d CPU tensors) stay as they are: meta
@@ -845,7 +846,7 @@ class Bridge final : public c10::OperatorKernel {
       if (!specs) {
         // No meta kernel (or an input the meta kernel rejects): let the CPU
         // implementation decide, and raise its own error if it must.
-        cpu_fallback_counted(op, stack);
+        cpu_decides(op, stack);
         return;
       }
       const c10::DeviceIndex device = call_device(args);
@@ -1083,7 +1084,9 @@ std::mutex g_fallback_mu;
 std::map<std::string, int64_t> g_fallback_counts;
 std::atomic<bool> g_fallback_error{false};
 
-void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+// Counts a fallback of `op`, warns on the first, and refuses under
+// NPUB_FALLBACK=error.
+void note_fallback(const c10::OperatorHandle& op) {
   const std::string name = full_name(op.schema().operator_name());
   bool first = false;
   {
@@ -1094,6 +1097,10 @@ void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stac
               "' is not supported on the NPU backend and NPUB_FALLBACK=error forbids falling back to the CPU");
   if (first)
     TORCH_WARN("npubridge: operator '", name, "' is not supported on the NPU backend and will fall back to run on the CPU");
+}
+
+// ATen's CPU fallback for the call on `stack`.
+void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // PyTorch's cpu_fallback returns outputs to the first tensor argument's
   // device; when that is a CPU scalar (1 - x is sub(1, x)), the outputs
   // belong on the npu tensor's device instead, as with any device op.
@@ -1110,6 +1117,23 @@ void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stac
     c10::IValue& v = (*stack)[i];
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_cpu()) v = v.toTensor().to(*npu);
   }
+}
+
+void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  note_fallback(op);
+  run_on_cpu(op, stack);
+}
+
+// The op's meta kernel refused the call: ATen's CPU kernel decides. A user
+// error (mismatched shapes, say) then raises ATen's own message without a
+// "not supported" warning; only a call the CPU serves counts as a fallback.
+void cpu_decides(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (g_fallback_error.load()) {
+    cpu_fallback_counted(op, stack);
+    return;
+  }
+  run_on_cpu(op, stack);
+  note_fallback(op);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback_counted>()); }
