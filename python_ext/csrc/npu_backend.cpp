@@ -918,7 +918,8 @@ class Bridge final : public c10::OperatorKernel {
 // are copied into IValues, and copying a tensor that Python owns takes the
 // GIL (PyObject preservation), twice per call. Routed ops whose schema is
 // made of tensors and scalars only and returns one new tensor (add.Tensor,
-// mul.Tensor, relu, mul.Scalar, ...) get an unboxed entry instead. It serves
+// mul.Tensor, relu, mul.Scalar, ...) or writes and returns its first
+// argument (add_.Tensor, addcmul_, ...) get an unboxed entry instead. It serves
 // the common case by reference: npu tensors of the current device, a call
 // signature the meta cache already knows, no precision check. Anything else
 // (CPU scalars, another device, a first call, complex values) goes to the
@@ -930,18 +931,29 @@ class UnboxedBridge {
   UnboxedBridge(std::shared_ptr<Bridge> boxed, c10::OperatorHandle op) : boxed_(std::move(boxed)), op_(std::move(op)) {}
 
   at::Tensor operator()(const Args&... args) const {
+    at::Tensor result;
+    if (!try_run(&result, args...)) return boxed(args...);
+    return result;
+  }
+
+  // Serves the call by reference; false when it is the boxed bridge's. The
+  // functional routes return their tensor in `result`; the in-place route
+  // writes its first argument (and takes no `result`).
+  bool try_run(at::Tensor* result, const Args&... args) const {
     constexpr size_t kArgs = sizeof...(Args);
     const c10::DeviceIndex device = current_index();
-    if (g_precision_on.load(std::memory_order_relaxed) || !(servable(args, device) && ...)) return boxed(args...);
-    const bool via_out = boxed_->route() == Route::kViaOut;
+    if (g_precision_on.load(std::memory_order_relaxed) || !(servable(args, device) && ...)) return false;
+    const Route route = boxed_->route();
+    const OpHandle target = boxed_->resolve();
+    if (!target || target.op->schema().returns.size() > 4) return false;
     at::Tensor out;
-    if (via_out) {
+    if (route == Route::kViaOut) {
       thread_local std::string key;
       key.clear();
       put(key, &op_.schema());
       (add_key(key, args), ...);
       const OutputSpecs* specs = cached_output_specs(key);
-      if (specs == nullptr || specs->size() != 1) return boxed(args...);
+      if (specs == nullptr || specs->size() != 1) return false;
       out = empty_memory_format((*specs)[0].sizes, (*specs)[0].dtype, std::nullopt,
                                 at::Device(c10::DeviceType::PrivateUse1, device), std::nullopt, std::nullopt);
     }
@@ -949,8 +961,10 @@ class UnboxedBridge {
     std::array<NpubValue, kArgs + 1> values{};
     size_t i = 0;
     ((values[i] = box_arg(args, dls[i]), ++i), ...);
-    if (via_out) values[i++] = tensor_value(&(dls[kArgs] = DLView(out).dl));
-    NpubValue ret = none_value();
+    if (route == Route::kViaOut) values[i++] = tensor_value(&(dls[kArgs] = DLView(out).dl));
+    if (route == Route::kInplaceViaOut) values[i++] = tensor_value(&(dls[kArgs] = dls[0]));  // out= self
+    std::array<NpubValue, 4> rets;
+    rets.fill(none_value());
     TorchOutputs outs;
     TorchCall call{&op_, nullptr};
     const std::tuple<const Args&...> refs(args...);
@@ -960,17 +974,32 @@ class UnboxedBridge {
     call.push_ctx = &refs;
     ScopedTorchCall scope(call);
     try {
-      rt().dispatcher().call(boxed_->resolve(), values.data(), static_cast<int32_t>(i), &ret, 1, &outs);
+      rt().dispatcher().call(target, values.data(), static_cast<int32_t>(i), rets.data(),
+                             static_cast<int32_t>(target.op->schema().returns.size()), &outs);
     } catch (const OutOfMemoryError& e) {
       TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
     } catch (const Error& e) {
       TORCH_CHECK(false, e.what());
     }
-    if (call.fell_back) return call.own.back().toTensor();
-    if (via_out) return out;
-    const at::Tensor* r = outs.find(0);
-    TORCH_INTERNAL_ASSERT(r != nullptr, "npubridge: '", full_name(op_.schema().operator_name()), "' returned no tensor");
-    return *r;
+    if (route == Route::kInplaceViaOut) return true;  // written in place (by the fallback too)
+    if (call.fell_back) {
+      *result = call.own.back().toTensor();
+    } else if (route == Route::kViaOut) {
+      *result = std::move(out);
+    } else {
+      const at::Tensor* r = outs.find(0);
+      TORCH_INTERNAL_ASSERT(r != nullptr, "npubridge: '", full_name(op_.schema().operator_name()), "' returned no tensor");
+      *result = *r;
+    }
+    return true;
+  }
+
+  at::Tensor boxed(const Args&... args) const {
+    torch::jit::Stack stack;
+    stack.reserve(sizeof...(Args));
+    (stack.emplace_back(args), ...);
+    (*boxed_)(op_, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
+    return stack.back().toTensor();
   }
 
  private:
@@ -992,16 +1021,23 @@ class UnboxedBridge {
     if (s.isIntegral(false)) return int_value(s.toLong());
     return double_value(s.toDouble());
   }
-  at::Tensor boxed(const Args&... args) const {
-    torch::jit::Stack stack;
-    stack.reserve(sizeof...(Args));
-    (stack.emplace_back(args), ...);
-    (*boxed_)(op_, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
-    return stack.back().toTensor();
-  }
-
   std::shared_ptr<Bridge> boxed_;
   c10::OperatorHandle op_;
+};
+
+// The in-place form (add_.Tensor, mul_.Scalar, addcmul_, ...): self is
+// written through the op's .out kernel and returned as it came.
+template <class... Rest>
+class UnboxedInplaceBridge {
+ public:
+  UnboxedInplaceBridge(std::shared_ptr<Bridge> boxed, c10::OperatorHandle op) : impl_(std::move(boxed), std::move(op)) {}
+  at::Tensor& operator()(at::Tensor& self, const Rest&... rest) const {
+    if (!impl_.try_run(nullptr, self, rest...)) impl_.boxed(self, rest...);
+    return self;
+  }
+
+ private:
+  UnboxedBridge<at::Tensor, Rest...> impl_;
 };
 
 // The kernel registered for a routed op: the unboxed entry when the schema
@@ -1012,19 +1048,34 @@ torch::CppFunction bridge_kernel(Route route, const std::string& target, const c
   bridge->set_has_out(has_out);
   const c10::FunctionSchema& f = op.schema();
   std::string shape;
+  const bool inplace = route == Route::kInplaceViaOut;
+  // Functional: one new tensor, no aliasing. In place: self (and only self)
+  // written and returned.
   bool plain = f.returns().size() == 1 && f.returns()[0].type()->kind() == c10::TypeKind::TensorType &&
-               f.returns()[0].alias_info() == nullptr && route != Route::kInplaceViaOut;
-  for (const auto& a : f.arguments()) {
-    plain = plain && a.alias_info() == nullptr;
+               (f.returns()[0].alias_info() == nullptr) != inplace;
+  for (size_t i = 0; i < f.arguments().size(); ++i) {
+    const auto& a = f.arguments()[i];
+    plain = plain && (a.alias_info() == nullptr || (inplace && i == 0 && a.alias_info()->isWrite()));
     const c10::TypeKind k = a.type()->kind();
     shape += k == c10::TypeKind::TensorType ? 'T' : k == c10::TypeKind::NumberType ? 'S' : '?';
   }
-  if (plain) {
-    if (shape == "T") return torch::CppFunction(UnboxedBridge<at::Tensor>(bridge, op));
-    if (shape == "TT") return torch::CppFunction(UnboxedBridge<at::Tensor, at::Tensor>(bridge, op));
-    if (shape == "TS") return torch::CppFunction(UnboxedBridge<at::Tensor, c10::Scalar>(bridge, op));
-    if (shape == "TTS") return torch::CppFunction(UnboxedBridge<at::Tensor, at::Tensor, c10::Scalar>(bridge, op));
-    if (shape == "TSS") return torch::CppFunction(UnboxedBridge<at::Tensor, c10::Scalar, c10::Scalar>(bridge, op));
+  using T = at::Tensor;
+  using S = c10::Scalar;
+  if (plain && !inplace) {
+    if (shape == "T") return torch::CppFunction(UnboxedBridge<T>(bridge, op));
+    if (shape == "TT") return torch::CppFunction(UnboxedBridge<T, T>(bridge, op));
+    if (shape == "TS") return torch::CppFunction(UnboxedBridge<T, S>(bridge, op));
+    if (shape == "TTS") return torch::CppFunction(UnboxedBridge<T, T, S>(bridge, op));
+    if (shape == "TSS") return torch::CppFunction(UnboxedBridge<T, S, S>(bridge, op));
+    if (shape == "TTTS") return torch::CppFunction(UnboxedBridge<T, T, T, S>(bridge, op));
+  }
+  if (plain && inplace) {
+    if (shape == "T") return torch::CppFunction(UnboxedInplaceBridge<>(bridge, op));
+    if (shape == "TT") return torch::CppFunction(UnboxedInplaceBridge<T>(bridge, op));
+    if (shape == "TS") return torch::CppFunction(UnboxedInplaceBridge<S>(bridge, op));
+    if (shape == "TTS") return torch::CppFunction(UnboxedInplaceBridge<T, S>(bridge, op));
+    if (shape == "TSS") return torch::CppFunction(UnboxedInplaceBridge<S, S>(bridge, op));
+    if (shape == "TTTS") return torch::CppFunction(UnboxedInplaceBridge<T, T, S>(bridge, op));
   }
   struct BoxedEntry final : c10::OperatorKernel {
     std::shared_ptr<Bridge> bridge;

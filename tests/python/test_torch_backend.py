@@ -123,6 +123,38 @@ def test_unboxed_entry_agrees_with_the_cpu_for_every_signature_shape():
             torch.testing.assert_close(got.cpu(), want)
 
 
+def test_unboxed_inplace_entry_writes_self_like_the_cpu():
+    torch.manual_seed(0)
+    a, b, c = torch.randn(4, 5), torch.randn(4, 5), torch.rand(4, 5) + 0.5
+    cases = [
+        lambda x, y, z: x.add_(y, alpha=-1.5),                   # (Tensor(a!), Tensor, Scalar)
+        lambda x, y, z: x.mul_(y),                               # (Tensor(a!), Tensor)
+        lambda x, y, z: x.mul_(0.25),                            # (Tensor(a!), Scalar)
+        lambda x, y, z: x.addcmul_(y, z, value=0.5),             # (Tensor(a!), Tensor, Tensor, Scalar)
+        lambda x, y, z: x.addcdiv_(y, z, value=-2),
+        lambda x, y, z: x.lerp_(y, 0.3),
+        lambda x, y, z: x.t().mul_(y.t()),                       # a non-contiguous self
+        lambda x, y, z: x[1:].sub_(y[1:]),
+    ]
+    for fn in cases:
+        want = a.clone()
+        ret_cpu = fn(want, b, c)
+        for dev in ("npu:0", "npu:1"):
+            with torch.npu.device(dev):
+                x = a.to(dev)
+                for _ in range(2):  # the second call of a signature takes the unboxed entry
+                    x.copy_(a.to(dev))
+                    ret = fn(x, b.to(dev), c.to(dev))
+                    assert ret.data_ptr() == x.data_ptr() + (ret_cpu.data_ptr() - want.data_ptr())
+                    torch.testing.assert_close(x.cpu(), want, atol=1e-6, rtol=1e-6)
+    with pytest.raises(RuntimeError, match=r"aten::add.out.*cann_like"):
+        torch.zeros(3).npu().add_(torch.ones(2, 3).npu())
+    z = torch.randn(3, dtype=torch.complex64)
+    nz = z.npu()
+    nz.mul_(nz)
+    torch.testing.assert_close(nz.cpu(), z * z)
+
+
 def test_unboxed_entry_falls_back_and_hands_over_unusual_calls():
     torch.manual_seed(0)
     # complex has no dtype code plugins know: the host computes it
