@@ -521,6 +521,19 @@ std::string full_name(const c10::OperatorName& n) {
   return n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
 }
 
+// Dispatcher::call with its errors as PyTorch's: out of memory as
+// torch.OutOfMemoryError, anything else as a RuntimeError with the message.
+void call_dispatcher(const OpHandle& target, const NpubValue* args, int32_t num_args, NpubValue* rets, int32_t num_rets,
+                     OutputAllocator* outs) {
+  try {
+    rt().dispatcher().call(target, args, num_args, rets, num_rets, outs);
+  } catch (const OutOfMemoryError& e) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+  } catch (const Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
 // Runs `target` (an op of the registry) on the given IValue arguments and
 // leaves its results on `stack` (which must not hold the arguments; null:
 // the caller needs no results).
@@ -542,14 +555,8 @@ void run_on_dispatcher(const OpHandle& target, c10::ArrayRef<c10::IValue> args, 
   }
   for (size_t i = 0; i < returns.size(); ++i) rets[i] = none_value();
   TorchOutputs outs;
-  try {
-    rt().dispatcher().call(target, b.values.data(), static_cast<int32_t>(b.values.size()), rets,
-                           static_cast<int32_t>(returns.size()), &outs);
-  } catch (const OutOfMemoryError& e) {
-    TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
-  } catch (const Error& e) {
-    TORCH_CHECK(false, e.what());
-  }
+  call_dispatcher(target, b.values.data(), static_cast<int32_t>(b.values.size()), rets,
+                  static_cast<int32_t>(returns.size()), &outs);
   if (stack == nullptr) return;
   const auto& alias = target.op->return_alias();
   for (size_t i = 0; i < returns.size(); ++i) {
@@ -973,14 +980,8 @@ class UnboxedBridge {
     };
     call.push_ctx = &refs;
     ScopedTorchCall scope(call);
-    try {
-      rt().dispatcher().call(target, values.data(), static_cast<int32_t>(i), rets.data(),
-                             static_cast<int32_t>(target.op->schema().returns.size()), &outs);
-    } catch (const OutOfMemoryError& e) {
-      TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
-    } catch (const Error& e) {
-      TORCH_CHECK(false, e.what());
-    }
+    call_dispatcher(target, values.data(), static_cast<int32_t>(i), rets.data(),
+                    static_cast<int32_t>(target.op->schema().returns.size()), &outs);
     if (route == Route::kInplaceViaOut) return true;  // written in place (by the fallback too)
     if (call.fell_back) {
       *result = call.own.back().toTensor();
