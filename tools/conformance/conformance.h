@@ -27,6 +27,11 @@ struct Sample {
 // Makes the samples of one op for one dtype (empty: dtype not sampled).
 using SampleFn = std::function<std::vector<Sample>(at::ScalarType)>;
 
+// Restarts the random stream sample data comes from, seeded by `key`
+// (the driver passes "op dtype"): the samples of one (op, dtype) are the
+// same whichever ops are generated before them.
+void seed_samples(const std::string& key);
+
 // The per-op sample specification, keyed by qualified op name.
 const std::map<std::string, SampleFn>& sample_specs();
 
@@ -42,11 +47,5 @@ const std::map<std::string, ReferenceFn>& reference_library();
 // "" or what is wrong. Samples whose name contains "(error)" must raise.
 using PropertyFn = std::function<std::string(const std::vector<c10::IValue>& args, const std::vector<at::Tensor>& got)>;
 const std::map<std::string, PropertyFn>& property_checks();
-
-// Tolerance overrides for ops whose float32 results sum many products, where
-// two correct implementations differ by more than 1e-5 through summation
-// order alone (as PyTorch's own OpInfo precision overrides): op -> atol and
-// rtol for float32. Empty for other ops.
-const std::map<std::string, double>& float32_tolerance_overrides();
 
 }  // namespace npub::conformance
