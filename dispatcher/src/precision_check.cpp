@@ -1,9 +1,13 @@
 // Precision-check mode: run the kernel and the host framework's fallback on
-// the same inputs and compare every output with per-dtype tolerances.
+// the same inputs and judge every output under the op's error model
+// (error_bound.h): the fallback also runs on float64 copies of the inputs
+// (and on their absolute values for sums), where the host can.
 #include "call_state.h"
 
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/dispatcher.h>
+#include <npubridge/dispatcher/error_bound.h>
+#include <npubridge/dispatcher/tensor.h>
 #include "logging.h"
 #include <npubridge/support/error.h>
 
@@ -16,12 +20,12 @@ std::string PrecisionMismatch::message() const {
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "precision check failed for op '%s' (plugin '%s'), %s: %lld of %lld elements "
-                "differ from the host framework; worst at flat index %lld: kernel %.9g, "
-                "reference %.9g (abs error %.3g, rel error %.3g)",
+                "exceed their error bound against the host framework; worst at flat index %lld: kernel %.9g, "
+                "reference %.9g (abs error %.3g, rel error %.3g, bound %.3g",
                 op.c_str(), plugin.c_str(), output.c_str(), static_cast<long long>(num_mismatched),
                 static_cast<long long>(numel), static_cast<long long>(worst_index), kernel_value,
-                reference_value, abs_error, rel_error);
-  return buf;
+                reference_value, abs_error, rel_error, bound);
+  return std::string(buf) + (derivation.empty() ? "" : ": " + derivation) + ")";
 }
 
 void Dispatcher::set_precision_check(const PrecisionCheckConfig& cfg) {
@@ -109,6 +113,69 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
     }
   }
 
+  // The float64 and |inputs| references (Note [The error model] in
+  // error_bound.h) run on copies taken before the kernel writes anything.
+  const numerics::ErrorModel& model = numerics::error_model(cs.op->name());
+  struct WideRun {
+    std::vector<NpubValue> args, rets;
+    std::vector<std::vector<DLTensor*>> lists;
+    std::vector<Tensor> keep;
+  };
+  auto prepare = [&](bool magnitude) {
+    WideRun r;
+    r.args.assign(cs.args, cs.args + cs.num_args);
+    r.lists.reserve(static_cast<size_t>(cs.num_args));
+    auto widen = [&](DLTensor* t) -> DLTensor* {
+      if (t == nullptr || !is_floating(dtype_of(t->dtype))) return t;
+      const std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
+      std::vector<double> v = sim::read_doubles(*t);
+      if (magnitude)
+        for (double& x : v) x = std::fabs(x);
+      r.keep.push_back(Tensor::from_values(shape, DType::kFloat64, v, dev));
+      return r.keep.back().dl();
+    };
+    for (int32_t i = 0; i < cs.num_args; ++i) {
+      NpubValue& v = r.args[static_cast<size_t>(i)];
+      if (v.tag == NPUB_VALUE_TENSOR) {
+        v.u.tensor = widen(v.u.tensor);
+      } else if (v.tag == NPUB_VALUE_TENSOR_LIST) {
+        r.lists.emplace_back(v.u.tensors, v.u.tensors + v.count);
+        for (DLTensor*& t : r.lists.back()) t = widen(t);
+        v.u.tensors = r.lists.back().data();
+      } else if (magnitude && v.tag == NPUB_VALUE_DOUBLE && sargs[static_cast<size_t>(i)].type.base == reg::BaseType::kScalar) {
+        v.u.d = std::fabs(v.u.d);
+      } else if (magnitude && v.tag == NPUB_VALUE_INT && sargs[static_cast<size_t>(i)].type.base == reg::BaseType::kScalar) {
+        v.u.i = v.u.i < 0 ? -v.u.i : v.u.i;
+      }
+    }
+    r.rets.assign(cs.rets, cs.rets + cs.num_rets);
+    for (int32_t i = 0; i < cs.num_rets; ++i) {
+      NpubValue& v = r.rets[static_cast<size_t>(i)];
+      if (alias[static_cast<size_t>(i)] >= 0) v = r.args[static_cast<size_t>(alias[static_cast<size_t>(i)])];
+      else if (v.tag == NPUB_VALUE_TENSOR) v.u.tensor = widen(v.u.tensor);
+    }
+    return r;
+  };
+  const bool floating_call = [&] {
+    for (auto& c : compare)
+      if (is_floating(dtype_of(c.second.first->dtype))) return true;
+    for (int32_t i = 0; i < cs.num_args; ++i)
+      if (cs.args[i].tag == NPUB_VALUE_TENSOR && is_floating(dtype_of(cs.args[i].u.tensor->dtype))) return true;
+    return false;
+  }();
+  std::unique_ptr<WideRun> wide, magnitude;
+  if (floating_call && numerics::needs_float64(model)) {
+    wide = std::make_unique<WideRun>(prepare(false));
+    if (numerics::needs_magnitude(model)) magnitude = std::make_unique<WideRun>(prepare(true));
+  }
+  const int64_t terms = numerics::terms(model, cs.op->schema(), cs.args, cs.num_args);
+  double scale = 0;  // Magnitude::kScale: of the inputs (read before the kernel writes) and, below, the reference
+  if (model.kind == numerics::ErrorKind::kAccumulated && model.magnitude == numerics::Magnitude::kScale) {
+    numerics::Comparison probe;
+    numerics::describe_call(model, cs.op->schema(), cs.args, cs.num_args, probe);
+    scale = probe.scale;
+  }
+
   run_kernel(cs, k, convert_from);
 
   FallbackFn fn;
@@ -120,6 +187,30 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
   }
   TensorOutputs ref_outputs(devices_);
   fn(*cs.op, ref_args.data(), cs.num_args, ref_rets.data(), cs.num_rets, ref_outputs);
+  // The same outputs of a wide run, in `compare`'s order (written tensor
+  // arguments, then returns); empty when the host has no float64 kernel.
+  auto outputs_of = [&](WideRun* r, TensorOutputs& outs) -> std::vector<DLTensor*> {
+    if (r == nullptr) return {};
+    try {
+      fn(*cs.op, r->args.data(), cs.num_args, r->rets.data(), cs.num_rets, outs);
+    } catch (const std::exception&) {
+      return {};
+    }
+    std::vector<DLTensor*> o;
+    for (int32_t i = 0; i < cs.num_args; ++i) {
+      if (!sargs[static_cast<size_t>(i)].is_write()) continue;
+      const NpubValue& v = r->args[static_cast<size_t>(i)];
+      if (v.tag == NPUB_VALUE_TENSOR) o.push_back(v.u.tensor);
+      if (v.tag == NPUB_VALUE_TENSOR_LIST)
+        for (int32_t j = 0; j < v.count; ++j)
+          if (v.u.tensors[j] != nullptr) o.push_back(v.u.tensors[j]);
+    }
+    for (int32_t i = 0; i < cs.num_rets; ++i)
+      if (alias[static_cast<size_t>(i)] < 0 && cs.rets[i].tag == NPUB_VALUE_TENSOR && ref_rets[static_cast<size_t>(i)].tag == NPUB_VALUE_TENSOR)
+        o.push_back(r->rets[static_cast<size_t>(i)].tag == NPUB_VALUE_TENSOR ? r->rets[static_cast<size_t>(i)].u.tensor : nullptr);
+    return o;
+  };
+  TensorOutputs wide_outputs(devices_), magnitude_outputs(devices_);
   for (int32_t i = 0; i < cs.num_rets; ++i) {
     const auto ui = static_cast<size_t>(i);
     if (alias[ui] >= 0) continue;  // compared as its argument
@@ -127,7 +218,11 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
       compare.push_back({"return " + std::to_string(i), {cs.rets[i].u.tensor, ref_rets[ui].u.tensor}});
   }
 
-  for (auto& [label, pair] : compare) {
+  const std::vector<DLTensor*> wide_refs = outputs_of(wide.get(), wide_outputs);
+  const std::vector<DLTensor*> magnitude_refs = wide_refs.empty() ? std::vector<DLTensor*>() : outputs_of(magnitude.get(), magnitude_outputs);
+  for (size_t slot = 0; slot < compare.size(); ++slot) {
+    const std::string& label = compare[slot].first;
+    const auto& pair = compare[slot].second;
     const DLTensor& a = *pair.first;
     const DLTensor& b = *pair.second;
     PrecisionMismatch m;
@@ -143,35 +238,33 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
       cs.op->stats().precision_mismatches.fetch_add(1);
       continue;
     }
-    double atol = cfg.fp32_atol, rtol = cfg.fp32_rtol;
-    switch (dtype_of(a.dtype)) {
-      case DType::kFloat64: atol = cfg.fp64_atol; rtol = cfg.fp64_rtol; break;
-      case DType::kFloat16: atol = cfg.fp16_atol; rtol = cfg.fp16_rtol; break;
-      case DType::kBFloat16: atol = cfg.bf16_atol; rtol = cfg.bf16_rtol; break;
-      case DType::kFloat32: break;
-      default: atol = 0; rtol = 0; break;  // integers and bool: exact
-    }
     const std::vector<double> x = sim::read_doubles(a), y = sim::read_doubles(b);
     m.numel = static_cast<int64_t>(x.size());
-    double worst = -1;
-    for (size_t e = 0; e < x.size(); ++e) {
-      const double d = std::fabs(x[e] - y[e]);
-      bool bad;
-      if (std::isnan(x[e]) || std::isnan(y[e])) bad = std::isnan(x[e]) != std::isnan(y[e]);
-      else if (std::isinf(x[e]) || std::isinf(y[e])) bad = x[e] != y[e];
-      else bad = d > atol + rtol * std::fabs(y[e]);
-      if (!bad) continue;
-      ++m.num_mismatched;
-      const double score = std::isnan(d) ? INFINITY : d;
-      if (score > worst) {
-        worst = score;
-        m.worst_index = static_cast<int64_t>(e);
-        m.kernel_value = x[e];
-        m.reference_value = y[e];
-        m.abs_error = d;
-        m.rel_error = y[e] != 0 ? d / std::fabs(y[e]) : d;
-      }
-    }
+    std::vector<double> w, mag;
+    if (slot < wide_refs.size() && wide_refs[slot] != nullptr && wide_refs[slot]->ndim == a.ndim) w = sim::read_doubles(*wide_refs[slot]);
+    if (slot < magnitude_refs.size() && magnitude_refs[slot] != nullptr) mag = sim::read_doubles(*magnitude_refs[slot]);
+    if (w.size() != x.size()) w.clear();
+    if (mag.size() != x.size()) mag.clear();
+    numerics::Comparison c;
+    c.got = x.data();
+    c.reference = w.empty() ? y.data() : w.data();
+    c.host = w.empty() ? nullptr : y.data();
+    c.magnitude = mag.empty() ? nullptr : mag.data();
+    c.numel = m.numel;
+    c.dtype = dtype_of(a.dtype);
+    c.terms = terms;
+    c.scale = scale;
+    for (double v : w.empty() ? y : w)
+      if (std::isfinite(v)) c.scale = std::max(c.scale, std::fabs(v));
+    const numerics::Verdict v = numerics::compare(model, c);
+    m.num_mismatched = v.mismatched;
+    m.worst_index = v.worst_index;
+    m.kernel_value = v.got;
+    m.reference_value = v.reference;
+    m.abs_error = v.error;
+    m.rel_error = v.reference != 0 ? v.error / std::fabs(v.reference) : v.error;
+    m.bound = v.bound;
+    m.derivation = v.derivation;
     if (m.num_mismatched == 0) continue;
     cs.op->stats().precision_mismatches.fetch_add(1);
     log().warn("{}", m.message());

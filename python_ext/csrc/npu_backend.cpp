@@ -29,6 +29,7 @@
 #include <npubridge/dispatcher/runtime.h>
 #include <npubridge/dispatcher/torch_boxing.h>
 #include <npubridge/dispatcher/torch_dtype.h>
+#include <npubridge/dispatcher/torch_error_bound.h>
 #include <npubridge/dispatcher/value.h>
 #include <npubridge/support/error.h>
 
@@ -723,47 +724,41 @@ void resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args)
 
 std::atomic<bool> g_precision_on{false};
 
-// Compares a tensor a plugin produced with ATen's CPU result and reports a
-// mismatch through the dispatcher (per-dtype tolerances of its config).
+// Judges a tensor a plugin produced under the op's error model
+// (torch_error_bound.h: the same verdict as npub-conformance's) and reports
+// a mismatch through the dispatcher. `host`: ATen's CPU result in the op's
+// dtype; `wide`, `magnitude`: its float64 and |inputs| results (may be
+// undefined).
 void compare_with_cpu(const std::string& op, const reg::OpEntry* target, const std::string& plugin, const std::string& label,
-                      const at::Tensor& got_npu, const at::Tensor& ref) {
-  if (!got_npu.defined() || !ref.defined()) return;
-  const PrecisionCheckConfig cfg = rt().dispatcher().precision_check();
+                      const at::Tensor& got_npu, const at::Tensor& host, const at::Tensor& wide, const at::Tensor& magnitude,
+                      const numerics::ErrorModel& model, int64_t terms, const std::vector<c10::IValue>& inputs) {
+  if (!got_npu.defined() || !host.defined()) return;
   PrecisionMismatch m;
   m.op = op;
   m.plugin = plugin;
   m.output = label;
   const at::Tensor got = got_npu.cpu();
-  m.numel = ref.numel();
-  if (!got.sizes().equals(ref.sizes()) || got.scalar_type() != ref.scalar_type()) {
+  m.numel = host.numel();
+  if (!got.sizes().equals(host.sizes()) || got.scalar_type() != host.scalar_type()) {
     m.num_mismatched = 1;
     rt().dispatcher().record_precision_mismatch(m, target);
     return;
   }
-  if (ref.numel() == 0 || ref.is_complex()) return;
-  double atol = 0, rtol = 0;  // integers and bool: exact
-  switch (ref.scalar_type()) {
-    case at::kFloat: atol = cfg.fp32_atol; rtol = cfg.fp32_rtol; break;
-    case at::kDouble: atol = cfg.fp64_atol; rtol = cfg.fp64_rtol; break;
-    case at::kHalf: atol = cfg.fp16_atol; rtol = cfg.fp16_rtol; break;
-    case at::kBFloat16: atol = cfg.bf16_atol; rtol = cfg.bf16_rtol; break;
-    default: break;
-  }
-  const at::Tensor a = got.to(at::kDouble).reshape(-1), b = ref.to(at::kDouble).reshape(-1);
-  const at::Tensor diff = (a - b).abs();
-  const at::Tensor nan_a = a.isnan(), nan_b = b.isnan();
-  const at::Tensor inf = a.isinf().logical_or(b.isinf());
-  at::Tensor bad = nan_a.ne(nan_b)
-                       .logical_or(inf.logical_and(a.ne(b)).logical_and(nan_a.logical_not()))
-                       .logical_or(diff.gt(atol + rtol * b.abs()).logical_and(inf.logical_not()));
-  m.num_mismatched = bad.sum().item<int64_t>();
-  if (m.num_mismatched == 0) return;
-  const at::Tensor score = at::where(bad, diff.nan_to_num(INFINITY, INFINITY), at::zeros_like(diff));
-  m.worst_index = score.argmax().item<int64_t>();
-  m.kernel_value = a[m.worst_index].item<double>();
-  m.reference_value = b[m.worst_index].item<double>();
-  m.abs_error = std::fabs(m.kernel_value - m.reference_value);
-  m.rel_error = m.reference_value != 0 ? m.abs_error / std::fabs(m.reference_value) : m.abs_error;
+  if (host.numel() == 0 || npub_dtype(host.scalar_type()) == DType::kUnknown) return;
+  const bool wide_ok = wide.defined() && wide.sizes().equals(host.sizes());
+  const bool mag_ok = magnitude.defined() && magnitude.sizes().equals(host.sizes());
+  const double scale = model.magnitude == numerics::Magnitude::kScale && wide_ok ? numerics::call_scale(inputs, wide) : 0;
+  const numerics::Verdict v = numerics::judge(model, got, host, wide_ok ? wide : at::Tensor(), mag_ok ? magnitude : at::Tensor(),
+                                              terms, scale);
+  if (v.ok()) return;
+  m.num_mismatched = v.mismatched;
+  m.worst_index = v.worst_index;
+  m.kernel_value = v.got;
+  m.reference_value = v.reference;
+  m.abs_error = v.error;
+  m.rel_error = v.reference != 0 ? v.error / std::fabs(v.reference) : v.error;
+  m.bound = v.bound;
+  m.derivation = v.derivation;
   rt().dispatcher().record_precision_mismatch(m, target);
 }
 
@@ -779,16 +774,53 @@ std::vector<c10::IValue> cpu_copies(c10::ArrayRef<c10::IValue> args) {
   return cpu;
 }
 
-// Runs `op` on the CPU copies through ATen and compares returns and written
-// arguments with what the plugin left in `results` and `args`.
+// Runs `op` through ATen on the CPU copies (in the op's dtype, in float64
+// and on |inputs| as the op's error model asks) and judges the returns and
+// written arguments the plugin left in `results` and `args`.
 void check_against_cpu(const c10::OperatorHandle& op, const OpHandle& target, std::vector<c10::IValue> cpu_args,
                        c10::ArrayRef<c10::IValue> args, const std::vector<c10::IValue>& results) {
-  torch::jit::Stack cpu(cpu_args.begin(), cpu_args.end());
-  {
-    at::AutoDispatchBelowADInplaceOrView below;
-    op.callBoxed(&cpu);
-  }
+  const auto& sargs = op.schema().arguments();
+  const auto& sret = op.schema().returns();
   const std::string name = full_name(op.schema().operator_name());
+  // The model is the plugin op's (a functional op routed through its .out
+  // kernel is judged as that kernel).
+  const std::string& model_name = target.op != nullptr ? target.op->name() : name;
+  const numerics::ErrorModel& model = numerics::error_model(model_name);
+  struct Run {
+    std::vector<c10::IValue> args;
+    torch::jit::Stack stack;
+    bool ok = true;
+  };
+  auto run = [&](numerics::Precision p, at::ScalarType compute) {
+    Run r;
+    for (size_t i = 0; i < cpu_args.size(); ++i) {
+      const bool scalar_type = i < sargs.size() && sargs[i].type()->kind() == c10::TypeKind::ScalarTypeType;
+      const bool scalar = i < sargs.size() && sargs[i].type()->kind() == c10::TypeKind::NumberType;
+      r.args.push_back(numerics::reference_input(cpu_args[i], scalar_type, scalar, p, compute));
+    }
+    r.stack.assign(r.args.begin(), r.args.end());
+    try {
+      at::AutoDispatchBelowADInplaceOrView below;
+      op.callBoxed(&r.stack);
+    } catch (const std::exception&) {
+      if (p == numerics::Precision::kSame) throw;
+      r.ok = false;  // no float64 kernel: judged against the op's dtype alone
+    }
+    return r;
+  };
+  const Run same = run(numerics::Precision::kSame, at::ScalarType::Undefined);
+  at::ScalarType compute = at::ScalarType::Undefined;
+  for (const auto& v : same.stack)
+    if (v.isTensor() && v.toTensor().defined() && at::isFloatingType(v.toTensor().scalar_type())) {
+      compute = v.toTensor().scalar_type();
+      break;
+    }
+  Run wide, magnitude;
+  wide.ok = magnitude.ok = false;
+  if (compute != at::ScalarType::Undefined && numerics::needs_float64(model)) {
+    wide = run(numerics::Precision::kFloat64, compute);
+    if (wide.ok && numerics::needs_magnitude(model)) magnitude = run(numerics::Precision::kMagnitude, compute);
+  }
   const DType dt = [&] {
     for (const auto& a : args)
       if (a.isTensor() && a.toTensor().defined()) return npub_dtype(a.toTensor().scalar_type());
@@ -796,15 +828,21 @@ void check_against_cpu(const c10::OperatorHandle& op, const OpHandle& target, st
   }();
   const reg::Kernel* k = rt().dispatcher().kernel_for(target, dt);
   const std::string plugin = k != nullptr ? k->plugin_name() : std::string("?");
-  const auto& sargs = op.schema().arguments();
+  const int64_t terms = target.op != nullptr ? numerics::call_terms(model, target.op->schema(), cpu_args) : 0;
+  auto tensor_at = [](const Run& r, bool from_args, size_t i) {
+    if (!r.ok) return at::Tensor();
+    const c10::IValue& v = from_args ? r.args[i] : r.stack[i];
+    return v.isTensor() ? v.toTensor() : at::Tensor();
+  };
   for (size_t i = 0; i < sargs.size() && i < args.size(); ++i)
     if (sargs[i].alias_info() != nullptr && sargs[i].alias_info()->isWrite() && args[i].isTensor())
-      compare_with_cpu(name, target.op, plugin, "argument '" + sargs[i].name() + "'", args[i].toTensor(), cpu_args[i].toTensor());
-  const auto& sret = op.schema().returns();
-  for (size_t i = 0; i < sret.size() && i < results.size() && i < cpu.size(); ++i) {
+      compare_with_cpu(name, target.op, plugin, "argument '" + sargs[i].name() + "'", args[i].toTensor(), same.args[i].toTensor(),
+                       tensor_at(wide, true, i), tensor_at(magnitude, true, i), model, terms, cpu_args);
+  for (size_t i = 0; i < sret.size() && i < results.size() && i < same.stack.size(); ++i) {
     if (sret[i].alias_info() != nullptr && sret[i].alias_info()->isWrite()) continue;  // compared as its argument
-    if (results[i].isTensor() && cpu[i].isTensor())
-      compare_with_cpu(name, target.op, plugin, "return " + std::to_string(i), results[i].toTensor(), cpu[i].toTensor());
+    if (results[i].isTensor() && same.stack[i].isTensor())
+      compare_with_cpu(name, target.op, plugin, "return " + std::to_string(i), results[i].toTensor(), same.stack[i].toTensor(),
+                       tensor_at(wide, false, i), tensor_at(magnitude, false, i), model, terms, cpu_args);
   }
 }
 
@@ -1522,15 +1560,27 @@ PYBIND11_MODULE(_C, m) {
   // ATen's CPU kernel on copies of its inputs); the dispatcher's own check,
   // which needs a fallback that computes on given arguments, stays off and
   // only holds the tolerances and the report.
-  m.def("precision_check", [](bool enabled, py::object atol, py::object rtol, bool raise_on_mismatch) {
+  m.def("precision_check", [](bool enabled, bool raise_on_mismatch) {
     PrecisionCheckConfig c;
     c.enabled = false;
-    if (!atol.is_none()) c.fp32_atol = c.fp64_atol = c.fp16_atol = c.bf16_atol = atol.cast<double>();
-    if (!rtol.is_none()) c.fp32_rtol = c.fp64_rtol = c.fp16_rtol = c.bf16_rtol = rtol.cast<double>();
     c.raise_on_mismatch = raise_on_mismatch;
     Runtime::global().dispatcher().set_precision_check(c);
     Runtime::global().dispatcher().clear_precision_mismatches();
     npub::torch_backend::g_precision_on = enabled;
+  });
+  // The error model's verdict on one result with no op entry (PyTorch-level
+  // ops, as the OpInfo runner compares them): host-calibrated against the
+  // float64 reference. "" when it matches, else the message with the bound.
+  m.def("judge", [](const at::Tensor& got, const at::Tensor& host, const at::Tensor& wide) -> std::string {
+    if (!got.sizes().equals(host.sizes()) || got.scalar_type() != host.scalar_type()) {
+      std::ostringstream s;
+      s << "got " << got.scalar_type() << got.sizes() << ", expected " << host.scalar_type() << host.sizes();
+      return s.str();
+    }
+    if (host.numel() == 0) return "";
+    const at::Tensor w = wide.defined() && wide.sizes().equals(host.sizes()) ? wide : at::Tensor();
+    const numerics::Verdict v = numerics::judge(numerics::error_model(""), got, host, w, at::Tensor(), 0, 0);
+    return v.ok() ? std::string() : v.message();
   });
   m.def("precision_mismatches", [] {
     py::list out;
@@ -1545,6 +1595,7 @@ PYBIND11_MODULE(_C, m) {
       d["kernel_value"] = mm.kernel_value;
       d["reference_value"] = mm.reference_value;
       d["abs_error"] = mm.abs_error;
+      d["bound"] = mm.bound;
       d["message"] = mm.message();
       out.append(d);
     }

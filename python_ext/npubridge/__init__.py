@@ -87,18 +87,20 @@ def register_op(framework_op: str, plugin_op: str, plugin: str = ""):
     _C.register_op(framework_op, plugin_op, plugin)
 
 
-def precision_check(enabled: bool = True, atol: float = None, rtol: float = None, raise_on_mismatch: bool = False):
+def precision_check(enabled: bool = True, raise_on_mismatch: bool = False):
     """Check every plugin call against PyTorch's CPU kernel of the same op.
 
     While enabled, each ATen op served by a plugin also runs on CPU copies of
-    its inputs through ATen; returns and written arguments are compared
-    (|kernel - cpu| <= atol + rtol * |cpu|, NaN and inf must match).
-    Mismatches are logged, counted in stats() and listed by
-    precision_mismatches(); with raise_on_mismatch the call raises instead.
-    atol/rtol override the per-dtype defaults (float32 1e-5, float64 1e-7,
-    float16 1e-3, bfloat16 1e-2) for every floating dtype; integers and bool
-    must be exact. Slow: for finding a wrong kernel, not for production."""
-    _C.precision_check(bool(enabled), atol, rtol, bool(raise_on_mismatch))
+    its inputs through ATen, in the op's dtype and in float64; returns and
+    written arguments are judged by the error model npub-conformance uses
+    (docs/plugin-authoring.md, "How your kernels are judged"): within the
+    final rounding of the float64 result for elementwise ops, within
+    K * u * sum|terms| for ops that sum K terms, exact for copies,
+    selections and integer results. NaN and inf must match. Mismatches are
+    logged, counted in stats() and listed by precision_mismatches() (with
+    the bound and its derivation); with raise_on_mismatch the call raises
+    instead. Slow: for finding a wrong kernel, not for production."""
+    _C.precision_check(bool(enabled), bool(raise_on_mismatch))
 
 
 def precision_mismatches():

@@ -12,7 +12,7 @@
 #include <torch/version.h>
 
 #include <npubridge/device_sim/copy_engine.h>
-#include <npubridge/dispatcher/error_bound.h>
+#include <npubridge/dispatcher/torch_error_bound.h>
 #include <npubridge/dispatcher/runtime.h>
 #include <npubridge/dispatcher/torch_boxing.h>
 #include <npubridge/dispatcher/torch_dtype.h>
@@ -124,56 +124,7 @@ std::pair<std::string, std::string> split_name(const std::string& qualified) {
   return {qualified.substr(0, dot), qualified.substr(dot + 1)};
 }
 
-// How the reference's inputs are made from the sample's.
-enum class Precision {
-  kSame,       // as given: the op in its own dtype
-  kFloat64,    // floating tensors (and floating ScalarType arguments) in float64
-  kMagnitude,  // float64, and every floating tensor and Scalar argument by its absolute value
-};
-
-int precision_bits(at::ScalarType t) {
-  switch (t) {
-    case at::kDouble: return 53;
-    case at::kFloat: return 24;
-    case at::kHalf: return 11;
-    case at::kBFloat16: return 8;
-    default: return 0;
-  }
-}
-
-// `compute`: the dtype the op computes in (its floating result's). A 0-d
-// floating operand of a wider dtype is first rounded to it, as ATen's type
-// promotion casts it (x + torch.tensor(0.1, dtype=torch.float64) adds
-// float32's 0.1 to a float32 x).
-c10::IValue widen(const c10::IValue& v, const reg::Argument* arg, Precision p, at::ScalarType compute) {
-  if (p == Precision::kSame) return deep_copy(v);
-  auto tensor = [&](at::Tensor t) {
-    if (!t.defined() || !at::isFloatingType(t.scalar_type())) return deep_copy(t).toTensor();
-    if (t.dim() == 0 && precision_bits(t.scalar_type()) > precision_bits(compute) && precision_bits(compute) > 0)
-      t = t.to(compute);
-    at::Tensor w = t.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true);
-    return p == Precision::kMagnitude ? w.abs() : w;
-  };
-  if (v.isTensor()) return tensor(v.toTensor());
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> l;
-    for (const at::Tensor& t : v.toTensorVector()) l.push_back(tensor(t));
-    return l;
-  }
-  if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {  // Tensor?[]
-    c10::List<std::optional<at::Tensor>> l;
-    for (const c10::IValue& e : v.toListRef()) l.push_back(e.isTensor() ? std::optional<at::Tensor>(tensor(e.toTensor())) : std::nullopt);
-    return l;
-  }
-  if (arg != nullptr && arg->type.base == reg::BaseType::kScalarType && v.isInt() &&
-      at::isFloatingType(static_cast<at::ScalarType>(v.toInt())))
-    return static_cast<int64_t>(at::kDouble);
-  if (p == Precision::kMagnitude && arg != nullptr && arg->type.base == reg::BaseType::kScalar) {
-    if (v.isDouble()) return std::fabs(v.toDouble());
-    if (v.isInt()) return std::abs(v.toInt());
-  }
-  return v;
-}
+using numerics::Precision;
 
 // ATen's results for the sample: per return, or per written argument (in
 // place and out=), in the order the npu run's outputs are collected.
@@ -188,7 +139,9 @@ Reference reference(const reg::OpEntry& op, const Sample& sample, Precision p,
   const auto& schema = op.schema();
   Reference r;
   for (size_t i = 0; i < sample.args.size(); ++i)
-    r.args.push_back(widen(sample.args[i], i < schema.arguments.size() ? &schema.arguments[i] : nullptr, p, compute));
+    r.args.push_back(numerics::reference_input(
+        sample.args[i], i < schema.arguments.size() && schema.arguments[i].type.base == reg::BaseType::kScalarType,
+        i < schema.arguments.size() && schema.arguments[i].type.base == reg::BaseType::kScalar, p, compute));
   try {
     auto lib = reference_library().find(op.name());
     if (lib != reference_library().end()) {
@@ -216,11 +169,6 @@ Reference reference(const reg::OpEntry& op, const Sample& sample, Precision p,
   return r;
 }
 
-std::vector<double> doubles(const at::Tensor& t) {
-  at::Tensor d = t.to(at::kDouble).contiguous();
-  return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
-}
-
 // "" when `got` matches under the op's error model, else what differs.
 std::string judge(const at::Tensor& got, size_t index, const Reference& same, const Reference* wide, const Reference* magnitude,
                   const numerics::ErrorModel& model, const reg::OpEntry& op, const NpuArgs& args, double* worst) {
@@ -233,20 +181,11 @@ std::string judge(const at::Tensor& got, size_t index, const Reference& same, co
     return s.str();
   }
   if (got.numel() == 0) return "";
-  numerics::Comparison c;
-  const std::vector<double> g = doubles(got), host = doubles(want);
-  const bool use_wide = wide != nullptr && at::isFloatingType(want.scalar_type());
-  const std::vector<double> ref = use_wide ? doubles(wide->outputs[index]) : host;
-  std::vector<double> mag;
-  if (magnitude != nullptr) mag = doubles(magnitude->outputs[index]);
-  c.got = g.data();
-  c.reference = ref.data();
-  c.host = use_wide ? host.data() : nullptr;
-  c.magnitude = mag.empty() ? nullptr : mag.data();
-  c.numel = got.numel();
-  c.dtype = npub_dtype(got.scalar_type());
-  numerics::describe_call(model, op.schema(), args.values.data(), static_cast<int32_t>(args.values.size()), c);
-  const numerics::Verdict v = numerics::compare(model, c);
+  const at::Tensor ref = wide != nullptr ? wide->outputs[index] : at::Tensor();
+  const int64_t terms = numerics::terms(model, op.schema(), args.values.data(), static_cast<int32_t>(args.values.size()));
+  const double scale = model.magnitude == numerics::Magnitude::kScale && ref.defined() ? numerics::call_scale(same.args, ref) : 0;
+  const numerics::Verdict v = numerics::judge(model, got, want, ref, magnitude != nullptr ? magnitude->outputs[index] : at::Tensor(),
+                                              terms, scale);
   if (v.ok()) return "";
   *worst = std::max(*worst, v.error);
   return v.message();
@@ -296,7 +235,7 @@ Outcome run_sample(Runtime& rt, const reg::OpEntry& op, const Sample& sample) {
   // the values of exact ops), in float64, and on |inputs| for the magnitude
   // of accumulated terms.
   const Reference same = reference(op, sample, Precision::kSame);
-  const bool wide_values = model.kind != numerics::ErrorKind::kExact && model.kind != numerics::ErrorKind::kSameDtype;
+  const bool wide_values = numerics::needs_float64(model);
   Reference wide, magnitude;
   if (same.error.empty() && wide_values) {
     at::ScalarType compute = at::ScalarType::Undefined;
@@ -307,7 +246,7 @@ Outcome run_sample(Runtime& rt, const reg::OpEntry& op, const Sample& sample) {
       o.message = "no float64 reference: ATen raised '" + wide.error.substr(0, wide.error.find('\n')) + "'";
       return o;
     }
-    if (model.kind == numerics::ErrorKind::kAccumulated && model.magnitude == numerics::Magnitude::kAbsInputs)
+    if (numerics::needs_magnitude(model))
       magnitude = reference(op, sample, Precision::kMagnitude, compute);
   }
   const std::vector<at::Tensor>& expected = same.outputs;

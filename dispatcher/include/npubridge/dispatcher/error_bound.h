@@ -65,11 +65,14 @@ namespace npub::numerics {
 //                 splits or reorders a reduction passes on every CPU, while
 //                 one that drops or doubles a term misses by about a term.
 //   kHostCalibrated  for ops without an entry (a plugin's custom op, or
-//                 PyTorch's composite ops in the OpInfo runner):
-//                 bound = ulps * ulp_d(y) + 2 * max_j |host_j - y_j|: within
-//                 twice the worst error the host framework's own result in
-//                 dtype d shows against the float64 reference, plus the
-//                 final rounding.
+//                 PyTorch's composite ops in the OpInfo runner), whose
+//                 reduction length is unknown: bound = 4 ulp_d(y) +
+//                 4 ulp_d(max_j |y_j|) + 4 * max_j |host_j - y_j|: within
+//                 four times the worst error the host framework's own
+//                 result in dtype d shows against the float64 reference,
+//                 plus a few roundings at the element's and at the
+//                 tensor's largest magnitude (intermediate results of a
+//                 composite are as large as its largest output).
 // A result that overflows d matches an infinity of the same sign.
 
 enum class ErrorKind { kExact, kSameDtype, kRounded, kAccumulated, kHostCalibrated };
@@ -113,6 +116,13 @@ struct ErrorModel {
   const char* why = "";  // the reason for a non-default entry, shown in reports
 };
 
+// Whether judging under `m` needs a float64 reference run, and a run on
+// |inputs| for the magnitude of the terms.
+inline bool needs_float64(const ErrorModel& m) { return m.kind != ErrorKind::kExact && m.kind != ErrorKind::kSameDtype; }
+inline bool needs_magnitude(const ErrorModel& m) {
+  return m.kind == ErrorKind::kAccumulated && m.magnitude == Magnitude::kAbsInputs;
+}
+
 // The model of an op by its qualified name (kHostCalibrated when none).
 const ErrorModel& error_model(const std::string& op);
 // Whether `op` has an entry of its own.
@@ -150,9 +160,14 @@ struct Verdict {
 
 Verdict compare(const ErrorModel& model, const Comparison& c);
 
+// K: the terms one output element of the call sums (kAccumulated), from the
+// arguments' shapes and scalars (tensor data is not read).
+int64_t terms(const ErrorModel& model, const reg::Schema& schema, const NpubValue* args, int32_t num_args);
+
 // Fills in what `compare` needs from the call and the reference values:
-// terms (K) and, for kScale, the scale from the floating inputs and the
-// reference. `inputs` are the call's arguments as the kernel saw them.
+// terms (K) and, for kScale, the scale from the floating inputs (read
+// through the copy engine) and the reference. `args` are the call's
+// arguments as the kernel saw them.
 void describe_call(const ErrorModel& model, const reg::Schema& schema, const NpubValue* args, int32_t num_args,
                    Comparison& c);
 
