@@ -7,3 +7,15 @@ import npubridge  # noqa: F401  (registers the npu backend)
 @pytest.fixture
 def npu():
     return torch.device("npu:0")
+
+
+def assert_matches(got, fn, *inputs):
+    """`got` (an npu result) against `fn` on the CPU tensors `inputs`, judged
+    by npubridge's error model (docs/plugin-authoring.md, "How your kernels
+    are judged"): fn in float64 is the reference, fn in the inputs' dtype
+    calibrates the bound. Never a fixed tolerance against the CPU's own
+    float32 output, which moves between CPUs."""
+    host = fn(*inputs)
+    wide = fn(*[t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs])
+    msg = npubridge._C.judge(got.detach().cpu(), host.detach(), wide.detach())
+    assert not msg, msg
