@@ -61,6 +61,12 @@ at::Tensor make_sliced(int64_t a, int64_t b, ScalarType dt, int kind = 0) {
   return make({a, 2 * b}, dt, kind).slice(1, 0, 2 * b, 2);
 }
 
+// The smallest value of an integer dtype, -1 and 7.
+at::Tensor int_min_and_friends(ScalarType dt) {
+  const int64_t lo = dt == at::kInt ? std::numeric_limits<int32_t>::min() : std::numeric_limits<int64_t>::min();
+  return at::tensor(std::vector<int64_t>{lo, -1, 7}, at::TensorOptions().dtype(at::kLong)).to(dt);
+}
+
 at::Tensor empty_out(ScalarType dt) { return at::empty({0}, at::TensorOptions().dtype(dt)); }
 
 enum class OutRule { same, boolean, float_if_int, int64_if_int };
@@ -1089,9 +1095,19 @@ const std::map<std::string, SampleFn>& sample_specs() {
       if (at::isIntegralType(dt, false))
         out.push_back({"integer division by zero (error)", {make({3}, dt), at::zeros({3}, at::TensorOptions().dtype(dt)),
                                                             IValue(std::string("trunc")), empty_out(dt)}});
+      // The one quotient that overflows: INT_MIN // -1 wraps, no trap. (Not
+      // "trunc": ATen's own CPU kernel raises SIGFPE there.)
+      if (dt == at::kInt || dt == at::kLong)
+        out.push_back({"floor: INT_MIN by -1", {int_min_and_friends(dt), at::full({3}, -1, at::TensorOptions().dtype(dt)),
+                                                IValue(std::string("floor")), empty_out(dt)}});
       return out;
     };
-    m["aten::remainder.Tensor_out"] = binary({{}, R::same, 1});
+    m["aten::remainder.Tensor_out"] = [](ScalarType dt) {
+      auto out = binary({{}, R::same, 1})(dt);
+      if (dt == at::kInt || dt == at::kLong)
+        out.push_back({"INT_MIN by -1", {int_min_and_friends(dt), at::full({3}, -1, at::TensorOptions().dtype(dt)), empty_out(dt)}});
+      return out;
+    };
     m["aten::pow.Tensor_Tensor_out"] = [](ScalarType dt) {
       BinarySpec s{{}, R::same, 1, true, false};
       auto out = binary_samples(dt, s);

@@ -187,6 +187,22 @@ void check_int_divisor(const Call& call, const Iter& it) {
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "ZeroDivisionError: integer division by zero");
 }
 
+// a / b and a % b for integers without the trap of the one quotient that
+// overflows: x86's idiv raises SIGFPE for INT_MIN / -1 (and INT_MIN % -1);
+// ATen returns the wrapped quotient (INT_MIN) and 0.
+template <typename T>
+T int_quotient(T a, T b) {
+  if constexpr (std::is_signed_v<T>)
+    if (b == T(-1)) return static_cast<T>(std::make_unsigned_t<T>(0) - static_cast<std::make_unsigned_t<T>>(a));
+  return static_cast<T>(a / b);
+}
+template <typename T>
+T int_remainder(T a, T b) {
+  if constexpr (std::is_signed_v<T>)
+    if (b == T(-1)) return T(0);
+  return static_cast<T>(a % b);
+}
+
 // aten::div.out / aten::div.out_mode (rounding_mode None, "trunc", "floor")
 void div(Call& call) {
   const bool has_mode = call.num_args() == 4;
@@ -226,11 +242,11 @@ void div(Call& call) {
       else run_elementwise<T>(call, it, [](T a, T b) { return a / b; });
     } else {
       check_int_divisor<T>(call, it);
-      if (mode == "trunc") run_elementwise<T>(call, it, [](T a, T b) { return static_cast<T>(a / b); });
+      if (mode == "trunc") run_elementwise<T>(call, it, [](T a, T b) { return int_quotient(a, b); });
       else
         run_elementwise<T>(call, it, [](T a, T b) {
-          T q = static_cast<T>(a / b);
-          if ((a % b != 0) && ((a < 0) != (b < 0))) q = static_cast<T>(q - 1);
+          T q = int_quotient(a, b);
+          if ((int_remainder(a, b) != 0) && ((a < 0) != (b < 0))) q = static_cast<T>(q - 1);
           return q;
         });
     }
@@ -255,7 +271,7 @@ void remainder(Call& call) {
     } else {
       check_int_divisor<T>(call, it);
       run_elementwise<T>(call, it, [](T a, T b) {
-        T m = static_cast<T>(a % b);
+        T m = int_remainder(a, b);
         if (m != 0 && ((b < 0) != (m < 0))) m = static_cast<T>(m + b);
         return m;
       });
