@@ -373,7 +373,25 @@ at::Tensor& set_empty(at::Tensor& self) {
   return at::native::set_storage_cpu_(self, empty, 0, {0}, {});
 }
 
+// Note [npu tensors are shallow-copy compatible with CPU ones]
+// Module._apply (what .to("npu") runs) keeps each Parameter object and
+// swaps its data (`param.data = param_applied`) only when
+// _has_compatible_shallow_copy_type says the two tensor types may share a
+// TensorImpl shape; otherwise it makes a new Parameter per module, and
+// weights tied by object identity (a language model's input and output
+// embeddings) come apart into two tensors that train separately.
+// c10's default lists CUDA, XPU, ... but not PrivateUse1, so the device
+// says it here, for dense strided tensors, as OpenReg's does.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && !t.is_quantized() && !t.is_nested() &&
+           (t.device().is_cpu() || t.device().type() == c10::DeviceType::PrivateUse1);
+  };
+  return dense(self) && dense(from);
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", &has_compatible_shallow_copy_type);
   m.impl("set_.source_Storage", &at::native::set_);
   m.impl("set_.source_Storage_storage_offset", &set_storage);
   m.impl("set_.source_Tensor", &at::native::set_tensor_);
