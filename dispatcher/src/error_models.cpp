@@ -82,10 +82,7 @@ std::map<std::string, ErrorModel> build() {
     m[std::string("aten::") + c + ".Scalar_out"] = exact();
   }
   m["aten::arange.start_out"] = same_dtype(0, "start + i * step is computed in float64 and rounded once, as ATen does");
-  m["aten::div.out_mode"] = same_dtype(1, "trunc and floor of a quotient: whether the quotient is rounded to the op's "
-                                          "dtype first (ATen's vectorised half-type path) or not (its scalar path, and "
-                                          "floor division via fmod) moves the result by one step where it lands on an integer");
-  m["aten::div.out_mode"].absolute = 1;
+  m["aten::div.out_mode"] = same_dtype(0, "");
   m["aten::remainder.Tensor_out"] = same_dtype(1, "a - b * floor(a / b) with the quotient in the op's dtype (as floor "
                                                   "division); 1 ulp for the fused or unfused final subtraction");
 
@@ -124,20 +121,19 @@ std::map<std::string, ErrorModel> build() {
   m["aten::baddbmm.out"] = accumulated(Magnitude::kAbsInputs, inner("batch1", 1));
   // Adds in place into the output, one value at a time: ATen rounds to the
   // output's dtype after each add, so u is that dtype's.
-  m["aten::scatter_add.out"] = accumulated(Magnitude::kAbsInputs,
-                                           [](const CallArgs& a) { return a.numel("src") + 1; },
+  m["aten::scatter_add.out"] = accumulated(Magnitude::kAbsInputs, [](const CallArgs& a) { return along("src", "dim")(a) + 1; },
                                            "adds in place into the output, rounding to its dtype after each add (as ATen)");
   m["aten::scatter_add.out"].accumulates_in_output = true;
   m["aten::index_put_"] = accumulated(Magnitude::kAbsInputs, [](const CallArgs& a) -> int64_t {
     const NpubValue acc = a.get("accumulate");
-    return acc.tag == NPUB_VALUE_BOOL && acc.u.i ? a.numel("values") + 1 : 0;
+    return acc.tag == NPUB_VALUE_BOOL && acc.u.i ? a.list_numel("indices") + 1 : 0;
   }, "accumulate=True adds in place into self, rounding to its dtype after each add (as ATen)");
   m["aten::index_put_"].accumulates_in_output = true;
   m["aten::embedding_dense_backward"] = accumulated(Magnitude::kAbsInputs,
                                                     [](const CallArgs& a) { return a.numel("indices"); });
   m["aten::nll_loss_forward.output"] = accumulated(Magnitude::kAbsInputs,
                                                    [](const CallArgs& a) { return 2 * a.numel("target"); });
-  // Convolutions: Cin/groups * kh * kw terms forward (and the bias); the
+  // Convolutions: Cin/groups * kh * kw terms forward, and the bias; the
   // gradients sum over Cout/groups * kh * kw (input) or N * OH * OW
   // (weight, bias) terms: K is the larger.
   m["aten::convolution_overrideable"] = accumulated(Magnitude::kAbsInputs, [](const CallArgs& a) {
@@ -145,9 +141,11 @@ std::map<std::string, ErrorModel> build() {
   });
   m["cann_like::conv2d_bias_relu"] = m["aten::convolution_overrideable"];
   m["aten::convolution_backward_overrideable"] = accumulated(Magnitude::kAbsInputs, [](const CallArgs& a) {
-    const int64_t to_input = a.numel("weight") / std::max<int64_t>(a.size("weight", 1), 1);
-    const int64_t to_weight = a.numel("grad_output") / std::max<int64_t>(a.size("grad_output", 1), 1) *
-                              a.numel("weight") / std::max<int64_t>(a.size("weight", 0), 1);
+    const NpubValue g = a.get("groups");
+    const int64_t groups = std::max<int64_t>(g.tag == NPUB_VALUE_INT ? g.u.i : 1, 1);
+    const int64_t window = a.numel("weight") / std::max<int64_t>(a.size("weight", 0) * a.size("weight", 1), 1);
+    const int64_t to_input = a.size("weight", 0) / groups * window;
+    const int64_t to_weight = a.numel("grad_output") / std::max<int64_t>(a.size("grad_output", 1), 1);
     return std::max(to_input, to_weight);
   });
   auto window = [](const CallArgs& a) { return a.product("kernel_size"); };

@@ -125,9 +125,18 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
     WideRun r;
     r.args.assign(cs.args, cs.args + cs.num_args);
     r.lists.reserve(static_cast<size_t>(cs.num_args));
-    auto widen = [&](DLTensor* t) -> DLTensor* {
-      if (t == nullptr || !is_floating(dtype_of(t->dtype))) return t;
+    // Floating tensors in float64 (by absolute value for the magnitude);
+    // other tensors the op writes as private copies, so neither run writes
+    // into the kernel's outputs.
+    auto widen = [&](DLTensor* t, bool written) -> DLTensor* {
+      if (t == nullptr) return t;
       const std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
+      if (!is_floating(dtype_of(t->dtype))) {
+        if (!written) return t;
+        r.keep.push_back(Tensor::empty(shape, dtype_of(t->dtype), dev));
+        sim::copy_tensor(*r.keep.back().dl(), *t);
+        return r.keep.back().dl();
+      }
       std::vector<double> v = sim::read_doubles(*t);
       if (magnitude)
         for (double& x : v) x = std::fabs(x);
@@ -136,11 +145,12 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
     };
     for (int32_t i = 0; i < cs.num_args; ++i) {
       NpubValue& v = r.args[static_cast<size_t>(i)];
+      const bool written = sargs[static_cast<size_t>(i)].is_write();
       if (v.tag == NPUB_VALUE_TENSOR) {
-        v.u.tensor = widen(v.u.tensor);
+        v.u.tensor = widen(v.u.tensor, written);
       } else if (v.tag == NPUB_VALUE_TENSOR_LIST) {
         r.lists.emplace_back(v.u.tensors, v.u.tensors + v.count);
-        for (DLTensor*& t : r.lists.back()) t = widen(t);
+        for (DLTensor*& t : r.lists.back()) t = widen(t, written);
         v.u.tensors = r.lists.back().data();
       } else if (magnitude && v.tag == NPUB_VALUE_DOUBLE && sargs[static_cast<size_t>(i)].type.base == reg::BaseType::kScalar) {
         v.u.d = std::fabs(v.u.d);
@@ -152,7 +162,7 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
     for (int32_t i = 0; i < cs.num_rets; ++i) {
       NpubValue& v = r.rets[static_cast<size_t>(i)];
       if (alias[static_cast<size_t>(i)] >= 0) v = r.args[static_cast<size_t>(alias[static_cast<size_t>(i)])];
-      else if (v.tag == NPUB_VALUE_TENSOR) v.u.tensor = widen(v.u.tensor);
+      else if (v.tag == NPUB_VALUE_TENSOR) v.u.tensor = widen(v.u.tensor, true);
     }
     return r;
   };
@@ -246,9 +256,11 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
     if (w.size() != x.size()) w.clear();
     if (mag.size() != x.size()) mag.clear();
     numerics::Comparison c;
+    const bool alternative = !w.empty() && model.kind == numerics::ErrorKind::kSameDtype;
     c.got = x.data();
-    c.reference = w.empty() ? y.data() : w.data();
-    c.host = w.empty() ? nullptr : y.data();
+    c.reference = w.empty() || alternative ? y.data() : w.data();
+    c.alternative = alternative ? w.data() : nullptr;
+    c.host = w.empty() || alternative ? nullptr : y.data();
     c.magnitude = mag.empty() ? nullptr : mag.data();
     c.numel = m.numel;
     c.dtype = dtype_of(a.dtype);

@@ -847,6 +847,9 @@ void check_against_cpu(const c10::OperatorHandle& op, const OpHandle& target, st
   const reg::Kernel* k = rt().dispatcher().kernel_for(target, dt);
   const std::string plugin = k != nullptr ? k->plugin_name() : std::string("?");
   const int64_t terms = target.op != nullptr ? numerics::call_terms(model, target.op->schema(), cpu_args) : 0;
+  std::vector<c10::IValue> inputs;  // read-only arguments, for Magnitude::kScale
+  for (size_t i = 0; i < sargs.size() && i < cpu_args.size(); ++i)
+    if (sargs[i].alias_info() == nullptr || !sargs[i].alias_info()->isWrite()) inputs.push_back(cpu_args[i]);
   auto tensor_at = [](const Run& r, bool from_args, size_t i) {
     if (!r.ok) return at::Tensor();
     const c10::IValue& v = from_args ? r.args[i] : r.stack[i];
@@ -855,12 +858,12 @@ void check_against_cpu(const c10::OperatorHandle& op, const OpHandle& target, st
   for (size_t i = 0; i < sargs.size() && i < args.size(); ++i)
     if (sargs[i].alias_info() != nullptr && sargs[i].alias_info()->isWrite() && args[i].isTensor())
       compare_with_cpu(name, target.op, plugin, "argument '" + sargs[i].name() + "'", args[i].toTensor(), same.args[i].toTensor(),
-                       tensor_at(wide, true, i), tensor_at(magnitude, true, i), model, terms, cpu_args);
+                       tensor_at(wide, true, i), tensor_at(magnitude, true, i), model, terms, inputs);
   for (size_t i = 0; i < sret.size() && i < results.size() && i < same.stack.size(); ++i) {
     if (sret[i].alias_info() != nullptr && sret[i].alias_info()->isWrite()) continue;  // compared as its argument
     if (results[i].isTensor() && same.stack[i].isTensor())
       compare_with_cpu(name, target.op, plugin, "return " + std::to_string(i), results[i].toTensor(), same.stack[i].toTensor(),
-                       tensor_at(wide, false, i), tensor_at(magnitude, false, i), model, terms, cpu_args);
+                       tensor_at(wide, false, i), tensor_at(magnitude, false, i), model, terms, inputs);
   }
 }
 

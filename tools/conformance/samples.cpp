@@ -26,6 +26,7 @@ bool is_float(ScalarType t) { return at::isFloatingType(t); }
 // generated before it (`--op NAME` tests the data of a full run).
 uint64_t g_seed = 0;
 uint64_t next_seed() { return g_seed = g_seed * 6364136223846793005ULL + 1442695040888963407ULL; }
+at::Generator sample_generator() { return at::detail::createCPUGenerator(next_seed()); }
 
 // Deterministic values for a dtype. `kind`: 0 general, 1 positive (non-zero
 // divisors, exponents), 2 general with inf/nan/-0 sprinkled in.
@@ -736,10 +737,10 @@ SampleFn scatter_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
     // Unique targets per row for scatter (duplicates make its result order-dependent).
-    at::Tensor perm = at::stack({at::randperm(6, at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 4),
-                                 at::randperm(6, at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 4)});
+    at::Tensor perm = at::stack({at::randperm(6, sample_generator(), at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 4),
+                                 at::randperm(6, sample_generator(), at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 4)});
     out.push_back({"dim 1", {make({2, 6}, dt), int64_t{1}, perm, make({2, 4}, dt), empty_out(dt)}});
-    at::Tensor perm0 = at::randperm(5, at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 3).unsqueeze(1).expand({3, 4}).contiguous();
+    at::Tensor perm0 = at::randperm(5, sample_generator(), at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 3).unsqueeze(1).expand({3, 4}).contiguous();
     out.push_back({"dim 0", {make({5, 4}, dt), int64_t{0}, perm0, make({3, 4}, dt), empty_out(dt)}});
     out.push_back({"index out of range (error)", {make({2, 6}, dt), int64_t{1}, long_tensor({0, 6}, {1, 2}), make({1, 2}, dt), empty_out(dt)}});
     return out;
@@ -793,7 +794,7 @@ at::Tensor unique_values(std::vector<int64_t> shape, ScalarType dt) {
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
   std::vector<at::Tensor> r;
-  for (int64_t i = 0; i < rows; ++i) r.push_back(at::randperm(cols, at::TensorOptions().dtype(at::kLong)));
+  for (int64_t i = 0; i < rows; ++i) r.push_back(at::randperm(cols, sample_generator(), at::TensorOptions().dtype(at::kLong)));
   at::Tensor p = at::stack(r).reshape(shape);
   if (at::isFloatingType(dt)) return (p.to(at::kDouble) * 0.25 - cols * 0.1).to(dt);
   if (dt == at::kByte) return p.to(dt);
@@ -864,7 +865,7 @@ SampleFn index_put_spec() {
     auto add = [&](const std::string& n, at::Tensor self, std::vector<std::optional<at::Tensor>> idx, at::Tensor v, bool acc) {
       out.push_back({n, {self, opt_list(idx), v, acc}});
     };
-    add("unique rows", make({5, 4}, dt), {at::randperm(5, at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 3)}, make({3, 4}, dt), false);
+    add("unique rows", make({5, 4}, dt), {at::randperm(5, sample_generator(), at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 3)}, make({3, 4}, dt), false);
     add("broadcast value", make({5, 4}, dt), {long_tensor({0, 2}, {2})}, make({4}, dt), false);
     add("accumulate with duplicates", make({5, 4}, dt), {long_tensor({1, 1, 3}, {3})}, make({3, 4}, dt), dt != at::kBool);
     add("two indices", make({5, 4}, dt), {long_tensor({0, 4}, {2}), long_tensor({1, 3}, {2})}, make({2}, dt), false);

@@ -110,7 +110,8 @@ inline int64_t call_terms(const ErrorModel& model, const reg::Schema& schema, co
 }
 
 // The largest finite |value| among the floating input tensors and the
-// reference (Magnitude::kScale).
+// reference (Magnitude::kScale). `inputs`: the call's arguments, written
+// ones (out=) left out by the caller.
 inline double call_scale(const std::vector<c10::IValue>& inputs, const at::Tensor& reference) {
   double scale = 0;
   auto visit = [&](const at::Tensor& t) {
@@ -135,12 +136,15 @@ inline double call_scale(const std::vector<c10::IValue>& inputs, const at::Tenso
 inline Verdict judge(const ErrorModel& model, const at::Tensor& got, const at::Tensor& host, const at::Tensor& wide,
                      const at::Tensor& magnitude, int64_t terms, double scale) {
   const std::vector<double> g = tensor_doubles(got), h = tensor_doubles(host);
-  const bool use_wide = wide.defined() && at::isFloatingType(host.scalar_type());
-  const std::vector<double> ref = use_wide ? tensor_doubles(wide) : h;
+  const bool floating = at::isFloatingType(host.scalar_type());
+  const bool alternative = floating && wide.defined() && model.kind == ErrorKind::kSameDtype;
+  const bool use_wide = floating && wide.defined() && !alternative;
+  const std::vector<double> ref = use_wide || alternative ? tensor_doubles(wide) : h;
   const std::vector<double> mag = magnitude.defined() ? tensor_doubles(magnitude) : std::vector<double>();
   Comparison c;
   c.got = g.data();
-  c.reference = ref.data();
+  c.reference = alternative ? h.data() : ref.data();
+  c.alternative = alternative ? ref.data() : nullptr;
   c.host = use_wide ? h.data() : nullptr;
   c.magnitude = mag.empty() ? nullptr : mag.data();
   c.numel = static_cast<int64_t>(g.size());
