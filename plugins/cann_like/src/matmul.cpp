@@ -259,8 +259,15 @@ int32_t gemm_layouts(void*, const NpubValue* args, int32_t num_args) {
 
 void register_matmul(npub::sdk::Registrar& r) {
   using namespace npub::sdk;
-  const std::vector<DLDataType> dts = {kFloat32, kFloat64, kInt64, kInt32, kInt16, kInt8, kUInt8};
-  const std::vector<DLDataType> strided = {kFloat32, kFloat64};
+  std::vector<DLDataType> dts = {kFloat32, kFloat64, kInt64, kInt32, kInt16, kInt8, kUInt8};
+  std::vector<DLDataType> strided = {kFloat32, kFloat64};
+  // Half types natively only where the library has a kernel for them;
+  // elsewhere the dispatcher runs them on the float32 kernel.
+  for (auto [type, dl] : {std::pair{GemmType::bf16, kBFloat16}, std::pair{GemmType::f16, kFloat16}})
+    if (gemm_supports(type)) {
+      dts.push_back(dl);
+      strided.push_back(dl);
+    }
   r.def("aten::mm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)");
   r.kernel("aten::mm.out", &mm).dtypes(dts).contiguous_only();
   r.def("aten::bmm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)");
