@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 
@@ -53,8 +54,25 @@ dnnl::memory::data_type dnnl_type(GemmType t) {
   }
 }
 
+// Note [oneDNN primitives are created once and run from any thread]
+// A matmul primitive is created once per key (shape, strides, dtype,
+// alpha, beta) for the whole plugin (SharedPrimitives, behind a mutex: JIT
+// compilation is 0.1 to 4 ms) and then run by any thread, at once. That is
+// safe because every primitive uses a user-managed scratchpad and each
+// thread passes its own (oneDNN: execution is thread-safe when two
+// executions share no scratchpad). Each thread keeps its own map from key to
+// primitive and to the memory objects whose data handles it sets per call
+// (ThreadState), so a call takes no lock. oneDNN's own global primitive
+// cache is switched off (Debian's libdnnl only: PyTorch links its own
+// copy): it would do the same job a second time, and ThreadSanitizer reports
+// a race inside it in 2.6 (a cached key's attribute compared under its read
+// lock against memory the creating thread allocated); libdnnl is not
+// instrumented, so whether that one is real could not be told.
 const dnnl::engine& cpu_engine() {
-  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  static const dnnl::engine engine = [] {
+    dnnl::set_primitive_cache_capacity(0);
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return engine;
 }
 
@@ -106,12 +124,18 @@ struct PrimitiveKeyHash {
   }
 };
 
-// A primitive and the memory objects it runs on; data handles are set per
-// call. Owned by one thread (ThreadState), so nothing here is shared.
-struct CachedMatmul {
+// A created primitive, shared by every thread that runs its key.
+struct SharedMatmul {
+  dnnl::matmul::primitive_desc desc;
   dnnl::matmul primitive;
-  dnnl::memory a, b, c, scratchpad;
   size_t scratchpad_bytes = 0;
+};
+
+// A thread's handle on a SharedMatmul: the memory objects it runs on, their
+// data handles set per call. Owned by one thread (ThreadState).
+struct CachedMatmul {
+  std::shared_ptr<const SharedMatmul> shared;
+  dnnl::memory a, b, c, scratchpad;
 };
 
 dnnl::memory::desc matrix_desc(GemmType type, int64_t rows, int64_t cols, int64_t ld, bool transposed) {
@@ -126,9 +150,8 @@ dnnl::matmul::primitive_desc make_matmul_desc(const PrimitiveKey& key) {
   const auto b = matrix_desc(key.type, key.k, key.n, key.ldb, key.trans_b);
   const auto c = matrix_desc(key.type, key.m, key.n, key.ldc, false);
   dnnl::primitive_attr attr;
-  // User scratchpad: an execution touches only the buffer passed to it, so
-  // even a primitive implementation oneDNN's own cache shares between
-  // threads never has two executions on one scratchpad.
+  // User scratchpad: an execution touches only the buffer passed to it (the
+  // thread's own), nothing the library keeps per primitive.
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
   if (key.beta != 0.0f) {
@@ -139,7 +162,39 @@ dnnl::matmul::primitive_desc make_matmul_desc(const PrimitiveKey& key) {
   return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
 }
 
-// Per thread: a stream, the primitives this thread ran, and its scratchpad.
+// The plugin's primitives by key (Note [oneDNN primitives are created once
+// and run from any thread]). Creation happens under the lock: two threads
+// that miss on one key at once create it once.
+class SharedPrimitives {
+ public:
+  std::shared_ptr<const SharedMatmul> get(const PrimitiveKey& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = map_.find(key);
+    if (it != map_.end()) return it->second;
+    // Bounded: threads keep what they hold alive; a cleared key is created
+    // again when next needed.
+    if (map_.size() >= kMaxPrimitives) map_.clear();
+    auto created = std::make_shared<SharedMatmul>();
+    created->desc = make_matmul_desc(key);
+    created->primitive = dnnl::matmul(created->desc);
+    created->scratchpad_bytes = created->desc.scratchpad_desc().get_size();
+    map_.emplace(key, created);
+    return created;
+  }
+
+ private:
+  static constexpr size_t kMaxPrimitives = 1024;
+  std::mutex mutex_;
+  std::unordered_map<PrimitiveKey, std::shared_ptr<const SharedMatmul>, PrimitiveKeyHash> map_;
+};
+
+SharedPrimitives& shared_primitives() {
+  static SharedPrimitives cache;
+  return cache;
+}
+
+// Per thread: a stream, the primitives this thread ran with their memory
+// objects, and its scratchpad.
 class ThreadState {
  public:
   ThreadState() : stream_(cpu_engine()) {}
@@ -147,7 +202,7 @@ class ThreadState {
   void run(const GemmArgs& g) {
     const PrimitiveKey key{g.type, g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.alpha, g.beta};
     CachedMatmul& mm = lookup(key);
-    char* scratch = scratchpad(mm.scratchpad_bytes);
+    char* scratch = scratchpad(mm.shared->scratchpad_bytes);
     set_handle(mm.a, const_cast<void*>(g.a));
     set_handle(mm.b, const_cast<void*>(g.b));
     set_handle(mm.c, g.c);
@@ -157,7 +212,7 @@ class ThreadState {
                               {DNNL_ARG_WEIGHTS, mm.b.get()},
                               {DNNL_ARG_DST, mm.c.get()},
                               {DNNL_ARG_SCRATCHPAD, mm.scratchpad.get()}};
-    dnnl::error::wrap_c_api(dnnl_primitive_execute(mm.primitive.get(), stream_.get(), 4, args),
+    dnnl::error::wrap_c_api(dnnl_primitive_execute(mm.shared->primitive.get(), stream_.get(), 4, args),
                             "could not execute a matmul primitive");
   }
 
@@ -170,14 +225,13 @@ class ThreadState {
     auto it = cache_.find(key);
     if (it != cache_.end()) return it->second;
     if (cache_.size() >= kMaxPrimitives) cache_.clear();
-    const auto pd = make_matmul_desc(key);
     CachedMatmul mm;
-    mm.primitive = dnnl::matmul(pd);
+    mm.shared = shared_primitives().get(key);
+    const auto& pd = mm.shared->desc;
     mm.a = dnnl::memory(pd.src_desc(), cpu_engine(), DNNL_MEMORY_NONE);
     mm.b = dnnl::memory(pd.weights_desc(), cpu_engine(), DNNL_MEMORY_NONE);
     mm.c = dnnl::memory(pd.dst_desc(), cpu_engine(), DNNL_MEMORY_NONE);
     mm.scratchpad = dnnl::memory(pd.scratchpad_desc(), cpu_engine(), DNNL_MEMORY_NONE);
-    mm.scratchpad_bytes = pd.scratchpad_desc().get_size();
     return cache_.emplace(key, std::move(mm)).first->second;
   }
 

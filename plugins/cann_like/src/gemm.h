@@ -8,8 +8,9 @@
 // number of threads at once (the compute threads of both devices and every
 // host thread that submits work) and must not start threads of its own: the
 // device's compute threads are the one pool that runs work. With oneDNN
-// (gemm.cpp) that means one OpenMP thread for the duration of the call and
-// per-thread primitives with a per-thread scratchpad. Debian's serial
+// (gemm.cpp) that means one OpenMP thread for the duration of the call, and
+// each thread running the shared primitives on its own scratchpad (Note
+// [oneDNN primitives are created once and run from any thread]). Debian's serial
 // OpenBLAS, used before, fails the first requirement (wrong blocks of rows
 // when two threads call it at once).
 #pragma once
