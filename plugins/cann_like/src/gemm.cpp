@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #if defined(NPUB_CANN_HAVE_ONEDNN)
+#include <dlfcn.h>
 #include <omp.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
@@ -68,8 +69,19 @@ dnnl::memory::data_type dnnl_type(GemmType t) {
 // a race inside it in 2.6 (a cached key's attribute compared under its read
 // lock against memory the creating thread allocated); libdnnl is not
 // instrumented, so whether that one is real could not be told.
+// oneDNN and libgomp are not made to be unloaded: libgomp registers
+// thread-exit destructors on every thread that touched OpenMP (the compute
+// threads, through OneOpenMPThread), and both keep small heap blocks that
+// only their static data points to. They stay loaded when the plugin is
+// unloaded (RTLD_NODELETE on the copies already mapped).
+void keep_compute_libraries_loaded() {
+  for (const char* library : {"libdnnl.so.2", "libgomp.so.1"})
+    if (void* handle = dlopen(library, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE)) dlclose(handle);
+}
+
 const dnnl::engine& cpu_engine() {
   static const dnnl::engine engine = [] {
+    keep_compute_libraries_loaded();
     dnnl::set_primitive_cache_capacity(0);
     return dnnl::engine(dnnl::engine::kind::cpu, 0);
   }();
@@ -126,6 +138,7 @@ struct PrimitiveKeyHash {
 
 // A created primitive, shared by every thread that runs its key.
 struct SharedMatmul {
+  bool supported = false;  // false: oneDNN has no usable implementation
   dnnl::matmul::primitive_desc desc;
   dnnl::matmul primitive;
   size_t scratchpad_bytes = 0;
@@ -137,6 +150,38 @@ struct CachedMatmul {
   std::shared_ptr<const SharedMatmul> shared;
   dnnl::memory a, b, c, scratchpad;
 };
+
+// Note [Two oneDNN copies in one process]
+// PyTorch links its own oneDNN, and exports some of the template symbols
+// Debian's libdnnl also exports (the call_once thunks of
+// gemm_info_t<...>::jit_init). In a process that has libtorch_cpu in its
+// global symbol scope (an executable linked against LibTorch, such as
+// npub-conformance and npub_bench_cann) libdnnl's references bind to
+// PyTorch's copies: its gemm:jit kernels are then never initialised (every
+// call fails "unimplemented") and PyTorch's initialiser runs on libdnnl's
+// closure. Python imports torch with local symbols, so it is not affected.
+// Where the symbols are interposed, implementations built on gemm:jit are
+// skipped (the brg kernels the AVX-512 paths use do not need it; float32
+// falls back to the built-in kernel if nothing else is left).
+bool gemm_jit_interposed() {
+  static const bool interposed = [] {
+    void* own_library = dlopen("libdnnl.so.2", RTLD_LAZY | RTLD_NOLOAD);
+    if (own_library == nullptr) return false;
+    bool found = false;
+    for (const char* name :
+         {"_ZZNSt9once_flag18_Prepare_executionC4IZSt9call_onceIZN4dnnl4impl3cpu3x6411gemm_info_tIfffE8jit_initEvEUlvE_JEEvRS_"
+          "OT_DpOT0_EUlvE_EERSB_ENUlvE_4_FUNEv",
+          "_ZZNSt9once_flag18_Prepare_executionC4IZSt9call_onceIZN4dnnl4impl3cpu3x6411gemm_info_tINS4_10bfloat16_tES8_fE8jit_"
+          "initEvEUlvE_JEEvRS_OT_DpOT0_EUlvE_EERSC_ENUlvE_4_FUNEv"}) {
+      void* own = dlsym(own_library, name);
+      void* bound = dlsym(RTLD_DEFAULT, name);  // the scope libdnnl's relocations search: global first
+      if (own != nullptr && bound != nullptr && own != bound) found = true;
+    }
+    dlclose(own_library);
+    return found;
+  }();
+  return interposed;
+}
 
 dnnl::memory::desc matrix_desc(GemmType type, int64_t rows, int64_t cols, int64_t ld, bool transposed) {
   const dnnl::memory::dims strides = transposed ? dnnl::memory::dims{1, ld} : dnnl::memory::dims{ld, 1};
@@ -159,7 +204,11 @@ dnnl::matmul::primitive_desc make_matmul_desc(const PrimitiveKey& key) {
     ops.append_sum(key.beta);
     attr.set_post_ops(ops);
   }
-  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+  if (gemm_jit_interposed())
+    while (std::string(pd.impl_info_str()).find("gemm") != std::string::npos)
+      if (!pd.next_impl()) throw dnnl::error(dnnl_unimplemented, "only gemm:jit implementations, which cannot run here");
+  return pd;
 }
 
 // The plugin's primitives by key (Note [oneDNN primitives are created once
@@ -175,9 +224,14 @@ class SharedPrimitives {
     // again when next needed.
     if (map_.size() >= kMaxPrimitives) map_.clear();
     auto created = std::make_shared<SharedMatmul>();
-    created->desc = make_matmul_desc(key);
-    created->primitive = dnnl::matmul(created->desc);
-    created->scratchpad_bytes = created->desc.scratchpad_desc().get_size();
+    try {
+      created->desc = make_matmul_desc(key);
+      created->primitive = dnnl::matmul(created->desc);
+      created->scratchpad_bytes = created->desc.scratchpad_desc().get_size();
+      created->supported = true;
+    } catch (const dnnl::error& e) {
+      if (e.status != dnnl_unimplemented) throw;
+    }
     map_.emplace(key, created);
     return created;
   }
@@ -202,6 +256,13 @@ class ThreadState {
   void run(const GemmArgs& g) {
     const PrimitiveKey key{g.type, g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.alpha, g.beta};
     CachedMatmul& mm = lookup(key);
+    if (!mm.shared->supported) {
+      if (g.type != GemmType::f32)
+        throw npub::sdk::Error(NPUB_ERR_INTERNAL, "oneDNN has no usable matmul for this half-type product");
+      gemm_blocked<float>(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, static_cast<const float*>(g.a), g.lda,
+                          static_cast<const float*>(g.b), g.ldb, g.beta, static_cast<float*>(g.c), g.ldc);
+      return;
+    }
     char* scratch = scratchpad(mm.shared->scratchpad_bytes);
     set_handle(mm.a, const_cast<void*>(g.a));
     set_handle(mm.b, const_cast<void*>(g.b));
@@ -227,6 +288,7 @@ class ThreadState {
     if (cache_.size() >= kMaxPrimitives) cache_.clear();
     CachedMatmul mm;
     mm.shared = shared_primitives().get(key);
+    if (!mm.shared->supported) return cache_.emplace(key, std::move(mm)).first->second;
     const auto& pd = mm.shared->desc;
     mm.a = dnnl::memory(pd.src_desc(), cpu_engine(), DNNL_MEMORY_NONE);
     mm.b = dnnl::memory(pd.weights_desc(), cpu_engine(), DNNL_MEMORY_NONE);
