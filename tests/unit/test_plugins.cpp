@@ -4,6 +4,7 @@
 #include <cmath>
 #include <npubridge/device_sim/copy_engine.h>
 
+#include <cstdlib>
 #include <random>
 
 using namespace npub;
@@ -80,6 +81,79 @@ TEST_F(InTreePlugins, MatmulMatchesNaiveDoubleReference) {
   NpubValue sargs[] = {tensor_value(a.dl()), tensor_value(bt.dl()), tensor_value(c.dl())};
   rt->dispatcher().call("aten::mm.out", sargs, 3, rets, 1, nullptr);
   expect_values(c, expect, 1e-3);
+}
+
+// bfloat16 and float16 products: fp32 accumulation, one rounding to the
+// output dtype, ATen's alpha/beta (beta == 0 ignores self, NaNs included),
+// a transposed operand; bfloat16 without the dispatcher's fp32 conversion
+// where oneDNN has a bf16 kernel (AVX512-BF16 or AMX, not capped by
+// ONEDNN_MAX_CPU_ISA).
+TEST_F(InTreePlugins, HalfMatmulsAccumulateInFloat32AndRoundOnce) {
+  Dispatcher& d = rt->dispatcher();
+  auto conversions = [&](const char* op) {
+    for (const auto& s : d.stats())
+      if (s.op == op) return s.conversions;
+    return int64_t{0};
+  };
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    SCOPED_TRACE(dtype == DType::kBFloat16 ? "bfloat16" : "float16");
+    d.reset_stats();
+    const int64_t m = 70, k = 300, n = 50;  // > 2^18 multiply-adds: split over the compute threads
+    Tensor a = Tensor::from_values({m, k}, dtype, random(m * k, 11), dev);
+    Tensor b = Tensor::from_values({k, n}, dtype, random(k * n, 12), dev);
+    Tensor self = Tensor::from_values({n}, dtype, random(n, 13), dev);
+    const auto av = a.to_doubles(), bv = b.to_doubles(), sv = self.to_doubles();
+    std::vector<double> ab(static_cast<size_t>(m * n)), mag(ab.size());
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t p = 0; p < k; ++p) {
+          const double t = av[static_cast<size_t>(i * k + p)] * bv[static_cast<size_t>(p * n + j)];
+          ab[static_cast<size_t>(i * n + j)] += t;
+          mag[static_cast<size_t>(i * n + j)] += std::fabs(t);
+        }
+    Tensor out = Tensor::empty({m, n}, dtype, dev);
+    NpubValue rets[1] = {};
+    NpubValue mm[] = {tensor_value(a.dl()), tensor_value(b.dl()), tensor_value(out.dl())};
+    d.call("aten::mm.out", mm, 3, rets, 1, nullptr);
+    EXPECT_EQ(check_sum_of_products(out.to_doubles(), ab, mag, k, dtype), "");
+
+    // addmm, beta 0.5 and alpha 2, self broadcast over the rows.
+    std::vector<double> expect(ab.size()), expect_mag(ab.size());
+    for (size_t i = 0; i < ab.size(); ++i) {
+      expect[i] = 0.5 * sv[i % static_cast<size_t>(n)] + 2 * ab[i];
+      expect_mag[i] = 0.5 * std::fabs(sv[i % static_cast<size_t>(n)]) + 2 * mag[i];
+    }
+    NpubValue addmm[] = {tensor_value(self.dl()), tensor_value(a.dl()),  tensor_value(b.dl()),
+                         double_value(0.5),       double_value(2.0),     tensor_value(out.dl())};
+    d.call("aten::addmm.out", addmm, 6, rets, 1, nullptr);
+    EXPECT_EQ(check_sum_of_products(out.to_doubles(), expect, expect_mag, k, dtype), "");
+
+    // beta == 0: self is ignored, NaNs included.
+    Tensor nan_self = Tensor::from_values({n}, dtype, std::vector<double>(static_cast<size_t>(n), NAN), dev);
+    for (size_t i = 0; i < ab.size(); ++i) {
+      expect[i] = 2 * ab[i];
+      expect_mag[i] = 2 * mag[i];
+    }
+    NpubValue addmm0[] = {tensor_value(nan_self.dl()), tensor_value(a.dl()), tensor_value(b.dl()),
+                          double_value(0.0),           double_value(2.0),    tensor_value(out.dl())};
+    d.call("aten::addmm.out", addmm0, 6, rets, 1, nullptr);
+    EXPECT_EQ(check_sum_of_products(out.to_doubles(), expect, expect_mag, k, dtype), "");
+
+    // mm with a transposed mat2 (the strided kernel's layout).
+    Tensor bt_base = Tensor::empty({n, k}, dtype, dev);
+    Tensor bt = bt_base.as_strided({k, n}, {1, k}, 0);
+    sim::copy_tensor(*bt.dl(), *b.dl());
+    NpubValue mmt[] = {tensor_value(a.dl()), tensor_value(bt.dl()), tensor_value(out.dl())};
+    d.call("aten::mm.out", mmt, 3, rets, 1, nullptr);
+    EXPECT_EQ(check_sum_of_products(out.to_doubles(), ab, mag, k, dtype), "");
+
+    const bool native_bf16 = dtype == DType::kBFloat16 && __builtin_cpu_supports("avx512bf16") &&
+                             std::getenv("ONEDNN_MAX_CPU_ISA") == nullptr;
+    if (native_bf16) {
+      EXPECT_EQ(conversions("aten::mm.out"), 0);
+      EXPECT_EQ(conversions("aten::addmm.out"), 0);
+    }
+  }
 }
 
 TEST_F(InTreePlugins, RmsNormAndSiluAndMul) {

@@ -3,6 +3,7 @@
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/support/error.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace npub::test {
@@ -33,6 +34,35 @@ void expect_values(const Tensor& t, const std::vector<double>& expected, double 
   const std::vector<double> got = t.to_doubles();
   ASSERT_EQ(got.size(), expected.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], tol) << "at flat index " << i;
+}
+
+double ulp(double v, DType dtype) {
+  int mantissa_bits;  // explicit significand bits
+  switch (dtype) {
+    case DType::kFloat32: mantissa_bits = 23; break;
+    case DType::kFloat16: mantissa_bits = 10; break;
+    case DType::kBFloat16: mantissa_bits = 7; break;
+    default: return 0;
+  }
+  const double a = std::fabs(v);
+  if (a == 0 || !std::isfinite(a)) return 0;
+  int exponent;
+  std::frexp(a, &exponent);  // a in [2^(exponent-1), 2^exponent)
+  return std::ldexp(1.0, exponent - 1 - mantissa_bits);
+}
+
+std::string check_sum_of_products(const std::vector<double>& got, const std::vector<double>& exact,
+                                  const std::vector<double>& magnitude, int64_t k, DType dtype) {
+  if (got.size() != exact.size()) return "got " + std::to_string(got.size()) + " elements, expected " + std::to_string(exact.size());
+  const double u = std::ldexp(1.0, -24);
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double bound = static_cast<double>(std::max<int64_t>(k, 1)) * u * magnitude[i] + ulp(exact[i], dtype);
+    const double err = std::fabs(got[i] - exact[i]);
+    if (!(err <= bound))
+      return "element " + std::to_string(i) + ": got " + std::to_string(got[i]) + ", expected " + std::to_string(exact[i]) +
+             " (error " + std::to_string(err) + " > bound " + std::to_string(bound) + ")";
+  }
+  return "";
 }
 
 namespace {

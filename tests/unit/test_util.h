@@ -31,6 +31,17 @@ struct ReferenceHost {
 };
 
 void expect_values(const Tensor& t, const std::vector<double>& expected, double tol = 0);
+
+// One unit in the last place of v in `dtype` (float32, float16, bfloat16;
+// float64 and integers: 0).
+double ulp(double v, DType dtype);
+
+// A sum of products computed in fp32 and rounded once to `dtype`, checked
+// against its float64 value: |got - exact| <= k * 2^-24 * magnitude + ulp,
+// where magnitude is the sum of the terms' absolute values (|A||B| for a
+// product). Returns "" or a message naming the element.
+std::string check_sum_of_products(const std::vector<double>& got, const std::vector<double>& exact,
+                                  const std::vector<double>& magnitude, int64_t k, DType dtype);
 // The exception message of f(), or "" when it did not throw npub::Error.
 template <typename F>
 std::string error_of(F&& f) {

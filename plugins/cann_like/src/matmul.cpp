@@ -1,84 +1,39 @@
 // Matrix products: mm, bmm, addmm, baddbmm (.out overloads).
 //
-// float32/float64 run on OpenBLAS (Debian's serial build, one BLAS call per
-// block of rows, the blocks spread over the device's compute threads, so the
-// device's thread count is what the GEMM uses); without OpenBLAS a
-// cache-blocked kernel of our own runs instead. Integer dtypes use a plain
-// kernel. Half types reach the float32 kernel through the dispatcher's
-// conversion (fp32 accumulation, as CANN's matmul on fp16 inputs).
-// Transposed float operands (x.t() in every linear layer, k^T in attention)
-// go to BLAS as they are: a second, higher-priority registration whose
-// predicate accepts exactly those layouts, so nothing is staged; products
-// below 2^18 multiply-adds run on one thread.
+// float32, bfloat16 and float16 run on gemm_on_this_thread (gemm.h: oneDNN,
+// fp32 accumulation for the half types, one rounding to the output type),
+// one call per block of rows on each of the device's compute threads, so the
+// device's thread count is what the GEMM uses; half types are registered
+// only where oneDNN has a kernel for them on this CPU, and reach the float32
+// kernel through the dispatcher's conversion elsewhere. float64 and integer
+// dtypes use the built-in blocked kernel. Transposed operands (x.t() in every
+// linear layer, k^T in attention) go to the GEMM as they are: a second,
+// higher-priority registration whose predicate accepts exactly those
+// layouts, so nothing is staged; products below 2^18 multiply-adds run on
+// one thread.
 #include "common.h"
 #include "elementwise.h"
+#include "gemm.h"
 #include "ops.h"
-
-#if defined(NPUB_CANN_HAVE_OPENBLAS)
-#include <cblas.h>
-#endif
 
 namespace cann_like {
 
 namespace {
 
 struct Gemm {
-  // C[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * C, C row-major
-  // contiguous; op(X) is X, or X stored transposed (column-major) when
-  // trans_x is set (BLAS only: the predicate routes nothing else here).
+  // C[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * C per batch, C
+  // row-major contiguous; op(X) is X, or X stored transposed (column-major)
+  // when trans_x is set.
   int64_t m, n, k;
   double alpha, beta;
   bool trans_a = false, trans_b = false;
+  int64_t lda() const { return std::max<int64_t>(trans_a ? m : k, 1); }
+  int64_t ldb() const { return std::max<int64_t>(trans_b ? k : n, 1); }
+  int64_t ldc() const { return std::max<int64_t>(n, 1); }
+  // Offset (in elements) of row r of op(A): a row of A, or a column of A
+  // stored transposed.
+  int64_t a_row(int64_t r) const { return trans_a ? r : r * lda(); }
 };
-
-template <typename T>
-void gemm_block_fallback(const Gemm& g, const T* a, const T* b, T* c, int64_t r0, int64_t r1) {
-  constexpr int64_t kBlockK = 256;
-  for (int64_t i = r0; i < r1; ++i) {
-    T* ci = c + i * g.n;
-    if (g.beta == 0) {
-      for (int64_t j = 0; j < g.n; ++j) ci[j] = T(0);
-    } else if (g.beta != 1) {
-      for (int64_t j = 0; j < g.n; ++j) ci[j] = static_cast<T>(ci[j] * g.beta);
-    }
-  }
-  for (int64_t kb = 0; kb < g.k; kb += kBlockK) {
-    const int64_t ke = std::min(g.k, kb + kBlockK);
-    for (int64_t i = r0; i < r1; ++i) {
-      T* ci = c + i * g.n;
-      const T* ai = a + i * g.k;
-      for (int64_t p = kb; p < ke; ++p) {
-        const T av = static_cast<T>(ai[p] * g.alpha);
-        const T* bp = b + p * g.n;
-        for (int64_t j = 0; j < g.n; ++j) ci[j] += av * bp[j];
-      }
-    }
-  }
-}
-
-// Rows [r0, r1) of C on the calling thread: OpenBLAS (serial build) for
-// float and double, the blocked loop otherwise.
-template <typename T>
-void gemm_rows(const Gemm& g, const T* a, const T* b, T* c, int64_t r0, int64_t r1) {
-#if defined(NPUB_CANN_HAVE_OPENBLAS)
-  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    // Rows r0.. of op(A): rows of A, or columns of A stored transposed.
-    const T* ar = g.trans_a ? a + r0 : a + r0 * g.k;
-    const int lda = static_cast<int>(std::max<int64_t>(g.trans_a ? g.m : g.k, 1));
-    const int ldb = static_cast<int>(std::max<int64_t>(g.trans_b ? g.k : g.n, 1));
-    const int ldc = static_cast<int>(std::max<int64_t>(g.n, 1));
-    const auto ta = g.trans_a ? CblasTrans : CblasNoTrans, tb = g.trans_b ? CblasTrans : CblasNoTrans;
-    if constexpr (std::is_same_v<T, float>)
-      cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(r1 - r0), static_cast<int>(g.n), static_cast<int>(g.k),
-                  static_cast<float>(g.alpha), ar, lda, b, ldb, static_cast<float>(g.beta), c + r0 * g.n, ldc);
-    else
-      cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(r1 - r0), static_cast<int>(g.n), static_cast<int>(g.k), g.alpha, ar,
-                  lda, b, ldb, g.beta, c + r0 * g.n, ldc);
-    return;
-  }
-#endif
-  gemm_block_fallback<T>(g, a, b, c, r0, r1);
-}
 
 // Below this many multiply-adds a product runs on one thread: waking the
 // device's other threads costs more than they would save (the small
@@ -87,32 +42,63 @@ constexpr int64_t kParallelMinMacs = int64_t{1} << 18;
 
 int64_t macs(const Gemm& g) { return g.m * g.n * std::max<int64_t>(g.k, 1); }
 
-template <typename T>
-void gemm(const Call& call, const Gemm& g, const T* a, const T* b, T* c) {
-  if (g.m == 0 || g.n == 0) return;
-  if (macs(g) < kParallelMinMacs) {
-    gemm_rows<T>(g, a, b, c, 0, g.m);
-    return;
-  }
-  const int64_t threads = std::max<int32_t>(1, call.num_threads());
-  // Rows per block: enough work per BLAS call, at least one block per thread.
-  const int64_t grain = std::max<int64_t>(1, std::min<int64_t>((g.m + threads - 1) / threads, 256));
-  call.parallel_for(0, g.m, grain, [&](int64_t r0, int64_t r1) { gemm_rows<T>(g, a, b, c, r0, r1); });
-}
-
-// B products: each split over the threads when large, or whole products
-// spread over the threads when small.
-template <typename T>
-void gemm_batched(const Call& call, const Gemm& g, int64_t batches, const T* a, const T* b, T* c) {
+// B products, rows(batch, r0, r1) computing rows [r0, r1) of one: each
+// product split over the device's threads in blocks of rows when large, or
+// whole products spread over the threads when small.
+template <typename Rows>
+void gemm_batched(const Call& call, const Gemm& g, int64_t batches, Rows&& rows) {
   if (g.m == 0 || g.n == 0 || batches == 0) return;
   if (batches == 1 || macs(g) >= kParallelMinMacs) {
-    for (int64_t bi = 0; bi < batches; ++bi) gemm<T>(call, g, a + bi * g.m * g.k, b + bi * g.k * g.n, c + bi * g.m * g.n);
+    for (int64_t bi = 0; bi < batches; ++bi) {
+      if (macs(g) < kParallelMinMacs) {
+        rows(bi, 0, g.m);
+        continue;
+      }
+      const int64_t threads = std::max<int32_t>(1, call.num_threads());
+      // Rows per block: enough work per call, at least one block per thread.
+      const int64_t grain = std::max<int64_t>(1, std::min<int64_t>((g.m + threads - 1) / threads, 256));
+      call.parallel_for(0, g.m, grain, [&](int64_t r0, int64_t r1) { rows(bi, r0, r1); });
+    }
     return;
   }
   const int64_t grain = std::max<int64_t>(1, kParallelMinMacs / macs(g));
   call.parallel_for(0, batches, grain, [&](int64_t b0, int64_t b1) {
-    for (int64_t bi = b0; bi < b1; ++bi)
-      gemm_rows<T>(g, a + bi * g.m * g.k, b + bi * g.k * g.n, c + bi * g.m * g.n, 0, g.m);
+    for (int64_t bi = b0; bi < b1; ++bi) rows(bi, 0, g.m);
+  });
+}
+
+// float32 and the half types: the library GEMM (gemm.h).
+void gemm_library(const Call& call, const Gemm& g, int64_t batches, GemmType type, int64_t elem_size, const void* a,
+                  const void* b, void* c) {
+  const auto* ab = static_cast<const char*>(a);
+  const auto* bb = static_cast<const char*>(b);
+  auto* cb = static_cast<char*>(c);
+  gemm_batched(call, g, batches, [&](int64_t bi, int64_t r0, int64_t r1) {
+    GemmArgs args;
+    args.type = type;
+    args.trans_a = g.trans_a;
+    args.trans_b = g.trans_b;
+    args.m = r1 - r0;
+    args.n = g.n;
+    args.k = g.k;
+    args.lda = g.lda();
+    args.ldb = g.ldb();
+    args.ldc = g.ldc();
+    args.alpha = static_cast<float>(g.alpha);
+    args.beta = static_cast<float>(g.beta);
+    args.a = ab + (bi * g.m * g.k + g.a_row(r0)) * elem_size;
+    args.b = bb + bi * g.k * g.n * elem_size;
+    args.c = cb + (bi * g.m * g.n + r0 * g.n) * elem_size;
+    gemm_on_this_thread(args);
+  });
+}
+
+// float64 and integers: the built-in blocked kernel.
+template <typename T>
+void gemm_builtin(const Call& call, const Gemm& g, int64_t batches, const T* a, const T* b, T* c) {
+  gemm_batched(call, g, batches, [&](int64_t bi, int64_t r0, int64_t r1) {
+    gemm_blocked<T>(g.trans_a, g.trans_b, r1 - r0, g.n, g.k, g.alpha, a + bi * g.m * g.k + g.a_row(r0), g.lda(),
+                    b + bi * g.k * g.n, g.ldb(), g.beta, c + bi * g.m * g.n + r0 * g.n, g.ldc());
   });
 }
 
@@ -186,16 +172,18 @@ void batched(Call& call, const TensorRef& self, const TensorRef& m1, const Tenso
       });
     });
   }
+  const Gemm g{m, n, k, alpha, use_self ? beta : 0.0, la == Layout::kTransposed, lb == Layout::kTransposed};
+  if (d == DT::f32 || d == DT::bf16 || d == DT::f16) {
+    const GemmType type = d == DT::f32 ? GemmType::f32 : d == DT::bf16 ? GemmType::bf16 : GemmType::f16;
+    gemm_library(call, g, B, type, dt_size(d), m1.data<char>(), m2.data<char>(), out.data<char>());
+    return;
+  }
   visit_compute(d, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, bool>) {
       call.fail(NPUB_ERR_UNSUPPORTED, "matrix products of bool tensors are not supported");
     } else {
-      const T* a = m1.data<T>();
-      const T* bm = m2.data<T>();
-      T* c = out.data<T>();
-      gemm_batched<T>(call, Gemm{m, n, k, alpha, use_self ? beta : 0.0, la == Layout::kTransposed, lb == Layout::kTransposed},
-                      B, a, bm, c);
+      gemm_builtin<T>(call, g, B, m1.data<T>(), m2.data<T>(), out.data<T>());
     }
   });
 }
@@ -235,29 +223,30 @@ void baddbmm(Call& call) {
 
 void gemm_serial_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                      const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-#if defined(NPUB_CANN_HAVE_OPENBLAS)
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(std::max<int64_t>(lda, 1)), b,
-              static_cast<int>(std::max<int64_t>(ldb, 1)), beta, c, static_cast<int>(std::max<int64_t>(ldc, 1)));
-#else
-  for (int64_t i = 0; i < m; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      float s = 0;
-      for (int64_t p = 0; p < k; ++p) s += (trans_a ? a[p * lda + i] : a[i * lda + p]) * (trans_b ? b[j * ldb + p] : b[p * ldb + j]);
-      c[i * ldc + j] = alpha * s + (beta == 0 ? 0.0f : beta * c[i * ldc + j]);
-    }
-#endif
+  GemmArgs args;
+  args.trans_a = trans_a;
+  args.trans_b = trans_b;
+  args.m = m;
+  args.n = n;
+  args.k = k;
+  args.lda = std::max<int64_t>(lda, 1);
+  args.ldb = std::max<int64_t>(ldb, 1);
+  args.ldc = std::max<int64_t>(ldc, 1);
+  args.alpha = alpha;
+  args.beta = beta;
+  args.a = a;
+  args.b = b;
+  args.c = c;
+  gemm_on_this_thread(args);
 }
 
-#if defined(NPUB_CANN_HAVE_OPENBLAS)
 namespace {
-// Predicate of the strided kernels: BLAS takes transposed operands as they
+// Predicate of the strided kernels: the GEMM takes transposed operands as they
 // are (no staging copy of x.t() for every linear layer); anything else
 // declines to the contiguous-only kernel. Arguments: the two matrix
 // operands and out, by index.
 template <int32_t A, int32_t B, int32_t Out, bool kBatch>
-int32_t blas_layouts(void*, const NpubValue* args, int32_t num_args) {
+int32_t gemm_layouts(void*, const NpubValue* args, int32_t num_args) {
   if (num_args <= Out) return 0;
   for (int32_t i : {A, B, Out})
     if (args[i].tag != NPUB_VALUE_TENSOR || args[i].u.tensor->ndim != (kBatch ? 3 : 2)) return 0;
@@ -267,11 +256,18 @@ int32_t blas_layouts(void*, const NpubValue* args, int32_t num_args) {
   return la != Layout::kOther && lb != Layout::kOther && (la == Layout::kTransposed || lb == Layout::kTransposed);
 }
 }  // namespace
-#endif
 
 void register_matmul(npub::sdk::Registrar& r) {
   using namespace npub::sdk;
-  const std::vector<DLDataType> dts = {kFloat32, kFloat64, kInt64, kInt32, kInt16, kInt8, kUInt8};
+  std::vector<DLDataType> dts = {kFloat32, kFloat64, kInt64, kInt32, kInt16, kInt8, kUInt8};
+  std::vector<DLDataType> strided = {kFloat32, kFloat64};
+  // Half types natively only where the library has a kernel for them;
+  // elsewhere the dispatcher runs them on the float32 kernel.
+  for (auto [type, dl] : {std::pair{GemmType::bf16, kBFloat16}, std::pair{GemmType::f16, kFloat16}})
+    if (gemm_supports(type)) {
+      dts.push_back(dl);
+      strided.push_back(dl);
+    }
   r.def("aten::mm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)");
   r.kernel("aten::mm.out", &mm).dtypes(dts).contiguous_only();
   r.def("aten::bmm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)");
@@ -280,15 +276,12 @@ void register_matmul(npub::sdk::Registrar& r) {
   r.kernel("aten::addmm.out", &addmm).dtypes(dts).contiguous_only();
   r.def("aten::baddbmm.out(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)");
   r.kernel("aten::baddbmm.out", &baddbmm).dtypes(dts).contiguous_only();
-#if defined(NPUB_CANN_HAVE_OPENBLAS)
-  // float32/float64 with a transposed operand: the same kernels, preferred
+  // Floating dtypes with a transposed operand: the same kernels, preferred
   // when their predicate accepts the layouts.
-  const std::vector<DLDataType> blas = {kFloat32, kFloat64};
-  r.kernel("aten::mm.out", &mm).dtypes(blas).priority(1).supports(&blas_layouts<0, 1, 2, false>);
-  r.kernel("aten::bmm.out", &bmm).dtypes(blas).priority(1).supports(&blas_layouts<0, 1, 2, true>);
-  r.kernel("aten::addmm.out", &addmm).dtypes(blas).priority(1).supports(&blas_layouts<1, 2, 5, false>);
-  r.kernel("aten::baddbmm.out", &baddbmm).dtypes(blas).priority(1).supports(&blas_layouts<1, 2, 5, true>);
-#endif
+  r.kernel("aten::mm.out", &mm).dtypes(strided).priority(1).supports(&gemm_layouts<0, 1, 2, false>);
+  r.kernel("aten::bmm.out", &bmm).dtypes(strided).priority(1).supports(&gemm_layouts<0, 1, 2, true>);
+  r.kernel("aten::addmm.out", &addmm).dtypes(strided).priority(1).supports(&gemm_layouts<1, 2, 5, false>);
+  r.kernel("aten::baddbmm.out", &baddbmm).dtypes(strided).priority(1).supports(&gemm_layouts<1, 2, 5, true>);
 }
 
 }  // namespace cann_like

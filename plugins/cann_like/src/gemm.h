@@ -1,0 +1,88 @@
+// The GEMM under cann_like's matrix products and convolutions: one row-major
+// product computed on the calling thread.
+//
+// Note [GEMM runs on the caller's thread only]
+// Kernels split a product into blocks of rows and spread the blocks over the
+// device's compute threads (call.parallel_for); each block is one
+// gemm_on_this_thread call. So the function must be safe to call from any
+// number of threads at once (the compute threads of both devices and every
+// host thread that submits work) and must not start threads of its own: the
+// device's compute threads are the one pool that runs work. With oneDNN
+// (gemm.cpp) that means one OpenMP thread for the duration of the call, and
+// each thread running the shared primitives on its own scratchpad (Note
+// [oneDNN primitives are created once and run from any thread]). Debian's serial
+// OpenBLAS, used before, fails the first requirement (wrong blocks of rows
+// when two threads call it at once).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace cann_like {
+
+// Element types of the library path. bf16 and f16 accumulate in fp32 and
+// round once to the output type.
+enum class GemmType : uint8_t { f32, bf16, f16 };
+
+// C[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * C, all row-major with
+// leading dimensions lda/ldb/ldc; op(X) is X, or X stored transposed
+// (column-major) when trans_x is set. beta == 0 overwrites C (NaNs in C
+// included), as BLAS and ATen do.
+struct GemmArgs {
+  GemmType type = GemmType::f32;
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  const void* a = nullptr;
+  const void* b = nullptr;
+  void* c = nullptr;
+};
+
+// One product on the calling thread (Note [GEMM runs on the caller's thread
+// only]). f32 always works (the built-in kernel without oneDNN); bf16 and
+// f16 only where gemm_supports() says so.
+void gemm_on_this_thread(const GemmArgs& g);
+
+// Whether gemm_on_this_thread takes `type` on this CPU: oneDNN is built in
+// and has a kernel for it under the ISA it may use (ONEDNN_MAX_CPU_ISA caps
+// that). Probed once.
+bool gemm_supports(GemmType type);
+
+// Which implementation runs `type` ("oneDNN brg:avx512_core_bf16", "built-in
+// blocked kernel"): for logs and benchmarks.
+const char* gemm_implementation(GemmType type);
+
+// The portable cache-blocked kernel, in T's arithmetic (alpha and beta
+// applied in double and rounded to T, as the integer products need): the
+// path of float64 and integer dtypes, and of float32 without oneDNN.
+template <typename T>
+void gemm_blocked(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const T* a, int64_t lda,
+                  const T* b, int64_t ldb, double beta, T* c, int64_t ldc) {
+  constexpr int64_t kBlockK = 256;
+  for (int64_t i = 0; i < m; ++i) {
+    T* ci = c + i * ldc;
+    if (beta == 0) {
+      for (int64_t j = 0; j < n; ++j) ci[j] = T(0);
+    } else if (beta != 1) {
+      for (int64_t j = 0; j < n; ++j) ci[j] = static_cast<T>(ci[j] * beta);
+    }
+  }
+  for (int64_t kb = 0; kb < k; kb += kBlockK) {
+    const int64_t ke = std::min(k, kb + kBlockK);
+    for (int64_t i = 0; i < m; ++i) {
+      T* ci = c + i * ldc;
+      for (int64_t p = kb; p < ke; ++p) {
+        const T av = static_cast<T>((trans_a ? a[p * lda + i] : a[i * lda + p]) * alpha);
+        if (trans_b) {
+          for (int64_t j = 0; j < n; ++j) ci[j] += av * b[j * ldb + p];
+        } else {
+          const T* bp = b + p * ldb;
+          for (int64_t j = 0; j < n; ++j) ci[j] += av * bp[j];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace cann_like
