@@ -54,13 +54,24 @@ def synchronize(device=None) -> None:
     _C.synchronize(_index(device) if device is not None else -1)
 
 
+def _seed64(seed) -> int:
+    """A seed as PyTorch's generators take it: any int in [-2**63, 2**64),
+    negative ones wrapping to uint64 (torch.manual_seed(-1) seeds
+    18446744073709551615 on the CPU too), anything else the CPU's error."""
+    seed = int(seed)
+    if not -(1 << 63) <= seed < (1 << 64):
+        raise ValueError("Overflow when unpacking long long")
+    return seed & 0xFFFF_FFFF_FFFF_FFFF
+
+
 def manual_seed(seed: int) -> None:
-    _C.manual_seed(current_device(), int(seed))
+    _C.manual_seed(current_device(), _seed64(seed))
 
 
 def manual_seed_all(seed: int) -> None:
+    seed = _seed64(seed)
     for i in range(device_count()):
-        _C.manual_seed(i, int(seed))
+        _C.manual_seed(i, seed)
 
 
 def get_rng_state(device="npu") -> torch.Tensor:

@@ -584,3 +584,18 @@ def test_tied_weights_stay_tied_through_to_and_back():
     assert_matches(m[0].weight.grad, tied_grad, w0)
     back = m.to("cpu")
     assert back[0].weight is back[1].weight and back[0].weight.device.type == "cpu"
+
+
+def test_manual_seed_takes_what_the_cpu_takes():
+    # torch.manual_seed seeds npu too (the custom-device hook); a negative
+    # seed wraps to uint64 as the CPU generator's does, and an out-of-range
+    # one raises the CPU's error, not a TypeError from the binding.
+    torch.manual_seed(-1)
+    assert torch.initial_seed() == 2**64 - 1
+    a = torch.rand(4, device="npu")
+    torch.npu.manual_seed(2**64 - 1)
+    assert torch.equal(torch.rand(4, device="npu").cpu(), a.cpu())
+    for bad in (2**64, -(2**63) - 1):
+        with pytest.raises(ValueError, match="Overflow"):
+            torch.manual_seed(bad)
+    torch.manual_seed(0)
