@@ -7,10 +7,16 @@
 
 namespace npub::env {
 
+// The value with surrounding white space removed (NPUB_SIM_MEMORY="64M "
+// means 64M: nothing else can be meant); unset or blank: nullopt.
 std::optional<std::string> get(const char* name) {
   const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return std::nullopt;
-  return std::string(v);
+  if (v == nullptr) return std::nullopt;
+  std::string s(v);
+  const auto first = s.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos) return std::nullopt;
+  s = s.substr(first, s.find_last_not_of(" \t\r\n") - first + 1);
+  return s;
 }
 
 int64_t get_int(const char* name, int64_t fallback) {

@@ -19,15 +19,23 @@ import torch  # noqa: E402
 from . import _C  # noqa: E402
 
 torch.utils.rename_privateuse1_backend("npu")
-_C._init()
 
 from . import npu as _npu  # noqa: E402
+
+try:
+    _C._init()
+except RuntimeError as _err:  # a bad NPUB_* setting: see npu._init_error
+    import warnings
+
+    _npu._init_error = _err
+    warnings.warn(f"npubridge: the npu device is disabled: {_err}", RuntimeWarning, stacklevel=2)
 
 torch._register_device_module("npu", _npu)
 
 from . import _autograd  # noqa: E402
 
-_autograd.register_all()
+if _npu._init_error is None:
+    _autograd.register_all()
 
 
 def _quiesce_at_exit():
@@ -38,6 +46,8 @@ def _quiesce_at_exit():
     # exception"). Give it a moment to finish before finalisation.
     import time
 
+    if _npu._init_error is not None:
+        return  # no device ever ran
     try:
         _C.synchronize(-1)
     finally:

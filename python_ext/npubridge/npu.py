@@ -6,21 +6,30 @@ import torch
 from . import _C
 
 
+# The error that disabled the device at import (a bad NPUB_* setting), or
+# None. `import torch` must succeed whatever the environment says: a bad
+# setting disables npu with one warning, the device module reports no
+# devices, and the first real npu use (a tensor on npu, an npu op) raises
+# the same error from the runtime.
+_init_error = None
+
+
 def is_available() -> bool:
-    return _C.device_count() > 0
+    return _init_error is None and _C.device_count() > 0
 
 
 def is_initialized() -> bool:
     """The simulated devices exist from import on (no lazy initialisation)."""
-    return True
+    return _init_error is None
 
 
 def _lazy_init() -> None:
-    pass
+    if _init_error is not None:
+        raise RuntimeError(f"npubridge: the npu device is disabled: {_init_error}")
 
 
 def device_count() -> int:
-    return _C.device_count()
+    return 0 if _init_error is not None else _C.device_count()
 
 
 def current_device() -> int:
