@@ -28,6 +28,17 @@ std::string PrecisionMismatch::message() const {
   return std::string(buf) + (derivation.empty() ? "" : ": " + derivation) + ")";
 }
 
+void PrecisionMismatch::take(const numerics::Verdict& v) {
+  num_mismatched = v.mismatched;
+  worst_index = v.worst_index;
+  kernel_value = v.got;
+  reference_value = v.reference;
+  abs_error = v.error;
+  rel_error = v.reference != 0 ? v.error / std::fabs(v.reference) : v.error;
+  bound = v.bound;
+  derivation = v.derivation;
+}
+
 void Dispatcher::set_precision_check(const PrecisionCheckConfig& cfg) {
   std::lock_guard<std::mutex> lock(config_mu_);
   precision_ = cfg;
@@ -268,15 +279,7 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
     c.scale = scale;
     for (double v : w.empty() ? y : w)
       if (std::isfinite(v)) c.scale = std::max(c.scale, std::fabs(v));
-    const numerics::Verdict v = numerics::compare(model, c);
-    m.num_mismatched = v.mismatched;
-    m.worst_index = v.worst_index;
-    m.kernel_value = v.got;
-    m.reference_value = v.reference;
-    m.abs_error = v.error;
-    m.rel_error = v.reference != 0 ? v.error / std::fabs(v.reference) : v.error;
-    m.bound = v.bound;
-    m.derivation = v.derivation;
+    m.take(numerics::compare(model, c));
     if (m.num_mismatched == 0) continue;
     cs.op->stats().precision_mismatches.fetch_add(1);
     log().warn("{}", m.message());

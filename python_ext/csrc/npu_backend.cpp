@@ -769,14 +769,7 @@ void compare_with_cpu(const std::string& op, const reg::OpEntry* target, const s
   const numerics::Verdict v = numerics::judge(model, got, host, wide_ok ? wide : at::Tensor(), mag_ok ? magnitude : at::Tensor(),
                                               terms, scale);
   if (v.ok()) return;
-  m.num_mismatched = v.mismatched;
-  m.worst_index = v.worst_index;
-  m.kernel_value = v.got;
-  m.reference_value = v.reference;
-  m.abs_error = v.error;
-  m.rel_error = v.reference != 0 ? v.error / std::fabs(v.reference) : v.error;
-  m.bound = v.bound;
-  m.derivation = v.derivation;
+  m.take(v);
   rt().dispatcher().record_precision_mismatch(m, target);
 }
 

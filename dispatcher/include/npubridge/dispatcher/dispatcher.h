@@ -24,6 +24,10 @@
 
 namespace npub {
 
+namespace numerics {
+struct Verdict;  // error_bound.h
+}
+
 // A resolved op: keep it to skip the name lookup on every call.
 struct OpHandle {
   reg::OpEntry* op = nullptr;
@@ -91,6 +95,8 @@ struct PrecisionMismatch {
   std::string derivation;  // and how it was derived
   int64_t num_mismatched = 0, numel = 0;
   std::string message() const;
+  // Fills the element fields from the error model's verdict on the output.
+  void take(const numerics::Verdict& v);
 };
 
 struct KernelStats {
