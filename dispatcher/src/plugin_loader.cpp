@@ -8,6 +8,8 @@
 #define BOOST_DLL_USE_STD_FS 1
 #include <boost/dll/shared_library.hpp>
 
+#include <elf.h>
+
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -43,6 +45,41 @@ std::string explain_open_failure(const std::string& path) {
   }
   const char* why = ::dlerror();
   return std::string("the dynamic loader refused it: ") + (why != nullptr ? why : "unknown reason");
+}
+
+// Note [A truncated plugin is rejected before dlopen]
+// The dynamic loader maps a shared library's loadable segments as they are
+// described in its program headers; when the file is shorter than they say
+// (an interrupted copy or download), touching the missing pages raises
+// SIGBUS inside dlopen and kills the host. So the loader first checks that
+// the file holds its ELF header, its program headers and every PT_LOAD
+// segment's file bytes. "" when it does (or when the file is not a 64-bit
+// ELF file, which dlopen rejects by itself), else the reason.
+std::string check_elf_complete(const std::string& path) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) return "";
+  const auto size = static_cast<uint64_t>(f.tellg());
+  f.seekg(0);
+  Elf64_Ehdr eh{};
+  f.read(reinterpret_cast<char*>(&eh), sizeof eh);
+  if (static_cast<size_t>(f.gcount()) < EI_NIDENT || std::memcmp(eh.e_ident, ELFMAG, SELFMAG) != 0) return "";
+  if (eh.e_ident[EI_CLASS] != ELFCLASS64) return "";
+  auto truncated = [&](uint64_t needed, const char* what) {
+    return "truncated: the file has " + std::to_string(size) + " bytes but its " + what + " need " +
+           std::to_string(needed) + " (an interrupted copy or download?)";
+  };
+  if (size < sizeof eh) return truncated(sizeof eh, "ELF header");
+  const uint64_t ph_end = eh.e_phoff + static_cast<uint64_t>(eh.e_phnum) * eh.e_phentsize;
+  if (eh.e_phentsize < sizeof(Elf64_Phdr) && eh.e_phnum > 0) return "malformed ELF file: program header entries too small";
+  if (ph_end > size) return truncated(ph_end, "program headers");
+  for (uint16_t i = 0; i < eh.e_phnum; ++i) {
+    Elf64_Phdr ph{};
+    f.seekg(static_cast<std::streamoff>(eh.e_phoff + static_cast<uint64_t>(i) * eh.e_phentsize));
+    f.read(reinterpret_cast<char*>(&ph), sizeof ph);
+    if (!f) return truncated(ph_end, "program headers");
+    if (ph.p_type == PT_LOAD && ph.p_offset + ph.p_filesz > size) return truncated(ph.p_offset + ph.p_filesz, "loadable segments");
+  }
+  return "";
 }
 
 bool valid_plugin_name(const char* name) {
@@ -116,7 +153,8 @@ LoadResult PluginLoader::load(const std::string& path) {
     return result;
   };
 
-  // 1. Open.
+  // 1. Open (Note [A truncated plugin is rejected before dlopen]).
+  if (const std::string incomplete = check_elf_complete(path); !incomplete.empty()) return reject(incomplete);
   auto lib = std::make_shared<boost::dll::shared_library>();
   {
     boost::dll::fs::error_code ec;

@@ -3,6 +3,12 @@
 // host and every other plugin keep working.
 #include "test_util.h"
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
 #include <npubridge/support/error.h>
 
 using namespace npub;
@@ -232,3 +238,28 @@ TEST(Loader, PluginDirectoryInPathLoadsEverythingAndReportsEachFailure) {
 }
 
 }  // namespace
+
+// Note [A truncated plugin is rejected before dlopen]: a copy cut short
+// would raise SIGBUS inside the dynamic loader; it is rejected instead,
+// naming the file and how much of it is missing.
+TEST(Loader, TruncatedPluginIsRejectedNotMapped) {
+  const std::string good = test_plugin("npub_test_good_c");
+  std::ifstream in(good, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(bytes.size(), 3000u);
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("npub_truncated_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto rt = make_runtime();
+  for (size_t keep : {size_t{40}, size_t{100}, size_t{3000}}) {  // header, program headers, segments
+    const std::string path = (dir / ("libnpub_truncated_" + std::to_string(keep) + ".so")).string();
+    std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(keep));
+    LoadResult r = rt->loader().load(path);
+    EXPECT_FALSE(r.ok);
+    EXPECT_NE(r.error.find("plugin '" + path + "' rejected: "), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("truncated: the file has " + std::to_string(keep) + " bytes"), std::string::npos) << r.error;
+  }
+  std::filesystem::remove_all(dir);
+  load_ok(*rt, good);
+  expect_host_still_works(*rt);
+}
