@@ -1367,7 +1367,20 @@ void register_plugin_ops() {
     auto meta = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::Meta, __FILE__, __LINE__);
     for (const reg::OpEntry* e : entries) {
       if (c10::Dispatcher::singleton().findSchema({ns + "::" + e->schema().name, e->schema().overload})) continue;
-      def->def(e->schema().to_string().c_str());
+      // Each op in its own error boundary: a schema npubridge accepts but
+      // PyTorch refuses (a default that does not fit its type, a required
+      // argument after a defaulted one) disables that op under PyTorch, with
+      // a warning, and never the import of torch.
+      try {
+        def->def(e->schema().to_string().c_str());
+      } catch (const std::exception& err) {
+        const reg::Kernel* k = e->kernels(NPUB_DEVICE_NPU).front();
+        const std::string why = err.what();
+        TORCH_WARN("npubridge: op '", e->name(), "' of plugin '", k->plugin_name(),
+                   "' is not available under PyTorch: PyTorch refuses its schema \"", e->schema().to_string(),
+                   "\": ", why.substr(0, why.find('\n')));
+        continue;
+      }
       const std::string unq = e->schema().overload.empty() ? e->schema().name : e->schema().name + "." + e->schema().overload;
       impl->impl(unq.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Bridge>(Route::kDirect, e->name())));
       // Shapes without running: from the plugin's meta function, or, for ops

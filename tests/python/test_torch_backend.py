@@ -638,3 +638,22 @@ except RuntimeError as e:
 def test_settings_with_surrounding_white_space_are_read():
     r = _run("import torch, npubridge; print(torch.npu.device_count())", NPUB_SIM_DEVICES=" 3 ", NPUB_SIM_MEMORY="64M ")
     assert r.returncode == 0 and r.stdout.strip() == "3", r.stdout + r.stderr
+
+
+def test_an_op_pytorch_refuses_is_disabled_alone():
+    # refused::misordered has a required argument after a defaulted one:
+    # npubridge accepts the schema, PyTorch does not. That op is disabled with
+    # a warning naming it, its plugin and PyTorch's reason; import torch and
+    # the plugin's other op work.
+    import os
+
+    code = """
+import torch, npubridge
+print(torch.ops.refused.twice(torch.arange(3.0).npu()).cpu().tolist())
+"""
+    r = _run(code, NPUB_PLUGIN_PATH=os.environ["NPUB_TEST_REFUSED_PLUGIN_DIR"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "[0.0, 2.0, 4.0]", r.stdout + r.stderr
+    assert ("op 'refused::misordered' of plugin 'refused' is not available under PyTorch: PyTorch refuses its schema"
+            in r.stderr), r.stderr
+    assert "Non-default positional argument follows default argument" in r.stderr, r.stderr
