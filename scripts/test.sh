@@ -15,9 +15,7 @@ npub_log "demo (release)"
 if [ "${NPUB_SKIP_SANITIZERS:-0}" != "1" ]; then
   npub_build "$NPUB_ROOT/build/asan" -DNPUB_SANITIZE=address -DNPUB_BUILD_BENCH=OFF -DNPUB_BUILD_CONFORMANCE=OFF -DNPUB_BUILD_PYTHON=OFF -DCMAKE_BUILD_TYPE=Debug
   npub_log "tests (ASan + UBSan)"
-  (cd "$NPUB_ROOT/build/asan" &&
-   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-   ctest --output-on-failure -j "$NPUB_JOBS" --timeout 600)
+  npub_asan_ctest "$NPUB_ROOT/build/asan" --output-on-failure -j "$NPUB_JOBS" --timeout 600
 
   npub_build "$NPUB_ROOT/build/tsan" -DNPUB_SANITIZE=thread -DNPUB_BUILD_BENCH=OFF -DNPUB_BUILD_CONFORMANCE=OFF -DNPUB_BUILD_PYTHON=OFF -DCMAKE_BUILD_TYPE=Debug
   npub_log "stream and concurrency tests (ThreadSanitizer)"
