@@ -289,25 +289,20 @@ int64_t terms(const ErrorModel& model, const reg::Schema& schema, const NpubValu
   return model.terms ? model.terms(CallArgs(schema, args, num_args)) : 1;
 }
 
-void describe_call(const ErrorModel& model, const reg::Schema& schema, const NpubValue* args, int32_t num_args, Comparison& c) {
-  if (model.kind != ErrorKind::kAccumulated) return;
-  c.terms = terms(model, schema, args, num_args);
-  if (model.magnitude != Magnitude::kScale) return;
+double input_scale(const reg::Schema& schema, const NpubValue* args, int32_t num_args) {
   double scale = 0;
-  for (int64_t i = 0; i < c.numel; ++i)
-    if (std::isfinite(c.reference[i])) scale = std::max(scale, std::fabs(c.reference[i]));
+  auto visit = [&](const DLTensor* t) {
+    if (t == nullptr || !is_floating(dtype_of(t->dtype))) return;
+    for (double x : sim::read_doubles(*t))
+      if (std::isfinite(x)) scale = std::max(scale, std::fabs(x));
+  };
   for (int32_t a = 0; a < num_args && static_cast<size_t>(a) < schema.arguments.size(); ++a) {
     if (schema.arguments[a].is_write()) continue;
-    auto visit = [&](const DLTensor* t) {
-      if (t == nullptr || !is_floating(dtype_of(t->dtype))) return;
-      for (double x : sim::read_doubles(*t))
-        if (std::isfinite(x)) scale = std::max(scale, std::fabs(x));
-    };
     if (args[a].tag == NPUB_VALUE_TENSOR) visit(args[a].u.tensor);
     if (args[a].tag == NPUB_VALUE_TENSOR_LIST)
       for (int32_t j = 0; j < args[a].count; ++j) visit(args[a].u.tensors[j]);
   }
-  c.scale = scale;
+  return scale;
 }
 
 }  // namespace npub::numerics

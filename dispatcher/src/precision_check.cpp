@@ -190,12 +190,11 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
     if (numerics::needs_magnitude(model)) magnitude = std::make_unique<WideRun>(prepare(true));
   }
   const int64_t terms = numerics::terms(model, cs.op->schema(), cs.args, cs.num_args);
-  double scale = 0;  // Magnitude::kScale: of the inputs (read before the kernel writes) and, below, the reference
-  if (model.kind == numerics::ErrorKind::kAccumulated && model.magnitude == numerics::Magnitude::kScale) {
-    numerics::Comparison probe;
-    numerics::describe_call(model, cs.op->schema(), cs.args, cs.num_args, probe);
-    scale = probe.scale;
-  }
+  // Magnitude::kScale: the inputs' part, read before the kernel writes (the
+  // reference's is added per output below).
+  const double scale = model.kind == numerics::ErrorKind::kAccumulated && model.magnitude == numerics::Magnitude::kScale
+                           ? numerics::input_scale(cs.op->schema(), cs.args, cs.num_args)
+                           : 0;
 
   run_kernel(cs, k, convert_from);
 

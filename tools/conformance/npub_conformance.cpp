@@ -93,21 +93,6 @@ NpubValue box(const c10::IValue& v, NpuArgs& a, sim::Device* dev) {
   });
 }
 
-c10::IValue deep_copy(const c10::IValue& v) {
-  if (v.isTensor()) {
-    const at::Tensor& t = v.toTensor();
-    at::Tensor c = at::empty_strided(t.sizes(), t.strides(), t.options());
-    c.copy_(t);
-    return c;
-  }
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> l;
-    for (const at::Tensor& t : v.toTensorVector()) l.push_back(deep_copy(t).toTensor());
-    return l;
-  }
-  return v;
-}
-
 // ---------------------------------------------------------------------------
 // the references (Note [The error model] in error_bound.h)
 // ---------------------------------------------------------------------------

@@ -172,11 +172,9 @@ Verdict compare(const ErrorModel& model, const Comparison& c);
 // arguments' shapes and scalars (tensor data is not read).
 int64_t terms(const ErrorModel& model, const reg::Schema& schema, const NpubValue* args, int32_t num_args);
 
-// Fills in what `compare` needs from the call and the reference values:
-// terms (K) and, for kScale, the scale from the floating inputs (read
-// through the copy engine) and the reference. `args` are the call's
-// arguments as the kernel saw them.
-void describe_call(const ErrorModel& model, const reg::Schema& schema, const NpubValue* args, int32_t num_args,
-                   Comparison& c);
+// The largest finite |value| among the call's floating tensor arguments
+// that it does not write (read through the copy engine): the inputs' part
+// of Magnitude::kScale, to be taken before the kernel runs.
+double input_scale(const reg::Schema& schema, const NpubValue* args, int32_t num_args);
 
 }  // namespace npub::numerics
