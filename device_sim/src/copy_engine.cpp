@@ -1,5 +1,6 @@
 #include <npubridge/device_sim/compute_pool.h>
 #include <npubridge/device_sim/copy_engine.h>
+#include <npubridge/support/shape.h>
 #include <npubridge/device_sim/stream.h>
 #include <npubridge/half.hpp>
 #include <npubridge/support/dtype.h>
@@ -115,11 +116,7 @@ RowFn row_fn(DType to, DType from) {
   return fn;
 }
 
-std::string shape_str(const DLTensor& t) {
-  std::string s = "[";
-  for (int i = 0; i < t.ndim; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
-  return s + "]";
-}
+std::string shape_str(const DLTensor& t) { return npub::shape_str(t.shape, t.ndim); }
 
 }  // namespace
 
@@ -151,15 +148,7 @@ void copy_tensor_async(Stream& stream, const DLTensor& dst, const DLTensor& src,
   stream.enqueue([d, s, pool] { copy_tensor(d->t, s->t, pool); });
 }
 
-bool is_contiguous(const DLTensor& t) {
-  if (t.strides == nullptr) return true;
-  int64_t expected = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] != 1 && t.strides[i] != expected) return false;
-    expected *= t.shape[i];
-  }
-  return true;
-}
+bool is_contiguous(const DLTensor& t) { return npub::is_contiguous(t.shape, t.strides, t.ndim); }
 
 void copy_tensor(const DLTensor& dst, const DLTensor& src, ComputePool* pool) {
   if (dst.ndim != src.ndim || !std::equal(dst.shape, dst.shape + dst.ndim, src.shape))

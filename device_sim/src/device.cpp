@@ -32,8 +32,10 @@ struct CurrentStreams {
 };
 thread_local CurrentStreams tls_streams;
 
+// Keyed by the set's uid, not its address: a set created where a destroyed
+// one lived must not inherit that one's current device.
 struct CurrentDevices {
-  std::vector<std::pair<const DeviceSet*, int>> entries;
+  std::vector<std::pair<uint64_t, int>> entries;
 };
 thread_local CurrentDevices tls_devices;
 }  // namespace
@@ -69,6 +71,7 @@ Device::Device(int index, const DeviceOptions& options)
       allocator_(index, options.memory_bytes),
       compute_(resolve_threads(options.compute_threads)) {
   streams_.push_back(std::make_unique<Stream>(index, 0, launch_blocking_));
+  default_stream_ = streams_.front().get();
 }
 
 Device::~Device() {
@@ -83,6 +86,15 @@ Stream& Device::create_stream() {
   return *streams_.back();
 }
 
+Stream& Device::pooled_stream() {
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  if (pool_.size() < kStreamPoolSize) {
+    streams_.push_back(std::make_unique<Stream>(index_, static_cast<int>(streams_.size()), launch_blocking_));
+    pool_.push_back(streams_.back().get());
+  }
+  return *pool_[pool_next_++ % pool_.size()];
+}
+
 Stream& Device::stream(int id) {
   std::lock_guard<std::mutex> lock(streams_mu_);
   if (id < 0 || id >= static_cast<int>(streams_.size()))
@@ -93,7 +105,7 @@ Stream& Device::stream(int id) {
 
 Stream& Device::current_stream() {
   Stream* s = tls_streams.find(uid_);
-  return s != nullptr ? *s : *streams_.front();
+  return s != nullptr ? *s : *default_stream_;
 }
 
 void Device::set_current_stream(Stream& stream) {
@@ -135,7 +147,8 @@ void Device::synchronize() {
   for (Stream* s : all) s->synchronize();
 }
 
-DeviceSet::DeviceSet(const DeviceOptions& options) : options_(options) {
+DeviceSet::DeviceSet(const DeviceOptions& options)
+    : uid_(g_next_device_uid.fetch_add(1)), options_(options) {
   for (int i = 0; i < options.num_devices; ++i)
     devices_.push_back(std::make_unique<Device>(i, options));
 }
@@ -151,18 +164,18 @@ Device& DeviceSet::at(int index) {
 
 int DeviceSet::current_device() const {
   for (auto& [set, idx] : tls_devices.entries)
-    if (set == this) return idx;
+    if (set == uid_) return idx;
   return 0;
 }
 
 void DeviceSet::set_current_device(int index) {
   (void)at(index);  // validates
   for (auto& [set, idx] : tls_devices.entries)
-    if (set == this) {
+    if (set == uid_) {
       idx = index;
       return;
     }
-  tls_devices.entries.emplace_back(this, index);
+  tls_devices.entries.emplace_back(uid_, index);
 }
 
 }  // namespace npub::sim

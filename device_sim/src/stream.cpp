@@ -33,26 +33,60 @@ void Stream::enqueue(Task task) {
     synchronize();  // surface the error now, at its call site
     return;
   }
+  push(Item{std::move(task), false});
+}
+
+void Stream::enqueue_marker(Task marker) {
+  if (launch_blocking_) {
+    synchronize();
+    marker();
+    return;
+  }
+  push(Item{std::move(marker), true});
+}
+
+void Stream::push(Item item) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!worker_.joinable()) worker_ = std::thread([this] { run_worker(); });
     pending_.fetch_add(1, std::memory_order_acq_rel);
-    queue_.push_back(std::move(task));
+    queue_.push_back(std::move(item));
   }
   work_cv_.notify_one();
 }
 
+// Note [An event completes with its stream's progress]
+// Once an event recorded last on a stream completes, the stream must read
+// as idle (query() true), and once synchronize() returns, every event
+// recorded on the stream must read as complete, as on CUDA. A marker is
+// therefore counted done first and then completed, both under the stream's
+// lock: a thread woken by the event sees pending_ already lowered, and a
+// thread in synchronize() wakes only after the lock is released, with the
+// event complete. (Run as an ordinary task, the event completed a moment
+// before the stream counted it done, and `end.synchronize();
+// stream.query()` could read false.)
 void Stream::run_worker() {
   for (;;) {
-    Task task;
+    Item item;
     {
       std::unique_lock<std::mutex> lock(mu_);
       work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping and drained
-      task = std::move(queue_.front());
+      item = std::move(queue_.front());
       queue_.pop_front();
     }
-    run_task(task);
+    if (item.marker) {
+      std::lock_guard<std::mutex> lock(mu_);
+      const bool idle = pending_.fetch_sub(1, std::memory_order_acq_rel) == 1;
+      try {
+        item.task();  // takes the event's lock, never the stream's
+      } catch (...) {
+        if (!error_) error_ = std::current_exception();
+      }
+      if (idle) idle_cv_.notify_all();
+      continue;
+    }
+    run_task(item.task);
     std::lock_guard<std::mutex> lock(mu_);
     if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) idle_cv_.notify_all();
   }
@@ -102,7 +136,7 @@ void Event::record(Stream& stream) {
     generation = ++state_->recorded;
   }
   std::shared_ptr<State> state = state_;
-  stream.enqueue([state, generation] { complete(*state, generation); });
+  stream.enqueue_marker([state, generation] { complete(*state, generation); });
 }
 
 bool Event::query() const {

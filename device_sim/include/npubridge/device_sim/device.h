@@ -37,9 +37,15 @@ class Device {
   CachingAllocator& allocator() { return allocator_; }
   ComputePool& compute() { return compute_; }
 
-  Stream& default_stream() { return *streams_.front(); }
+  Stream& default_stream() { return *default_stream_; }
   // A new stream owned by the device; valid while the device lives.
   Stream& create_stream();
+  // A stream from the device's pool of kStreamPoolSize, handed out round
+  // robin (as CUDA's stream pool): what a host's "new stream" gets, so that
+  // making streams in a loop does not make threads without bound (each
+  // stream owns a worker thread).
+  static constexpr int kStreamPoolSize = 4;
+  Stream& pooled_stream();
   // Stream `id` of this device (0 is the default stream); throws npub::Error
   // for an id the device never handed out.
   Stream& stream(int id);
@@ -74,7 +80,10 @@ class Device {
   CachingAllocator allocator_;
   ComputePool compute_;
   std::mutex streams_mu_;
-  std::vector<std::unique_ptr<Stream>> streams_;
+  std::vector<std::unique_ptr<Stream>> streams_;  // under streams_mu_ (create_stream grows it)
+  Stream* default_stream_ = nullptr;
+  std::vector<Stream*> pool_;  // under streams_mu_
+  size_t pool_next_ = 0;       // under streams_mu_                // streams_[0], fixed at construction: read without the lock
   mutable std::mutex rng_mu_;
   PhiloxState rng_{kDefaultSeed, 0};
 };
@@ -92,6 +101,7 @@ class DeviceSet {
   void set_current_device(int index);
 
  private:
+  const uint64_t uid_;  // unique across all sets (the thread-local current device's key)
   DeviceOptions options_;
   std::vector<std::unique_ptr<Device>> devices_;
 };

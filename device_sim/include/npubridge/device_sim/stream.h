@@ -35,6 +35,10 @@ class Stream {
 
   // Queues a task; it runs after everything queued before it.
   void enqueue(Task task);
+  // Queues a marker (Event::record): an instant task that runs when the
+  // stream reaches it, under the stream's lock, after the stream counts it
+  // done. See Note [An event completes with its stream's progress].
+  void enqueue_marker(Task marker);
   // Blocks until all queued work has run; rethrows the first error of that
   // work (once).
   void synchronize();
@@ -59,7 +63,12 @@ class Stream {
   mutable std::mutex mu_;
   std::condition_variable work_cv_;
   std::condition_variable idle_cv_;
-  std::deque<Task> queue_;
+  struct Item {
+    Task task;
+    bool marker = false;
+  };
+  std::deque<Item> queue_;
+  void push(Item item);  // queues for the worker, starting it on first use
   std::exception_ptr error_;
   bool stopping_ = false;
   std::thread worker_;

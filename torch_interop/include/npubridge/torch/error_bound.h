@@ -2,15 +2,15 @@
 // references' inputs made from a call's CPU arguments (float64, |.|) and the
 // verdict on one output tensor. Used by npub-conformance, the PyTorch
 // extension's precision check and its OpInfo runner, so the three agree on
-// what "matches" means. Header-only, like torch_boxing.h; the core
+// what "matches" means. Header-only, like boxing.h; the core
 // libraries never include it.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <npubridge/dispatcher/error_bound.h>
-#include <npubridge/dispatcher/torch_boxing.h>
-#include <npubridge/dispatcher/torch_dtype.h>
+#include <npubridge/torch/boxing.h>
+#include <npubridge/torch/dtype.h>
 #include <npubridge/registry/schema.h>
 
 #include <cmath>

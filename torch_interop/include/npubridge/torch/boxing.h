@@ -1,5 +1,5 @@
 // c10::IValue -> NpubValue, for hosts built against LibTorch (the PyTorch
-// extension and npub-conformance). Header-only, like torch_dtype.h; the core
+// extension and npub-conformance). Header-only, like dtype.h; the core
 // libraries never include it. How a tensor becomes a DLTensor is the
 // caller's (a view of a device tensor, a copy to the device, metadata only);
 // everything else boxes the same way for every host.

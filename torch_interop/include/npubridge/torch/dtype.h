@@ -1,7 +1,6 @@
 // at::ScalarType <-> npub::DType, for hosts and tools built against LibTorch
 // (the PyTorch extension, npub-conformance, the cann_like benchmark).
-// Header-only and the only npubridge header that includes c10: the core
-// libraries never include it.
+// Header-only (torch_interop/): the core libraries never include it.
 #pragma once
 
 #include <c10/core/ScalarType.h>
