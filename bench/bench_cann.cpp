@@ -1,16 +1,20 @@
 // cann_like against PyTorch on the CPU, in one process, with the same number
 // of threads on both sides: each case runs through the dispatcher on npu:0
 // and as the equivalent ATen call; the ratio npu time / torch time (lower is
-// better) is printed with the achieved GFLOP/s or GB/s, and all figures go
-// to the JSON file given as argv[1].
+// better) is printed with the achieved GFLOP/s or GB/s and that rate as a
+// share of the machine's ceiling (machine_ceiling.h, measured first), and
+// all figures go to the JSON file given as argv[1].
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/version.h>
 
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/runtime.h>
-#include <npubridge/dispatcher/torch_dtype.h>
+#include <npubridge/torch/dl_view.h>
+#include <npubridge/torch/dtype.h>
 #include <npubridge/dispatcher/value.h>
+
+#include "machine_ceiling.h"
 
 #include <algorithm>
 #include <atomic>
@@ -30,14 +34,7 @@ namespace {
 Tensor to_npu(const at::Tensor& t, sim::Device* dev) {
   at::Tensor c = t.contiguous();
   Tensor out = Tensor::empty(c.sizes().vec(), npub_dtype(c.scalar_type()), dev);
-  std::vector<int64_t> shape = c.sizes().vec();
-  DLTensor src{};
-  src.data = c.data_ptr();
-  src.device = DLDevice{kDLCPU, 0};
-  src.ndim = static_cast<int32_t>(shape.size());
-  src.dtype = to_dl(npub_dtype(c.scalar_type()));
-  src.shape = shape.data();
-  sim::copy_tensor(*out.dl(), src, &dev->compute());
+  sim::copy_tensor(*out.dl(), dl_view(c, DLDevice{kDLCPU, 0}), &dev->compute());
   return out;
 }
 
@@ -57,6 +54,7 @@ struct Result {
   double npu_s, torch_s, work;  // work: FLOP or bytes
   const char* unit;             // "GFLOP/s" or "GB/s"
   double target;
+  double ceiling;  // the machine's best rate in `unit` for this kind of work
 };
 
 }  // namespace
@@ -74,6 +72,9 @@ int main(int argc, char** argv) {
   d.set_fallback_mode(FallbackMode::kError);  // every case must run on a kernel
   sim::Device* dev = &rt.devices().at(0);
   std::vector<Result> results;
+  const bench::MachineCeiling ceiling = bench::measure_machine_ceiling(threads);
+  std::printf("machine ceiling, %d threads: fp32 FMA %.0f GFLOP/s (%s), bf16 dot products %.0f GFLOP/s, memory (STREAM triad) %.1f GB/s\n",
+              threads, ceiling.fp32_gflops, ceiling.isa, ceiling.bf16_gflops, ceiling.memory_gbps);
 
   // Runs the npu call and the torch call in alternating blocks (3 blocks of
   // `reps` calls each side) and compares medians. Blocks, not single calls:
@@ -90,10 +91,14 @@ int main(int argc, char** argv) {
     }
     std::sort(a.begin(), a.end());
     std::sort(b.begin(), b.end());
-    Result r{name, a[a.size() / 2], b[b.size() / 2], work, unit, target};
+    const bool flops = std::string(unit) == "GFLOP/s";
+    const bool bf16 = name.find("bf16") != std::string::npos && ceiling.bf16_gflops > 0;
+    const double peak = !flops ? ceiling.memory_gbps : bf16 ? ceiling.bf16_gflops : ceiling.fp32_gflops;
+    Result r{name, a[a.size() / 2], b[b.size() / 2], work, unit, target, peak};
     const double rate = work / r.npu_s / 1e9;
-    std::printf("%-44s npu %9.3f ms  torch %9.3f ms  ratio %5.2f (target <= %.2f) %s  %8.1f %s\n", name.c_str(), r.npu_s * 1e3,
-                r.torch_s * 1e3, r.npu_s / r.torch_s, target, r.npu_s / r.torch_s <= target ? "ok    " : "MISSED", rate, unit);
+    std::printf("%-44s npu %9.3f ms  torch %9.3f ms  ratio %5.2f (target <= %.2f) %s  %8.1f %s (%3.0f%% of ceiling)\n",
+                name.c_str(), r.npu_s * 1e3, r.torch_s * 1e3, r.npu_s / r.torch_s, target,
+                r.npu_s / r.torch_s <= target ? "ok    " : "MISSED", rate, unit, 100 * rate / peak);
     std::fflush(stdout);
     results.push_back(r);
   };
@@ -212,6 +217,39 @@ int main(int argc, char** argv) {
     std::printf("%-44s wrong results: %d\n", "  stress", wrong.load());
     if (wrong.load() != 0) return 1;
   }
+  {
+    // The convolution alone, forward and backward (ATen's convolution and
+    // convolution_backward on the CPU, the same shapes as the fused case).
+    at::Tensor x = at::randn({8, 64, 56, 56}), w = at::randn({64, 64, 3, 3}) * 0.05, b = at::randn({64});
+    at::Tensor gy = at::randn({8, 64, 56, 56});
+    Tensor nx = to_npu(x, dev), nw = to_npu(w, dev), nb = to_npu(b, dev), ngy = to_npu(gy, dev);
+    std::vector<int64_t> one{1, 1}, zero{0, 0}, mask{1, 1, 1};
+    const double flops = 2.0 * 8 * 64 * 64 * 9 * 56 * 56;
+    const OpHandle fwd = d.op("aten::convolution_overrideable");
+    NpubValue fargs[] = {tensor_value(nx.dl()), tensor_value(nw.dl()), tensor_value(nb.dl()), int_list_value(one),
+                         int_list_value(one),   int_list_value(one),   bool_value(false),     int_list_value(zero),
+                         int_value(1)};
+    measure("conv2d forward [8,64,56,56] 3x3",
+            [&] {
+              TensorOutputs outs(rt.devices());
+              d.call(fwd, fargs, 9, rets, 1, &outs);
+            },
+            [&] { at::conv2d(x, w, b, 1, 1); }, flops, "GFLOP/s", 1.1, 3);
+    const OpHandle bwd = d.op("aten::convolution_backward_overrideable");
+    NpubValue bargs[] = {tensor_value(ngy.dl()), tensor_value(nx.dl()), tensor_value(nw.dl()), int_list_value(one),
+                         int_list_value(one),    int_list_value(one),   bool_value(false),     int_list_value(zero),
+                         int_value(1),           int_list_value(mask)};
+    measure("conv2d backward [8,64,56,56] 3x3",
+            [&] {
+              TensorOutputs outs(rt.devices());
+              d.call(bwd, bargs, 10, rets, 3, &outs);
+            },
+            [&] {
+              at::convolution_backward(gy, x, w, at::IntArrayRef{64}, {1, 1}, {1, 1}, {1, 1}, false, {0, 0}, 1,
+                                       {true, true, true});
+            },
+            2 * flops, "GFLOP/s", 1.1, 3);
+  }
   if (d.find("cann_like::conv2d_bias_relu")) {
     at::Tensor x = at::randn({8, 64, 56, 56}), w = at::randn({64, 64, 3, 3}) * 0.05, b = at::randn({64});
     Tensor nx = to_npu(x, dev), nw = to_npu(w, dev), nb = to_npu(b, dev);
@@ -230,12 +268,14 @@ int main(int argc, char** argv) {
   }
 
   std::ofstream f(json_path);
-  f << "{\n  \"threads\": " << threads << ",\n  \"torch\": \"" << TORCH_VERSION << "\",\n  \"results\": [\n";
+  f << "{\n  \"threads\": " << threads << ",\n  \"torch\": \"" << TORCH_VERSION << "\",\n";
+  f << "  \"ceiling\": {\"fp32_gflops\": " << ceiling.fp32_gflops << ", \"bf16_gflops\": " << ceiling.bf16_gflops
+    << ", \"memory_gbps\": " << ceiling.memory_gbps << ", \"isa\": \"" << ceiling.isa << "\"},\n  \"results\": [\n";
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     f << "    {\"name\": \"" << r.name << "\", \"npu_ms\": " << r.npu_s * 1e3 << ", \"torch_ms\": " << r.torch_s * 1e3
       << ", \"ratio\": " << r.npu_s / r.torch_s << ", \"target\": " << r.target << ", \"rate\": " << r.work / r.npu_s / 1e9
-      << ", \"unit\": \"" << r.unit << "\"}" << (i + 1 < results.size() ? "," : "") << "\n";
+      << ", \"unit\": \"" << r.unit << "\", \"ceiling\": " << r.ceiling << "}" << (i + 1 < results.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
   return 0;

@@ -57,13 +57,27 @@ Binary binary_args(Call& call, int32_t a_index, int32_t b_index, int32_t out_ind
 // The common case, recognised without building an iterator (no
 // allocation): tensors `a`, `b` and `out` all float32, contiguous and of one
 // shape, as activations in a model mostly are.
-bool same_shape_f32(const Call& call, int32_t a, int32_t b, int32_t out) {
+bool same_shape_as(const Call& call, int32_t a, int32_t b, int32_t out, DLDataType dtype) {
   if (call.arg(b).tag != NPUB_VALUE_TENSOR) return false;
   const TensorRef ta = call.tensor(a), tb = call.tensor(b), to = call.tensor(out);
   for (const TensorRef* t : {&ta, &tb, &to})
-    if (!t->is(npub::sdk::kFloat32) || !t->is_contiguous() || t->dim() != ta.dim()) return false;
+    if (!t->is(dtype) || !t->is_contiguous() || t->dim() != ta.dim()) return false;
   for (int32_t d = 0; d < ta.dim(); ++d)
     if (tb.size(d) != ta.size(d) || to.size(d) != ta.size(d)) return false;
+  return true;
+}
+bool same_shape_f32(const Call& call, int32_t a, int32_t b, int32_t out) {
+  return same_shape_as(call, a, b, out, npub::sdk::kFloat32);
+}
+
+// The bfloat16 counterpart; false (nothing done) when the operands don't fit.
+bool try_same_shape_bf16(Call& call, int32_t a, int32_t b, int32_t out, HalfBinaryOp op, float alpha) {
+  if (!same_shape_as(call, a, b, out, npub::sdk::kBFloat16)) return false;
+  const uint16_t* pa = call.tensor(a).data<uint16_t>();
+  const uint16_t* pb = call.tensor(b).data<uint16_t>();
+  uint16_t* po = call.tensor(out).data<uint16_t>();
+  call.parallel_for(0, call.tensor(out).numel(), 1 << 14,
+                    [&](int64_t s, int64_t e) { bf16_binary_contiguous(op, alpha, pa + s, pb + s, po + s, e - s); });
   return true;
 }
 
@@ -122,10 +136,27 @@ void add_sub_fast(Call& call) {
     }
     return;
   }
+  if (alpha.tag == NPUB_VALUE_DOUBLE || alpha.tag == NPUB_VALUE_INT) {
+    const float al = kSub ? -scalar_as<float>(call, 2) : scalar_as<float>(call, 2);
+    const HalfBinaryOp op = unit_alpha && !kSub ? HalfBinaryOp::kAdd : HalfBinaryOp::kAddScaled;
+    if (try_same_shape_bf16(call, 0, 1, 3, op, al)) return;
+  }
+  // ATen's sub_check, before the operands' shapes as in ATen.
+  if (kSub) {
+    const bool a_bool = dt_of(call.tensor(0).dtype()) == DT::b8;
+    const bool b_bool = call.arg(1).tag == NPUB_VALUE_TENSOR ? dt_of(call.tensor(1).dtype()) == DT::b8
+                                                             : call.arg(1).tag == NPUB_VALUE_BOOL;
+    if (a_bool && b_bool)
+      call.fail(NPUB_ERR_INVALID_ARGUMENT,
+                "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or "
+                "`logical_xor()` operator instead.");
+    if (a_bool || b_bool)
+      call.fail(NPUB_ERR_INVALID_ARGUMENT,
+                "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a "
+                "mask, use the `~` or `logical_not()` operator instead.");
+  }
   Binary x = binary_args(call, 0, 1, 3);
   check_alpha(call, x.common, 2);
-  if (kSub && x.common == DT::b8)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "subtraction, the `-` operator, with two bool tensors is not supported");
   check_castable(call, x.common, x.out);
   if (x.common == DT::b8) {
     const bool a = scalar_as<bool>(call, 2);
@@ -154,6 +185,7 @@ void mul(Call& call) {
     run_same_shape_f32(call, 0, 1, 2, [](float a, float b) { return a * b; });
     return;
   }
+  if (try_same_shape_bf16(call, 0, 1, 2, HalfBinaryOp::kMul, 1.0f)) return;
   Binary x = binary_args(call, 0, 1, 2);
   check_castable(call, x.common, x.out);
   run_binary_as(call, x, x.common, [](auto tag) {
@@ -495,54 +527,33 @@ void lerp(Call& call) {
 void register_binary(npub::sdk::Registrar& r) {
   const auto all = dtypes_all();
   const auto numeric = dtypes_numeric();
-  r.def("aten::add.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::add.out", &add_sub_fast<false>).dtypes(all);
-  r.def("aten::sub.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::sub.out", &add_sub_fast<true>).dtypes(all);
-  r.def("aten::mul.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::mul.out", &mul).dtypes(all);
-  r.def("aten::div.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::div.out", &div).dtypes(all);
-  r.def("aten::div.out_mode(Tensor self, Tensor other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::div.out_mode", &div).dtypes(numeric);
-  r.def("aten::remainder.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::remainder.Tensor_out", &remainder).dtypes(numeric);
-  r.def("aten::pow.Tensor_Tensor_out(Tensor self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::pow.Tensor_Tensor_out", &pow_op).dtypes(numeric);
-  r.def("aten::pow.Tensor_Scalar_out(Tensor self, Scalar exponent, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::pow.Tensor_Scalar_out", &pow_op).dtypes(numeric);
-  r.def("aten::maximum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::maximum.out", &max_min<true>).dtypes(all);
-  r.def("aten::minimum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::minimum.out", &max_min<false>).dtypes(all);
+  r.op("aten::add.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)", &add_sub_fast<false>).dtypes(all);
+  r.op("aten::sub.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)", &add_sub_fast<true>).dtypes(all);
+  r.op("aten::mul.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &mul).dtypes(all);
+  r.op("aten::div.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &div).dtypes(all);
+  r.op("aten::div.out_mode(Tensor self, Tensor other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)", &div).dtypes(numeric);
+  r.op("aten::remainder.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &remainder).dtypes(numeric);
+  r.op("aten::pow.Tensor_Tensor_out(Tensor self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)", &pow_op).dtypes(numeric);
+  r.op("aten::pow.Tensor_Scalar_out(Tensor self, Scalar exponent, *, Tensor(a!) out) -> Tensor(a!)", &pow_op).dtypes(numeric);
+  r.op("aten::maximum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &max_min<true>).dtypes(all);
+  r.op("aten::minimum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &max_min<false>).dtypes(all);
   const char* cmp_names[] = {"eq", "ne", "lt", "le", "gt", "ge"};
   npub::sdk::KernelBody cmp_fns[] = {&compare<Cmp::eq>, &compare<Cmp::ne>, &compare<Cmp::lt>,
                                      &compare<Cmp::le>, &compare<Cmp::gt>, &compare<Cmp::ge>};
   for (int i = 0; i < 6; ++i) {
     const std::string n = std::string("aten::") + cmp_names[i];
-    r.def((n + ".Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)").c_str());
-    r.kernel(n + ".Tensor_out", cmp_fns[i]).dtypes(all);
-    r.def((n + ".Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)").c_str());
-    r.kernel(n + ".Scalar_out", cmp_fns[i]).dtypes(all);
+    r.op((n + ".Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)").c_str(), cmp_fns[i]).dtypes(all);
+    r.op((n + ".Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)").c_str(), cmp_fns[i]).dtypes(all);
   }
-  r.def("aten::logical_and.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::logical_and.out", &logical<true>).dtypes(all);
-  r.def("aten::logical_or.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::logical_or.out", &logical<false>).dtypes(all);
-  r.def("aten::where.self_out(Tensor condition, Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::where.self_out", &where).dtypes({npub::sdk::kBool});
-  r.def("aten::masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor");
-  r.kernel("aten::masked_fill.Scalar", &masked_fill<false>).dtypes(all);
-  r.def("aten::masked_fill_.Scalar(Tensor(a!) self, Tensor mask, Scalar value) -> Tensor(a!)");
-  r.kernel("aten::masked_fill_.Scalar", &masked_fill<true>).dtypes(all);
-  r.def("aten::clamp.out(Tensor self, Scalar? min=None, Scalar? max=None, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::clamp.out", &clamp).dtypes(numeric);
-  r.def("aten::addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::addcmul.out", &addc<false>).dtypes(numeric);
-  r.def("aten::addcdiv.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::addcdiv.out", &addc<true>).dtypes(dtypes_floating());
-  r.def("aten::lerp.Scalar_out(Tensor self, Tensor end, Scalar weight, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::lerp.Scalar_out", &lerp).dtypes(dtypes_floating());
+  r.op("aten::logical_and.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &logical<true>).dtypes(all);
+  r.op("aten::logical_or.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &logical<false>).dtypes(all);
+  r.op("aten::where.self_out(Tensor condition, Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &where).dtypes({npub::sdk::kBool});
+  r.op("aten::masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor", &masked_fill<false>).dtypes(all);
+  r.op("aten::masked_fill_.Scalar(Tensor(a!) self, Tensor mask, Scalar value) -> Tensor(a!)", &masked_fill<true>).dtypes(all);
+  r.op("aten::clamp.out(Tensor self, Scalar? min=None, Scalar? max=None, *, Tensor(a!) out) -> Tensor(a!)", &clamp).dtypes(numeric);
+  r.op("aten::addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)", &addc<false>).dtypes(numeric);
+  r.op("aten::addcdiv.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)", &addc<true>).dtypes(dtypes_floating());
+  r.op("aten::lerp.Scalar_out(Tensor self, Tensor end, Scalar weight, *, Tensor(a!) out) -> Tensor(a!)", &lerp).dtypes(dtypes_floating());
 }
 
 }  // namespace cann_like

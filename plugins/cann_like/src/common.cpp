@@ -1,5 +1,6 @@
 #include "common.h"
 #include "elementwise.h"
+#include "isa.h"
 
 #include <immintrin.h>
 
@@ -109,6 +110,29 @@ void check_out(const Call& call, const TensorRef& out, const Shape& shape, const
                                              " but found " + shape_str(out.sizes()));
 }
 
+int64_t pair_at(const std::vector<int64_t>& v, size_t i, const Call& call, const char* name) {
+  if (v.size() == 1) return v[0];
+  if (v.size() != 2) call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + ": expected 1 or 2 values but found " + std::to_string(v.size()));
+  return v[i];
+}
+
+DT dtype_arg(const Call& call, int32_t i, DT fallback) {
+  if (call.is_none(i)) return fallback;
+  const DT d = from_scalar_type(call.int_arg(i));
+  if (d == DT::unknown) call.fail(NPUB_ERR_UNSUPPORTED, "unsupported dtype argument " + std::to_string(call.int_arg(i)));
+  return d;
+}
+
+DimView dim_view(const TensorRef& t, int64_t dim) {
+  DimView v;
+  for (int32_t i = 0; i < t.dim(); ++i) {
+    if (i < dim) v.outer *= t.size(i);
+    else if (i == dim) v.size = t.size(i);
+    else v.inner *= t.size(i);
+  }
+  return v;
+}
+
 void Iter::add(const TensorRef& t) {
   const int i = nops++;
   data[i] = t.data<char>();
@@ -163,6 +187,59 @@ Shape reduced_shape(const Shape& in, const std::vector<bool>& mask, bool keepdim
   return out;
 }
 
+namespace {
+std::vector<int64_t> enumerate_offsets(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  std::vector<int64_t> offs{0};
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    std::vector<int64_t> next;
+    next.reserve(offs.size() * static_cast<size_t>(std::max<int64_t>(sizes[d], 0)));
+    for (int64_t o : offs)
+      for (int64_t i = 0; i < sizes[d]; ++i) next.push_back(o + i * strides[d]);
+    offs.swap(next);
+  }
+  return offs;
+}
+}  // namespace
+
+Plan make_plan(const TensorRef& t, const std::vector<bool>& mask) {
+  Plan p;
+  const int64_t es = dt_size(dt_of(t.dtype()));
+  std::vector<int64_t> ks, kst, rs, rst;
+  for (int32_t d = 0; d < t.dim(); ++d) {
+    if (mask[static_cast<size_t>(d)]) {
+      // Merge with the previous reduced dim when memory-adjacent.
+      if (!rs.empty() && rst.back() == t.size(d) * t.stride(d) * es && t.size(d) != 0) {
+        rs.back() *= t.size(d);
+        rst.back() = t.stride(d) * es;
+      } else if (t.size(d) != 1 || rs.empty()) {
+        rs.push_back(t.size(d));
+        rst.push_back(t.stride(d) * es);
+      }
+    } else {
+      ks.push_back(t.size(d));
+      kst.push_back(t.stride(d) * es);
+    }
+  }
+  if (!rs.empty()) {
+    p.run_len = rs.back();
+    p.run_stride = rst.back();
+    rs.pop_back();
+    rst.pop_back();
+  }
+  p.run_offsets = enumerate_offsets(rs, rst);
+  p.out_offsets = enumerate_offsets(ks, kst);
+  p.outputs = static_cast<int64_t>(p.out_offsets.size());
+  return p;
+}
+
+// Byte offsets of a tensor's elements in row-major order.
+std::vector<int64_t> element_offsets(const TensorRef& t) {
+  const int64_t es = dt_size(dt_of(t.dtype()));
+  std::vector<int64_t> strides;
+  for (int32_t d = 0; d < t.dim(); ++d) strides.push_back(t.stride(d) * es);
+  return enumerate_offsets(t.sizes(), strides);
+}
+
 std::vector<DLDataType> dtypes_all() {
   using namespace npub::sdk;
   return {kFloat32, kFloat64, kFloat16, kBFloat16, kInt64, kInt32, kInt16, kInt8, kUInt8, kBool};
@@ -184,63 +261,72 @@ __attribute__((target("f16c"))) void f16_to_f32_f16c(const uint16_t* src, float*
 __attribute__((target("f16c"))) void f32_to_f16_f16c(const float* src, uint16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
 }
-// bfloat16 rounding in one instruction (AVX512-BF16: vcvtneps2bf16, round to
-// nearest even, NaN stays NaN).
-__attribute__((target("avx512f,avx512bf16"))) void f32_to_bf16_avx512(const float* src, uint16_t* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256bh v = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), reinterpret_cast<const __m256i&>(v));
-  }
-  for (; i < n; ++i) dst[i] = npub::sdk::float_to_bf16(src[i]);
-}
-bool have_avx512bf16() {
-  static const bool yes = __builtin_cpu_supports("avx512bf16");
-  return yes;
-}
-bool have_f16c() {
-  static const bool yes = __builtin_cpu_supports("f16c");
-  return yes;
-}
 
-}  // namespace
+// Note [bfloat16 rounding without vcvtneps2bf16]
+// AVX512-BF16's vcvtneps2bf16 rounds in one instruction but treats a
+// denormal input as zero: exp(-88) in bfloat16 came back 0 instead of
+// 6.1e-39, and 1e-39 + 0 came back 0. ATen rounds with integer arithmetic
+// and keeps denormals, so these loops do too (round half to even on the
+// bits, NaN made quiet); the compiler vectorises them, and the loops are
+// memory-bound either way.
+inline uint16_t round_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<uint16_t>(nan ? ((bits >> 16) | 0x40u) : rounded);
+}
 
 // Half-type elements are 2-byte aligned in device memory (allocations are
 // 512-byte aligned and offsets are whole elements), so they are read and
 // written in place as uint16_t.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void half_block_to_float(const char* src, DT dt, float* dst,
-                                                                                     int64_t n) {
+CANN_LIKE_ISA_BODY void to_float_body(const char* src, DT dt, float* dst, int64_t n) {
   const auto* h = reinterpret_cast<const uint16_t*>(src);
   if (dt == DT::bf16) {
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t bits = static_cast<uint32_t>(h[i]) << 16;
-      std::memcpy(dst + i, &bits, 4);
-    }
-  } else if (have_f16c()) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = npub::sdk::bf16_to_float(h[i]);
+  } else if (use_f16c()) {
     f16_to_f32_f16c(h, dst, n);
   } else {
     for (int64_t i = 0; i < n; ++i) dst[i] = npub::sdk::half_to_float(h[i]);
   }
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void float_block_to_half(const float* src, char* dst, DT dt,
-                                                                                     int64_t n) {
+CANN_LIKE_ISA_BODY void from_float_body(const float* src, char* dst, DT dt, int64_t n) {
   auto* h = reinterpret_cast<uint16_t*>(dst);
-  if (dt == DT::bf16 && have_avx512bf16()) {
-    f32_to_bf16_avx512(src, h, n);
-  } else if (dt == DT::bf16) {
-    for (int64_t i = 0; i < n; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, src + i, 4);
-      const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-      const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
-      h[i] = static_cast<uint16_t>(nan ? ((bits >> 16) | 0x40u) : rounded);
-    }
-  } else if (have_f16c()) {
+  if (dt == DT::bf16) {
+    for (int64_t i = 0; i < n; ++i) h[i] = round_to_bf16(src[i]);
+  } else if (use_f16c()) {
     f32_to_f16_f16c(src, h, n);
   } else {
     for (int64_t i = 0; i < n; ++i) h[i] = npub::sdk::float_to_half(src[i]);
   }
 }
+
+// One loop per op, so that each vectorises.
+CANN_LIKE_ISA_BODY void bf16_binary_body(HalfBinaryOp op, float alpha, const uint16_t* a, const uint16_t* b,
+                                         uint16_t* o, int64_t n) {
+  using npub::sdk::bf16_to_float;
+  switch (op) {
+    case HalfBinaryOp::kAdd:
+      for (int64_t i = 0; i < n; ++i) o[i] = round_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+      break;
+    case HalfBinaryOp::kMul:
+      for (int64_t i = 0; i < n; ++i) o[i] = round_to_bf16(bf16_to_float(a[i]) * bf16_to_float(b[i]));
+      break;
+    case HalfBinaryOp::kAddScaled:
+      for (int64_t i = 0; i < n; ++i) o[i] = round_to_bf16(bf16_to_float(a[i]) + alpha * bf16_to_float(b[i]));
+      break;
+  }
+}
+
+}  // namespace
+
+CANN_LIKE_ISA_DISPATCH(void, half_block_to_float, to_float_body, (const char* src, DT dt, float* dst, int64_t n),
+                       (src, dt, dst, n))
+CANN_LIKE_ISA_DISPATCH(void, float_block_to_half, from_float_body, (const float* src, char* dst, DT dt, int64_t n),
+                       (src, dst, dt, n))
+CANN_LIKE_ISA_DISPATCH(void, bf16_binary_contiguous, bf16_binary_body,
+                       (HalfBinaryOp op, float alpha, const uint16_t* a, const uint16_t* b, uint16_t* o, int64_t n),
+                       (op, alpha, a, b, o, n))
 
 }  // namespace cann_like

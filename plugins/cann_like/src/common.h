@@ -221,6 +221,16 @@ int64_t wrap_dim(const Call& call, int64_t dim, int64_t ndim, const char* arg = 
 // host passes them sized).
 void check_out(const Call& call, const TensorRef& out, const Shape& shape, const char* name = "out");
 int64_t numel_of(const Shape& s);
+// Element i of an int[2] argument given as one or two values (stride=2 is [2, 2]).
+int64_t pair_at(const std::vector<int64_t>& v, size_t i, const Call& call, const char* name);
+// A ScalarType? argument; `fallback` when None.
+DT dtype_arg(const Call& call, int32_t i, DT fallback);
+
+// [outer, size(dim), inner] view of a contiguous tensor.
+struct DimView {
+  int64_t outer = 1, size = 1, inner = 1;
+};
+DimView dim_view(const TensorRef& t, int64_t dim);
 
 // ---------------------------------------------------------------------------
 // the loop engine
@@ -294,6 +304,21 @@ void for_each_row(const Call& call, const Iter& it, Row&& row) {
 // Dims to reduce: `dims` wrapped and deduplicated; empty = all dims.
 std::vector<bool> reduce_mask(const Call& call, const std::vector<int64_t>& dims, int64_t ndim);
 Shape reduced_shape(const Shape& in, const std::vector<bool>& mask, bool keepdim);
+
+// For each output element: where its reduced elements are. The reduced dims
+// are merged where contiguous; the last one is walked as a run of run_len
+// elements spaced run_stride bytes; the others are enumerated in run_offsets.
+struct Plan {
+  int64_t outputs = 1;
+  std::vector<int64_t> out_offsets;  // byte offsets into the input
+  std::vector<int64_t> run_offsets;  // byte offsets of runs within one reduction
+  int64_t run_len = 1;
+  int64_t run_stride = 0;
+  int64_t count() const { return static_cast<int64_t>(run_offsets.size()) * run_len; }
+};
+Plan make_plan(const TensorRef& t, const std::vector<bool>& mask);
+// Byte offsets of a tensor's elements in row-major order.
+std::vector<int64_t> element_offsets(const TensorRef& t);
 
 // Registration helpers.
 std::vector<DLDataType> dtypes_all();            // every real dtype incl. bool

@@ -1,6 +1,6 @@
-// 2-d convolution (forward and backward) by im2col + GEMM, the fused
-// conv2d + bias + relu (the fusion CANN's graph engine applies), and 2-d max
-// and average pooling with their backward.
+// 2-d convolution (forward and backward) by im2col + GEMM, and the fused
+// conv2d + bias + relu (the fusion CANN's graph engine applies). Pooling is
+// in pooling.cpp.
 #include "elementwise.h"
 #include "ops.h"
 
@@ -26,12 +26,6 @@ struct Conv2d {
   int64_t col_rows() const { return cg() * kh * kw; }
   int64_t col_cols() const { return oh * ow; }
 };
-
-int64_t pair_at(const std::vector<int64_t>& v, size_t i, const Call& call, const char* name) {
-  if (v.size() == 1) return v[0];
-  if (v.size() != 2) call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + ": expected 1 or 2 values but found " + std::to_string(v.size()));
-  return v[i];
-}
 
 Conv2d conv_geometry(const Call& call, const TensorRef& x, const TensorRef& wt, const std::vector<int64_t>& stride,
                      const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, int64_t groups) {
@@ -257,205 +251,15 @@ void convolution_backward(Call& call) {
   }
 }
 
-// ---------------------------------------------------------------------------
-// pooling
-// ---------------------------------------------------------------------------
-
-struct Pool2d {
-  int64_t planes, h, w, kh, kw, sh, sw, ph, pw, dh, dw, oh, ow;
-  bool ceil_mode;
-};
-
-int64_t pool_out(int64_t size, int64_t k, int64_t p, int64_t s, int64_t d, bool ceil_mode) {
-  int64_t out = (size + 2 * p - d * (k - 1) - 1 + (ceil_mode ? s - 1 : 0)) / s + 1;
-  if (ceil_mode && (out - 1) * s >= size + p) --out;
-  return out;
-}
-
-Pool2d pool_geometry(const Call& call, const TensorRef& x, const std::vector<int64_t>& kernel, std::vector<int64_t> stride,
-                     const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, bool ceil_mode) {
-  if (x.dim() != 3 && x.dim() != 4)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "Expected 3D or 4D (batch mode) tensor for input but got " + std::to_string(x.dim()) + "-d");
-  if (stride.empty()) stride = kernel;
-  Pool2d p{};
-  p.h = x.size(-2);
-  p.w = x.size(-1);
-  p.planes = x.numel() / std::max<int64_t>(p.h * p.w, 1);
-  if (p.h * p.w == 0) p.planes = x.dim() == 4 ? x.size(0) * x.size(1) : x.size(0);
-  p.kh = pair_at(kernel, 0, call, "kernel_size");
-  p.kw = pair_at(kernel, 1, call, "kernel_size");
-  p.sh = pair_at(stride, 0, call, "stride");
-  p.sw = pair_at(stride, 1, call, "stride");
-  p.ph = pair_at(padding, 0, call, "padding");
-  p.pw = pair_at(padding, 1, call, "padding");
-  p.dh = dilation.empty() ? 1 : pair_at(dilation, 0, call, "dilation");
-  p.dw = dilation.empty() ? 1 : pair_at(dilation, 1, call, "dilation");
-  p.ceil_mode = ceil_mode;
-  if (p.kh < 1 || p.kw < 1 || p.sh < 1 || p.sw < 1 || p.dh < 1 || p.dw < 1)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "kernel_size, stride and dilation must be positive");
-  if (p.ph > p.kh / 2 || p.pw > p.kw / 2)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "pad should be at most half of effective kernel size, but got pad=" + std::to_string(p.ph) +
-                                             ", kernel_size=" + std::to_string(p.kh));
-  p.oh = pool_out(p.h, p.kh, p.ph, p.sh, p.dh, ceil_mode);
-  p.ow = pool_out(p.w, p.kw, p.pw, p.sw, p.dw, ceil_mode);
-  if (p.oh < 1 || p.ow < 1) call.fail(NPUB_ERR_INVALID_ARGUMENT, "Output size is too small");
-  return p;
-}
-
-Shape pooled_shape(const TensorRef& x, const Pool2d& p) {
-  Shape s = x.sizes();
-  s[s.size() - 2] = p.oh;
-  s[s.size() - 1] = p.ow;
-  return s;
-}
-
-// aten::max_pool2d_with_indices.out(self, kernel_size, stride=[], padding=0, dilation=1,
-//     ceil_mode=False, *, out!, indices!)
-void max_pool2d(Call& call) {
-  TensorRef x = call.tensor(0), out = call.tensor(6), indices = call.tensor(7);
-  const Pool2d p = pool_geometry(call, x, call.int_list(1), call.int_list(2), call.int_list(3), call.int_list(4), call.bool_arg(5));
-  check_out(call, out, pooled_shape(x, p));
-  check_out(call, indices, pooled_shape(x, p), "indices");
-  const DT d = dt_of(x.dtype());
-  const int64_t es = dt_size(d);
-  call.parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
-    for (int64_t pl = b; pl < e; ++pl)
-      for (int64_t oy = 0; oy < p.oh; ++oy)
-        for (int64_t ox = 0; ox < p.ow; ++ox) {
-          double best = -std::numeric_limits<double>::infinity();
-          int64_t best_i = -1;
-          for (int64_t i = 0; i < p.kh; ++i) {
-            const int64_t iy = oy * p.sh - p.ph + i * p.dh;
-            if (iy < 0 || iy >= p.h) continue;
-            for (int64_t j = 0; j < p.kw; ++j) {
-              const int64_t ix = ox * p.sw - p.pw + j * p.dw;
-              if (ix < 0 || ix >= p.w) continue;
-              const double v = load<double>(x.data<char>() + ((pl * p.h + iy) * p.w + ix) * es, d);
-              if (best_i < 0 || v > best || std::isnan(v)) {
-                best = v;
-                best_i = iy * p.w + ix;
-                if (std::isnan(v)) break;
-              }
-            }
-            if (std::isnan(best)) break;
-          }
-          const int64_t o = (pl * p.oh + oy) * p.ow + ox;
-          store<double>(out.data<char>() + o * es, d, best);
-          indices.data<int64_t>()[o] = best_i;
-        }
-  });
-}
-
-// aten::max_pool2d_with_indices_backward.grad_input(grad_output, self, kernel_size, stride,
-//     padding, dilation, ceil_mode, indices, *, grad_input!)
-void max_pool2d_backward(Call& call) {
-  TensorRef go = call.tensor(0), x = call.tensor(1), indices = call.tensor(7), gi = call.tensor(8);
-  const Pool2d p = pool_geometry(call, x, call.int_list(2), call.int_list(3), call.int_list(4), call.int_list(5), call.bool_arg(6));
-  check_out(call, go, pooled_shape(x, p), "grad_output");
-  check_out(call, gi, x.sizes(), "grad_input");
-  const DT d = dt_of(x.dtype());
-  const int64_t es = dt_size(d);
-  call.parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
-    for (int64_t pl = b; pl < e; ++pl) {
-      std::vector<double> acc(static_cast<size_t>(p.h * p.w), 0.0);
-      for (int64_t o = 0; o < p.oh * p.ow; ++o) {
-        const int64_t idx = indices.data<int64_t>()[pl * p.oh * p.ow + o];
-        if (idx < 0 || idx >= p.h * p.w)
-          call.fail(NPUB_ERR_INVALID_ARGUMENT, "indices: " + std::to_string(idx) + " is out of range for an input plane of " +
-                                                   std::to_string(p.h * p.w) + " elements");
-        acc[static_cast<size_t>(idx)] += load<double>(go.data<char>() + (pl * p.oh * p.ow + o) * es, d);
-      }
-      for (int64_t k = 0; k < p.h * p.w; ++k) store<double>(gi.data<char>() + (pl * p.h * p.w + k) * es, d, acc[static_cast<size_t>(k)]);
-    }
-  });
-}
-
-// The window of output (oy, ox) for avg_pool2d and its divisor (ATen's rule).
-struct AvgWindow {
-  int64_t y0, y1, x0, x1, divisor;
-};
-AvgWindow avg_window(const Pool2d& p, int64_t oy, int64_t ox, bool count_include_pad, int64_t divisor_override) {
-  int64_t y0 = oy * p.sh - p.ph, x0 = ox * p.sw - p.pw;
-  int64_t y1 = std::min(y0 + p.kh, p.h + p.ph), x1 = std::min(x0 + p.kw, p.w + p.pw);
-  const int64_t pool_size = (y1 - y0) * (x1 - x0);
-  y0 = std::max<int64_t>(y0, 0);
-  x0 = std::max<int64_t>(x0, 0);
-  y1 = std::min(y1, p.h);
-  x1 = std::min(x1, p.w);
-  int64_t div = divisor_override > 0 ? divisor_override : count_include_pad ? pool_size : (y1 - y0) * (x1 - x0);
-  return {y0, y1, x0, x1, div};
-}
-
-// aten::avg_pool2d.out(self, kernel_size, stride=[], padding=0, ceil_mode=False,
-//     count_include_pad=True, divisor_override=None, *, out!)
-void avg_pool2d(Call& call) {
-  TensorRef x = call.tensor(0), out = call.tensor(7);
-  const Pool2d p = pool_geometry(call, x, call.int_list(1), call.int_list(2), call.int_list(3), {}, call.bool_arg(4));
-  const bool include_pad = call.bool_arg(5);
-  const int64_t div_override = call.is_none(6) ? 0 : call.int_arg(6);
-  if (!call.is_none(6) && div_override == 0) call.fail(NPUB_ERR_INVALID_ARGUMENT, "divisor must be not zero");
-  check_out(call, out, pooled_shape(x, p));
-  const DT d = dt_of(x.dtype());
-  const int64_t es = dt_size(d);
-  call.parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
-    for (int64_t pl = b; pl < e; ++pl)
-      for (int64_t oy = 0; oy < p.oh; ++oy)
-        for (int64_t ox = 0; ox < p.ow; ++ox) {
-          const AvgWindow win = avg_window(p, oy, ox, include_pad, div_override);
-          double s = 0;
-          for (int64_t iy = win.y0; iy < win.y1; ++iy)
-            for (int64_t ix = win.x0; ix < win.x1; ++ix) s += load<double>(x.data<char>() + ((pl * p.h + iy) * p.w + ix) * es, d);
-          store<double>(out.data<char>() + ((pl * p.oh + oy) * p.ow + ox) * es, d, s / static_cast<double>(win.divisor));
-        }
-  });
-}
-
-// aten::avg_pool2d_backward.grad_input(grad_output, self, kernel_size, stride, padding,
-//     ceil_mode, count_include_pad, divisor_override?, *, grad_input!)
-void avg_pool2d_backward(Call& call) {
-  TensorRef go = call.tensor(0), x = call.tensor(1), gi = call.tensor(8);
-  const Pool2d p = pool_geometry(call, x, call.int_list(2), call.int_list(3), call.int_list(4), {}, call.bool_arg(5));
-  const bool include_pad = call.bool_arg(6);
-  const int64_t div_override = call.is_none(7) ? 0 : call.int_arg(7);
-  check_out(call, go, pooled_shape(x, p), "grad_output");
-  check_out(call, gi, x.sizes(), "grad_input");
-  const DT d = dt_of(x.dtype());
-  const int64_t es = dt_size(d);
-  call.parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
-    for (int64_t pl = b; pl < e; ++pl) {
-      std::vector<double> acc(static_cast<size_t>(p.h * p.w), 0.0);
-      for (int64_t oy = 0; oy < p.oh; ++oy)
-        for (int64_t ox = 0; ox < p.ow; ++ox) {
-          const AvgWindow win = avg_window(p, oy, ox, include_pad, div_override);
-          const double g = load<double>(go.data<char>() + ((pl * p.oh + oy) * p.ow + ox) * es, d) / static_cast<double>(win.divisor);
-          for (int64_t iy = win.y0; iy < win.y1; ++iy)
-            for (int64_t ix = win.x0; ix < win.x1; ++ix) acc[static_cast<size_t>(iy * p.w + ix)] += g;
-        }
-      for (int64_t k = 0; k < p.h * p.w; ++k) store<double>(gi.data<char>() + (pl * p.h * p.w + k) * es, d, acc[static_cast<size_t>(k)]);
-    }
-  });
-}
 
 }  // namespace
 
 void register_conv(npub::sdk::Registrar& r) {
   using namespace npub::sdk;
-  const auto floating = dtypes_floating();
-  r.def("aten::convolution_overrideable(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor");
-  r.kernel("aten::convolution_overrideable", &convolution).dtypes({kFloat32}).contiguous_only();
-  r.def("aten::convolution_backward_overrideable(Tensor grad_output, Tensor input, Tensor weight, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
-  r.kernel("aten::convolution_backward_overrideable", &convolution_backward).dtypes({kFloat32}).contiguous_only();
-  r.def("cann_like::conv2d_bias_relu(Tensor input, Tensor weight, Tensor bias, int[2] stride=1, int[2] padding=0, int[2] dilation=1, int groups=1) -> Tensor");
-  r.kernel("cann_like::conv2d_bias_relu", &conv2d_bias_relu).dtypes({kFloat32}).contiguous_only().opt_level(2);
+  r.op("aten::convolution_overrideable(Tensor input, Tensor weight, Tensor? bias, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups) -> Tensor", &convolution).dtypes({kFloat32}).contiguous_only();
+  r.op("aten::convolution_backward_overrideable(Tensor grad_output, Tensor input, Tensor weight, SymInt[] stride, SymInt[] padding, SymInt[] dilation, bool transposed, SymInt[] output_padding, SymInt groups, bool[3] output_mask) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)", &convolution_backward).dtypes({kFloat32}).contiguous_only();
+  r.op("cann_like::conv2d_bias_relu(Tensor input, Tensor weight, Tensor bias, int[2] stride=1, int[2] padding=0, int[2] dilation=1, int groups=1) -> Tensor", &conv2d_bias_relu).dtypes({kFloat32}).contiguous_only().opt_level(2);
   r.meta<&conv2d_bias_relu_meta>("cann_like::conv2d_bias_relu");
-  r.def("aten::max_pool2d_with_indices.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))");
-  r.kernel("aten::max_pool2d_with_indices.out", &max_pool2d).dtypes(floating).contiguous_only();
-  r.def("aten::max_pool2d_with_indices_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices, *, Tensor(a!) grad_input) -> Tensor(a!)");
-  r.kernel("aten::max_pool2d_with_indices_backward.grad_input", &max_pool2d_backward).dtypes(floating).contiguous_only();
-  r.def("aten::avg_pool2d.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::avg_pool2d.out", &avg_pool2d).dtypes(floating).contiguous_only();
-  r.def("aten::avg_pool2d_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override, *, Tensor(a!) grad_input) -> Tensor(a!)");
-  r.kernel("aten::avg_pool2d_backward.grad_input", &avg_pool2d_backward).dtypes(floating).contiguous_only();
 }
 
 }  // namespace cann_like

@@ -123,16 +123,11 @@ void arange(Call& call) {
 
 void register_copy(npub::sdk::Registrar& r) {
   const auto all = dtypes_all();
-  r.def("aten::copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)");
-  r.kernel("aten::copy_", &copy_).dtypes(all);
-  r.def("aten::fill_.Scalar(Tensor(a!) self, Scalar value) -> Tensor(a!)");
-  r.kernel("aten::fill_.Scalar", &fill_).dtypes(all);
-  r.def("aten::zero_(Tensor(a!) self) -> Tensor(a!)");
-  r.kernel("aten::zero_", &zero_).dtypes(all);
-  r.def("aten::clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor");
-  r.kernel("aten::clone", &clone).dtypes(all);
-  r.def("aten::arange.start_out(Scalar start, Scalar end, Scalar step=1, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::arange.start_out", &arange).dtypes(dtypes_numeric()).contiguous_only();
+  r.op("aten::copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)", &copy_).dtypes(all);
+  r.op("aten::fill_.Scalar(Tensor(a!) self, Scalar value) -> Tensor(a!)", &fill_).dtypes(all);
+  r.op("aten::zero_(Tensor(a!) self) -> Tensor(a!)", &zero_).dtypes(all);
+  r.op("aten::clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", &clone).dtypes(all);
+  r.op("aten::arange.start_out(Scalar start, Scalar end, Scalar step=1, *, Tensor(a!) out) -> Tensor(a!)", &arange).dtypes(dtypes_numeric()).contiguous_only();
 }
 
 }  // namespace cann_like

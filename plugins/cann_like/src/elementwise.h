@@ -52,6 +52,13 @@ constexpr DT dt_for() {
 void half_block_to_float(const char* src, DT dt, float* dst, int64_t n);
 void float_block_to_half(const float* src, char* dst, DT dt, int64_t n);
 
+// out[i] = a[i] + b[i], a[i] * b[i] or a[i] + alpha * b[i] over contiguous
+// bfloat16 arrays, in float32 with one rounding, in one pass (no float
+// buffers); out may be a or b.
+enum class HalfBinaryOp { kAdd, kMul, kAddScaled };
+void bf16_binary_contiguous(HalfBinaryOp op, float alpha, const uint16_t* a, const uint16_t* b, uint16_t* o,
+                            int64_t n);
+
 // Runs out = fn(in1, ..., inK) with inputs loaded as T; K (1..3) is fn's
 // arity and must equal it.nops - 1. fn returns R, stored with conversion to
 // the output dtype; when every operand already has its C++ type and unit

@@ -344,6 +344,8 @@ const Probe& probed(GemmType type) {
 
 }  // namespace
 
+void gemm_pin_libraries() { keep_compute_libraries_loaded(); }
+
 void gemm_on_this_thread(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0) {  // oneDNN takes no empty reduction
@@ -364,6 +366,8 @@ bool gemm_supports(GemmType type) { return probed(type).supported; }
 const char* gemm_implementation(GemmType type) { return probed(type).implementation.c_str(); }
 
 #else  // no oneDNN: the built-in kernel, float32 only
+
+void gemm_pin_libraries() {}
 
 void gemm_on_this_thread(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0) return;

@@ -39,6 +39,13 @@ struct GemmArgs {
   void* c = nullptr;
 };
 
+// Keeps oneDNN and libgomp mapped when the plugin is unloaded. First thing
+// in the plugin's initialize, before anything there can fail: they are
+// loaded with the plugin and keep heap blocks only their static data points
+// to, which an unload would leak (LeakSanitizer saw it when a bad
+// NPUB_CANN_MAX_ISA rejected the plugin).
+void gemm_pin_libraries();
+
 // One product on the calling thread (Note [GEMM runs on the caller's thread
 // only]). f32 always works (the built-in kernel without oneDNN); bf16 and
 // f16 only where gemm_supports() says so.

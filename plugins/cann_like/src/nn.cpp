@@ -368,21 +368,14 @@ void native_dropout(Call& call) {
 }  // namespace
 
 void register_nn(npub::sdk::Registrar& r) {
-  r.def("aten::native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)");
-  r.kernel("aten::native_dropout", &native_dropout).dtypes(dtypes_floating()).contiguous_only();
+  r.op("aten::native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)", &native_dropout).dtypes(dtypes_floating()).contiguous_only();
   const auto floating = dtypes_floating();
-  r.def("aten::native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)");
-  r.kernel("aten::native_layer_norm", &layer_norm).dtypes(floating).contiguous_only();
-  r.def("aten::native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
-  r.kernel("aten::native_layer_norm_backward", &layer_norm_backward).dtypes(floating).contiguous_only();
-  r.def("aten::embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False) -> Tensor");
-  r.kernel("aten::embedding", &embedding).dtypes(dtypes_all()).contiguous_only();
-  r.def("aten::embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq) -> Tensor");
-  r.kernel("aten::embedding_dense_backward", &embedding_backward).dtypes(floating).contiguous_only();
-  r.def("aten::nll_loss_forward.output(Tensor self, Tensor target, Tensor? weight, int reduction, SymInt ignore_index, *, Tensor(a!) output, Tensor(b!) total_weight) -> (Tensor(a!), Tensor(b!))");
-  r.kernel("aten::nll_loss_forward.output", &nll_loss_forward).dtypes(floating).contiguous_only();
-  r.def("aten::nll_loss_backward.grad_input(Tensor grad_output, Tensor self, Tensor target, Tensor? weight, int reduction, SymInt ignore_index, Tensor total_weight, *, Tensor(a!) grad_input) -> Tensor(a!)");
-  r.kernel("aten::nll_loss_backward.grad_input", &nll_loss_backward).dtypes(floating).contiguous_only();
+  r.op("aten::native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)", &layer_norm).dtypes(floating).contiguous_only();
+  r.op("aten::native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)", &layer_norm_backward).dtypes(floating).contiguous_only();
+  r.op("aten::embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False) -> Tensor", &embedding).dtypes(dtypes_all()).contiguous_only();
+  r.op("aten::embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq) -> Tensor", &embedding_backward).dtypes(floating).contiguous_only();
+  r.op("aten::nll_loss_forward.output(Tensor self, Tensor target, Tensor? weight, int reduction, SymInt ignore_index, *, Tensor(a!) output, Tensor(b!) total_weight) -> (Tensor(a!), Tensor(b!))", &nll_loss_forward).dtypes(floating).contiguous_only();
+  r.op("aten::nll_loss_backward.grad_input(Tensor grad_output, Tensor self, Tensor target, Tensor? weight, int reduction, SymInt ignore_index, Tensor total_weight, *, Tensor(a!) grad_input) -> Tensor(a!)", &nll_loss_backward).dtypes(floating).contiguous_only();
 }
 
 }  // namespace cann_like

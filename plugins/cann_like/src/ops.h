@@ -11,9 +11,13 @@ void register_unary(npub::sdk::Registrar& r);
 void register_copy(npub::sdk::Registrar& r);
 void register_matmul(npub::sdk::Registrar& r);
 void register_reduce(npub::sdk::Registrar& r);
+void register_scan(npub::sdk::Registrar& r);
+void register_softmax(npub::sdk::Registrar& r);
 void register_nn(npub::sdk::Registrar& r);
 void register_index(npub::sdk::Registrar& r);
+void register_sort(npub::sdk::Registrar& r);
 void register_conv(npub::sdk::Registrar& r);
+void register_pooling(npub::sdk::Registrar& r);
 void register_random(npub::sdk::Registrar& r);
 
 }  // namespace cann_like

@@ -1,15 +1,23 @@
+#include "gemm.h"
+#include "isa.h"
 #include "ops.h"
 
 namespace {
 void init(npub::sdk::Registrar& r) {
+  cann_like::gemm_pin_libraries();
+  cann_like::configure_isa_from_environment();
   cann_like::register_copy(r);
   cann_like::register_binary(r);
   cann_like::register_unary(r);
   cann_like::register_reduce(r);
+  cann_like::register_scan(r);
+  cann_like::register_softmax(r);
   cann_like::register_matmul(r);
   cann_like::register_nn(r);
   cann_like::register_index(r);
+  cann_like::register_sort(r);
   cann_like::register_conv(r);
+  cann_like::register_pooling(r);
   cann_like::register_random(r);
 }
 }  // namespace

@@ -67,12 +67,9 @@ void fill_random(Call& call) {
 }  // namespace
 
 void register_random(npub::sdk::Registrar& r) {
-  r.def("aten::uniform_(Tensor(a!) self, float from=0., float to=1., *, Generator? generator=None) -> Tensor(a!)");
-  r.kernel("aten::uniform_", &fill_random<Dist::uniform>).dtypes(dtypes_floating()).contiguous_only();
-  r.def("aten::normal_(Tensor(a!) self, float mean=0., float std=1., *, Generator? generator=None) -> Tensor(a!)");
-  r.kernel("aten::normal_", &fill_random<Dist::normal>).dtypes(dtypes_floating()).contiguous_only();
-  r.def("aten::bernoulli_.float(Tensor(a!) self, float p=0.5, *, Generator? generator=None) -> Tensor(a!)");
-  r.kernel("aten::bernoulli_.float", &fill_random<Dist::bernoulli>).dtypes(dtypes_all()).contiguous_only();
+  r.op("aten::uniform_(Tensor(a!) self, float from=0., float to=1., *, Generator? generator=None) -> Tensor(a!)", &fill_random<Dist::uniform>).dtypes(dtypes_floating()).contiguous_only();
+  r.op("aten::normal_(Tensor(a!) self, float mean=0., float std=1., *, Generator? generator=None) -> Tensor(a!)", &fill_random<Dist::normal>).dtypes(dtypes_floating()).contiguous_only();
+  r.op("aten::bernoulli_.float(Tensor(a!) self, float p=0.5, *, Generator? generator=None) -> Tensor(a!)", &fill_random<Dist::bernoulli>).dtypes(dtypes_all()).contiguous_only();
 }
 
 }  // namespace cann_like

@@ -1,6 +1,7 @@
 // Reductions over dim lists (sum, mean, prod, amax, amin, max.dim, min.dim,
-// argmax, argmin, var, std, norm, all, any), cumsum, and softmax /
-// log_softmax with their backward.
+// argmax, argmin, var, std, norm, all, any): the reducers and the engine
+// that runs them over a Plan (common.h). cumsum is in scan.cpp, softmax in
+// softmax.cpp.
 //
 // Floating sums accumulate in double (more accurate than the inputs need);
 // half types accumulate in float at least, as ATen does.
@@ -14,73 +15,6 @@
 namespace cann_like {
 
 namespace {
-
-// ---------------------------------------------------------------------------
-// the plan
-// ---------------------------------------------------------------------------
-
-// For each output element: where its reduced elements are. The reduced dims
-// are merged where contiguous; the last one is walked as a run of run_len
-// elements spaced run_stride bytes; the others are enumerated in run_offsets.
-struct Plan {
-  int64_t outputs = 1;
-  std::vector<int64_t> out_offsets;  // byte offsets into the input
-  std::vector<int64_t> run_offsets;  // byte offsets of runs within one reduction
-  int64_t run_len = 1;
-  int64_t run_stride = 0;
-  int64_t count() const { return static_cast<int64_t>(run_offsets.size()) * run_len; }
-};
-
-std::vector<int64_t> enumerate_offsets(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
-  std::vector<int64_t> offs{0};
-  for (size_t d = 0; d < sizes.size(); ++d) {
-    std::vector<int64_t> next;
-    next.reserve(offs.size() * static_cast<size_t>(std::max<int64_t>(sizes[d], 0)));
-    for (int64_t o : offs)
-      for (int64_t i = 0; i < sizes[d]; ++i) next.push_back(o + i * strides[d]);
-    offs.swap(next);
-  }
-  return offs;
-}
-
-Plan make_plan(const TensorRef& t, const std::vector<bool>& mask) {
-  Plan p;
-  const int64_t es = dt_size(dt_of(t.dtype()));
-  std::vector<int64_t> ks, kst, rs, rst;
-  for (int32_t d = 0; d < t.dim(); ++d) {
-    if (mask[static_cast<size_t>(d)]) {
-      // Merge with the previous reduced dim when memory-adjacent.
-      if (!rs.empty() && rst.back() == t.size(d) * t.stride(d) * es && t.size(d) != 0) {
-        rs.back() *= t.size(d);
-        rst.back() = t.stride(d) * es;
-      } else if (t.size(d) != 1 || rs.empty()) {
-        rs.push_back(t.size(d));
-        rst.push_back(t.stride(d) * es);
-      }
-    } else {
-      ks.push_back(t.size(d));
-      kst.push_back(t.stride(d) * es);
-    }
-  }
-  if (!rs.empty()) {
-    p.run_len = rs.back();
-    p.run_stride = rst.back();
-    rs.pop_back();
-    rst.pop_back();
-  }
-  p.run_offsets = enumerate_offsets(rs, rst);
-  p.out_offsets = enumerate_offsets(ks, kst);
-  p.outputs = static_cast<int64_t>(p.out_offsets.size());
-  return p;
-}
-
-// Byte offsets of a tensor's elements in row-major order.
-std::vector<int64_t> element_offsets(const TensorRef& t) {
-  const int64_t es = dt_size(dt_of(t.dtype()));
-  std::vector<int64_t> strides;
-  for (int32_t d = 0; d < t.dim(); ++d) strides.push_back(t.stride(d) * es);
-  return enumerate_offsets(t.sizes(), strides);
-}
 
 // Runs a reducer over every output. R provides: using Acc; Acc init();
 // void step(Acc&, V value, int64_t index); void combine(Acc&, const Acc&)
@@ -138,12 +72,6 @@ std::vector<int64_t> dims_arg(const Call& call, int32_t i) {
   return call.int_list(i);
 }
 
-DT dtype_arg(const Call& call, int32_t i, DT fallback) {
-  if (call.is_none(i)) return fallback;
-  const DT d = from_scalar_type(call.int_arg(i));
-  if (d == DT::unknown) call.fail(NPUB_ERR_UNSUPPORTED, "unsupported dtype argument " + std::to_string(call.int_arg(i)));
-  return d;
-}
 
 struct Reduction {
   TensorRef in, out;
@@ -448,181 +376,6 @@ void all_any(Call& call) {
   });
 }
 
-// aten::cumsum.out(self, int dim, *, ScalarType? dtype, out)
-void cumsum(Call& call) {
-  TensorRef in = call.tensor(0), out = call.tensor(3);
-  const DT d = dt_of(in.dtype());
-  const DT od = dtype_arg(call, 2, is_integral(d, true) ? DT::i64 : d);
-  if (dt_of(out.dtype()) != od)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("out: expected dtype ") + dt_name(od) + " but found " + dt_name(dt_of(out.dtype())));
-  check_out(call, out, in.sizes());
-  const int64_t dim = wrap_dim(call, call.int_arg(1), in.dim());
-  std::vector<bool> mask(static_cast<size_t>(in.dim()), false);
-  if (in.dim() > 0) mask[static_cast<size_t>(dim)] = true;
-  const Plan pin = make_plan(in, mask), pout = make_plan(out, mask);
-  const DT outd = dt_of(out.dtype());
-  const bool floating = is_floating(od);
-  call.parallel_for(0, pin.outputs, 16, [&](int64_t b, int64_t e) {
-    for (int64_t o = b; o < e; ++o) {
-      const char* ib = in.data<char>() + pin.out_offsets[static_cast<size_t>(o)];
-      char* obp = out.data<char>() + pout.out_offsets[static_cast<size_t>(o)];
-      double fs = 0;
-      int64_t is = 0;
-      for (int64_t j = 0; j < pin.run_len; ++j) {
-        if (floating) {
-          fs += load<double>(ib + j * pin.run_stride, d);
-          store<double>(obp + j * pout.run_stride, outd, fs);
-        } else {
-          is += load<int64_t>(ib + j * pin.run_stride, d);
-          store<int64_t>(obp + j * pout.run_stride, outd, is);
-        }
-      }
-    }
-  });
-}
-
-// ---------------------------------------------------------------------------
-// softmax family: tensors viewed as [outer, D, inner], contiguous
-// ---------------------------------------------------------------------------
-
-struct SoftmaxView {
-  int64_t outer = 1, d = 1, inner = 1;
-};
-SoftmaxView softmax_view(const Call& call, const TensorRef& t, int64_t dim_arg) {
-  SoftmaxView v;
-  const int64_t dim = wrap_dim(call, dim_arg, t.dim());
-  for (int32_t i = 0; i < t.dim(); ++i) {
-    if (i < dim) v.outer *= t.size(i);
-    else if (i == dim) v.d = t.size(i);
-    else v.inner *= t.size(i);
-  }
-  return v;
-}
-
-// One contiguous fp32 softmax row, compiled for AVX-512, AVX2 and baseline
-// x86-64 (picked at load time): 16 lanes so that max and sum vectorise,
-// fast_exp for the exponentials.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void softmax_row_f32(const float* __restrict x,
-                                                                                 float* __restrict y, int64_t d, bool log) {
-  // A NaN in the row needs no special case: the max skips it, exp(NaN - mx)
-  // is NaN, so the sum and every output become NaN, as in ATen.
-  constexpr int64_t L = 16;
-  float lane_max[L], lane_sum[L];
-  for (int64_t k = 0; k < L; ++k) {
-    lane_max[k] = -INFINITY;
-    lane_sum[k] = 0;
-  }
-  int64_t j = 0;
-  for (; j + L <= d; j += L)
-    for (int64_t k = 0; k < L; ++k) lane_max[k] = x[j + k] > lane_max[k] ? x[j + k] : lane_max[k];
-  for (; j < d; ++j) lane_max[0] = x[j] > lane_max[0] ? x[j] : lane_max[0];
-  float mx = lane_max[0];
-  for (int64_t k = 1; k < L; ++k) mx = lane_max[k] > mx ? lane_max[k] : mx;
-  for (int64_t i = 0; i < d; ++i) y[i] = fast_exp(x[i] - mx);
-  int64_t i = 0;
-  for (; i + L <= d; i += L)
-    for (int64_t k = 0; k < L; ++k) lane_sum[k] += y[i + k];
-  for (; i < d; ++i) lane_sum[0] += y[i];
-  float sum = 0;
-  for (int64_t k = 0; k < L; ++k) sum += lane_sum[k];
-  if (log) {
-    const float lse = std::log(sum) + mx;
-    for (int64_t t = 0; t < d; ++t) y[t] = x[t] - lse;
-  } else {
-    const float inv = 1.0f / sum;
-    for (int64_t t = 0; t < d; ++t) y[t] *= inv;
-  }
-}
-
-// Applies f(in_row, out_row, stride) to each of the outer*inner rows of D
-// elements (row-local float buffers for half types).
-template <bool kLog>
-void softmax_fwd(Call& call) {
-  TensorRef in = call.tensor(0), out = call.tensor(3);
-  const bool half_to_float = call.bool_arg(2);
-  const DT d = dt_of(in.dtype()), od = dt_of(out.dtype());
-  if (!is_floating(d)) call.fail(NPUB_ERR_UNSUPPORTED, std::string("softmax expects a floating tensor but found ") + dt_name(d));
-  if (half_to_float && d != DT::f16 && d != DT::bf16)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "conversion from Half to Float is supported only for half inputs");
-  if (od != (half_to_float ? DT::f32 : d))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("out: expected dtype ") + dt_name(half_to_float ? DT::f32 : d) + " but found " + dt_name(od));
-  check_out(call, out, in.sizes());
-  const SoftmaxView v = softmax_view(call, in, call.int_arg(1));
-  const int64_t rows = v.outer * v.inner;
-  const char* ib = in.data<char>();
-  char* ob = out.data<char>();
-  const int64_t ies = dt_size(d), oes = dt_size(od);
-  auto row = [&](auto tag, int64_t r) {
-    using T = decltype(tag);
-    const int64_t o = r / v.inner, i = r % v.inner;
-    const int64_t base = o * v.d * v.inner + i;
-    const int64_t step = v.inner;
-    if constexpr (std::is_same_v<T, float>) {
-      if (d == DT::f32 && od == DT::f32 && step == 1) {  // the hot case: contiguous fp32 rows
-        softmax_row_f32(reinterpret_cast<const float*>(ib) + base, reinterpret_cast<float*>(ob) + base, v.d, kLog);
-        return;
-      }
-    }
-    T mx = -std::numeric_limits<T>::infinity();
-    for (int64_t j = 0; j < v.d; ++j) {
-      const T x = load<T>(ib + (base + j * step) * ies, d);
-      if (std::isnan(x) || x > mx) mx = x;
-    }
-    T sum = 0;
-    for (int64_t j = 0; j < v.d; ++j) sum += std::exp(load<T>(ib + (base + j * step) * ies, d) - mx);
-    for (int64_t j = 0; j < v.d; ++j) {
-      const T x = load<T>(ib + (base + j * step) * ies, d);
-      store<T>(ob + (base + j * step) * oes, od, kLog ? x - mx - std::log(sum) : std::exp(x - mx) / sum);
-    }
-  };
-  visit_compute(d, [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      call.parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(v.d, 1)), [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r) row(T{}, r);
-      });
-    }
-  });
-}
-
-// aten::_softmax_backward_data.out(grad_output, output, dim, input_dtype, *, grad_input)
-// aten::_log_softmax_backward_data.out(grad_output, output, dim, input_dtype, *, out)
-template <bool kLog>
-void softmax_bwd(Call& call) {
-  TensorRef g = call.tensor(0), y = call.tensor(1), gi = call.tensor(4);
-  const DT gd = dt_of(g.dtype()), yd = dt_of(y.dtype()), od = dt_of(gi.dtype());
-  if (!is_floating(gd) || !is_floating(yd)) call.fail(NPUB_ERR_UNSUPPORTED, "softmax backward expects floating tensors");
-  if (g.sizes() != y.sizes())
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "grad_output of shape " + shape_str(g.sizes()) + " does not match output of shape " +
-                                             shape_str(y.sizes()));
-  const DT expected = from_scalar_type(call.int_arg(3));
-  if (expected != od && !(od == gd))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("grad_input: expected dtype ") + dt_name(expected) + " but found " + dt_name(od));
-  check_out(call, gi, g.sizes());
-  const SoftmaxView v = softmax_view(call, g, call.int_arg(2));
-  const int64_t rows = v.outer * v.inner;
-  const char* gb = g.data<char>();
-  const char* yb = y.data<char>();
-  char* ob = gi.data<char>();
-  const int64_t ges = dt_size(gd), yes = dt_size(yd), oes = dt_size(od);
-  call.parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(v.d, 1)), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const int64_t o = r / v.inner, i = r % v.inner;
-      const int64_t base = o * v.d * v.inner + i;
-      double acc = 0;
-      for (int64_t j = 0; j < v.d; ++j) {
-        const int64_t k = base + j * v.inner;
-        const double gv = load<double>(gb + k * ges, gd);
-        acc += kLog ? gv : gv * load<double>(yb + k * yes, yd);
-      }
-      for (int64_t j = 0; j < v.d; ++j) {
-        const int64_t k = base + j * v.inner;
-        const double gv = load<double>(gb + k * ges, gd), yv = load<double>(yb + k * yes, yd);
-        store<double>(ob + k * oes, od, kLog ? gv - std::exp(yv) * acc : yv * (gv - acc));
-      }
-    }
-  });
-}
 
 }  // namespace
 
@@ -630,48 +383,22 @@ void register_reduce(npub::sdk::Registrar& r) {
   const auto all = dtypes_all();
   const auto numeric = dtypes_numeric();
   const auto floating = dtypes_floating();
-  r.def("aten::sum.IntList_out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::sum.IntList_out", &sum_mean<false>).dtypes(all);
-  r.def("aten::mean.out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::mean.out", &sum_mean<true>).dtypes(all);
-  r.def("aten::prod.int_out(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::prod.int_out", &prod).dtypes(all);
-  r.def("aten::amax.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::amax.out", &amax_amin<true>).dtypes(all);
-  r.def("aten::amin.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::amin.out", &amax_amin<false>).dtypes(all);
-  r.def("aten::max.dim_max(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) max, Tensor(b!) max_values) -> (Tensor(a!) values, Tensor(b!) indices)");
-  r.kernel("aten::max.dim_max", &max_min_dim<true>).dtypes(all);
-  r.def("aten::min.dim_min(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) min, Tensor(b!) min_indices) -> (Tensor(a!) values, Tensor(b!) indices)");
-  r.kernel("aten::min.dim_min", &max_min_dim<false>).dtypes(all);
-  r.def("aten::argmax.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::argmax.out", &arg_extreme<true>).dtypes(numeric);
-  r.def("aten::argmin.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::argmin.out", &arg_extreme<false>).dtypes(numeric);
-  r.def("aten::var.correction_out(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::var.correction_out", &var_std<false>).dtypes(floating);
-  r.def("aten::std.correction_out(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::std.correction_out", &var_std<true>).dtypes(floating);
-  r.def("aten::norm.out(Tensor self, Scalar? p, int[1] dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::norm.out", &norm).dtypes(floating);
-  r.def("aten::all.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::all.dims_out", &all_any<true>).dtypes(all);
-  r.def("aten::any.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::any.dims_out", &all_any<false>).dtypes(all);
-  r.def("aten::all.out(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::all.out", &all_any<true>).dtypes(all);
-  r.def("aten::any.out(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::any.out", &all_any<false>).dtypes(all);
-  r.def("aten::cumsum.out(Tensor self, int dim, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::cumsum.out", &cumsum).dtypes(all);
-  r.def("aten::_softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::_softmax.out", &softmax_fwd<false>).dtypes(floating).contiguous_only();
-  r.def("aten::_log_softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::_log_softmax.out", &softmax_fwd<true>).dtypes(floating).contiguous_only();
-  r.def("aten::_softmax_backward_data.out(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype, *, Tensor(a!) grad_input) -> Tensor(a!)");
-  r.kernel("aten::_softmax_backward_data.out", &softmax_bwd<false>).dtypes(floating).contiguous_only();
-  r.def("aten::_log_softmax_backward_data.out(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::_log_softmax_backward_data.out", &softmax_bwd<true>).dtypes(floating).contiguous_only();
+  r.op("aten::sum.IntList_out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)", &sum_mean<false>).dtypes(all);
+  r.op("aten::mean.out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)", &sum_mean<true>).dtypes(all);
+  r.op("aten::prod.int_out(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)", &prod).dtypes(all);
+  r.op("aten::amax.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &amax_amin<true>).dtypes(all);
+  r.op("aten::amin.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &amax_amin<false>).dtypes(all);
+  r.op("aten::max.dim_max(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) max, Tensor(b!) max_values) -> (Tensor(a!) values, Tensor(b!) indices)", &max_min_dim<true>).dtypes(all);
+  r.op("aten::min.dim_min(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) min, Tensor(b!) min_indices) -> (Tensor(a!) values, Tensor(b!) indices)", &max_min_dim<false>).dtypes(all);
+  r.op("aten::argmax.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &arg_extreme<true>).dtypes(numeric);
+  r.op("aten::argmin.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &arg_extreme<false>).dtypes(numeric);
+  r.op("aten::var.correction_out(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False, Tensor(a!) out) -> Tensor(a!)", &var_std<false>).dtypes(floating);
+  r.op("aten::std.correction_out(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False, Tensor(a!) out) -> Tensor(a!)", &var_std<true>).dtypes(floating);
+  r.op("aten::norm.out(Tensor self, Scalar? p, int[1] dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &norm).dtypes(floating);
+  r.op("aten::all.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &all_any<true>).dtypes(all);
+  r.op("aten::any.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &all_any<false>).dtypes(all);
+  r.op("aten::all.out(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &all_any<true>).dtypes(all);
+  r.op("aten::any.out(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &all_any<false>).dtypes(all);
 }
 
 }  // namespace cann_like

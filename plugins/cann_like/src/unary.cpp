@@ -193,16 +193,11 @@ void gelu_backward(Call& call) {
 
 void register_unary(npub::sdk::Registrar& r) {
   const auto floating = dtypes_floating();
-  r.def("aten::gelu_backward.grad_input(Tensor grad_output, Tensor self, *, str approximate=\"none\", Tensor(a!) grad_input) -> Tensor(a!)");
-  r.kernel("aten::gelu_backward.grad_input", &gelu_backward).dtypes(floating);
-  r.def("aten::threshold_backward.grad_input(Tensor grad_output, Tensor self, Scalar threshold, *, Tensor(a!) grad_input) -> Tensor(a!)");
-  r.kernel("aten::threshold_backward.grad_input", &activation_backward<G::threshold>).dtypes(floating);
-  r.def("aten::sigmoid_backward.grad_input(Tensor grad_output, Tensor output, *, Tensor(a!) grad_input) -> Tensor(a!)");
-  r.kernel("aten::sigmoid_backward.grad_input", &activation_backward<G::sigmoid>).dtypes(floating);
-  r.def("aten::tanh_backward.grad_input(Tensor grad_output, Tensor output, *, Tensor(a!) grad_input) -> Tensor(a!)");
-  r.kernel("aten::tanh_backward.grad_input", &activation_backward<G::tanh>).dtypes(floating);
-  r.def("aten::silu_backward.grad_input(Tensor grad_output, Tensor self, *, Tensor(a!) grad_input) -> Tensor(a!)");
-  r.kernel("aten::silu_backward.grad_input", &activation_backward<G::silu>).dtypes(floating);
+  r.op("aten::gelu_backward.grad_input(Tensor grad_output, Tensor self, *, str approximate=\"none\", Tensor(a!) grad_input) -> Tensor(a!)", &gelu_backward).dtypes(floating);
+  r.op("aten::threshold_backward.grad_input(Tensor grad_output, Tensor self, Scalar threshold, *, Tensor(a!) grad_input) -> Tensor(a!)", &activation_backward<G::threshold>).dtypes(floating);
+  r.op("aten::sigmoid_backward.grad_input(Tensor grad_output, Tensor output, *, Tensor(a!) grad_input) -> Tensor(a!)", &activation_backward<G::sigmoid>).dtypes(floating);
+  r.op("aten::tanh_backward.grad_input(Tensor grad_output, Tensor output, *, Tensor(a!) grad_input) -> Tensor(a!)", &activation_backward<G::tanh>).dtypes(floating);
+  r.op("aten::silu_backward.grad_input(Tensor grad_output, Tensor self, *, Tensor(a!) grad_input) -> Tensor(a!)", &activation_backward<G::silu>).dtypes(floating);
   const auto all = dtypes_all();
   const auto numeric = dtypes_numeric();
   struct Entry {
@@ -224,18 +219,14 @@ void register_unary(npub::sdk::Registrar& r) {
   };
   for (const Entry& e : entries) {
     const std::string op = std::string("aten::") + e.name + ".out";
-    r.def((op + "(Tensor self, *, Tensor(a!) out) -> Tensor(a!)").c_str());
     // silu has no integer kernel in ATen either.
-    r.kernel(op, e.fn).dtypes(std::string(e.name) == "silu" ? dtypes_floating() : e.with_bool ? all : numeric);
+    r.op((op + "(Tensor self, *, Tensor(a!) out) -> Tensor(a!)").c_str(), e.fn)
+        .dtypes(std::string(e.name) == "silu" ? dtypes_floating() : e.with_bool ? all : numeric);
   }
-  r.def("aten::gelu.out(Tensor self, *, str approximate=\"none\", Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::gelu.out", &gelu_out).dtypes(dtypes_floating());
-  r.def("aten::relu(Tensor self) -> Tensor");
-  r.kernel("aten::relu", &relu_fn).dtypes(numeric);
-  r.def("aten::relu_(Tensor(a!) self) -> Tensor(a!)");
-  r.kernel("aten::relu_", &relu_inplace).dtypes(numeric);
-  r.def("aten::isnan(Tensor self) -> Tensor");
-  r.kernel("aten::isnan", &isnan_fn).dtypes(all);
+  r.op("aten::gelu.out(Tensor self, *, str approximate=\"none\", Tensor(a!) out) -> Tensor(a!)", &gelu_out).dtypes(dtypes_floating());
+  r.op("aten::relu(Tensor self) -> Tensor", &relu_fn).dtypes(numeric);
+  r.op("aten::relu_(Tensor(a!) self) -> Tensor(a!)", &relu_inplace).dtypes(numeric);
+  r.op("aten::isnan(Tensor self) -> Tensor", &isnan_fn).dtypes(all);
 }
 
 }  // namespace cann_like
