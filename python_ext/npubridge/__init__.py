@@ -61,7 +61,7 @@ torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module
 
 __all__ = [
     "plugins", "stats", "reset_stats", "set_optim_level", "enable_plugin", "disable_plugin",
-    "register_op", "precision_check", "precision_mismatches", "routed_ops",
+    "register_op", "unregister_op", "op_map", "precision_check", "precision_mismatches", "routed_ops",
 ]
 
 
@@ -92,9 +92,29 @@ def disable_plugin(name: str):
     _C.enable_plugin(name, False)
 
 
-def register_op(framework_op: str, plugin_op: str, plugin: str = ""):
-    """Serve `framework_op` with `plugin_op` (optionally a given plugin's kernel)."""
-    _C.register_op(framework_op, plugin_op, plugin)
+def register_op(framework_op: str, target_op: str, plugin: str = ""):
+    """Serve the PyTorch op `framework_op` (e.g. "aten::tan") with the kernels
+    of the registry op `target_op`, `plugin`'s first when given.
+
+    Any op PyTorch knows can be mapped, bridged or not: its next call on an
+    npu tensor reaches `target_op`. The target must accept the framework op's
+    arguments: the same types in order (then only arguments with a default),
+    the same returns; or, for a functional op, its arguments then one out=
+    tensor per return (an .out op). Raises ValueError naming both ops and
+    what differs otherwise, or for an unknown op or plugin."""
+    _C.register_op(framework_op, target_op, plugin)
+
+
+def unregister_op(framework_op: str):
+    """Remove the mapping of `framework_op`: its calls take their previous
+    route (its own kernel, or the CPU fallback). Raises ValueError when it is
+    not mapped."""
+    _C.unregister_op(framework_op)
+
+
+def op_map():
+    """The op-mapping table: (framework op, target op, plugin or "") tuples."""
+    return _C.op_map()
 
 
 def precision_check(enabled: bool = True, raise_on_mismatch: bool = False):
@@ -120,5 +140,6 @@ def precision_mismatches():
 
 
 def routed_ops():
-    """ATen ops served by plugins: natively, and through their .out kernels."""
+    """ATen ops served by plugins: natively, through their .out kernels, and
+    through the op-mapping table ("mapped": "framework op -> target op")."""
     return _C.routed_ops()

@@ -1,0 +1,143 @@
+// The boxed bridge: a routed op's boxed call, run on the plugin kernel
+// through npubridge's dispatcher (see bridge.h).
+#include "aten/bridge.h"
+
+#include <c10/util/Exception.h>
+
+#include <npubridge/support/error.h>
+
+#include "aten/boxing.h"
+#include "aten/fallback.h"
+#include "aten/meta_cache.h"
+#include "aten/minimal.h"
+#include "aten/precision_check.h"
+
+#include <cstddef>
+#include <optional>
+
+namespace npub::torch_backend {
+
+void call_dispatcher(const OpHandle& target, const NpubValue* args, int32_t num_args, NpubValue* rets, int32_t num_rets,
+                     OutputAllocator* outs) {
+  try {
+    rt().dispatcher().call(target, args, num_args, rets, num_rets, outs);
+  } catch (const OutOfMemoryError& e) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+  } catch (const Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
+}
+
+namespace {
+
+// Runs `target` (an op of the registry) on the given IValue arguments and
+// leaves its results on `stack` (which must not hold the arguments; null:
+// the caller needs no results).
+void run_on_dispatcher(const OpHandle& target, c10::ArrayRef<c10::IValue> args, torch::jit::Stack* stack) {
+  const c10::DeviceIndex device = call_device(args);
+  c10::OptionalDeviceGuard guard;
+  if (device != current_index()) guard.reset_device(at::Device(c10::DeviceType::PrivateUse1, device));
+  Boxed b;
+  b.values.reserve(args.size());
+  b.views.reserve(count_tensors(args));
+  for (const auto& a : args) b.values.push_back(box(a, b, device));
+  const auto& returns = target.op->schema().returns;
+  NpubValue rets_small[4];
+  std::vector<NpubValue> rets_big;
+  NpubValue* rets = rets_small;
+  if (returns.size() > 4) {
+    rets_big.resize(returns.size());
+    rets = rets_big.data();
+  }
+  for (size_t i = 0; i < returns.size(); ++i) rets[i] = none_value();
+  TorchOutputs outs;
+  call_dispatcher(target, b.values.data(), static_cast<int32_t>(b.values.size()), rets,
+                  static_cast<int32_t>(returns.size()), &outs);
+  if (stack == nullptr) return;
+  const auto& alias = target.op->return_alias();
+  for (size_t i = 0; i < returns.size(); ++i) {
+    if (alias[i] >= 0) {
+      stack->push_back(args[static_cast<size_t>(alias[i])]);
+    } else if (const at::Tensor* t = outs.find(static_cast<int32_t>(i))) {
+      stack->push_back(*t);
+    } else if (rets[i].tag == NPUB_VALUE_INT) {
+      stack->push_back(rets[i].u.i);
+    } else if (rets[i].tag == NPUB_VALUE_DOUBLE) {
+      stack->push_back(rets[i].u.d);
+    } else if (rets[i].tag == NPUB_VALUE_BOOL) {
+      stack->push_back(rets[i].u.i != 0);
+    } else {
+      stack->push_back(at::Tensor());  // undefined (output_mask off)
+    }
+  }
+}
+
+}  // namespace
+
+void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  // The call's arguments, then (for the .out routes) its outputs.
+  c10::SmallVector<c10::IValue, 8> args(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());
+  // copy_ between the host and the device is a transfer, not a kernel: the
+  // device's copy engine does it (a plugin's copy_ is device to device).
+  if (route_ == Route::kDirect && op.schema().operator_name().name == "aten::copy_" &&
+      args[0].toTensor().device() != args[1].toTensor().device()) {
+    copy_from(args[1].toTensor(), args[0].toTensor(), false);
+    torch::jit::drop(*stack, n);
+    stack->push_back(args[0]);
+    return;
+  }
+  // Tensors of a dtype plugins cannot describe (complex, float8, ...) are
+  // the host's to compute.
+  if (!describable(args)) {
+    cpu_fallback_counted(op, stack);
+    return;
+  }
+  c10::SmallVector<at::Tensor, 2> outs;
+  if (route_ == Route::kDirect) {
+    if (has_out_) resize_outs(op, args);
+  } else if (route_ == Route::kInplaceViaOut) {
+    outs.push_back(args[0].toTensor());
+  } else {
+    const auto specs = output_specs(op, args);
+    if (!specs) {
+      // No meta kernel (or an input the meta kernel rejects): let the CPU
+      // implementation decide, and raise its own error if it must.
+      cpu_decides(op, stack);
+      return;
+    }
+    const c10::DeviceIndex device = call_device(args);
+    for (const OutputSpec& spec : *specs)
+      outs.push_back(empty_memory_format(spec.sizes, spec.dtype, std::nullopt,
+                                         at::Device(c10::DeviceType::PrivateUse1, device), std::nullopt, std::nullopt));
+  }
+  // The reference is ATen's CPU kernel of the same op (ops of a plugin's
+  // own namespace have none).
+  const bool check = g_precision_on.load(std::memory_order_relaxed) &&
+                     (op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+                      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd));
+  std::vector<c10::IValue> cpu_args;
+  if (check) cpu_args = cpu_copies(args);
+  for (const auto& o : outs) args.push_back(o);
+  const OpHandle target = resolve();
+  TorchCall call{&op, stack};
+  ScopedTorchCall scope(call);
+  // The dispatcher's fallback (no kernel for these dtypes) runs ATen's CPU
+  // fallback on the original stack; otherwise the results replace it (the
+  // .out routes return their outputs).
+  torch::jit::Stack results;
+  run_on_dispatcher(target, args, route_ == Route::kDirect ? &results : nullptr);
+  if (call.fell_back) return;
+  torch::jit::drop(*stack, n);
+  if (route_ == Route::kDirect) {
+    for (auto& r : results) stack->push_back(std::move(r));
+  } else {
+    for (const auto& o : outs) stack->push_back(o);
+  }
+  if (check) {
+    const std::vector<c10::IValue> got(stack->end() - static_cast<std::ptrdiff_t>(op.schema().returns().size()), stack->end());
+    check_against_cpu(op, target, std::move(cpu_args), args, got);
+  }
+}
+
+}  // namespace npub::torch_backend

@@ -1,0 +1,97 @@
+// The CPU fallbacks of npu calls (see fallback.h), and PyTorch's boxed
+// fallback for PrivateUse1, registered when the module loads.
+#include "aten/fallback.h"
+
+#include <ATen/native/CPUFallback.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include "aten/boxing.h"
+#include "runtime/npu_runtime.h"
+
+#include <optional>
+
+namespace npub::torch_backend {
+
+std::mutex g_fallback_mu;
+std::map<std::string, int64_t> g_fallback_counts;
+
+namespace {
+
+// One switch for refusing fallbacks: the dispatcher's (NPUB_FALLBACK).
+bool fallback_forbidden() { return rt().dispatcher().fallback_mode() == FallbackMode::kError; }
+
+// Counts a fallback of `op`, warns on the first, and refuses under
+// NPUB_FALLBACK=error.
+void note_fallback(const c10::OperatorHandle& op) {
+  const std::string name = full_name(op.schema().operator_name());
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(g_fallback_mu);
+    first = g_fallback_counts[name]++ == 0;
+  }
+  TORCH_CHECK(!fallback_forbidden(), "npubridge: operator '", name,
+              "' is not supported on the NPU backend and NPUB_FALLBACK=error forbids falling back to the CPU");
+  if (first)
+    TORCH_WARN("npubridge: operator '", name, "' is not supported on the NPU backend and will fall back to run on the CPU");
+}
+
+// ATen's CPU fallback for the call on `stack`.
+void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // PyTorch's cpu_fallback returns outputs to the first tensor argument's
+  // device; when that is a CPU scalar (1 - x is sub(1, x)), the outputs
+  // belong on the npu tensor's device instead, as with any device op.
+  std::optional<c10::Device> npu;
+  const size_t nargs = op.schema().arguments().size();
+  for (size_t i = stack->size() - nargs; i < stack->size() && !npu; ++i) {
+    const c10::IValue& v = (*stack)[i];
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_privateuseone()) npu = v.toTensor().device();
+  }
+  at::native::cpu_fallback(op, stack);
+  if (!npu) return;
+  const size_t nret = op.schema().returns().size();
+  for (size_t i = stack->size() - nret; i < stack->size(); ++i) {
+    c10::IValue& v = (*stack)[i];
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_cpu()) v = v.toTensor().to(*npu);
+  }
+}
+
+}  // namespace
+
+// Note [One way to the CPU]: the dispatcher's fallback (a plugin op with no
+// eligible kernel) and PyTorch's boxed fallback (an op no plugin serves)
+// both run ATen's CPU kernel through run_on_cpu, so the outputs land on the
+// npu in both (torch.mul(torch.tensor(3.), x_npu) came back on the CPU when
+// the dispatcher fell back).
+void torch_fallback(const reg::OpEntry&, const NpubValue*, int32_t, NpubValue*, int32_t, OutputAllocator&) {
+  TORCH_CHECK(tls_call != nullptr, "npubridge: fallback outside a torch call");
+  tls_call->fell_back = true;
+  if (tls_call->stack == nullptr) {
+    TORCH_INTERNAL_ASSERT(tls_call->push_args != nullptr, "npubridge: an unboxed call without its arguments");
+    tls_call->push_args(tls_call->push_ctx, tls_call->own);
+    tls_call->stack = &tls_call->own;
+  }
+  run_on_cpu(*tls_call->op, tls_call->stack);
+}
+
+void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  note_fallback(op);
+  run_on_cpu(op, stack);
+}
+
+void cpu_decides(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (fallback_forbidden()) {
+    cpu_fallback_counted(op, stack);
+    return;
+  }
+  run_on_cpu(op, stack);
+  note_fallback(op);
+}
+
+namespace {
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback_counted>()); }
+
+}  // namespace
+
+}  // namespace npub::torch_backend

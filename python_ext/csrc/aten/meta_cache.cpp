@@ -1,0 +1,107 @@
+// The meta-shape cache: a functional op's output shapes and dtypes from its
+// meta kernel, remembered per thread by call signature (see meta_cache.h).
+#include "aten/meta_cache.h"
+
+#include <ATen/ops/empty_strided.h>
+
+#include "aten/boxing.h"
+#include "aten/minimal.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <unordered_map>
+
+namespace npub::torch_backend {
+
+namespace {
+
+// The same value with every tensor (also inside lists) on the meta device.
+// Wrapped numbers (Python scalars as 0-d CPU tensors) stay as they are: meta
+// kernels take CPU scalars, and type promotion depends on the flag.
+at::Tensor to_meta(const at::Tensor& t) {
+  if (!t.defined() || t.unsafeGetTensorImpl()->is_wrapped_number()) return t;
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+}
+
+// Per thread, so the hot path takes no lock; each thread asks the meta
+// kernel once per call signature.
+thread_local std::unordered_map<std::string, std::shared_ptr<const OutputSpecs>> tls_meta_cache;
+
+// The cache key: raw bytes of every argument's metadata, prefixed with the
+// op's address. False when some argument cannot be part of a key (the call
+// is not cached).
+bool signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, std::string* key) {
+  std::string& k = *key;
+  k.clear();
+  put(k, &op.schema());
+  for (const auto& a : args) {
+    if (a.isNone()) k.push_back('N');
+    else if (a.isTensor()) tensor_key(k, a.toTensor());
+    else if (a.isInt()) int_key(k, a.toInt());
+    else if (a.isDouble()) double_key(k, a.toDouble());
+    else if (a.isBool()) bool_key(k, a.toBool());
+    else if (a.isString()) { k.push_back('s'); k += a.toStringRef(); k.push_back('\0'); }
+    else if (a.isIntList()) {
+      k.push_back('l');
+      const auto l = a.toIntList();
+      put(k, static_cast<int32_t>(l.size()));
+      for (int64_t x : l) put(k, x);
+    } else if (a.isTensorList()) {
+      k.push_back('L');
+      const auto l = a.toTensorList();
+      put(k, static_cast<int32_t>(l.size()));
+      for (const at::Tensor& t : l) tensor_key(k, t);
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+const OutputSpecs* cached_output_specs(const std::string& key) {
+  auto it = tls_meta_cache.find(key);
+  return it != tls_meta_cache.end() ? it->second.get() : nullptr;
+}
+
+std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  thread_local std::string key;  // keeps its capacity: no allocation per call
+  const bool cacheable = signature(op, args, &key);
+  if (cacheable) {
+    if (auto it = tls_meta_cache.find(key); it != tls_meta_cache.end()) return it->second;
+  }
+  torch::jit::Stack meta;
+  for (const auto& a : args) meta.push_back(map_tensors(a, [](const at::Tensor& t) { return to_meta(t); }));
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+  } catch (const std::exception& e) {
+    if (const char* lvl = std::getenv("NPUB_LOG_LEVEL"); lvl != nullptr && std::string(lvl) == "debug")
+      std::fprintf(stderr, "[npubridge] [debug] meta kernel of '%s' failed: %s\n",
+                   full_name(op.schema().operator_name()).c_str(), e.what());
+    return nullptr;
+  }
+  auto specs = std::make_shared<OutputSpecs>();
+  for (const auto& r : meta) specs->push_back({r.toTensor().sizes().vec(), r.toTensor().scalar_type()});
+  if (cacheable) {
+    if (tls_meta_cache.size() > 4096) tls_meta_cache.clear();
+    tls_meta_cache.emplace(key, specs);
+  }
+  return specs;
+}
+
+void resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+  const auto specs = output_specs(op, args);
+  if (!specs) return;
+  const auto& schema_args = op.schema().arguments();
+  size_t r = 0;
+  for (size_t i = 0; i < schema_args.size() && r < specs->size(); ++i) {
+    if (!schema_args[i].is_out() || !args[i].isTensor()) continue;
+    const at::Tensor& real = args[i].toTensor();
+    const std::vector<int64_t>& sizes = (*specs)[r++].sizes;
+    if (!real.sizes().equals(sizes)) resize_(real, sizes, std::nullopt);
+  }
+}
+
+}  // namespace npub::torch_backend

@@ -1,0 +1,57 @@
+// Output shapes and dtypes of ATen ops by call signature (meta_cache.cpp):
+// the bridges allocate a functional op's outputs, and resize out= tensors,
+// from the op's meta kernel, asked once per signature and thread.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace npub::torch_backend {
+
+// Output shapes and dtypes by call signature (op, argument metadata and
+// scalar values): ATen's meta kernels are exact but slow (many are written in
+// Python); a repeated call shape reuses their answer.
+struct OutputSpec {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype;
+};
+using OutputSpecs = std::vector<OutputSpec>;
+
+// The bytes of a cache key: signature() (meta_cache.cpp) writes them for a
+// boxed call, UnboxedBridge for an unboxed one.
+template <typename T>
+inline void put(std::string& k, const T& v) {
+  k.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+inline void tensor_key(std::string& k, const at::Tensor& t) {
+  if (!t.defined()) {
+    k.push_back('U');
+    return;
+  }
+  k.push_back(t.device().is_cpu() ? (t.unsafeGetTensorImpl()->is_wrapped_number() ? 'w' : 'c') : 'd');
+  put(k, static_cast<int8_t>(t.scalar_type()));
+  put(k, static_cast<int8_t>(t.dim()));
+  k.append(reinterpret_cast<const char*>(t.sizes().data()), t.sizes().size() * sizeof(int64_t));
+}
+inline void int_key(std::string& k, int64_t v) { k.push_back('i'); put(k, v); }
+inline void double_key(std::string& k, double v) { k.push_back('f'); put(k, v); }
+inline void bool_key(std::string& k, bool v) { k.push_back('b'); put(k, v); }
+
+// The outputs' shapes and dtypes of a functional op: from the cache, or from
+// the op's meta kernel. Null when the meta kernel fails.
+const OutputSpecs* cached_output_specs(const std::string& key);
+std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+
+// out= tensors of the wrong shape are resized first, as ATen's out
+// convention does (callers pass empty outs); the shapes come from the op's
+// meta kernel. Without a meta kernel the plugin's own shape check decides.
+void resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+
+}  // namespace npub::torch_backend

@@ -1,0 +1,155 @@
+// The plugin ops' kernels and schemas, registered with PyTorch at init (see
+// register_plugin_ops.h).
+#include "aten/register_plugin_ops.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include "aten/boxing.h"
+#include "aten/bridge.h"
+#include "aten/meta_bridge.h"
+#include "aten/unboxed_bridge.h"
+#include "runtime/npu_runtime.h"
+
+#include <algorithm>
+#include <exception>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+
+namespace npub::torch_backend {
+
+std::vector<std::string> g_native, g_via_out, g_custom;
+
+// "Type name" of an argument without alias annotation and default.
+std::string plain_argument(std::string s) {
+  for (size_t open; (open = s.find('(')) != std::string::npos;) {
+    const size_t close = s.find(')', open);
+    if (close == std::string::npos) break;
+    s.erase(open, close - open + 1);
+  }
+  if (auto eq = s.find('='); eq != std::string::npos) s.resize(eq);
+  return s;
+}
+
+namespace {
+
+// Registrations made at init, kept alive for the process.
+std::vector<std::unique_ptr<torch::Library>> g_libraries;
+
+// Whether functional/in-place `f` takes exactly the arguments of `out`
+// minus its trailing out= tensors (same names and types, in order).
+bool same_args(const c10::FunctionSchema& f, const reg::Schema& out) {
+  size_t n = out.arguments.size();
+  while (n > 0 && out.arguments[n - 1].is_write() && out.arguments[n - 1].kwarg_only) --n;
+  if (n != f.arguments().size()) return false;
+  for (size_t i = 0; i < n; ++i) {
+    std::ostringstream theirs;
+    theirs << f.arguments()[i];
+    const reg::Argument& a = out.arguments[i];
+    if (plain_argument(theirs.str()) != plain_argument(reg::type_to_string(a.type) + " " + a.name)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void register_plugin_ops() {
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  std::set<std::string> registered;
+  const auto ops = rt().registry().ops();
+  for (const reg::OpEntry* e : ops) {
+    if (e->schema().ns != "aten" || e->kernels(NPUB_DEVICE_NPU).empty()) continue;
+    const std::string unqualified = e->schema().overload.empty() ? e->schema().name : e->schema().name + "." + e->schema().overload;
+    auto h = c10::Dispatcher::singleton().findSchema({"aten::" + e->schema().name, e->schema().overload});
+    if (!h) continue;
+    // The plugin's schema must be ATen's (names and types); otherwise the
+    // boxed arguments would not line up.
+    const std::string theirs = c10::toString(h->schema());
+    if (theirs != e->schema().to_string()) {
+      TORCH_WARN("npubridge: not routing '", e->name(), "': its schema differs from ATen's (plugin: ", e->schema().to_string(),
+                 ", ATen: ", theirs, ")");
+      continue;
+    }
+    bool has_out = false;
+    for (const auto& a : h->schema().arguments()) has_out = has_out || (a.is_out() && a.type()->kind() == c10::TypeKind::TensorType);
+    lib->impl(unqualified.c_str(), bridge_kernel(Route::kDirect, e->name(), *h, has_out));
+    registered.insert(e->name());
+    g_native.push_back(e->name());
+  }
+  // Functional and in-place overloads of ops whose .out variant a plugin serves.
+  for (const reg::OpEntry* e : ops) {
+    if (e->schema().ns != "aten" || !registered.count(e->name())) continue;
+    bool is_out = false;
+    for (const auto& a : e->schema().arguments) is_out = is_out || (a.is_write() && a.kwarg_only);
+    if (!is_out) continue;
+    for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
+      if (name.name != "aten::" + e->schema().name && name.name != "aten::" + e->schema().name + "_") continue;
+      const std::string full = full_name(name);
+      if (registered.count(full)) continue;
+      auto h = c10::Dispatcher::singleton().findSchema(name);
+      if (!h) continue;
+      const auto& f = h->schema();
+      const bool inplace = name.name.back() == '_';
+      if (f.is_mutable() != inplace) continue;
+      if (!same_args(f, e->schema())) continue;
+      if (!inplace && (f.returns().size() == 0 || f.returns().size() != static_cast<size_t>(std::count_if(
+                                                       e->schema().arguments.begin(), e->schema().arguments.end(),
+                                                       [](const reg::Argument& a) { return a.is_write() && a.kwarg_only; }))))
+        continue;
+      if (inplace && std::count_if(e->schema().arguments.begin(), e->schema().arguments.end(),
+                                   [](const reg::Argument& a) { return a.is_write() && a.kwarg_only; }) != 1)
+        continue;
+      const std::string unq = full.substr(std::string("aten::").size());
+      lib->impl(unq.c_str(), bridge_kernel(inplace ? Route::kInplaceViaOut : Route::kViaOut, e->name(), *h));
+      registered.insert(full);
+      g_via_out.push_back(full + " -> " + e->name());
+    }
+  }
+  g_libraries.push_back(std::move(lib));
+
+  // Plugin ops outside aten: defined under torch.ops.<namespace> from the
+  // schema the plugin registered, served by the same boxed bridge.
+  std::map<std::string, std::vector<const reg::OpEntry*>> by_ns;
+  for (const reg::OpEntry* e : ops)
+    if (e->schema().ns != "aten" && !e->kernels(NPUB_DEVICE_NPU).empty()) by_ns[e->schema().ns].push_back(e);
+  for (const auto& [ns, entries] : by_ns) {
+    auto def = std::make_unique<torch::Library>(torch::Library::FRAGMENT, ns, std::nullopt, __FILE__, __LINE__);
+    auto impl = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    auto meta = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::Meta, __FILE__, __LINE__);
+    for (const reg::OpEntry* e : entries) {
+      if (c10::Dispatcher::singleton().findSchema({ns + "::" + e->schema().name, e->schema().overload})) continue;
+      // Each op in its own error boundary: a schema npubridge accepts but
+      // PyTorch refuses (a default that does not fit its type, a required
+      // argument after a defaulted one) disables that op under PyTorch, with
+      // a warning, and never the import of torch.
+      try {
+        def->def(e->schema().to_string().c_str());
+      } catch (const std::exception& err) {
+        const reg::Kernel* k = e->kernels(NPUB_DEVICE_NPU).front();
+        const std::string why = err.what();
+        TORCH_WARN("npubridge: op '", e->name(), "' of plugin '", k->plugin_name(),
+                   "' is not available under PyTorch: PyTorch refuses its schema \"", e->schema().to_string(),
+                   "\": ", why.substr(0, why.find('\n')));
+        continue;
+      }
+      const std::string unq = e->schema().overload.empty() ? e->schema().name : e->schema().name + "." + e->schema().overload;
+      impl->impl(unq.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Bridge>(Route::kDirect, e->name())));
+      // Shapes without running: from the plugin's meta function, or, for ops
+      // that only write their arguments, from the arguments themselves.
+      bool writes_only = true;
+      for (size_t i = 0; i < e->schema().returns.size(); ++i) writes_only = writes_only && e->return_alias()[i] >= 0;
+      if (e->meta() != nullptr || writes_only)
+        meta->impl(unq.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<MetaBridge>(e->name())));
+      g_custom.push_back(e->name());
+    }
+    g_libraries.push_back(std::move(def));
+    g_libraries.push_back(std::move(impl));
+    g_libraries.push_back(std::move(meta));
+  }
+}
+
+}  // namespace npub::torch_backend

@@ -1,0 +1,300 @@
+// The Python module npubridge._C: the backend's start-up, the devices,
+// streams, events and memory stats, the plugins, the dispatcher's
+// statistics and settings, the precision check and the registry's ops, for
+// the npubridge package. The only file of npubridge._C that includes
+// <torch/extension.h>.
+#include <torch/extension.h>
+
+#include <npubridge/dispatcher/runtime.h>
+#include <npubridge/torch/error_bound.h>
+
+#include "aten/fallback.h"
+#include "aten/mapped_ops.h"
+#include "aten/precision_check.h"
+#include "aten/register_plugin_ops.h"
+#include "init.h"
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+
+// ---------------------------------------------------------------------------
+// Python module npubridge._C
+// ---------------------------------------------------------------------------
+
+namespace py = pybind11;
+using namespace npub;
+
+namespace {
+std::mutex g_events_mu;
+std::map<int64_t, sim::Event> g_events;
+int64_t g_next_event = 1;
+sim::Event& event_at(int64_t id) {
+  std::lock_guard<std::mutex> lock(g_events_mu);
+  auto it = g_events.find(id);
+  if (it == g_events.end()) throw py::value_error("unknown npu event " + std::to_string(id));
+  return it->second;
+}
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "npubridge: PyTorch on the simulated NPU through acceleration-library plugins";
+  m.def("_init", &npub::torch_backend::init);
+  m.def("device_count", [] { return Runtime::global().devices().count(); });
+  m.def("current_device", [] { return Runtime::global().devices().current_device(); });
+  m.def("set_device", [](int d) { Runtime::global().devices().set_current_device(d); });
+  m.def("synchronize", [](int d) {
+    auto& ds = Runtime::global().devices();
+    if (d < 0)
+      for (int i = 0; i < ds.count(); ++i) ds.at(i).synchronize();
+    else
+      ds.at(d).synchronize();
+  });
+  m.def("manual_seed", [](int d, uint64_t seed) { Runtime::global().devices().at(d).manual_seed(seed); });
+  m.def("get_rng_state", [](int d) {
+    const auto s = Runtime::global().devices().at(d).philox_state();
+    return py::make_tuple(s.seed, s.offset);
+  });
+  m.def("set_rng_state", [](int d, uint64_t seed, uint64_t offset) {
+    Runtime::global().devices().at(d).set_philox_state({seed, offset});
+  });
+  // Streams (by id within their device) and events (by id).
+  // torch.npu.Stream() draws from the pool torch.Stream(device="npu") uses.
+  m.def("stream_new", [](int d) { return Runtime::global().devices().at(d).pooled_stream().id(); });
+  m.def("stream_synchronize", [](int d, int id) {
+    py::gil_scoped_release nogil;
+    Runtime::global().devices().at(d).stream(id).synchronize();
+  });
+  m.def("stream_query", [](int d, int id) { return Runtime::global().devices().at(d).stream(id).query(); });
+  m.def("set_current_stream", [](int d, int id) {
+    auto& dev = Runtime::global().devices().at(d);
+    dev.set_current_stream(dev.stream(id));
+  });
+  m.def("current_stream", [](int d) { return Runtime::global().devices().at(d).current_stream().id(); });
+  m.def("stream_wait_event", [](int d, int id, int64_t ev) { Runtime::global().devices().at(d).stream(id).wait_event(event_at(ev)); });
+  m.def("event_new", [] {
+    std::lock_guard<std::mutex> lock(g_events_mu);
+    const int64_t id = g_next_event++;
+    g_events.emplace(id, sim::Event());
+    return id;
+  });
+  m.def("event_destroy", [](int64_t id) {
+    std::lock_guard<std::mutex> lock(g_events_mu);
+    g_events.erase(id);
+  });
+  m.def("event_record", [](int64_t ev, int d, int id) { event_at(ev).record(Runtime::global().devices().at(d).stream(id)); });
+  m.def("event_query", [](int64_t ev) { return event_at(ev).query(); });
+  m.def("event_synchronize", [](int64_t ev) {
+    sim::Event& e = event_at(ev);
+    py::gil_scoped_release nogil;
+    e.synchronize();
+  });
+  m.def("event_elapsed_ms", [](int64_t start, int64_t end) { return event_at(start).elapsed_ms(event_at(end)); });
+  m.def("memory_stats", [](int d) {
+    const auto s = Runtime::global().devices().at(d).allocator().stats();
+    py::dict r;
+    r["allocated_bytes"] = s.allocated_bytes;
+    r["reserved_bytes"] = s.reserved_bytes;
+    r["peak_allocated_bytes"] = s.peak_allocated_bytes;
+    r["peak_reserved_bytes"] = s.peak_reserved_bytes;
+    r["num_allocs"] = s.num_allocs;
+    r["num_frees"] = s.num_frees;
+    r["num_ooms"] = s.num_ooms;
+    return r;
+  });
+  m.def("empty_cache", [] {
+    auto& ds = Runtime::global().devices();
+    for (int i = 0; i < ds.count(); ++i) ds.at(i).allocator().empty_cache();
+  });
+  m.def("reset_peak_memory_stats", [](int d) { Runtime::global().devices().at(d).allocator().reset_peak_stats(); });
+  m.def("plugins", [] {
+    py::list out;
+    for (const auto& p : Runtime::global().loader().plugins()) {
+      int ops = 0;
+      for (const reg::OpEntry* e : Runtime::global().registry().ops())
+        for (const reg::Kernel* k : e->kernels(NPUB_DEVICE_NPU))
+          if (k->plugin.get() == p.get()) {
+            ++ops;
+            break;
+          }
+      py::dict d;
+      d["name"] = p->name;
+      d["version"] = p->version;
+      d["path"] = p->path;
+      d["ops"] = ops;
+      d["enabled"] = p->enabled.load();
+      out.append(d);
+    }
+    return out;
+  });
+  m.def("load_failures", [] {
+    py::list out;
+    for (const auto& f : Runtime::global().loader().failures()) out.append(f.error);
+    return out;
+  });
+  m.def("stats", [] {
+    py::dict out;
+    for (const auto& s : Runtime::global().dispatcher().stats()) {
+      py::dict d;
+      d["calls"] = s.calls;
+      d["fallbacks"] = s.fallbacks;
+      d["conversions"] = s.conversions;
+      d["errors"] = s.errors;
+      d["precision_mismatches"] = s.precision_mismatches;
+      d["time_ms"] = s.total_ms;
+      py::dict by_plugin;
+      for (const auto& k : s.kernels)
+        if (k.calls > 0) by_plugin[py::str(k.plugin)] = k.calls;
+      d["native"] = by_plugin;
+      out[py::str(s.op)] = d;
+    }
+    std::lock_guard<std::mutex> lock(npub::torch_backend::g_fallback_mu);
+    // Calls the host computed without asking the dispatcher (no plugin
+    // serves the op, or its dtype has no DLPack code): added to the op's
+    // entry when the dispatcher has one too.
+    for (const auto& [name, count] : npub::torch_backend::g_fallback_counts) {
+      py::str key(name);
+      if (out.contains(key)) {
+        py::dict d = out[key];
+        d["calls"] = d["calls"].cast<int64_t>() + count;
+        d["fallbacks"] = d["fallbacks"].cast<int64_t>() + count;
+        continue;
+      }
+      py::dict d;
+      d["calls"] = count;
+      d["fallbacks"] = count;
+      d["conversions"] = 0;
+      d["errors"] = 0;
+      d["precision_mismatches"] = 0;
+      d["time_ms"] = 0.0;
+      d["native"] = py::dict();
+      out[key] = d;
+    }
+    return out;
+  });
+  m.def("reset_stats", [] {
+    Runtime::global().dispatcher().reset_stats();
+    std::lock_guard<std::mutex> lock(npub::torch_backend::g_fallback_mu);
+    npub::torch_backend::g_fallback_counts.clear();
+  });
+  m.def("set_optim_level", [](int level) { Runtime::global().dispatcher().set_opt_level(level); });
+  m.def("optim_level", [] { return Runtime::global().dispatcher().opt_level(); });
+  m.def("enable_plugin", [](const std::string& name, bool on) {
+    auto p = Runtime::global().loader().plugin(name);
+    if (!p) throw py::value_error("no plugin named '" + name + "' is loaded");
+    p->enabled = on;
+  });
+  m.def("register_op", [](const std::string& framework_op, const std::string& target_op, const std::string& plugin) {
+    try {
+      npub::torch_backend::map_op({framework_op, target_op, plugin});
+    } catch (const Error& e) {
+      throw py::value_error(e.what());
+    }
+  });
+  m.def("unregister_op", [](const std::string& framework_op) {
+    if (!npub::torch_backend::unmap_op(framework_op))
+      throw py::value_error("cannot unmap '" + framework_op + "': the op-mapping table does not map it");
+  });
+  m.def("op_map", [] {
+    py::list out;
+    for (const reg::OpMapping& e : Runtime::global().op_map().entries())
+      out.append(py::make_tuple(e.framework_op, e.target_op, e.plugin));
+    return out;
+  });
+  // The extension checks at the torch level (every routed call against
+  // ATen's CPU kernel on copies of its inputs); the dispatcher's own check,
+  // which needs a fallback that computes on given arguments, stays off and
+  // only holds the tolerances and the report.
+  m.def("precision_check", [](bool enabled, bool raise_on_mismatch) {
+    PrecisionCheckConfig c;
+    c.enabled = false;
+    c.raise_on_mismatch = raise_on_mismatch;
+    Runtime::global().dispatcher().set_precision_check(c);
+    Runtime::global().dispatcher().clear_precision_mismatches();
+    npub::torch_backend::g_precision_on = enabled;
+  });
+  // The error model's verdict on one result with no op entry (PyTorch-level
+  // ops, as the OpInfo runner compares them): host-calibrated against the
+  // float64 reference. "" when it matches, else the message with the bound.
+  m.def("judge", [](const at::Tensor& got, const at::Tensor& host, const at::Tensor& wide) -> std::string {
+    if (!got.sizes().equals(host.sizes()) || got.scalar_type() != host.scalar_type()) {
+      std::ostringstream s;
+      s << "got " << got.scalar_type() << got.sizes() << ", expected " << host.scalar_type() << host.sizes();
+      return s.str();
+    }
+    if (host.numel() == 0) return "";
+    const at::Tensor w = wide.defined() && wide.sizes().equals(host.sizes()) ? wide : at::Tensor();
+    const numerics::Verdict v = numerics::judge(numerics::error_model(""), got, host, w, at::Tensor(), 0, 0);
+    return v.ok() ? std::string() : v.message();
+  });
+  m.def("precision_mismatches", [] {
+    py::list out;
+    for (const auto& mm : Runtime::global().dispatcher().precision_mismatches()) {
+      py::dict d;
+      d["op"] = mm.op;
+      d["plugin"] = mm.plugin;
+      d["output"] = mm.output;
+      d["mismatched"] = mm.num_mismatched;
+      d["numel"] = mm.numel;
+      d["worst_index"] = mm.worst_index;
+      d["kernel_value"] = mm.kernel_value;
+      d["reference_value"] = mm.reference_value;
+      d["abs_error"] = mm.abs_error;
+      d["bound"] = mm.bound;
+      d["message"] = mm.message();
+      out.append(d);
+    }
+    return out;
+  });
+  // Derivative formulas plugins declared (NpubHostApi.define_derivative),
+  // for the package to register with torch.library.register_autograd.
+  m.def("derivatives", [] {
+    py::list out;
+    for (const reg::OpEntry* e : Runtime::global().registry().ops()) {
+      const reg::Derivative* d = e->derivative();
+      if (d == nullptr || e->kernels(NPUB_DEVICE_NPU).empty()) continue;
+      py::dict r;
+      r["op"] = e->name();
+      r["backward"] = d->backward;
+      r["formula"] = d->formula;
+      r["plugin"] = d->plugin;
+      py::list inputs, args;
+      for (int32_t i : d->inputs) inputs.append(i);
+      for (const auto& a : d->args)
+        args.append(py::make_tuple(a.kind == reg::Derivative::Arg::kGrad     ? "grad"
+                                   : a.kind == reg::Derivative::Arg::kResult ? "result"
+                                                                             : "input",
+                                   a.index));
+      r["inputs"] = inputs;
+      r["args"] = args;
+      out.append(r);
+    }
+    return out;
+  });
+  m.def("routed_ops", [] {
+    py::dict d;
+    d["native"] = npub::torch_backend::g_native;
+    d["via_out"] = npub::torch_backend::g_via_out;
+    d["custom"] = npub::torch_backend::g_custom;
+    d["mapped"] = npub::torch_backend::mapped_routes();
+    return d;
+  });
+  m.def("ops", [](const std::string& plugin) {
+    py::list out;
+    for (const reg::OpEntry* e : Runtime::global().registry().ops()) {
+      for (const reg::Kernel* k : e->kernels(NPUB_DEVICE_NPU)) {
+        if (!plugin.empty() && k->plugin_name() != plugin) continue;
+        py::dict d;
+        d["op"] = e->name();
+        d["plugin"] = k->plugin_name();
+        d["dtypes"] = k->dtypes_string();
+        d["priority"] = k->priority;
+        d["schema"] = e->schema().to_string();
+        out.append(d);
+      }
+    }
+    return out;
+  });
+}

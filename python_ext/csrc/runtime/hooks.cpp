@@ -1,0 +1,47 @@
+// The PrivateUse1 hooks and the default generator of npu tensors.
+#include "runtime/hooks.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <c10/core/Storage.h>
+
+#include "runtime/allocator.h"
+#include "runtime/npu_runtime.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+namespace npub::torch_backend {
+
+bool NpuHooks::isBuilt() const { return true; }
+
+bool NpuHooks::isAvailable() const { return rt().devices().count() > 0; }
+
+const at::Generator& NpuHooks::getDefaultGenerator(c10::DeviceIndex device_index) const {
+  // Random factories run through the CPU fallback with the CPU generator;
+  // device-side random kernels use the device's Philox stream.
+  (void)device_index;
+  return at::detail::getDefaultCPUGenerator();
+}
+
+at::Device NpuHooks::getDeviceFromPtr(void* data) const {
+  for (int i = 0; i < rt().devices().count(); ++i)
+    if (rt().devices().at(i).allocator().contains(data, 1)) return {c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(i)};
+  return {c10::DeviceType::PrivateUse1, current_index()};
+}
+
+bool NpuHooks::hasPrimaryContext(c10::DeviceIndex) const { return true; }
+
+// Host memory needs no pinning for the simulated device.
+c10::Allocator* NpuHooks::getPinnedMemoryAllocator() const { return at::getCPUAllocator(); }
+
+void NpuHooks::resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const {
+  c10::DataPtr fresh = npu_allocator()->allocate(newsize);
+  const size_t keep = std::min(newsize, storage.nbytes());
+  if (keep > 0) std::memcpy(fresh.get(), storage.data(), keep);
+  const_cast<c10::Storage&>(storage).set_data_ptr_noswap(std::move(fresh));
+  const_cast<c10::Storage&>(storage).set_nbytes(newsize);
+}
+
+}  // namespace npub::torch_backend
