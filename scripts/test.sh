@@ -13,7 +13,7 @@ npub_log "demo (release)"
 "$NPUB_ROOT/build/release/bin/npub-demo" >/dev/null
 
 if [ "${NPUB_SKIP_SANITIZERS:-0}" != "1" ]; then
-  npub_build "$NPUB_ROOT/build/asan" -DNPUB_SANITIZE=address -DNPUB_BUILD_BENCH=OFF -DNPUB_BUILD_CONFORMANCE=OFF -DNPUB_BUILD_PYTHON=OFF -DCMAKE_BUILD_TYPE=Debug
+  npub_build "$NPUB_ROOT/build/asan" -DNPUB_SANITIZE=address -DNPUB_BUILD_BENCH=OFF -DNPUB_BUILD_CONFORMANCE=OFF -DNPUB_BUILD_PYTHON=ON -DCMAKE_BUILD_TYPE=Debug
   npub_log "tests (ASan + UBSan)"
   npub_asan_ctest "$NPUB_ROOT/build/asan" --output-on-failure -j "$NPUB_JOBS" --timeout 600
 
@@ -21,7 +21,7 @@ if [ "${NPUB_SKIP_SANITIZERS:-0}" != "1" ]; then
   npub_log "stream and concurrency tests (ThreadSanitizer)"
   (cd "$NPUB_ROOT/build/tsan" &&
    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-   ctest --output-on-failure --timeout 900 -R 'Streams|Events|ComputePool|Concurrency|Devices|DispatcherTest')
+   ctest --output-on-failure --timeout 900 -R 'Streams|Events|ComputePool|Concurrency|Devices|DispatcherTest|Loader.Concurrent')
 fi
 
 npub_log "all tests passed"

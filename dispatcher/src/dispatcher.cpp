@@ -225,22 +225,36 @@ void Dispatcher::validate(CallState& cs) const {
 // selection
 // ----------------------------------------------------------------------------
 
+namespace {
+// Note [One eligibility rule]
+// A kernel may serve a call when its plugin is enabled, the dispatcher's
+// optimisation level reaches the kernel's, it accepts the call's dispatch
+// dtype, and its predicate (if any) accepts the arguments; among eligible
+// kernels the requested plugin's (an op mapping's) comes first, then the
+// highest priority. select_kernel, kernel_for (no arguments, so no
+// predicate) and explain_no_kernel all read these functions.
+bool plugin_enabled(const reg::Kernel& k) { return !k.plugin || k.plugin->enabled.load(std::memory_order_relaxed); }
+bool level_allows(const reg::Kernel& k, int level) { return level > 0 && k.min_opt_level <= level; }
+bool statically_eligible(const reg::Kernel& k, int level, DType dtype) {
+  return plugin_enabled(k) && level_allows(k, level) && k.accepts(dtype);
+}
+template <typename Eligible>
+const reg::Kernel* first_eligible(const reg::KernelList& list, const reg::PluginRecord* preferred, Eligible&& eligible) {
+  if (preferred != nullptr)
+    for (const reg::Kernel* k : list)
+      if (k->plugin.get() == preferred && eligible(*k)) return k;
+  for (const reg::Kernel* k : list)
+    if (eligible(*k)) return k;
+  return nullptr;
+}
+}  // namespace
+
 const reg::Kernel* Dispatcher::select_kernel(CallState& cs, DType dtype) const {
   const int level = opt_level_.load(std::memory_order_relaxed);
-  if (level == 0) return nullptr;
-  const reg::KernelList& list = cs.op->kernels(cs.device.device_type);
-  auto eligible = [&](const reg::Kernel* k) {
-    return (!k->plugin || k->plugin->enabled.load(std::memory_order_relaxed)) &&
-           k->min_opt_level <= level && k->accepts(dtype) &&
-           (k->supports == nullptr || k->supports(k->user_data, cs.args, cs.num_args) != 0);
-  };
-  if (cs.handle->preferred_plugin != nullptr) {
-    for (const reg::Kernel* k : list)
-      if (k->plugin.get() == cs.handle->preferred_plugin && eligible(k)) return k;
-  }
-  for (const reg::Kernel* k : list)
-    if (eligible(k)) return k;
-  return nullptr;
+  return first_eligible(cs.op->kernels(cs.device.device_type), cs.handle->preferred_plugin, [&](const reg::Kernel& k) {
+    return statically_eligible(k, level, dtype) &&
+           (k.supports == nullptr || k.supports(k.user_data, cs.args, cs.num_args) != 0);
+  });
 }
 
 const reg::Kernel* Dispatcher::select(const OpHandle& handle, const NpubValue* args, int32_t num_args) const {
@@ -261,18 +275,10 @@ const reg::Kernel* Dispatcher::select(const OpHandle& handle, const NpubValue* a
 }
 
 const reg::Kernel* Dispatcher::kernel_for(const OpHandle& handle, DType dtype, int32_t device_type) const {
+  if (!handle) return nullptr;
   const int level = opt_level();
-  if (!handle || level == 0) return nullptr;
-  auto eligible = [&](const reg::Kernel* k) {
-    return (!k->plugin || k->plugin->enabled.load()) && k->min_opt_level <= level && k->accepts(dtype);
-  };
-  const reg::KernelList& list = handle.op->kernels(device_type);
-  if (handle.preferred_plugin != nullptr)
-    for (const reg::Kernel* k : list)
-      if (k->plugin.get() == handle.preferred_plugin && eligible(k)) return k;
-  for (const reg::Kernel* k : list)
-    if (eligible(k)) return k;
-  return nullptr;
+  return first_eligible(handle.op->kernels(device_type), handle.preferred_plugin,
+                        [&](const reg::Kernel& k) { return statically_eligible(k, level, dtype); });
 }
 
 // ----------------------------------------------------------------------------
@@ -442,8 +448,8 @@ std::string explain_no_kernel(const Dispatcher& d, const reg::OpEntry& op, const
   for (size_t i = 0; i < list.size(); ++i) {
     const reg::Kernel* k = list[i];
     s += (i ? "; " : "") + std::string("plugin '") + k->plugin_name() + "': {" + k->dtypes_string() + "}";
-    if (k->plugin && !k->plugin->enabled) s += " disabled";
-    if (k->min_opt_level > d.opt_level()) s += " needs O" + std::to_string(k->min_opt_level);
+    if (!plugin_enabled(*k)) s += " disabled";
+    if (!level_allows(*k, d.opt_level())) s += " needs O" + std::to_string(k->min_opt_level);
     if (k->supports != nullptr) s += " with a predicate";
   }
   return s + ")";
@@ -473,36 +479,63 @@ void Dispatcher::run_fallback(CallState& cs, const char* reason) {
   fn(*cs.op, cs.args, cs.num_args, cs.rets, cs.num_rets, *cs.outputs);
 }
 
+// Note [A decline falls back on every path]
+// A kernel may decline a call it cannot serve (NPUB_ERR_UNSUPPORTED): the
+// call then goes to the host framework's fallback as if no kernel had been
+// eligible, however the kernel ran (on the caller's tensors, on staged
+// contiguous copies, or converted from a half type to float32) and however
+// many returns the op has. The caller's return slots are put back first, so
+// the fallback sees the call as it came (a staged run never touches them;
+// outputs the kernel allocated before declining stay with the allocator,
+// which the fallback's allocation for the same return replaces).
+namespace {
+// Whether the call must run on staged copies: converted (a half-type call on
+// a float32 kernel) or non-contiguous tensors for a contiguous-only kernel.
+bool needs_staging(const Dispatcher::CallState& cs, const reg::Kernel& k, DType convert_from) {
+  if (convert_from != DType::kUnknown) return true;
+  if ((k.flags & NPUB_KERNEL_CONTIGUOUS_ONLY) == 0) return false;
+  for (int32_t i = 0; i < cs.num_args; ++i) {
+    const NpubValue& v = cs.args[i];
+    if (v.tag == NPUB_VALUE_TENSOR && !is_contiguous(*v.u.tensor)) return true;
+    if (v.tag == NPUB_VALUE_TENSOR_LIST)
+      for (int32_t j = 0; j < v.count; ++j)
+        if (v.u.tensors[j] != nullptr && !is_contiguous(*v.u.tensors[j])) return true;
+  }
+  for (int32_t i = 0; i < cs.num_rets; ++i)
+    if (cs.rets[i].tag == NPUB_VALUE_TENSOR && !is_contiguous(*cs.rets[i].u.tensor)) return true;
+  return false;
+}
+
+// The caller's return slots, kept to be put back; inline for up to 8 (no
+// allocation on the common path).
+class SavedReturns {
+ public:
+  SavedReturns(const NpubValue* rets, int32_t n) : n_(static_cast<size_t>(n)) {
+    if (n_ > inline_.size()) heap_.assign(rets, rets + n_);
+    else std::copy(rets, rets + n_, inline_.begin());
+  }
+  void restore(NpubValue* rets) const {
+    const NpubValue* from = n_ > inline_.size() ? heap_.data() : inline_.data();
+    std::copy(from, from + n_, rets);
+  }
+
+ private:
+  size_t n_;
+  std::array<NpubValue, 8> inline_{};
+  std::vector<NpubValue> heap_;
+};
+}  // namespace
+
 void Dispatcher::run_kernel(CallState& cs, const reg::Kernel& k, DType convert_from) {
-  bool stage = convert_from != DType::kUnknown;
-  if (!stage && (k.flags & NPUB_KERNEL_CONTIGUOUS_ONLY)) {
-    for (int32_t i = 0; i < cs.num_args && !stage; ++i) {
-      const NpubValue& v = cs.args[i];
-      if (v.tag == NPUB_VALUE_TENSOR) stage = !is_contiguous(*v.u.tensor);
-      if (v.tag == NPUB_VALUE_TENSOR_LIST)
-        for (int32_t j = 0; j < v.count; ++j)
-          if (v.u.tensors[j] != nullptr && !is_contiguous(*v.u.tensors[j])) stage = true;
-    }
-    for (int32_t i = 0; i < cs.num_rets && !stage; ++i)
-      if (cs.rets[i].tag == NPUB_VALUE_TENSOR) stage = !is_contiguous(*cs.rets[i].u.tensor);
+  const SavedReturns saved(cs.rets, cs.num_rets);
+  try {
+    if (needs_staging(cs, k, convert_from)) run_staged(cs, k, convert_from);
+    else invoke_kernel(devices_, cs, k, cs.args, cs.rets, cs.outputs);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kUnsupported || !has_fallback()) throw;
+    saved.restore(cs.rets);
+    run_fallback(cs, e.what());
   }
-  if (!stage) {
-    // Keep the caller's empty return slots restorable: a kernel that declines
-    // (NPUB_ERR_UNSUPPORTED) hands the call to the fallback untouched.
-    std::array<NpubValue, 8> saved{};
-    const bool can_restore = cs.num_rets <= static_cast<int32_t>(saved.size());
-    if (can_restore && cs.num_rets > 0)
-      std::memcpy(saved.data(), cs.rets, sizeof(NpubValue) * static_cast<size_t>(cs.num_rets));
-    try {
-      invoke_kernel(devices_, cs, k, cs.args, cs.rets, cs.outputs);
-    } catch (const Error& e) {
-      if (e.code() != ErrorCode::kUnsupported || !can_restore || !has_fallback()) throw;
-      if (cs.num_rets > 0) std::memcpy(cs.rets, saved.data(), sizeof(NpubValue) * static_cast<size_t>(cs.num_rets));
-      run_fallback(cs, e.what());
-    }
-    return;
-  }
-  run_staged(cs, k, convert_from);
 }
 
 }  // namespace npub

@@ -87,7 +87,9 @@ NpubError* register_kernel(NpubRegistrar* r, const NpubKernelDesc* desc) {
     return registration_error(r, "register_kernel called after initialize returned; kernels can "
                                  "only be registered during initialize");
   if (desc == nullptr) return registration_error(r, "register_kernel: kernel description is NULL");
-  constexpr size_t kV1Size = sizeof(NpubKernelDesc);
+  // Compared with the frozen 1.0 size, not today's sizeof: a plugin built
+  // before a minor version appended a field stays valid.
+  constexpr size_t kV1Size = NPUB_KERNEL_DESC_STRUCT_SIZE_1_0;
   if (desc->struct_size < kV1Size)
     return registration_error(
         r, "register_kernel: NpubKernelDesc.struct_size is " + std::to_string(desc->struct_size) +
@@ -374,7 +376,7 @@ void philox_reserve(NpubCallContext* ctx, uint64_t count, uint64_t* seed, uint64
 }
 
 const NpubHostApi kHostApi = {
-    sizeof(NpubHostApi), NPUB_ABI_MAJOR, NPUB_ABI_MINOR,
+    NPUB_HOST_API_STRUCT_SIZE, NPUB_ABI_MAJOR, NPUB_ABI_MINOR,
     &error_create,       &error_destroy, &error_code,
     &error_message,      &log_message,   &define_op,
     &register_kernel,    &kernel_user_data, &device_index,

@@ -142,6 +142,10 @@ std::vector<LoadResult> PluginLoader::load_default() {
 }
 
 LoadResult PluginLoader::load(const std::string& path) {
+  // One load at a time: two initialize calls never overlap (the ABI
+  // promises plugins a single-threaded initialize), and the name check
+  // below holds until the commit.
+  std::lock_guard<std::mutex> serial(load_mu_);
   LoadResult result;
   result.path = path;
   auto reject = [&](const std::string& reason) {
@@ -188,7 +192,7 @@ LoadResult PluginLoader::load(const std::string& path) {
     return reject(NPUB_PLUGIN_ENTRY_SYMBOL "() threw an exception");
   }
   if (api == nullptr) return reject(NPUB_PLUGIN_ENTRY_SYMBOL "() returned NULL");
-  constexpr size_t kV1Size = sizeof(NpubPluginApi);
+  constexpr size_t kV1Size = NPUB_PLUGIN_API_STRUCT_SIZE_1_0;  // frozen: see NPUB_STRUCT_SIZE
   if (api->struct_size < kV1Size)
     return reject("NpubPluginApi.struct_size is " + std::to_string(api->struct_size) +
                   " but ABI 1.0 requires at least " + std::to_string(kV1Size) + " (struct too small)");
@@ -228,23 +232,24 @@ LoadResult PluginLoader::load(const std::string& path) {
   if (err != nullptr) return reject("initialize failed: " + consume_error(err));
   if (!registrar.first_error.empty()) return reject(registrar.first_error);
 
-  // 5. Commit. Checked while staging, so only a concurrent load of another
-  // plugin defining the same op differently can fail here.
+  // 5. Commit, all or nothing (Note [A plugin's registrations commit as
+  // one]). Checked while staging too; a host-side writer between the two
+  // (Registry::define from another thread) is what can still conflict.
+  reg::Registrations batch;
+  batch.defined_by = "plugin '" + name + "'";
+  batch.schemas = std::move(registrar.schemas);
+  for (size_t i = 0; i < registrar.kernels.size(); ++i)
+    batch.kernels.emplace_back(registrar.kernel_ops[i], std::move(registrar.kernels[i]));
+  for (const auto& [op, fn] : registrar.metas) batch.metas.emplace_back(op, reg::MetaFunction{fn, record});
+  batch.derivatives = std::move(registrar.derivatives);
+  const size_t num_schemas = batch.schemas.size(), num_kernels = batch.kernels.size();
   try {
-    for (const auto& s : registrar.schemas) registry_.define(s, "plugin '" + name + "'");
-    for (size_t i = 0; i < registrar.kernels.size(); ++i) {
-      auto& k = registrar.kernels[i];
-      k->op = registry_.find(registrar.kernel_ops[i]);
-      registry_.add_kernel(std::move(k));
-    }
-    for (const auto& [op, fn] : registrar.metas) registry_.set_meta(registry_.find(op), reg::MetaFunction{fn, record});
-    for (auto& [op, d] : registrar.derivatives) registry_.set_derivative(registry_.find(op), std::move(d));
+    registry_.commit(std::move(batch));
   } catch (const Error& e) {
-    registry_.remove_plugin_kernels(record.get());
     return reject(e.what());
   }
   // Only now may the plugin's shutdown run (when its last kernel goes).
-  record->shutdown = api->struct_size >= offsetof(NpubPluginApi, shutdown) + sizeof(api->shutdown)
+  record->shutdown = api->struct_size >= NPUB_STRUCT_SIZE(NpubPluginApi, shutdown)
                          ? api->shutdown
                          : nullptr;
   {
@@ -254,7 +259,7 @@ LoadResult PluginLoader::load(const std::string& path) {
   result.ok = true;
   result.plugin_name = name;
   log().info("loaded plugin '{}' {} from {} ({} ops defined, {} kernels)", name, record->version,
-             path, registrar.schemas.size(), registrar.kernels.size());
+             path, num_schemas, num_kernels);
   return result;
 }
 

@@ -1,6 +1,7 @@
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/tensor.h>
 #include <npubridge/support/error.h>
+#include <npubridge/support/shape.h>
 
 #include <cstdlib>
 
@@ -87,12 +88,7 @@ int64_t Tensor::numel() const {
 }
 
 bool Tensor::is_contiguous() const {
-  int64_t expected = 1;
-  for (size_t i = impl_->shape.size(); i-- > 0;) {
-    if (impl_->shape[i] != 1 && impl_->strides[i] != expected) return false;
-    expected *= impl_->shape[i];
-  }
-  return true;
+  return npub::is_contiguous(impl_->shape.data(), impl_->strides.data(), static_cast<int>(impl_->shape.size()));
 }
 
 Tensor Tensor::as_strided(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
@@ -112,9 +108,7 @@ Tensor Tensor::to(sim::Device* device, DType dtype) const {
 std::vector<double> Tensor::to_doubles() const { return sim::read_doubles(impl_->dl); }
 
 std::string Tensor::shape_string() const {
-  std::string s = "[";
-  for (size_t i = 0; i < impl_->shape.size(); ++i) s += (i ? ", " : "") + std::to_string(impl_->shape[i]);
-  return s + "]";
+  return shape_str(impl_->shape.data(), static_cast<int>(impl_->shape.size()));
 }
 
 }  // namespace npub

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <unordered_map>
 
 namespace npub::reg {
 
@@ -71,27 +72,72 @@ Registry::~Registry() {
   delete map_.load();
 }
 
-OpEntry* Registry::define(const Schema& schema, const std::string& defined_by) {
-  const std::string name = schema.qualified_name();
-  std::lock_guard<std::mutex> lock(mu_);
+OpEntry* Registry::find_locked(const std::string& name) const {
   const OpMap* current = map_.load(std::memory_order_relaxed);
   auto it = current->find(name);
-  if (it != current->end()) {
-    OpEntry* existing = it->second;
-    const std::string a = existing->schema().to_string(), b = schema.to_string();
-    if (a != b)
-      throw Error(ErrorCode::kInvalidArgument,
-                  "op '" + name + "' is already defined (by " + existing->defined_by() +
-                      ") with a different schema: existing \"" + a + "\", new \"" + b + "\"");
-    return existing;
+  return it == current->end() ? nullptr : it->second;
+}
+
+std::string Registry::schema_conflict(const OpEntry& existing, const Schema& schema) {
+  const std::string a = existing.schema().to_string(), b = schema.to_string();
+  if (a == b) return "";
+  return "op '" + existing.name() + "' is already defined (by " + existing.defined_by() +
+         ") with a different schema: existing \"" + a + "\", new \"" + b + "\"";
+}
+
+std::string Registry::kernel_conflict(const std::string& op_name, const KernelList& list, const Kernel& kernel) {
+  for (const Kernel* k : list) {
+    const bool overlap = k->dtype_mask == 0 || kernel.dtype_mask == 0 || (k->dtype_mask & kernel.dtype_mask) != 0;
+    if (k->priority == kernel.priority && overlap)
+      return "duplicate kernel for op '" + op_name + "' on " +
+             (kernel.device_type == NPUB_DEVICE_CPU ? "cpu" : "npu") + " at priority " +
+             std::to_string(kernel.priority) + ": plugin '" + k->plugin_name() + "' already registered one for dtypes {" +
+             k->dtypes_string() + "}; use another priority or disjoint dtypes";
   }
+  return "";
+}
+
+std::string Registry::meta_conflict(const OpEntry& op) {
+  const OpAnnotations* current = op.annotations_.load(std::memory_order_relaxed);
+  if (current == nullptr || current->meta.fn == nullptr) return "";
+  return "op '" + op.name() + "' already has a meta function (from plugin '" +
+         (current->meta.plugin ? current->meta.plugin->name : "host") + "')";
+}
+
+std::string Registry::derivative_conflict(const OpEntry& op) {
+  const OpAnnotations* current = op.annotations_.load(std::memory_order_relaxed);
+  if (current == nullptr || !current->derivative) return "";
+  return "op '" + op.name() + "' already has a derivative (from plugin '" + current->derivative->plugin + "')";
+}
+
+OpEntry* Registry::add_op_locked(const Schema& schema, const std::string& defined_by) {
   ops_.push_back(std::make_unique<OpEntry>(schema, defined_by));
   OpEntry* op = ops_.back().get();
+  const OpMap* current = map_.load(std::memory_order_relaxed);
   auto next = std::make_unique<OpMap>(*current);
   next->emplace(op->name(), op);
   map_.store(next.release(), std::memory_order_release);
   retired_maps_.emplace_back(current);
   return op;
+}
+
+void Registry::annotate_locked(OpEntry* op, MetaFunction* meta, Derivative* derivative) {
+  const OpAnnotations* current = op->annotations_.load(std::memory_order_relaxed);
+  auto next = std::make_unique<OpAnnotations>(current != nullptr ? *current : OpAnnotations{});
+  if (meta != nullptr) next->meta = std::move(*meta);
+  if (derivative != nullptr) next->derivative = std::make_shared<const Derivative>(std::move(*derivative));
+  annotations_.push_back(std::move(next));
+  op->annotations_.store(annotations_.back().get(), std::memory_order_release);
+}
+
+OpEntry* Registry::define(const Schema& schema, const std::string& defined_by) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (OpEntry* existing = find_locked(schema.qualified_name())) {
+    if (const std::string c = schema_conflict(*existing, schema); !c.empty())
+      throw Error(ErrorCode::kInvalidArgument, c);
+    return existing;
+  }
+  return add_op_locked(schema, defined_by);
 }
 
 void Registry::publish_list(OpEntry* op, int32_t device_type, KernelList list) {
@@ -103,47 +149,105 @@ void Registry::publish_list(OpEntry* op, int32_t device_type, KernelList list) {
 
 void Registry::set_meta(OpEntry* op, MetaFunction meta) {
   std::lock_guard<std::mutex> lock(mu_);
-  const OpAnnotations* current = op->annotations_.load(std::memory_order_relaxed);
-  if (current != nullptr && current->meta.fn != nullptr)
-    throw Error(ErrorCode::kInvalidArgument, "op '" + op->name() + "' already has a meta function (from plugin '" +
-                                                 (current->meta.plugin ? current->meta.plugin->name : "host") + "')");
-  auto next = std::make_unique<OpAnnotations>(current != nullptr ? *current : OpAnnotations{});
-  next->meta = std::move(meta);
-  annotations_.push_back(std::move(next));
-  op->annotations_.store(annotations_.back().get(), std::memory_order_release);
+  if (const std::string c = meta_conflict(*op); !c.empty()) throw Error(ErrorCode::kInvalidArgument, c);
+  annotate_locked(op, &meta, nullptr);
 }
 
 void Registry::set_derivative(OpEntry* op, Derivative derivative) {
   std::lock_guard<std::mutex> lock(mu_);
-  const OpAnnotations* current = op->annotations_.load(std::memory_order_relaxed);
-  if (current != nullptr && current->derivative)
-    throw Error(ErrorCode::kInvalidArgument, "op '" + op->name() + "' already has a derivative (from plugin '" +
-                                                 current->derivative->plugin + "')");
-  auto next = std::make_unique<OpAnnotations>(current != nullptr ? *current : OpAnnotations{});
-  next->derivative = std::make_shared<const Derivative>(std::move(derivative));
-  annotations_.push_back(std::move(next));
-  op->annotations_.store(annotations_.back().get(), std::memory_order_release);
+  if (const std::string c = derivative_conflict(*op); !c.empty()) throw Error(ErrorCode::kInvalidArgument, c);
+  annotate_locked(op, nullptr, &derivative);
 }
 
 void Registry::add_kernel(std::unique_ptr<Kernel> kernel) {
   std::lock_guard<std::mutex> lock(mu_);
   OpEntry* op = kernel->op;
   const KernelList& current = *op->slot(kernel->device_type).load(std::memory_order_relaxed);
-  for (const Kernel* k : current) {
-    const bool overlap = k->dtype_mask == 0 || kernel->dtype_mask == 0 ||
-                         (k->dtype_mask & kernel->dtype_mask) != 0;
-    if (k->priority == kernel->priority && overlap)
-      throw Error(ErrorCode::kInvalidArgument,
-                  "duplicate kernel for op '" + op->name() + "' on " +
-                      (kernel->device_type == NPUB_DEVICE_CPU ? "cpu" : "npu") + " at priority " +
-                      std::to_string(kernel->priority) + ": plugin '" + k->plugin_name() +
-                      "' already registered one for dtypes {" + k->dtypes_string() +
-                      "}; use another priority or disjoint dtypes");
-  }
+  if (const std::string c = kernel_conflict(op->name(), current, *kernel); !c.empty())
+    throw Error(ErrorCode::kInvalidArgument, c);
   KernelList next = current;
   next.push_back(kernel.get());
   kernels_.push_back(std::move(kernel));
   publish_list(op, kernels_.back()->device_type, std::move(next));
+}
+
+// Note [A plugin's registrations commit as one]
+// A plugin's ops, kernels, meta functions and derivatives are staged while
+// its initialize runs and reach the registry here, all or nothing: first
+// every check against what the registry holds and against the rest of the
+// batch, then the updates, with the writers' lock held throughout, so no
+// other writer can slip a conflict in between. A failed commit leaves no
+// op, kernel, meta function or derivative of the batch behind. (Readers
+// take no lock and may see the batch's ops a moment before their kernels:
+// such a call falls back, as for any op no kernel serves.)
+void Registry::commit(Registrations batch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto fail = [](const std::string& why) { throw Error(ErrorCode::kInvalidArgument, why); };
+  // 1. Check. Ops the batch defines are looked up in the batch as well.
+  std::unordered_map<std::string, const Schema*> new_ops;
+  for (const Schema& s : batch.schemas) {
+    const std::string name = s.qualified_name();
+    if (const OpEntry* existing = find_locked(name)) {
+      if (const std::string c = schema_conflict(*existing, s); !c.empty()) fail(c);
+    } else if (auto it = new_ops.find(name); it != new_ops.end()) {
+      if (it->second->to_string() != s.to_string())
+        fail("op '" + name + "' is defined twice with different schemas: \"" + it->second->to_string() + "\", \"" +
+             s.to_string() + "\"");
+    } else {
+      new_ops.emplace(name, &s);
+    }
+  }
+  auto known = [&](const std::string& name) {
+    if (find_locked(name) == nullptr && new_ops.count(name) == 0) fail("op '" + name + "' is not defined");
+  };
+  for (const auto& [name, k] : batch.kernels) known(name);
+  for (const auto& [name, m] : batch.metas) known(name);
+  for (const auto& [name, d] : batch.derivatives) known(name);
+  // Kernels against the op's current list and the batch's earlier kernels.
+  std::unordered_map<std::string, KernelList> staged_lists;  // key: op name + device type
+  for (auto& [name, k] : batch.kernels) {
+    OpEntry* existing = find_locked(name);
+    const std::string key = name + "#" + std::to_string(k->device_type);
+    KernelList& list = staged_lists[key];
+    if (list.empty() && existing != nullptr) list = *existing->slot(k->device_type).load(std::memory_order_relaxed);
+    if (const std::string c = kernel_conflict(name, list, *k); !c.empty()) fail(c);
+    list.push_back(k.get());
+  }
+  std::unordered_map<std::string, int> metas_per_op, derivatives_per_op;
+  for (const auto& [name, m] : batch.metas) {
+    if (const OpEntry* op = find_locked(name)) {
+      if (const std::string c = meta_conflict(*op); !c.empty()) fail(c);
+    }
+    if (++metas_per_op[name] > 1) fail("op '" + name + "' is given two meta functions");
+  }
+  for (const auto& [name, d] : batch.derivatives) {
+    if (const OpEntry* op = find_locked(name)) {
+      if (const std::string c = derivative_conflict(*op); !c.empty()) fail(c);
+    }
+    if (++derivatives_per_op[name] > 1) fail("op '" + name + "' is given two derivatives");
+  }
+
+  // 2. Apply; nothing below throws a conflict.
+  for (const Schema& s : batch.schemas)
+    if (find_locked(s.qualified_name()) == nullptr) add_op_locked(s, batch.defined_by);
+  std::unordered_map<std::string, KernelList> lists;  // same keys as above
+  std::vector<std::pair<OpEntry*, int32_t>> touched;
+  for (auto& [name, k] : batch.kernels) {
+    OpEntry* op = find_locked(name);
+    k->op = op;
+    const std::string key = name + "#" + std::to_string(k->device_type);
+    auto [it, fresh] = lists.try_emplace(key);
+    if (fresh) {
+      it->second = *op->slot(k->device_type).load(std::memory_order_relaxed);
+      touched.emplace_back(op, k->device_type);
+    }
+    it->second.push_back(k.get());
+    kernels_.push_back(std::move(k));
+  }
+  for (auto& [op, dev] : touched)
+    publish_list(op, dev, std::move(lists[op->name() + "#" + std::to_string(dev)]));
+  for (auto& [name, m] : batch.metas) annotate_locked(find_locked(name), &m, nullptr);
+  for (auto& [name, d] : batch.derivatives) annotate_locked(find_locked(name), nullptr, &d);
 }
 
 void Registry::remove_plugin_kernels(const PluginRecord* plugin) {
@@ -207,6 +311,18 @@ void OpMappingTable::set(const OpMapping& m) {
   map_.store(next.release(), std::memory_order_release);
   snapshots_.emplace_back(current);
   version_.fetch_add(1, std::memory_order_acq_rel);
+}
+
+bool OpMappingTable::remove(std::string_view framework_op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Map* current = map_.load(std::memory_order_relaxed);
+  if (current->find(std::string(framework_op)) == current->end()) return false;
+  auto next = std::make_unique<Map>(*current);
+  next->erase(std::string(framework_op));
+  map_.store(next.release(), std::memory_order_release);
+  snapshots_.emplace_back(current);
+  version_.fetch_add(1, std::memory_order_acq_rel);
+  return true;
 }
 
 const OpMapping* OpMappingTable::find(std::string_view framework_op) const {

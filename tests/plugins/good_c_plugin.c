@@ -3,10 +3,15 @@
  *   testc::scale(Tensor self, float factor) -> Tensor      (host-allocated output, parallel_for)
  *   testc::add_one_(Tensor(a!) self) -> Tensor(a!)          (in place)
  *   testc::count_positive(Tensor self) -> int              (scalar return)
+ * NPUB_TEST_GOOD_C_INIT_DELAY_MS makes initialize sleep first (the loader's
+ * concurrency test widens the window between two loads with it).
  */
+#define _POSIX_C_SOURCE 199309L
 #include <npubridge/plugin_api.h>
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
 
 static const NpubHostApi* g_host = NULL;
 
@@ -107,7 +112,7 @@ static NpubError* scale_meta(NpubMetaContext* ctx, const NpubValue* args, int32_
 static NpubError* register_one(NpubRegistrar* reg, const char* op, NpubKernelFn fn) {
   static const DLDataType f32 = {kDLFloat, 32, 1};
   NpubKernelDesc desc;
-  desc.struct_size = sizeof desc;
+  desc.struct_size = NPUB_KERNEL_DESC_STRUCT_SIZE;
   desc.op_name = op;
   desc.device_type = NPUB_DEVICE_NPU;
   desc.priority = 0;
@@ -125,6 +130,14 @@ static NpubError* register_one(NpubRegistrar* reg, const char* op, NpubKernelFn 
 
 static NpubError* initialize(const NpubHostApi* host, NpubRegistrar* reg) {
   NpubError* err;
+  const char* delay = getenv("NPUB_TEST_GOOD_C_INIT_DELAY_MS");
+  if (delay != NULL) {
+    struct timespec ts;
+    const long ms = atol(delay);
+    ts.tv_sec = ms / 1000;
+    ts.tv_nsec = (ms % 1000) * 1000000L;
+    nanosleep(&ts, NULL);
+  }
   g_host = host;
   if ((err = host->define_op(reg, "testc::scale(Tensor self, float factor) -> Tensor")) != NULL) return err;
   if ((err = host->define_op(reg, "testc::add_one_(Tensor(a!) self) -> Tensor(a!)")) != NULL) return err;

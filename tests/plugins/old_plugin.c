@@ -1,7 +1,10 @@
 /* A plugin built against the frozen ABI 1.0 header (tests/abi/frozen/v1_0),
- * not today's: proof that released plugins keep loading. */
+ * not today's: proof that released plugins keep loading. Its second kernel
+ * reports struct_size as the end of its last field (84, PJRT's way), not
+ * sizeof (88, with tail padding): both are valid 1.0 sizes. */
 #include <npubridge/plugin_api.h> /* resolves to the frozen copy (include path) */
 
+#include <stddef.h>
 #include <string.h>
 
 static const NpubHostApi* g_host = NULL;
@@ -34,6 +37,11 @@ static NpubError* initialize(const NpubHostApi* host, NpubRegistrar* reg) {
   d.num_dtypes = 1;
   d.fn = negate_kernel;
   d.flags = NPUB_KERNEL_CONTIGUOUS_ONLY;
+  if ((err = host->register_kernel(reg, &d)) != NULL) return err;
+  if ((err = host->define_op(reg, "old::negate_sized(Tensor self, Tensor(a!) out) -> Tensor(a!)")) != NULL)
+    return err;
+  d.struct_size = offsetof(NpubKernelDesc, min_opt_level) + sizeof d.min_opt_level;
+  d.op_name = "old::negate_sized";
   return host->register_kernel(reg, &d);
 }
 

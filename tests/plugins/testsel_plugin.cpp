@@ -88,8 +88,8 @@ void with_workspace(Call& c) {
   scratch[0] = 1;
 }
 
-// testsel::decline(Tensor self) -> Tensor: always declines (UNSUPPORTED),
-// so the call goes to the fallback.
+// testsel::decline(Tensor self) -> Tensor and testsel::decline_many (nine
+// returns): always decline (UNSUPPORTED), so the call goes to the fallback.
 void decline(Call& c) { c.fail(NPUB_ERR_UNSUPPORTED, "this kernel declines every call"); }
 
 // testsel::positives(Tensor self) -> Tensor: int64 indices of the positive
@@ -148,8 +148,11 @@ void init(npub::sdk::Registrar& r) {
   r.kernel("testsel::flat_copy", &flat_copy).dtypes({kFloat32}).contiguous_only();
   r.def("testsel::with_workspace(Tensor self) -> Tensor");
   r.kernel("testsel::with_workspace", &with_workspace).dtypes({kFloat32}).workspace(&workspace_size);
+  // Contiguous-only: a strided or a half-type call declines on staged copies.
   r.def("testsel::decline(Tensor self) -> Tensor");
-  r.kernel("testsel::decline", &decline).dtypes({kFloat32});
+  r.kernel("testsel::decline", &decline).dtypes({kFloat32}).contiguous_only();
+  r.def("testsel::decline_many(Tensor self) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  r.kernel("testsel::decline_many", &decline).dtypes({kFloat32});
   r.def("testsel::positives(Tensor self) -> Tensor");
   r.kernel("testsel::positives", &positives).dtypes({kFloat32}).contiguous_only();
   r.def("testsel::sloppy(Tensor self) -> Tensor");

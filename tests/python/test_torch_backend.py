@@ -1,4 +1,6 @@
 """PyTorch on npu through npubridge, checked against PyTorch on the CPU."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -430,13 +432,23 @@ def test_streams_events_and_rng_state():
     with torch.npu.stream(s):
         assert torch.npu.current_stream() == s
         a = torch.ones(1000, device="npu") * 3
-        start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
+        m = torch.randn(512, 512, device="npu")
+        start, mid, end = (torch.npu.Event(enable_timing=True) for _ in range(3))
         start.record()
         b = a + a
+        m2 = m @ m  # real work between the events: a few milliseconds
+        mid.record()
+        m3 = m2 @ m
         end.record()
     assert torch.npu.current_stream() == torch.npu.default_stream()
     end.synchronize()
-    assert end.query() and start.elapsed_time(end) >= 0
+    # What the events measure (no timing threshold): the stream's own order,
+    # time spent in the products, and additivity.
+    first, second, whole = start.elapsed_time(mid), mid.elapsed_time(end), start.elapsed_time(end)
+    assert end.query() and first > 0 and second > 0
+    assert whole == pytest.approx(first + second, rel=1e-3, abs=1e-3)
+    assert mid.elapsed_time(start) == pytest.approx(-first, rel=1e-6)
+    assert torch.isfinite(m3).all()
     s.synchronize()
     assert torch.equal(b.cpu(), torch.full((1000,), 6.0))
     state = torch.npu.get_rng_state()
@@ -484,7 +496,7 @@ def test_torch_accelerator_works_for_npu():
     A.current_stream().wait_event(end)
     end.synchronize()
     assert end.query() and side.query()
-    assert start.elapsed_time(end) >= 0
+    assert start.elapsed_time(end) > 0  # the 256^3 product ran between them
     assert_matches(b, lambda v: v @ v, a.cpu())
     assert A.current_stream().stream_id == 0
 
@@ -657,3 +669,50 @@ print(torch.ops.refused.twice(torch.arange(3.0).npu()).cpu().tolist())
     assert ("op 'refused::misordered' of plugin 'refused' is not available under PyTorch: PyTorch refuses its schema"
             in r.stderr), r.stderr
     assert "Non-default positional argument follows default argument" in r.stderr, r.stderr
+
+
+def test_subtraction_with_bool_operands_is_refused_as_on_the_cpu():
+    # ATen's sub_check: two bools, or one bool and a number, are errors
+    # (the npu computed `int - bool` before).
+    b = torch.tensor([True, False])
+    i = torch.tensor([1, 2])
+    for x, y, message in [(b, b, "with two bool tensors"), (i, b, "with a bool tensor"),
+                          (b, True, "with two bool tensors"), (i, True, "with a bool tensor")]:
+        with pytest.raises(RuntimeError, match=message):
+            x - y
+        yn = y.to("npu") if isinstance(y, torch.Tensor) else y
+        with pytest.raises(RuntimeError, match=message):
+            x.to("npu") - yn
+
+
+def test_a_call_the_dispatcher_falls_back_returns_on_the_npu():
+    # Note [One way to the CPU]: with no eligible kernel (optimisation level
+    # 0 disables every plugin), a CPU scalar first operand used to bring the
+    # result back on the CPU.
+    x = torch.arange(4.0, device="npu")
+    npubridge.set_optim_level(0)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for f, expect in [(lambda: torch.mul(torch.tensor(3.0), x), [0.0, 3, 6, 9]),
+                              (lambda: torch.add(torch.tensor(3.0), x), [3.0, 4, 5, 6]),
+                              (lambda: torch.tensor(2.0) - x, [2.0, 1, 0, -1])]:
+                r = f()
+                assert r.device == x.device
+                assert r.cpu().tolist() == expect
+    finally:
+        npubridge.set_optim_level(2)
+
+
+def test_new_streams_share_one_pool_and_threads_stay_bounded():
+    # torch.npu.Stream() made a stream (and a thread) per call, never freed,
+    # while torch.Stream(device="npu") used a pool: both draw from the
+    # device's pool now.
+    import os
+    threads = lambda: len(os.listdir("/proc/self/task"))
+    for _ in range(8):
+        torch.npu.Stream(), torch.Stream(device="npu:0")
+    before = threads()
+    ids = {torch.npu.Stream().stream_id for _ in range(20)} | {torch.Stream(device="npu:0").stream_id for _ in range(20)}
+    assert threads() == before
+    assert 0 not in ids and len(ids) <= 4

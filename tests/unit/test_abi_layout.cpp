@@ -59,6 +59,13 @@ NPUB_GOLDEN(NpubHostApi, register_meta, 144);   // \since 1.2
 NPUB_GOLDEN(NpubHostApi, set_output_meta, 152);
 NPUB_GOLDEN(NpubHostApi, define_derivative, 160);
 
+// The frozen per-version sizes readers check struct_size against.
+static_assert(NPUB_KERNEL_DESC_STRUCT_SIZE_1_0 == 84, "NpubKernelDesc 1.0 ends at min_opt_level");
+static_assert(NPUB_HOST_API_STRUCT_SIZE_1_0 == 136, "NpubHostApi 1.0 ends at num_threads");
+static_assert(NPUB_HOST_API_STRUCT_SIZE_1_1 == 144, "NpubHostApi 1.1 ends at philox_reserve");
+static_assert(NPUB_HOST_API_STRUCT_SIZE_1_2 == 168, "NpubHostApi 1.2 ends at define_derivative");
+static_assert(NPUB_PLUGIN_API_STRUCT_SIZE_1_0 == 48, "NpubPluginApi 1.0 ends at shutdown");
+
 static_assert(sizeof(NpubPluginApi) == 48, "NpubPluginApi v1.0 size");
 NPUB_GOLDEN(NpubPluginApi, struct_size, 0);
 NPUB_GOLDEN(NpubPluginApi, abi_major, 8);

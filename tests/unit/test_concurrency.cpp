@@ -16,6 +16,11 @@
 using namespace npub;
 using namespace npub::test;
 
+// acc = (acc + one) * factor, 10,000 times per thread: `one` and `factor`
+// are shared by every thread of a device and `factor` differs per element,
+// so a kernel that mixed up operands, elements or threads' tensors (or a
+// mul that returned its first operand) cannot match the serial float32
+// reference bit for bit.
 TEST(Concurrency, EightThreadsTenThousandCallsOverTwoDevices) {
   auto rt = make_runtime();
   load_ok(*rt, builtin_plugin("npub_cann_like"));
@@ -23,6 +28,14 @@ TEST(Concurrency, EightThreadsTenThousandCallsOverTwoDevices) {
   const OpHandle add = d.op("aten::add.out");
   const OpHandle mul = d.op("aten::mul.out");
   constexpr int kThreads = 8, kCalls = 10000, kN = 64;
+  auto factor_of = [](int dev, int i) { return 0.5 + 0.125 * ((i + dev) % 4); };
+  std::vector<Tensor> ones, factors;
+  for (int dev = 0; dev < 2; ++dev) {
+    std::vector<double> f(kN);
+    for (int i = 0; i < kN; ++i) f[static_cast<size_t>(i)] = factor_of(dev, i);
+    ones.push_back(Tensor::from_values({kN}, DType::kFloat32, std::vector<double>(kN, 1.0), &rt->devices().at(dev)));
+    factors.push_back(Tensor::from_values({kN}, DType::kFloat32, f, &rt->devices().at(dev)));
+  }
   std::vector<double> got(kThreads * kN);
   {
     std::vector<std::thread> threads;
@@ -32,14 +45,14 @@ TEST(Concurrency, EightThreadsTenThousandCallsOverTwoDevices) {
         std::vector<double> init(kN);
         for (int i = 0; i < kN; ++i) init[static_cast<size_t>(i)] = t + i * 0.5;
         Tensor acc = Tensor::from_values({kN}, DType::kFloat32, init, dev);
-        Tensor one = Tensor::from_values({kN}, DType::kFloat32, std::vector<double>(kN, 1.0), dev);
         Tensor tmp = Tensor::empty({kN}, DType::kFloat32, dev);
+        const Tensor& one = ones[static_cast<size_t>(t % 2)];
+        const Tensor& factor = factors[static_cast<size_t>(t % 2)];
         NpubValue rets[1] = {};
         for (int c = 0; c < kCalls; ++c) {
-          // acc = (acc + 1) * 1 (exact in float32 for these magnitudes)
           NpubValue a[] = {tensor_value(acc.dl()), tensor_value(one.dl()), int_value(1), tensor_value(tmp.dl())};
           d.call(add, a, 4, rets, 1, nullptr);
-          NpubValue m[] = {tensor_value(tmp.dl()), tensor_value(one.dl()), tensor_value(acc.dl())};
+          NpubValue m[] = {tensor_value(tmp.dl()), tensor_value(factor.dl()), tensor_value(acc.dl())};
           d.call(mul, m, 3, rets, 1, nullptr);
           if (c % 1000 == 0) {  // allocations in the loop too
             Tensor scratch = Tensor::empty({128}, DType::kFloat32, dev);
@@ -51,18 +64,61 @@ TEST(Concurrency, EightThreadsTenThousandCallsOverTwoDevices) {
     }
     for (auto& th : threads) th.join();
   }
-  // The serial reference: the same arithmetic, one step at a time.
+  // The serial reference: the same float32 arithmetic, one step at a time.
   for (int t = 0; t < kThreads; ++t)
     for (int i = 0; i < kN; ++i) {
       float v = static_cast<float>(t + i * 0.5);
-      for (int c = 0; c < kCalls; ++c) v = (v + 1.0f) * 1.0f;
+      const float f = static_cast<float>(factor_of(t % 2, i));
+      for (int c = 0; c < kCalls; ++c) v = (v + 1.0f) * f;
       ASSERT_EQ(got[static_cast<size_t>(t * kN + i)], static_cast<double>(v)) << "thread " << t << " element " << i;
     }
+  ones.clear();
+  factors.clear();
   for (int dev = 0; dev < 2; ++dev) EXPECT_EQ(rt->devices().at(dev).allocator().stats().allocated_bytes, 0);
   auto stats = d.stats();
   int64_t calls = 0;
   for (const auto& s : stats) calls += s.calls;
   EXPECT_EQ(calls, 2LL * kThreads * kCalls);
+}
+
+// The registry and the op-mapping table are read without a lock (Note [Why
+// dispatch reads take no lock]) while writers publish new snapshots: here
+// four threads dispatch (by handle and by name, through a mapping) while
+// the main thread loads plugins, which define ops and add kernels, and
+// changes the mapping the threads resolve. Every result is checked; under
+// ThreadSanitizer this is the lock-free design's test.
+TEST(Concurrency, DispatchWhilePluginsLoadAndTheOpMapChanges) {
+  auto rt = make_runtime();
+  load_ok(*rt, builtin_plugin("npub_cann_like"));
+  Dispatcher& d = rt->dispatcher();
+  rt->op_map().set({"fw::plus", "aten::add.out", ""});
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> checked{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      sim::Device* dev = &rt->devices().at(t % 2);
+      Tensor a = Tensor::from_values({16}, DType::kFloat32, std::vector<double>(16, t), dev);
+      Tensor b = Tensor::from_values({16}, DType::kFloat32, std::vector<double>(16, 2), dev);
+      Tensor out = Tensor::empty({16}, DType::kFloat32, dev);
+      NpubValue rets[1] = {};
+      while (!stop.load(std::memory_order_relaxed)) {
+        NpubValue args[] = {tensor_value(a.dl()), tensor_value(b.dl()), int_value(1), tensor_value(out.dl())};
+        d.call("fw::plus", args, 4, rets, 1, nullptr);  // resolved through the mapping each time
+        const auto v = out.to_doubles();
+        for (double e : v) ASSERT_EQ(e, t + 2.0);
+        checked.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  load_ok(*rt, test_plugin("npub_test_testsel"));
+  for (int i = 0; i < 200; ++i) rt->op_map().set({"fw::other" + std::to_string(i), "testsel::twice", "testsel"});
+  rt->op_map().set({"fw::plus", "aten::add.out", "cann_like"});
+  load_ok(*rt, test_plugin("npub_test_good_c"));
+  while (checked.load() < 200) std::this_thread::yield();
+  stop = true;
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(d.op("fw::plus").preferred_plugin, rt->loader().plugin("cann_like").get());
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include <npubridge/support/env.h>
 #include <npubridge/support/error.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -206,6 +207,44 @@ TEST(Devices, CurrentDeviceAndStreamArePerThread) {
   EXPECT_THROW(ds.at(1).set_current_stream(s), Error);
 }
 
+// A set made where a destroyed one lived (the allocator hands the address
+// out again) starts at device 0, not at the old set's current device.
+TEST(Devices, ANewSetDoesNotInheritACurrentDeviceByAddress) {
+  DeviceOptions o;
+  o.num_devices = 2;
+  o.memory_bytes = 1 << 20;
+  o.compute_threads = 1;
+  int recycled = 0;
+  const void* last = nullptr;
+  for (int i = 0; i < 8; ++i) {
+    auto ds = std::make_unique<DeviceSet>(o);
+    recycled += ds.get() == last;
+    EXPECT_EQ(ds->current_device(), 0) << "try " << i << (ds.get() == last ? " (recycled address)" : "");
+    ds->set_current_device(1);
+    last = ds.get();
+  }
+  RecordProperty("recycled_addresses", recycled);
+}
+
+// The default stream and the current stream are read while another thread
+// creates streams (which grows the device's stream list): no data race
+// (this runs under ThreadSanitizer).
+TEST(Devices, StreamsAreCreatedWhileOtherThreadsReadTheCurrentStream) {
+  auto rt = test::make_runtime();
+  Device& d = rt->devices().at(0);
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    while (!stop.load()) {
+      EXPECT_EQ(&d.current_stream(), &d.default_stream());
+      EXPECT_EQ(d.default_stream().id(), 0);
+    }
+  });
+  for (int i = 0; i < 64; ++i) d.create_stream();
+  stop = true;
+  reader.join();
+  EXPECT_EQ(d.stream(64).id(), 64);
+}
+
 TEST(ComputePool, CoversTheRangeExactlyOnceAndNestsSerially) {
   ComputePool pool(3);
   std::vector<std::atomic<int>> hits(10007);
@@ -327,4 +366,36 @@ TEST(CopyEngine, AsyncCopiesRunInStreamOrder) {
   EXPECT_EQ(host_out, host_in);
   dev.free(d0);
   dev.free(d1);
+}
+
+// Note [An event completes with its stream's progress]: an event recorded
+// last on a stream is complete exactly when the stream is idle, from every
+// thread's point of view.
+TEST(Events, TheLastEventOfAStreamCompletesWithTheStream) {
+  Stream s(0, 1, false);
+  for (int i = 0; i < 2000; ++i) {
+    Event e;
+    s.enqueue([] {});
+    e.record(s);
+    e.synchronize();
+    ASSERT_TRUE(s.query()) << "iteration " << i;
+    Event f;
+    s.enqueue([] {});
+    f.record(s);
+    s.synchronize();
+    ASSERT_TRUE(f.query()) << "iteration " << i;
+  }
+}
+
+TEST(Devices, NewStreamsComeFromARoundRobinPool) {
+  auto rt = test::make_runtime();
+  Device& d = rt->devices().at(0);
+  std::vector<int> ids;
+  for (int i = 0; i < 3 * Device::kStreamPoolSize; ++i) ids.push_back(d.pooled_stream().id());
+  for (int i = 0; i < Device::kStreamPoolSize; ++i) {
+    EXPECT_NE(ids[static_cast<size_t>(i)], 0);  // never the default stream
+    EXPECT_EQ(ids[static_cast<size_t>(i + Device::kStreamPoolSize)], ids[static_cast<size_t>(i)]);
+  }
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(std::unique(ids.begin(), ids.end()) - ids.begin(), Device::kStreamPoolSize);
 }

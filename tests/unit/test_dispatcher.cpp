@@ -245,6 +245,40 @@ TEST_F(DispatcherTest, DecliningKernelHandsTheCallToTheFallback) {
   EXPECT_EQ(host.served, std::vector<std::string>{"testsel::decline"});
 }
 
+// Note [A decline falls back on every path]: converted (bfloat16 on the
+// float32 kernel), staged (a strided tensor for a contiguous-only kernel),
+// and with more than 8 returns.
+TEST_F(DispatcherTest, DecliningFallsBackOnEveryPath) {
+  sim::Device* dev = &rt->devices().at(0);
+  {
+    Tensor x = Tensor::from_values({2}, DType::kBFloat16, {1, 2}, dev);
+    TensorOutputs outs(rt->devices());
+    NpubValue args[] = {tensor_value(x.dl())};
+    NpubValue rets[1] = {};
+    rt->dispatcher().call("testsel::decline", args, 1, rets, 1, &outs);
+    EXPECT_EQ(dtype_of(outs[0].dl()->dtype), DType::kBFloat16);
+    expect_values(outs[0], {3, 6});
+  }
+  {
+    Tensor base = f32({2, 2}, {1, 2, 3, 4});
+    Tensor xt = base.as_strided({2, 2}, {1, 2}, 0);  // the transpose: [[1, 3], [2, 4]]
+    TensorOutputs outs(rt->devices());
+    NpubValue args[] = {tensor_value(xt.dl())};
+    NpubValue rets[1] = {};
+    rt->dispatcher().call("testsel::decline", args, 1, rets, 1, &outs);
+    expect_values(outs[0], {3, 9, 6, 12});
+  }
+  {
+    Tensor x = f32({2}, {1, 2});
+    TensorOutputs outs(rt->devices());
+    NpubValue args[] = {tensor_value(x.dl())};
+    NpubValue rets[9] = {};
+    rt->dispatcher().call("testsel::decline_many", args, 1, rets, 9, &outs);
+    for (int i = 0; i < 9; ++i) expect_values(outs[static_cast<size_t>(i)], {1.0 * (i + 1), 2.0 * (i + 1)});
+  }
+  EXPECT_EQ(host.served, (std::vector<std::string>{"testsel::decline", "testsel::decline", "testsel::decline_many"}));
+}
+
 TEST_F(DispatcherTest, PrecisionCheckReportsTheWorstElement) {
   PrecisionCheckConfig cfg;
   cfg.enabled = true;
@@ -298,6 +332,22 @@ TEST_F(DispatcherTest, OpMappingTableRoutesFrameworkOps) {
             std::string::npos);
 }
 
+TEST_F(DispatcherTest, RemovingAMappingRestoresTheOpsOwnRouteAndMovesTheVersion) {
+  reg::OpMappingTable& map = rt->op_map();
+  map.set({"testsel::which", "testsel::twice", ""});
+  EXPECT_EQ(rt->dispatcher().op("testsel::which").op->name(), "testsel::twice");
+  const uint64_t before = map.version();
+  EXPECT_TRUE(map.remove("testsel::which"));
+  EXPECT_GT(map.version(), before);
+  EXPECT_EQ(map.find("testsel::which"), nullptr);
+  EXPECT_EQ(rt->dispatcher().op("testsel::which").op->name(), "testsel::which");
+  const uint64_t after = map.version();
+  EXPECT_FALSE(map.remove("testsel::which"));  // nothing to remove: nothing changes
+  EXPECT_EQ(map.version(), after);
+  EXPECT_NE(error_of([&] { rt->dispatcher().op("fw::unmapped"); }).find("the op-mapping table does not map it"),
+            std::string::npos);
+}
+
 TEST_F(DispatcherTest, ToolQueriesListOpsKernelsAndCoverage) {
   Dispatcher& d = rt->dispatcher();
   const reg::Kernel* k = d.kernel_for(d.op("aten::mm.out"), DType::kFloat32);
@@ -312,11 +362,11 @@ TEST_F(DispatcherTest, ToolQueriesListOpsKernelsAndCoverage) {
   for (const char* op : {"aten::add.out", "aten::mm.out", "aten::mul.out", "aten::relu", "aten::_softmax.out"})
     EXPECT_NE(std::find(cann.begin(), cann.end(), op), cann.end()) << op;
   EXPECT_EQ(coverage[1].first, "testsel");
-  EXPECT_EQ(coverage[1].second.size(), 10u);
+  EXPECT_EQ(coverage[1].second.size(), 11u);
   std::vector<std::string> names;
   for (const reg::OpEntry* op : rt->registry().ops()) names.push_back(op->name());
   EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
-  EXPECT_EQ(names.size(), cann.size() + 10u);
+  EXPECT_EQ(names.size(), cann.size() + 11u);
 }
 
 TEST_F(DispatcherTest, StatisticsCountCallsKernelsAndTime) {

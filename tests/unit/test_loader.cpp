@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <thread>
 
 #include <npubridge/support/error.h>
 
@@ -80,7 +81,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"npub_test_bad_null_kernel_fn",
                 "register_kernel for op 'nullfn::op': required function NpubKernelDesc.fn is NULL"},
         BadCase{"npub_test_bad_kernel_desc_too_small",
-                "register_kernel: NpubKernelDesc.struct_size is 16 but ABI 1.0 requires at least 88"},
+                "register_kernel: NpubKernelDesc.struct_size is 16 but ABI 1.0 requires at least 84"},
         BadCase{"npub_test_bad_ignored_error", "define_op: invalid schema at character 13: expected a type"},
         BadCase{"npub_test_bad_derivative_unknown_input",
                 "define_derivative for op 'bd::f' (\"self, bias: bd::f_backward(grad, self, w)\"): 'bias' is not an "
@@ -204,6 +205,10 @@ TEST(Loader, OldMinorAndFuturePluginsBothLoad) {
   NpubValue rets[1] = {};
   rt->dispatcher().call("old::negate", args, 2, rets, 1, nullptr);
   expect_values(y, {-1, 2, -3});
+  Tensor w = Tensor::empty({3}, DType::kFloat32, dev);
+  NpubValue sargs[] = {tensor_value(x.dl()), tensor_value(w.dl())};
+  rt->dispatcher().call("old::negate_sized", sargs, 2, rets, 1, nullptr);  // struct_size 84, not sizeof
+  expect_values(w, {-1, 2, -3});
   Tensor z = Tensor::empty({3}, DType::kFloat32, dev);
   NpubValue fargs[] = {tensor_value(y.dl()), tensor_value(z.dl())};
   rt->dispatcher().call("future::copy", fargs, 2, rets, 1, nullptr);
@@ -262,4 +267,86 @@ TEST(Loader, TruncatedPluginIsRejectedNotMapped) {
   std::filesystem::remove_all(dir);
   load_ok(*rt, good);
   expect_host_still_works(*rt);
+}
+
+namespace {
+std::unique_ptr<reg::Kernel> test_kernel(int32_t priority) {
+  auto k = std::make_unique<reg::Kernel>();
+  k->priority = priority;
+  k->fn = [](NpubCallContext*, const NpubValue*, int32_t, NpubValue*, int32_t) -> NpubError* { return nullptr; };
+  return k;
+}
+NpubError* no_meta(NpubMetaContext*, const NpubValue*, int32_t) { return nullptr; }
+}  // namespace
+
+// Note [A plugin's registrations commit as one]: a conflict anywhere in a
+// plugin's batch (here its last schema, then a kernel) leaves none of its
+// ops, kernels or meta functions behind.
+TEST(Loader, ACommitConflictLeavesNothingOfThePluginBehind) {
+  reg::Registry registry;
+  registry.define(reg::parse_schema("t::taken(Tensor self) -> Tensor"), "host");
+  auto batch = [] {
+    reg::Registrations b;
+    b.defined_by = "plugin 'late'";
+    b.schemas.push_back(reg::parse_schema("t::fresh(Tensor self) -> Tensor"));
+    b.kernels.emplace_back("t::fresh", test_kernel(0));
+    b.kernels.emplace_back("t::taken", test_kernel(0));
+    b.metas.emplace_back("t::fresh", reg::MetaFunction{&no_meta, nullptr});
+    return b;
+  };
+  reg::Registrations conflicting = batch();
+  conflicting.schemas.push_back(reg::parse_schema("t::taken(Tensor self, int n) -> Tensor"));
+  EXPECT_EQ(error_of([&] { registry.commit(std::move(conflicting)); }),
+            "op 't::taken' is already defined (by host) with a different schema: existing "
+            "\"t::taken(Tensor self) -> Tensor\", new \"t::taken(Tensor self, int n) -> Tensor\"");
+  EXPECT_EQ(registry.find("t::fresh"), nullptr);
+  EXPECT_TRUE(registry.find("t::taken")->kernels(NPUB_DEVICE_NPU).empty());
+
+  registry.add_kernel([&] {
+    auto k = test_kernel(0);
+    k->op = registry.find("t::taken");
+    return k;
+  }());
+  EXPECT_NE(error_of([&] { registry.commit(batch()); }).find("duplicate kernel for op 't::taken' on npu at priority 0"),
+            std::string::npos);
+  EXPECT_EQ(registry.find("t::fresh"), nullptr);
+  EXPECT_EQ(registry.find("t::taken")->kernels(NPUB_DEVICE_NPU).size(), 1u);
+
+  reg::Registrations ok = batch();
+  ok.kernels[1].second->priority = 1;
+  registry.commit(std::move(ok));
+  ASSERT_NE(registry.find("t::fresh"), nullptr);
+  EXPECT_EQ(registry.find("t::fresh")->kernels(NPUB_DEVICE_NPU).size(), 1u);
+  EXPECT_NE(registry.find("t::fresh")->meta(), nullptr);
+  EXPECT_EQ(registry.find("t::fresh")->defined_by(), "plugin 'late'");
+  EXPECT_EQ(registry.find("t::taken")->kernels(NPUB_DEVICE_NPU).size(), 2u);
+}
+
+// Two threads loading two copies of one plugin at once: loads run one at a
+// time, so exactly one wins and the other is turned away by name (before,
+// both initialize calls ran together and the loser failed half-committed).
+TEST(Loader, ConcurrentLoadsOfOnePluginNameLetExactlyOneIn) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("npub_concurrent_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path a = dir / "libcopy_a.so", b = dir / "libcopy_b.so";
+  fs::copy_file(test_plugin("npub_test_good_c"), a, fs::copy_options::overwrite_existing);
+  fs::copy_file(test_plugin("npub_test_good_c"), b, fs::copy_options::overwrite_existing);
+  ScopedEnv slow("NPUB_TEST_GOOD_C_INIT_DELAY_MS", "20");  // both initialize calls would overlap
+  for (int round = 0; round < 5; ++round) {
+    auto rt = make_runtime();
+    LoadResult ra, rb;
+    std::thread ta([&] { ra = rt->loader().load(a.string()); });
+    std::thread tb([&] { rb = rt->loader().load(b.string()); });
+    ta.join();
+    tb.join();
+    ASSERT_NE(ra.ok, rb.ok) << ra.error << " / " << rb.error;
+    const LoadResult& lost = ra.ok ? rb : ra;
+    const fs::path& winner = ra.ok ? a : b;
+    EXPECT_NE(lost.error.find("a plugin named 'good_c' is already loaded from '" + winner.string() + "'"),
+              std::string::npos)
+        << lost.error;
+    expect_host_still_works(*rt);
+  }
+  fs::remove_all(dir);
 }

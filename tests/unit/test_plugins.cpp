@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <npubridge/device_sim/copy_engine.h>
+#include <npubridge/half.hpp>
 
 #include <cstdlib>
 #include <random>
@@ -154,6 +155,77 @@ TEST_F(InTreePlugins, HalfMatmulsAccumulateInFloat32AndRoundOnce) {
       EXPECT_EQ(conversions("aten::addmm.out"), 0);
     }
   }
+}
+
+// cann_like's elementwise loops exist per ISA level (AVX-512, AVX2,
+// baseline; NPUB_CANN_MAX_ISA caps the level): every level must give the
+// same correctly rounded bfloat16 and float16 results, denormals kept (see
+// Note [bfloat16 rounding without vcvtneps2bf16]), NaN and infinity kept.
+TEST(CannLikeIsaLevels, HalfElementwiseResultsAreRoundedOnceAtEveryLevel) {
+  std::vector<double> av, bv;
+  const double specials[] = {1e-39, -3e-40, 9.2e-41, 1.1754944e-38, 1.0, -2.5, 3.0e38, INFINITY, -INFINITY, NAN, 0.0, -0.0};
+  std::mt19937 g(7);
+  std::uniform_real_distribution<double> u(-4, 4);
+  for (int i = 0; i < 100; ++i) {  // > 16 elements: the vector loops, then a tail
+    av.push_back(i < 12 ? specials[i] : u(g));
+    bv.push_back(i < 12 ? 0.0 : i < 24 ? specials[i - 12] * 0.75 : u(g));
+  }
+  const int64_t n = static_cast<int64_t>(av.size());
+  for (const char* level : {"avx512", "avx2", "baseline"}) {
+    ScopedEnv cap("NPUB_CANN_MAX_ISA", level);
+    auto rt = make_runtime();
+    load_ok(*rt, builtin_plugin("npub_cann_like"));
+    sim::Device* dev = &rt->devices().at(0);
+    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+      SCOPED_TRACE(std::string(level) + (dtype == DType::kBFloat16 ? " bfloat16" : " float16"));
+      Tensor a = Tensor::from_values({n}, dtype, av, dev), b = Tensor::from_values({n}, dtype, bv, dev);
+      const auto ra = a.to_doubles(), rb = b.to_doubles();  // the inputs as stored
+      Tensor out = Tensor::empty({n}, dtype, dev);
+      NpubValue rets[1] = {};
+      struct Case {
+        const char* op;
+        double alpha;
+      };
+      for (const Case c : {Case{"aten::add.out", 1.0}, Case{"aten::add.out", -0.5}, Case{"aten::mul.out", 0.0}}) {
+        SCOPED_TRACE(std::string(c.op) + " alpha " + std::to_string(c.alpha));
+        const bool mul = std::string(c.op) == "aten::mul.out";
+        std::vector<NpubValue> args{tensor_value(a.dl()), tensor_value(b.dl())};
+        if (!mul) args.push_back(double_value(c.alpha));
+        args.push_back(tensor_value(out.dl()));
+        rt->dispatcher().call(c.op, args.data(), static_cast<int32_t>(args.size()), rets, 1, nullptr);
+        // float32 arithmetic (exact products and sums of two half values
+        // need at most 2 roundings' worth of bits; float's 24 cover a*b),
+        // then one rounding to the half type.
+        std::vector<double> expect(av.size());
+        for (size_t i = 0; i < av.size(); ++i) {
+          const float x = static_cast<float>(ra[i]), y = static_cast<float>(rb[i]);
+          const float r = mul ? x * y : c.alpha == 1.0 ? x + y : x + static_cast<float>(c.alpha) * y;
+          expect[i] = dtype == DType::kBFloat16 ? half::bf16_to_float(half::float_to_bf16(r))
+                                                : half::half_to_float(half::float_to_half(r));
+        }
+        const auto got = out.to_doubles();
+        for (size_t i = 0; i < got.size(); ++i) {
+          if (std::isnan(expect[i])) {
+            EXPECT_TRUE(std::isnan(got[i])) << "element " << i;
+          } else {
+            EXPECT_EQ(got[i], expect[i]) << "element " << i << ": " << ra[i] << ", " << rb[i];
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CannLikeIsaLevels, AnUnknownLevelRejectsThePluginNamingTheVariable) {
+  ScopedEnv cap("NPUB_CANN_MAX_ISA", "avx9");
+  auto rt = make_runtime();
+  const std::string path = builtin_plugin("npub_cann_like");
+  LoadResult r = rt->loader().load(path);
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.error, "plugin '" + path +
+                         "' rejected: initialize failed: NPUB_CANN_MAX_ISA: expected one of baseline, avx2, avx512 "
+                         "(or unset) but found 'avx9'");
+  EXPECT_TRUE(rt->loader().plugins().empty());
 }
 
 TEST_F(InTreePlugins, RmsNormAndSiluAndMul) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 namespace npub::test {
 
@@ -28,6 +29,18 @@ std::unique_ptr<Runtime> make_runtime(uint64_t memory) {
 void load_ok(Runtime& rt, const std::string& path) {
   LoadResult r = rt.loader().load(path);
   ASSERT_TRUE(r.ok) << r.error;
+}
+
+ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
+  if (const char* old = std::getenv(name)) {
+    had_ = true;
+    old_ = old;
+  }
+  setenv(name, value, 1);
+}
+ScopedEnv::~ScopedEnv() {
+  if (had_) setenv(name_.c_str(), old_.c_str(), 1);
+  else unsetenv(name_.c_str());
 }
 
 void expect_values(const Tensor& t, const std::vector<double>& expected, double tol) {
@@ -90,6 +103,14 @@ void ReferenceHost::install(Dispatcher& d) {
       DLTensor* out = new_output(outs, 0, x, x.dtype);
       sim::write_doubles(*out, v);
       rets[0] = tensor_value(out);
+    } else if (name == "testsel::decline_many") {
+      for (int32_t i = 0; i < 9; ++i) {
+        std::vector<double> w = v;
+        for (double& e : w) e *= i + 1;
+        DLTensor* out = new_output(outs, i, x, x.dtype);
+        sim::write_doubles(*out, w);
+        rets[i] = tensor_value(out);
+      }
     } else if (name == "testsel::sloppy" || name == "testsel::twice_fn") {
       if (name == "testsel::twice_fn")
         for (double& e : v) e *= 2;

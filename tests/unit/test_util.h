@@ -30,6 +30,20 @@ struct ReferenceHost {
   void install(Dispatcher& d);
 };
 
+// Sets an environment variable for a scope; the previous value (or its
+// absence) comes back at the end.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
+
 void expect_values(const Tensor& t, const std::vector<double>& expected, double tol = 0);
 
 // One unit in the last place of v in `dtype` (float32, float16, bfloat16;

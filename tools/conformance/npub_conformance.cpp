@@ -12,10 +12,11 @@
 #include <torch/version.h>
 
 #include <npubridge/device_sim/copy_engine.h>
-#include <npubridge/dispatcher/torch_error_bound.h>
+#include <npubridge/torch/error_bound.h>
 #include <npubridge/dispatcher/runtime.h>
-#include <npubridge/dispatcher/torch_boxing.h>
-#include <npubridge/dispatcher/torch_dtype.h>
+#include <npubridge/torch/boxing.h>
+#include <npubridge/torch/dl_view.h>
+#include <npubridge/torch/dtype.h>
 #include <npubridge/dispatcher/value.h>
 #include <npubridge/registry/schema.h>
 #include <npubridge/support/error.h>
@@ -46,18 +47,10 @@ DType checked_dtype(at::ScalarType t) {
 }
 
 // A DLTensor view of a CPU torch tensor (valid while the tensor lives).
-struct TorchView {
-  DLTensor dl{};
-  std::vector<int64_t> shape, strides;
-  explicit TorchView(const at::Tensor& t) : shape(t.sizes().vec()), strides(t.strides().vec()) {
-    dl.data = t.data_ptr();
-    dl.device = DLDevice{kDLCPU, 0};
-    dl.ndim = static_cast<int32_t>(t.dim());
-    dl.dtype = to_dl(checked_dtype(t.scalar_type()));
-    dl.shape = shape.data();
-    dl.strides = strides.data();
-  }
-};
+DLTensor cpu_view(const at::Tensor& t) {
+  (void)checked_dtype(t.scalar_type());
+  return dl_view(t, DLDevice{kDLCPU, 0});
+}
 
 // A device copy of `t` with the same sizes and strides (non-contiguous
 // samples stay non-contiguous on the device).
@@ -67,14 +60,17 @@ Tensor to_device(const at::Tensor& t, sim::Device* dev) {
     for (int64_t d = 0; d < t.dim(); ++d) span += (t.size(d) - 1) * t.stride(d);
   Tensor base = Tensor::empty({span}, checked_dtype(t.scalar_type()), dev);
   Tensor view = base.as_strided(t.sizes().vec(), t.strides().vec(), 0);
-  if (t.numel() > 0) sim::copy_tensor(*view.dl(), TorchView(t).dl);
+  if (t.numel() > 0) sim::copy_tensor(*view.dl(), cpu_view(t));
   return view;
 }
 
 at::Tensor to_torch(const DLTensor& d) {
   at::Tensor t = at::empty(std::vector<int64_t>(d.shape, d.shape + d.ndim),
                            at::TensorOptions().dtype(torch_dtype(dtype_of(d.dtype))));
-  if (t.numel() > 0) sim::copy_tensor(TorchView(t).dl, d);
+  if (t.numel() > 0) {
+    DLTensor dst = cpu_view(t);
+    sim::copy_tensor(dst, d);
+  }
   return t;
 }
 
@@ -267,17 +263,33 @@ Outcome run_sample(Runtime& rt, const reg::OpEntry& op, const Sample& sample) {
   std::vector<NpubValue> rets(schema.returns.size(), none_value());
   TensorOutputs outs(rt.devices());
   std::string npu_error;
+  bool npu_rejected_input = false;  // an invalid-argument error, as opposed to "not supported" or a crash
   try {
     rt.dispatcher().call(OpHandle{const_cast<reg::OpEntry*>(&op), nullptr}, args.values.data(),
                          static_cast<int32_t>(args.values.size()), rets.data(), static_cast<int32_t>(rets.size()), &outs);
+  } catch (const Error& e) {
+    npu_error = e.what();
+    npu_rejected_input = e.code() == ErrorCode::kInvalidArgument;
   } catch (const std::exception& e) {
     npu_error = e.what();
   }
 
-  // 3. Verdict.
+  // 3. Verdict. Both raising passes only for a sample written as an error
+  // case, and only when the npu rejected the input (invalid argument): an
+  // npu that cannot run the op at all ("not supported", an internal error)
+  // must not pass on inputs ATen rejects.
   if (!same.error.empty() || !npu_error.empty()) {
     if (!same.error.empty() && !npu_error.empty()) {
-      o.pass = true;  // both reject the input
+      const bool marked = sample.name.find("(error)") != std::string::npos;
+      const std::string aten_line = same.error.substr(0, same.error.find('\n'));
+      if (marked && npu_rejected_input) {
+        o.pass = true;  // both reject the input
+      } else if (!marked) {
+        o.message = "ATen and the npu both raised on a sample not written as an error case (name it '(error)' "
+                    "if it is one): ATen: " + aten_line + "; npu: " + npu_error;
+      } else {
+        o.message = "ATen rejects the input (" + aten_line + ") but the npu did not reject it as invalid: " + npu_error;
+      }
       return o;
     }
     const std::string first_line = same.error.substr(0, same.error.find('\n'));

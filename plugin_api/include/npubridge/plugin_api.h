@@ -400,6 +400,37 @@ typedef struct NpubPluginApi {
 /** Signature of the entry point `npub_plugin_init_v1`. */
 typedef const NpubPluginApi* (*NpubPluginInitFn)(void);
 
+/* ------------------------------------------------------------------------ */
+/* Frozen sizes                                                              */
+/* ------------------------------------------------------------------------ */
+
+/**
+ * The size of `type` up to and including `last_field`: what a struct built
+ * against the version that ended with that field has (and at least what its
+ * `struct_size` says). A reader checks `struct_size` against the size of the
+ * version that introduced what it is about to read, never against today's
+ * sizeof: when a minor version appends a field, a struct from an older
+ * plugin or host is smaller than the new sizeof and still valid.
+ */
+#define NPUB_STRUCT_SIZE(type, last_field) \
+  (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
+
+/** NpubKernelDesc as ABI 1.0 defined it (unchanged through 1.2). */
+#define NPUB_KERNEL_DESC_STRUCT_SIZE_1_0 NPUB_STRUCT_SIZE(NpubKernelDesc, min_opt_level)
+/** NpubHostApi as each minor version left it. */
+#define NPUB_HOST_API_STRUCT_SIZE_1_0 NPUB_STRUCT_SIZE(NpubHostApi, num_threads)
+#define NPUB_HOST_API_STRUCT_SIZE_1_1 NPUB_STRUCT_SIZE(NpubHostApi, philox_reserve)
+#define NPUB_HOST_API_STRUCT_SIZE_1_2 NPUB_STRUCT_SIZE(NpubHostApi, define_derivative)
+/** NpubPluginApi as ABI 1.0 defined it (unchanged through 1.2). */
+#define NPUB_PLUGIN_API_STRUCT_SIZE_1_0 NPUB_STRUCT_SIZE(NpubPluginApi, shutdown)
+
+/** What a writer built against this header puts in `struct_size`: the
+ * current version's size, without tail padding (a reader must never take
+ * padding for a field a later version appended there). */
+#define NPUB_KERNEL_DESC_STRUCT_SIZE NPUB_KERNEL_DESC_STRUCT_SIZE_1_0
+#define NPUB_HOST_API_STRUCT_SIZE NPUB_HOST_API_STRUCT_SIZE_1_2
+#define NPUB_PLUGIN_API_STRUCT_SIZE NPUB_PLUGIN_API_STRUCT_SIZE_1_0
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

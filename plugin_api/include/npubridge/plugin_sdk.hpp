@@ -7,15 +7,16 @@
 //  - An exception barrier: a C++ exception thrown by a kernel or by the
 //    plugin's init function becomes an NpubError at the edge, never unwinds
 //    into the host.
-//  - Registration helpers (Registrar::def, Registrar::kernel).
+//  - Registration helpers (Registrar::def, Registrar::kernel, and
+//    Registrar::op for both at once).
 //  - parallel_for over the device's compute threads with a lambda.
 //  - fp16/bf16 <-> fp32 conversion.
 //
 // Usage:
 //   static void my_scale(npub::sdk::Call& call) { ... }
 //   static void init(npub::sdk::Registrar& r) {
-//     r.def("myns::scale(Tensor self, float factor) -> Tensor");
-//     r.kernel("myns::scale", &my_scale).dtypes({npub::sdk::kFloat32});
+//     r.op("myns::scale(Tensor self, float factor) -> Tensor", &my_scale)
+//         .dtypes({npub::sdk::kFloat32});
 //   }
 //   NPUB_DEFINE_PLUGIN(my_plugin, "1.0.0", init)
 #ifndef NPUBRIDGE_PLUGIN_SDK_HPP_
@@ -29,6 +30,7 @@
 #include <cstring>
 #include <exception>
 #include <initializer_list>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -324,6 +326,7 @@ class Call {
     return {seed, offset};
   }
 
+  // The pointer given to KernelBuilder::user_data (null if none).
   void* kernel_user_data() const { return host().kernel_user_data(ctx_); }
   int32_t device_index() const { return host().device_index(ctx_); }
   int32_t num_threads() const { return host().num_threads(ctx_); }
@@ -392,23 +395,74 @@ class Call {
 using KernelBody = void (*)(Call&);
 
 namespace detail {
-// The per-kernel state behind the C function pointer: the op name (for error
-// messages) and the C++ body.
-struct KernelThunkData {
+// Note [One C entry per SDK kernel]: the C ABI hands a kernel only its call
+// context, and the context's user_data is the plugin's own
+// (KernelBuilder::user_data). So the SDK gives each (op, body) pair a plugin
+// registers a C function of its own, kernel_entry_thunk<Slot>, which finds
+// op name and C++ body in slot Slot of a table filled at registration:
+// errors name the op, and a call costs no host round trip to find it.
+// Registering the same pair again (a second runtime initialising the same
+// library) reuses its slot. The table holds NPUB_SDK_MAX_KERNELS pairs; a
+// plugin that needs more defines it larger, the same in all its files. The
+// C functions are instantiated where a Registrar is constructed (the file
+// with NPUB_DEFINE_PLUGIN), not in every file that registers kernels.
+#ifndef NPUB_SDK_MAX_KERNELS
+#define NPUB_SDK_MAX_KERNELS 1024
+#endif
+struct KernelEntry {
   std::string op;
-  KernelBody body;
-  void* user_data;
-  void (*user_deleter)(void*);
+  KernelBody body = nullptr;
 };
+struct KernelTable {
+  std::mutex mutex;  // taken by registration only; a slot is written once, before its entry is registered
+  const NpubKernelFn* thunks = nullptr;  // kernel_entry_thunk<0..NPUB_SDK_MAX_KERNELS-1>
+  size_t used = 0;
+  KernelEntry entries[NPUB_SDK_MAX_KERNELS];
+};
+inline KernelTable& kernel_table() {
+  static KernelTable table;
+  return table;
+}
 
-inline NpubError* kernel_thunk(NpubCallContext* ctx, const NpubValue* args, int32_t num_args,
-                               NpubValue* rets, int32_t num_rets) {
-  auto* data = static_cast<KernelThunkData*>(host().kernel_user_data(ctx));
-  return guard(data->op.c_str(), [&] {
-    Call call(data->op.c_str(), ctx, args, num_args, rets, num_rets);
-    data->body(call);
+// Out of line so that each kernel_entry_thunk<Slot> stays a jump.
+[[gnu::noinline]] inline NpubError* run_kernel_entry(size_t slot, NpubCallContext* ctx, const NpubValue* args,
+                                                      int32_t num_args, NpubValue* rets, int32_t num_rets) {
+  const KernelEntry& k = kernel_table().entries[slot];
+  return guard(k.op.c_str(), [&] {
+    Call call(k.op.c_str(), ctx, args, num_args, rets, num_rets);
+    k.body(call);
   });
 }
+template <size_t Slot>
+NpubError* kernel_entry_thunk(NpubCallContext* ctx, const NpubValue* args, int32_t num_args, NpubValue* rets,
+                              int32_t num_rets) {
+  return run_kernel_entry(Slot, ctx, args, num_args, rets, num_rets);
+}
+template <size_t... Slots>
+void install_kernel_entry_thunks(std::index_sequence<Slots...>) {
+  static const NpubKernelFn thunks[] = {&kernel_entry_thunk<Slots>...};
+  KernelTable& t = kernel_table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.thunks = thunks;
+}
+// The C entry of (op, body), taking a free slot the first time.
+inline NpubKernelFn kernel_entry(const std::string& op, KernelBody body) {
+  KernelTable& t = kernel_table();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  size_t slot = 0;
+  while (slot < t.used && !(t.entries[slot].body == body && t.entries[slot].op == op)) ++slot;
+  if (slot == t.used) {
+    if (t.used == NPUB_SDK_MAX_KERNELS)
+      throw Error(NPUB_ERR_INTERNAL, op + ": the plugin SDK holds " + std::to_string(NPUB_SDK_MAX_KERNELS) +
+                                         " kernels (distinct op and body pairs) at most; define "
+                                         "NPUB_SDK_MAX_KERNELS larger for the whole plugin");
+    t.entries[slot].op = op;
+    t.entries[slot].body = body;
+    ++t.used;
+  }
+  return t.thunks[slot];
+}
+
 // A meta function's C entry for the C++ body `Body` (the C signature has no
 // user data, so the body is a template argument). The host names the op in
 // every error, so the body's messages need not.
@@ -418,11 +472,6 @@ NpubError* meta_thunk(NpubMetaContext* ctx, const NpubValue* args, int32_t num_a
     Call call("", ctx, args, num_args);
     Body(call);
   });
-}
-inline void delete_thunk_data(void* p) {
-  auto* data = static_cast<KernelThunkData*>(p);
-  if (data->user_deleter != nullptr) data->user_deleter(data->user_data);
-  delete data;
 }
 }  // namespace detail
 
@@ -474,8 +523,10 @@ class KernelBuilder {
     opt_level_ = level;
     return *this;
   }
-  // user_data passed to supports/workspace_size (the kernel body reaches it
-  // through Call::kernel_user_data()).
+  // Passed as is to supports/workspace_size, and returned by
+  // Call::kernel_user_data() in the kernel body. The host calls `deleter`
+  // (if non-null) when it drops the kernel; if the registration fails, the
+  // data stays the plugin's (NpubKernelDesc.user_data).
   KernelBuilder& user_data(void* data, void (*deleter)(void*)) {
     user_data_ = data;
     user_deleter_ = deleter;
@@ -501,7 +552,10 @@ class KernelBuilder {
 
 class Registrar {
  public:
-  Registrar(const NpubHostApi* host, NpubRegistrar* reg) : host_(host), reg_(reg) {}
+  Registrar(const NpubHostApi* host, NpubRegistrar* reg) : host_(host), reg_(reg) {
+    // Note [One C entry per SDK kernel]: instantiated here, in one file.
+    detail::install_kernel_entry_thunks(std::make_index_sequence<NPUB_SDK_MAX_KERNELS>{});
+  }
   void def(const char* schema) { check(host_->define_op(reg_, schema)); }
   // The meta function of `op` (ABI 1.2): a body that declares the returns'
   // shapes and dtypes with Call::output on metadata-only arguments.
@@ -517,10 +571,25 @@ class Registrar {
     check(host_->define_derivative(reg_, op, formula));
   }
   KernelBuilder kernel(std::string op, KernelBody body) { return {this, std::move(op), body}; }
+  // def(schema) and kernel(op, body) in one, the op being the schema's name
+  // (the text before its '('):
+  //   r.op("ns::f(Tensor x) -> Tensor", &f).dtypes({kFloat32});
+  KernelBuilder op(const char* schema, KernelBody body) {
+    def(schema);
+    return kernel(op_name_of(schema), body);
+  }
   const NpubHostApi* host_api() const { return host_; }
   NpubRegistrar* raw() const { return reg_; }
 
  private:
+  // "ns::name.overload" of a schema "ns::name.overload(...) -> ...".
+  static std::string op_name_of(const char* schema) {
+    const char* end = std::strchr(schema, '(');
+    if (end == nullptr) end = schema + std::strlen(schema);
+    while (end > schema && end[-1] == ' ') --end;
+    while (schema < end && *schema == ' ') ++schema;
+    return std::string(schema, end);
+  }
   void require_1_2(const char* what, bool ok) const {
     if (!ok)
       throw Error(NPUB_ERR_ABI, std::string(what) + " needs a host with plugin ABI 1.2; this one implements 1." +
@@ -530,32 +599,26 @@ class Registrar {
   NpubRegistrar* reg_;
 };
 
-// Note [SDK kernels carry their op name]: the C ABI passes no op name to a
-// kernel; the SDK keeps it in the kernel's user_data so that every error a
-// kernel raises names its op. The plugin's own user_data rides along.
+// The C entry comes from Note [One C entry per SDK kernel]; user_data and
+// its deleter go to the host as the plugin gave them.
 inline void KernelBuilder::commit() {
   committed_ = true;
-  auto* data = new detail::KernelThunkData{op_, body_, user_data_, user_deleter_};
   NpubKernelDesc desc;
   std::memset(&desc, 0, sizeof desc);
-  desc.struct_size = sizeof desc;
+  desc.struct_size = NPUB_KERNEL_DESC_STRUCT_SIZE;  // not sizeof: see NPUB_STRUCT_SIZE
   desc.op_name = op_.c_str();
   desc.device_type = device_type_;
   desc.priority = priority_;
   desc.dtypes = dtypes_.data();
   desc.num_dtypes = static_cast<int32_t>(dtypes_.size());
   desc.flags = flags_;
-  desc.fn = &detail::kernel_thunk;
+  desc.fn = detail::kernel_entry(op_, body_);
   desc.supports = supports_;
   desc.workspace_size = workspace_;
-  desc.user_data = data;
-  desc.user_data_deleter = &detail::delete_thunk_data;
+  desc.user_data = user_data_;
+  desc.user_data_deleter = user_deleter_;
   desc.min_opt_level = opt_level_;
-  NpubError* e = r_->host_api()->register_kernel(r_->raw(), &desc);
-  if (e != nullptr) {
-    delete data;  // a failed registration leaves user_data with us
-    throw HostError(e);
-  }
+  check(r_->host_api()->register_kernel(r_->raw(), &desc));
 }
 
 }  // namespace npub::sdk
@@ -571,7 +634,7 @@ inline void KernelBuilder::commit() {
     });                                                                                \
   }                                                                                    \
   extern "C" NPUB_PLUGIN_EXPORT const NpubPluginApi* npub_plugin_init_v1(void) {       \
-    static const NpubPluginApi api = {sizeof(NpubPluginApi),                            \
+    static const NpubPluginApi api = {NPUB_PLUGIN_API_STRUCT_SIZE,                      \
                                       NPUB_ABI_MAJOR,                                   \
                                       NPUB_ABI_MINOR,                                   \
                                       #plugin_name,                                     \

@@ -159,6 +159,15 @@ class OpEntry {
   mutable OpStats stats_;
 };
 
+// Everything one plugin registers, applied by Registry::commit as one.
+struct Registrations {
+  std::string defined_by;  // who defines the new ops, e.g. "plugin 'cann_like'"
+  std::vector<Schema> schemas;
+  std::vector<std::pair<std::string, std::unique_ptr<Kernel>>> kernels;  // op name, kernel
+  std::vector<std::pair<std::string, MetaFunction>> metas;
+  std::vector<std::pair<std::string, Derivative>> derivatives;
+};
+
 class Registry {
  public:
   Registry();
@@ -177,7 +186,11 @@ class Registry {
   // Throws npub::Error when the op already has one.
   void set_meta(OpEntry* op, MetaFunction meta);
   void set_derivative(OpEntry* op, Derivative derivative);
-  // Drops every kernel of a plugin (a failed load rolls back this way).
+  // Applies a whole batch or nothing (Note [A plugin's registrations commit
+  // as one]): every check runs first, under the writers' lock; on a
+  // conflict throws npub::Error naming it and leaves the registry as it was.
+  void commit(Registrations batch);
+  // Drops every kernel of a plugin.
   void remove_plugin_kernels(const PluginRecord* plugin);
 
   // Lock-free lookup (Note [Why dispatch reads take no lock]).
@@ -190,6 +203,14 @@ class Registry {
  private:
   using OpMap = std::unordered_map<std::string_view, OpEntry*>;
   void publish_list(OpEntry* op, int32_t device_type, KernelList list);
+  // Checks and updates for the public writers; the caller holds mu_.
+  OpEntry* find_locked(const std::string& name) const;
+  static std::string schema_conflict(const OpEntry& existing, const Schema& schema);
+  static std::string kernel_conflict(const std::string& op_name, const KernelList& list, const Kernel& kernel);
+  static std::string meta_conflict(const OpEntry& op);
+  static std::string derivative_conflict(const OpEntry& op);
+  OpEntry* add_op_locked(const Schema& schema, const std::string& defined_by);
+  void annotate_locked(OpEntry* op, MetaFunction* meta, Derivative* derivative);
 
   mutable std::mutex mu_;  // writers only
   std::vector<std::unique_ptr<OpEntry>> ops_;
@@ -219,6 +240,9 @@ class OpMappingTable {
   void load_text(const std::string& text, const std::string& origin);
   // Adds or replaces one mapping.
   void set(const OpMapping& m);
+  // Removes the mapping of `framework_op`; returns whether there was one
+  // (the version moves only then). Calls then take the op's own route.
+  bool remove(std::string_view framework_op);
   // Lock-free, like the registry.
   const OpMapping* find(std::string_view framework_op) const;
   std::vector<OpMapping> entries() const;
