@@ -37,6 +37,42 @@ void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs,
 
 using sim::is_contiguous;
 
+// Note [Which tensors are staged]
+// One rule, asked by the call path (run the kernel on the caller's tensors,
+// or stage?) and by run_staged (which tensors?): a tensor is staged when the
+// call is converted (a half-type call served by a float32 kernel) and the
+// tensor is of the converted dtype, or when the kernel takes contiguous
+// tensors only (NPUB_KERNEL_CONTIGUOUS_ONLY) and the tensor is strided.
+struct StagingRule {
+  StagingRule(const reg::Kernel& k, DType convert_from_)
+      : convert_from(convert_from_), contiguous_only((k.flags & NPUB_KERNEL_CONTIGUOUS_ONLY) != 0) {}
+  DType convert_from;  // kUnknown: not a converted call
+  bool contiguous_only;
+
+  bool converting() const { return convert_from != DType::kUnknown; }
+  bool needs(const DLTensor* t) const {
+    return t != nullptr &&
+           ((converting() && dtype_of(t->dtype) == convert_from) || (contiguous_only && !is_contiguous(*t)));
+  }
+  // Whether the call must go through run_staged: a converted call always
+  // does (its outputs come back in float32), any other when one of its
+  // tensors, arguments or preallocated returns, needs staging.
+  bool applies_to(const Dispatcher::CallState& cs) const {
+    if (converting()) return true;
+    if (!contiguous_only) return false;
+    for (int32_t i = 0; i < cs.num_args; ++i) {
+      const NpubValue& v = cs.args[i];
+      if (v.tag == NPUB_VALUE_TENSOR && needs(v.u.tensor)) return true;
+      if (v.tag == NPUB_VALUE_TENSOR_LIST)
+        for (int32_t j = 0; j < v.count; ++j)
+          if (needs(v.u.tensors[j])) return true;
+    }
+    for (int32_t i = 0; i < cs.num_rets; ++i)
+      if (cs.rets[i].tag == NPUB_VALUE_TENSOR && needs(cs.rets[i].u.tensor)) return true;
+    return false;
+  }
+};
+
 // An OutputAllocator that refuses: for callers that preallocate everything.
 class NoOutputs final : public OutputAllocator {
  public:

@@ -46,17 +46,14 @@ class ConvertingOutputs final : public OutputAllocator {
 void Dispatcher::run_staged(CallState& cs, const reg::Kernel& k, DType convert_from) {
   const int index = cs.device.device_type == NPUB_DEVICE_NPU ? cs.device.device_id : devices_.current_device();
   sim::Device& dev = devices_.at(index);
-  const bool converting = convert_from != DType::kUnknown;
-  const bool contiguous_only = (k.flags & NPUB_KERNEL_CONTIGUOUS_ONLY) != 0;
+  const StagingRule rule(k, convert_from);
+  const bool converting = rule.converting();
   const auto& sargs = cs.op->schema().arguments;
 
   std::vector<Tensor> temps;
   std::unordered_map<DLTensor*, DLTensor*> staged;  // original -> temporary
   std::vector<std::pair<DLTensor*, DLTensor*>> write_back;
-  auto needs = [&](const DLTensor* t) {
-    return t != nullptr && ((converting && dtype_of(t->dtype) == convert_from) ||
-                            (contiguous_only && !is_contiguous(*t)));
-  };
+  auto needs = [&](const DLTensor* t) { return rule.needs(t); };
   auto stage = [&](DLTensor* t, bool written) -> DLTensor* {
     auto it = staged.find(t);
     DLTensor* tmp = nullptr;

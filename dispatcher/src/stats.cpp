@@ -2,6 +2,9 @@
 #include <npubridge/support/error.h>
 #include <npubridge/support/tick_clock.h>
 
+#include <algorithm>
+#include <iterator>
+
 namespace npub {
 
 DLTensor* TensorOutputs::allocate(int32_t ret_index, const DLDevice& device, int32_t ndim,
@@ -37,7 +40,30 @@ std::vector<OpStatsSnapshot> Dispatcher::stats() const {
       snap.kernels.push_back({k->plugin_name(), k->dtypes_string(), k->priority, k->calls.load()});
     out.push_back(std::move(snap));
   }
+  std::lock_guard<std::mutex> lock(host_fallback_mu_);
+  for (const auto& [name, count] : host_fallbacks_) {
+    if (count == 0) continue;
+    auto it = std::find_if(out.begin(), out.end(), [&](const OpStatsSnapshot& s) { return s.op == name; });
+    if (it == out.end()) {
+      out.emplace_back();
+      it = std::prev(out.end());
+      it->op = name;
+    }
+    it->calls += count;
+    it->fallbacks += count;
+  }
   return out;
+}
+
+bool Dispatcher::record_host_fallback(std::string_view op) {
+  std::lock_guard<std::mutex> lock(host_fallback_mu_);
+  auto it = host_fallbacks_.find(op);
+  if (it != host_fallbacks_.end()) {
+    ++it->second;
+    return false;
+  }
+  host_fallbacks_.emplace(std::string(op), 1);
+  return true;
 }
 
 void Dispatcher::reset_stats() {
@@ -46,11 +72,17 @@ void Dispatcher::reset_stats() {
     for (const reg::Kernel* k : op->kernels(NPUB_DEVICE_NPU)) const_cast<reg::Kernel*>(k)->calls = 0;
     for (const reg::Kernel* k : op->kernels(NPUB_DEVICE_CPU)) const_cast<reg::Kernel*>(k)->calls = 0;
   }
+  // Counts back to zero; the entries stay, so that the op is not warned of
+  // again (as the dispatcher's own fallback_warned).
+  std::lock_guard<std::mutex> lock(host_fallback_mu_);
+  for (auto& entry : host_fallbacks_) entry.second = 0;
 }
 
 int64_t Dispatcher::total_fallbacks() const {
   int64_t n = 0;
   for (const reg::OpEntry* op : registry_.ops()) n += op->stats().fallbacks.load();
+  std::lock_guard<std::mutex> lock(host_fallback_mu_);
+  for (const auto& [name, count] : host_fallbacks_) n += count;
   return n;
 }
 

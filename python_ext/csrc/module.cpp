@@ -13,6 +13,7 @@
 #include "aten/precision_check.h"
 #include "aten/register_plugin_ops.h"
 #include "init.h"
+#include "runtime/generator.h"
 
 #include <cstdint>
 #include <map>
@@ -53,6 +54,9 @@ PYBIND11_MODULE(_C, m) {
       ds.at(d).synchronize();
   });
   m.def("manual_seed", [](int d, uint64_t seed) { Runtime::global().devices().at(d).manual_seed(seed); });
+  // torch.npu.default_generators[d]: the device's own generator as a
+  // torch.Generator (the state manual_seed and get_rng_state see).
+  m.def("default_generator", [](int d) { return npub::torch_backend::default_generator(static_cast<c10::DeviceIndex>(d)); });
   m.def("get_rng_state", [](int d) {
     const auto s = Runtime::global().devices().at(d).philox_state();
     return py::make_tuple(s.seed, s.offset);
@@ -150,34 +154,10 @@ PYBIND11_MODULE(_C, m) {
       d["native"] = by_plugin;
       out[py::str(s.op)] = d;
     }
-    std::lock_guard<std::mutex> lock(npub::torch_backend::g_fallback_mu);
-    // Calls the host computed without asking the dispatcher (no plugin
-    // serves the op, or its dtype has no DLPack code): added to the op's
-    // entry when the dispatcher has one too.
-    for (const auto& [name, count] : npub::torch_backend::g_fallback_counts) {
-      py::str key(name);
-      if (out.contains(key)) {
-        py::dict d = out[key];
-        d["calls"] = d["calls"].cast<int64_t>() + count;
-        d["fallbacks"] = d["fallbacks"].cast<int64_t>() + count;
-        continue;
-      }
-      py::dict d;
-      d["calls"] = count;
-      d["fallbacks"] = count;
-      d["conversions"] = 0;
-      d["errors"] = 0;
-      d["precision_mismatches"] = 0;
-      d["time_ms"] = 0.0;
-      d["native"] = py::dict();
-      out[key] = d;
-    }
     return out;
   });
   m.def("reset_stats", [] {
     Runtime::global().dispatcher().reset_stats();
-    std::lock_guard<std::mutex> lock(npub::torch_backend::g_fallback_mu);
-    npub::torch_backend::g_fallback_counts.clear();
   });
   m.def("set_optim_level", [](int level) { Runtime::global().dispatcher().set_opt_level(level); });
   m.def("optim_level", [] { return Runtime::global().dispatcher().opt_level(); });

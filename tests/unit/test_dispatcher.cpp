@@ -5,6 +5,8 @@
 #include <npubridge/support/error.h>
 
 #include <algorithm>
+#include <map>
+#include <string>
 
 using namespace npub;
 using namespace npub::test;
@@ -385,6 +387,31 @@ TEST_F(DispatcherTest, StatisticsCountCallsKernelsAndTime) {
   EXPECT_EQ(stats[0].kernels[0].plugin, "cann_like");
   EXPECT_EQ(stats[0].kernels[0].calls, 5);
   EXPECT_GT(stats[0].total_ms, 0);
+}
+
+// One account per op: a call the host computed itself (no plugin serves the
+// op) and a fallback the dispatcher took land under the same name.
+TEST_F(DispatcherTest, HostFallbacksShareTheOpsAccount) {
+  rt->dispatcher().reset_stats();
+  Tensor x = Tensor::from_values({2}, DType::kInt32, {1, 2}, dev);
+  EXPECT_EQ(which(x), -1);  // the dispatcher's fallback
+  EXPECT_TRUE(rt->dispatcher().record_host_fallback("testsel::which"));
+  EXPECT_FALSE(rt->dispatcher().record_host_fallback("testsel::which"));
+  EXPECT_TRUE(rt->dispatcher().record_host_fallback("aten::lgamma"));  // no plugin op of that name
+  auto stats = rt->dispatcher().stats();
+  ASSERT_EQ(stats.size(), 2u);
+  std::map<std::string, OpStatsSnapshot> by_op;
+  for (auto& s : stats) by_op[s.op] = s;
+  EXPECT_EQ(by_op["testsel::which"].calls, 3);
+  EXPECT_EQ(by_op["testsel::which"].fallbacks, 3);
+  EXPECT_EQ(by_op["aten::lgamma"].calls, 1);
+  EXPECT_EQ(by_op["aten::lgamma"].fallbacks, 1);
+  EXPECT_EQ(rt->dispatcher().total_fallbacks(), 4);
+  rt->dispatcher().reset_stats();
+  EXPECT_TRUE(rt->dispatcher().stats().empty());
+  EXPECT_EQ(rt->dispatcher().total_fallbacks(), 0);
+  EXPECT_FALSE(rt->dispatcher().record_host_fallback("aten::lgamma"));  // warned once per process, as the dispatcher
+  EXPECT_EQ(rt->dispatcher().total_fallbacks(), 1);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // How calls reach the CPU (fallback.cpp): the torch call being served on
 // this thread, for the dispatcher's fallback (no plugin kernel for a call's
 // dtypes), and PyTorch's boxed CPU fallback for the ops no plugin serves,
-// counted per op, warned once, refused under NPUB_FALLBACK=error.
+// counted per op in the dispatcher's stats (Dispatcher::record_host_fallback), warned once, refused under NPUB_FALLBACK=error.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -9,11 +9,6 @@
 
 #include <npubridge/dispatcher/dispatcher.h>
 
-#include <atomic>
-#include <cstdint>
-#include <map>
-#include <mutex>
-#include <string>
 
 namespace npub::torch_backend {
 
@@ -44,10 +39,6 @@ struct ScopedTorchCall {
 // The dispatcher's fallback: ATen's CPU fallback on the torch call, outputs
 // on the npu (Note [One way to the CPU]).
 void torch_fallback(const reg::OpEntry&, const NpubValue*, int32_t, NpubValue*, int32_t, OutputAllocator&);
-
-// Global boxed fallback for ops no plugin registers: counted per op.
-extern std::mutex g_fallback_mu;
-extern std::map<std::string, int64_t> g_fallback_counts;
 
 // ATen's CPU fallback for the call on `stack`, counted and warned as a
 // fallback of `op`.
