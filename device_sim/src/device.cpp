@@ -116,28 +116,6 @@ void Device::set_current_stream(Stream& stream) {
   tls_streams.set(uid_, &stream);
 }
 
-void Device::manual_seed(uint64_t seed) {
-  std::lock_guard<std::mutex> lock(rng_mu_);
-  rng_ = {seed, 0};
-}
-
-Device::PhiloxState Device::philox_state() const {
-  std::lock_guard<std::mutex> lock(rng_mu_);
-  return rng_;
-}
-
-void Device::set_philox_state(const PhiloxState& state) {
-  std::lock_guard<std::mutex> lock(rng_mu_);
-  rng_ = state;
-}
-
-Device::PhiloxState Device::philox_reserve(uint64_t count) {
-  std::lock_guard<std::mutex> lock(rng_mu_);
-  PhiloxState out = rng_;
-  rng_.offset += count;
-  return out;
-}
-
 void Device::synchronize() {
   std::vector<Stream*> all;
   {

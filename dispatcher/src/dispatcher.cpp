@@ -285,6 +285,18 @@ const reg::Kernel* Dispatcher::kernel_for(const OpHandle& handle, DType dtype, i
 // the call
 // ----------------------------------------------------------------------------
 
+namespace {
+thread_local sim::Generator* tls_call_generator = nullptr;
+}  // namespace
+
+ScopedCallGenerator::ScopedCallGenerator(sim::Generator* generator) : outer_(tls_call_generator) {
+  tls_call_generator = generator;
+}
+
+ScopedCallGenerator::~ScopedCallGenerator() { tls_call_generator = outer_; }
+
+sim::Generator* ScopedCallGenerator::current() { return tls_call_generator; }
+
 // Note [Kernels run inline, in stream order]
 // A kernel runs on the calling host thread, using the device's compute
 // threads through parallel_for; it is ordered with the other work of the
@@ -303,6 +315,7 @@ void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs, con
   ctx.kernel = &k;
   ctx.device = &dev;
   ctx.stream = &stream;
+  ctx.generator = ScopedCallGenerator::current();
   ctx.dl_device = cs.device;
   ctx.rets = rets;
   ctx.num_rets = cs.num_rets;
@@ -489,22 +502,6 @@ void Dispatcher::run_fallback(CallState& cs, const char* reason) {
 // outputs the kernel allocated before declining stay with the allocator,
 // which the fallback's allocation for the same return replaces).
 namespace {
-// Whether the call must run on staged copies: converted (a half-type call on
-// a float32 kernel) or non-contiguous tensors for a contiguous-only kernel.
-bool needs_staging(const Dispatcher::CallState& cs, const reg::Kernel& k, DType convert_from) {
-  if (convert_from != DType::kUnknown) return true;
-  if ((k.flags & NPUB_KERNEL_CONTIGUOUS_ONLY) == 0) return false;
-  for (int32_t i = 0; i < cs.num_args; ++i) {
-    const NpubValue& v = cs.args[i];
-    if (v.tag == NPUB_VALUE_TENSOR && !is_contiguous(*v.u.tensor)) return true;
-    if (v.tag == NPUB_VALUE_TENSOR_LIST)
-      for (int32_t j = 0; j < v.count; ++j)
-        if (v.u.tensors[j] != nullptr && !is_contiguous(*v.u.tensors[j])) return true;
-  }
-  for (int32_t i = 0; i < cs.num_rets; ++i)
-    if (cs.rets[i].tag == NPUB_VALUE_TENSOR && !is_contiguous(*cs.rets[i].u.tensor)) return true;
-  return false;
-}
 
 // The caller's return slots, kept to be put back; inline for up to 8 (no
 // allocation on the common path).
@@ -529,7 +526,7 @@ class SavedReturns {
 void Dispatcher::run_kernel(CallState& cs, const reg::Kernel& k, DType convert_from) {
   const SavedReturns saved(cs.rets, cs.num_rets);
   try {
-    if (needs_staging(cs, k, convert_from)) run_staged(cs, k, convert_from);
+    if (StagingRule(k, convert_from).applies_to(cs)) run_staged(cs, k, convert_from);
     else invoke_kernel(devices_, cs, k, cs.args, cs.rets, cs.outputs);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kUnsupported || !has_fallback()) throw;

@@ -370,7 +370,8 @@ void parallel_for(NpubCallContext* ctx, int64_t begin, int64_t end, int64_t grai
 int32_t num_threads(NpubCallContext* ctx) { return ctx->device->compute().num_threads(); }
 
 void philox_reserve(NpubCallContext* ctx, uint64_t count, uint64_t* seed, uint64_t* offset) {
-  const sim::Device::PhiloxState s = ctx->device->philox_reserve(count);
+  sim::Generator& g = ctx->generator != nullptr ? *ctx->generator : ctx->device->generator();
+  const sim::Generator::State s = g.reserve(count);
   if (seed != nullptr) *seed = s.seed;
   if (offset != nullptr) *offset = s.offset;
 }

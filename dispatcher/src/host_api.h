@@ -33,6 +33,7 @@ struct NpubCallContext {
   const npub::reg::Kernel* kernel = nullptr;
   npub::sim::Device* device = nullptr;
   npub::sim::Stream* stream = nullptr;
+  npub::sim::Generator* generator = nullptr;  // the call's (ScopedCallGenerator); null: the device's
   DLDevice dl_device{};
   NpubValue* rets = nullptr;
   int32_t num_rets = 0;

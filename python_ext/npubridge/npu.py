@@ -105,6 +105,14 @@ def set_rng_state_all(states) -> None:
         set_rng_state(state, i)
 
 
+def __getattr__(name):
+    # torch.npu.default_generators, as torch.cuda's: each device's own
+    # generator (the one manual_seed seeds and random npu ops draw from).
+    if name == "default_generators":
+        return tuple(_C.default_generator(i) for i in range(device_count()))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def initial_seed() -> int:
     return _C.get_rng_state(current_device())[0]
 

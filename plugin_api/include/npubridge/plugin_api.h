@@ -327,9 +327,12 @@ typedef struct NpubHostApi {
   /* --- \since 1.1 (check struct_size before use) --- */
 
   /**
-   * Reserves `count` 128-bit counters of the call's device generator, a
-   * Philox-4x32-10 stream as PyTorch's CUDA generator uses: returns the
-   * generator's seed and the first reserved counter (`offset`). The kernel
+   * Reserves `count` 128-bit counters of the call's generator, a
+   * Philox-4x32-10 stream as PyTorch's CUDA generator uses: the generator
+   * the caller passed for the op's `Generator?` argument (that argument
+   * itself reaches the kernel as none), else the default generator of the
+   * call's device. Returns the generator's seed and the first reserved
+   * counter (`offset`). The kernel
    * draws counter offset + i for i < count (npubridge/philox.hpp). The same
    * seed and the same sequence of reservations give the same numbers;
    * concurrent calls get disjoint ranges. \since 1.1

@@ -1,7 +1,9 @@
-// Random fills on the device's Philox stream (plugin ABI 1.1): uniform_,
-// normal_ (Box-Muller), bernoulli_. Reproducible per device seed
-// (torch.npu.manual_seed / torch.manual_seed); independent of thread count,
-// as every element's numbers depend only on (seed, counter).
+// Random fills on the call's Philox stream (plugin ABI 1.1): uniform_,
+// normal_ (Box-Muller), bernoulli_. The stream is the caller's generator
+// (torch.Generator(device="npu")) or the device's default one (seeded by
+// torch.npu.manual_seed / torch.manual_seed): philox_reserve picks it.
+// Independent of thread count, as every element's numbers depend only on
+// (seed, counter).
 #include "elementwise.h"
 #include "ops.h"
 
@@ -18,8 +20,6 @@ enum class Dist { uniform, normal, bernoulli };
 template <Dist kDist>
 void fill_random(Call& call) {
   TensorRef self = call.tensor(0);
-  if (!call.is_none(call.num_args() - 1))
-    call.fail(NPUB_ERR_UNSUPPORTED, "explicit generators are not supported; seed the device instead");
   const DT d = dt_of(self.dtype());
   const double a = call.double_arg(1);
   const double b = kDist == Dist::bernoulli ? 0.0 : call.double_arg(2);

@@ -11,6 +11,7 @@
 #include "aten/meta_cache.h"
 #include "aten/minimal.h"
 #include "aten/precision_check.h"
+#include "runtime/generator.h"
 
 #include <cstddef>
 #include <optional>
@@ -40,7 +41,12 @@ void run_on_dispatcher(const OpHandle& target, c10::ArrayRef<c10::IValue> args, 
   Boxed b;
   b.values.reserve(args.size());
   b.views.reserve(count_tensors(args));
-  for (const auto& a : args) b.values.push_back(box(a, b, device));
+  sim::Generator* generator = nullptr;  // the call's explicit generator, if any
+  for (const auto& a : args) {
+    if (a.isGenerator()) generator = &call_generator(a, device, target.op->name().c_str())->philox();
+    b.values.push_back(box(a, b, device));
+  }
+  ScopedCallGenerator bind(generator);
   const auto& returns = target.op->schema().returns;
   NpubValue rets_small[4];
   std::vector<NpubValue> rets_big;

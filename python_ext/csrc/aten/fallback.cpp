@@ -2,19 +2,20 @@
 // fallback for PrivateUse1, registered when the module loads.
 #include "aten/fallback.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/native/CPUFallback.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
 #include "aten/boxing.h"
+#include "runtime/generator.h"
 #include "runtime/npu_runtime.h"
+
+#include <npubridge/philox.hpp>
 
 #include <optional>
 
 namespace npub::torch_backend {
-
-std::mutex g_fallback_mu;
-std::map<std::string, int64_t> g_fallback_counts;
 
 namespace {
 
@@ -25,15 +26,40 @@ bool fallback_forbidden() { return rt().dispatcher().fallback_mode() == Fallback
 // NPUB_FALLBACK=error.
 void note_fallback(const c10::OperatorHandle& op) {
   const std::string name = full_name(op.schema().operator_name());
-  bool first = false;
-  {
-    std::lock_guard<std::mutex> lock(g_fallback_mu);
-    first = g_fallback_counts[name]++ == 0;
-  }
+  const bool first = rt().dispatcher().record_host_fallback(name);
   TORCH_CHECK(!fallback_forbidden(), "npubridge: operator '", name,
               "' is not supported on the NPU backend and NPUB_FALLBACK=error forbids falling back to the CPU");
   if (first)
     TORCH_WARN("npubridge: operator '", name, "' is not supported on the NPU backend and will fall back to run on the CPU");
+}
+
+bool is_generator_argument(const c10::Argument& a) {
+  c10::TypePtr t = a.type();
+  if (auto optional = t->cast<c10::OptionalType>()) t = optional->getElementType();
+  return t->kind() == c10::TypeKind::GeneratorType;
+}
+
+// Note [Random fallbacks draw from the npu generator]
+// An op that falls back runs ATen's CPU kernel, which needs a CPU
+// generator. So that npu randomness has one source whichever path serves
+// it, the call's npu generator (the explicit one, else the device's
+// default) gives up one Philox counter, and the CPU kernel runs on a fresh
+// CPU generator seeded from that counter's numbers: the same npu seed gives
+// the same results, successive calls differ, and torch.npu.manual_seed
+// alone makes a run repeatable. A CPU generator passed to an npu op is
+// refused, as CUDA refuses one.
+void swap_in_cpu_generators(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
+  const auto& sargs = op.schema().arguments();
+  const size_t first = stack->size() - sargs.size();
+  for (size_t i = 0; i < sargs.size(); ++i) {
+    if (!is_generator_argument(sargs[i])) continue;
+    c10::IValue& v = (*stack)[first + i];
+    const std::string name = full_name(op.schema().operator_name());
+    const sim::Generator::State st = call_generator(v, device, name.c_str())->philox().reserve(1);
+    const auto words = philox::block(st.seed, st.offset);
+    const uint64_t seed = (static_cast<uint64_t>(words[0]) << 32) | words[1];
+    v = at::detail::createCPUGenerator(seed);
+  }
 }
 
 // ATen's CPU fallback for the call on `stack`.
@@ -47,6 +73,7 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const c10::IValue& v = (*stack)[i];
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_privateuseone()) npu = v.toTensor().device();
   }
+  swap_in_cpu_generators(op, stack, npu ? npu->index() : current_index());
   at::native::cpu_fallback(op, stack);
   if (!npu) return;
   const size_t nret = op.schema().returns().size();

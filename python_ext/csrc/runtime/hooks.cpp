@@ -1,11 +1,11 @@
 // The PrivateUse1 hooks and the default generator of npu tensors.
 #include "runtime/hooks.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <c10/core/Storage.h>
 
 #include "runtime/allocator.h"
+#include "runtime/generator.h"
 #include "runtime/npu_runtime.h"
 
 #include <algorithm>
@@ -19,10 +19,11 @@ bool NpuHooks::isBuilt() const { return true; }
 bool NpuHooks::isAvailable() const { return rt().devices().count() > 0; }
 
 const at::Generator& NpuHooks::getDefaultGenerator(c10::DeviceIndex device_index) const {
-  // Random factories run through the CPU fallback with the CPU generator;
-  // device-side random kernels use the device's Philox stream.
-  (void)device_index;
-  return at::detail::getDefaultCPUGenerator();
+  return default_generator(device_index);
+}
+
+at::Generator NpuHooks::getNewGenerator(c10::DeviceIndex device_index) const {
+  return at::make_generator<NpuGeneratorImpl>(device_index < 0 ? current_index() : device_index);
 }
 
 at::Device NpuHooks::getDeviceFromPtr(void* data) const {

@@ -11,6 +11,7 @@ struct NpuHooks final : public at::PrivateUse1HooksInterface {
   bool isBuilt() const override;
   bool isAvailable() const override;
   const at::Generator& getDefaultGenerator(c10::DeviceIndex device_index) const override;
+  at::Generator getNewGenerator(c10::DeviceIndex device_index = -1) const override;
   at::Device getDeviceFromPtr(void* data) const override;
   bool hasPrimaryContext(c10::DeviceIndex) const override;
   c10::Allocator* getPinnedMemoryAllocator() const override;

@@ -9,6 +9,7 @@
 
 #include <npubridge/device_sim/caching_allocator.h>
 #include <npubridge/device_sim/compute_pool.h>
+#include <npubridge/device_sim/generator.h>
 #include <npubridge/device_sim/stream.h>
 
 #include <cstdint>
@@ -56,18 +57,16 @@ class Device {
   // Waits for every stream of the device.
   void synchronize();
 
-  // The device's random number generator: a Philox-4x32-10 stream given by a
-  // seed and the next unused counter (kernels reserve counter ranges).
-  void manual_seed(uint64_t seed);
-  struct PhiloxState {
-    uint64_t seed;
-    uint64_t offset;
-  };
-  PhiloxState philox_state() const;
-  void set_philox_state(const PhiloxState& state);
+  // The device's default random number generator (Note [Random numbers are
+  // counter ranges]); the philox_* calls are its.
+  Generator& generator() { return generator_; }
+  using PhiloxState = Generator::State;
+  void manual_seed(uint64_t seed) { generator_.manual_seed(seed); }
+  PhiloxState philox_state() const { return generator_.state(); }
+  void set_philox_state(const PhiloxState& state) { generator_.set_state(state); }
   // Reserves `count` counters; returns the seed and the first counter.
-  PhiloxState philox_reserve(uint64_t count);
-  static constexpr uint64_t kDefaultSeed = 67280421310721ull;  // PyTorch's default
+  PhiloxState philox_reserve(uint64_t count) { return generator_.reserve(count); }
+  static constexpr uint64_t kDefaultSeed = Generator::kDefaultSeed;
 
   // Device memory on the current stream.
   void* allocate(size_t bytes) { return allocator_.allocate(bytes, &current_stream()); }
@@ -84,8 +83,7 @@ class Device {
   Stream* default_stream_ = nullptr;
   std::vector<Stream*> pool_;  // under streams_mu_
   size_t pool_next_ = 0;       // under streams_mu_                // streams_[0], fixed at construction: read without the lock
-  mutable std::mutex rng_mu_;
-  PhiloxState rng_{kDefaultSeed, 0};
+  Generator generator_;
 };
 
 class DeviceSet {

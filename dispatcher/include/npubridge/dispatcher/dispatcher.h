@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -113,6 +114,24 @@ struct OpStatsSnapshot {
   std::vector<KernelStats> kernels;  // npu kernels
 };
 
+// Binds `generator` to the dispatcher calls this thread makes while the
+// scope lives: their kernels' philox_reserve draws from it instead of the
+// device's default generator. How a host passes an explicit generator
+// argument (torch.Generator(device="npu")): the Generator value itself
+// crosses the ABI as none. Scopes nest; nullptr binds the default again.
+class ScopedCallGenerator {
+ public:
+  explicit ScopedCallGenerator(sim::Generator* generator);
+  ~ScopedCallGenerator();
+  ScopedCallGenerator(const ScopedCallGenerator&) = delete;
+  ScopedCallGenerator& operator=(const ScopedCallGenerator&) = delete;
+  // The generator bound on this thread; nullptr: the device's default.
+  static sim::Generator* current();
+
+ private:
+  sim::Generator* outer_;
+};
+
 struct DispatcherOptions {
   FallbackMode fallback_mode = FallbackMode::kAllow;
   int opt_level = 2;
@@ -180,6 +199,13 @@ class Dispatcher {
   std::vector<OpStatsSnapshot> stats() const;  // ops with at least one call
   void reset_stats();
   int64_t total_fallbacks() const;
+  // Counts a call the host framework computed without asking the dispatcher
+  // (no plugin serves the op, or its dtype has no DLPack code) as a call
+  // and a fallback of `op` in stats(), beside the dispatcher's own
+  // fallbacks: one account per op name whichever path fell back. True for
+  // the op's first host fallback in the process (the host warns once; reset_stats
+  // does not warn again).
+  bool record_host_fallback(std::string_view op);
 
   reg::Registry& registry() { return registry_; }
   reg::OpMappingTable& op_map() { return op_map_; }
@@ -209,6 +235,8 @@ class Dispatcher {
   std::atomic<bool> has_fallback_{false};
   PrecisionCheckConfig precision_;
   std::vector<PrecisionMismatch> mismatches_;
+  mutable std::mutex host_fallback_mu_;
+  std::map<std::string, int64_t, std::less<>> host_fallbacks_;  // record_host_fallback
 };
 
 }  // namespace npub

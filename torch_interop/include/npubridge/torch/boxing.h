@@ -26,9 +26,11 @@ struct BoxedStorage {
 
 // Boxes one IValue. `tensor(t)` gives the DLTensor for a defined tensor;
 // undefined tensors and None (also inside tensor lists) box as none / NULL.
+// A Generator boxes as none: the host binds it to the call instead
+// (npub::ScopedCallGenerator), and the kernel's philox_reserve draws from it.
 template <typename TensorFn>
 NpubValue box_ivalue(const c10::IValue& v, BoxedStorage& s, TensorFn&& tensor) {
-  if (v.isNone()) return none_value();
+  if (v.isNone() || v.isGenerator()) return none_value();
   if (v.isTensor()) return v.toTensor().defined() ? tensor_value(tensor(v.toTensor())) : none_value();
   if (v.isBool()) return bool_value(v.toBool());
   if (v.isInt()) return int_value(v.toInt());
