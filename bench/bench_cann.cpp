@@ -10,9 +10,9 @@
 
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/runtime.h>
+#include <npubridge/dispatcher/value.h>
 #include <npubridge/torch/dl_view.h>
 #include <npubridge/torch/dtype.h>
-#include <npubridge/dispatcher/value.h>
 
 #include "machine_ceiling.h"
 
@@ -73,15 +73,18 @@ int main(int argc, char** argv) {
   sim::Device* dev = &rt.devices().at(0);
   std::vector<Result> results;
   const bench::MachineCeiling ceiling = bench::measure_machine_ceiling(threads);
-  std::printf("machine ceiling, %d threads: fp32 FMA %.0f GFLOP/s (%s), bf16 dot products %.0f GFLOP/s, memory (STREAM triad) %.1f GB/s\n",
-              threads, ceiling.fp32_gflops, ceiling.isa, ceiling.bf16_gflops, ceiling.memory_gbps);
+  std::printf(
+      "machine ceiling, %d threads: fp32 FMA %.0f GFLOP/s (%s), bf16 dot products %.0f GFLOP/s, memory "
+      "(STREAM triad) %.1f GB/s\n",
+      threads, ceiling.fp32_gflops, ceiling.isa, ceiling.bf16_gflops, ceiling.memory_gbps);
 
   // Runs the npu call and the torch call in alternating blocks (3 blocks of
   // `reps` calls each side) and compares medians. Blocks, not single calls:
   // torch's OpenMP threads spin for a while after each torch op, which
   // would otherwise steal the cores from the npu call that follows.
-  auto measure = [&](const std::string& name, const std::function<void()>& npu, const std::function<void()>& ref, double work,
-                     const char* unit, double target, int reps) {
+  auto measure = [&](const std::string& name, const std::function<void()>& npu,
+                     const std::function<void()>& ref, double work, const char* unit, double target,
+                     int reps) {
     npu();
     ref();  // warm-up (caches, allocator, page faults)
     std::vector<double> a, b;
@@ -96,9 +99,11 @@ int main(int argc, char** argv) {
     const double peak = !flops ? ceiling.memory_gbps : bf16 ? ceiling.bf16_gflops : ceiling.fp32_gflops;
     Result r{name, a[a.size() / 2], b[b.size() / 2], work, unit, target, peak};
     const double rate = work / r.npu_s / 1e9;
-    std::printf("%-44s npu %9.3f ms  torch %9.3f ms  ratio %5.2f (target <= %.2f) %s  %8.1f %s (%3.0f%% of ceiling)\n",
-                name.c_str(), r.npu_s * 1e3, r.torch_s * 1e3, r.npu_s / r.torch_s, target,
-                r.npu_s / r.torch_s <= target ? "ok    " : "MISSED", rate, unit, 100 * rate / peak);
+    std::printf(
+        "%-44s npu %9.3f ms  torch %9.3f ms  ratio %5.2f (target <= %.2f) %s  %8.1f %s (%3.0f%% of "
+        "ceiling)\n",
+        name.c_str(), r.npu_s * 1e3, r.torch_s * 1e3, r.npu_s / r.torch_s, target,
+        r.npu_s / r.torch_s <= target ? "ok    " : "MISSED", rate, unit, 100 * rate / peak);
     std::fflush(stdout);
     results.push_back(r);
   };
@@ -121,15 +126,18 @@ int main(int argc, char** argv) {
     const OpHandle mm = d.op("aten::mm.out");
     NpubValue args[] = {tensor_value(na.dl()), tensor_value(nb.dl()), tensor_value(nc.dl())};
     const int reps = n == 1024 ? 5 : 1;
-    measure("mm fp32 " + std::to_string(n) + "^3", [&] { d.call(mm, args, 3, rets, 1, nullptr); },
-            [&] { at::mm_out(c, a, b); }, 2.0 * n * n * n, "GFLOP/s", 1.15, reps);
+    measure(
+        "mm fp32 " + std::to_string(n) + "^3", [&] { d.call(mm, args, 3, rets, 1, nullptr); },
+        [&] { at::mm_out(c, a, b); }, 2.0 * n * n * n, "GFLOP/s", 1.15, reps);
     at::Tensor bias = at::randn({n});
     Tensor nbias = to_npu(bias, dev);
     const OpHandle addmm = d.op("aten::addmm.out");
-    NpubValue aargs[] = {tensor_value(nbias.dl()), tensor_value(na.dl()), tensor_value(nb.dl()), int_value(1), int_value(1),
-                         tensor_value(nc.dl())};
-    measure("addmm fp32 " + std::to_string(n) + "^3", [&] { d.call(addmm, aargs, 6, rets, 1, nullptr); },
-            [&] { at::addmm_out(c, bias, a, b); }, 2.0 * n * n * n, "GFLOP/s", 1.15, reps);
+    NpubValue aargs[] = {
+        tensor_value(nbias.dl()), tensor_value(na.dl()), tensor_value(nb.dl()), int_value(1), int_value(1),
+        tensor_value(nc.dl())};
+    measure(
+        "addmm fp32 " + std::to_string(n) + "^3", [&] { d.call(addmm, aargs, 6, rets, 1, nullptr); },
+        [&] { at::addmm_out(c, bias, a, b); }, 2.0 * n * n * n, "GFLOP/s", 1.15, reps);
   }
   {
     const int64_t n = 16 << 20;
@@ -137,34 +145,44 @@ int main(int argc, char** argv) {
     Tensor na = to_npu(a, dev), nb = to_npu(b, dev), nc = to_npu(c, dev);
     const OpHandle add = d.op("aten::add.out"), mul = d.op("aten::mul.out");
     NpubValue args[] = {tensor_value(na.dl()), tensor_value(nb.dl()), int_value(1), tensor_value(nc.dl())};
-    measure("add fp32 16M", [&] { d.call(add, args, 4, rets, 1, nullptr); }, [&] { at::add_out(c, a, b); }, 12.0 * n, "GB/s", 1.1, 7);
+    measure(
+        "add fp32 16M", [&] { d.call(add, args, 4, rets, 1, nullptr); }, [&] { at::add_out(c, a, b); },
+        12.0 * n, "GB/s", 1.1, 7);
     NpubValue margs[] = {tensor_value(na.dl()), tensor_value(nb.dl()), tensor_value(nc.dl())};
-    measure("mul fp32 16M", [&] { d.call(mul, margs, 3, rets, 1, nullptr); }, [&] { at::mul_out(c, a, b); }, 12.0 * n, "GB/s", 1.1, 7);
+    measure(
+        "mul fp32 16M", [&] { d.call(mul, margs, 3, rets, 1, nullptr); }, [&] { at::mul_out(c, a, b); },
+        12.0 * n, "GB/s", 1.1, 7);
     at::Tensor ab = a.to(at::kBFloat16), bb = b.to(at::kBFloat16), cb = at::empty({n}, opts(at::kBFloat16));
     Tensor nab = to_npu(ab, dev), nbb = to_npu(bb, dev), ncb = to_npu(cb, dev);
-    NpubValue bargs[] = {tensor_value(nab.dl()), tensor_value(nbb.dl()), int_value(1), tensor_value(ncb.dl())};
-    measure("add bf16 16M", [&] { d.call(add, bargs, 4, rets, 1, nullptr); }, [&] { at::add_out(cb, ab, bb); }, 6.0 * n, "GB/s", 1.1, 7);
+    NpubValue bargs[] = {tensor_value(nab.dl()), tensor_value(nbb.dl()), int_value(1),
+                         tensor_value(ncb.dl())};
+    measure(
+        "add bf16 16M", [&] { d.call(add, bargs, 4, rets, 1, nullptr); }, [&] { at::add_out(cb, ab, bb); },
+        6.0 * n, "GB/s", 1.1, 7);
   }
   {
     at::Tensor x = at::randn({4096, 4096}), y = at::empty({4096, 4096});
     Tensor nx = to_npu(x, dev), ny = to_npu(y, dev);
     const OpHandle sm = d.op("aten::_softmax.out");
     NpubValue args[] = {tensor_value(nx.dl()), int_value(1), bool_value(false), tensor_value(ny.dl())};
-    measure("softmax fp32 [4096, 4096]", [&] { d.call(sm, args, 4, rets, 1, nullptr); },
-            [&] { at::_softmax_out(y, x, 1, false); }, 8.0 * 4096 * 4096, "GB/s", 1.1, 5);
+    measure(
+        "softmax fp32 [4096, 4096]", [&] { d.call(sm, args, 4, rets, 1, nullptr); },
+        [&] { at::_softmax_out(y, x, 1, false); }, 8.0 * 4096 * 4096, "GB/s", 1.1, 5);
   }
   {
     at::Tensor x = at::randn({8192, 1024}), w = at::randn({1024}), b = at::randn({1024});
     Tensor nx = to_npu(x, dev), nw = to_npu(w, dev), nb = to_npu(b, dev);
     const OpHandle ln = d.op("aten::native_layer_norm");
     std::vector<int64_t> shape{1024};
-    NpubValue args[] = {tensor_value(nx.dl()), int_list_value(shape), tensor_value(nw.dl()), tensor_value(nb.dl()), double_value(1e-5)};
-    measure("native_layer_norm fp32 [8192, 1024]",
-            [&] {
-              TensorOutputs outs(rt.devices());
-              d.call(ln, args, 5, rets, 3, &outs);
-            },
-            [&] { at::native_layer_norm(x, {1024}, w, b, 1e-5); }, 8.0 * 8192 * 1024, "GB/s", 1.1, 5);
+    NpubValue args[] = {tensor_value(nx.dl()), int_list_value(shape), tensor_value(nw.dl()),
+                        tensor_value(nb.dl()), double_value(1e-5)};
+    measure(
+        "native_layer_norm fp32 [8192, 1024]",
+        [&] {
+          TensorOutputs outs(rt.devices());
+          d.call(ln, args, 5, rets, 3, &outs);
+        },
+        [&] { at::native_layer_norm(x, {1024}, w, b, 1e-5); }, 8.0 * 8192 * 1024, "GB/s", 1.1, 5);
   }
   for (int64_t n : {1024, 4096}) {
     at::Tensor a = at::randn({n, n}, opts(at::kBFloat16)), b = at::randn({n, n}, opts(at::kBFloat16)),
@@ -173,9 +191,10 @@ int main(int argc, char** argv) {
     const OpHandle mm = d.op("aten::mm.out");
     NpubValue args[] = {tensor_value(na.dl()), tensor_value(nb.dl()), tensor_value(nc.dl())};
     const bool native = d.kernel_for(mm, DType::kBFloat16) != nullptr;
-    measure("mm bf16 " + std::to_string(n) + "^3" + (native ? "" : " (fp32 kernel via conversion)"),
-            [&] { d.call(mm, args, 3, rets, 1, nullptr); }, [&] { at::mm_out(c, a, b); }, 2.0 * n * n * n, "GFLOP/s", 1.25,
-            n == 1024 ? 5 : 1);
+    measure(
+        "mm bf16 " + std::to_string(n) + "^3" + (native ? "" : " (fp32 kernel via conversion)"),
+        [&] { d.call(mm, args, 3, rets, 1, nullptr); }, [&] { at::mm_out(c, a, b); }, 2.0 * n * n * n,
+        "GFLOP/s", 1.25, n == 1024 ? 5 : 1);
   }
   {
     // Stress: 4 host threads issue 512^3 products at once (the device's
@@ -201,19 +220,21 @@ int main(int argc, char** argv) {
         // host threads would start 4 OpenMP teams and time those instead.
         const float* got = static_cast<const float*>(out.dl()->data);
         for (int64_t e = 0; e < n * n; ++e)
-          if (!(std::fabs(got[e] - ref[static_cast<size_t>(e)]) <= 1e-4f + 1e-4f * std::fabs(ref[static_cast<size_t>(e)]))) {
+          if (!(std::fabs(got[e] - ref[static_cast<size_t>(e)]) <=
+                1e-4f + 1e-4f * std::fabs(ref[static_cast<size_t>(e)]))) {
             ++wrong;
             break;
           }
       }
     };
-    measure("mm fp32 512^3 x 32: 4 host threads / 1 thread",
-            [&] {
-              std::vector<std::thread> ts;
-              for (int t = 0; t < kThreads; ++t) ts.emplace_back(products, kPerThread);
-              for (auto& t : ts) t.join();
-            },
-            [&] { products(kThreads * kPerThread); }, 2.0 * n * n * n * kThreads * kPerThread, "GFLOP/s", 1.0, 3);
+    measure(
+        "mm fp32 512^3 x 32: 4 host threads / 1 thread",
+        [&] {
+          std::vector<std::thread> ts;
+          for (int t = 0; t < kThreads; ++t) ts.emplace_back(products, kPerThread);
+          for (auto& t : ts) t.join();
+        },
+        [&] { products(kThreads * kPerThread); }, 2.0 * n * n * n * kThreads * kPerThread, "GFLOP/s", 1.0, 3);
     std::printf("%-44s wrong results: %d\n", "  stress", wrong.load());
     if (wrong.load() != 0) return 1;
   }
@@ -226,56 +247,64 @@ int main(int argc, char** argv) {
     std::vector<int64_t> one{1, 1}, zero{0, 0}, mask{1, 1, 1};
     const double flops = 2.0 * 8 * 64 * 64 * 9 * 56 * 56;
     const OpHandle fwd = d.op("aten::convolution_overrideable");
-    NpubValue fargs[] = {tensor_value(nx.dl()), tensor_value(nw.dl()), tensor_value(nb.dl()), int_list_value(one),
-                         int_list_value(one),   int_list_value(one),   bool_value(false),     int_list_value(zero),
-                         int_value(1)};
-    measure("conv2d forward [8,64,56,56] 3x3",
-            [&] {
-              TensorOutputs outs(rt.devices());
-              d.call(fwd, fargs, 9, rets, 1, &outs);
-            },
-            [&] { at::conv2d(x, w, b, 1, 1); }, flops, "GFLOP/s", 1.1, 3);
+    NpubValue fargs[] = {tensor_value(nx.dl()), tensor_value(nw.dl()), tensor_value(nb.dl()),
+                         int_list_value(one),   int_list_value(one),   int_list_value(one),
+                         bool_value(false),     int_list_value(zero),  int_value(1)};
+    measure(
+        "conv2d forward [8,64,56,56] 3x3",
+        [&] {
+          TensorOutputs outs(rt.devices());
+          d.call(fwd, fargs, 9, rets, 1, &outs);
+        },
+        [&] { at::conv2d(x, w, b, 1, 1); }, flops, "GFLOP/s", 1.1, 3);
     const OpHandle bwd = d.op("aten::convolution_backward_overrideable");
-    NpubValue bargs[] = {tensor_value(ngy.dl()), tensor_value(nx.dl()), tensor_value(nw.dl()), int_list_value(one),
-                         int_list_value(one),    int_list_value(one),   bool_value(false),     int_list_value(zero),
-                         int_value(1),           int_list_value(mask)};
-    measure("conv2d backward [8,64,56,56] 3x3",
-            [&] {
-              TensorOutputs outs(rt.devices());
-              d.call(bwd, bargs, 10, rets, 3, &outs);
-            },
-            [&] {
-              at::convolution_backward(gy, x, w, at::IntArrayRef{64}, {1, 1}, {1, 1}, {1, 1}, false, {0, 0}, 1,
-                                       {true, true, true});
-            },
-            2 * flops, "GFLOP/s", 1.1, 3);
+    NpubValue bargs[] = {tensor_value(ngy.dl()), tensor_value(nx.dl()), tensor_value(nw.dl()),
+                         int_list_value(one),    int_list_value(one),   int_list_value(one),
+                         bool_value(false),      int_list_value(zero),  int_value(1),
+                         int_list_value(mask)};
+    measure(
+        "conv2d backward [8,64,56,56] 3x3",
+        [&] {
+          TensorOutputs outs(rt.devices());
+          d.call(bwd, bargs, 10, rets, 3, &outs);
+        },
+        [&] {
+          at::convolution_backward(gy, x, w, at::IntArrayRef{64}, {1, 1}, {1, 1}, {1, 1}, false, {0, 0}, 1,
+                                   {true, true, true});
+        },
+        2 * flops, "GFLOP/s", 1.1, 3);
   }
   if (d.find("cann_like::conv2d_bias_relu")) {
     at::Tensor x = at::randn({8, 64, 56, 56}), w = at::randn({64, 64, 3, 3}) * 0.05, b = at::randn({64});
     Tensor nx = to_npu(x, dev), nw = to_npu(w, dev), nb = to_npu(b, dev);
     const OpHandle conv = d.op("cann_like::conv2d_bias_relu");
     std::vector<int64_t> one{1, 1};
-    NpubValue args[] = {tensor_value(nx.dl()), tensor_value(nw.dl()), tensor_value(nb.dl()), int_list_value(one), int_list_value(one),
-                        int_list_value(one), int_value(1)};
-    measure("conv2d_bias_relu fused [8,64,56,56] 3x3",
-            [&] {
-              TensorOutputs outs(rt.devices());
-              d.call(conv, args, 7, rets, 1, &outs);
-            },
-            [&] { at::relu(at::conv2d(x, w, b, 1, 1)); }, 2.0 * 8 * 64 * 64 * 9 * 56 * 56, "GFLOP/s", 0.9, 3);
+    NpubValue args[] = {tensor_value(nx.dl()), tensor_value(nw.dl()), tensor_value(nb.dl()),
+                        int_list_value(one),   int_list_value(one),   int_list_value(one),
+                        int_value(1)};
+    measure(
+        "conv2d_bias_relu fused [8,64,56,56] 3x3",
+        [&] {
+          TensorOutputs outs(rt.devices());
+          d.call(conv, args, 7, rets, 1, &outs);
+        },
+        [&] { at::relu(at::conv2d(x, w, b, 1, 1)); }, 2.0 * 8 * 64 * 64 * 9 * 56 * 56, "GFLOP/s", 0.9, 3);
   } else {
-    std::printf("%-44s not implemented yet (cann_like::conv2d_bias_relu is not registered)\n", "conv2d_bias_relu fused");
+    std::printf("%-44s not implemented yet (cann_like::conv2d_bias_relu is not registered)\n",
+                "conv2d_bias_relu fused");
   }
 
   std::ofstream f(json_path);
   f << "{\n  \"threads\": " << threads << ",\n  \"torch\": \"" << TORCH_VERSION << "\",\n";
-  f << "  \"ceiling\": {\"fp32_gflops\": " << ceiling.fp32_gflops << ", \"bf16_gflops\": " << ceiling.bf16_gflops
-    << ", \"memory_gbps\": " << ceiling.memory_gbps << ", \"isa\": \"" << ceiling.isa << "\"},\n  \"results\": [\n";
+  f << "  \"ceiling\": {\"fp32_gflops\": " << ceiling.fp32_gflops
+    << ", \"bf16_gflops\": " << ceiling.bf16_gflops << ", \"memory_gbps\": " << ceiling.memory_gbps
+    << ", \"isa\": \"" << ceiling.isa << "\"},\n  \"results\": [\n";
   for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
-    f << "    {\"name\": \"" << r.name << "\", \"npu_ms\": " << r.npu_s * 1e3 << ", \"torch_ms\": " << r.torch_s * 1e3
-      << ", \"ratio\": " << r.npu_s / r.torch_s << ", \"target\": " << r.target << ", \"rate\": " << r.work / r.npu_s / 1e9
-      << ", \"unit\": \"" << r.unit << "\", \"ceiling\": " << r.ceiling << "}" << (i + 1 < results.size() ? "," : "") << "\n";
+    f << "    {\"name\": \"" << r.name << "\", \"npu_ms\": " << r.npu_s * 1e3
+      << ", \"torch_ms\": " << r.torch_s * 1e3 << ", \"ratio\": " << r.npu_s / r.torch_s
+      << ", \"target\": " << r.target << ", \"rate\": " << r.work / r.npu_s / 1e9 << ", \"unit\": \""
+      << r.unit << "\", \"ceiling\": " << r.ceiling << "}" << (i + 1 < results.size() ? "," : "") << "\n";
   }
   f << "  ]\n}\n";
   return 0;

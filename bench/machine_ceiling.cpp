@@ -13,7 +13,7 @@ namespace npub::bench {
 
 namespace {
 
-constexpr int kAcc = 12;            // independent accumulators: hides the FMA latency
+constexpr int kAcc = 12;             // independent accumulators: hides the FMA latency
 constexpr int64_t kIters = 1 << 22;  // per thread: ~0.1 s at a few GHz
 
 // The loops' results are summed and kept, so that no loop is optimised away.
@@ -61,8 +61,10 @@ __attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop() {
   return sum_lanes(acc);
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) float triad(float* __restrict a, const float* __restrict b,
-                                                                        const float* __restrict c, int64_t n) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) float triad(float* __restrict a,
+                                                                         const float* __restrict b,
+                                                                         const float* __restrict c,
+                                                                         int64_t n) {
   for (int64_t i = 0; i < n; ++i) a[i] = b[i] + 3.0f * c[i];
   return a[n / 2];
 }
@@ -104,10 +106,14 @@ MachineCeiling measure_machine_ceiling(int threads) {
   // elementwise binary op counts them), each thread on its share; pages
   // touched first, outside the timing.
   const int64_t n = int64_t{32} << 20, share = n / threads;
-  std::vector<float> a(static_cast<size_t>(n), 0.f), b(static_cast<size_t>(n), 1.f), cc(static_cast<size_t>(n), 2.f);
-  c.memory_gbps = best_rate(threads, 12.0 * static_cast<double>(share),
-                          [&](int t) { return triad(a.data() + share * t, b.data() + share * t, cc.data() + share * t, share); }) /
-                1e9;
+  std::vector<float> a(static_cast<size_t>(n), 0.f), b(static_cast<size_t>(n), 1.f),
+      cc(static_cast<size_t>(n), 2.f);
+  c.memory_gbps =
+      best_rate(threads, 12.0 * static_cast<double>(share),
+                [&](int t) {
+                  return triad(a.data() + share * t, b.data() + share * t, cc.data() + share * t, share);
+                }) /
+      1e9;
   return c;
 }
 

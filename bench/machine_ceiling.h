@@ -7,7 +7,7 @@ namespace npub::bench {
 struct MachineCeiling {
   double fp32_gflops = 0;  // fused multiply-adds in registers, all threads
   double bf16_gflops = 0;  // bf16 dot products (vdpbf16ps) in registers; 0 without AVX512-BF16
-  double memory_gbps = 0;    // STREAM triad over 3 x 128 MiB floats, 12 bytes an element, all threads
+  double memory_gbps = 0;  // STREAM triad over 3 x 128 MiB floats, 12 bytes an element, all threads
   const char* isa = "";    // the vector width the peaks were measured at
 };
 

@@ -8,7 +8,10 @@ static const NpubHostApi* g_host;
 static NpubError* touch(NpubCallContext* ctx, const NpubValue* args, int32_t num_args, NpubValue* rets,
                         int32_t num_rets) {
   DLTensor* t = args[0].u.tensor;
-  (void)ctx; (void)num_args; (void)rets; (void)num_rets;
+  (void)ctx;
+  (void)num_args;
+  (void)rets;
+  (void)num_rets;
   *(float*)((char*)t->data + t->byte_offset) += 1.0f;
   return 0;
 }
@@ -29,7 +32,7 @@ static NpubError* initialize(const NpubHostApi* host, NpubRegistrar* reg) {
 }
 
 NPUB_PLUGIN_EXPORT const NpubPluginApi* npub_plugin_init_v1(void) {
-  static const NpubPluginApi api = {sizeof(NpubPluginApi), NPUB_ABI_MAJOR, NPUB_ABI_MINOR, "bench_trivial",
-                                    "1.0.0", initialize, 0};
+  static const NpubPluginApi api = {
+      sizeof(NpubPluginApi), NPUB_ABI_MAJOR, NPUB_ABI_MINOR, "bench_trivial", "1.0.0", initialize, 0};
   return &api;
 }

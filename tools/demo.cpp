@@ -18,8 +18,8 @@ namespace {
 
 // The host framework's own tan, used by the dispatcher as the fallback:
 // copy to host memory, compute, copy back (through the copy engine).
-void host_fallback(Runtime& rt, const reg::OpEntry& op, const NpubValue* args, int32_t,
-                   NpubValue* rets, int32_t, OutputAllocator& outputs) {
+void host_fallback(Runtime& rt, const reg::OpEntry& op, const NpubValue* args, int32_t, NpubValue* rets,
+                   int32_t, OutputAllocator& outputs) {
   if (op.name() != "aten::tan")
     throw Error(ErrorCode::kUnsupported, "the demo host has no implementation of " + op.name());
   const DLTensor* x = args[0].u.tensor;
@@ -77,7 +77,8 @@ int main() {
     Tensor a = Tensor::from_values({2, 3}, DType::kFloat32, {1, -2, 3, -4, 5, -6}, npu0);
     Tensor b = Tensor::from_values({3}, DType::kFloat32, {10, 20, 30}, npu0);
     Tensor sum = Tensor::empty({2, 3}, DType::kFloat32, npu0);
-    NpubValue add_args[] = {tensor_value(a.dl()), tensor_value(b.dl()), double_value(0.5), tensor_value(sum.dl())};
+    NpubValue add_args[] = {tensor_value(a.dl()), tensor_value(b.dl()), double_value(0.5),
+                            tensor_value(sum.dl())};
     NpubValue add_rets[1] = {};
     d.call("aten::add.out", add_args, 4, add_rets, 1, nullptr);
     print_tensor("a", a);

@@ -90,8 +90,10 @@ CachingAllocator::Block* CachingAllocator::new_block(const Block& init) {
 }
 
 void CachingAllocator::drop_block(Block* b) {
-  if (spare_blocks_.size() < kMaxSpares) spare_blocks_.push_back(b);
-  else delete b;
+  if (spare_blocks_.size() < kMaxSpares)
+    spare_blocks_.push_back(b);
+  else
+    delete b;
 }
 
 size_t CachingAllocator::round_size(size_t bytes) {
@@ -146,8 +148,7 @@ void* CachingAllocator::allocate(size_t bytes, const void* stream) {
   return block->ptr;
 }
 
-CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, size_t size,
-                                                           const void* stream) {
+CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, size_t size, const void* stream) {
   Block key{nullptr, size, 0, stream, false, false, nullptr, nullptr, nullptr};
   auto it = pool.lower_bound(&key);
   if (it == pool.end() || (*it)->stream != stream) return nullptr;
@@ -167,29 +168,29 @@ CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, size_t si
 void* CachingAllocator::map_segment(size_t segment_size) {
   constexpr size_t kHuge = 2 << 20;
   const size_t span = segment_size + kHuge;
-  void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* raw =
+      ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (raw == MAP_FAILED) return nullptr;
   const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t base = (start + kHuge - 1) & ~(uintptr_t{kHuge} - 1);
   if (base > start) ::munmap(raw, base - start);
   const uintptr_t end = start + span;
-  if (end > base + segment_size) ::munmap(reinterpret_cast<void*>(base + segment_size), end - (base + segment_size));
+  if (end > base + segment_size)
+    ::munmap(reinterpret_cast<void*>(base + segment_size), end - (base + segment_size));
 #ifdef MADV_HUGEPAGE
   ::madvise(reinterpret_cast<void*>(base), segment_size, MADV_HUGEPAGE);  // advice only: failure is harmless
 #endif
   return reinterpret_cast<void*>(base);
 }
 
-CachingAllocator::Block* CachingAllocator::new_segment(size_t segment_size, bool small,
-                                                       const void* stream) {
+CachingAllocator::Block* CachingAllocator::new_segment(size_t segment_size, bool small, const void* stream) {
   void* mem = map_segment(segment_size);
   if (mem == nullptr) return nullptr;
   auto* seg = new Segment{static_cast<char*>(mem), segment_size};
   Block* b = new_block(Block{seg->base, segment_size, 0, stream, false, small, nullptr, nullptr, seg});
   stats_.reserved_bytes += static_cast<int64_t>(segment_size);
   stats_.total_reserved_bytes += static_cast<int64_t>(segment_size);
-  if (stats_.reserved_bytes > stats_.peak_reserved_bytes)
-    stats_.peak_reserved_bytes = stats_.reserved_bytes;
+  if (stats_.reserved_bytes > stats_.peak_reserved_bytes) stats_.peak_reserved_bytes = stats_.reserved_bytes;
   ++stats_.num_segments;
   return b;
 }
@@ -198,8 +199,8 @@ CachingAllocator::Block* CachingAllocator::split(Block* block, size_t size, Pool
   const size_t remaining = block->size - size;
   const bool worth_splitting = block->small ? remaining >= kMinBlock : remaining > kSmallRequest;
   if (!worth_splitting) return block;
-  Block* rest = new_block(Block{block->ptr + size, remaining, 0, block->stream, false, block->small,
-                                block, block->next, block->segment});
+  Block* rest = new_block(Block{block->ptr + size, remaining, 0, block->stream, false, block->small, block,
+                                block->next, block->segment});
   if (block->next != nullptr) block->next->prev = rest;
   block->next = rest;
   block->size = size;
@@ -309,13 +310,13 @@ bool CachingAllocator::contains(const void* ptr, size_t bytes) const {
 void CachingAllocator::throw_oom(size_t requested) {
   ++stats_.num_ooms;
   const uint64_t cached = static_cast<uint64_t>(stats_.reserved_bytes - stats_.allocated_bytes);
-  throw OutOfMemoryError(
-      "npu:" + std::to_string(device_index_) + " out of memory: tried to allocate " +
-      format_bytes(requested) + "; the device has a capacity of " + format_bytes(capacity_) +
-      ", of which " + format_bytes(static_cast<uint64_t>(stats_.allocated_bytes)) +
-      " is allocated and " + format_bytes(static_cast<uint64_t>(stats_.reserved_bytes)) +
-      " is reserved by the caching allocator (" + format_bytes(cached) +
-      " cached and free). Free tensors, call empty_cache(), or raise NPUB_SIM_MEMORY.");
+  throw OutOfMemoryError("npu:" + std::to_string(device_index_) + " out of memory: tried to allocate " +
+                         format_bytes(requested) + "; the device has a capacity of " +
+                         format_bytes(capacity_) + ", of which " +
+                         format_bytes(static_cast<uint64_t>(stats_.allocated_bytes)) + " is allocated and " +
+                         format_bytes(static_cast<uint64_t>(stats_.reserved_bytes)) +
+                         " is reserved by the caching allocator (" + format_bytes(cached) +
+                         " cached and free). Free tensors, call empty_cache(), or raise NPUB_SIM_MEMORY.");
 }
 
 }  // namespace npub::sim

@@ -63,8 +63,7 @@ void ComputePool::run_chunks(Job& job) {
     ++finished;
   }
   tls_in_parallel_region = was;
-  if (finished > 0 &&
-      job.done.fetch_add(finished, std::memory_order_acq_rel) + finished == job.num_chunks) {
+  if (finished > 0 && job.done.fetch_add(finished, std::memory_order_acq_rel) + finished == job.num_chunks) {
     std::lock_guard<std::mutex> lock(job.mu);
     job.cv.notify_all();
   }
@@ -79,8 +78,7 @@ void ComputePool::run_chunks(Job& job) {
 // finished its own chunks polls for the workers' for `spin_` before it
 // blocks. The spin is bounded and only follows work: an idle device's
 // workers sleep. A poster takes the futex path only when a worker sleeps.
-void ComputePool::parallel_for(int64_t begin, int64_t end, int64_t grain, Body body,
-                               void* user) {
+void ComputePool::parallel_for(int64_t begin, int64_t end, int64_t grain, Body body, void* user) {
   if (end <= begin) return;
   const int64_t n = end - begin;
   grain = std::max<int64_t>(grain, 1);
@@ -134,8 +132,7 @@ void ComputePool::worker_loop() {
   uint64_t seen = posted_.load(std::memory_order_acquire);
   for (;;) {
     // See Note [Compute threads spin before they sleep].
-    const bool posted =
-        spin_until([&] { return posted_.load(std::memory_order_acquire) != seen; }, spin_);
+    const bool posted = spin_until([&] { return posted_.load(std::memory_order_acquire) != seen; }, spin_);
     std::unique_lock<std::mutex> lock(mu_);
     if (!posted) {
       ++sleepers_;

@@ -1,10 +1,10 @@
 #include <npubridge/device_sim/compute_pool.h>
 #include <npubridge/device_sim/copy_engine.h>
-#include <npubridge/support/shape.h>
 #include <npubridge/device_sim/stream.h>
-#include <npubridge/half.hpp>
 #include <npubridge/support/dtype.h>
 #include <npubridge/support/error.h>
+#include <npubridge/support/shape.h>
+#include <npubridge/half.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -53,7 +53,6 @@ std::vector<int64_t> strides_of(const DLTensor& t) {
   return s;
 }
 
-
 struct Plan {
   const DLTensor* dst;
   const DLTensor* src;
@@ -66,8 +65,7 @@ template <typename To, typename From>
 void copy_rows(const Plan& p, int64_t row_begin, int64_t row_end) {
   const int nd = p.dst->ndim;
   auto* dbase = reinterpret_cast<To*>(static_cast<char*>(p.dst->data) + p.dst->byte_offset);
-  auto* sbase =
-      reinterpret_cast<const From*>(static_cast<const char*>(p.src->data) + p.src->byte_offset);
+  auto* sbase = reinterpret_cast<const From*>(static_cast<const char*>(p.src->data) + p.src->byte_offset);
   const int64_t ds = nd > 0 ? p.dst_strides[static_cast<size_t>(nd - 1)] : 1;
   const int64_t ss = nd > 0 ? p.src_strides[static_cast<size_t>(nd - 1)] : 1;
   for (int64_t r = row_begin; r < row_end; ++r) {
@@ -92,17 +90,28 @@ void copy_rows(const Plan& p, int64_t row_begin, int64_t row_end) {
 template <typename F>
 void visit_type(DType t, F&& f) {
   switch (t) {
-    case DType::kFloat32: return f(float{});
-    case DType::kFloat64: return f(double{});
-    case DType::kFloat16: return f(F16{});
-    case DType::kBFloat16: return f(BF16{});
-    case DType::kInt64: return f(int64_t{});
-    case DType::kInt32: return f(int32_t{});
-    case DType::kInt16: return f(int16_t{});
-    case DType::kInt8: return f(int8_t{});
-    case DType::kUInt8: return f(uint8_t{});
-    case DType::kBool: return f(bool{});
-    default: throw Error(ErrorCode::kInternal, "copy_tensor: unknown dtype");
+    case DType::kFloat32:
+      return f(float{});
+    case DType::kFloat64:
+      return f(double{});
+    case DType::kFloat16:
+      return f(F16{});
+    case DType::kBFloat16:
+      return f(BF16{});
+    case DType::kInt64:
+      return f(int64_t{});
+    case DType::kInt32:
+      return f(int32_t{});
+    case DType::kInt16:
+      return f(int16_t{});
+    case DType::kInt8:
+      return f(int8_t{});
+    case DType::kUInt8:
+      return f(uint8_t{});
+    case DType::kBool:
+      return f(bool{});
+    default:
+      throw Error(ErrorCode::kInternal, "copy_tensor: unknown dtype");
   }
 }
 
@@ -110,9 +119,8 @@ using RowFn = void (*)(const Plan&, int64_t, int64_t);
 
 RowFn row_fn(DType to, DType from) {
   RowFn fn = nullptr;
-  visit_type(to, [&](auto t) {
-    visit_type(from, [&](auto f) { fn = &copy_rows<decltype(t), decltype(f)>; });
-  });
+  visit_type(to,
+             [&](auto t) { visit_type(from, [&](auto f) { fn = &copy_rows<decltype(t), decltype(f)>; }); });
   return fn;
 }
 
@@ -153,8 +161,8 @@ bool is_contiguous(const DLTensor& t) { return npub::is_contiguous(t.shape, t.st
 void copy_tensor(const DLTensor& dst, const DLTensor& src, ComputePool* pool) {
   if (dst.ndim != src.ndim || !std::equal(dst.shape, dst.shape + dst.ndim, src.shape))
     throw Error(ErrorCode::kInvalidArgument, "copy_tensor: expected equal shapes but found " +
-                                                 shape_str(dst) + " (destination) and " +
-                                                 shape_str(src) + " (source)");
+                                                 shape_str(dst) + " (destination) and " + shape_str(src) +
+                                                 " (source)");
   const DType dt = dtype_of(dst.dtype), st = dtype_of(src.dtype);
   if (dt == DType::kUnknown || st == DType::kUnknown)
     throw Error(ErrorCode::kUnsupported, "copy_tensor: unsupported dtype " +
@@ -173,12 +181,13 @@ void copy_tensor(const DLTensor& dst, const DLTensor& src, ComputePool* pool) {
     } m{d, s};
     constexpr int64_t kGrain = 1 << 20;
     if (pool != nullptr && bytes > 4 * kGrain) {
-      pool->parallel_for(0, bytes, kGrain,
-                         [](void* u, int64_t b, int64_t e) {
-                           auto* mm = static_cast<Mem*>(u);
-                           std::memmove(mm->d + b, mm->s + b, static_cast<size_t>(e - b));
-                         },
-                         &m);
+      pool->parallel_for(
+          0, bytes, kGrain,
+          [](void* u, int64_t b, int64_t e) {
+            auto* mm = static_cast<Mem*>(u);
+            std::memmove(mm->d + b, mm->s + b, static_cast<size_t>(e - b));
+          },
+          &m);
     } else {
       std::memmove(d, s, static_cast<size_t>(bytes));
     }

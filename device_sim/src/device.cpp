@@ -44,9 +44,9 @@ DeviceOptions DeviceOptions::from_env() {
   DeviceOptions o;
   o.num_devices = static_cast<int>(env::get_int("NPUB_SIM_DEVICES", o.num_devices));
   if (o.num_devices < 1 || o.num_devices > 64)
-    throw Error(ErrorCode::kInvalidArgument,
-                "NPUB_SIM_DEVICES: expected a device count from 1 to 64 but found " +
-                    std::to_string(o.num_devices));
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "NPUB_SIM_DEVICES: expected a device count from 1 to 64 but found " + std::to_string(o.num_devices));
   o.memory_bytes = env::get_bytes("NPUB_SIM_MEMORY", o.memory_bytes);
   if (o.memory_bytes == 0)
     throw Error(ErrorCode::kInvalidArgument, "NPUB_SIM_MEMORY: expected a positive size but found 0");
@@ -81,8 +81,7 @@ Device::~Device() {
 
 Stream& Device::create_stream() {
   std::lock_guard<std::mutex> lock(streams_mu_);
-  streams_.push_back(
-      std::make_unique<Stream>(index_, static_cast<int>(streams_.size()), launch_blocking_));
+  streams_.push_back(std::make_unique<Stream>(index_, static_cast<int>(streams_.size()), launch_blocking_));
   return *streams_.back();
 }
 
@@ -98,8 +97,9 @@ Stream& Device::pooled_stream() {
 Stream& Device::stream(int id) {
   std::lock_guard<std::mutex> lock(streams_mu_);
   if (id < 0 || id >= static_cast<int>(streams_.size()))
-    throw Error(ErrorCode::kInvalidArgument, "npu:" + std::to_string(index_) + " has no stream " + std::to_string(id) +
-                                                 " (" + std::to_string(streams_.size()) + " streams created)");
+    throw Error(ErrorCode::kInvalidArgument, "npu:" + std::to_string(index_) + " has no stream " +
+                                                 std::to_string(id) + " (" + std::to_string(streams_.size()) +
+                                                 " streams created)");
   return *streams_[static_cast<size_t>(id)];
 }
 
@@ -125,18 +125,15 @@ void Device::synchronize() {
   for (Stream* s : all) s->synchronize();
 }
 
-DeviceSet::DeviceSet(const DeviceOptions& options)
-    : uid_(g_next_device_uid.fetch_add(1)), options_(options) {
-  for (int i = 0; i < options.num_devices; ++i)
-    devices_.push_back(std::make_unique<Device>(i, options));
+DeviceSet::DeviceSet(const DeviceOptions& options) : uid_(g_next_device_uid.fetch_add(1)), options_(options) {
+  for (int i = 0; i < options.num_devices; ++i) devices_.push_back(std::make_unique<Device>(i, options));
 }
 
 Device& DeviceSet::at(int index) {
   if (index < 0 || index >= count())
     throw Error(ErrorCode::kInvalidArgument,
                 "npu:" + std::to_string(index) + " does not exist: expected a device index from 0 to " +
-                    std::to_string(count() - 1) + " (NPUB_SIM_DEVICES=" +
-                    std::to_string(count()) + ")");
+                    std::to_string(count() - 1) + " (NPUB_SIM_DEVICES=" + std::to_string(count()) + ")");
   return *devices_[static_cast<size_t>(index)];
 }
 

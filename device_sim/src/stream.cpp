@@ -156,9 +156,8 @@ double Event::elapsed_ms(const Event& end) const {
       throw Error(ErrorCode::kInvalidArgument,
                   std::string("Event::elapsed_ms: the ") + which + " event was never recorded");
     if (s.completed < s.recorded)
-      throw Error(ErrorCode::kInvalidArgument,
-                  std::string("Event::elapsed_ms: the ") + which +
-                      " event has not completed yet; synchronize it first");
+      throw Error(ErrorCode::kInvalidArgument, std::string("Event::elapsed_ms: the ") + which +
+                                                   " event has not completed yet; synchronize it first");
     return s.when;
   };
   auto t0 = read(*state_, "start");

@@ -23,7 +23,7 @@ struct Dispatcher::CallState {
   DLDevice device{};
   bool has_device = false;
   DType dtype = DType::kUnknown;  // the dispatch dtype
-  bool meta = false;  // infer_meta: tensors carry metadata only (data may be NULL)
+  bool meta = false;              // infer_meta: tensors carry metadata only (data may be NULL)
   // Arguments with defaults filled in, when the caller omitted some.
   std::array<NpubValue, 24> inline_args;  // not zeroed: written before read
   std::vector<NpubValue> heap_args;
@@ -31,9 +31,8 @@ struct Dispatcher::CallState {
 
 // Runs one kernel with the given (possibly staged) arguments on the call's
 // device and stream. Throws npub::Error naming the op and the plugin.
-void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs,
-                   const reg::Kernel& k, const NpubValue* args, NpubValue* rets,
-                   OutputAllocator* outputs);
+void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs, const reg::Kernel& k,
+                   const NpubValue* args, NpubValue* rets, OutputAllocator* outputs);
 
 using sim::is_contiguous;
 

@@ -28,7 +28,8 @@ class ConvertingOutputs final : public OutputAllocator {
   DLTensor* allocate(int32_t ret_index, const DLDevice& dev, int32_t ndim, const int64_t* shape,
                      DLDataType dtype) override {
     if (converting_ && dtype_of(dtype) == DType::kFloat32) {
-      temps_.push_back({ret_index, Tensor::empty(std::vector<int64_t>(shape, shape + ndim), DType::kFloat32, &device_)});
+      temps_.push_back(
+          {ret_index, Tensor::empty(std::vector<int64_t>(shape, shape + ndim), DType::kFloat32, &device_)});
       return temps_.back().second.dl();
     }
     return inner_.allocate(ret_index, dev, ndim, shape, dtype);
@@ -44,7 +45,8 @@ class ConvertingOutputs final : public OutputAllocator {
 }  // namespace
 
 void Dispatcher::run_staged(CallState& cs, const reg::Kernel& k, DType convert_from) {
-  const int index = cs.device.device_type == NPUB_DEVICE_NPU ? cs.device.device_id : devices_.current_device();
+  const int index =
+      cs.device.device_type == NPUB_DEVICE_NPU ? cs.device.device_id : devices_.current_device();
   sim::Device& dev = devices_.at(index);
   const StagingRule rule(k, convert_from);
   const bool converting = rule.converting();
@@ -110,12 +112,14 @@ void Dispatcher::run_staged(CallState& cs, const reg::Kernel& k, DType convert_f
   for (auto& [original, tmp] : write_back) sim::copy_tensor(*original, *tmp, &dev.compute());
   for (int32_t i = 0; i < cs.num_rets; ++i) {
     const auto ui = static_cast<size_t>(i);
-    if (alias[ui] >= 0 || (cs.rets[i].tag == NPUB_VALUE_TENSOR)) continue;  // caller's tensor, already written back
+    if (alias[ui] >= 0 || (cs.rets[i].tag == NPUB_VALUE_TENSOR))
+      continue;  // caller's tensor, already written back
     cs.rets[i] = rets[ui];
   }
   for (auto& [ret_index, tmp] : outs.temps_) {
     DLTensor* src = tmp.dl();
-    DLTensor* final_out = cs.outputs->allocate(ret_index, cs.device, src->ndim, src->shape, to_dl(convert_from));
+    DLTensor* final_out =
+        cs.outputs->allocate(ret_index, cs.device, src->ndim, src->shape, to_dl(convert_from));
     sim::copy_tensor(*final_out, *src, &dev.compute());
     cs.rets[ret_index].tag = NPUB_VALUE_TENSOR;
     cs.rets[ret_index].u.tensor = final_out;

@@ -3,10 +3,10 @@
 
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/dispatcher.h>
-#include "logging.h"
 #include <npubridge/support/env.h>
 #include <npubridge/support/error.h>
 #include <npubridge/support/tick_clock.h>
+#include "logging.h"
 
 #include <chrono>
 #include <cstring>
@@ -23,8 +23,8 @@ std::string device_str(const DLDevice& d) {
 
 [[noreturn]] void bad_arg(const reg::OpEntry& op, const reg::Argument& a, int32_t index,
                           const std::string& what) {
-  throw Error(ErrorCode::kInvalidArgument, "op '" + op.name() + "', argument '" + a.name + "' (" +
-                                               std::to_string(index) + "): " + what);
+  throw Error(ErrorCode::kInvalidArgument,
+              "op '" + op.name() + "', argument '" + a.name + "' (" + std::to_string(index) + "): " + what);
 }
 
 }  // namespace
@@ -38,8 +38,10 @@ DLTensor* NoOutputs::allocate(int32_t ret_index, const DLDevice&, int32_t, const
 DispatcherOptions DispatcherOptions::from_env() {
   DispatcherOptions o;
   if (auto v = env::get("NPUB_FALLBACK")) {
-    if (*v == "error") o.fallback_mode = FallbackMode::kError;
-    else if (*v == "allow" || *v == "warn" || *v == "1") o.fallback_mode = FallbackMode::kAllow;
+    if (*v == "error")
+      o.fallback_mode = FallbackMode::kError;
+    else if (*v == "allow" || *v == "warn" || *v == "1")
+      o.fallback_mode = FallbackMode::kAllow;
     else
       throw Error(ErrorCode::kInvalidArgument,
                   "NPUB_FALLBACK: expected 'allow' or 'error' but found '" + *v + "'");
@@ -52,8 +54,8 @@ DispatcherOptions DispatcherOptions::from_env() {
   return o;
 }
 
-Dispatcher::Dispatcher(reg::Registry& registry, reg::OpMappingTable& op_map,
-                       sim::DeviceSet& devices, const DispatcherOptions& options)
+Dispatcher::Dispatcher(reg::Registry& registry, reg::OpMappingTable& op_map, sim::DeviceSet& devices,
+                       const DispatcherOptions& options)
     : registry_(registry),
       op_map_(op_map),
       devices_(devices),
@@ -109,15 +111,15 @@ void Dispatcher::validate(CallState& cs) const {
   if (cs.num_args > n || cs.num_args < op.num_required_args() || cs.num_args < 0)
     throw Error(ErrorCode::kInvalidArgument,
                 "op '" + op.name() + "': expected " +
-                    (op.num_required_args() == n ? std::to_string(n)
-                                                 : std::to_string(op.num_required_args()) + " to " +
-                                                       std::to_string(n)) +
-                    " arguments but found " + std::to_string(cs.num_args) + " (schema: " +
-                    op.schema().to_string() + ")");
+                    (op.num_required_args() == n
+                         ? std::to_string(n)
+                         : std::to_string(op.num_required_args()) + " to " + std::to_string(n)) +
+                    " arguments but found " + std::to_string(cs.num_args) +
+                    " (schema: " + op.schema().to_string() + ")");
   if (cs.num_rets != static_cast<int32_t>(op.schema().returns.size()))
-    throw Error(ErrorCode::kInvalidArgument,
-                "op '" + op.name() + "': expected " + std::to_string(op.schema().returns.size()) +
-                    " return slots but found " + std::to_string(cs.num_rets));
+    throw Error(ErrorCode::kInvalidArgument, "op '" + op.name() + "': expected " +
+                                                 std::to_string(op.schema().returns.size()) +
+                                                 " return slots but found " + std::to_string(cs.num_rets));
   if (cs.num_args < n) {
     NpubValue* filled = cs.inline_args.data();
     if (static_cast<size_t>(n) > cs.inline_args.size()) {
@@ -132,24 +134,30 @@ void Dispatcher::validate(CallState& cs) const {
 
   auto check_tensor = [&](const DLTensor* t, const reg::Argument& a, int32_t index) {
     if (t->ndim < 0 || t->ndim > 64)
-      bad_arg(op, a, index, "expected a tensor with 0 to 64 dimensions but found ndim " + std::to_string(t->ndim));
+      bad_arg(op, a, index,
+              "expected a tensor with 0 to 64 dimensions but found ndim " + std::to_string(t->ndim));
     if (t->ndim > 0 && t->shape == nullptr) bad_arg(op, a, index, "tensor has ndim > 0 but a NULL shape");
     const DType dt = dtype_of(t->dtype);
     if (dt == DType::kUnknown) bad_arg(op, a, index, "unsupported dtype " + dtype_name(t->dtype));
     int64_t numel = 1;
     for (int32_t d = 0; d < t->ndim; ++d) {
       const int64_t s = t->shape[d];
-      if (s < 0) bad_arg(op, a, index, "expected non-negative sizes but found " + std::to_string(s) + " at dim " + std::to_string(d));
+      if (s < 0)
+        bad_arg(
+            op, a, index,
+            "expected non-negative sizes but found " + std::to_string(s) + " at dim " + std::to_string(d));
       if (s != 0 && numel > (INT64_MAX / 8) / s) bad_arg(op, a, index, "element count overflows int64");
       numel *= s;
     }
-    if (numel > 0 && t->data == nullptr && !cs.meta) bad_arg(op, a, index, "tensor has elements but a NULL data pointer");
+    if (numel > 0 && t->data == nullptr && !cs.meta)
+      bad_arg(op, a, index, "tensor has elements but a NULL data pointer");
     const DLDevice dev{t->device.device_type, t->device.device_id};
     if (dev.device_type != NPUB_DEVICE_NPU && dev.device_type != NPUB_DEVICE_CPU)
       bad_arg(op, a, index, "expected a tensor on npu or cpu but found one on " + device_str(dev));
     if (dev.device_type == NPUB_DEVICE_NPU && (dev.device_id < 0 || dev.device_id >= devices_.count()))
-      bad_arg(op, a, index, "tensor is on " + device_str(dev) + ", which does not exist (" +
-                                std::to_string(devices_.count()) + " devices)");
+      bad_arg(op, a, index,
+              "tensor is on " + device_str(dev) + ", which does not exist (" +
+                  std::to_string(devices_.count()) + " devices)");
     if (!cs.has_device) {
       cs.device = dev;
       cs.has_device = true;
@@ -167,14 +175,16 @@ void Dispatcher::validate(CallState& cs) const {
     const NpubValue& v = cs.args[i];
     const reg::Argument& a = sargs[static_cast<size_t>(i)];
     if (v.tag < 0 || v.tag > 31 || ((accepted[static_cast<size_t>(i)] >> v.tag) & 1u) == 0)
-      bad_arg(op, a, i, "expected " + reg::type_to_string(a.type) + " but found " + reg::value_tag_name(v.tag));
+      bad_arg(op, a, i,
+              "expected " + reg::type_to_string(a.type) + " but found " + reg::value_tag_name(v.tag));
     switch (v.tag) {
       case NPUB_VALUE_TENSOR:
         if (v.u.tensor == nullptr) bad_arg(op, a, i, "expected a tensor but found a NULL DLTensor pointer");
         check_tensor(v.u.tensor, a, i);
         break;
       case NPUB_VALUE_TENSOR_LIST:
-        if (v.count < 0 || (v.count > 0 && v.u.tensors == nullptr)) bad_arg(op, a, i, "malformed tensor list");
+        if (v.count < 0 || (v.count > 0 && v.u.tensors == nullptr))
+          bad_arg(op, a, i, "malformed tensor list");
         for (int32_t k = 0; k < v.count; ++k) {
           if (v.u.tensors[k] == nullptr) {
             if (!a.type.element_optional) bad_arg(op, a, i, "element " + std::to_string(k) + " is NULL");
@@ -189,7 +199,9 @@ void Dispatcher::validate(CallState& cs) const {
         // int[N] with N >= 2 takes N values, one to repeat, or none (the
         // op's default, e.g. stride=[]); int[1] is any length.
         if (a.type.fixed_size > 1 && v.count != a.type.fixed_size && v.count > 1)
-          bad_arg(op, a, i, "expected a list of " + std::to_string(a.type.fixed_size) + " values but found " + std::to_string(v.count));
+          bad_arg(op, a, i,
+                  "expected a list of " + std::to_string(a.type.fixed_size) + " values but found " +
+                      std::to_string(v.count));
         break;
       case NPUB_VALUE_STRING:
         if (v.u.s == nullptr || v.count < 0) bad_arg(op, a, i, "NULL string");
@@ -214,7 +226,8 @@ void Dispatcher::validate(CallState& cs) const {
                       ": expected an empty slot (None) or a preallocated tensor for " +
                       reg::type_to_string(ra.type) + " but found " + reg::value_tag_name(r.tag));
     if (r.u.tensor == nullptr)
-      throw Error(ErrorCode::kInvalidArgument, "op '" + op.name() + "', return " + std::to_string(i) + ": NULL tensor");
+      throw Error(ErrorCode::kInvalidArgument,
+                  "op '" + op.name() + "', return " + std::to_string(i) + ": NULL tensor");
     reg::Argument as_arg = ra;
     as_arg.name = "return " + std::to_string(i);
     check_tensor(r.u.tensor, as_arg, i);
@@ -233,13 +246,16 @@ namespace {
 // kernels the requested plugin's (an op mapping's) comes first, then the
 // highest priority. select_kernel, kernel_for (no arguments, so no
 // predicate) and explain_no_kernel all read these functions.
-bool plugin_enabled(const reg::Kernel& k) { return !k.plugin || k.plugin->enabled.load(std::memory_order_relaxed); }
+bool plugin_enabled(const reg::Kernel& k) {
+  return !k.plugin || k.plugin->enabled.load(std::memory_order_relaxed);
+}
 bool level_allows(const reg::Kernel& k, int level) { return level > 0 && k.min_opt_level <= level; }
 bool statically_eligible(const reg::Kernel& k, int level, DType dtype) {
   return plugin_enabled(k) && level_allows(k, level) && k.accepts(dtype);
 }
 template <typename Eligible>
-const reg::Kernel* first_eligible(const reg::KernelList& list, const reg::PluginRecord* preferred, Eligible&& eligible) {
+const reg::Kernel* first_eligible(const reg::KernelList& list, const reg::PluginRecord* preferred,
+                                  Eligible&& eligible) {
   if (preferred != nullptr)
     for (const reg::Kernel* k : list)
       if (k->plugin.get() == preferred && eligible(*k)) return k;
@@ -251,10 +267,11 @@ const reg::Kernel* first_eligible(const reg::KernelList& list, const reg::Plugin
 
 const reg::Kernel* Dispatcher::select_kernel(CallState& cs, DType dtype) const {
   const int level = opt_level_.load(std::memory_order_relaxed);
-  return first_eligible(cs.op->kernels(cs.device.device_type), cs.handle->preferred_plugin, [&](const reg::Kernel& k) {
-    return statically_eligible(k, level, dtype) &&
-           (k.supports == nullptr || k.supports(k.user_data, cs.args, cs.num_args) != 0);
-  });
+  return first_eligible(
+      cs.op->kernels(cs.device.device_type), cs.handle->preferred_plugin, [&](const reg::Kernel& k) {
+        return statically_eligible(k, level, dtype) &&
+               (k.supports == nullptr || k.supports(k.user_data, cs.args, cs.num_args) != 0);
+      });
 }
 
 const reg::Kernel* Dispatcher::select(const OpHandle& handle, const NpubValue* args, int32_t num_args) const {
@@ -267,7 +284,8 @@ const reg::Kernel* Dispatcher::select(const OpHandle& handle, const NpubValue* a
   cs.rets = rets.data();
   cs.num_rets = static_cast<int32_t>(rets.size());
   validate(cs);
-  if (!cs.has_device) cs.device = DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), devices_.current_device()};
+  if (!cs.has_device)
+    cs.device = DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), devices_.current_device()};
   const reg::Kernel* k = select_kernel(cs, cs.dtype);
   if (k == nullptr && dtype_conversion() && (cs.dtype == DType::kFloat16 || cs.dtype == DType::kBFloat16))
     k = select_kernel(cs, DType::kFloat32);
@@ -328,8 +346,9 @@ void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs, con
     }
   } cleanup{ctx};
   auto fail = [&](int32_t code, const std::string& msg) {
-    throw Error(static_cast<ErrorCode>(code >= 1 && code <= 6 ? code : NPUB_ERR_INTERNAL),
-                "op '" + cs.op->name() + "' failed in the kernel of plugin '" + k.plugin_name() + "': " + msg);
+    throw Error(
+        static_cast<ErrorCode>(code >= 1 && code <= 6 ? code : NPUB_ERR_INTERNAL),
+        "op '" + cs.op->name() + "' failed in the kernel of plugin '" + k.plugin_name() + "': " + msg);
   };
   if (k.workspace_size != nullptr) {
     uint64_t bytes = 0;
@@ -362,13 +381,13 @@ void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs, con
   const_cast<reg::Kernel&>(k).calls.fetch_add(1, std::memory_order_relaxed);
 }
 
-void Dispatcher::call(std::string_view op_name, const NpubValue* args, int32_t num_args,
-                      NpubValue* rets, int32_t num_rets, OutputAllocator* outputs) {
+void Dispatcher::call(std::string_view op_name, const NpubValue* args, int32_t num_args, NpubValue* rets,
+                      int32_t num_rets, OutputAllocator* outputs) {
   call(op(op_name), args, num_args, rets, num_rets, outputs);
 }
 
-void Dispatcher::call(const OpHandle& handle, const NpubValue* args, int32_t num_args,
-                      NpubValue* rets, int32_t num_rets, OutputAllocator* outputs) {
+void Dispatcher::call(const OpHandle& handle, const NpubValue* args, int32_t num_args, NpubValue* rets,
+                      int32_t num_rets, OutputAllocator* outputs) {
   if (!handle) throw Error(ErrorCode::kInvalidArgument, "Dispatcher::call: empty op handle");
   const int64_t t0 = TickClock::now();
   reg::OpStats& stats = handle.op->stats();
@@ -407,7 +426,8 @@ void Dispatcher::call(const OpHandle& handle, const NpubValue* args, int32_t num
   stats.total_ticks.fetch_add(TickClock::now() - t0, std::memory_order_relaxed);
 }
 
-std::vector<OutputMeta> Dispatcher::infer_meta(const OpHandle& handle, const NpubValue* args, int32_t num_args) const {
+std::vector<OutputMeta> Dispatcher::infer_meta(const OpHandle& handle, const NpubValue* args,
+                                               int32_t num_args) const {
   if (!handle) throw Error(ErrorCode::kInvalidArgument, "Dispatcher::infer_meta: empty op handle");
   const reg::OpEntry& op = *handle.op;
   const size_t nret = op.schema().returns.size();
@@ -438,20 +458,20 @@ std::vector<OutputMeta> Dispatcher::infer_meta(const OpHandle& handle, const Npu
   if (NpubError* e = meta->fn(&ctx, cs.args, cs.num_args)) {
     int32_t code = 0;
     const std::string msg = consume_error(e, &code);
-    throw Error(code == 0 ? ErrorCode::kInternal : static_cast<ErrorCode>(code), "op '" + op.name() + "' (plugin '" + meta->plugin->name + "'): " + msg);
+    throw Error(code == 0 ? ErrorCode::kInternal : static_cast<ErrorCode>(code),
+                "op '" + op.name() + "' (plugin '" + meta->plugin->name + "'): " + msg);
   }
   for (size_t i = 0; i < nret; ++i) {
     const reg::Argument& r = op.schema().returns[i];
     if (out[i].alias < 0 && !out[i].set && r.type.base == reg::BaseType::kTensor && !r.type.list)
       throw Error(ErrorCode::kInternal, "op '" + op.name() + "' (plugin '" + meta->plugin->name +
-                                            "'): the meta function did not declare return " + std::to_string(i) +
-                                            " (set_output_meta)");
+                                            "'): the meta function did not declare return " +
+                                            std::to_string(i) + " (set_output_meta)");
   }
   return out;
 }
 
-std::string explain_no_kernel(const Dispatcher& d, const reg::OpEntry& op, const DLDevice& dev,
-                              DType dtype) {
+std::string explain_no_kernel(const Dispatcher& d, const reg::OpEntry& op, const DLDevice& dev, DType dtype) {
   const auto& list = op.kernels(dev.device_type);
   if (d.opt_level() == 0) return "optimisation level 0 disables every plugin kernel";
   if (list.empty())
@@ -469,7 +489,8 @@ std::string explain_no_kernel(const Dispatcher& d, const reg::OpEntry& op, const
 }
 
 void Dispatcher::run_fallback(CallState& cs, const char* reason) {
-  const std::string why = reason != nullptr ? std::string(reason) : explain_no_kernel(*this, *cs.op, cs.device, cs.dtype);
+  const std::string why =
+      reason != nullptr ? std::string(reason) : explain_no_kernel(*this, *cs.op, cs.device, cs.dtype);
   if (fallback_mode_.load(std::memory_order_relaxed) == FallbackMode::kError)
     throw Error(ErrorCode::kUnsupported,
                 "op '" + cs.op->name() + "' is not supported on " + device_str(cs.device) + ": " + why +
@@ -485,9 +506,10 @@ void Dispatcher::run_fallback(CallState& cs, const char* reason) {
                                              ", and the host registered no fallback");
   reg::OpStats& stats = cs.op->stats();
   if (!stats.fallback_warned.exchange(true))
-    log().warn("operator '{}' is not supported on the NPU backend ({}) and will fall back to the "
-               "host framework's implementation; logged once per op",
-               cs.op->name(), why);
+    log().warn(
+        "operator '{}' is not supported on the NPU backend ({}) and will fall back to the "
+        "host framework's implementation; logged once per op",
+        cs.op->name(), why);
   stats.fallbacks.fetch_add(1, std::memory_order_relaxed);
   fn(*cs.op, cs.args, cs.num_args, cs.rets, cs.num_rets, *cs.outputs);
 }
@@ -508,8 +530,10 @@ namespace {
 class SavedReturns {
  public:
   SavedReturns(const NpubValue* rets, int32_t n) : n_(static_cast<size_t>(n)) {
-    if (n_ > inline_.size()) heap_.assign(rets, rets + n_);
-    else std::copy(rets, rets + n_, inline_.begin());
+    if (n_ > inline_.size())
+      heap_.assign(rets, rets + n_);
+    else
+      std::copy(rets, rets + n_, inline_.begin());
   }
   void restore(NpubValue* rets) const {
     const NpubValue* from = n_ > inline_.size() ? heap_.data() : inline_.data();
@@ -526,8 +550,10 @@ class SavedReturns {
 void Dispatcher::run_kernel(CallState& cs, const reg::Kernel& k, DType convert_from) {
   const SavedReturns saved(cs.rets, cs.num_rets);
   try {
-    if (StagingRule(k, convert_from).applies_to(cs)) run_staged(cs, k, convert_from);
-    else invoke_kernel(devices_, cs, k, cs.args, cs.rets, cs.outputs);
+    if (StagingRule(k, convert_from).applies_to(cs))
+      run_staged(cs, k, convert_from);
+    else
+      invoke_kernel(devices_, cs, k, cs.args, cs.rets, cs.outputs);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kUnsupported || !has_fallback()) throw;
     saved.restore(cs.rets);

@@ -24,10 +24,14 @@ struct Format {
 
 Format format_of(DType d) {
   switch (d) {
-    case DType::kFloat64: return {53, -1022, std::numeric_limits<double>::max()};
-    case DType::kFloat16: return {11, -14, 65504.0};
-    case DType::kBFloat16: return {8, -126, 3.3895313892515355e38};
-    default: return {24, -126, static_cast<double>(std::numeric_limits<float>::max())};
+    case DType::kFloat64:
+      return {53, -1022, std::numeric_limits<double>::max()};
+    case DType::kFloat16:
+      return {11, -14, 65504.0};
+    case DType::kBFloat16:
+      return {8, -126, 3.3895313892515355e38};
+    default:
+      return {24, -126, static_cast<double>(std::numeric_limits<float>::max())};
   }
 }
 
@@ -39,20 +43,28 @@ double overflow_threshold(DType d) {
 
 const char* kind_name(ErrorKind k) {
   switch (k) {
-    case ErrorKind::kExact: return "exact";
-    case ErrorKind::kSameDtype: return "same-dtype reference";
-    case ErrorKind::kRounded: return "elementwise, rounded once";
-    case ErrorKind::kAccumulated: return "accumulated";
-    case ErrorKind::kHostCalibrated: return "host-calibrated";
+    case ErrorKind::kExact:
+      return "exact";
+    case ErrorKind::kSameDtype:
+      return "same-dtype reference";
+    case ErrorKind::kRounded:
+      return "elementwise, rounded once";
+    case ErrorKind::kAccumulated:
+      return "accumulated";
+    case ErrorKind::kHostCalibrated:
+      return "host-calibrated";
   }
   return "?";
 }
 
 const char* magnitude_name(Magnitude m) {
   switch (m) {
-    case Magnitude::kAbsInputs: return "sum|terms| (the op on |inputs|)";
-    case Magnitude::kResult: return "|reference|";
-    case Magnitude::kScale: return "max |input or result|";
+    case Magnitude::kAbsInputs:
+      return "sum|terms| (the op on |inputs|)";
+    case Magnitude::kResult:
+      return "|reference|";
+    case Magnitude::kScale:
+      return "max |input or result|";
   }
   return "?";
 }
@@ -172,9 +184,11 @@ DType accumulate_dtype(DType d) { return d == DType::kFloat64 ? DType::kFloat64 
 
 std::string Verdict::message() const {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "%lld of %lld elements exceed their error bound; worst at flat index %lld: got %.9g, reference %.9g",
-                static_cast<long long>(mismatched), static_cast<long long>(numel), static_cast<long long>(worst_index), got,
-                reference);
+  std::snprintf(
+      buf, sizeof buf,
+      "%lld of %lld elements exceed their error bound; worst at flat index %lld: got %.9g, reference %.9g",
+      static_cast<long long>(mismatched), static_cast<long long>(numel), static_cast<long long>(worst_index),
+      got, reference);
   return std::string(buf) + " (error " + fmt(error) + " > bound " + fmt(bound) + ": " + derivation + ")";
 }
 
@@ -219,27 +233,38 @@ Verdict compare(const ErrorModel& model, const Comparison& c) {
     } else {
       const double ulps = floating ? model.ulps * ulp(d, y) : 0;
       switch (kind) {
-        case ErrorKind::kExact: bound = 0; break;
-        case ErrorKind::kSameDtype: bound = ulps; break;
-        case ErrorKind::kRounded: bound = ulps; break;
+        case ErrorKind::kExact:
+          bound = 0;
+          break;
+        case ErrorKind::kSameDtype:
+          bound = ulps;
+          break;
+        case ErrorKind::kRounded:
+          bound = ulps;
+          break;
         case ErrorKind::kAccumulated: {
           double m = c.scale;
-          if (model.magnitude == Magnitude::kAbsInputs) m = c.magnitude ? std::fabs(c.magnitude[i]) : std::fabs(y);
+          if (model.magnitude == Magnitude::kAbsInputs)
+            m = c.magnitude ? std::fabs(c.magnitude[i]) : std::fabs(y);
           if (model.magnitude == Magnitude::kResult) m = std::fabs(y);
           bound = gamma * m + ulps;
           break;
         }
-        case ErrorKind::kHostCalibrated: bound = kHostUlps * ulp(d, y) + calibrated; break;
+        case ErrorKind::kHostCalibrated:
+          bound = kHostUlps * ulp(d, y) + calibrated;
+          break;
       }
       bad = !(std::fabs(g - y) <= bound);
-      if (bad && kind == ErrorKind::kSameDtype && c.alternative != nullptr && std::isfinite(c.alternative[i])) {
+      if (bad && kind == ErrorKind::kSameDtype && c.alternative != nullptr &&
+          std::isfinite(c.alternative[i])) {
         const double alt = round_to(d, c.alternative[i]);
         bad = !(std::fabs(g - alt) <= (floating ? model.ulps * ulp(d, alt) : 0));
       }
     }
     if (!bad) continue;
     ++v.mismatched;
-    const double excess = std::isfinite(g - y) ? std::fabs(g - y) - bound : std::numeric_limits<double>::infinity();
+    const double excess =
+        std::isfinite(g - y) ? std::fabs(g - y) - bound : std::numeric_limits<double>::infinity();
     if (excess > worst_excess) {
       worst_excess = excess;
       v.worst_index = i;
@@ -256,28 +281,34 @@ Verdict compare(const ErrorModel& model, const Comparison& c) {
   std::string dt = dtype_name(d);
   switch (kind) {
     case ErrorKind::kExact:
-      v.derivation = floating ? std::string("exact (") + (model.why[0] ? model.why : "values are moved or selected, not computed") + ")"
-                              : "exact (" + dt + " result)";
+      v.derivation = floating
+                         ? std::string("exact (") +
+                               (model.why[0] ? model.why : "values are moved or selected, not computed") + ")"
+                         : "exact (" + dt + " result)";
       break;
     case ErrorKind::kSameDtype:
     case ErrorKind::kRounded:
       v.derivation = fmt(model.ulps) + " ulp of " + dt + " at |" + fmt(y) + "| (" + kind_name(kind) +
-                     (kind == ErrorKind::kSameDtype && c.alternative != nullptr ? ", or of the float64 result rounded to " + dt : "") +
+                     (kind == ErrorKind::kSameDtype && c.alternative != nullptr
+                          ? ", or of the float64 result rounded to " + dt
+                          : "") +
                      ")";
       break;
     case ErrorKind::kAccumulated: {
       double m = c.scale;
-      if (model.magnitude == Magnitude::kAbsInputs) m = c.magnitude ? std::fabs(c.magnitude[v.worst_index]) : std::fabs(y);
+      if (model.magnitude == Magnitude::kAbsInputs)
+        m = c.magnitude ? std::fabs(c.magnitude[v.worst_index]) : std::fabs(y);
       if (model.magnitude == Magnitude::kResult) m = std::fabs(y);
-      v.derivation = "K*u*m + " + fmt(model.ulps) + " ulp, K = " + std::to_string(c.terms) + " terms, u = 2^" +
-                     std::to_string(-format_of(acc).precision) + " (" + dtype_name(acc) +
-                     " accumulation), m = " + fmt(m) + " = " + magnitude_name(model.magnitude) + ", 1 ulp of " + dt + " = " +
-                     fmt(ulp(d, y));
+      v.derivation = "K*u*m + " + fmt(model.ulps) + " ulp, K = " + std::to_string(c.terms) +
+                     " terms, u = 2^" + std::to_string(-format_of(acc).precision) + " (" + dtype_name(acc) +
+                     " accumulation), m = " + fmt(m) + " = " + magnitude_name(model.magnitude) +
+                     ", 1 ulp of " + dt + " = " + fmt(ulp(d, y));
       break;
     }
     case ErrorKind::kHostCalibrated:
-      v.derivation = "4 ulp of " + dt + " at |" + fmt(y) + "|, 2 at the largest |value| " + fmt(largest) + ", + 4 * " +
-                     fmt(host_error) + " (the host's own worst error against float64; no error model for this op)";
+      v.derivation = "4 ulp of " + dt + " at |" + fmt(y) + "|, 2 at the largest |value| " + fmt(largest) +
+                     ", + 4 * " + fmt(host_error) +
+                     " (the host's own worst error against float64; no error model for this op)";
       break;
   }
   if (model.why[0] && kind != ErrorKind::kExact) v.derivation += "; " + std::string(model.why);

@@ -66,39 +66,78 @@ Terms inner(const char* tensor, int64_t extra) {
 std::map<std::string, ErrorModel> build() {
   std::map<std::string, ErrorModel> m;
   // Values are moved, selected or compared, never computed.
-  for (const char* op :
-       {"aten::copy_", "aten::fill_.Scalar", "aten::zero_", "aten::clone", "aten::cat.out", "aten::where.self_out",
-        "aten::masked_fill.Scalar", "aten::masked_fill_.Scalar", "aten::clamp.out", "aten::maximum.out", "aten::minimum.out",
-        "aten::neg.out", "aten::abs.out", "aten::sign.out", "aten::floor.out", "aten::ceil.out", "aten::round.out",
-        "aten::relu", "aten::relu_", "aten::isnan", "aten::logical_not.out", "aten::logical_and.out", "aten::logical_or.out",
-        "aten::amax.out", "aten::amin.out", "aten::max.dim_max", "aten::min.dim_min", "aten::argmax.out", "aten::argmin.out",
-        "aten::all.dims_out", "aten::any.dims_out", "aten::all.out", "aten::any.out", "aten::index_select.out",
-        "aten::gather.out", "aten::scatter.src_out", "aten::index.Tensor_out", "aten::nonzero", "aten::topk.values",
-        "aten::sort.values_stable", "aten::embedding", "aten::max_pool2d_with_indices.out",
-        "aten::threshold_backward.grad_input"})
+  for (const char* op : {"aten::copy_",
+                         "aten::fill_.Scalar",
+                         "aten::zero_",
+                         "aten::clone",
+                         "aten::cat.out",
+                         "aten::where.self_out",
+                         "aten::masked_fill.Scalar",
+                         "aten::masked_fill_.Scalar",
+                         "aten::clamp.out",
+                         "aten::maximum.out",
+                         "aten::minimum.out",
+                         "aten::neg.out",
+                         "aten::abs.out",
+                         "aten::sign.out",
+                         "aten::floor.out",
+                         "aten::ceil.out",
+                         "aten::round.out",
+                         "aten::relu",
+                         "aten::relu_",
+                         "aten::isnan",
+                         "aten::logical_not.out",
+                         "aten::logical_and.out",
+                         "aten::logical_or.out",
+                         "aten::amax.out",
+                         "aten::amin.out",
+                         "aten::max.dim_max",
+                         "aten::min.dim_min",
+                         "aten::argmax.out",
+                         "aten::argmin.out",
+                         "aten::all.dims_out",
+                         "aten::any.dims_out",
+                         "aten::all.out",
+                         "aten::any.out",
+                         "aten::index_select.out",
+                         "aten::gather.out",
+                         "aten::scatter.src_out",
+                         "aten::index.Tensor_out",
+                         "aten::nonzero",
+                         "aten::topk.values",
+                         "aten::sort.values_stable",
+                         "aten::embedding",
+                         "aten::max_pool2d_with_indices.out",
+                         "aten::threshold_backward.grad_input"})
     m[op] = exact();
   for (const char* c : {"eq", "ne", "lt", "le", "gt", "ge"}) {
     m[std::string("aten::") + c + ".Tensor_out"] = exact();
     m[std::string("aten::") + c + ".Scalar_out"] = exact();
   }
-  m["aten::arange.start_out"] = same_dtype(0, "start + i * step is computed in float64 and rounded once, as ATen does");
+  m["aten::arange.start_out"] =
+      same_dtype(0, "start + i * step is computed in float64 and rounded once, as ATen does");
   m["aten::div.out_mode"] = same_dtype(0, "");
-  m["aten::remainder.Tensor_out"] = same_dtype(1, "a - b * floor(a / b) with the quotient in the op's dtype (as floor "
-                                                  "division); 1 ulp for the fused or unfused final subtraction");
+  m["aten::remainder.Tensor_out"] =
+      same_dtype(1,
+                 "a - b * floor(a / b) with the quotient in the op's dtype (as floor "
+                 "division); 1 ulp for the fused or unfused final subtraction");
 
   // Elementwise arithmetic and elementary functions, rounded once.
   for (const char* op : {"aten::add.out", "aten::sub.out", "aten::mul.out", "aten::div.out", "aten::sqrt.out",
                          "aten::rsqrt.out", "aten::reciprocal.out", "aten::pow.Tensor_Tensor_out",
                          "aten::pow.Tensor_Scalar_out"})
     m[op] = rounded();
-  for (const char* op : {"aten::exp.out", "aten::log.out", "aten::log1p.out", "aten::sin.out", "aten::cos.out",
-                         "aten::tanh.out", "aten::sigmoid.out", "aten::erf.out", "aten::silu.out"})
-    m[op] = rounded(4, "float32 elementary functions (SLEEF, libm, the plugins' own) are accurate to a few ulps");
+  for (const char* op :
+       {"aten::exp.out", "aten::log.out", "aten::log1p.out", "aten::sin.out", "aten::cos.out",
+        "aten::tanh.out", "aten::sigmoid.out", "aten::erf.out", "aten::silu.out"})
+    m[op] =
+        rounded(4, "float32 elementary functions (SLEEF, libm, the plugins' own) are accurate to a few ulps");
   // Compound elementwise ops: several roundings of intermediates as large as
   // the inputs, and cancellation in between.
   auto compound = [](int64_t roundings) {
-    return accumulated(Magnitude::kScale, [=](const CallArgs&) { return roundings; },
-                       "compound elementwise op: a few roundings of intermediates as large as the inputs");
+    return accumulated(
+        Magnitude::kScale, [=](const CallArgs&) { return roundings; },
+        "compound elementwise op: a few roundings of intermediates as large as the inputs");
   };
   m["aten::addcmul.out"] = compound(3);
   m["aten::addcdiv.out"] = compound(3);
@@ -121,18 +160,22 @@ std::map<std::string, ErrorModel> build() {
   m["aten::baddbmm.out"] = accumulated(Magnitude::kAbsInputs, inner("batch1", 1));
   // Adds in place into the output, one value at a time: ATen rounds to the
   // output's dtype after each add, so u is that dtype's.
-  m["aten::scatter_add.out"] = accumulated(Magnitude::kAbsInputs, [](const CallArgs& a) { return along("src", "dim")(a) + 1; },
-                                           "adds in place into the output, rounding to its dtype after each add (as ATen)");
+  m["aten::scatter_add.out"] = accumulated(
+      Magnitude::kAbsInputs, [](const CallArgs& a) { return along("src", "dim")(a) + 1; },
+      "adds in place into the output, rounding to its dtype after each add (as ATen)");
   m["aten::scatter_add.out"].accumulates_in_output = true;
-  m["aten::index_put_"] = accumulated(Magnitude::kAbsInputs, [](const CallArgs& a) -> int64_t {
-    const NpubValue acc = a.get("accumulate");
-    return acc.tag == NPUB_VALUE_BOOL && acc.u.i ? a.list_numel("indices") + 1 : 0;
-  }, "accumulate=True adds in place into self, rounding to its dtype after each add (as ATen)");
+  m["aten::index_put_"] = accumulated(
+      Magnitude::kAbsInputs,
+      [](const CallArgs& a) -> int64_t {
+        const NpubValue acc = a.get("accumulate");
+        return acc.tag == NPUB_VALUE_BOOL && acc.u.i ? a.list_numel("indices") + 1 : 0;
+      },
+      "accumulate=True adds in place into self, rounding to its dtype after each add (as ATen)");
   m["aten::index_put_"].accumulates_in_output = true;
-  m["aten::embedding_dense_backward"] = accumulated(Magnitude::kAbsInputs,
-                                                    [](const CallArgs& a) { return a.numel("indices"); });
-  m["aten::nll_loss_forward.output"] = accumulated(Magnitude::kAbsInputs,
-                                                   [](const CallArgs& a) { return 2 * a.numel("target"); });
+  m["aten::embedding_dense_backward"] =
+      accumulated(Magnitude::kAbsInputs, [](const CallArgs& a) { return a.numel("indices"); });
+  m["aten::nll_loss_forward.output"] =
+      accumulated(Magnitude::kAbsInputs, [](const CallArgs& a) { return 2 * a.numel("target"); });
   // Convolutions: Cin/groups * kh * kw terms forward, and the bias; the
   // gradients sum over Cout/groups * kh * kw (input) or N * OH * OW
   // (weight, bias) terms: K is the larger.
@@ -143,7 +186,8 @@ std::map<std::string, ErrorModel> build() {
   m["aten::convolution_backward_overrideable"] = accumulated(Magnitude::kAbsInputs, [](const CallArgs& a) {
     const NpubValue g = a.get("groups");
     const int64_t groups = std::max<int64_t>(g.tag == NPUB_VALUE_INT ? g.u.i : 1, 1);
-    const int64_t window = a.numel("weight") / std::max<int64_t>(a.size("weight", 0) * a.size("weight", 1), 1);
+    const int64_t window =
+        a.numel("weight") / std::max<int64_t>(a.size("weight", 0) * a.size("weight", 1), 1);
     const int64_t to_input = a.size("weight", 0) / groups * window;
     const int64_t to_weight = a.numel("grad_output") / std::max<int64_t>(a.size("grad_output", 1), 1);
     return std::max(to_input, to_weight);
@@ -158,7 +202,8 @@ std::map<std::string, ErrorModel> build() {
   m["aten::norm.out"] = accumulated(Magnitude::kResult, reduced("self", "dim"));
   m["aten::_softmax.out"] = accumulated(
       Magnitude::kResult, [](const CallArgs& a) { return along("self", "dim")(a) + 16; },
-      "K terms of the sum, plus exp(x - max): its argument carries |x - max| * u of error (up to 12 u for the "
+      "K terms of the sum, plus exp(x - max): its argument carries |x - max| * u of error (up to 12 u for "
+      "the "
       "samples' values in [-3, 3]) and exp itself a few ulps");
 
   // Subtraction inside a reduction: bounded by the scale of the values.
@@ -174,7 +219,8 @@ std::map<std::string, ErrorModel> build() {
     };
   };
   m["aten::native_layer_norm"] = accumulated(Magnitude::kScale, normalized("input", "normalized_shape"));
-  m["aten::native_layer_norm_backward"] = accumulated(Magnitude::kScale, normalized("input", "normalized_shape"));
+  m["aten::native_layer_norm_backward"] =
+      accumulated(Magnitude::kScale, normalized("input", "normalized_shape"));
   auto rms = [](const CallArgs& a) {
     const int64_t n = std::max<int64_t>(a.numel("gamma"), 1);
     return std::max(n, a.numel("self") / n) + 1;

@@ -1,9 +1,9 @@
 #include "host_api.h"
 
-#include "logging.h"
 #include <npubridge/dispatcher/tensor.h>
 #include <npubridge/support/dtype.h>
 #include <npubridge/support/error.h>
+#include "logging.h"
 
 #include <algorithm>
 #include <cstring>
@@ -12,9 +12,7 @@ namespace npub {
 
 namespace {
 
-NpubError* make_error(int32_t code, std::string message) {
-  return new NpubError{code, std::move(message)};
-}
+NpubError* make_error(int32_t code, std::string message) { return new NpubError{code, std::move(message)}; }
 
 NpubError* error_create(int32_t code, const char* message) {
   return make_error(code, message != nullptr ? message : "(no message)");
@@ -26,11 +24,21 @@ const char* error_message(const NpubError* e) { return e != nullptr ? e->message
 void log_message(int32_t level, const char* message) {
   const char* m = message != nullptr ? message : "";
   switch (level) {
-    case NPUB_LOG_TRACE: log().trace("{}", m); break;
-    case NPUB_LOG_DEBUG: log().debug("{}", m); break;
-    case NPUB_LOG_INFO: log().info("{}", m); break;
-    case NPUB_LOG_WARN: log().warn("{}", m); break;
-    default: log().error("{}", m); break;
+    case NPUB_LOG_TRACE:
+      log().trace("{}", m);
+      break;
+    case NPUB_LOG_DEBUG:
+      log().debug("{}", m);
+      break;
+    case NPUB_LOG_INFO:
+      log().info("{}", m);
+      break;
+    case NPUB_LOG_WARN:
+      log().warn("{}", m);
+      break;
+    default:
+      log().error("{}", m);
+      break;
   }
 }
 
@@ -48,13 +56,16 @@ const reg::Schema* staged_or_registered_schema(NpubRegistrar* r, const std::stri
   return nullptr;
 }
 
-bool staged_or_registered(NpubRegistrar* r, const std::string& op) { return staged_or_registered_schema(r, op) != nullptr; }
+bool staged_or_registered(NpubRegistrar* r, const std::string& op) {
+  return staged_or_registered_schema(r, op) != nullptr;
+}
 
 NpubError* define_op(NpubRegistrar* r, const char* schema_text) {
   if (r == nullptr) return make_error(NPUB_ERR_INVALID_ARGUMENT, "define_op: registrar is NULL");
   if (!r->open)
-    return registration_error(r, "define_op called after initialize returned; ops can only be "
-                                 "defined during initialize");
+    return registration_error(r,
+                              "define_op called after initialize returned; ops can only be "
+                              "defined during initialize");
   if (schema_text == nullptr) return registration_error(r, "define_op: schema string is NULL");
   reg::Schema schema;
   try {
@@ -72,8 +83,7 @@ NpubError* define_op(NpubRegistrar* r, const char* schema_text) {
   for (const auto& s : r->schemas)
     if (s.qualified_name() == name) {
       if (s.to_string() != text)
-        return registration_error(r, "define_op: op '" + name +
-                                         "' defined twice with different schemas: \"" +
+        return registration_error(r, "define_op: op '" + name + "' defined twice with different schemas: \"" +
                                          s.to_string() + "\" and \"" + text + "\"");
       return nullptr;
     }
@@ -84,25 +94,26 @@ NpubError* define_op(NpubRegistrar* r, const char* schema_text) {
 NpubError* register_kernel(NpubRegistrar* r, const NpubKernelDesc* desc) {
   if (r == nullptr) return make_error(NPUB_ERR_INVALID_ARGUMENT, "register_kernel: registrar is NULL");
   if (!r->open)
-    return registration_error(r, "register_kernel called after initialize returned; kernels can "
-                                 "only be registered during initialize");
+    return registration_error(r,
+                              "register_kernel called after initialize returned; kernels can "
+                              "only be registered during initialize");
   if (desc == nullptr) return registration_error(r, "register_kernel: kernel description is NULL");
   // Compared with the frozen 1.0 size, not today's sizeof: a plugin built
   // before a minor version appended a field stays valid.
   constexpr size_t kV1Size = NPUB_KERNEL_DESC_STRUCT_SIZE_1_0;
   if (desc->struct_size < kV1Size)
-    return registration_error(
-        r, "register_kernel: NpubKernelDesc.struct_size is " + std::to_string(desc->struct_size) +
-               " but ABI 1.0 requires at least " + std::to_string(kV1Size) +
-               " (struct too small: built against a broken or foreign header?)");
+    return registration_error(r, "register_kernel: NpubKernelDesc.struct_size is " +
+                                     std::to_string(desc->struct_size) + " but ABI 1.0 requires at least " +
+                                     std::to_string(kV1Size) +
+                                     " (struct too small: built against a broken or foreign header?)");
   if (desc->op_name == nullptr) return registration_error(r, "register_kernel: op_name is NULL");
   const std::string op = desc->op_name;
   if (desc->fn == nullptr)
-    return registration_error(r, "register_kernel for op '" + op +
-                                     "': required function NpubKernelDesc.fn is NULL");
+    return registration_error(
+        r, "register_kernel for op '" + op + "': required function NpubKernelDesc.fn is NULL");
   if (!staged_or_registered(r, op))
-    return registration_error(r, "register_kernel: op '" + op +
-                                     "' is not defined; define its schema with define_op first");
+    return registration_error(
+        r, "register_kernel: op '" + op + "' is not defined; define its schema with define_op first");
   if (desc->device_type != NPUB_DEVICE_NPU && desc->device_type != NPUB_DEVICE_CPU)
     return registration_error(r, "register_kernel for op '" + op + "': expected device_type " +
                                      std::to_string(NPUB_DEVICE_NPU) + " (npu) or " +
@@ -112,14 +123,15 @@ NpubError* register_kernel(NpubRegistrar* r, const NpubKernelDesc* desc) {
     return registration_error(r, "register_kernel for op '" + op + "': dtypes is NULL with num_dtypes " +
                                      std::to_string(desc->num_dtypes));
   if (desc->min_opt_level < 0 || desc->min_opt_level > 3)
-    return registration_error(r, "register_kernel for op '" + op + "': expected min_opt_level 0..3 but found " +
+    return registration_error(r, "register_kernel for op '" + op +
+                                     "': expected min_opt_level 0..3 but found " +
                                      std::to_string(desc->min_opt_level));
   uint32_t mask = 0;
   for (int32_t i = 0; i < desc->num_dtypes; ++i) {
     DType t = dtype_of(desc->dtypes[i]);
     if (t == DType::kUnknown)
-      return registration_error(r, "register_kernel for op '" + op + "': unsupported dtype " +
-                                       dtype_name(desc->dtypes[i]));
+      return registration_error(
+          r, "register_kernel for op '" + op + "': unsupported dtype " + dtype_name(desc->dtypes[i]));
     mask |= 1u << static_cast<int>(t);
   }
   auto k = std::make_unique<reg::Kernel>();
@@ -140,17 +152,15 @@ NpubError* register_kernel(NpubRegistrar* r, const NpubKernelDesc* desc) {
   if (const reg::OpEntry* e = r->registry->find(op)) {
     for (const reg::Kernel* other : e->kernels(k->device_type))
       if (clash(*other))
-        return registration_error(r, "register_kernel: duplicate kernel for op '" + op +
-                                         "' at priority " + std::to_string(k->priority) +
-                                         ": plugin '" + other->plugin_name() +
-                                         "' already registered one for dtypes {" +
-                                         other->dtypes_string() + "}");
+        return registration_error(r, "register_kernel: duplicate kernel for op '" + op + "' at priority " +
+                                         std::to_string(k->priority) + ": plugin '" + other->plugin_name() +
+                                         "' already registered one for dtypes {" + other->dtypes_string() +
+                                         "}");
   }
   for (size_t i = 0; i < r->kernels.size(); ++i)
     if (r->kernel_ops[i] == op && clash(*r->kernels[i]))
-      return registration_error(r, "register_kernel: duplicate kernel for op '" + op +
-                                       "' at priority " + std::to_string(k->priority) +
-                                       " registered twice by this plugin");
+      return registration_error(r, "register_kernel: duplicate kernel for op '" + op + "' at priority " +
+                                       std::to_string(k->priority) + " registered twice by this plugin");
   // Ownership of user_data moves to the host only now, on success.
   k->user_data = desc->user_data;
   k->user_data_deleter = desc->user_data_deleter;
@@ -164,26 +174,30 @@ NpubError* register_meta(NpubRegistrar* r, const char* op_name, NpubMetaFn fn) {
   if (!r->open) return registration_error(r, "register_meta called after initialize returned");
   if (op_name == nullptr) return registration_error(r, "register_meta: op_name is NULL");
   const std::string op = op_name;
-  if (fn == nullptr) return registration_error(r, "register_meta for op '" + op + "': the meta function is NULL");
+  if (fn == nullptr)
+    return registration_error(r, "register_meta for op '" + op + "': the meta function is NULL");
   if (!staged_or_registered(r, op))
-    return registration_error(r, "register_meta: op '" + op + "' is not defined; define its schema with define_op first");
+    return registration_error(
+        r, "register_meta: op '" + op + "' is not defined; define its schema with define_op first");
   if (const reg::OpEntry* e = r->registry->find(op); e != nullptr && e->meta() != nullptr)
     return registration_error(r, "register_meta: op '" + op + "' already has a meta function (from plugin '" +
                                      e->meta()->plugin->name + "')");
   for (const auto& m : r->metas)
-    if (m.first == op) return registration_error(r, "register_meta: op '" + op + "' given two meta functions by this plugin");
+    if (m.first == op)
+      return registration_error(r, "register_meta: op '" + op + "' given two meta functions by this plugin");
   r->metas.emplace_back(op, fn);
   return nullptr;
 }
 
-NpubError* set_output_meta(NpubMetaContext* ctx, int32_t ret_index, int32_t ndim, const int64_t* shape, DLDataType dtype) {
+NpubError* set_output_meta(NpubMetaContext* ctx, int32_t ret_index, int32_t ndim, const int64_t* shape,
+                           DLDataType dtype) {
   if (ctx == nullptr) return make_error(NPUB_ERR_INVALID_ARGUMENT, "set_output_meta: context is NULL");
   const auto& returns = ctx->op->schema().returns;
   const std::string where = "set_output_meta for op '" + ctx->op->name() + "'";
   if (ret_index < 0 || ret_index >= static_cast<int32_t>(returns.size()))
     return make_error(NPUB_ERR_INVALID_ARGUMENT, where + ": return index " + std::to_string(ret_index) +
-                                                     " out of range (the op has " + std::to_string(returns.size()) +
-                                                     " returns)");
+                                                     " out of range (the op has " +
+                                                     std::to_string(returns.size()) + " returns)");
   const reg::Argument& ret = returns[static_cast<size_t>(ret_index)];
   if (ret.type.base != reg::BaseType::kTensor || ret.type.list)
     return make_error(NPUB_ERR_INVALID_ARGUMENT, where + ": return " + std::to_string(ret_index) + " is " +
@@ -192,13 +206,15 @@ NpubError* set_output_meta(NpubMetaContext* ctx, int32_t ret_index, int32_t ndim
     return make_error(NPUB_ERR_INVALID_ARGUMENT, where + ": return " + std::to_string(ret_index) +
                                                      " aliases an argument; its metadata is the argument's");
   if (ndim < 0 || ndim > 64 || (ndim > 0 && shape == nullptr))
-    return make_error(NPUB_ERR_INVALID_ARGUMENT, where + ": expected ndim 0..64 with a shape but found ndim " + std::to_string(ndim));
+    return make_error(NPUB_ERR_INVALID_ARGUMENT,
+                      where + ": expected ndim 0..64 with a shape but found ndim " + std::to_string(ndim));
   for (int32_t d = 0; d < ndim; ++d)
     if (shape[d] < 0)
-      return make_error(NPUB_ERR_INVALID_ARGUMENT, where + ": negative size " + std::to_string(shape[d]) + " at dim " +
-                                                       std::to_string(d));
+      return make_error(NPUB_ERR_INVALID_ARGUMENT, where + ": negative size " + std::to_string(shape[d]) +
+                                                       " at dim " + std::to_string(d));
   const DType t = dtype_of(dtype);
-  if (t == DType::kUnknown) return make_error(NPUB_ERR_INVALID_ARGUMENT, where + ": unsupported dtype " + dtype_name(dtype));
+  if (t == DType::kUnknown)
+    return make_error(NPUB_ERR_INVALID_ARGUMENT, where + ": unsupported dtype " + dtype_name(dtype));
   OutputMeta& out = (*ctx->outputs)[static_cast<size_t>(ret_index)];
   out.set = true;
   out.dtype = t;
@@ -210,17 +226,23 @@ NpubError* set_output_meta(NpubMetaContext* ctx, int32_t ret_index, int32_t ndim
 NpubError* define_derivative(NpubRegistrar* r, const char* op_name, const char* formula) {
   if (r == nullptr) return make_error(NPUB_ERR_INVALID_ARGUMENT, "define_derivative: registrar is NULL");
   if (!r->open) return registration_error(r, "define_derivative called after initialize returned");
-  if (op_name == nullptr || formula == nullptr) return registration_error(r, "define_derivative: op_name or formula is NULL");
+  if (op_name == nullptr || formula == nullptr)
+    return registration_error(r, "define_derivative: op_name or formula is NULL");
   const std::string op = op_name, text = formula;
   const std::string where = "define_derivative for op '" + op + "' (\"" + text + "\")";
   const reg::Schema* fwd = staged_or_registered_schema(r, op);
-  if (fwd == nullptr) return registration_error(r, where + ": op '" + op + "' is not defined; define its schema first");
+  if (fwd == nullptr)
+    return registration_error(r, where + ": op '" + op + "' is not defined; define its schema first");
   for (const auto& a : fwd->arguments)
-    if (a.is_write()) return registration_error(r, where + ": the op writes argument '" + a.name + "'; only functional ops can be differentiated");
+    if (a.is_write())
+      return registration_error(
+          r, where + ": the op writes argument '" + a.name + "'; only functional ops can be differentiated");
   for (const auto& d : r->derivatives)
-    if (d.first == op) return registration_error(r, where + ": the op already has a derivative from this plugin");
+    if (d.first == op)
+      return registration_error(r, where + ": the op already has a derivative from this plugin");
   if (const reg::OpEntry* e = r->registry->find(op); e != nullptr && e->derivative() != nullptr)
-    return registration_error(r, where + ": the op already has a derivative (from plugin '" + e->derivative()->plugin + "')");
+    return registration_error(
+        r, where + ": the op already has a derivative (from plugin '" + e->derivative()->plugin + "')");
 
   auto trim = [](std::string x) {
     const size_t b = x.find_first_not_of(" \t"), e = x.find_last_not_of(" \t");
@@ -246,18 +268,22 @@ NpubError* define_derivative(NpubRegistrar* r, const char* op_name, const char* 
   d.backward = trim(text.substr(colon + 2, open - colon - 2));
   const reg::Schema* bwd = staged_or_registered_schema(r, d.backward);
   if (bwd == nullptr)
-    return registration_error(r, where + ": backward op '" + d.backward + "' is not defined; define its schema first");
+    return registration_error(
+        r, where + ": backward op '" + d.backward + "' is not defined; define its schema first");
   auto arg_index = [&](const std::string& name) -> int32_t {
     for (size_t i = 0; i < fwd->arguments.size(); ++i)
       if (fwd->arguments[i].name == name) return static_cast<int32_t>(i);
     return -1;
   };
-  auto is_tensor = [](const reg::Argument& a) { return a.type.base == reg::BaseType::kTensor && !a.type.list; };
+  auto is_tensor = [](const reg::Argument& a) {
+    return a.type.base == reg::BaseType::kTensor && !a.type.list;
+  };
   for (const std::string& name : split(text.substr(0, colon))) {
     const int32_t i = arg_index(name);
     if (i < 0) return registration_error(r, where + ": '" + name + "' is not an argument of " + op);
     if (!is_tensor(fwd->arguments[static_cast<size_t>(i)]))
-      return registration_error(r, where + ": argument '" + name + "' is not a Tensor and cannot receive a gradient");
+      return registration_error(
+          r, where + ": argument '" + name + "' is not a Tensor and cannot receive a gradient");
     if (std::find(d.inputs.begin(), d.inputs.end(), i) != d.inputs.end())
       return registration_error(r, where + ": '" + name + "' is listed twice");
     d.inputs.push_back(i);
@@ -271,20 +297,26 @@ NpubError* define_derivative(NpubRegistrar* r, const char* op_name, const char* 
       const std::string p = prefix;
       if (a.rfind(p + "[", 0) != 0 || a.back() != ']') return false;
       const std::string num = a.substr(p.size() + 1, a.size() - p.size() - 2);
-      if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos || num.size() > 3) return false;
+      if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos || num.size() > 3)
+        return false;
       arg = {kind, std::stoi(num)};
       return true;
     };
-    if (a == "grad") arg = {reg::Derivative::Arg::kGrad, 0};
-    else if (a == "result") arg = {reg::Derivative::Arg::kResult, 0};
-    else if (!indexed("grads", reg::Derivative::Arg::kGrad) && !indexed("results", reg::Derivative::Arg::kResult)) {
+    if (a == "grad")
+      arg = {reg::Derivative::Arg::kGrad, 0};
+    else if (a == "result")
+      arg = {reg::Derivative::Arg::kResult, 0};
+    else if (!indexed("grads", reg::Derivative::Arg::kGrad) &&
+             !indexed("results", reg::Derivative::Arg::kResult)) {
       arg.index = arg_index(a);
       if (arg.index < 0)
-        return registration_error(r, where + ": '" + a + "' is neither grads[i], results[i] nor an argument of " + op);
+        return registration_error(
+            r, where + ": '" + a + "' is neither grads[i], results[i] nor an argument of " + op);
     }
     if (arg.kind != reg::Derivative::Arg::kInput) {
       if (arg.index >= nret)
-        return registration_error(r, where + ": '" + a + "' but the op has " + std::to_string(nret) + " returns");
+        return registration_error(
+            r, where + ": '" + a + "' but the op has " + std::to_string(nret) + " returns");
       if (!is_tensor(fwd->returns[static_cast<size_t>(arg.index)]))
         return registration_error(r, where + ": '" + a + "' refers to a return that is not a Tensor");
     }
@@ -293,31 +325,33 @@ NpubError* define_derivative(NpubRegistrar* r, const char* op_name, const char* 
   size_t required = bwd->arguments.size();
   while (required > 0 && bwd->arguments[required - 1].default_value) --required;
   if (d.args.size() < required || d.args.size() > bwd->arguments.size())
-    return registration_error(r, where + ": backward op '" + d.backward + "' takes " +
-                                     (required == bwd->arguments.size() ? std::to_string(required)
-                                                                        : std::to_string(required) + " to " + std::to_string(bwd->arguments.size())) +
-                                     " arguments but the formula passes " + std::to_string(d.args.size()));
+    return registration_error(
+        r, where + ": backward op '" + d.backward + "' takes " +
+               (required == bwd->arguments.size()
+                    ? std::to_string(required)
+                    : std::to_string(required) + " to " + std::to_string(bwd->arguments.size())) +
+               " arguments but the formula passes " + std::to_string(d.args.size()));
   if (bwd->returns.size() != d.inputs.size())
-    return registration_error(r, where + ": backward op '" + d.backward + "' returns " + std::to_string(bwd->returns.size()) +
-                                     " values but the formula lists " + std::to_string(d.inputs.size()) + " inputs");
+    return registration_error(r, where + ": backward op '" + d.backward + "' returns " +
+                                     std::to_string(bwd->returns.size()) + " values but the formula lists " +
+                                     std::to_string(d.inputs.size()) + " inputs");
   for (const auto& ret : bwd->returns)
-    if (!is_tensor(ret)) return registration_error(r, where + ": backward op '" + d.backward + "' must return Tensors");
+    if (!is_tensor(ret))
+      return registration_error(r, where + ": backward op '" + d.backward + "' must return Tensors");
   r->derivatives.emplace_back(op, std::move(d));
   return nullptr;
 }
 
 void* kernel_user_data(NpubCallContext* ctx) { return ctx->kernel->user_data; }
 int32_t device_index(NpubCallContext* ctx) { return ctx->dl_device.device_id; }
-NpubStream* current_stream(NpubCallContext* ctx) {
-  return reinterpret_cast<NpubStream*>(ctx->stream);
-}
+NpubStream* current_stream(NpubCallContext* ctx) { return reinterpret_cast<NpubStream*>(ctx->stream); }
 void* workspace(NpubCallContext* ctx, uint64_t* bytes) {
   if (bytes != nullptr) *bytes = ctx->workspace_bytes;
   return ctx->workspace;
 }
 
-NpubError* alloc_output(NpubCallContext* ctx, int32_t ret_index, int32_t ndim,
-                        const int64_t* shape, DLDataType dtype, DLTensor** out) {
+NpubError* alloc_output(NpubCallContext* ctx, int32_t ret_index, int32_t ndim, const int64_t* shape,
+                        DLDataType dtype, DLTensor** out) {
   if (out == nullptr) return make_error(NPUB_ERR_INVALID_ARGUMENT, "alloc_output: out is NULL");
   *out = nullptr;
   if (ret_index < 0 || ret_index >= ctx->num_rets)
@@ -328,14 +362,16 @@ NpubError* alloc_output(NpubCallContext* ctx, int32_t ret_index, int32_t ndim,
     return make_error(NPUB_ERR_INVALID_ARGUMENT, "alloc_output: return " + std::to_string(ret_index) +
                                                      " is already set (preallocated by the caller)");
   if (ndim < 0 || ndim > 64 || (ndim > 0 && shape == nullptr))
-    return make_error(NPUB_ERR_INVALID_ARGUMENT, "alloc_output: expected ndim 0..64 with a shape but found ndim " +
-                                                     std::to_string(ndim));
+    return make_error(
+        NPUB_ERR_INVALID_ARGUMENT,
+        "alloc_output: expected ndim 0..64 with a shape but found ndim " + std::to_string(ndim));
   const DType t = dtype_of(dtype);
   if (t == DType::kUnknown)
     return make_error(NPUB_ERR_INVALID_ARGUMENT, "alloc_output: unsupported dtype " + dtype_name(dtype));
   if (ctx->outputs == nullptr)
-    return make_error(NPUB_ERR_UNSUPPORTED, "alloc_output: the caller passed no output allocator for return " +
-                                                std::to_string(ret_index));
+    return make_error(
+        NPUB_ERR_UNSUPPORTED,
+        "alloc_output: the caller passed no output allocator for return " + std::to_string(ret_index));
   try {
     checked_numel(shape, ndim, element_size(t), "alloc_output: return " + std::to_string(ret_index));
     DLTensor* d = ctx->outputs->allocate(ret_index, ctx->dl_device, ndim, shape, dtype);
@@ -362,8 +398,8 @@ NpubError* alloc_scratch(NpubCallContext* ctx, uint64_t bytes, void** out) {
   }
 }
 
-void parallel_for(NpubCallContext* ctx, int64_t begin, int64_t end, int64_t grain,
-                  NpubParallelBody body, void* user) {
+void parallel_for(NpubCallContext* ctx, int64_t begin, int64_t end, int64_t grain, NpubParallelBody body,
+                  void* user) {
   ctx->device->compute().parallel_for(begin, end, grain, body, user);
 }
 
@@ -377,14 +413,28 @@ void philox_reserve(NpubCallContext* ctx, uint64_t count, uint64_t* seed, uint64
 }
 
 const NpubHostApi kHostApi = {
-    NPUB_HOST_API_STRUCT_SIZE, NPUB_ABI_MAJOR, NPUB_ABI_MINOR,
-    &error_create,       &error_destroy, &error_code,
-    &error_message,      &log_message,   &define_op,
-    &register_kernel,    &kernel_user_data, &device_index,
-    &current_stream,     &workspace,     &alloc_output,
-    &alloc_scratch,      &parallel_for,  &num_threads,
+    NPUB_HOST_API_STRUCT_SIZE,
+    NPUB_ABI_MAJOR,
+    NPUB_ABI_MINOR,
+    &error_create,
+    &error_destroy,
+    &error_code,
+    &error_message,
+    &log_message,
+    &define_op,
+    &register_kernel,
+    &kernel_user_data,
+    &device_index,
+    &current_stream,
+    &workspace,
+    &alloc_output,
+    &alloc_scratch,
+    &parallel_for,
+    &num_threads,
     &philox_reserve,  // \since 1.1
-    &register_meta,   &set_output_meta, &define_derivative,  // \since 1.2
+    &register_meta,
+    &set_output_meta,
+    &define_derivative,  // \since 1.2
 };
 
 }  // namespace

@@ -22,11 +22,11 @@ struct NpubRegistrar {
   // Staged until initialize succeeds (see plugin_loader.h).
   std::vector<npub::reg::Schema> schemas;
   std::vector<std::unique_ptr<npub::reg::Kernel>> kernels;
-  std::vector<std::string> kernel_ops;  // op name of each staged kernel
-  std::vector<std::pair<std::string, NpubMetaFn>> metas;                // \since 1.2
+  std::vector<std::string> kernel_ops;                                     // op name of each staged kernel
+  std::vector<std::pair<std::string, NpubMetaFn>> metas;                   // \since 1.2
   std::vector<std::pair<std::string, npub::reg::Derivative>> derivatives;  // \since 1.2
-  std::string first_error;              // sticky: the plugin is rejected
-  bool open = true;                     // false once initialize returned
+  std::string first_error;                                                 // sticky: the plugin is rejected
+  bool open = true;                                                        // false once initialize returned
 };
 
 struct NpubCallContext {

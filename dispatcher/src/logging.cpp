@@ -7,8 +7,8 @@ namespace npub {
 
 spdlog::logger& log() {
   static std::shared_ptr<spdlog::logger> logger = [] {
-    auto l = std::make_shared<spdlog::logger>(
-        "npubridge", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
+    auto l = std::make_shared<spdlog::logger>("npubridge",
+                                              std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
     l->set_pattern("[npubridge] [%l] %v");
     spdlog::level::level_enum level = spdlog::level::warn;
     if (auto v = env::get("NPUB_LOG_LEVEL")) {

@@ -1,9 +1,9 @@
 #include "host_api.h"
 
-#include "logging.h"
 #include <npubridge/dispatcher/plugin_loader.h>
 #include <npubridge/support/env.h>
 #include <npubridge/support/error.h>
+#include "logging.h"
 
 #define BOOST_DLL_USE_STD_FS 1
 #include <boost/dll/shared_library.hpp>
@@ -70,14 +70,16 @@ std::string check_elf_complete(const std::string& path) {
   };
   if (size < sizeof eh) return truncated(sizeof eh, "ELF header");
   const uint64_t ph_end = eh.e_phoff + static_cast<uint64_t>(eh.e_phnum) * eh.e_phentsize;
-  if (eh.e_phentsize < sizeof(Elf64_Phdr) && eh.e_phnum > 0) return "malformed ELF file: program header entries too small";
+  if (eh.e_phentsize < sizeof(Elf64_Phdr) && eh.e_phnum > 0)
+    return "malformed ELF file: program header entries too small";
   if (ph_end > size) return truncated(ph_end, "program headers");
   for (uint16_t i = 0; i < eh.e_phnum; ++i) {
     Elf64_Phdr ph{};
     f.seekg(static_cast<std::streamoff>(eh.e_phoff + static_cast<uint64_t>(i) * eh.e_phentsize));
     f.read(reinterpret_cast<char*>(&ph), sizeof ph);
     if (!f) return truncated(ph_end, "program headers");
-    if (ph.p_type == PT_LOAD && ph.p_offset + ph.p_filesz > size) return truncated(ph.p_offset + ph.p_filesz, "loadable segments");
+    if (ph.p_type == PT_LOAD && ph.p_offset + ph.p_filesz > size)
+      return truncated(ph.p_offset + ph.p_filesz, "loadable segments");
   }
   return "";
 }
@@ -162,8 +164,8 @@ LoadResult PluginLoader::load(const std::string& path) {
   auto lib = std::make_shared<boost::dll::shared_library>();
   {
     boost::dll::fs::error_code ec;
-    lib->load(boost::dll::fs::path(path),
-              boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local, ec);
+    lib->load(boost::dll::fs::path(path), boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local,
+              ec);
     if (ec || !lib->is_loaded()) return reject(explain_open_failure(path));
   }
 
@@ -177,7 +179,8 @@ LoadResult PluginLoader::load(const std::string& path) {
                       "'), but this host supports ABI major " + std::to_string(NPUB_ABI_MAJOR) +
                       " ('" NPUB_PLUGIN_ENTRY_SYMBOL "')");
     }
-    return reject("entry symbol '" NPUB_PLUGIN_ENTRY_SYMBOL "' not found; a plugin must export it "
+    return reject("entry symbol '" NPUB_PLUGIN_ENTRY_SYMBOL
+                  "' not found; a plugin must export it "
                   "(see plugin_api.h)");
   }
   auto entry = lib->get<const NpubPluginApi*()>(NPUB_PLUGIN_ENTRY_SYMBOL);
@@ -199,8 +202,7 @@ LoadResult PluginLoader::load(const std::string& path) {
   if (api->abi_major != NPUB_ABI_MAJOR)
     return reject("NpubPluginApi.abi_major is " + std::to_string(api->abi_major) +
                   " but this host supports ABI major " + std::to_string(NPUB_ABI_MAJOR));
-  if (api->initialize == nullptr)
-    return reject("required function NpubPluginApi.initialize is NULL");
+  if (api->initialize == nullptr) return reject("required function NpubPluginApi.initialize is NULL");
   if (!valid_plugin_name(api->name))
     return reject("NpubPluginApi.name must be 1 to 64 characters of [A-Za-z0-9_] but is " +
                   (api->name ? "'" + std::string(api->name) + "'" : std::string("NULL")));
@@ -249,17 +251,15 @@ LoadResult PluginLoader::load(const std::string& path) {
     return reject(e.what());
   }
   // Only now may the plugin's shutdown run (when its last kernel goes).
-  record->shutdown = api->struct_size >= NPUB_STRUCT_SIZE(NpubPluginApi, shutdown)
-                         ? api->shutdown
-                         : nullptr;
+  record->shutdown = api->struct_size >= NPUB_STRUCT_SIZE(NpubPluginApi, shutdown) ? api->shutdown : nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     plugins_.push_back(record);
   }
   result.ok = true;
   result.plugin_name = name;
-  log().info("loaded plugin '{}' {} from {} ({} ops defined, {} kernels)", name, record->version,
-             path, num_schemas, num_kernels);
+  log().info("loaded plugin '{}' {} from {} ({} ops defined, {} kernels)", name, record->version, path,
+             num_schemas, num_kernels);
   return result;
 }
 

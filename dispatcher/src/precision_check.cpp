@@ -8,8 +8,8 @@
 #include <npubridge/dispatcher/dispatcher.h>
 #include <npubridge/dispatcher/error_bound.h>
 #include <npubridge/dispatcher/tensor.h>
-#include "logging.h"
 #include <npubridge/support/error.h>
+#include "logging.h"
 
 #include <cmath>
 #include <cstdio>
@@ -74,7 +74,8 @@ void Dispatcher::record_precision_mismatch(const PrecisionMismatch& m, const reg
 }
 
 void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType convert_from) {
-  const int index = cs.device.device_type == NPUB_DEVICE_NPU ? cs.device.device_id : devices_.current_device();
+  const int index =
+      cs.device.device_type == NPUB_DEVICE_NPU ? cs.device.device_id : devices_.current_device();
   sim::Device* dev = cs.device.device_type == NPUB_DEVICE_NPU ? &devices_.at(index) : nullptr;
   const auto& sargs = cs.op->schema().arguments;
   const auto& alias = cs.op->return_alias();
@@ -119,7 +120,8 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
       ref_rets[ui] = ref_args[static_cast<size_t>(alias[ui])];
     } else if (ref_rets[ui].tag == NPUB_VALUE_TENSOR) {
       DLTensor* t = ref_rets[ui].u.tensor;
-      keep.push_back(Tensor::empty(std::vector<int64_t>(t->shape, t->shape + t->ndim), dtype_of(t->dtype), dev));
+      keep.push_back(
+          Tensor::empty(std::vector<int64_t>(t->shape, t->shape + t->ndim), dtype_of(t->dtype), dev));
       ref_rets[ui].u.tensor = keep.back().dl();
     }
   }
@@ -163,17 +165,21 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
         r.lists.emplace_back(v.u.tensors, v.u.tensors + v.count);
         for (DLTensor*& t : r.lists.back()) t = widen(t, written);
         v.u.tensors = r.lists.back().data();
-      } else if (magnitude && v.tag == NPUB_VALUE_DOUBLE && sargs[static_cast<size_t>(i)].type.base == reg::BaseType::kScalar) {
+      } else if (magnitude && v.tag == NPUB_VALUE_DOUBLE &&
+                 sargs[static_cast<size_t>(i)].type.base == reg::BaseType::kScalar) {
         v.u.d = std::fabs(v.u.d);
-      } else if (magnitude && v.tag == NPUB_VALUE_INT && sargs[static_cast<size_t>(i)].type.base == reg::BaseType::kScalar) {
+      } else if (magnitude && v.tag == NPUB_VALUE_INT &&
+                 sargs[static_cast<size_t>(i)].type.base == reg::BaseType::kScalar) {
         v.u.i = v.u.i < 0 ? -v.u.i : v.u.i;
       }
     }
     r.rets.assign(cs.rets, cs.rets + cs.num_rets);
     for (int32_t i = 0; i < cs.num_rets; ++i) {
       NpubValue& v = r.rets[static_cast<size_t>(i)];
-      if (alias[static_cast<size_t>(i)] >= 0) v = r.args[static_cast<size_t>(alias[static_cast<size_t>(i)])];
-      else if (v.tag == NPUB_VALUE_TENSOR) v.u.tensor = widen(v.u.tensor, true);
+      if (alias[static_cast<size_t>(i)] >= 0)
+        v = r.args[static_cast<size_t>(alias[static_cast<size_t>(i)])];
+      else if (v.tag == NPUB_VALUE_TENSOR)
+        v.u.tensor = widen(v.u.tensor, true);
     }
     return r;
   };
@@ -181,7 +187,8 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
     for (auto& c : compare)
       if (is_floating(dtype_of(c.second.first->dtype))) return true;
     for (int32_t i = 0; i < cs.num_args; ++i)
-      if (cs.args[i].tag == NPUB_VALUE_TENSOR && is_floating(dtype_of(cs.args[i].u.tensor->dtype))) return true;
+      if (cs.args[i].tag == NPUB_VALUE_TENSOR && is_floating(dtype_of(cs.args[i].u.tensor->dtype)))
+        return true;
     return false;
   }();
   std::unique_ptr<WideRun> wide, magnitude;
@@ -192,9 +199,10 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
   const int64_t terms = numerics::terms(model, cs.op->schema(), cs.args, cs.num_args);
   // Magnitude::kScale: the inputs' part, read before the kernel writes (the
   // reference's is added per output below).
-  const double scale = model.kind == numerics::ErrorKind::kAccumulated && model.magnitude == numerics::Magnitude::kScale
-                           ? numerics::input_scale(cs.op->schema(), cs.args, cs.num_args)
-                           : 0;
+  const double scale =
+      model.kind == numerics::ErrorKind::kAccumulated && model.magnitude == numerics::Magnitude::kScale
+          ? numerics::input_scale(cs.op->schema(), cs.args, cs.num_args)
+          : 0;
 
   run_kernel(cs, k, convert_from);
 
@@ -226,8 +234,11 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
           if (v.u.tensors[j] != nullptr) o.push_back(v.u.tensors[j]);
     }
     for (int32_t i = 0; i < cs.num_rets; ++i)
-      if (alias[static_cast<size_t>(i)] < 0 && cs.rets[i].tag == NPUB_VALUE_TENSOR && ref_rets[static_cast<size_t>(i)].tag == NPUB_VALUE_TENSOR)
-        o.push_back(r->rets[static_cast<size_t>(i)].tag == NPUB_VALUE_TENSOR ? r->rets[static_cast<size_t>(i)].u.tensor : nullptr);
+      if (alias[static_cast<size_t>(i)] < 0 && cs.rets[i].tag == NPUB_VALUE_TENSOR &&
+          ref_rets[static_cast<size_t>(i)].tag == NPUB_VALUE_TENSOR)
+        o.push_back(r->rets[static_cast<size_t>(i)].tag == NPUB_VALUE_TENSOR
+                        ? r->rets[static_cast<size_t>(i)].u.tensor
+                        : nullptr);
     return o;
   };
   TensorOutputs wide_outputs(devices_), magnitude_outputs(devices_);
@@ -239,7 +250,8 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
   }
 
   const std::vector<DLTensor*> wide_refs = outputs_of(wide.get(), wide_outputs);
-  const std::vector<DLTensor*> magnitude_refs = wide_refs.empty() ? std::vector<DLTensor*>() : outputs_of(magnitude.get(), magnitude_outputs);
+  const std::vector<DLTensor*> magnitude_refs =
+      wide_refs.empty() ? std::vector<DLTensor*>() : outputs_of(magnitude.get(), magnitude_outputs);
   for (size_t slot = 0; slot < compare.size(); ++slot) {
     const std::string& label = compare[slot].first;
     const auto& pair = compare[slot].second;
@@ -254,15 +266,18 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
       m.num_mismatched = 1;
       std::lock_guard<std::mutex> lock(config_mu_);
       mismatches_.push_back(m);
-      log().warn("precision check for op '{}', {}: the kernel's shape differs from the reference's", m.op, label);
+      log().warn("precision check for op '{}', {}: the kernel's shape differs from the reference's", m.op,
+                 label);
       cs.op->stats().precision_mismatches.fetch_add(1);
       continue;
     }
     const std::vector<double> x = sim::read_doubles(a), y = sim::read_doubles(b);
     m.numel = static_cast<int64_t>(x.size());
     std::vector<double> w, mag;
-    if (slot < wide_refs.size() && wide_refs[slot] != nullptr && wide_refs[slot]->ndim == a.ndim) w = sim::read_doubles(*wide_refs[slot]);
-    if (slot < magnitude_refs.size() && magnitude_refs[slot] != nullptr) mag = sim::read_doubles(*magnitude_refs[slot]);
+    if (slot < wide_refs.size() && wide_refs[slot] != nullptr && wide_refs[slot]->ndim == a.ndim)
+      w = sim::read_doubles(*wide_refs[slot]);
+    if (slot < magnitude_refs.size() && magnitude_refs[slot] != nullptr)
+      mag = sim::read_doubles(*magnitude_refs[slot]);
     if (w.size() != x.size()) w.clear();
     if (mag.size() != x.size()) mag.clear();
     numerics::Comparison c;

@@ -1,6 +1,6 @@
-#include "logging.h"
 #include <npubridge/dispatcher/runtime.h>
 #include <npubridge/support/env.h>
+#include "logging.h"
 
 #include <filesystem>
 

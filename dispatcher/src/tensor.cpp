@@ -53,13 +53,15 @@ Tensor Tensor::make(std::shared_ptr<Storage> storage, const std::vector<int64_t>
 
 Tensor Tensor::empty(const std::vector<int64_t>& shape, DType dtype, sim::Device* device) {
   if (dtype == DType::kUnknown) throw Error(ErrorCode::kInvalidArgument, "Tensor::empty: unknown dtype");
-  const int64_t n = checked_numel(shape.data(), static_cast<int32_t>(shape.size()), element_size(dtype), "Tensor::empty");
+  const int64_t n =
+      checked_numel(shape.data(), static_cast<int32_t>(shape.size()), element_size(dtype), "Tensor::empty");
   const size_t bytes = static_cast<size_t>(n * element_size(dtype));
   auto storage = std::make_shared<Storage>();
   storage->device = device;
   if (bytes > 0) {
     storage->data = device != nullptr ? device->allocate(bytes) : std::malloc(bytes);
-    if (storage->data == nullptr) throw Error(ErrorCode::kOutOfMemory, "Tensor::empty: host allocation failed");
+    if (storage->data == nullptr)
+      throw Error(ErrorCode::kOutOfMemory, "Tensor::empty: host allocation failed");
   }
   std::vector<int64_t> strides(shape.size());
   int64_t acc = 1;
@@ -70,8 +72,8 @@ Tensor Tensor::empty(const std::vector<int64_t>& shape, DType dtype, sim::Device
   return make(std::move(storage), shape, strides, dtype, 0);
 }
 
-Tensor Tensor::from_values(const std::vector<int64_t>& shape, DType dtype,
-                           const std::vector<double>& values, sim::Device* device) {
+Tensor Tensor::from_values(const std::vector<int64_t>& shape, DType dtype, const std::vector<double>& values,
+                           sim::Device* device) {
   Tensor t = empty(shape, dtype, device);
   if (static_cast<int64_t>(values.size()) != t.numel())
     throw Error(ErrorCode::kInvalidArgument, "Tensor::from_values: expected " + std::to_string(t.numel()) +
@@ -88,7 +90,8 @@ int64_t Tensor::numel() const {
 }
 
 bool Tensor::is_contiguous() const {
-  return npub::is_contiguous(impl_->shape.data(), impl_->strides.data(), static_cast<int>(impl_->shape.size()));
+  return npub::is_contiguous(impl_->shape.data(), impl_->strides.data(),
+                             static_cast<int>(impl_->shape.size()));
 }
 
 Tensor Tensor::as_strided(const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,

@@ -56,7 +56,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("manual_seed", [](int d, uint64_t seed) { Runtime::global().devices().at(d).manual_seed(seed); });
   // torch.npu.default_generators[d]: the device's own generator as a
   // torch.Generator (the state manual_seed and get_rng_state see).
-  m.def("default_generator", [](int d) { return npub::torch_backend::default_generator(static_cast<c10::DeviceIndex>(d)); });
+  m.def("default_generator",
+        [](int d) { return npub::torch_backend::default_generator(static_cast<c10::DeviceIndex>(d)); });
   m.def("get_rng_state", [](int d) {
     const auto s = Runtime::global().devices().at(d).philox_state();
     return py::make_tuple(s.seed, s.offset);
@@ -77,7 +78,9 @@ PYBIND11_MODULE(_C, m) {
     dev.set_current_stream(dev.stream(id));
   });
   m.def("current_stream", [](int d) { return Runtime::global().devices().at(d).current_stream().id(); });
-  m.def("stream_wait_event", [](int d, int id, int64_t ev) { Runtime::global().devices().at(d).stream(id).wait_event(event_at(ev)); });
+  m.def("stream_wait_event", [](int d, int id, int64_t ev) {
+    Runtime::global().devices().at(d).stream(id).wait_event(event_at(ev));
+  });
   m.def("event_new", [] {
     std::lock_guard<std::mutex> lock(g_events_mu);
     const int64_t id = g_next_event++;
@@ -88,14 +91,16 @@ PYBIND11_MODULE(_C, m) {
     std::lock_guard<std::mutex> lock(g_events_mu);
     g_events.erase(id);
   });
-  m.def("event_record", [](int64_t ev, int d, int id) { event_at(ev).record(Runtime::global().devices().at(d).stream(id)); });
+  m.def("event_record",
+        [](int64_t ev, int d, int id) { event_at(ev).record(Runtime::global().devices().at(d).stream(id)); });
   m.def("event_query", [](int64_t ev) { return event_at(ev).query(); });
   m.def("event_synchronize", [](int64_t ev) {
     sim::Event& e = event_at(ev);
     py::gil_scoped_release nogil;
     e.synchronize();
   });
-  m.def("event_elapsed_ms", [](int64_t start, int64_t end) { return event_at(start).elapsed_ms(event_at(end)); });
+  m.def("event_elapsed_ms",
+        [](int64_t start, int64_t end) { return event_at(start).elapsed_ms(event_at(end)); });
   m.def("memory_stats", [](int d) {
     const auto s = Runtime::global().devices().at(d).allocator().stats();
     py::dict r;
@@ -112,7 +117,8 @@ PYBIND11_MODULE(_C, m) {
     auto& ds = Runtime::global().devices();
     for (int i = 0; i < ds.count(); ++i) ds.at(i).allocator().empty_cache();
   });
-  m.def("reset_peak_memory_stats", [](int d) { Runtime::global().devices().at(d).allocator().reset_peak_stats(); });
+  m.def("reset_peak_memory_stats",
+        [](int d) { Runtime::global().devices().at(d).allocator().reset_peak_stats(); });
   m.def("plugins", [] {
     py::list out;
     for (const auto& p : Runtime::global().loader().plugins()) {
@@ -156,9 +162,7 @@ PYBIND11_MODULE(_C, m) {
     }
     return out;
   });
-  m.def("reset_stats", [] {
-    Runtime::global().dispatcher().reset_stats();
-  });
+  m.def("reset_stats", [] { Runtime::global().dispatcher().reset_stats(); });
   m.def("set_optim_level", [](int level) { Runtime::global().dispatcher().set_opt_level(level); });
   m.def("optim_level", [] { return Runtime::global().dispatcher().opt_level(); });
   m.def("enable_plugin", [](const std::string& name, bool on) {
@@ -166,13 +170,14 @@ PYBIND11_MODULE(_C, m) {
     if (!p) throw py::value_error("no plugin named '" + name + "' is loaded");
     p->enabled = on;
   });
-  m.def("register_op", [](const std::string& framework_op, const std::string& target_op, const std::string& plugin) {
-    try {
-      npub::torch_backend::map_op({framework_op, target_op, plugin});
-    } catch (const Error& e) {
-      throw py::value_error(e.what());
-    }
-  });
+  m.def("register_op",
+        [](const std::string& framework_op, const std::string& target_op, const std::string& plugin) {
+          try {
+            npub::torch_backend::map_op({framework_op, target_op, plugin});
+          } catch (const Error& e) {
+            throw py::value_error(e.what());
+          }
+        });
   m.def("unregister_op", [](const std::string& framework_op) {
     if (!npub::torch_backend::unmap_op(framework_op))
       throw py::value_error("cannot unmap '" + framework_op + "': the op-mapping table does not map it");

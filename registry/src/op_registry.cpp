@@ -85,14 +85,17 @@ std::string Registry::schema_conflict(const OpEntry& existing, const Schema& sch
          ") with a different schema: existing \"" + a + "\", new \"" + b + "\"";
 }
 
-std::string Registry::kernel_conflict(const std::string& op_name, const KernelList& list, const Kernel& kernel) {
+std::string Registry::kernel_conflict(const std::string& op_name, const KernelList& list,
+                                      const Kernel& kernel) {
   for (const Kernel* k : list) {
-    const bool overlap = k->dtype_mask == 0 || kernel.dtype_mask == 0 || (k->dtype_mask & kernel.dtype_mask) != 0;
+    const bool overlap =
+        k->dtype_mask == 0 || kernel.dtype_mask == 0 || (k->dtype_mask & kernel.dtype_mask) != 0;
     if (k->priority == kernel.priority && overlap)
       return "duplicate kernel for op '" + op_name + "' on " +
              (kernel.device_type == NPUB_DEVICE_CPU ? "cpu" : "npu") + " at priority " +
-             std::to_string(kernel.priority) + ": plugin '" + k->plugin_name() + "' already registered one for dtypes {" +
-             k->dtypes_string() + "}; use another priority or disjoint dtypes";
+             std::to_string(kernel.priority) + ": plugin '" + k->plugin_name() +
+             "' already registered one for dtypes {" + k->dtypes_string() +
+             "}; use another priority or disjoint dtypes";
   }
   return "";
 }
@@ -107,7 +110,8 @@ std::string Registry::meta_conflict(const OpEntry& op) {
 std::string Registry::derivative_conflict(const OpEntry& op) {
   const OpAnnotations* current = op.annotations_.load(std::memory_order_relaxed);
   if (current == nullptr || !current->derivative) return "";
-  return "op '" + op.name() + "' already has a derivative (from plugin '" + current->derivative->plugin + "')";
+  return "op '" + op.name() + "' already has a derivative (from plugin '" + current->derivative->plugin +
+         "')";
 }
 
 OpEntry* Registry::add_op_locked(const Schema& schema, const std::string& defined_by) {
@@ -191,8 +195,8 @@ void Registry::commit(Registrations batch) {
       if (const std::string c = schema_conflict(*existing, s); !c.empty()) fail(c);
     } else if (auto it = new_ops.find(name); it != new_ops.end()) {
       if (it->second->to_string() != s.to_string())
-        fail("op '" + name + "' is defined twice with different schemas: \"" + it->second->to_string() + "\", \"" +
-             s.to_string() + "\"");
+        fail("op '" + name + "' is defined twice with different schemas: \"" + it->second->to_string() +
+             "\", \"" + s.to_string() + "\"");
     } else {
       new_ops.emplace(name, &s);
     }
@@ -209,7 +213,8 @@ void Registry::commit(Registrations batch) {
     OpEntry* existing = find_locked(name);
     const std::string key = name + "#" + std::to_string(k->device_type);
     KernelList& list = staged_lists[key];
-    if (list.empty() && existing != nullptr) list = *existing->slot(k->device_type).load(std::memory_order_relaxed);
+    if (list.empty() && existing != nullptr)
+      list = *existing->slot(k->device_type).load(std::memory_order_relaxed);
     if (const std::string c = kernel_conflict(name, list, *k); !c.empty()) fail(c);
     list.push_back(k.get());
   }
@@ -275,8 +280,7 @@ std::vector<OpEntry*> Registry::ops() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<OpEntry*> out;
   for (auto& op : ops_) out.push_back(op.get());
-  std::sort(out.begin(), out.end(),
-            [](const OpEntry* a, const OpEntry* b) { return a->name() < b->name(); });
+  std::sort(out.begin(), out.end(), [](const OpEntry* a, const OpEntry* b) { return a->name() < b->name(); });
   return out;
 }
 
@@ -354,15 +358,15 @@ void OpMappingTable::load_text(const std::string& text, const std::string& origi
     for (std::string w; fields >> w;) f.push_back(w);
     if (f.empty()) continue;
     if (f.size() < 2 || f.size() > 3)
-      throw Error(ErrorCode::kInvalidArgument,
-                  origin + ":" + std::to_string(lineno) +
-                      ": expected 'framework_op target_op [plugin]' but found " +
-                      std::to_string(f.size()) + " field(s)");
+      throw Error(ErrorCode::kInvalidArgument, origin + ":" + std::to_string(lineno) +
+                                                   ": expected 'framework_op target_op [plugin]' but found " +
+                                                   std::to_string(f.size()) + " field(s)");
     for (const std::string* op : {&f[0], &f[1]})
       if (op->find("::") == std::string::npos)
-        throw Error(ErrorCode::kInvalidArgument,
-                    origin + ":" + std::to_string(lineno) + ": expected a qualified op name "
-                    "(ns::name[.overload]) but found '" + *op + "'");
+        throw Error(ErrorCode::kInvalidArgument, origin + ":" + std::to_string(lineno) +
+                                                     ": expected a qualified op name "
+                                                     "(ns::name[.overload]) but found '" +
+                                                     *op + "'");
     parsed.push_back({f[0], f[1], f.size() == 3 ? f[2] : ""});
   }
   for (const auto& m : parsed) set(m);
@@ -370,8 +374,7 @@ void OpMappingTable::load_text(const std::string& text, const std::string& origi
 
 void OpMappingTable::load_file(const std::string& path) {
   std::ifstream in(path);
-  if (!in)
-    throw Error(ErrorCode::kNotFound, "op mapping table '" + path + "' cannot be read");
+  if (!in) throw Error(ErrorCode::kNotFound, "op mapping table '" + path + "' cannot be read");
   std::stringstream ss;
   ss << in.rdbuf();
   load_text(ss.str(), path);

@@ -15,14 +15,14 @@ struct BaseName {
   BaseType type;
 };
 constexpr BaseName kBaseNames[] = {
-    {"Tensor", BaseType::kTensor},         {"int", BaseType::kInt},
-    {"SymInt", BaseType::kSymInt},         {"float", BaseType::kFloat},
-    {"bool", BaseType::kBool},             {"str", BaseType::kStr},
-    {"Scalar", BaseType::kScalar},         {"ScalarType", BaseType::kScalarType},
-    {"Layout", BaseType::kLayout},         {"MemoryFormat", BaseType::kMemoryFormat},
-    {"Device", BaseType::kDevice},         {"Generator", BaseType::kGenerator},
-    {"Dimname", BaseType::kDimname},       {"Storage", BaseType::kStorage},
-    {"Stream", BaseType::kStream},         {"Any", BaseType::kAny},
+    {"Tensor", BaseType::kTensor},   {"int", BaseType::kInt},
+    {"SymInt", BaseType::kSymInt},   {"float", BaseType::kFloat},
+    {"bool", BaseType::kBool},       {"str", BaseType::kStr},
+    {"Scalar", BaseType::kScalar},   {"ScalarType", BaseType::kScalarType},
+    {"Layout", BaseType::kLayout},   {"MemoryFormat", BaseType::kMemoryFormat},
+    {"Device", BaseType::kDevice},   {"Generator", BaseType::kGenerator},
+    {"Dimname", BaseType::kDimname}, {"Storage", BaseType::kStorage},
+    {"Stream", BaseType::kStream},   {"Any", BaseType::kAny},
 };
 
 class Parser {
@@ -55,8 +55,8 @@ class Parser {
  private:
   [[noreturn]] void fail(const std::string& expected) const {
     std::string found = pos_ < s_.size() ? "'" + std::string(1, s_[pos_]) + "'" : "end of text";
-    throw SchemaError("invalid schema at character " + std::to_string(pos_ + 1) +
-                      ": expected " + expected + " but found " + found + " in \"" +
+    throw SchemaError("invalid schema at character " + std::to_string(pos_ + 1) + ": expected " + expected +
+                      " but found " + found + " in \"" +
                       std::string(s_.substr(0, std::min<size_t>(s_.size(), 200))) + "\"");
   }
   char peek() const { return pos_ < s_.size() ? s_[pos_] : '\0'; }
@@ -74,12 +74,8 @@ class Parser {
   void expect(std::string_view tok) {
     if (!accept(tok)) fail("'" + std::string(tok) + "'");
   }
-  static bool ident_start(char c) {
-    return std::isalpha(static_cast<unsigned char>(c)) || c == '_';
-  }
-  static bool ident_char(char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
-  }
+  static bool ident_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
+  static bool ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
   std::string ident(const char* what) {
     skip_ws();
     if (!ident_start(peek())) fail(what);
@@ -312,9 +308,12 @@ class Parser {
     if (parse_number(t, is_int, i, f)) {
       if (type.list) {  // int[2] stride=1 means [1, 1]
         const int n = type.fixed_size > 0 ? type.fixed_size : 1;
-        if (type.base == BaseType::kFloat) d.doubles.assign(static_cast<size_t>(n), is_int ? double(i) : f);
-        else if (is_int) d.ints.assign(static_cast<size_t>(n), i);
-        else fail("an integer list default");
+        if (type.base == BaseType::kFloat)
+          d.doubles.assign(static_cast<size_t>(n), is_int ? double(i) : f);
+        else if (is_int)
+          d.ints.assign(static_cast<size_t>(n), i);
+        else
+          fail("an integer list default");
         d.value.tag = type.base == BaseType::kFloat ? NPUB_VALUE_DOUBLE_LIST : NPUB_VALUE_INT_LIST;
         return;
       }
@@ -428,8 +427,7 @@ void finalize_default(DefaultValue& d) {
 
 Schema parse_schema(std::string_view text) {
   if (text.size() > 4096)
-    throw SchemaError("invalid schema: longer than 4096 characters (" +
-                      std::to_string(text.size()) + ")");
+    throw SchemaError("invalid schema: longer than 4096 characters (" + std::to_string(text.size()) + ")");
   return Parser(text).parse();
 }
 
@@ -486,25 +484,52 @@ uint32_t accepted_tags(const Type& t) {
   uint32_t m = 0;
   if (t.list) {
     switch (t.base) {
-      case BaseType::kTensor: m = bit(NPUB_VALUE_TENSOR_LIST); break;
-      case BaseType::kFloat: m = bit(NPUB_VALUE_DOUBLE_LIST); break;
-      case BaseType::kInt: case BaseType::kSymInt: case BaseType::kBool:
-        m = bit(NPUB_VALUE_INT_LIST); break;
-      case BaseType::kScalar: m = bit(NPUB_VALUE_DOUBLE_LIST) | bit(NPUB_VALUE_INT_LIST); break;
-      default: m = 0; break;
+      case BaseType::kTensor:
+        m = bit(NPUB_VALUE_TENSOR_LIST);
+        break;
+      case BaseType::kFloat:
+        m = bit(NPUB_VALUE_DOUBLE_LIST);
+        break;
+      case BaseType::kInt:
+      case BaseType::kSymInt:
+      case BaseType::kBool:
+        m = bit(NPUB_VALUE_INT_LIST);
+        break;
+      case BaseType::kScalar:
+        m = bit(NPUB_VALUE_DOUBLE_LIST) | bit(NPUB_VALUE_INT_LIST);
+        break;
+      default:
+        m = 0;
+        break;
     }
   } else {
     switch (t.base) {
-      case BaseType::kTensor: m = bit(NPUB_VALUE_TENSOR); break;
-      case BaseType::kInt: case BaseType::kSymInt: case BaseType::kScalarType:
-      case BaseType::kLayout: case BaseType::kMemoryFormat: case BaseType::kDevice:
-        m = bit(NPUB_VALUE_INT); break;
-      case BaseType::kFloat: m = bit(NPUB_VALUE_DOUBLE) | bit(NPUB_VALUE_INT); break;
-      case BaseType::kBool: m = bit(NPUB_VALUE_BOOL); break;
-      case BaseType::kStr: m = bit(NPUB_VALUE_STRING); break;
+      case BaseType::kTensor:
+        m = bit(NPUB_VALUE_TENSOR);
+        break;
+      case BaseType::kInt:
+      case BaseType::kSymInt:
+      case BaseType::kScalarType:
+      case BaseType::kLayout:
+      case BaseType::kMemoryFormat:
+      case BaseType::kDevice:
+        m = bit(NPUB_VALUE_INT);
+        break;
+      case BaseType::kFloat:
+        m = bit(NPUB_VALUE_DOUBLE) | bit(NPUB_VALUE_INT);
+        break;
+      case BaseType::kBool:
+        m = bit(NPUB_VALUE_BOOL);
+        break;
+      case BaseType::kStr:
+        m = bit(NPUB_VALUE_STRING);
+        break;
       case BaseType::kScalar:
-        m = bit(NPUB_VALUE_INT) | bit(NPUB_VALUE_DOUBLE) | bit(NPUB_VALUE_BOOL); break;
-      default: m = 0; break;  // Generator, Storage, ...: only None crosses
+        m = bit(NPUB_VALUE_INT) | bit(NPUB_VALUE_DOUBLE) | bit(NPUB_VALUE_BOOL);
+        break;
+      default:
+        m = 0;
+        break;  // Generator, Storage, ...: only None crosses
     }
   }
   const bool optional_only = m == 0;
@@ -514,16 +539,26 @@ uint32_t accepted_tags(const Type& t) {
 
 const char* value_tag_name(int32_t tag) {
   switch (tag) {
-    case NPUB_VALUE_NONE: return "None";
-    case NPUB_VALUE_TENSOR: return "Tensor";
-    case NPUB_VALUE_INT: return "int";
-    case NPUB_VALUE_DOUBLE: return "float";
-    case NPUB_VALUE_BOOL: return "bool";
-    case NPUB_VALUE_STRING: return "str";
-    case NPUB_VALUE_INT_LIST: return "int[]";
-    case NPUB_VALUE_TENSOR_LIST: return "Tensor[]";
-    case NPUB_VALUE_DOUBLE_LIST: return "float[]";
-    default: return "unknown value tag";
+    case NPUB_VALUE_NONE:
+      return "None";
+    case NPUB_VALUE_TENSOR:
+      return "Tensor";
+    case NPUB_VALUE_INT:
+      return "int";
+    case NPUB_VALUE_DOUBLE:
+      return "float";
+    case NPUB_VALUE_BOOL:
+      return "bool";
+    case NPUB_VALUE_STRING:
+      return "str";
+    case NPUB_VALUE_INT_LIST:
+      return "int[]";
+    case NPUB_VALUE_TENSOR_LIST:
+      return "Tensor[]";
+    case NPUB_VALUE_DOUBLE_LIST:
+      return "float[]";
+    default:
+      return "unknown value tag";
   }
 }
 

@@ -10,16 +10,11 @@ struct DTypeInfo {
   int64_t size;
 };
 constexpr DTypeInfo kInfo[] = {
-    {DType::kFloat32, {kDLFloat, 32, 1}, "float32", 4},
-    {DType::kFloat64, {kDLFloat, 64, 1}, "float64", 8},
-    {DType::kFloat16, {kDLFloat, 16, 1}, "float16", 2},
-    {DType::kBFloat16, {kDLBfloat, 16, 1}, "bfloat16", 2},
-    {DType::kInt64, {kDLInt, 64, 1}, "int64", 8},
-    {DType::kInt32, {kDLInt, 32, 1}, "int32", 4},
-    {DType::kInt16, {kDLInt, 16, 1}, "int16", 2},
-    {DType::kInt8, {kDLInt, 8, 1}, "int8", 1},
-    {DType::kUInt8, {kDLUInt, 8, 1}, "uint8", 1},
-    {DType::kBool, {NPUB_DL_BOOL, 8, 1}, "bool", 1},
+    {DType::kFloat32, {kDLFloat, 32, 1}, "float32", 4}, {DType::kFloat64, {kDLFloat, 64, 1}, "float64", 8},
+    {DType::kFloat16, {kDLFloat, 16, 1}, "float16", 2}, {DType::kBFloat16, {kDLBfloat, 16, 1}, "bfloat16", 2},
+    {DType::kInt64, {kDLInt, 64, 1}, "int64", 8},       {DType::kInt32, {kDLInt, 32, 1}, "int32", 4},
+    {DType::kInt16, {kDLInt, 16, 1}, "int16", 2},       {DType::kInt8, {kDLInt, 8, 1}, "int8", 1},
+    {DType::kUInt8, {kDLUInt, 8, 1}, "uint8", 1},       {DType::kBool, {NPUB_DL_BOOL, 8, 1}, "bool", 1},
 };
 }  // namespace
 
@@ -27,13 +22,18 @@ DType dtype_of(DLDataType t) noexcept {
   if (t.lanes != 1) return DType::kUnknown;
   switch (t.code) {
     case kDLFloat:
-      return t.bits == 32 ? DType::kFloat32 : t.bits == 64 ? DType::kFloat64
-                          : t.bits == 16 ? DType::kFloat16 : DType::kUnknown;
+      return t.bits == 32   ? DType::kFloat32
+             : t.bits == 64 ? DType::kFloat64
+             : t.bits == 16 ? DType::kFloat16
+                            : DType::kUnknown;
     case kDLBfloat:
       return t.bits == 16 ? DType::kBFloat16 : DType::kUnknown;
     case kDLInt:
-      return t.bits == 64 ? DType::kInt64 : t.bits == 32 ? DType::kInt32
-             : t.bits == 16 ? DType::kInt16 : t.bits == 8 ? DType::kInt8 : DType::kUnknown;
+      return t.bits == 64   ? DType::kInt64
+             : t.bits == 32 ? DType::kInt32
+             : t.bits == 16 ? DType::kInt16
+             : t.bits == 8  ? DType::kInt8
+                            : DType::kUnknown;
     case kDLUInt:
       return t.bits == 8 ? DType::kUInt8 : DType::kUnknown;
     case NPUB_DL_BOOL:
@@ -66,8 +66,7 @@ int64_t element_size(DType t) noexcept {
 }
 
 bool is_floating(DType t) noexcept {
-  return t == DType::kFloat32 || t == DType::kFloat64 || t == DType::kFloat16 ||
-         t == DType::kBFloat16;
+  return t == DType::kFloat32 || t == DType::kFloat64 || t == DType::kFloat16 || t == DType::kBFloat16;
 }
 
 }  // namespace npub

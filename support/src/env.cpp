@@ -36,19 +36,24 @@ uint64_t parse_bytes(const std::string& text, const char* what) {
   errno = 0;
   unsigned long long x = std::strtoull(text.c_str(), &end, 10);
   if (errno != 0 || end == text.c_str() || text[0] == '-')
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string(what) + ": expected a size such as 16G, 512M or 1048576 but found '" +
-                    text + "'");
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        std::string(what) + ": expected a size such as 16G, 512M or 1048576 but found '" + text + "'");
   std::string unit(end);
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   if (!unit.empty() && unit.back() == 'B' && unit.size() > 1) unit.pop_back();  // "GB", "MiB"
   if (unit.size() == 2 && unit[1] == 'I') unit.pop_back();
   int shift = 0;
-  if (unit.empty() || unit == "B") shift = 0;
-  else if (unit == "K") shift = 10;
-  else if (unit == "M") shift = 20;
-  else if (unit == "G") shift = 30;
-  else if (unit == "T") shift = 40;
+  if (unit.empty() || unit == "B")
+    shift = 0;
+  else if (unit == "K")
+    shift = 10;
+  else if (unit == "M")
+    shift = 20;
+  else if (unit == "G")
+    shift = 30;
+  else if (unit == "T")
+    shift = 40;
   else
     throw Error(ErrorCode::kInvalidArgument,
                 std::string(what) + ": unknown unit in '" + text + "' (expected K, M, G or T)");
@@ -68,8 +73,7 @@ bool get_flag(const char* name, bool fallback) {
   const std::string& s = *v;
   if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
   if (s == "0" || s == "false" || s == "off" || s == "no") return false;
-  throw Error(ErrorCode::kInvalidArgument,
-              std::string(name) + ": expected 0 or 1 but found '" + s + "'");
+  throw Error(ErrorCode::kInvalidArgument, std::string(name) + ": expected 0 or 1 but found '" + s + "'");
 }
 
 }  // namespace npub::env

@@ -37,12 +37,18 @@ static const NpubHostApi* g_host = NULL;
 
 static NpubError* failing_kernel(NpubCallContext* ctx, const NpubValue* args, int32_t num_args,
                                  NpubValue* rets, int32_t num_rets) {
-  (void)ctx; (void)args; (void)num_args; (void)rets; (void)num_rets;
+  (void)ctx;
+  (void)args;
+  (void)num_args;
+  (void)rets;
+  (void)num_rets;
   return g_host->error_create(NPUB_ERR_INVALID_ARGUMENT, "simulated failure inside the kernel");
 }
 
 static NpubError* any_meta(NpubMetaContext* ctx, const NpubValue* args, int32_t num_args) {
-  (void)ctx; (void)args; (void)num_args;
+  (void)ctx;
+  (void)args;
+  (void)num_args;
   return NULL;
 }
 
@@ -132,8 +138,8 @@ NPUB_PLUGIN_EXPORT int npub_plugin_something_else(void) { return 42; }
 NPUB_PLUGIN_EXPORT const NpubPluginApi* npub_plugin_init_v2(void) { return NULL; }
 #else
 NPUB_PLUGIN_EXPORT const NpubPluginApi* npub_plugin_init_v1(void) {
-  static NpubPluginApi api = {sizeof(NpubPluginApi), NPUB_ABI_MAJOR, NPUB_ABI_MINOR,
-                              "bad_" STR(BAD_MODE), "0.0.1", initialize, NULL};
+  static NpubPluginApi api = {
+      sizeof(NpubPluginApi), NPUB_ABI_MAJOR, NPUB_ABI_MINOR, "bad_" STR(BAD_MODE), "0.0.1", initialize, NULL};
 #if BAD_MODE == MODE_STRUCT_TOO_SMALL
   api.struct_size = offsetof(NpubPluginApi, name);
 #elif BAD_MODE == MODE_NULL_INITIALIZE

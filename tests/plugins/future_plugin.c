@@ -5,8 +5,8 @@
 #include <string.h>
 
 typedef struct {
-  NpubPluginApi v1;              /* the part today's host knows */
-  void (*future_hook)(void);     /* appended in a later minor */
+  NpubPluginApi v1;          /* the part today's host knows */
+  void (*future_hook)(void); /* appended in a later minor */
   const char* future_string;
 } FuturePluginApi;
 
@@ -18,13 +18,16 @@ typedef struct {
 
 static const NpubHostApi* g_host = NULL;
 
-static NpubError* copy_kernel(NpubCallContext* ctx, const NpubValue* args, int32_t num_args,
-                              NpubValue* rets, int32_t num_rets) {
+static NpubError* copy_kernel(NpubCallContext* ctx, const NpubValue* args, int32_t num_args, NpubValue* rets,
+                              int32_t num_rets) {
   const DLTensor* x = args[0].u.tensor;
   DLTensor* out = args[1].u.tensor;
   int64_t n = 1;
   int i;
-  (void)ctx; (void)num_args; (void)rets; (void)num_rets;
+  (void)ctx;
+  (void)num_args;
+  (void)rets;
+  (void)num_rets;
   for (i = 0; i < x->ndim; ++i) n *= x->shape[i];
   memcpy((char*)out->data + out->byte_offset, (const char*)x->data + x->byte_offset, (size_t)n * 4);
   return NULL;
@@ -37,7 +40,8 @@ static NpubError* initialize(const NpubHostApi* host, NpubRegistrar* reg) {
   g_host = host;
   if (host->struct_size < sizeof(NpubHostApi))
     return host->error_create(NPUB_ERR_ABI, "host table too small");
-  if ((err = host->define_op(reg, "future::copy(Tensor self, Tensor(a!) out) -> Tensor(a!)")) != NULL) return err;
+  if ((err = host->define_op(reg, "future::copy(Tensor self, Tensor(a!) out) -> Tensor(a!)")) != NULL)
+    return err;
   memset(&d, 0, sizeof d);
   d.v1.struct_size = sizeof d;
   d.v1.op_name = "future::copy";
@@ -55,6 +59,7 @@ static void future_hook(void) {}
 NPUB_PLUGIN_EXPORT const NpubPluginApi* npub_plugin_init_v1(void) {
   static const FuturePluginApi api = {
       {sizeof(FuturePluginApi), NPUB_ABI_MAJOR, NPUB_ABI_MINOR + 7, "future", "9.9.9", initialize, NULL},
-      future_hook, "from the future"};
+      future_hook,
+      "from the future"};
   return &api.v1;
 }

@@ -46,8 +46,8 @@ static void scale_body(void* user, int64_t begin, int64_t end) {
   for (i = begin; i < end; ++i) job->out[i] = job->in[i] * job->factor;
 }
 
-static NpubError* scale_kernel(NpubCallContext* ctx, const NpubValue* args, int32_t num_args,
-                               NpubValue* rets, int32_t num_rets) {
+static NpubError* scale_kernel(NpubCallContext* ctx, const NpubValue* args, int32_t num_args, NpubValue* rets,
+                               int32_t num_rets) {
   const DLTensor* x = args[0].u.tensor;
   DLTensor* y = NULL;
   NpubError* err;
@@ -76,7 +76,8 @@ static NpubError* add_one_kernel(NpubCallContext* ctx, const NpubValue* args, in
   (void)rets;
   (void)num_rets;
   if (!is_f32_contiguous(x))
-    return g_host->error_create(NPUB_ERR_UNSUPPORTED, "testc::add_one_: expected a contiguous float32 tensor");
+    return g_host->error_create(NPUB_ERR_UNSUPPORTED,
+                                "testc::add_one_: expected a contiguous float32 tensor");
   p = (float*)((char*)x->data + x->byte_offset);
   n = numel(x);
   for (i = 0; i < n; ++i) p[i] += 1.0f;
@@ -147,13 +148,14 @@ static NpubError* initialize(const NpubHostApi* host, NpubRegistrar* reg) {
   if ((err = register_one(reg, "testc::count_positive", count_positive_kernel)) != NULL) return err;
   if ((err = host->register_meta(reg, "testc::scale", scale_meta)) != NULL) return err;
   /* d(self * factor)/d(self) applied to grad is scale(grad, factor). */
-  if ((err = host->define_derivative(reg, "testc::scale", "self: testc::scale(grads[0], factor)")) != NULL) return err;
+  if ((err = host->define_derivative(reg, "testc::scale", "self: testc::scale(grads[0], factor)")) != NULL)
+    return err;
   host->log(NPUB_LOG_DEBUG, "good_c_plugin initialised");
   return NULL;
 }
 
 NPUB_PLUGIN_EXPORT const NpubPluginApi* npub_plugin_init_v1(void) {
-  static const NpubPluginApi api = {sizeof(NpubPluginApi), NPUB_ABI_MAJOR, NPUB_ABI_MINOR,
-                                    "good_c", "1.0.0", initialize, NULL};
+  static const NpubPluginApi api = {
+      sizeof(NpubPluginApi), NPUB_ABI_MAJOR, NPUB_ABI_MINOR, "good_c", "1.0.0", initialize, NULL};
   return &api;
 }

@@ -9,7 +9,7 @@ static NpubError* initialize(const NpubHostApi*, NpubRegistrar*) {
 }
 
 extern "C" NPUB_PLUGIN_EXPORT const NpubPluginApi* npub_plugin_init_v1(void) {
-  static const NpubPluginApi api = {sizeof(NpubPluginApi), NPUB_ABI_MAJOR, NPUB_ABI_MINOR,
-                                    "init_throws", "0.0.1", &initialize, nullptr};
+  static const NpubPluginApi api = {
+      sizeof(NpubPluginApi), NPUB_ABI_MAJOR, NPUB_ABI_MINOR, "init_throws", "0.0.1", &initialize, nullptr};
   return &api;
 }

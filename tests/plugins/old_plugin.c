@@ -17,7 +17,10 @@ static NpubError* negate_kernel(NpubCallContext* ctx, const NpubValue* args, int
   float* dst = (float*)((char*)out->data + out->byte_offset);
   int64_t n = 1, i;
   int d;
-  (void)ctx; (void)num_args; (void)rets; (void)num_rets;
+  (void)ctx;
+  (void)num_args;
+  (void)rets;
+  (void)num_rets;
   for (d = 0; d < x->ndim; ++d) n *= x->shape[d];
   for (i = 0; i < n; ++i) dst[i] = -src[i];
   return NULL;
@@ -28,7 +31,8 @@ static NpubError* initialize(const NpubHostApi* host, NpubRegistrar* reg) {
   NpubKernelDesc d;
   NpubError* err;
   g_host = host;
-  if ((err = host->define_op(reg, "old::negate(Tensor self, Tensor(a!) out) -> Tensor(a!)")) != NULL) return err;
+  if ((err = host->define_op(reg, "old::negate(Tensor self, Tensor(a!) out) -> Tensor(a!)")) != NULL)
+    return err;
   memset(&d, 0, sizeof d);
   d.struct_size = sizeof d;
   d.op_name = "old::negate";

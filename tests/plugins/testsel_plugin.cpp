@@ -151,7 +151,9 @@ void init(npub::sdk::Registrar& r) {
   // Contiguous-only: a strided or a half-type call declines on staged copies.
   r.def("testsel::decline(Tensor self) -> Tensor");
   r.kernel("testsel::decline", &decline).dtypes({kFloat32}).contiguous_only();
-  r.def("testsel::decline_many(Tensor self) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+  r.def(
+      "testsel::decline_many(Tensor self) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, "
+      "Tensor, Tensor)");
   r.kernel("testsel::decline_many", &decline).dtypes({kFloat32});
   r.def("testsel::positives(Tensor self) -> Tensor");
   r.kernel("testsel::positives", &positives).dtypes({kFloat32}).contiguous_only();
@@ -159,7 +161,9 @@ void init(npub::sdk::Registrar& r) {
   r.kernel("testsel::sloppy", &sloppy).dtypes({kFloat32}).contiguous_only();
   r.def("testsel::bad_index(Tensor self, int index) -> Tensor");
   r.kernel("testsel::bad_index", &bad_index).dtypes({kFloat32}).contiguous_only();
-  r.def("testsel::defaults(Tensor self, Tensor(a!) out, int a=3, float b=0.5, int[2] c=[1, 2], str d=\"xy\") -> Tensor(a!)");
+  r.def(
+      "testsel::defaults(Tensor self, Tensor(a!) out, int a=3, float b=0.5, int[2] c=[1, 2], str d=\"xy\") "
+      "-> Tensor(a!)");
   r.kernel("testsel::defaults", &defaults).dtypes({kFloat32});
 }
 

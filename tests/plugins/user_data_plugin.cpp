@@ -34,7 +34,8 @@ int32_t within_max_numel(void* user_data, const NpubValue* args, int32_t) {
 // out = factor * self, with the factor of the kernel that serves the call.
 void scale(Call& call) {
   const Scale* s = scale_of(call.kernel_user_data());
-  if (s == nullptr) call.fail(NPUB_ERR_INTERNAL, "kernel_user_data() is not the pointer given to .user_data()");
+  if (s == nullptr)
+    call.fail(NPUB_ERR_INTERNAL, "kernel_user_data() is not the pointer given to .user_data()");
   TensorRef x = call.tensor(0), out = call.tensor(1);
   if (out.sizes() != x.sizes())
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "out: expected shape " + Call::shape_str(x.sizes()) + " but found " +
@@ -52,7 +53,9 @@ void init(Registrar& r) {
       .priority(10)
       .supports(&within_max_numel)
       .user_data(new Scale{Scale::kTag, 3.0f, 4}, &delete_scale);
-  r.kernel("userdata::scale", &scale).dtypes({kFloat32}).user_data(new Scale{Scale::kTag, 2.0f, INT64_MAX}, &delete_scale);
+  r.kernel("userdata::scale", &scale)
+      .dtypes({kFloat32})
+      .user_data(new Scale{Scale::kTag, 2.0f, INT64_MAX}, &delete_scale);
   // The same body under a second op (its errors name this op), defined and
   // registered in one with r.op.
   r.op("userdata::scale_too(Tensor self, Tensor(a!) out) -> Tensor(a!)", &scale)

@@ -33,7 +33,8 @@ TEST(Concurrency, EightThreadsTenThousandCallsOverTwoDevices) {
   for (int dev = 0; dev < 2; ++dev) {
     std::vector<double> f(kN);
     for (int i = 0; i < kN; ++i) f[static_cast<size_t>(i)] = factor_of(dev, i);
-    ones.push_back(Tensor::from_values({kN}, DType::kFloat32, std::vector<double>(kN, 1.0), &rt->devices().at(dev)));
+    ones.push_back(
+        Tensor::from_values({kN}, DType::kFloat32, std::vector<double>(kN, 1.0), &rt->devices().at(dev)));
     factors.push_back(Tensor::from_values({kN}, DType::kFloat32, f, &rt->devices().at(dev)));
   }
   std::vector<double> got(kThreads * kN);
@@ -50,7 +51,8 @@ TEST(Concurrency, EightThreadsTenThousandCallsOverTwoDevices) {
         const Tensor& factor = factors[static_cast<size_t>(t % 2)];
         NpubValue rets[1] = {};
         for (int c = 0; c < kCalls; ++c) {
-          NpubValue a[] = {tensor_value(acc.dl()), tensor_value(one.dl()), int_value(1), tensor_value(tmp.dl())};
+          NpubValue a[] = {tensor_value(acc.dl()), tensor_value(one.dl()), int_value(1),
+                           tensor_value(tmp.dl())};
           d.call(add, a, 4, rets, 1, nullptr);
           NpubValue m[] = {tensor_value(tmp.dl()), tensor_value(factor.dl()), tensor_value(acc.dl())};
           d.call(mul, m, 3, rets, 1, nullptr);
@@ -70,7 +72,8 @@ TEST(Concurrency, EightThreadsTenThousandCallsOverTwoDevices) {
       float v = static_cast<float>(t + i * 0.5);
       const float f = static_cast<float>(factor_of(t % 2, i));
       for (int c = 0; c < kCalls; ++c) v = (v + 1.0f) * f;
-      ASSERT_EQ(got[static_cast<size_t>(t * kN + i)], static_cast<double>(v)) << "thread " << t << " element " << i;
+      ASSERT_EQ(got[static_cast<size_t>(t * kN + i)], static_cast<double>(v))
+          << "thread " << t << " element " << i;
     }
   ones.clear();
   factors.clear();
@@ -112,7 +115,8 @@ TEST(Concurrency, DispatchWhilePluginsLoadAndTheOpMapChanges) {
     });
   }
   load_ok(*rt, test_plugin("npub_test_testsel"));
-  for (int i = 0; i < 200; ++i) rt->op_map().set({"fw::other" + std::to_string(i), "testsel::twice", "testsel"});
+  for (int i = 0; i < 200; ++i)
+    rt->op_map().set({"fw::other" + std::to_string(i), "testsel::twice", "testsel"});
   rt->op_map().set({"fw::plus", "aten::add.out", "cann_like"});
   load_ok(*rt, test_plugin("npub_test_good_c"));
   while (checked.load() < 200) std::this_thread::yield();
@@ -128,9 +132,9 @@ namespace {
 struct GemmCase {
   std::string name;
   DType dtype = DType::kFloat32;
-  int64_t k = 0;                          // products summed per element
-  std::vector<double> exact, magnitude;   // per output element
-  std::vector<int64_t> out_shape;         // .out ops; empty: the op returns its result
+  int64_t k = 0;                         // products summed per element
+  std::vector<double> exact, magnitude;  // per output element
+  std::vector<int64_t> out_shape;        // .out ops; empty: the op returns its result
   // Runs the op on device `dev` (0 or 1); `out` is preset to NaN (.out ops).
   std::function<std::vector<double>(Dispatcher&, int dev, Tensor* out)> run;
 };
@@ -154,14 +158,16 @@ Inputs make_input(Runtime& rt, const std::vector<int64_t>& shape, DType dtype, u
   for (int64_t s : shape) n *= static_cast<size_t>(s);
   Inputs in;
   const auto values = random_values(n, seed);
-  for (int dev = 0; dev < 2; ++dev) in.t[dev] = Tensor::from_values(shape, dtype, values, &rt.devices().at(dev));
+  for (int dev = 0; dev < 2; ++dev)
+    in.t[dev] = Tensor::from_values(shape, dtype, values, &rt.devices().at(dev));
   in.v = in.t[0].to_doubles();
   return in;
 }
 
 // C[b] = alpha * A[b] @ B[b] + beta * self (self broadcast from [n] or [b, m, n]).
-void reference_gemm(int64_t batches, int64_t m, int64_t k, int64_t n, const std::vector<double>& a, const std::vector<double>& b,
-                    const std::vector<double>* self, bool self_is_row, double beta, double alpha, GemmCase* c) {
+void reference_gemm(int64_t batches, int64_t m, int64_t k, int64_t n, const std::vector<double>& a,
+                    const std::vector<double>& b, const std::vector<double>* self, bool self_is_row,
+                    double beta, double alpha, GemmCase* c) {
   c->k = k;
   c->exact.assign(static_cast<size_t>(batches * m * n), 0.0);
   c->magnitude.assign(c->exact.size(), 0.0);
@@ -170,7 +176,8 @@ void reference_gemm(int64_t batches, int64_t m, int64_t k, int64_t n, const std:
       for (int64_t j = 0; j < n; ++j) {
         double s = 0, mag = 0;
         for (int64_t p = 0; p < k; ++p) {
-          const double t = a[static_cast<size_t>((bi * m + i) * k + p)] * b[static_cast<size_t>((bi * k + p) * n + j)];
+          const double t =
+              a[static_cast<size_t>((bi * m + i) * k + p)] * b[static_cast<size_t>((bi * k + p) * n + j)];
           s += t;
           mag += std::fabs(t);
         }
@@ -194,17 +201,19 @@ std::vector<GemmCase> gemm_cases(Runtime& rt, std::deque<Inputs>& keep) {
   // threads in blocks of rows, odd sizes; float32 and bfloat16; and mat2
   // transposed (the strided kernel).
   for (DType dtype : {DType::kFloat32, DType::kBFloat16})
-    for (auto [m, k, n] : {std::array<int64_t, 3>{17, 33, 9}, {128, 128, 128}, {300, 96, 70}, {512, 64, 96}}) {
+    for (auto [m, k, n] :
+         {std::array<int64_t, 3>{17, 33, 9}, {128, 128, 128}, {300, 96, 70}, {512, 64, 96}}) {
       Inputs& a = input({m, k}, dtype);
       Inputs& b = input({k, n}, dtype);
       GemmCase c;
-      c.name = std::string("mm ") + (dtype == DType::kFloat32 ? "float32 " : "bfloat16 ") + std::to_string(m) + "x" +
-               std::to_string(k) + "x" + std::to_string(n);
+      c.name = std::string("mm ") + (dtype == DType::kFloat32 ? "float32 " : "bfloat16 ") +
+               std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n);
       c.dtype = dtype;
       c.out_shape = {m, n};
       reference_gemm(1, m, k, n, a.v, b.v, nullptr, false, 0, 1, &c);
       c.run = [&a, &b](Dispatcher& d, int dev, Tensor* out) {
-        NpubValue args[] = {tensor_value(a.t[dev].dl()), tensor_value(b.t[dev].dl()), tensor_value(out->dl())};
+        NpubValue args[] = {tensor_value(a.t[dev].dl()), tensor_value(b.t[dev].dl()),
+                            tensor_value(out->dl())};
         NpubValue rets[1] = {};
         d.call("aten::mm.out", args, 3, rets, 1, nullptr);
         return out->to_doubles();
@@ -217,7 +226,8 @@ std::vector<GemmCase> gemm_cases(Runtime& rt, std::deque<Inputs>& keep) {
     Inputs& bt = input({n, k}, DType::kFloat32);  // B^T, row-major
     std::vector<double> b(static_cast<size_t>(k * n));
     for (int64_t p = 0; p < k; ++p)
-      for (int64_t j = 0; j < n; ++j) b[static_cast<size_t>(p * n + j)] = bt.v[static_cast<size_t>(j * k + p)];
+      for (int64_t j = 0; j < n; ++j)
+        b[static_cast<size_t>(p * n + j)] = bt.v[static_cast<size_t>(j * k + p)];
     GemmCase c;
     c.name = "mm float32 200x80x60, mat2 transposed";
     c.out_shape = {m, n};
@@ -242,19 +252,25 @@ std::vector<GemmCase> gemm_cases(Runtime& rt, std::deque<Inputs>& keep) {
     c.out_shape = {m, n};
     reference_gemm(1, m, k, n, a.v, b.v, &self.v, true, 0.5, 2.0, &c);
     c.run = [&self, &a, &b](Dispatcher& d, int dev, Tensor* out) {
-      NpubValue args[] = {tensor_value(self.t[dev].dl()), tensor_value(a.t[dev].dl()), tensor_value(b.t[dev].dl()),
-                          double_value(0.5), double_value(2.0), tensor_value(out->dl())};
+      NpubValue args[] = {tensor_value(self.t[dev].dl()),
+                          tensor_value(a.t[dev].dl()),
+                          tensor_value(b.t[dev].dl()),
+                          double_value(0.5),
+                          double_value(2.0),
+                          tensor_value(out->dl())};
       NpubValue rets[1] = {};
       d.call("aten::addmm.out", args, 6, rets, 1, nullptr);
       return out->to_doubles();
     };
     cases.push_back(std::move(c));
   }
-  for (auto [bs, m, k, n] : {std::array<int64_t, 4>{6, 20, 32, 24}, {2, 256, 64, 40}}) {  // bmm: batches over threads, and split rows
+  for (auto [bs, m, k, n] : {std::array<int64_t, 4>{6, 20, 32, 24},
+                             {2, 256, 64, 40}}) {  // bmm: batches over threads, and split rows
     Inputs& a = input({bs, m, k}, DType::kFloat32);
     Inputs& b = input({bs, k, n}, DType::kFloat32);
     GemmCase c;
-    c.name = "bmm float32 " + std::to_string(bs) + "x" + std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n);
+    c.name = "bmm float32 " + std::to_string(bs) + "x" + std::to_string(m) + "x" + std::to_string(k) + "x" +
+             std::to_string(n);
     c.out_shape = {bs, m, n};
     reference_gemm(bs, m, k, n, a.v, b.v, nullptr, false, 0, 1, &c);
     c.run = [&a, &b](Dispatcher& d, int dev, Tensor* out) {
@@ -294,9 +310,10 @@ std::vector<GemmCase> gemm_cases(Runtime& rt, std::deque<Inputs>& keep) {
     c.run = [&rt, &x, &w, &bias](Dispatcher& d, int dev, Tensor*) {
       TensorOutputs outs(rt.devices());
       const std::vector<int64_t> ones = {1, 1}, zeros = {0, 0};  // the values point into these
-      NpubValue args[] = {tensor_value(x.t[dev].dl()), tensor_value(w.t[dev].dl()), tensor_value(bias.t[dev].dl()),
-                          int_list_value(ones), int_list_value(ones), int_list_value(ones), bool_value(false),
-                          int_list_value(zeros), int_value(1)};
+      NpubValue args[] = {
+          tensor_value(x.t[dev].dl()), tensor_value(w.t[dev].dl()), tensor_value(bias.t[dev].dl()),
+          int_list_value(ones),        int_list_value(ones),        int_list_value(ones),
+          bool_value(false),           int_list_value(zeros),       int_value(1)};
       NpubValue rets[1] = {};
       d.call("aten::convolution_overrideable", args, 9, rets, 1, &outs);
       return outs[0].to_doubles();
@@ -347,19 +364,23 @@ TEST(Concurrency, MatrixProductsAndConvolutionsFromManyThreadsMatchFloat64) {
         std::vector<Tensor> outs(cases.size());
         for (int round = 0; round < kRounds; ++round)
           for (size_t i = 0; i < cases.size(); ++i) {
-            const size_t ci = (i + static_cast<size_t>(t) * 5) % cases.size();  // threads in different cases at once
+            const size_t ci =
+                (i + static_cast<size_t>(t) * 5) % cases.size();  // threads in different cases at once
             const GemmCase& c = cases[ci];
             Tensor& out = outs[ci];
             if (!c.out_shape.empty()) {
               if (!out.defined()) out = Tensor::empty(c.out_shape, c.dtype, &rt.devices().at(dev));
-              std::memset(out.dl()->data, 0xff, static_cast<size_t>(out.numel()) * (c.dtype == DType::kFloat32 ? 4 : 2));  // NaN
+              std::memset(out.dl()->data, 0xff,
+                          static_cast<size_t>(out.numel()) * (c.dtype == DType::kFloat32 ? 4 : 2));  // NaN
             }
-            const std::string err = check_sum_of_products(c.run(d, dev, &out), c.exact, c.magnitude, c.k, c.dtype);
+            const std::string err =
+                check_sum_of_products(c.run(d, dev, &out), c.exact, c.magnitude, c.k, c.dtype);
             ++checked;
             if (!err.empty()) {
               ++wrong;
               std::lock_guard<std::mutex> lock(first_mutex);
-              if (first_failure.empty()) first_failure = c.name + " (thread " + std::to_string(t) + "): " + err;
+              if (first_failure.empty())
+                first_failure = c.name + " (thread " + std::to_string(t) + "): " + err;
             }
           }
       });

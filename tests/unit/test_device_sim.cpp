@@ -3,9 +3,9 @@
 #include "test_util.h"
 
 #include <npubridge/device_sim/copy_engine.h>
-#include <npubridge/half.hpp>
 #include <npubridge/support/env.h>
 #include <npubridge/support/error.h>
+#include <npubridge/half.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -252,14 +252,16 @@ TEST(ComputePool, CoversTheRangeExactlyOnceAndNestsSerially) {
     std::vector<std::atomic<int>>* hits;
     ComputePool* pool;
   } ctx{&hits, &pool};
-  pool.parallel_for(0, 10007, 100,
-                    [](void* u, int64_t b, int64_t e) {
-                      auto* c = static_cast<Ctx*>(u);
-                      for (int64_t i = b; i < e; ++i) (*c->hits)[static_cast<size_t>(i)]++;
-                      // Nested: runs serially on this thread, no deadlock.
-                      c->pool->parallel_for(0, 10, 1, [](void*, int64_t, int64_t) {}, nullptr);
-                    },
-                    &ctx);
+  pool.parallel_for(
+      0, 10007, 100,
+      [](void* u, int64_t b, int64_t e) {
+        auto* c = static_cast<Ctx*>(u);
+        for (int64_t i = b; i < e; ++i) (*c->hits)[static_cast<size_t>(i)]++;
+        // Nested: runs serially on this thread, no deadlock.
+        c->pool->parallel_for(
+            0, 10, 1, [](void*, int64_t, int64_t) {}, nullptr);
+      },
+      &ctx);
   for (auto& h : hits) EXPECT_EQ(h.load(), 1);
 }
 
@@ -269,13 +271,14 @@ TEST(ComputePool, WorkersWakeFromSpinningAndFromSleep) {
   ComputePool pool(2, std::chrono::microseconds(200));
   auto sum_range = [&](int64_t n) {
     std::atomic<int64_t> sum{0};
-    pool.parallel_for(0, n, 1,
-                      [](void* u, int64_t b, int64_t e) {
-                        int64_t s = 0;
-                        for (int64_t i = b; i < e; ++i) s += i;
-                        static_cast<std::atomic<int64_t>*>(u)->fetch_add(s);
-                      },
-                      &sum);
+    pool.parallel_for(
+        0, n, 1,
+        [](void* u, int64_t b, int64_t e) {
+          int64_t s = 0;
+          for (int64_t i = b; i < e; ++i) s += i;
+          static_cast<std::atomic<int64_t>*>(u)->fetch_add(s);
+        },
+        &sum);
     return sum.load();
   };
   for (int round = 0; round < 50; ++round) {
@@ -313,7 +316,7 @@ TEST(Half, ConversionsRoundToNearestEven) {
   EXPECT_EQ(float_to_half(65504.0f), 0x7bff);
   EXPECT_EQ(float_to_half(65520.0f), 0x7c00);  // rounds to inf
   EXPECT_EQ(float_to_half(-0.0f), 0x8000);
-  EXPECT_EQ(float_to_half(5.960464477539063e-08f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_half(5.960464477539063e-08f), 0x0001);    // smallest subnormal
   EXPECT_EQ(float_to_half(2.98023223876953125e-08f), 0x0000);  // half of it: ties to even
   EXPECT_TRUE(std::isnan(half_to_float(float_to_half(std::nanf("")))));
   for (uint32_t h = 0; h < 0x7c00; ++h)  // every finite positive half round-trips
@@ -347,11 +350,14 @@ TEST(CopyEngine, AsyncCopiesRunInStreamOrder) {
   s.enqueue([&] {
     while (!release.load()) std::this_thread::yield();
   });
-  memcpy_async(s, d0, host_in.data(), bytes);   // host -> device
-  memcpy_async(s, d1, d0, bytes);               // device -> device
+  memcpy_async(s, d0, host_in.data(), bytes);  // host -> device
+  memcpy_async(s, d1, d0, bytes);              // device -> device
   // device -> host through the tensor path, with a dtype change
   int64_t shape[1] = {static_cast<int64_t>(host_in.size())};
-  DLTensor src{d1, DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), 0}, 1, DLDataType{kDLFloat, 32, 1}, shape, nullptr, 0};
+  DLTensor src{d1,    DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), 0},
+               1,     DLDataType{kDLFloat, 32, 1},
+               shape, nullptr,
+               0};
   std::vector<double> as_double(host_in.size());
   DLTensor dst{as_double.data(), DLDevice{kDLCPU, 0}, 1, DLDataType{kDLFloat, 64, 1}, shape, nullptr, 0};
   copy_tensor_async(s, dst, src);

@@ -50,7 +50,7 @@ TEST_F(DispatcherTest, SelectsByPriorityPredicateDtypeAndOptLevel) {
   Tensor f64 = Tensor::from_values({10}, DType::kFloat64, std::vector<double>(10, 1), dev);
   EXPECT_EQ(which(f64), 1);  // only kernel A takes float64
   Tensor i32 = Tensor::from_values({3}, DType::kInt32, {1, 2, 3}, dev);
-  EXPECT_EQ(which(i32), -1);  // no kernel: the host's implementation
+  EXPECT_EQ(which(i32), -1);          // no kernel: the host's implementation
   rt->dispatcher().set_opt_level(0);  // O0: every plugin off
   EXPECT_EQ(which(small), -1);
   rt->dispatcher().set_opt_level(2);
@@ -58,8 +58,9 @@ TEST_F(DispatcherTest, SelectsByPriorityPredicateDtypeAndOptLevel) {
   EXPECT_EQ(which(small), -1);
   rt->loader().plugin("testsel")->enabled = true;
   EXPECT_EQ(which(small), 2);
-  const reg::Kernel* k = rt->dispatcher().select(rt->dispatcher().op("testsel::which"),
-                                                 std::vector<NpubValue>{tensor_value(small.dl()), tensor_value(small.dl())}.data(), 2);
+  const reg::Kernel* k = rt->dispatcher().select(
+      rt->dispatcher().op("testsel::which"),
+      std::vector<NpubValue>{tensor_value(small.dl()), tensor_value(small.dl())}.data(), 2);
   ASSERT_NE(k, nullptr);
   EXPECT_EQ(k->priority, 10);
   EXPECT_EQ(host.served.size(), 3u);
@@ -78,16 +79,18 @@ TEST_F(DispatcherTest, ValidationErrorsNameOpArgumentExpectedAndFound) {
   }
   {  // too few
     NpubValue args[] = {tensor_value(a.dl())};
-    EXPECT_NE(error_of([&] { d.call("aten::add.out", args, 1, rets, 1, nullptr); })
-                  .find("op 'aten::add.out': expected 4 arguments but found 1"),
+    EXPECT_NE(error_of([&] {
+                d.call("aten::add.out", args, 1, rets, 1, nullptr);
+              }).find("op 'aten::add.out': expected 4 arguments but found 1"),
               std::string::npos);
   }
   {  // devices differ
     Tensor other = Tensor::from_values({3}, DType::kFloat32, {1, 2, 3}, &rt->devices().at(1));
     NpubValue args[] = {tensor_value(a.dl()), tensor_value(other.dl()), int_value(1), tensor_value(out.dl())};
-    EXPECT_EQ(error_of([&] { d.call("aten::add.out", args, 4, rets, 1, nullptr); }),
-              "Expected all tensors to be on the same device, but found at least two devices, npu:0 and npu:1 "
-              "(op 'aten::add.out', argument 'other')");
+    EXPECT_EQ(
+        error_of([&] { d.call("aten::add.out", args, 4, rets, 1, nullptr); }),
+        "Expected all tensors to be on the same device, but found at least two devices, npu:0 and npu:1 "
+        "(op 'aten::add.out', argument 'other')");
   }
   {  // negative size, NULL tensor, unknown dtype, device out of range
     DLTensor bad = *a.dl();
@@ -107,8 +110,9 @@ TEST_F(DispatcherTest, ValidationErrorsNameOpArgumentExpectedAndFound) {
     DLTensor far = *a.dl();
     far.device.device_id = 7;
     args[0] = tensor_value(&far);
-    EXPECT_EQ(error_of([&] { d.call("aten::add.out", args, 4, rets, 1, nullptr); }),
-              "op 'aten::add.out', argument 'self' (0): tensor is on npu:7, which does not exist (2 devices)");
+    EXPECT_EQ(
+        error_of([&] { d.call("aten::add.out", args, 4, rets, 1, nullptr); }),
+        "op 'aten::add.out', argument 'self' (0): tensor is on npu:7, which does not exist (2 devices)");
     int64_t huge[3] = {1ll << 40, 1ll << 40, 1ll << 40};
     DLTensor big = *a.dl();
     big.ndim = 3;
@@ -121,17 +125,20 @@ TEST_F(DispatcherTest, ValidationErrorsNameOpArgumentExpectedAndFound) {
   // A kernel's own bound check surfaces with op and plugin.
   NpubValue args[] = {tensor_value(a.dl()), int_value(5)};
   TensorOutputs outs(rt->devices());
-  EXPECT_EQ(error_of([&] { d.call("testsel::bad_index", args, 2, rets, 1, &outs); }),
-            "op 'testsel::bad_index' failed in the kernel of plugin 'testsel': testsel::bad_index: index 5 is "
-            "out of bounds for a tensor of 3 elements");
+  EXPECT_EQ(
+      error_of([&] { d.call("testsel::bad_index", args, 2, rets, 1, &outs); }),
+      "op 'testsel::bad_index' failed in the kernel of plugin 'testsel': testsel::bad_index: index 5 is "
+      "out of bounds for a tensor of 3 elements");
   EXPECT_EQ(error_of([&] { d.call("nope::op", args, 2, rets, 1, &outs); }),
             "unknown op 'nope::op': no plugin defines it and the op-mapping table does not map it");
   // Shape mismatch in a plugin kernel (cann_like broadcasting rule).
   Tensor c = f32({2}, {1, 2});
   NpubValue add_args[] = {tensor_value(a.dl()), tensor_value(c.dl()), int_value(1), tensor_value(out.dl())};
-  EXPECT_NE(error_of([&] { d.call("aten::add.out", add_args, 4, rets, 1, nullptr); })
-                .find("the size of tensor a (3) must match the size of tensor b (2) at non-singleton dimension 0"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] {
+        d.call("aten::add.out", add_args, 4, rets, 1, nullptr);
+      }).find("the size of tensor a (3) must match the size of tensor b (2) at non-singleton dimension 0"),
+      std::string::npos);
 }
 
 TEST_F(DispatcherTest, TrailingDefaultsAreFilledFromTheSchema) {
@@ -142,7 +149,8 @@ TEST_F(DispatcherTest, TrailingDefaultsAreFilledFromTheSchema) {
   rt->dispatcher().call("testsel::defaults", args, 2, rets, 1, nullptr);
   expect_values(out, {3 + 0.5 + 1 + 2 + 2, 3 + 0.5 + 1 + 2 + 2});
   std::vector<int64_t> c = {10, 20};
-  NpubValue args2[] = {tensor_value(x.dl()), tensor_value(out.dl()), int_value(1), double_value(0.25), int_list_value(c)};
+  NpubValue args2[] = {tensor_value(x.dl()), tensor_value(out.dl()), int_value(1), double_value(0.25),
+                       int_list_value(c)};
   rt->dispatcher().call("testsel::defaults", args2, 5, rets, 1, nullptr);
   expect_values(out, {1 + 0.25 + 30 + 2, 1 + 0.25 + 30 + 2});
 }
@@ -278,7 +286,8 @@ TEST_F(DispatcherTest, DecliningFallsBackOnEveryPath) {
     rt->dispatcher().call("testsel::decline_many", args, 1, rets, 9, &outs);
     for (int i = 0; i < 9; ++i) expect_values(outs[static_cast<size_t>(i)], {1.0 * (i + 1), 2.0 * (i + 1)});
   }
-  EXPECT_EQ(host.served, (std::vector<std::string>{"testsel::decline", "testsel::decline", "testsel::decline_many"}));
+  EXPECT_EQ(host.served,
+            (std::vector<std::string>{"testsel::decline", "testsel::decline", "testsel::decline_many"}));
 }
 
 TEST_F(DispatcherTest, PrecisionCheckReportsTheWorstElement) {
@@ -297,22 +306,25 @@ TEST_F(DispatcherTest, PrecisionCheckReportsTheWorstElement) {
   EXPECT_EQ(mismatches[0].worst_index, 2);
   EXPECT_EQ(mismatches[0].num_mismatched, 1);
   EXPECT_NEAR(mismatches[0].abs_error, 1e-3, 1e-6);
-  EXPECT_NE(mismatches[0].message().find("precision check failed for op 'testsel::sloppy' (plugin 'testsel'), return 0"),
+  EXPECT_NE(mismatches[0].message().find(
+                "precision check failed for op 'testsel::sloppy' (plugin 'testsel'), return 0"),
             std::string::npos);
   // An accurate kernel (cann_like add, in place on `out`) passes, and the
   // check leaves the kernel's result in place.
   rt->dispatcher().clear_precision_mismatches();
   Tensor y = f32({4}, {0.5, 0.25, 0.125, 1});
   Tensor out = Tensor::empty({4}, DType::kFloat32, dev);
-  NpubValue add_args[] = {tensor_value(x.dl()), tensor_value(y.dl()), double_value(2), tensor_value(out.dl())};
+  NpubValue add_args[] = {tensor_value(x.dl()), tensor_value(y.dl()), double_value(2),
+                          tensor_value(out.dl())};
   rt->dispatcher().call("aten::add.out", add_args, 4, rets, 1, nullptr);
   EXPECT_TRUE(rt->dispatcher().precision_mismatches().empty());
   expect_values(out, {2, 2.5, 3.25, 6});
   // raise_on_mismatch turns the report into an error.
   cfg.raise_on_mismatch = true;
   rt->dispatcher().set_precision_check(cfg);
-  EXPECT_NE(error_of([&] { rt->dispatcher().call("testsel::sloppy", args, 1, rets, 1, &outs); })
-                .find("worst at flat index 2"),
+  EXPECT_NE(error_of([&] {
+              rt->dispatcher().call("testsel::sloppy", args, 1, rets, 1, &outs);
+            }).find("worst at flat index 2"),
             std::string::npos);
 }
 
@@ -329,8 +341,9 @@ TEST_F(DispatcherTest, OpMappingTableRoutesFrameworkOps) {
   OpHandle h = rt->dispatcher().op("fw::double_it");
   EXPECT_EQ(h.op->name(), "testsel::which");
   EXPECT_EQ(h.preferred_plugin, rt->loader().plugin("testsel").get());
-  EXPECT_NE(error_of([&] { map.load_text("only_one_field\n", "bad.txt"); })
-                .find("bad.txt:1: expected 'framework_op target_op [plugin]' but found 1 field(s)"),
+  EXPECT_NE(error_of([&] {
+              map.load_text("only_one_field\n", "bad.txt");
+            }).find("bad.txt:1: expected 'framework_op target_op [plugin]' but found 1 field(s)"),
             std::string::npos);
 }
 
@@ -346,8 +359,9 @@ TEST_F(DispatcherTest, RemovingAMappingRestoresTheOpsOwnRouteAndMovesTheVersion)
   const uint64_t after = map.version();
   EXPECT_FALSE(map.remove("testsel::which"));  // nothing to remove: nothing changes
   EXPECT_EQ(map.version(), after);
-  EXPECT_NE(error_of([&] { rt->dispatcher().op("fw::unmapped"); }).find("the op-mapping table does not map it"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { rt->dispatcher().op("fw::unmapped"); }).find("the op-mapping table does not map it"),
+      std::string::npos);
 }
 
 TEST_F(DispatcherTest, ToolQueriesListOpsKernelsAndCoverage) {
@@ -361,7 +375,8 @@ TEST_F(DispatcherTest, ToolQueriesListOpsKernelsAndCoverage) {
   ASSERT_EQ(coverage.size(), 2u);
   EXPECT_EQ(coverage[0].first, "cann_like");
   const auto& cann = coverage[0].second;
-  for (const char* op : {"aten::add.out", "aten::mm.out", "aten::mul.out", "aten::relu", "aten::_softmax.out"})
+  for (const char* op :
+       {"aten::add.out", "aten::mm.out", "aten::mul.out", "aten::relu", "aten::_softmax.out"})
     EXPECT_NE(std::find(cann.begin(), cann.end(), op), cann.end()) << op;
   EXPECT_EQ(coverage[1].first, "testsel");
   EXPECT_EQ(coverage[1].second.size(), 11u);
@@ -410,7 +425,8 @@ TEST_F(DispatcherTest, HostFallbacksShareTheOpsAccount) {
   rt->dispatcher().reset_stats();
   EXPECT_TRUE(rt->dispatcher().stats().empty());
   EXPECT_EQ(rt->dispatcher().total_fallbacks(), 0);
-  EXPECT_FALSE(rt->dispatcher().record_host_fallback("aten::lgamma"));  // warned once per process, as the dispatcher
+  EXPECT_FALSE(
+      rt->dispatcher().record_host_fallback("aten::lgamma"));  // warned once per process, as the dispatcher
   EXPECT_EQ(rt->dispatcher().total_fallbacks(), 1);
 }
 

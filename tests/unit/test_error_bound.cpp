@@ -13,8 +13,8 @@
 namespace npub::numerics {
 namespace {
 
-Verdict judge(const ErrorModel& m, DType d, std::vector<double> got, std::vector<double> ref, int64_t terms = 0,
-              std::vector<double> mag = {}, std::vector<double> host = {}) {
+Verdict judge(const ErrorModel& m, DType d, std::vector<double> got, std::vector<double> ref,
+              int64_t terms = 0, std::vector<double> mag = {}, std::vector<double> host = {}) {
   Comparison c;
   c.got = got.data();
   c.reference = ref.data();
@@ -57,7 +57,8 @@ TEST(ErrorBound, AccumulatedBoundIsKTimesUTimesTheTerms) {
   const Verdict v = judge(mm, DType::kFloat32, {1.0 + 1.01 * bound}, {1.0}, 100, {m});
   ASSERT_FALSE(v.ok());
   EXPECT_DOUBLE_EQ(v.bound, bound);
-  EXPECT_NE(v.message().find("K = 100 terms, u = 2^-24 (float32 accumulation), m = 300"), std::string::npos) << v.message();
+  EXPECT_NE(v.message().find("K = 100 terms, u = 2^-24 (float32 accumulation), m = 300"), std::string::npos)
+      << v.message();
   // A half-type kernel is held to float32 accumulation too.
   EXPECT_FALSE(judge(mm, DType::kBFloat16, {1.0 + 4 * ulp(DType::kBFloat16, 1.0)}, {1.0}, 100, {m}).ok());
 }
@@ -85,15 +86,18 @@ TEST(ErrorBound, HostCalibratedAllowsFourTimesTheHostsOwnError) {
   const ErrorModel& custom = error_model("acme::unknown_op");
   ASSERT_EQ(custom.kind, ErrorKind::kHostCalibrated);
   EXPECT_FALSE(has_error_model("acme::unknown_op"));
-  const double slack = 6 * ulp(DType::kFloat32, 1.0);  // 4 ulp at the element, 2 at the largest value (both 1)
+  const double slack =
+      6 * ulp(DType::kFloat32, 1.0);  // 4 ulp at the element, 2 at the largest value (both 1)
   EXPECT_TRUE(judge(custom, DType::kFloat32, {1.0 + 3.9e-6 + slack}, {1.0}, 0, {}, {1.0 + 1e-6}).ok());
   const Verdict v = judge(custom, DType::kFloat32, {1.0 + 4.2e-6 + slack}, {1.0}, 0, {}, {1.0 + 1e-6});
   ASSERT_FALSE(v.ok());
-  EXPECT_NE(v.derivation.find("the host's own worst error against float64"), std::string::npos) << v.derivation;
+  EXPECT_NE(v.derivation.find("the host's own worst error against float64"), std::string::npos)
+      << v.derivation;
 }
 
 TEST(ErrorBound, TermsComeFromTheCallsShapes) {
-  const reg::Schema mm = reg::parse_schema("aten::mm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)");
+  const reg::Schema mm =
+      reg::parse_schema("aten::mm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)");
   int64_t a_shape[] = {5, 96}, b_shape[] = {96, 3}, o_shape[] = {5, 3};
   DLTensor a{}, b{}, o{};
   a.ndim = b.ndim = o.ndim = 2;
@@ -103,13 +107,15 @@ TEST(ErrorBound, TermsComeFromTheCallsShapes) {
   NpubValue args[] = {tensor_value(&a), tensor_value(&b), tensor_value(&o)};
   EXPECT_EQ(terms(error_model("aten::mm.out"), mm, args, 3), 96);
   const reg::Schema sum = reg::parse_schema(
-      "aten::sum.IntList_out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)");
+      "aten::sum.IntList_out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, "
+      "Tensor(a!) out) -> Tensor(a!)");
   int64_t x_shape[] = {4, 5, 6};
   DLTensor x{};
   x.ndim = 3;
   x.shape = x_shape;
   std::vector<int64_t> dims = {0, -1};
-  NpubValue sum_args[] = {tensor_value(&x), int_list_value(dims), bool_value(false), none_value(), tensor_value(&o)};
+  NpubValue sum_args[] = {tensor_value(&x), int_list_value(dims), bool_value(false), none_value(),
+                          tensor_value(&o)};
   EXPECT_EQ(terms(error_model("aten::sum.IntList_out"), sum, sum_args, 5), 24);
   sum_args[1] = none_value();
   EXPECT_EQ(terms(error_model("aten::sum.IntList_out"), sum, sum_args, 5), 120);

@@ -29,8 +29,8 @@ void expect_host_still_works(Runtime& rt) {
 }
 
 struct BadCase {
-  const char* file;       // test plugin (without lib/.so), or a path
-  const char* expected;   // substring of the rejection message
+  const char* file;      // test plugin (without lib/.so), or a path
+  const char* expected;  // substring of the rejection message
 };
 
 class BadPlugin : public ::testing::TestWithParam<BadCase> {};
@@ -60,31 +60,42 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{NPUB_TEST_PLUGIN_DIR, "is a directory, not a shared library"},
         BadCase{"npub_test_bad_no_entry", "entry symbol 'npub_plugin_init_v1' not found"},
         BadCase{"npub_test_bad_wrong_major_symbol",
-                "built for plugin ABI major 2 (exports 'npub_plugin_init_v2'), but this host supports ABI major 1"},
+                "built for plugin ABI major 2 (exports 'npub_plugin_init_v2'), but this host supports ABI "
+                "major 1"},
         BadCase{"npub_test_bad_struct_too_small",
                 "NpubPluginApi.struct_size is 16 but ABI 1.0 requires at least 48 (struct too small)"},
-        BadCase{"npub_test_bad_api_major_mismatch", "NpubPluginApi.abi_major is 7 but this host supports ABI major 1"},
+        BadCase{"npub_test_bad_api_major_mismatch",
+                "NpubPluginApi.abi_major is 7 but this host supports ABI major 1"},
         BadCase{"npub_test_bad_null_initialize", "required function NpubPluginApi.initialize is NULL"},
         BadCase{"npub_test_bad_entry_returns_null", "npub_plugin_init_v1() returned NULL"},
-        BadCase{"npub_test_bad_bad_name", "NpubPluginApi.name must be 1 to 64 characters of [A-Za-z0-9_] but is 'bad name!'"},
-        BadCase{"npub_test_bad_init_error", "initialize failed: simulated failure: device firmware not found"},
-        BadCase{"npub_test_init_throws", "initialize threw an exception: simulated exception from initialize"},
-        BadCase{"npub_test_sdk_throws", "initialize failed: sdk_throws initialize: simulated SDK init failure"},
+        BadCase{"npub_test_bad_bad_name",
+                "NpubPluginApi.name must be 1 to 64 characters of [A-Za-z0-9_] but is 'bad name!'"},
+        BadCase{"npub_test_bad_init_error",
+                "initialize failed: simulated failure: device firmware not found"},
+        BadCase{"npub_test_init_throws",
+                "initialize threw an exception: simulated exception from initialize"},
+        BadCase{"npub_test_sdk_throws",
+                "initialize failed: sdk_throws initialize: simulated SDK init failure"},
         BadCase{"npub_test_bad_bad_schema", "define_op: invalid schema at character 22: expected a type"},
-        BadCase{"npub_test_bad_schema_conflict",
-                "define_op: op 'testc::scale' is already defined (by plugin 'good_c') with a different schema: "
-                "existing \"testc::scale(Tensor self, float factor) -> Tensor\", new \"testc::scale(Tensor self, int factor) -> Tensor\""},
+        BadCase{
+            "npub_test_bad_schema_conflict",
+            "define_op: op 'testc::scale' is already defined (by plugin 'good_c') with a different schema: "
+            "existing \"testc::scale(Tensor self, float factor) -> Tensor\", new \"testc::scale(Tensor self, "
+            "int factor) -> Tensor\""},
         BadCase{"npub_test_bad_undefined_op",
-                "register_kernel: op 'nowhere::undefined_op' is not defined; define its schema with define_op first"},
+                "register_kernel: op 'nowhere::undefined_op' is not defined; define its schema with "
+                "define_op first"},
         BadCase{"npub_test_bad_duplicate_kernel",
-                "register_kernel: duplicate kernel for op 'dup::op' at priority 0 registered twice by this plugin"},
+                "register_kernel: duplicate kernel for op 'dup::op' at priority 0 registered twice by this "
+                "plugin"},
         BadCase{"npub_test_bad_null_kernel_fn",
                 "register_kernel for op 'nullfn::op': required function NpubKernelDesc.fn is NULL"},
         BadCase{"npub_test_bad_kernel_desc_too_small",
                 "register_kernel: NpubKernelDesc.struct_size is 16 but ABI 1.0 requires at least 84"},
         BadCase{"npub_test_bad_ignored_error", "define_op: invalid schema at character 13: expected a type"},
         BadCase{"npub_test_bad_derivative_unknown_input",
-                "define_derivative for op 'bd::f' (\"self, bias: bd::f_backward(grad, self, w)\"): 'bias' is not an "
+                "define_derivative for op 'bd::f' (\"self, bias: bd::f_backward(grad, self, w)\"): 'bias' is "
+                "not an "
                 "argument of bd::f"},
         BadCase{"npub_test_bad_derivative_arity",
                 "define_derivative for op 'bd::f' (\"self, w: bd::f_backward(grad, self)\"): backward op "
@@ -121,7 +132,8 @@ TEST(Loader, KernelErrorAtCallTimeNamesOpPluginAndReason) {
   NpubValue args[] = {tensor_value(x.dl())};
   NpubValue rets[1] = {};
   const std::string msg = error_of([&] { rt->dispatcher().call("badk::fail", args, 1, rets, 1, &outs); });
-  EXPECT_EQ(msg, "op 'badk::fail' failed in the kernel of plugin 'bad_10': simulated failure inside the kernel");
+  EXPECT_EQ(msg,
+            "op 'badk::fail' failed in the kernel of plugin 'bad_10': simulated failure inside the kernel");
   EXPECT_EQ(rt->dispatcher().stats().front().errors, 1);
   expect_host_still_works(*rt);
 }
@@ -147,13 +159,16 @@ TEST(Loader, MetaFunctionsAndDerivativeFormulas) {
   EXPECT_EQ(metas[0].shape, (std::vector<int64_t>{3, 4}));
   // Arguments are validated as for a call.
   EXPECT_EQ(error_of([&] { rt->dispatcher().infer_meta(rt->dispatcher().op("testc::scale"), args, 1); }),
-            "op 'testc::scale': expected 2 arguments but found 1 (schema: testc::scale(Tensor self, float factor) -> Tensor)");
+            "op 'testc::scale': expected 2 arguments but found 1 (schema: testc::scale(Tensor self, float "
+            "factor) -> Tensor)");
   // In-place ops need none; others without one cannot be traced.
   NpubValue one[] = {tensor_value(&meta_only)};
   EXPECT_EQ(rt->dispatcher().infer_meta(rt->dispatcher().op("testc::add_one_"), one, 1)[0].alias, 0);
-  EXPECT_EQ(error_of([&] { rt->dispatcher().infer_meta(rt->dispatcher().op("testc::count_positive"), one, 1); }),
-            "op 'testc::count_positive' has no meta function: plugin 'good_c' did not register one (register_meta), "
-            "so its outputs' shapes cannot be known without running it");
+  EXPECT_EQ(
+      error_of([&] { rt->dispatcher().infer_meta(rt->dispatcher().op("testc::count_positive"), one, 1); }),
+      "op 'testc::count_positive' has no meta function: plugin 'good_c' did not register one "
+      "(register_meta), "
+      "so its outputs' shapes cannot be known without running it");
   const reg::Derivative* d = rt->registry().find("testc::scale")->derivative();
   ASSERT_NE(d, nullptr);
   EXPECT_EQ(d->backward, "testc::scale");
@@ -216,7 +231,8 @@ TEST(Loader, OldMinorAndFuturePluginsBothLoad) {
 }
 
 TEST(Loader, DefaultSearchOrderIsBuiltinThenPluginPath) {
-  setenv("NPUB_PLUGIN_PATH", (std::string(NPUB_TEST_PLUGIN_DIR) + "/libnpub_test_good_c.so:/nonexistent").c_str(), 1);
+  setenv("NPUB_PLUGIN_PATH",
+         (std::string(NPUB_TEST_PLUGIN_DIR) + "/libnpub_test_good_c.so:/nonexistent").c_str(), 1);
   auto files = PluginLoader::default_candidates();
   unsetenv("NPUB_PLUGIN_PATH");
   ASSERT_GE(files.size(), 5u);
@@ -262,7 +278,8 @@ TEST(Loader, TruncatedPluginIsRejectedNotMapped) {
     LoadResult r = rt->loader().load(path);
     EXPECT_FALSE(r.ok);
     EXPECT_NE(r.error.find("plugin '" + path + "' rejected: "), std::string::npos) << r.error;
-    EXPECT_NE(r.error.find("truncated: the file has " + std::to_string(keep) + " bytes"), std::string::npos) << r.error;
+    EXPECT_NE(r.error.find("truncated: the file has " + std::to_string(keep) + " bytes"), std::string::npos)
+        << r.error;
   }
   std::filesystem::remove_all(dir);
   load_ok(*rt, good);
@@ -273,7 +290,9 @@ namespace {
 std::unique_ptr<reg::Kernel> test_kernel(int32_t priority) {
   auto k = std::make_unique<reg::Kernel>();
   k->priority = priority;
-  k->fn = [](NpubCallContext*, const NpubValue*, int32_t, NpubValue*, int32_t) -> NpubError* { return nullptr; };
+  k->fn = [](NpubCallContext*, const NpubValue*, int32_t, NpubValue*, int32_t) -> NpubError* {
+    return nullptr;
+  };
   return k;
 }
 NpubError* no_meta(NpubMetaContext*, const NpubValue*, int32_t) { return nullptr; }
@@ -307,7 +326,9 @@ TEST(Loader, ACommitConflictLeavesNothingOfThePluginBehind) {
     k->op = registry.find("t::taken");
     return k;
   }());
-  EXPECT_NE(error_of([&] { registry.commit(batch()); }).find("duplicate kernel for op 't::taken' on npu at priority 0"),
+  EXPECT_NE(error_of([&] {
+              registry.commit(batch());
+            }).find("duplicate kernel for op 't::taken' on npu at priority 0"),
             std::string::npos);
   EXPECT_EQ(registry.find("t::fresh"), nullptr);
   EXPECT_EQ(registry.find("t::taken")->kernels(NPUB_DEVICE_NPU).size(), 1u);

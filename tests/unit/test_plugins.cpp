@@ -1,8 +1,8 @@
 // The in-tree plugins against references computed here, independently.
 #include "test_util.h"
 
-#include <cmath>
 #include <npubridge/device_sim/copy_engine.h>
+#include <cmath>
 #include <npubridge/half.hpp>
 
 #include <cstdlib>
@@ -17,7 +17,8 @@ class InTreePlugins : public ::testing::Test {
  protected:
   void SetUp() override {
     rt = make_runtime();
-    for (const char* p : {"npub_cann_like", "npub_mindspeed_like", "npub_vllm_like"}) load_ok(*rt, builtin_plugin(p));
+    for (const char* p : {"npub_cann_like", "npub_mindspeed_like", "npub_vllm_like"})
+      load_ok(*rt, builtin_plugin(p));
     dev = &rt->devices().at(0);
   }
   std::vector<double> random(size_t n, unsigned seed) {
@@ -42,13 +43,15 @@ TEST_F(InTreePlugins, AddAndMulBroadcast) {
   std::vector<double> expect(20);
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 5; ++j)
-      expect[static_cast<size_t>(i * 5 + j)] = static_cast<float>(float(av[static_cast<size_t>(i * 5 + j)]) + float(-1.5) * float(bv[static_cast<size_t>(j)]));
+      expect[static_cast<size_t>(i * 5 + j)] = static_cast<float>(
+          float(av[static_cast<size_t>(i * 5 + j)]) + float(-1.5) * float(bv[static_cast<size_t>(j)]));
   expect_values(out, expect, 1e-6);
   NpubValue margs[] = {tensor_value(a.dl()), tensor_value(b.dl()), tensor_value(out.dl())};
   rt->dispatcher().call("aten::mul.out", margs, 3, rets, 1, nullptr);
   for (int i = 0; i < 4; ++i)
     for (int j = 0; j < 5; ++j)
-      expect[static_cast<size_t>(i * 5 + j)] = av[static_cast<size_t>(i * 5 + j)] * bv[static_cast<size_t>(j)];
+      expect[static_cast<size_t>(i * 5 + j)] =
+          av[static_cast<size_t>(i * 5 + j)] * bv[static_cast<size_t>(j)];
   expect_values(out, expect, 1e-6);
   // int64 too
   Tensor ia = Tensor::from_values({3}, DType::kInt64, {1, -2, 3}, dev);
@@ -71,12 +74,14 @@ TEST_F(InTreePlugins, MatmulMatchesNaiveDoubleReference) {
   for (int i = 0; i < m; ++i)
     for (int j = 0; j < n; ++j) {
       double s = 0;
-      for (int p = 0; p < k; ++p) s += av[static_cast<size_t>(i * k + p)] * bv[static_cast<size_t>(p * n + j)];
+      for (int p = 0; p < k; ++p)
+        s += av[static_cast<size_t>(i * k + p)] * bv[static_cast<size_t>(p * n + j)];
       expect[static_cast<size_t>(i * n + j)] = s;
     }
   expect_values(c, expect, 1e-3);
   // A transposed (strided) operand is staged by the dispatcher.
-  Tensor bt_base = Tensor::from_values({n, k}, DType::kFloat32, std::vector<double>(static_cast<size_t>(n * k)), dev);
+  Tensor bt_base =
+      Tensor::from_values({n, k}, DType::kFloat32, std::vector<double>(static_cast<size_t>(n * k)), dev);
   Tensor bt = bt_base.as_strided({k, n}, {1, k}, 0);
   sim::copy_tensor(*bt.dl(), *b.dl());
   NpubValue sargs[] = {tensor_value(a.dl()), tensor_value(bt.dl()), tensor_value(c.dl())};
@@ -124,8 +129,8 @@ TEST_F(InTreePlugins, HalfMatmulsAccumulateInFloat32AndRoundOnce) {
       expect[i] = 0.5 * sv[i % static_cast<size_t>(n)] + 2 * ab[i];
       expect_mag[i] = 0.5 * std::fabs(sv[i % static_cast<size_t>(n)]) + 2 * mag[i];
     }
-    NpubValue addmm[] = {tensor_value(self.dl()), tensor_value(a.dl()),  tensor_value(b.dl()),
-                         double_value(0.5),       double_value(2.0),     tensor_value(out.dl())};
+    NpubValue addmm[] = {tensor_value(self.dl()), tensor_value(a.dl()), tensor_value(b.dl()),
+                         double_value(0.5),       double_value(2.0),    tensor_value(out.dl())};
     d.call("aten::addmm.out", addmm, 6, rets, 1, nullptr);
     EXPECT_EQ(check_sum_of_products(out.to_doubles(), expect, expect_mag, k, dtype), "");
 
@@ -163,7 +168,8 @@ TEST_F(InTreePlugins, HalfMatmulsAccumulateInFloat32AndRoundOnce) {
 // Note [bfloat16 rounding without vcvtneps2bf16]), NaN and infinity kept.
 TEST(CannLikeIsaLevels, HalfElementwiseResultsAreRoundedOnceAtEveryLevel) {
   std::vector<double> av, bv;
-  const double specials[] = {1e-39, -3e-40, 9.2e-41, 1.1754944e-38, 1.0, -2.5, 3.0e38, INFINITY, -INFINITY, NAN, 0.0, -0.0};
+  const double specials[] = {1e-39,  -3e-40,   9.2e-41,   1.1754944e-38, 1.0, -2.5,
+                             3.0e38, INFINITY, -INFINITY, NAN,           0.0, -0.0};
   std::mt19937 g(7);
   std::uniform_real_distribution<double> u(-4, 4);
   for (int i = 0; i < 100; ++i) {  // > 16 elements: the vector loops, then a tail
@@ -186,7 +192,8 @@ TEST(CannLikeIsaLevels, HalfElementwiseResultsAreRoundedOnceAtEveryLevel) {
         const char* op;
         double alpha;
       };
-      for (const Case c : {Case{"aten::add.out", 1.0}, Case{"aten::add.out", -0.5}, Case{"aten::mul.out", 0.0}}) {
+      for (const Case c :
+           {Case{"aten::add.out", 1.0}, Case{"aten::add.out", -0.5}, Case{"aten::mul.out", 0.0}}) {
         SCOPED_TRACE(std::string(c.op) + " alpha " + std::to_string(c.alpha));
         const bool mul = std::string(c.op) == "aten::mul.out";
         std::vector<NpubValue> args{tensor_value(a.dl()), tensor_value(b.dl())};
@@ -222,9 +229,10 @@ TEST(CannLikeIsaLevels, AnUnknownLevelRejectsThePluginNamingTheVariable) {
   const std::string path = builtin_plugin("npub_cann_like");
   LoadResult r = rt->loader().load(path);
   EXPECT_FALSE(r.ok);
-  EXPECT_EQ(r.error, "plugin '" + path +
-                         "' rejected: initialize failed: NPUB_CANN_MAX_ISA: expected one of baseline, avx2, avx512 "
-                         "(or unset) but found 'avx9'");
+  EXPECT_EQ(r.error,
+            "plugin '" + path +
+                "' rejected: initialize failed: NPUB_CANN_MAX_ISA: expected one of baseline, avx2, avx512 "
+                "(or unset) but found 'avx9'");
   EXPECT_TRUE(rt->loader().plugins().empty());
 }
 
@@ -240,10 +248,12 @@ TEST_F(InTreePlugins, RmsNormAndSiluAndMul) {
   std::vector<double> ey, er;
   for (int r = 0; r < rows; ++r) {
     double ss = 0;
-    for (int c = 0; c < cols; ++c) ss += xv[static_cast<size_t>(r * cols + c)] * xv[static_cast<size_t>(r * cols + c)];
+    for (int c = 0; c < cols; ++c)
+      ss += xv[static_cast<size_t>(r * cols + c)] * xv[static_cast<size_t>(r * cols + c)];
     const double inv = 1.0 / std::sqrt(ss / cols + 1e-6);
     er.push_back(inv);
-    for (int c = 0; c < cols; ++c) ey.push_back(xv[static_cast<size_t>(r * cols + c)] * inv * gv[static_cast<size_t>(c)]);
+    for (int c = 0; c < cols; ++c)
+      ey.push_back(xv[static_cast<size_t>(r * cols + c)] * inv * gv[static_cast<size_t>(c)]);
   }
   expect_values(outs[0], ey, 1e-5);
   EXPECT_EQ(outs[1].shape(), (std::vector<int64_t>{2, 3, 1}));
@@ -286,7 +296,8 @@ TEST_F(InTreePlugins, DropoutIsReproduciblePerSeedAndDisjointAcrossCalls) {
   double kept = 0;
   for (size_t i = 0; i < mask1.size(); ++i) {
     kept += mask1[i];
-    EXPECT_FLOAT_EQ(static_cast<float>(out1[i]), static_cast<float>(mask1[i] * 2.0 / 0.75));  // float32 output
+    EXPECT_FLOAT_EQ(static_cast<float>(out1[i]),
+                    static_cast<float>(mask1[i] * 2.0 / 0.75));  // float32 output
   }
   EXPECT_NEAR(kept / 4096.0, 0.75, 0.05);
   EXPECT_EQ(dev->philox_state().seed, 1234u);

@@ -8,7 +8,8 @@
 using namespace npub::reg;
 
 TEST(Schema, ParsesAtenAddOut) {
-  Schema s = parse_schema("aten::add.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)");
+  Schema s = parse_schema(
+      "aten::add.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)");
   EXPECT_EQ(s.ns, "aten");
   EXPECT_EQ(s.name, "add");
   EXPECT_EQ(s.overload, "out");
@@ -58,7 +59,8 @@ TEST(Schema, ParsesEveryTypeForm) {
 TEST(Schema, RoundTripsThroughCanonicalText) {
   const char* texts[] = {
       "aten::add.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)",
-      "aten::native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
+      "aten::native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float "
+      "eps) -> (Tensor, Tensor, Tensor)",
       "aten::max.dim(Tensor self, int dim, bool keepdim=False) -> (Tensor values, Tensor indices)",
       "aten::index.Tensor(Tensor self, Tensor?[] indices) -> Tensor",
       "aten::split.Tensor(Tensor(a -> *) self, SymInt split_size, int dim=0) -> Tensor(a)[]",
@@ -116,9 +118,15 @@ TEST(Schema, FuzzNeverCrashes) {
       for (int e = 0; e < edits && !s.empty(); ++e) {
         const size_t pos = rng() % s.size();
         switch (rng() % 3) {
-          case 0: s.erase(pos, 1 + rng() % 3); break;
-          case 1: s.insert(pos, 1, alphabet[rng() % alphabet.size()]); break;
-          default: s[pos] = alphabet[rng() % alphabet.size()]; break;
+          case 0:
+            s.erase(pos, 1 + rng() % 3);
+            break;
+          case 1:
+            s.insert(pos, 1, alphabet[rng() % alphabet.size()]);
+            break;
+          default:
+            s[pos] = alphabet[rng() % alphabet.size()];
+            break;
         }
       }
       if (rng() % 5 == 0) s = s.substr(0, rng() % (s.size() + 1));

@@ -40,11 +40,13 @@ TEST_F(Sdk, KernelAndPredicateGetTheUserDataThePluginGave) {
 
 TEST_F(Sdk, ErrorsOfABodySharedByTwoOpsNameTheOpCalled) {
   Tensor x = Tensor::from_values({2}, DType::kFloat32, {1, 2}, dev);
-  EXPECT_EQ(error_of([&] { call("userdata::scale", x, {3}); }),
-            "op 'userdata::scale' failed in the kernel of plugin 'userdata': userdata::scale: out: expected shape "
-            "[2] but found [3]");
+  EXPECT_EQ(
+      error_of([&] { call("userdata::scale", x, {3}); }),
+      "op 'userdata::scale' failed in the kernel of plugin 'userdata': userdata::scale: out: expected shape "
+      "[2] but found [3]");
   EXPECT_EQ(error_of([&] { call("userdata::scale_too", x, {3}); }),
-            "op 'userdata::scale_too' failed in the kernel of plugin 'userdata': userdata::scale_too: out: expected "
+            "op 'userdata::scale_too' failed in the kernel of plugin 'userdata': userdata::scale_too: out: "
+            "expected "
             "shape [2] but found [3]");
 }
 

@@ -39,8 +39,10 @@ ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
   setenv(name, value, 1);
 }
 ScopedEnv::~ScopedEnv() {
-  if (had_) setenv(name_.c_str(), old_.c_str(), 1);
-  else unsetenv(name_.c_str());
+  if (had_)
+    setenv(name_.c_str(), old_.c_str(), 1);
+  else
+    unsetenv(name_.c_str());
 }
 
 void expect_values(const Tensor& t, const std::vector<double>& expected, double tol) {
@@ -52,10 +54,17 @@ void expect_values(const Tensor& t, const std::vector<double>& expected, double 
 double ulp(double v, DType dtype) {
   int mantissa_bits;  // explicit significand bits
   switch (dtype) {
-    case DType::kFloat32: mantissa_bits = 23; break;
-    case DType::kFloat16: mantissa_bits = 10; break;
-    case DType::kBFloat16: mantissa_bits = 7; break;
-    default: return 0;
+    case DType::kFloat32:
+      mantissa_bits = 23;
+      break;
+    case DType::kFloat16:
+      mantissa_bits = 10;
+      break;
+    case DType::kBFloat16:
+      mantissa_bits = 7;
+      break;
+    default:
+      return 0;
   }
   const double a = std::fabs(v);
   if (a == 0 || !std::isfinite(a)) return 0;
@@ -66,14 +75,17 @@ double ulp(double v, DType dtype) {
 
 std::string check_sum_of_products(const std::vector<double>& got, const std::vector<double>& exact,
                                   const std::vector<double>& magnitude, int64_t k, DType dtype) {
-  if (got.size() != exact.size()) return "got " + std::to_string(got.size()) + " elements, expected " + std::to_string(exact.size());
+  if (got.size() != exact.size())
+    return "got " + std::to_string(got.size()) + " elements, expected " + std::to_string(exact.size());
   const double u = std::ldexp(1.0, -24);
   for (size_t i = 0; i < got.size(); ++i) {
-    const double bound = static_cast<double>(std::max<int64_t>(k, 1)) * u * magnitude[i] + ulp(exact[i], dtype);
+    const double bound =
+        static_cast<double>(std::max<int64_t>(k, 1)) * u * magnitude[i] + ulp(exact[i], dtype);
     const double err = std::fabs(got[i] - exact[i]);
     if (!(err <= bound))
-      return "element " + std::to_string(i) + ": got " + std::to_string(got[i]) + ", expected " + std::to_string(exact[i]) +
-             " (error " + std::to_string(err) + " > bound " + std::to_string(bound) + ")";
+      return "element " + std::to_string(i) + ": got " + std::to_string(got[i]) + ", expected " +
+             std::to_string(exact[i]) + " (error " + std::to_string(err) + " > bound " +
+             std::to_string(bound) + ")";
   }
   return "";
 }
@@ -120,8 +132,11 @@ void ReferenceHost::install(Dispatcher& d) {
     } else if (name == "aten::add.out" || name == "aten::mul.out") {
       const std::vector<double> w = sim::read_doubles(*args[1].u.tensor);
       if (w.size() != v.size()) throw Error(ErrorCode::kUnsupported, "reference host: same shapes only");
-      const double alpha = name == "aten::add.out" ? (args[2].tag == NPUB_VALUE_DOUBLE ? args[2].u.d : double(args[2].u.i)) : 0;
-      for (size_t i = 0; i < v.size(); ++i) v[i] = name == "aten::add.out" ? v[i] + alpha * w[i] : v[i] * w[i];
+      const double alpha = name == "aten::add.out"
+                               ? (args[2].tag == NPUB_VALUE_DOUBLE ? args[2].u.d : double(args[2].u.i))
+                               : 0;
+      for (size_t i = 0; i < v.size(); ++i)
+        v[i] = name == "aten::add.out" ? v[i] + alpha * w[i] : v[i] * w[i];
       sim::write_doubles(*args[name == "aten::add.out" ? 3 : 2].u.tensor, v);
     } else {
       throw Error(ErrorCode::kUnsupported, "reference host has no implementation of " + name);

@@ -45,7 +45,8 @@ const std::map<std::string, ReferenceFn>& reference_library();
 // Ops whose results are random (dropout): no ATen value to compare with, but
 // properties to check. Given the sample's arguments and the npu's outputs,
 // "" or what is wrong. Samples whose name contains "(error)" must raise.
-using PropertyFn = std::function<std::string(const std::vector<c10::IValue>& args, const std::vector<at::Tensor>& got)>;
+using PropertyFn =
+    std::function<std::string(const std::vector<c10::IValue>& args, const std::vector<at::Tensor>& got)>;
 const std::map<std::string, PropertyFn>& property_checks();
 
 }  // namespace npub::conformance

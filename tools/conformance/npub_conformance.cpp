@@ -12,14 +12,14 @@
 #include <torch/version.h>
 
 #include <npubridge/device_sim/copy_engine.h>
-#include <npubridge/torch/error_bound.h>
 #include <npubridge/dispatcher/runtime.h>
-#include <npubridge/torch/boxing.h>
-#include <npubridge/torch/dl_view.h>
-#include <npubridge/torch/dtype.h>
 #include <npubridge/dispatcher/value.h>
 #include <npubridge/registry/schema.h>
 #include <npubridge/support/error.h>
+#include <npubridge/torch/boxing.h>
+#include <npubridge/torch/dl_view.h>
+#include <npubridge/torch/dtype.h>
+#include <npubridge/torch/error_bound.h>
 
 #include <chrono>
 #include <cmath>
@@ -42,7 +42,8 @@ namespace {
 // The DType of a sample's tensor; samples use only dtypes npubridge carries.
 DType checked_dtype(at::ScalarType t) {
   const DType d = npub_dtype(t);
-  if (d == DType::kUnknown) throw std::runtime_error(std::string("unsupported torch dtype ") + c10::toString(t));
+  if (d == DType::kUnknown)
+    throw std::runtime_error(std::string("unsupported torch dtype ") + c10::toString(t));
   return d;
 }
 
@@ -121,7 +122,8 @@ Reference reference(const reg::OpEntry& op, const Sample& sample, Precision p,
   Reference r;
   for (size_t i = 0; i < sample.args.size(); ++i)
     r.args.push_back(numerics::reference_input(
-        sample.args[i], i < schema.arguments.size() && schema.arguments[i].type.base == reg::BaseType::kScalarType,
+        sample.args[i],
+        i < schema.arguments.size() && schema.arguments[i].type.base == reg::BaseType::kScalarType,
         i < schema.arguments.size() && schema.arguments[i].type.base == reg::BaseType::kScalar, p, compute));
   try {
     auto lib = reference_library().find(op.name());
@@ -137,8 +139,10 @@ Reference reference(const reg::OpEntry& op, const Sample& sample, Precision p,
     if (alias.empty() || std::all_of(alias.begin(), alias.end(), [](int32_t a) { return a < 0; })) {
       for (const auto& v : stack) {
         if (v.isTensor() && !v.toTensor().defined()) continue;  // an output_mask'ed return
-        if (v.isTensor()) r.outputs.push_back(v.toTensor());
-        else if (v.isTensorList()) for (const auto& t : v.toTensorVector()) r.outputs.push_back(t);
+        if (v.isTensor())
+          r.outputs.push_back(v.toTensor());
+        else if (v.isTensorList())
+          for (const auto& t : v.toTensorVector()) r.outputs.push_back(t);
       }
     }
     for (size_t i = 0; i < schema.arguments.size(); ++i)
@@ -151,11 +155,13 @@ Reference reference(const reg::OpEntry& op, const Sample& sample, Precision p,
 }
 
 // "" when `got` matches under the op's error model, else what differs.
-std::string judge(const at::Tensor& got, size_t index, const Reference& same, const Reference* wide, const Reference* magnitude,
-                  const numerics::ErrorModel& model, const reg::OpEntry& op, const NpuArgs& args, double* worst) {
+std::string judge(const at::Tensor& got, size_t index, const Reference& same, const Reference* wide,
+                  const Reference* magnitude, const numerics::ErrorModel& model, const reg::OpEntry& op,
+                  const NpuArgs& args, double* worst) {
   const at::Tensor& want = same.outputs[index];
   if (got.scalar_type() != want.scalar_type())
-    return std::string("dtype ") + c10::toString(got.scalar_type()) + ", expected " + c10::toString(want.scalar_type());
+    return std::string("dtype ") + c10::toString(got.scalar_type()) + ", expected " +
+           c10::toString(want.scalar_type());
   if (!got.sizes().equals(want.sizes())) {
     std::ostringstream s;
     s << "shape " << got.sizes() << ", expected " << want.sizes();
@@ -163,13 +169,15 @@ std::string judge(const at::Tensor& got, size_t index, const Reference& same, co
   }
   if (got.numel() == 0) return "";
   const at::Tensor ref = wide != nullptr ? wide->outputs[index] : at::Tensor();
-  const int64_t terms = numerics::terms(model, op.schema(), args.values.data(), static_cast<int32_t>(args.values.size()));
+  const int64_t terms =
+      numerics::terms(model, op.schema(), args.values.data(), static_cast<int32_t>(args.values.size()));
   std::vector<c10::IValue> inputs;  // the call's read-only arguments
   for (size_t i = 0; i < same.args.size() && i < op.schema().arguments.size(); ++i)
     if (!op.schema().arguments[i].is_write()) inputs.push_back(same.args[i]);
-  const double scale = model.magnitude == numerics::Magnitude::kScale && ref.defined() ? numerics::call_scale(inputs, ref) : 0;
-  const numerics::Verdict v = numerics::judge(model, got, want, ref, magnitude != nullptr ? magnitude->outputs[index] : at::Tensor(),
-                                              terms, scale);
+  const double scale =
+      model.magnitude == numerics::Magnitude::kScale && ref.defined() ? numerics::call_scale(inputs, ref) : 0;
+  const numerics::Verdict v = numerics::judge(
+      model, got, want, ref, magnitude != nullptr ? magnitude->outputs[index] : at::Tensor(), terms, scale);
   if (v.ok()) return "";
   *worst = std::max(*worst, v.error);
   return v.message();
@@ -180,7 +188,8 @@ std::string judge(const at::Tensor& got, size_t index, const Reference& same, co
 // ---------------------------------------------------------------------------
 
 // Random ops: run on the npu, then check the properties of what came out.
-Outcome run_property_sample(Runtime& rt, const reg::OpEntry& op, const Sample& sample, const PropertyFn& check) {
+Outcome run_property_sample(Runtime& rt, const reg::OpEntry& op, const Sample& sample,
+                            const PropertyFn& check) {
   Outcome o;
   NpuArgs args;
   sim::Device* dev = &rt.devices().at(0);
@@ -190,7 +199,8 @@ Outcome run_property_sample(Runtime& rt, const reg::OpEntry& op, const Sample& s
   const bool expect_error = sample.name.find("(error)") != std::string::npos;
   try {
     rt.dispatcher().call(OpHandle{const_cast<reg::OpEntry*>(&op), nullptr}, args.values.data(),
-                         static_cast<int32_t>(args.values.size()), rets.data(), static_cast<int32_t>(rets.size()), &outs);
+                         static_cast<int32_t>(args.values.size()), rets.data(),
+                         static_cast<int32_t>(rets.size()), &outs);
   } catch (const std::exception& e) {
     o.pass = expect_error;
     if (!o.pass) o.message = std::string("npu raised an error: ") + e.what();
@@ -224,7 +234,8 @@ Outcome run_sample(Runtime& rt, const reg::OpEntry& op, const Sample& sample) {
   if (same.error.empty() && wide_values) {
     at::ScalarType compute = at::ScalarType::Undefined;
     for (const at::Tensor& t : same.outputs)
-      if (at::isFloatingType(t.scalar_type()) && compute == at::ScalarType::Undefined) compute = t.scalar_type();
+      if (at::isFloatingType(t.scalar_type()) && compute == at::ScalarType::Undefined)
+        compute = t.scalar_type();
     wide = reference(op, sample, Precision::kFloat64, compute);
     if (!wide.error.empty() || wide.outputs.size() != same.outputs.size()) {
       o.message = "no float64 reference: ATen raised '" + wide.error.substr(0, wide.error.find('\n')) + "'";
@@ -254,11 +265,13 @@ Outcome run_sample(Runtime& rt, const reg::OpEntry& op, const Sample& sample) {
     // out= arguments take the shape of the reference's result (ATen resized
     // its own; a library reference returns it).
     if (is_out) {
-      at::Tensor shaped = from_library && out_index < expected.size() ? expected[out_index++] : same.args[i].toTensor();
+      at::Tensor shaped =
+          from_library && out_index < expected.size() ? expected[out_index++] : same.args[i].toTensor();
       v = at::zeros(shaped.sizes(), at::TensorOptions().dtype(sample.args[i].toTensor().scalar_type()));
     }
     args.values.push_back(box(v, args, dev));
-    if (i < schema.arguments.size() && schema.arguments[i].is_write() && v.isTensor()) written.push_back(args.tensors.size() - 1);
+    if (i < schema.arguments.size() && schema.arguments[i].is_write() && v.isTensor())
+      written.push_back(args.tensors.size() - 1);
   }
   std::vector<NpubValue> rets(schema.returns.size(), none_value());
   TensorOutputs outs(rt.devices());
@@ -266,7 +279,8 @@ Outcome run_sample(Runtime& rt, const reg::OpEntry& op, const Sample& sample) {
   bool npu_rejected_input = false;  // an invalid-argument error, as opposed to "not supported" or a crash
   try {
     rt.dispatcher().call(OpHandle{const_cast<reg::OpEntry*>(&op), nullptr}, args.values.data(),
-                         static_cast<int32_t>(args.values.size()), rets.data(), static_cast<int32_t>(rets.size()), &outs);
+                         static_cast<int32_t>(args.values.size()), rets.data(),
+                         static_cast<int32_t>(rets.size()), &outs);
   } catch (const Error& e) {
     npu_error = e.what();
     npu_rejected_input = e.code() == ErrorCode::kInvalidArgument;
@@ -285,10 +299,13 @@ Outcome run_sample(Runtime& rt, const reg::OpEntry& op, const Sample& sample) {
       if (marked && npu_rejected_input) {
         o.pass = true;  // both reject the input
       } else if (!marked) {
-        o.message = "ATen and the npu both raised on a sample not written as an error case (name it '(error)' "
-                    "if it is one): ATen: " + aten_line + "; npu: " + npu_error;
+        o.message =
+            "ATen and the npu both raised on a sample not written as an error case (name it '(error)' "
+            "if it is one): ATen: " +
+            aten_line + "; npu: " + npu_error;
       } else {
-        o.message = "ATen rejects the input (" + aten_line + ") but the npu did not reject it as invalid: " + npu_error;
+        o.message = "ATen rejects the input (" + aten_line +
+                    ") but the npu did not reject it as invalid: " + npu_error;
       }
       return o;
     }
@@ -298,21 +315,25 @@ Outcome run_sample(Runtime& rt, const reg::OpEntry& op, const Sample& sample) {
     return o;
   }
   std::vector<at::Tensor> got;
-  const bool has_alias = std::any_of(op.return_alias().begin(), op.return_alias().end(), [](int32_t a) { return a >= 0; });
+  const bool has_alias =
+      std::any_of(op.return_alias().begin(), op.return_alias().end(), [](int32_t a) { return a >= 0; });
   if (!has_alias || from_library) {
     for (const NpubValue& r : rets)
       if (r.tag == NPUB_VALUE_TENSOR) got.push_back(to_torch(*r.u.tensor));
   }
-  if (!from_library || std::all_of(rets.begin(), rets.end(), [](const NpubValue& r) { return r.tag == NPUB_VALUE_NONE; })) {
+  if (!from_library ||
+      std::all_of(rets.begin(), rets.end(), [](const NpubValue& r) { return r.tag == NPUB_VALUE_NONE; })) {
     for (size_t w : written) got.push_back(to_torch(*args.tensors[w].dl()));
   }
   if (got.size() != expected.size()) {
-    o.message = "produced " + std::to_string(got.size()) + " outputs, expected " + std::to_string(expected.size());
+    o.message =
+        "produced " + std::to_string(got.size()) + " outputs, expected " + std::to_string(expected.size());
     return o;
   }
   for (size_t i = 0; i < got.size(); ++i) {
-    const std::string diff = judge(got[i], i, same, wide_values ? &wide : nullptr,
-                                   magnitude.outputs.empty() ? nullptr : &magnitude, model, op, args, &o.worst);
+    const std::string diff =
+        judge(got[i], i, same, wide_values ? &wide : nullptr,
+              magnitude.outputs.empty() ? nullptr : &magnitude, model, op, args, &o.worst);
     if (!diff.empty()) {
       o.message = "output " + std::to_string(i) + ": " + diff;
       return o;
@@ -332,7 +353,8 @@ Outcome run_sample_twice_on_failure(Runtime& rt, const reg::OpEntry& op, const S
   if (second.pass) {
     first.message = "flaky: failed, then passed on the same data; the failure: " + first.message;
   } else if (second.message != first.message) {
-    first.message = "flaky: two runs on the same data failed differently; first: " + first.message + "; second: " + second.message;
+    first.message = "flaky: two runs on the same data failed differently; first: " + first.message +
+                    "; second: " + second.message;
   } else {
     first.message += " (the same on a second run)";
   }
@@ -370,25 +392,33 @@ void write_reports(const std::vector<Cell>& cells, const std::string& md, const 
     std::ofstream f(md);
     int pass = 0, fail = 0, uncovered = 0;
     for (const Cell& c : cells) (c.status == "pass" ? pass : c.status == "fail" ? fail : uncovered)++;
-    f << "# Op coverage and conformance: " ;
+    f << "# Op coverage and conformance: ";
     for (size_t i = 0; i < plugins.size(); ++i) f << (i ? ", " : "") << plugins[i];
-    f << "\n\nGenerated by `npub-conformance` (tools/conformance): every kernel of the plugin runs on the simulated NPU and "
-         "the same op runs in ATen on the CPU (LibTorch " << TORCH_VERSION << "), over the samples of "
-         "`tools/conformance/samples.cpp`. Floating results are compared with ATen run in float64 on the same inputs, "
-         "each element within a bound derived from the computation: the final rounding to the output dtype (ulps), plus "
-         "K * u * sum|terms| for ops that sum K terms (u: float32's unit roundoff for float32 and half-type kernels); "
+    f << "\n\nGenerated by `npub-conformance` (tools/conformance): every kernel of the plugin runs on the "
+         "simulated NPU and "
+         "the same op runs in ATen on the CPU (LibTorch "
+      << TORCH_VERSION
+      << "), over the samples of "
+         "`tools/conformance/samples.cpp`. Floating results are compared with ATen run in float64 on the "
+         "same inputs, "
+         "each element within a bound derived from the computation: the final rounding to the output dtype "
+         "(ulps), plus "
+         "K * u * sum|terms| for ops that sum K terms (u: float32's unit roundoff for float32 and half-type "
+         "kernels); "
          "copies, selections, comparisons and integer results must be exact (see `docs/plugin-authoring.md`, "
-         "\"How your kernels are judged\"). A failing sample runs twice; \"flaky\" marks one whose two runs differ. "
+         "\"How your kernels are judged\"). A failing sample runs twice; \"flaky\" marks one whose two runs "
+         "differ. "
          "Regenerate with "
          "`./scripts/coverage.sh`.\n\n";
-    f << "**" << pass << " op x dtype pairs pass, " << fail << " fail, " << uncovered << " not covered.**\n\n";
+    f << "**" << pass << " op x dtype pairs pass, " << fail << " fail, " << uncovered
+      << " not covered.**\n\n";
     f << "| plugin | op | dtype | result | samples | detail |\n|---|---|---|---|---|---|\n";
     for (const Cell& c : cells) {
       std::string detail = c.detail;
       for (char& ch : detail)
         if (ch == '|' || ch == '\n') ch = ' ';
-      f << "| " << c.plugin << " | `" << c.op << "` | " << c.dtype << " | " << c.status << " | " << c.passed << "/" << c.samples
-        << " | " << detail << " |\n";
+      f << "| " << c.plugin << " | `" << c.op << "` | " << c.dtype << " | " << c.status << " | " << c.passed
+        << "/" << c.samples << " | " << detail << " |\n";
     }
   }
   if (!json.empty()) {
@@ -396,17 +426,20 @@ void write_reports(const std::vector<Cell>& cells, const std::string& md, const 
     f << "{\n  \"torch\": \"" << TORCH_VERSION << "\",\n  \"results\": [\n";
     for (size_t i = 0; i < cells.size(); ++i) {
       const Cell& c = cells[i];
-      f << "    {\"plugin\": \"" << c.plugin << "\", \"op\": \"" << c.op << "\", \"dtype\": \"" << c.dtype << "\", \"status\": \""
-        << c.status << "\", \"samples\": " << c.samples << ", \"passed\": " << c.passed << ", \"worst_abs_error\": " << c.worst
-        << ", \"detail\": \"" << json_escape(c.detail) << "\"}" << (i + 1 < cells.size() ? "," : "") << "\n";
+      f << "    {\"plugin\": \"" << c.plugin << "\", \"op\": \"" << c.op << "\", \"dtype\": \"" << c.dtype
+        << "\", \"status\": \"" << c.status << "\", \"samples\": " << c.samples
+        << ", \"passed\": " << c.passed << ", \"worst_abs_error\": " << c.worst << ", \"detail\": \""
+        << json_escape(c.detail) << "\"}" << (i + 1 < cells.size() ? "," : "") << "\n";
     }
     f << "  ]\n}\n";
   }
 }
 
 int usage() {
-  std::cerr << "usage: npub-conformance (--plugin FILE.so)... | --all  [--op REGEX] [--md FILE] [--json FILE] [--seed S]\n"
-               "  --seed S  sample data from another random stream (default: the one the coverage report uses)\n";
+  std::cerr
+      << "usage: npub-conformance (--plugin FILE.so)... | --all  [--op REGEX] [--md FILE] [--json FILE] "
+         "[--seed S]\n"
+         "  --seed S  sample data from another random stream (default: the one the coverage report uses)\n";
   return 2;
 }
 
@@ -426,13 +459,20 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     try {
-      if (a == "--plugin") plugin_paths.push_back(next());
-      else if (a == "--all") all = true;
-      else if (a == "--op") op_filter = next();
-      else if (a == "--md") md = next();
-      else if (a == "--json") json = next();
-      else if (a == "--seed") seed = next();
-      else return usage();
+      if (a == "--plugin")
+        plugin_paths.push_back(next());
+      else if (a == "--all")
+        all = true;
+      else if (a == "--op")
+        op_filter = next();
+      else if (a == "--md")
+        md = next();
+      else if (a == "--json")
+        json = next();
+      else if (a == "--seed")
+        seed = next();
+      else
+        return usage();
     } catch (const std::exception& e) {
       std::cerr << "npub-conformance: " << e.what() << "\n";
       return usage();
@@ -510,7 +550,8 @@ int main(int argc, char** argv) {
     for (const reg::Kernel* k : op->kernels(NPUB_DEVICE_NPU)) {
       std::vector<DType> dtypes;
       for (int d = 0; d < kNumDTypes; ++d)
-        if (k->dtype_mask == 0 ? d == 0 : ((k->dtype_mask >> d) & 1u)) dtypes.push_back(static_cast<DType>(d));
+        if (k->dtype_mask == 0 ? d == 0 : ((k->dtype_mask >> d) & 1u))
+          dtypes.push_back(static_cast<DType>(d));
       for (DType d : dtypes)
         if (seen.insert({k->plugin_name(), d}).second) run_cell(k->plugin_name(), d, false);
     }
@@ -537,7 +578,8 @@ int main(int argc, char** argv) {
     uncovered += c.status == "not covered";
     samples += c.samples;
   }
-  std::printf("npub-conformance: %d op x dtype pairs: %d passed, %d failed, %d not covered (%d samples, %.1f s)\n",
-              static_cast<int>(cells.size()), pass, failures, uncovered, samples, secs);
+  std::printf(
+      "npub-conformance: %d op x dtype pairs: %d passed, %d failed, %d not covered (%d samples, %.1f s)\n",
+      static_cast<int>(cells.size()), pass, failures, uncovered, samples, secs);
   return failures == 0 && !load_failed ? 0 : 1;
 }

@@ -64,7 +64,8 @@ at::Tensor make_sliced(int64_t a, int64_t b, ScalarType dt, int kind = 0) {
 
 // The smallest value of an integer dtype, -1 and 7.
 at::Tensor int_min_and_friends(ScalarType dt) {
-  const int64_t lo = dt == at::kInt ? std::numeric_limits<int32_t>::min() : std::numeric_limits<int64_t>::min();
+  const int64_t lo =
+      dt == at::kInt ? std::numeric_limits<int32_t>::min() : std::numeric_limits<int64_t>::min();
   return at::tensor(std::vector<int64_t>{lo, -1, 7}, at::TensorOptions().dtype(at::kLong)).to(dt);
 }
 
@@ -73,10 +74,14 @@ at::Tensor empty_out(ScalarType dt) { return at::empty({0}, at::TensorOptions().
 enum class OutRule { same, boolean, float_if_int, int64_if_int };
 ScalarType out_dtype(OutRule rule, ScalarType result) {
   switch (rule) {
-    case OutRule::boolean: return at::kBool;
-    case OutRule::float_if_int: return at::isIntegralType(result, true) ? at::kFloat : result;
-    case OutRule::int64_if_int: return at::isIntegralType(result, true) ? at::kLong : result;
-    default: return result;
+    case OutRule::boolean:
+      return at::kBool;
+    case OutRule::float_if_int:
+      return at::isIntegralType(result, true) ? at::kFloat : result;
+    case OutRule::int64_if_int:
+      return at::isIntegralType(result, true) ? at::kLong : result;
+    default:
+      return result;
   }
 }
 
@@ -87,9 +92,9 @@ ScalarType out_dtype(OutRule rule, ScalarType result) {
 struct BinarySpec {
   std::vector<IValue> extra;  // arguments between `other` and `out`
   OutRule rule = OutRule::same;
-  int other_kind = 0;         // value kind of `other` for integer dtypes
-  bool specials = true;       // inf/nan samples for floating dtypes
-  bool mixed = true;          // mixed-dtype (zero-dim) samples
+  int other_kind = 0;    // value kind of `other` for integer dtypes
+  bool specials = true;  // inf/nan samples for floating dtypes
+  bool mixed = true;     // mixed-dtype (zero-dim) samples
 };
 
 std::vector<Sample> binary_samples(ScalarType dt, const BinarySpec& s) {
@@ -130,7 +135,8 @@ SampleFn binary_scalar(OutRule rule, std::vector<IValue> scalars) {
       for (auto shape : {std::vector<int64_t>{5, 7}, std::vector<int64_t>{}, std::vector<int64_t>{0}}) {
         at::Tensor a = make(shape, dt);
         const ScalarType rt = at::result_type(a, sc.toScalar());
-        out.push_back({"scalar " + std::to_string(sc.toScalar().toDouble()) + ", " + std::to_string(shape.size()) + "-d self",
+        out.push_back({"scalar " + std::to_string(sc.toScalar().toDouble()) + ", " +
+                           std::to_string(shape.size()) + "-d self",
                        {a, sc, empty_out(out_dtype(rule, rt))}});
       }
       at::Tensor t = make_t(6, 5, dt);
@@ -146,8 +152,8 @@ SampleFn binary_scalar(OutRule rule, std::vector<IValue> scalars) {
 // ---------------------------------------------------------------------------
 
 std::vector<at::Tensor> unary_inputs(ScalarType dt) {
-  std::vector<at::Tensor> v{make({5, 7}, dt), make({}, dt), make({0}, dt), make_t(6, 5, dt), make_sliced(4, 6, dt),
-                            make({256, 512}, dt)};
+  std::vector<at::Tensor> v{make({5, 7}, dt), make({}, dt),          make({0}, dt),
+                            make_t(6, 5, dt), make_sliced(4, 6, dt), make({256, 512}, dt)};
   if (is_float(dt)) v.push_back(make({4, 4}, dt, 2));
   return v;
 }
@@ -213,7 +219,8 @@ std::vector<DimCase> dim_cases(bool list_dims, bool allow_all, bool allow_empty_
     c.push_back({"dims [0, 2]", d({0, 2}), false, {4, 5, 6}});
     c.push_back({"dims [0, 2] keepdim", d({0, 2}), true, {4, 5, 6}});
   }
-  if (allow_all) c.push_back({"all dims", list_dims ? IValue(std::vector<int64_t>{}) : IValue(), false, {4, 5, 6}});
+  if (allow_all)
+    c.push_back({"all dims", list_dims ? IValue(std::vector<int64_t>{}) : IValue(), false, {4, 5, 6}});
   c.push_back({"0-d input", d({0}), false, {}});
   c.push_back({"transposed input", d({1}), false, {6, 5}, true});
   c.push_back({"large, last dim", d({-1}), false, {64, 4096}});
@@ -247,7 +254,9 @@ SampleFn reduce_extreme_list() {
     std::vector<Sample> out;
     for (const DimCase& c : dim_cases(true, true, false))
       out.push_back({c.name, {make_for(c, dt, is_float(dt) ? 0 : 0), c.dim, c.keepdim, empty_out(dt)}});
-    if (is_float(dt)) out.push_back({"nan propagates", {make({4, 4}, dt, 2), IValue(std::vector<int64_t>{1}), false, empty_out(dt)}});
+    if (is_float(dt))
+      out.push_back(
+          {"nan propagates", {make({4, 4}, dt, 2), IValue(std::vector<int64_t>{1}), false, empty_out(dt)}});
     return out;
   };
 }
@@ -281,8 +290,12 @@ SampleFn reduce_var() {
     std::vector<Sample> out;
     for (const DimCase& c : dim_cases(true, true, false))
       out.push_back({c.name, {make_for(c, dt), c.dim, IValue(), c.keepdim, empty_out(dt)}});
-    out.push_back({"correction 0", {make({4, 6}, dt), IValue(std::vector<int64_t>{1}), IValue(c10::Scalar(int64_t{0})), false, empty_out(dt)}});
-    out.push_back({"correction 2.5", {make({4, 6}, dt), IValue(std::vector<int64_t>{1}), IValue(c10::Scalar(2.5)), true, empty_out(dt)}});
+    out.push_back({"correction 0",
+                   {make({4, 6}, dt), IValue(std::vector<int64_t>{1}), IValue(c10::Scalar(int64_t{0})), false,
+                    empty_out(dt)}});
+    out.push_back(
+        {"correction 2.5",
+         {make({4, 6}, dt), IValue(std::vector<int64_t>{1}), IValue(c10::Scalar(2.5)), true, empty_out(dt)}});
     return out;
   };
 }
@@ -292,8 +305,11 @@ SampleFn reduce_norm() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
     const std::vector<std::pair<std::string, IValue>> ps = {
-        {"p=2", IValue(c10::Scalar(2.0))}, {"p=1", IValue(c10::Scalar(int64_t{1}))}, {"p=None", IValue()},
-        {"p=inf", IValue(c10::Scalar(std::numeric_limits<double>::infinity()))}, {"p=0", IValue(c10::Scalar(0.0))},
+        {"p=2", IValue(c10::Scalar(2.0))},
+        {"p=1", IValue(c10::Scalar(int64_t{1}))},
+        {"p=None", IValue()},
+        {"p=inf", IValue(c10::Scalar(std::numeric_limits<double>::infinity()))},
+        {"p=0", IValue(c10::Scalar(0.0))},
         {"p=3", IValue(c10::Scalar(3.0))}};
     for (const auto& [name, p] : ps)
       for (const DimCase& c : dim_cases(true, false, false)) {
@@ -327,7 +343,8 @@ SampleFn softmax_spec() {
     const std::vector<std::pair<std::vector<int64_t>, int64_t>> cases = {
         {{4, 7}, 1}, {{4, 7}, 0}, {{2, 3, 5}, 1}, {{2, 3, 5}, -1}, {{}, 0}, {{0, 5}, 1}, {{64, 1000}, 1}};
     for (const auto& [shape, dim] : cases)
-      out.push_back({"shape " + std::to_string(shape.size()) + "-d dim " + std::to_string(dim), {make(shape, dt), dim, false, empty_out(dt)}});
+      out.push_back({"shape " + std::to_string(shape.size()) + "-d dim " + std::to_string(dim),
+                     {make(shape, dt), dim, false, empty_out(dt)}});
     out.push_back({"transposed", {make_t(6, 5, dt), int64_t{1}, false, empty_out(dt)}});
     // No half_to_float sample: ATen's CPU kernels refuse it ("not supported on
     // CPU"), so there is no reference to judge the npu's result by.
@@ -340,7 +357,8 @@ SampleFn softmax_spec() {
 SampleFn softmax_backward_spec(bool log) {
   return [log](ScalarType dt) {
     std::vector<Sample> out;
-    const std::vector<std::pair<std::vector<int64_t>, int64_t>> cases = {{{4, 7}, 1}, {{4, 7}, 0}, {{2, 3, 5}, 1}, {{64, 1000}, -1}};
+    const std::vector<std::pair<std::vector<int64_t>, int64_t>> cases = {
+        {{4, 7}, 1}, {{4, 7}, 0}, {{2, 3, 5}, 1}, {{64, 1000}, -1}};
     for (const auto& [shape, dim] : cases) {
       at::Tensor x = make(shape, dt);
       at::Tensor y = log ? at::_log_softmax(x, dim, false) : at::_softmax(x, dim, false);
@@ -358,7 +376,9 @@ SampleFn softmax_backward_spec(bool log) {
 SampleFn mm_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
-    auto add = [&](const std::string& n, at::Tensor a, at::Tensor b) { out.push_back({n, {a, b, empty_out(dt)}}); };
+    auto add = [&](const std::string& n, at::Tensor a, at::Tensor b) {
+      out.push_back({n, {a, b, empty_out(dt)}});
+    };
     add("[5,7] x [7,3]", make({5, 7}, dt), make({7, 3}, dt));
     add("empty m", make({0, 3}, dt), make({3, 4}, dt));
     add("empty k", make({3, 0}, dt), make({0, 4}, dt));
@@ -375,8 +395,10 @@ SampleFn bmm_spec() {
     out.push_back({"empty batch", {make({0, 5, 7}, dt), make({0, 7, 2}, dt), empty_out(dt)}});
     out.push_back({"batch mismatch (error)", {make({2, 5, 7}, dt), make({3, 7, 2}, dt), empty_out(dt)}});
     out.push_back({"large", {make({4, 64, 96}, dt), make({4, 96, 33}, dt), empty_out(dt)}});
-    out.push_back({"transposed batch2 (k^T)", {make({3, 5, 7}, dt), make({3, 2, 7}, dt).transpose(1, 2), empty_out(dt)}});
-    out.push_back({"transposed batch1", {make({3, 7, 5}, dt).transpose(1, 2), make({3, 7, 2}, dt), empty_out(dt)}});
+    out.push_back({"transposed batch2 (k^T)",
+                   {make({3, 5, 7}, dt), make({3, 2, 7}, dt).transpose(1, 2), empty_out(dt)}});
+    out.push_back(
+        {"transposed batch1", {make({3, 7, 5}, dt).transpose(1, 2), make({3, 7, 2}, dt), empty_out(dt)}});
     return out;
   };
 }
@@ -384,13 +406,23 @@ SampleFn addmm_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
     const bool fl = is_float(dt);
-    auto sc = [&](double v) { return fl ? IValue(c10::Scalar(v)) : IValue(c10::Scalar(static_cast<int64_t>(v))); };
-    out.push_back({"self [3] broadcast", {make({3}, dt), make({4, 5}, dt), make({5, 3}, dt), sc(1), sc(1), empty_out(dt)}});
-    out.push_back({"beta 0.5 alpha 2", {make({4, 3}, dt), make({4, 5}, dt), make({5, 3}, dt), sc(fl ? 0.5 : 3), sc(2), empty_out(dt)}});
-    out.push_back({"beta 0", {make({4, 3}, dt), make({4, 5}, dt), make({5, 3}, dt), sc(0), sc(1), empty_out(dt)}});
-    out.push_back({"large", {make({96}, dt), make({64, 128}, dt), make({128, 96}, dt), sc(1), sc(1), empty_out(dt)}});
-    out.push_back({"linear: mat2 transposed", {make({6}, dt), make({4, 5}, dt), make({6, 5}, dt).t(), sc(1), sc(1), empty_out(dt)}});
-    out.push_back({"both transposed", {make({4, 6}, dt), make({5, 4}, dt).t(), make({6, 5}, dt).t(), sc(fl ? 0.5 : 2), sc(2), empty_out(dt)}});
+    auto sc = [&](double v) {
+      return fl ? IValue(c10::Scalar(v)) : IValue(c10::Scalar(static_cast<int64_t>(v)));
+    };
+    out.push_back({"self [3] broadcast",
+                   {make({3}, dt), make({4, 5}, dt), make({5, 3}, dt), sc(1), sc(1), empty_out(dt)}});
+    out.push_back(
+        {"beta 0.5 alpha 2",
+         {make({4, 3}, dt), make({4, 5}, dt), make({5, 3}, dt), sc(fl ? 0.5 : 3), sc(2), empty_out(dt)}});
+    out.push_back(
+        {"beta 0", {make({4, 3}, dt), make({4, 5}, dt), make({5, 3}, dt), sc(0), sc(1), empty_out(dt)}});
+    out.push_back(
+        {"large", {make({96}, dt), make({64, 128}, dt), make({128, 96}, dt), sc(1), sc(1), empty_out(dt)}});
+    out.push_back({"linear: mat2 transposed",
+                   {make({6}, dt), make({4, 5}, dt), make({6, 5}, dt).t(), sc(1), sc(1), empty_out(dt)}});
+    out.push_back({"both transposed",
+                   {make({4, 6}, dt), make({5, 4}, dt).t(), make({6, 5}, dt).t(), sc(fl ? 0.5 : 2), sc(2),
+                    empty_out(dt)}});
     return out;
   };
 }
@@ -398,9 +430,15 @@ SampleFn baddbmm_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
     const bool fl = is_float(dt);
-    auto sc = [&](double v) { return fl ? IValue(c10::Scalar(v)) : IValue(c10::Scalar(static_cast<int64_t>(v))); };
-    out.push_back({"self broadcast", {make({1, 3}, dt), make({2, 4, 5}, dt), make({2, 5, 3}, dt), sc(1), sc(1), empty_out(dt)}});
-    out.push_back({"beta 0.5 alpha 2", {make({2, 4, 3}, dt), make({2, 4, 5}, dt), make({2, 5, 3}, dt), sc(fl ? 0.5 : 2), sc(2), empty_out(dt)}});
+    auto sc = [&](double v) {
+      return fl ? IValue(c10::Scalar(v)) : IValue(c10::Scalar(static_cast<int64_t>(v)));
+    };
+    out.push_back(
+        {"self broadcast",
+         {make({1, 3}, dt), make({2, 4, 5}, dt), make({2, 5, 3}, dt), sc(1), sc(1), empty_out(dt)}});
+    out.push_back({"beta 0.5 alpha 2",
+                   {make({2, 4, 3}, dt), make({2, 4, 5}, dt), make({2, 5, 3}, dt), sc(fl ? 0.5 : 2), sc(2),
+                    empty_out(dt)}});
     return out;
   };
 }
@@ -414,10 +452,14 @@ SampleFn where_spec() {
     std::vector<Sample> out;
     // dt here is the condition's dtype (the dispatch dtype); values vary.
     for (ScalarType v : {at::kFloat, at::kLong, at::kBFloat16}) {
-      out.push_back({std::string("values ") + c10::toString(v), {make({5, 7}, dt), make({5, 7}, v), make({7}, v), empty_out(v)}});
-      out.push_back({std::string("broadcast cond, ") + c10::toString(v), {make({7}, dt), make({5, 7}, v), make({}, v), empty_out(v)}});
+      out.push_back({std::string("values ") + c10::toString(v),
+                     {make({5, 7}, dt), make({5, 7}, v), make({7}, v), empty_out(v)}});
+      out.push_back({std::string("broadcast cond, ") + c10::toString(v),
+                     {make({7}, dt), make({5, 7}, v), make({}, v), empty_out(v)}});
     }
-    out.push_back({"empty", {make({0, 3}, dt), make({0, 3}, at::kFloat), make({3}, at::kFloat), empty_out(at::kFloat)}});
+    out.push_back(
+        {"empty",
+         {make({0, 3}, dt), make({0, 3}, at::kFloat), make({3}, at::kFloat), empty_out(at::kFloat)}});
     return out;
   };
 }
@@ -425,7 +467,9 @@ SampleFn where_spec() {
 SampleFn masked_fill_spec(bool inplace) {
   return [inplace](ScalarType dt) {
     std::vector<Sample> out;
-    const IValue value = is_float(dt) ? IValue(c10::Scalar(-2.5)) : dt == at::kBool ? IValue(c10::Scalar(true)) : IValue(c10::Scalar(int64_t{7}));
+    const IValue value = is_float(dt)      ? IValue(c10::Scalar(-2.5))
+                         : dt == at::kBool ? IValue(c10::Scalar(true))
+                                           : IValue(c10::Scalar(int64_t{7}));
     auto add = [&](const std::string& n, at::Tensor self, at::Tensor mask) {
       out.push_back({n, {self, mask, value}});
     };
@@ -444,7 +488,9 @@ SampleFn clamp_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
     const bool fl = is_float(dt);
-    auto sc = [&](double v) { return fl ? IValue(c10::Scalar(v)) : IValue(c10::Scalar(static_cast<int64_t>(v))); };
+    auto sc = [&](double v) {
+      return fl ? IValue(c10::Scalar(v)) : IValue(c10::Scalar(static_cast<int64_t>(v)));
+    };
     for (auto shape : {std::vector<int64_t>{5, 7}, std::vector<int64_t>{}, std::vector<int64_t>{0}}) {
       out.push_back({"min and max", {make(shape, dt), sc(-1), sc(2), empty_out(dt)}});
       out.push_back({"min only", {make(shape, dt), sc(0), IValue(), empty_out(dt)}});
@@ -470,7 +516,8 @@ SampleFn addc_spec(bool div) {
     add("broadcast", make({7}, dt), make({5, 7}, dt), make({5, 1}, dt, div ? 1 : 0), v);
     add("0-d", make({}, dt), make({}, dt), make({}, dt, div ? 1 : 0), v);
     add("empty", make({0, 3}, dt), make({0, 3}, dt), make({3}, dt, div ? 1 : 0), v);
-    add("value 1", make({4, 4}, dt), make({4, 4}, dt), make({4, 4}, dt, div ? 1 : 0), IValue(c10::Scalar(int64_t{1})));
+    add("value 1", make({4, 4}, dt), make({4, 4}, dt), make({4, 4}, dt, div ? 1 : 0),
+        IValue(c10::Scalar(int64_t{1})));
     add("large", make({128, 512}, dt), make({128, 512}, dt), make({128, 512}, dt, div ? 1 : 0), v);
     return out;
   };
@@ -480,7 +527,8 @@ SampleFn lerp_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
     for (double w : {0.25, 0.75, -0.5, 1.5}) {
-      out.push_back({"weight " + std::to_string(w), {make({5, 7}, dt), make({5, 7}, dt), IValue(c10::Scalar(w)), empty_out(dt)}});
+      out.push_back({"weight " + std::to_string(w),
+                     {make({5, 7}, dt), make({5, 7}, dt), IValue(c10::Scalar(w)), empty_out(dt)}});
     }
     out.push_back({"broadcast", {make({5, 7}, dt), make({7}, dt), IValue(c10::Scalar(0.3)), empty_out(dt)}});
     out.push_back({"0-d", {make({}, dt), make({}, dt), IValue(c10::Scalar(0.3)), empty_out(dt)}});
@@ -492,8 +540,10 @@ SampleFn lerp_spec() {
 SampleFn copy_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
-    for (ScalarType src : {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kInt, at::kByte, at::kBool}) {
-      out.push_back({std::string("from ") + c10::toString(src), {make({5, 7}, dt), make({5, 7}, src), false}});
+    for (ScalarType src :
+         {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong, at::kInt, at::kByte, at::kBool}) {
+      out.push_back(
+          {std::string("from ") + c10::toString(src), {make({5, 7}, dt), make({5, 7}, src), false}});
     }
     out.push_back({"broadcast src", {make({5, 7}, dt), make({7}, dt), false}});
     out.push_back({"transposed dst", {make_t(6, 5, dt), make({6, 5}, dt), false}});
@@ -544,7 +594,9 @@ SampleFn fill_spec() {
 }
 SampleFn zero_spec() {
   return [](ScalarType dt) {
-    return std::vector<Sample>{{"[5,7]", {make({5, 7}, dt)}}, {"transposed", {make_t(6, 5, dt)}}, {"0-d", {make({}, dt)}},
+    return std::vector<Sample>{{"[5,7]", {make({5, 7}, dt)}},
+                               {"transposed", {make_t(6, 5, dt)}},
+                               {"0-d", {make({}, dt)}},
                                {"empty", {make({0}, dt)}}};
   };
 }
@@ -588,8 +640,9 @@ SampleFn rms_norm_backward_spec() {
     add("[2,3,16] gamma [16]", {2, 3, 16}, {16});
     add("[4,8] gamma [4,8]", {4, 8}, {4, 8});
     add("large [256,1024]", {256, 1024}, {1024});
-    out.push_back({"rstd shape mismatch (error)", {make({4, 8}, dt), make({4, 8}, dt), make({8}, dt),
-                                                   at::ones({4}, at::TensorOptions().dtype(at::kFloat))}});
+    out.push_back({"rstd shape mismatch (error)",
+                   {make({4, 8}, dt), make({4, 8}, dt), make({8}, dt),
+                    at::ones({4}, at::TensorOptions().dtype(at::kFloat))}});
     return out;
   };
 }
@@ -598,11 +651,11 @@ SampleFn silu_and_mul_spec() {
     std::vector<Sample> out;
     out.push_back({"[4,32]", {at::empty({4, 16}, at::TensorOptions().dtype(dt)), make({4, 32}, dt)}});
     out.push_back({"[2,3,64]", {at::empty({2, 3, 32}, at::TensorOptions().dtype(dt)), make({2, 3, 64}, dt)}});
-    out.push_back({"odd last dim (error)", {at::empty({4, 2}, at::TensorOptions().dtype(dt)), make({4, 5}, dt)}});
+    out.push_back(
+        {"odd last dim (error)", {at::empty({4, 2}, at::TensorOptions().dtype(dt)), make({4, 5}, dt)}});
     return out;
   };
 }
-
 
 // ---------------------------------------------------------------------------
 // NN ops
@@ -611,9 +664,12 @@ SampleFn silu_and_mul_spec() {
 SampleFn layer_norm_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
-    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> norm, bool w, bool b) {
+    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> norm, bool w,
+                   bool b) {
       std::vector<int64_t> ps(norm);
-      out.push_back({n, {make(shape, dt), IValue(norm), w ? IValue(make(ps, dt)) : IValue(), b ? IValue(make(ps, dt)) : IValue(), IValue(1e-5)}});
+      out.push_back({n,
+                     {make(shape, dt), IValue(norm), w ? IValue(make(ps, dt)) : IValue(),
+                      b ? IValue(make(ps, dt)) : IValue(), IValue(1e-5)}});
     };
     add("[4,16] affine", {4, 16}, {16}, true, true);
     add("[2,3,8] over [3,8]", {2, 3, 8}, {3, 8}, true, true);
@@ -621,7 +677,8 @@ SampleFn layer_norm_spec() {
     add("weight only", {5, 7}, {7}, true, false);
     add("large [512,1024]", {512, 1024}, {1024}, true, true);
     add("empty rows", {0, 8}, {8}, true, true);
-    out.push_back({"shape mismatch (error)", {make({4, 6}, dt), IValue(std::vector<int64_t>{5}), IValue(), IValue(), IValue(1e-5)}});
+    out.push_back({"shape mismatch (error)",
+                   {make({4, 6}, dt), IValue(std::vector<int64_t>{5}), IValue(), IValue(), IValue(1e-5)}});
     return out;
   };
 }
@@ -629,12 +686,15 @@ SampleFn layer_norm_spec() {
 SampleFn layer_norm_backward_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
-    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> norm, bool affine, std::array<bool, 3> mask) {
+    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> norm, bool affine,
+                   std::array<bool, 3> mask) {
       at::Tensor x = make(shape, dt);
       at::Tensor w = affine ? make(norm, dt) : at::Tensor(), b = affine ? make(norm, dt) : at::Tensor();
       auto fwd = at::native_layer_norm(x, norm, w, b, 1e-5);
-      out.push_back({n, {make(shape, dt), x, IValue(norm), std::get<1>(fwd), std::get<2>(fwd), affine ? IValue(w) : IValue(),
-                         affine ? IValue(b) : IValue(), IValue(c10::List<bool>({mask[0], mask[1], mask[2]}))}});
+      out.push_back({n,
+                     {make(shape, dt), x, IValue(norm), std::get<1>(fwd), std::get<2>(fwd),
+                      affine ? IValue(w) : IValue(), affine ? IValue(b) : IValue(),
+                      IValue(c10::List<bool>({mask[0], mask[1], mask[2]}))}});
     };
     add("affine, all grads", {4, 16}, {16}, true, {true, true, true});
     add("no affine", {2, 3, 8}, {3, 8}, false, {true, false, false});
@@ -676,7 +736,8 @@ SampleFn embedding_backward_spec() {
     out.push_back({"plain", {make({3, 5, 4}, dt), idx, int64_t{6}, int64_t{-1}, false}});
     out.push_back({"padding_idx 2", {make({3, 5, 4}, dt), idx, int64_t{6}, int64_t{2}, false}});
     out.push_back({"scale_grad_by_freq", {make({3, 5, 4}, dt), idx, int64_t{6}, int64_t{-1}, true}});
-    out.push_back({"large", {make({64, 32, 16}, dt), rand_index({64, 32}, 500), int64_t{500}, int64_t{-1}, false}});
+    out.push_back(
+        {"large", {make({64, 32, 16}, dt), rand_index({64, 32}, 500), int64_t{500}, int64_t{-1}, false}});
     return out;
   };
 }
@@ -687,13 +748,18 @@ SampleFn nll_loss_spec() {
     at::Tensor t = rand_index({6}, 5);
     t[2] = -100;  // ignored
     for (int64_t red : {0, 1, 2}) {
-      out.push_back({"[6,5] reduction " + std::to_string(red), {make({6, 5}, dt), t, IValue(), red, int64_t{-100}, empty_out(dt), empty_out(dt)}});
-      out.push_back({"weighted, reduction " + std::to_string(red),
-                     {make({6, 5}, dt, 1), t, make({5}, dt, 1), red, int64_t{-100}, empty_out(dt), empty_out(dt)}});
+      out.push_back({"[6,5] reduction " + std::to_string(red),
+                     {make({6, 5}, dt), t, IValue(), red, int64_t{-100}, empty_out(dt), empty_out(dt)}});
+      out.push_back(
+          {"weighted, reduction " + std::to_string(red),
+           {make({6, 5}, dt, 1), t, make({5}, dt, 1), red, int64_t{-100}, empty_out(dt), empty_out(dt)}});
     }
-    out.push_back({"1-d input", {make({5}, dt), long_tensor({3}, {}), IValue(), int64_t{1}, int64_t{-100}, empty_out(dt), empty_out(dt)}});
+    out.push_back({"1-d input",
+                   {make({5}, dt), long_tensor({3}, {}), IValue(), int64_t{1}, int64_t{-100}, empty_out(dt),
+                    empty_out(dt)}});
     out.push_back({"target out of bounds (error)",
-                   {make({2, 5}, dt), long_tensor({1, 7}, {2}), IValue(), int64_t{1}, int64_t{-100}, empty_out(dt), empty_out(dt)}});
+                   {make({2, 5}, dt), long_tensor({1, 7}, {2}), IValue(), int64_t{1}, int64_t{-100},
+                    empty_out(dt), empty_out(dt)}});
     return out;
   };
 }
@@ -710,7 +776,8 @@ SampleFn nll_loss_backward_spec() {
         auto fwd = at::nll_loss_forward(x, t, w, red, -100);
         at::Tensor go = red == 0 ? make({6}, dt) : make({}, dt);
         out.push_back({std::string(weighted ? "weighted, " : "") + "reduction " + std::to_string(red),
-                       {go, x, t, weighted ? IValue(w) : IValue(), red, int64_t{-100}, std::get<1>(fwd), empty_out(dt)}});
+                       {go, x, t, weighted ? IValue(w) : IValue(), red, int64_t{-100}, std::get<1>(fwd),
+                        empty_out(dt)}});
       }
     }
     return out;
@@ -721,12 +788,14 @@ SampleFn index_select_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
     out.push_back({"dim 0", {make({6, 4}, dt), int64_t{0}, rand_index({5}, 6), empty_out(dt)}});
-    out.push_back({"dim 1, int32 index", {make({6, 4}, dt), int64_t{1}, rand_index({7}, 4, at::kInt), empty_out(dt)}});
+    out.push_back(
+        {"dim 1, int32 index", {make({6, 4}, dt), int64_t{1}, rand_index({7}, 4, at::kInt), empty_out(dt)}});
     out.push_back({"dim -1 of 3-d", {make({2, 3, 5}, dt), int64_t{-1}, rand_index({4}, 5), empty_out(dt)}});
     out.push_back({"empty index", {make({6, 4}, dt), int64_t{0}, rand_index({0}, 6), empty_out(dt)}});
     out.push_back({"transposed self", {make_t(6, 5, dt), int64_t{0}, rand_index({3}, 6), empty_out(dt)}});
     out.push_back({"large", {make({2048, 64}, dt), int64_t{0}, rand_index({1024}, 2048), empty_out(dt)}});
-    out.push_back({"index out of range (error)", {make({6, 4}, dt), int64_t{0}, long_tensor({0, 6}, {2}), empty_out(dt)}});
+    out.push_back({"index out of range (error)",
+                   {make({6, 4}, dt), int64_t{0}, long_tensor({0, 6}, {2}), empty_out(dt)}});
     return out;
   };
 }
@@ -735,14 +804,20 @@ SampleFn gather_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
     out.push_back({"dim 1", {make({4, 6}, dt), int64_t{1}, rand_index({4, 3}, 6), false, empty_out(dt)}});
-    out.push_back({"dim 0, smaller index", {make({4, 6}, dt), int64_t{0}, rand_index({2, 5}, 4), false, empty_out(dt)}});
+    out.push_back({"dim 0, smaller index",
+                   {make({4, 6}, dt), int64_t{0}, rand_index({2, 5}, 4), false, empty_out(dt)}});
     out.push_back({"3-d", {make({2, 3, 5}, dt), int64_t{2}, rand_index({2, 3, 7}, 5), false, empty_out(dt)}});
-    out.push_back({"large", {make({256, 512}, dt), int64_t{1}, rand_index({256, 256}, 512), false, empty_out(dt)}});
-    out.push_back({"int32 index", {make({4, 6}, dt), int64_t{1}, rand_index({4, 3}, 6, at::kInt), false, empty_out(dt)}});
+    out.push_back(
+        {"large", {make({256, 512}, dt), int64_t{1}, rand_index({256, 256}, 512), false, empty_out(dt)}});
+    out.push_back({"int32 index",
+                   {make({4, 6}, dt), int64_t{1}, rand_index({4, 3}, 6, at::kInt), false, empty_out(dt)}});
     out.push_back({"0-d self", {make({}, dt), int64_t{0}, long_tensor({0}, {1}), false, empty_out(dt)}});
-    out.push_back({"0-d self and index", {make({}, dt), int64_t{0}, long_tensor({0}, {}), false, empty_out(dt)}});
-    out.push_back({"empty index", {make({4, 6}, dt), int64_t{1}, rand_index({4, 0}, 6), false, empty_out(dt)}});
-    out.push_back({"index out of range (error)", {make({4, 6}, dt), int64_t{1}, long_tensor({0, 6, 1, 2}, {2, 2}), false, empty_out(dt)}});
+    out.push_back(
+        {"0-d self and index", {make({}, dt), int64_t{0}, long_tensor({0}, {}), false, empty_out(dt)}});
+    out.push_back(
+        {"empty index", {make({4, 6}, dt), int64_t{1}, rand_index({4, 0}, 6), false, empty_out(dt)}});
+    out.push_back({"index out of range (error)",
+                   {make({4, 6}, dt), int64_t{1}, long_tensor({0, 6, 1, 2}, {2, 2}), false, empty_out(dt)}});
     return out;
   };
 }
@@ -751,12 +826,19 @@ SampleFn scatter_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
     // Unique targets per row for scatter (duplicates make its result order-dependent).
-    at::Tensor perm = at::stack({at::randperm(6, sample_generator(), at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 4),
-                                 at::randperm(6, sample_generator(), at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 4)});
+    at::Tensor perm = at::stack(
+        {at::randperm(6, sample_generator(), at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 4),
+         at::randperm(6, sample_generator(), at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 4)});
     out.push_back({"dim 1", {make({2, 6}, dt), int64_t{1}, perm, make({2, 4}, dt), empty_out(dt)}});
-    at::Tensor perm0 = at::randperm(5, sample_generator(), at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 3).unsqueeze(1).expand({3, 4}).contiguous();
+    at::Tensor perm0 = at::randperm(5, sample_generator(), at::TensorOptions().dtype(at::kLong))
+                           .narrow(0, 0, 3)
+                           .unsqueeze(1)
+                           .expand({3, 4})
+                           .contiguous();
     out.push_back({"dim 0", {make({5, 4}, dt), int64_t{0}, perm0, make({3, 4}, dt), empty_out(dt)}});
-    out.push_back({"index out of range (error)", {make({2, 6}, dt), int64_t{1}, long_tensor({0, 6}, {1, 2}), make({1, 2}, dt), empty_out(dt)}});
+    out.push_back(
+        {"index out of range (error)",
+         {make({2, 6}, dt), int64_t{1}, long_tensor({0, 6}, {1, 2}), make({1, 2}, dt), empty_out(dt)}});
     return out;
   };
 }
@@ -764,10 +846,16 @@ SampleFn scatter_spec() {
 SampleFn scatter_add_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
-    out.push_back({"dim 1 with duplicates", {make({3, 5}, dt), int64_t{1}, rand_index({3, 8}, 5), make({3, 8}, dt), empty_out(dt)}});
-    out.push_back({"dim 0", {make({4, 3}, dt), int64_t{0}, rand_index({6, 3}, 4), make({6, 3}, dt), empty_out(dt)}});
-    out.push_back({"large", {make({64, 128}, dt), int64_t{1}, rand_index({64, 256}, 128), make({64, 256}, dt), empty_out(dt)}});
-    out.push_back({"index out of range (error)", {make({2, 6}, dt), int64_t{1}, long_tensor({-1, 0}, {1, 2}), make({1, 2}, dt), empty_out(dt)}});
+    out.push_back({"dim 1 with duplicates",
+                   {make({3, 5}, dt), int64_t{1}, rand_index({3, 8}, 5), make({3, 8}, dt), empty_out(dt)}});
+    out.push_back(
+        {"dim 0", {make({4, 3}, dt), int64_t{0}, rand_index({6, 3}, 4), make({6, 3}, dt), empty_out(dt)}});
+    out.push_back(
+        {"large",
+         {make({64, 128}, dt), int64_t{1}, rand_index({64, 256}, 128), make({64, 256}, dt), empty_out(dt)}});
+    out.push_back(
+        {"index out of range (error)",
+         {make({2, 6}, dt), int64_t{1}, long_tensor({-1, 0}, {1, 2}), make({1, 2}, dt), empty_out(dt)}});
     return out;
   };
 }
@@ -777,12 +865,17 @@ SampleFn cat_spec() {
     std::vector<Sample> out;
     auto list = [](std::vector<at::Tensor> v) { return IValue(c10::List<at::Tensor>(v)); };
     out.push_back({"dim 0", {list({make({2, 3}, dt), make({4, 3}, dt)}), int64_t{0}, empty_out(dt)}});
-    out.push_back({"dim 1, three parts", {list({make({2, 3}, dt), make({2, 1}, dt), make({2, 5}, dt)}), int64_t{1}, empty_out(dt)}});
-    out.push_back({"dim -1 of 3-d", {list({make({2, 3, 4}, dt), make({2, 3, 2}, dt)}), int64_t{-1}, empty_out(dt)}});
+    out.push_back(
+        {"dim 1, three parts",
+         {list({make({2, 3}, dt), make({2, 1}, dt), make({2, 5}, dt)}), int64_t{1}, empty_out(dt)}});
+    out.push_back(
+        {"dim -1 of 3-d", {list({make({2, 3, 4}, dt), make({2, 3, 2}, dt)}), int64_t{-1}, empty_out(dt)}});
     out.push_back({"skips 1-d empty", {list({make({0}, dt), make({2, 3}, dt)}), int64_t{0}, empty_out(dt)}});
-    out.push_back({"transposed part", {list({make_t(3, 2, dt), make({3, 2}, dt)}), int64_t{0}, empty_out(dt)}});
+    out.push_back(
+        {"transposed part", {list({make_t(3, 2, dt), make({3, 2}, dt)}), int64_t{0}, empty_out(dt)}});
     out.push_back({"large", {list({make({512, 256}, dt), make({512, 256}, dt)}), int64_t{1}, empty_out(dt)}});
-    out.push_back({"size mismatch (error)", {list({make({2, 3}, dt), make({2, 4}, dt)}), int64_t{0}, empty_out(dt)}});
+    out.push_back(
+        {"size mismatch (error)", {list({make({2, 3}, dt), make({2, 4}, dt)}), int64_t{0}, empty_out(dt)}});
     return out;
   };
 }
@@ -790,8 +883,8 @@ SampleFn cat_spec() {
 SampleFn nonzero_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
-    for (auto shape : {std::vector<int64_t>{5, 7}, std::vector<int64_t>{}, std::vector<int64_t>{0, 3}, std::vector<int64_t>{2, 3, 4},
-                       std::vector<int64_t>{300, 200}}) {
+    for (auto shape : {std::vector<int64_t>{5, 7}, std::vector<int64_t>{}, std::vector<int64_t>{0, 3},
+                       std::vector<int64_t>{2, 3, 4}, std::vector<int64_t>{300, 200}}) {
       at::Tensor t = make(shape, dt);
       if (dt != at::kBool) t = t * (make(shape, at::kBool).to(dt));  // plenty of zeros
       out.push_back({std::to_string(shape.size()) + "-d", {t}});
@@ -808,7 +901,8 @@ at::Tensor unique_values(std::vector<int64_t> shape, ScalarType dt) {
   int64_t rows = 1;
   for (size_t i = 0; i + 1 < shape.size(); ++i) rows *= shape[i];
   std::vector<at::Tensor> r;
-  for (int64_t i = 0; i < rows; ++i) r.push_back(at::randperm(cols, sample_generator(), at::TensorOptions().dtype(at::kLong)));
+  for (int64_t i = 0; i < rows; ++i)
+    r.push_back(at::randperm(cols, sample_generator(), at::TensorOptions().dtype(at::kLong)));
   at::Tensor p = at::stack(r).reshape(shape);
   if (at::isFloatingType(dt)) return (p.to(at::kDouble) * 0.25 - cols * 0.1).to(dt);
   if (dt == at::kByte) return p.to(dt);
@@ -876,13 +970,18 @@ SampleFn index_tensor_spec() {
 SampleFn index_put_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
-    auto add = [&](const std::string& n, at::Tensor self, std::vector<std::optional<at::Tensor>> idx, at::Tensor v, bool acc) {
+    auto add = [&](const std::string& n, at::Tensor self, std::vector<std::optional<at::Tensor>> idx,
+                   at::Tensor v, bool acc) {
       out.push_back({n, {self, opt_list(idx), v, acc}});
     };
-    add("unique rows", make({5, 4}, dt), {at::randperm(5, sample_generator(), at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 3)}, make({3, 4}, dt), false);
+    add("unique rows", make({5, 4}, dt),
+        {at::randperm(5, sample_generator(), at::TensorOptions().dtype(at::kLong)).narrow(0, 0, 3)},
+        make({3, 4}, dt), false);
     add("broadcast value", make({5, 4}, dt), {long_tensor({0, 2}, {2})}, make({4}, dt), false);
-    add("accumulate with duplicates", make({5, 4}, dt), {long_tensor({1, 1, 3}, {3})}, make({3, 4}, dt), dt != at::kBool);
-    add("two indices", make({5, 4}, dt), {long_tensor({0, 4}, {2}), long_tensor({1, 3}, {2})}, make({2}, dt), false);
+    add("accumulate with duplicates", make({5, 4}, dt), {long_tensor({1, 1, 3}, {3})}, make({3, 4}, dt),
+        dt != at::kBool);
+    add("two indices", make({5, 4}, dt), {long_tensor({0, 4}, {2}), long_tensor({1, 3}, {2})}, make({2}, dt),
+        false);
     add("bool mask", make({4, 5}, dt), {make({4, 5}, at::kBool)}, make({}, dt), false);
     add("index out of range (error)", make({5, 4}, dt), {long_tensor({7}, {1})}, make({4}, dt), false);
     return out;
@@ -911,7 +1010,8 @@ SampleFn random_fill_spec(std::vector<std::vector<IValue>> params) {
 SampleFn activation_backward_spec(std::vector<IValue> extra, bool from_output) {
   return [extra, from_output](ScalarType dt) {
     std::vector<Sample> out;
-    for (auto shape : {std::vector<int64_t>{5, 7}, std::vector<int64_t>{}, std::vector<int64_t>{0}, std::vector<int64_t>{128, 512}}) {
+    for (auto shape : {std::vector<int64_t>{5, 7}, std::vector<int64_t>{}, std::vector<int64_t>{0},
+                       std::vector<int64_t>{128, 512}}) {
       at::Tensor x = make(shape, dt);
       if (from_output) x = at::sigmoid(x.to(at::kFloat)).to(dt);  // a value an output can take
       std::vector<IValue> args{make(shape, dt), x};
@@ -963,11 +1063,15 @@ SampleFn conv_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
     for (const ConvCase& c : conv_cases())
-      out.push_back({c.name, {make(c.x, dt), make(c.w, dt), c.bias ? IValue(make({c.w[0]}, dt)) : IValue(), IValue(c.stride),
-                              IValue(c.padding), IValue(c.dilation), false, IValue(std::vector<int64_t>{0, 0}), c.groups}});
-    out.push_back({"channel mismatch (error)", {make({1, 3, 5, 5}, dt), make({2, 4, 3, 3}, dt), IValue(), IValue(std::vector<int64_t>{1, 1}),
-                                                IValue(std::vector<int64_t>{0, 0}), IValue(std::vector<int64_t>{1, 1}), false,
-                                                IValue(std::vector<int64_t>{0, 0}), int64_t{1}}});
+      out.push_back(
+          {c.name,
+           {make(c.x, dt), make(c.w, dt), c.bias ? IValue(make({c.w[0]}, dt)) : IValue(), IValue(c.stride),
+            IValue(c.padding), IValue(c.dilation), false, IValue(std::vector<int64_t>{0, 0}), c.groups}});
+    out.push_back(
+        {"channel mismatch (error)",
+         {make({1, 3, 5, 5}, dt), make({2, 4, 3, 3}, dt), IValue(), IValue(std::vector<int64_t>{1, 1}),
+          IValue(std::vector<int64_t>{0, 0}), IValue(std::vector<int64_t>{1, 1}), false,
+          IValue(std::vector<int64_t>{0, 0}), int64_t{1}}});
     return out;
   };
 }
@@ -981,8 +1085,10 @@ SampleFn conv_backward_spec() {
       if (c.name == "larger") c.x = {2, 16, 14, 14};
       at::Tensor x = make(c.x, dt), w = make(c.w, dt);
       at::Tensor y = at::convolution(x, w, {}, c.stride, c.padding, c.dilation, false, {0, 0}, c.groups);
-      out.push_back({c.name, {make(y.sizes().vec(), dt), x, w, IValue(c.stride), IValue(c.padding), IValue(c.dilation), false,
-                              IValue(std::vector<int64_t>{0, 0}), c.groups, IValue(c10::List<bool>({true, true, c.bias}))}});
+      out.push_back(
+          {c.name,
+           {make(y.sizes().vec(), dt), x, w, IValue(c.stride), IValue(c.padding), IValue(c.dilation), false,
+            IValue(std::vector<int64_t>{0, 0}), c.groups, IValue(c10::List<bool>({true, true, c.bias}))}});
     }
     return out;
   };
@@ -992,8 +1098,9 @@ SampleFn conv2d_bias_relu_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
     for (const ConvCase& c : conv_cases())
-      out.push_back({c.name, {make(c.x, dt), make(c.w, dt), make({c.w[0]}, dt), IValue(c.stride), IValue(c.padding), IValue(c.dilation),
-                              c.groups}});
+      out.push_back({c.name,
+                     {make(c.x, dt), make(c.w, dt), make({c.w[0]}, dt), IValue(c.stride), IValue(c.padding),
+                      IValue(c.dilation), c.groups}});
     return out;
   };
 }
@@ -1001,9 +1108,11 @@ SampleFn conv2d_bias_relu_spec() {
 SampleFn max_pool_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
-    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> k, std::vector<int64_t> s,
-                   std::vector<int64_t> p, std::vector<int64_t> d, bool ceil) {
-      out.push_back({n, {make(shape, dt), IValue(k), IValue(s), IValue(p), IValue(d), ceil, empty_out(dt), empty_out(at::kLong)}});
+    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> k,
+                   std::vector<int64_t> s, std::vector<int64_t> p, std::vector<int64_t> d, bool ceil) {
+      out.push_back({n,
+                     {make(shape, dt), IValue(k), IValue(s), IValue(p), IValue(d), ceil, empty_out(dt),
+                      empty_out(at::kLong)}});
     };
     add("2x2", {2, 3, 8, 8}, {2, 2}, {}, {0, 0}, {1, 1}, false);
     add("3x3 stride 2 pad 1", {1, 2, 9, 9}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, false);
@@ -1021,12 +1130,13 @@ SampleFn max_pool_spec() {
 SampleFn max_pool_backward_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
-    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> k, std::vector<int64_t> s,
-                   std::vector<int64_t> p, bool ceil) {
+    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> k,
+                   std::vector<int64_t> s, std::vector<int64_t> p, bool ceil) {
       at::Tensor x = make(shape, dt);
       auto fwd = at::max_pool2d_with_indices(x, k, s, p, {1, 1}, ceil);
-      out.push_back({n, {make(std::get<0>(fwd).sizes().vec(), dt), x, IValue(k), IValue(s), IValue(p), IValue(std::vector<int64_t>{1, 1}),
-                         ceil, std::get<1>(fwd), empty_out(dt)}});
+      out.push_back({n,
+                     {make(std::get<0>(fwd).sizes().vec(), dt), x, IValue(k), IValue(s), IValue(p),
+                      IValue(std::vector<int64_t>{1, 1}), ceil, std::get<1>(fwd), empty_out(dt)}});
     };
     add("2x2", {2, 3, 8, 8}, {2, 2}, {2, 2}, {0, 0}, false);
     add("overlapping 3x3 stride 1", {1, 2, 7, 7}, {3, 3}, {1, 1}, {1, 1}, false);
@@ -1038,9 +1148,10 @@ SampleFn max_pool_backward_spec() {
 SampleFn avg_pool_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
-    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> k, std::vector<int64_t> s,
-                   std::vector<int64_t> p, bool ceil, bool include_pad, IValue div) {
-      out.push_back({n, {make(shape, dt), IValue(k), IValue(s), IValue(p), ceil, include_pad, div, empty_out(dt)}});
+    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> k,
+                   std::vector<int64_t> s, std::vector<int64_t> p, bool ceil, bool include_pad, IValue div) {
+      out.push_back(
+          {n, {make(shape, dt), IValue(k), IValue(s), IValue(p), ceil, include_pad, div, empty_out(dt)}});
     };
     add("2x2", {2, 3, 8, 8}, {2, 2}, {}, {0, 0}, false, true, IValue());
     add("3x3 pad 1 include pad", {1, 2, 9, 9}, {3, 3}, {2, 2}, {1, 1}, false, true, IValue());
@@ -1055,12 +1166,14 @@ SampleFn avg_pool_spec() {
 SampleFn avg_pool_backward_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
-    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> k, std::vector<int64_t> s,
-                   std::vector<int64_t> p, bool ceil, bool include_pad, IValue div) {
+    auto add = [&](const std::string& n, std::vector<int64_t> shape, std::vector<int64_t> k,
+                   std::vector<int64_t> s, std::vector<int64_t> p, bool ceil, bool include_pad, IValue div) {
       at::Tensor x = make(shape, dt);
       std::optional<int64_t> d = div.isNone() ? std::nullopt : std::optional<int64_t>(div.toInt());
       at::Tensor y = at::avg_pool2d(x, k, s, p, ceil, include_pad, d);
-      out.push_back({n, {make(y.sizes().vec(), dt), x, IValue(k), IValue(s), IValue(p), ceil, include_pad, div, empty_out(dt)}});
+      out.push_back({n,
+                     {make(y.sizes().vec(), dt), x, IValue(k), IValue(s), IValue(p), ceil, include_pad, div,
+                      empty_out(dt)}});
     };
     add("2x2", {2, 3, 8, 8}, {2, 2}, {2, 2}, {0, 0}, false, true, IValue());
     add("3x3 pad 1 exclude pad", {1, 2, 9, 9}, {3, 3}, {2, 2}, {1, 1}, false, false, IValue());
@@ -1109,19 +1222,23 @@ const std::map<std::string, SampleFn>& sample_specs() {
         out.push_back(smp);
       }
       if (at::isIntegralType(dt, false))
-        out.push_back({"integer division by zero (error)", {make({3}, dt), at::zeros({3}, at::TensorOptions().dtype(dt)),
-                                                            IValue(std::string("trunc")), empty_out(dt)}});
+        out.push_back({"integer division by zero (error)",
+                       {make({3}, dt), at::zeros({3}, at::TensorOptions().dtype(dt)),
+                        IValue(std::string("trunc")), empty_out(dt)}});
       // The one quotient that overflows: INT_MIN // -1 wraps, no trap. (Not
       // "trunc": ATen's own CPU kernel raises SIGFPE there.)
       if (dt == at::kInt || dt == at::kLong)
-        out.push_back({"floor: INT_MIN by -1", {int_min_and_friends(dt), at::full({3}, -1, at::TensorOptions().dtype(dt)),
-                                                IValue(std::string("floor")), empty_out(dt)}});
+        out.push_back({"floor: INT_MIN by -1",
+                       {int_min_and_friends(dt), at::full({3}, -1, at::TensorOptions().dtype(dt)),
+                        IValue(std::string("floor")), empty_out(dt)}});
       return out;
     };
     m["aten::remainder.Tensor_out"] = [](ScalarType dt) {
       auto out = binary({{}, R::same, 1})(dt);
       if (dt == at::kInt || dt == at::kLong)
-        out.push_back({"INT_MIN by -1", {int_min_and_friends(dt), at::full({3}, -1, at::TensorOptions().dtype(dt)), empty_out(dt)}});
+        out.push_back(
+            {"INT_MIN by -1",
+             {int_min_and_friends(dt), at::full({3}, -1, at::TensorOptions().dtype(dt)), empty_out(dt)}});
       return out;
     };
     m["aten::pow.Tensor_Tensor_out"] = [](ScalarType dt) {
@@ -1131,14 +1248,15 @@ const std::map<std::string, SampleFn>& sample_specs() {
         for (auto& smp : out) smp.args[1] = smp.args[1].toTensor().clamp(0, 3);
       return out;
     };
-    m["aten::pow.Tensor_Scalar_out"] = binary_scalar(R::same, {IValue(c10::Scalar(int64_t{2})), IValue(c10::Scalar(int64_t{3})),
-                                                              IValue(c10::Scalar(0.5)), IValue(c10::Scalar(int64_t{0}))});
+    m["aten::pow.Tensor_Scalar_out"] =
+        binary_scalar(R::same, {IValue(c10::Scalar(int64_t{2})), IValue(c10::Scalar(int64_t{3})),
+                                IValue(c10::Scalar(0.5)), IValue(c10::Scalar(int64_t{0}))});
     m["aten::maximum.out"] = binary({{}, R::same, 0, true, false});
     m["aten::minimum.out"] = binary({{}, R::same, 0, true, false});
     for (const char* c : {"eq", "ne", "lt", "le", "gt", "ge"}) {
       m[std::string("aten::") + c + ".Tensor_out"] = binary({{}, R::boolean});
-      m[std::string("aten::") + c + ".Scalar_out"] =
-          binary_scalar(R::boolean, {IValue(c10::Scalar(int64_t{0})), IValue(c10::Scalar(1.5)), IValue(c10::Scalar(true))});
+      m[std::string("aten::") + c + ".Scalar_out"] = binary_scalar(
+          R::boolean, {IValue(c10::Scalar(int64_t{0})), IValue(c10::Scalar(1.5)), IValue(c10::Scalar(true))});
     }
     m["aten::logical_and.out"] = binary({{}, R::boolean});
     m["aten::logical_or.out"] = binary({{}, R::boolean});
@@ -1150,8 +1268,10 @@ const std::map<std::string, SampleFn>& sample_specs() {
     m["aten::addcdiv.out"] = addc_spec(true);
     m["aten::lerp.Scalar_out"] = lerp_spec();
     // unary
-    for (const char* u : {"neg", "abs", "sign", "floor", "ceil", "round"}) m[std::string("aten::") + u + ".out"] = unary(R::same);
-    for (const char* u : {"exp", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid", "erf", "silu"})
+    for (const char* u : {"neg", "abs", "sign", "floor", "ceil", "round"})
+      m[std::string("aten::") + u + ".out"] = unary(R::same);
+    for (const char* u : {"exp", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh",
+                          "sigmoid", "erf", "silu"})
       m[std::string("aten::") + u + ".out"] = unary(R::float_if_int);
     m["aten::logical_not.out"] = unary(R::boolean);
     // No inf/nan sample for gelu: ATen's vectorised erf returns nan at inf
@@ -1269,8 +1389,10 @@ std::string check_moments(const at::Tensor& t, double mean, double sd, double lo
   if (d.numel() < 1000) return "";
   const double m = d.mean().item<double>(), s = d.std().item<double>();
   const double tol = 6 * sd / std::sqrt(static_cast<double>(d.numel())) + 1e-2 * std::fabs(sd);
-  if (std::fabs(m - mean) > tol) return "mean " + std::to_string(m) + ", expected " + std::to_string(mean) + " +- " + std::to_string(tol);
-  if (sd > 0 && std::fabs(s - sd) > 0.05 * sd) return "std " + std::to_string(s) + ", expected " + std::to_string(sd) + " +- 5%";
+  if (std::fabs(m - mean) > tol)
+    return "mean " + std::to_string(m) + ", expected " + std::to_string(mean) + " +- " + std::to_string(tol);
+  if (sd > 0 && std::fabs(s - sd) > 0.05 * sd)
+    return "std " + std::to_string(s) + ", expected " + std::to_string(sd) + " +- 5%";
   return "";
 }
 
@@ -1305,7 +1427,8 @@ const std::map<std::string, PropertyFn>& property_checks() {
          if (got.size() != 2) return "expected (output, mask)";
          const at::Tensor out = got[0], mask = got[1];
          if (mask.scalar_type() != at::kBool) return "mask is not bool";
-         if (!out.sizes().equals(x.sizes()) || !mask.sizes().equals(x.sizes())) return "output or mask shape differs from input";
+         if (!out.sizes().equals(x.sizes()) || !mask.sizes().equals(x.sizes()))
+           return "output or mask shape differs from input";
          if (out.scalar_type() != x.scalar_type()) return "output dtype differs from input";
          if (!train || p == 0) {
            if (!mask.all().item<bool>()) return "mask must be all true when not training or p == 0";
@@ -1314,14 +1437,15 @@ const std::map<std::string, PropertyFn>& property_checks() {
          }
          const double scale = p == 1 ? 0.0 : 1.0 / (1.0 - p);
          const at::Tensor expect = (x.to(at::kDouble) * mask.to(at::kDouble) * scale).to(x.scalar_type());
-         if (!at::allclose(out.to(at::kDouble), expect.to(at::kDouble), 1e-3, 1e-6)) return "output != input * mask / (1 - p)";
+         if (!at::allclose(out.to(at::kDouble), expect.to(at::kDouble), 1e-3, 1e-6))
+           return "output != input * mask / (1 - p)";
          const double n = static_cast<double>(x.numel());
          if (n >= 1000) {
            const double kept = mask.to(at::kDouble).sum().item<double>();
            const double mean = n * (1 - p), sd = std::sqrt(n * p * (1 - p));
            if (std::fabs(kept - mean) > 6 * sd + 1)
-             return "kept " + std::to_string(kept) + " of " + std::to_string(n) + " elements; expected " + std::to_string(mean) +
-                    " +- 6 sigma (" + std::to_string(6 * sd) + ")";
+             return "kept " + std::to_string(kept) + " of " + std::to_string(n) + " elements; expected " +
+                    std::to_string(mean) + " +- 6 sigma (" + std::to_string(6 * sd) + ")";
          }
          return "";
        }},
@@ -1336,17 +1460,18 @@ const std::map<std::string, ReferenceFn>& reference_library() {
       {"aten::convolution_overrideable",
        [](const std::vector<IValue>& a) {
          at::Tensor bias = a[2].isNone() ? at::Tensor() : a[2].toTensor();
-         return std::vector<at::Tensor>{at::convolution(a[0].toTensor(), a[1].toTensor(), bias, a[3].toIntVector(), a[4].toIntVector(),
-                                                        a[5].toIntVector(), a[6].toBool(), a[7].toIntVector(), a[8].toInt())};
+         return std::vector<at::Tensor>{
+             at::convolution(a[0].toTensor(), a[1].toTensor(), bias, a[3].toIntVector(), a[4].toIntVector(),
+                             a[5].toIntVector(), a[6].toBool(), a[7].toIntVector(), a[8].toInt())};
        }},
       {"aten::convolution_backward_overrideable",
        [](const std::vector<IValue>& a) {
          auto mask_list = a[9].toBoolList();
          std::array<bool, 3> mask{mask_list[0], mask_list[1], mask_list[2]};
          const int64_t oc = a[2].toTensor().size(0);
-         auto r = at::convolution_backward(a[0].toTensor(), a[1].toTensor(), a[2].toTensor(), std::vector<int64_t>{oc},
-                                           a[3].toIntVector(), a[4].toIntVector(), a[5].toIntVector(), a[6].toBool(),
-                                           a[7].toIntVector(), a[8].toInt(), mask);
+         auto r = at::convolution_backward(
+             a[0].toTensor(), a[1].toTensor(), a[2].toTensor(), std::vector<int64_t>{oc}, a[3].toIntVector(),
+             a[4].toIntVector(), a[5].toIntVector(), a[6].toBool(), a[7].toIntVector(), a[8].toInt(), mask);
          std::vector<at::Tensor> out;
          for (const at::Tensor& t : {std::get<0>(r), std::get<1>(r), std::get<2>(r)})
            if (t.defined()) out.push_back(t);
@@ -1354,8 +1479,9 @@ const std::map<std::string, ReferenceFn>& reference_library() {
        }},
       {"cann_like::conv2d_bias_relu",
        [](const std::vector<IValue>& a) {
-         return std::vector<at::Tensor>{at::relu(at::conv2d(a[0].toTensor(), a[1].toTensor(), a[2].toTensor(), a[3].toIntVector(),
-                                                            a[4].toIntVector(), a[5].toIntVector(), a[6].toInt()))};
+         return std::vector<at::Tensor>{
+             at::relu(at::conv2d(a[0].toTensor(), a[1].toTensor(), a[2].toTensor(), a[3].toIntVector(),
+                                 a[4].toIntVector(), a[5].toIntVector(), a[6].toInt()))};
        }},
       {"mindspeed_like::npu_rms_norm",
        [](const std::vector<IValue>& a) {
@@ -1367,7 +1493,8 @@ const std::map<std::string, ReferenceFn>& reference_library() {
          for (int64_t d = x.dim() - g.dim(); d < x.dim(); ++d) dims.push_back(d);
          at::Tensor xf = x.to(at::kDouble);
          at::Tensor rstd = at::rsqrt(xf.pow(2).mean(dims, /*keepdim=*/true) + eps);
-         return std::vector<at::Tensor>{(xf * rstd * g.to(at::kDouble)).to(x.scalar_type()), rstd.to(at::kFloat)};
+         return std::vector<at::Tensor>{(xf * rstd * g.to(at::kDouble)).to(x.scalar_type()),
+                                        rstd.to(at::kFloat)};
        }},
       // The gradients of y = x * rstd * gamma by LibTorch's autograd, in
       // float64, with the sample's rstd held fixed as the kernel's input.

@@ -56,7 +56,7 @@ inline uint16_t float_to_half(float f) {
   if (abs >= 0x7f800000u)  // inf or nan
     return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow
-  if (abs < 0x38800000u) {  // subnormal or zero in half
+  if (abs < 0x38800000u) {                                               // subnormal or zero in half
     if (abs < 0x33000000u) return static_cast<uint16_t>(sign);
     // value = man * 2^(exp - 150); the half subnormal unit is 2^-24.
     uint32_t exp = abs >> 23;

@@ -177,17 +177,15 @@ typedef enum NpubLogLevel {
  * threads at once. Returns NULL on success or an error (ownership moves to the
  * host).
  */
-typedef NpubError* (*NpubKernelFn)(NpubCallContext* ctx, const NpubValue* args,
-                                   int32_t num_args, NpubValue* rets,
-                                   int32_t num_rets);
+typedef NpubError* (*NpubKernelFn)(NpubCallContext* ctx, const NpubValue* args, int32_t num_args,
+                                   NpubValue* rets, int32_t num_rets);
 
 /**
  * Optional predicate: may this kernel serve these arguments? Called during
  * kernel selection, after the dtype check; must be cheap and must not fail.
  * Returns non-zero for yes.
  */
-typedef int32_t (*NpubSupportsFn)(void* user_data, const NpubValue* args,
-                                  int32_t num_args);
+typedef int32_t (*NpubSupportsFn)(void* user_data, const NpubValue* args, int32_t num_args);
 
 /**
  * Optional workspace query, phase one of a two-phase call (as CANN's
@@ -195,9 +193,7 @@ typedef int32_t (*NpubSupportsFn)(void* user_data, const NpubValue* args,
  * passes it to the kernel through NpubHostApi.workspace. Returns NULL or an
  * error (ownership moves to the host).
  */
-typedef NpubError* (*NpubWorkspaceSizeFn)(void* user_data,
-                                          const NpubValue* args,
-                                          int32_t num_args,
+typedef NpubError* (*NpubWorkspaceSizeFn)(void* user_data, const NpubValue* args, int32_t num_args,
                                           uint64_t* bytes /* out */);
 
 /**
@@ -210,8 +206,7 @@ typedef NpubError* (*NpubWorkspaceSizeFn)(void* user_data,
  * reject, with the kernel's message. PyTorch's fake tensors, torch.compile
  * and torch.export trace a plugin's own ops with it. \since 1.2
  */
-typedef NpubError* (*NpubMetaFn)(NpubMetaContext* ctx, const NpubValue* args,
-                                 int32_t num_args);
+typedef NpubError* (*NpubMetaFn)(NpubMetaContext* ctx, const NpubValue* args, int32_t num_args);
 
 /** Kernel flags (bit set). */
 typedef enum NpubKernelFlags {
@@ -235,10 +230,10 @@ typedef struct NpubKernelDesc {
    * the first tensor argument); borrowed for the call. 0 entries = any. */
   const DLDataType* dtypes;
   int32_t num_dtypes;
-  uint32_t flags;   /**< NpubKernelFlags */
-  NpubKernelFn fn;  /**< required */
-  NpubSupportsFn supports;             /**< optional, may be NULL */
-  NpubWorkspaceSizeFn workspace_size;  /**< optional, may be NULL */
+  uint32_t flags;                     /**< NpubKernelFlags */
+  NpubKernelFn fn;                    /**< required */
+  NpubSupportsFn supports;            /**< optional, may be NULL */
+  NpubWorkspaceSizeFn workspace_size; /**< optional, may be NULL */
   /** Passed to fn (through NpubHostApi.kernel_user_data), supports and
    * workspace_size. Owned by the host after a successful registration: it
    * calls `user_data_deleter` (if non-NULL) when the kernel is dropped, before
@@ -265,9 +260,9 @@ typedef void (*NpubParallelBody)(void* user, int64_t begin, int64_t end);
  * \since 1.0
  */
 typedef struct NpubHostApi {
-  size_t struct_size;  /**< sizeof(NpubHostApi) as the host built it */
-  uint32_t abi_major;  /**< the host's NPUB_ABI_MAJOR */
-  uint32_t abi_minor;  /**< the host's NPUB_ABI_MINOR */
+  size_t struct_size; /**< sizeof(NpubHostApi) as the host built it */
+  uint32_t abi_major; /**< the host's NPUB_ABI_MAJOR */
+  uint32_t abi_minor; /**< the host's NPUB_ABI_MINOR */
 
   /* --- errors and logging --- */
 
@@ -289,8 +284,7 @@ typedef struct NpubHostApi {
    * exists with the identical schema is a no-op; a different one is an error. */
   NpubError* (*define_op)(NpubRegistrar* registrar, const char* schema);
   /** Registers a kernel for a defined op. See NpubKernelDesc for ownership. */
-  NpubError* (*register_kernel)(NpubRegistrar* registrar,
-                                const NpubKernelDesc* desc);
+  NpubError* (*register_kernel)(NpubRegistrar* registrar, const NpubKernelDesc* desc);
 
   /* --- inside a kernel call (ctx is the call's context) --- */
 
@@ -308,19 +302,17 @@ typedef struct NpubHostApi {
    * outputs whose shape depends on data. The host owns the tensor; the
    * kernel writes its data. `shape` is copied.
    */
-  NpubError* (*alloc_output)(NpubCallContext* ctx, int32_t ret_index,
-                             int32_t ndim, const int64_t* shape,
+  NpubError* (*alloc_output)(NpubCallContext* ctx, int32_t ret_index, int32_t ndim, const int64_t* shape,
                              DLDataType dtype, DLTensor** out /* out */);
   /** Allocates scratch device memory freed when the call returns. */
-  NpubError* (*alloc_scratch)(NpubCallContext* ctx, uint64_t bytes,
-                              void** out /* out */);
+  NpubError* (*alloc_scratch)(NpubCallContext* ctx, uint64_t bytes, void** out /* out */);
   /**
    * Runs body over [begin, end) split into chunks of at least `grain`
    * indices on the device's compute threads; the calling thread takes part.
    * Returns when every chunk is done.
    */
-  void (*parallel_for)(NpubCallContext* ctx, int64_t begin, int64_t end,
-                       int64_t grain, NpubParallelBody body, void* user);
+  void (*parallel_for)(NpubCallContext* ctx, int64_t begin, int64_t end, int64_t grain, NpubParallelBody body,
+                       void* user);
   /** Number of compute threads of the call's device (>= 1). */
   int32_t (*num_threads)(NpubCallContext* ctx);
 
@@ -344,12 +336,10 @@ typedef struct NpubHostApi {
 
   /** Registers the meta function of a defined op (one per op). Only from
    * inside `initialize`. \since 1.2 */
-  NpubError* (*register_meta)(NpubRegistrar* registrar, const char* op_name,
-                              NpubMetaFn fn);
+  NpubError* (*register_meta)(NpubRegistrar* registrar, const char* op_name, NpubMetaFn fn);
   /** Inside a meta function: return `ret_index` is a tensor of `dtype` and
    * `shape` (copied). \since 1.2 */
-  NpubError* (*set_output_meta)(NpubMetaContext* ctx, int32_t ret_index,
-                                int32_t ndim, const int64_t* shape,
+  NpubError* (*set_output_meta)(NpubMetaContext* ctx, int32_t ret_index, int32_t ndim, const int64_t* shape,
                                 DLDataType dtype);
   /**
    * Declares how to differentiate a defined, functional op through another
@@ -371,8 +361,7 @@ typedef struct NpubHostApi {
    * Checked at registration (names, indices, argument count and return
    * count against both schemas). Only from inside `initialize`. \since 1.2
    */
-  NpubError* (*define_derivative)(NpubRegistrar* registrar, const char* op_name,
-                                  const char* formula);
+  NpubError* (*define_derivative)(NpubRegistrar* registrar, const char* op_name, const char* formula);
 } NpubHostApi;
 
 /* ------------------------------------------------------------------------ */
@@ -415,8 +404,7 @@ typedef const NpubPluginApi* (*NpubPluginInitFn)(void);
  * sizeof: when a minor version appends a field, a struct from an older
  * plugin or host is smaller than the new sizeof and still valid.
  */
-#define NPUB_STRUCT_SIZE(type, last_field) \
-  (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
+#define NPUB_STRUCT_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
 
 /** NpubKernelDesc as ABI 1.0 defined it (unchanged through 1.2). */
 #define NPUB_KERNEL_DESC_STRUCT_SIZE_1_0 NPUB_STRUCT_SIZE(NpubKernelDesc, min_opt_level)

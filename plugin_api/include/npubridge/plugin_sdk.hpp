@@ -22,8 +22,8 @@
 #ifndef NPUBRIDGE_PLUGIN_SDK_HPP_
 #define NPUBRIDGE_PLUGIN_SDK_HPP_
 
-#include <npubridge/half.hpp>
 #include <npubridge/plugin_api.h>
+#include <npubridge/half.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -69,8 +69,8 @@ inline std::string dtype_name(DLDataType t) {
   if (same_dtype(t, kInt8)) return "int8";
   if (same_dtype(t, kUInt8)) return "uint8";
   if (same_dtype(t, kBool)) return "bool";
-  return "dtype(code=" + std::to_string(t.code) + ",bits=" +
-         std::to_string(t.bits) + ",lanes=" + std::to_string(t.lanes) + ")";
+  return "dtype(code=" + std::to_string(t.code) + ",bits=" + std::to_string(t.bits) +
+         ",lanes=" + std::to_string(t.lanes) + ")";
 }
 
 using ::npub::half::bf16_to_float;
@@ -85,8 +85,7 @@ using ::npub::half::half_to_float;
 // Thrown inside a plugin; turned into an NpubError at the boundary.
 class Error : public std::runtime_error {
  public:
-  Error(int32_t code, const std::string& message)
-      : std::runtime_error(message), code_(code) {}
+  Error(int32_t code, const std::string& message) : std::runtime_error(message), code_(code) {}
   int32_t code() const noexcept { return code_; }
 
  private:
@@ -144,11 +143,9 @@ NpubError* guard(const char* where, F&& f) noexcept {
     return host().error_create(NPUB_ERR_OUT_OF_MEMORY,
                                (std::string(where) + ": host memory exhausted").c_str());
   } catch (const std::exception& e) {
-    return host().error_create(NPUB_ERR_INTERNAL,
-                               (std::string(where) + ": " + e.what()).c_str());
+    return host().error_create(NPUB_ERR_INTERNAL, (std::string(where) + ": " + e.what()).c_str());
   } catch (...) {
-    return host().error_create(NPUB_ERR_INTERNAL,
-                               (std::string(where) + ": unknown exception").c_str());
+    return host().error_create(NPUB_ERR_INTERNAL, (std::string(where) + ": unknown exception").c_str());
   }
 }
 
@@ -203,9 +200,8 @@ class TensorRef {
     int32_t n = t_->ndim;
     int32_t w = d < 0 ? d + n : d;
     if (w < 0 || w >= n)
-      throw Error(NPUB_ERR_INVALID_ARGUMENT,
-                  "dimension " + std::to_string(d) + " out of range for a " +
-                      std::to_string(n) + "-d tensor");
+      throw Error(NPUB_ERR_INVALID_ARGUMENT, "dimension " + std::to_string(d) + " out of range for a " +
+                                                 std::to_string(n) + "-d tensor");
     return w;
   }
 
@@ -219,17 +215,15 @@ class TensorRef {
 
 class Call {
  public:
-  Call(const char* op, NpubCallContext* ctx, const NpubValue* args,
-       int32_t num_args, NpubValue* rets, int32_t num_rets)
-      : op_(op), ctx_(ctx), args_(args), num_args_(num_args), rets_(rets),
-        num_rets_(num_rets) {}
+  Call(const char* op, NpubCallContext* ctx, const NpubValue* args, int32_t num_args, NpubValue* rets,
+       int32_t num_rets)
+      : op_(op), ctx_(ctx), args_(args), num_args_(num_args), rets_(rets), num_rets_(num_rets) {}
   // A meta-function call (ABI 1.2): tensors carry metadata only, and
   // output() declares a return's shape and dtype instead of allocating it
   // (it returns an undefined TensorRef). A body that only reads metadata
   // until its output() calls can serve as its op's meta function as is.
   Call(const char* op, NpubMetaContext* meta, const NpubValue* args, int32_t num_args)
-      : op_(op), ctx_(nullptr), meta_(meta), args_(args), num_args_(num_args), rets_(nullptr),
-        num_rets_(0) {}
+      : op_(op), ctx_(nullptr), meta_(meta), args_(args), num_args_(num_args), rets_(nullptr), num_rets_(0) {}
   bool is_meta() const { return meta_ != nullptr; }
 
   const char* op() const { return op_; }
@@ -238,9 +232,8 @@ class Call {
   int32_t num_rets() const { return num_rets_; }
   const NpubValue& arg(int32_t i) const {
     if (i < 0 || i >= num_args_)
-      fail(NPUB_ERR_INVALID_ARGUMENT, "argument index " + std::to_string(i) +
-                                          " out of range (" + std::to_string(num_args_) +
-                                          " arguments)");
+      fail(NPUB_ERR_INVALID_ARGUMENT, "argument index " + std::to_string(i) + " out of range (" +
+                                          std::to_string(num_args_) + " arguments)");
     return args_[i];
   }
 
@@ -298,17 +291,14 @@ class Call {
       TensorRef t(r.u.tensor);
       if (!t.is(dtype))
         fail(NPUB_ERR_INVALID_ARGUMENT, "output " + std::to_string(i) + ": expected dtype " +
-                                            dtype_name(dtype) + " but found " +
-                                            dtype_name(t.dtype()));
+                                            dtype_name(dtype) + " but found " + dtype_name(t.dtype()));
       if (t.sizes() != shape)
         fail(NPUB_ERR_INVALID_ARGUMENT, "output " + std::to_string(i) + ": expected shape " +
-                                            shape_str(shape) + " but found " +
-                                            shape_str(t.sizes()));
+                                            shape_str(shape) + " but found " + shape_str(t.sizes()));
       return t;
     }
     DLTensor* out = nullptr;
-    check(host().alloc_output(ctx_, i, static_cast<int32_t>(shape.size()), shape.data(),
-                              dtype, &out));
+    check(host().alloc_output(ctx_, i, static_cast<int32_t>(shape.size()), shape.data(), dtype, &out));
     return TensorRef(out);
   }
   void set_int_return(int32_t i, int64_t v) { set_ret(i, NPUB_VALUE_INT).u.i = v; }
@@ -318,7 +308,8 @@ class Call {
   // returns {seed, first counter}. Fails cleanly on a 1.0 host.
   std::pair<uint64_t, uint64_t> philox(uint64_t count) const {
     const NpubHostApi& h = host();
-    if (h.struct_size < offsetof(NpubHostApi, philox_reserve) + sizeof(h.philox_reserve) || h.philox_reserve == nullptr)
+    if (h.struct_size < offsetof(NpubHostApi, philox_reserve) + sizeof(h.philox_reserve) ||
+        h.philox_reserve == nullptr)
       fail(NPUB_ERR_UNSUPPORTED, "the host provides no random number generator (it implements plugin ABI 1." +
                                      std::to_string(h.abi_minor) + "; philox_reserve needs 1.1)");
     uint64_t seed = 0, offset = 0;
@@ -426,7 +417,7 @@ inline KernelTable& kernel_table() {
 
 // Out of line so that each kernel_entry_thunk<Slot> stays a jump.
 [[gnu::noinline]] inline NpubError* run_kernel_entry(size_t slot, NpubCallContext* ctx, const NpubValue* args,
-                                                      int32_t num_args, NpubValue* rets, int32_t num_rets) {
+                                                     int32_t num_args, NpubValue* rets, int32_t num_rets) {
   const KernelEntry& k = kernel_table().entries[slot];
   return guard(k.op.c_str(), [&] {
     Call call(k.op.c_str(), ctx, args, num_args, rets, num_rets);
@@ -567,7 +558,8 @@ class Registrar {
   // How autograd differentiates `op` through a backward op (ABI 1.2); see
   // NpubHostApi.define_derivative for the formula.
   void derivative(const char* op, const char* formula) {
-    require_1_2("define_derivative", host_->struct_size >= offsetof(NpubHostApi, define_derivative) + sizeof(void*));
+    require_1_2("define_derivative",
+                host_->struct_size >= offsetof(NpubHostApi, define_derivative) + sizeof(void*));
     check(host_->define_derivative(reg_, op, formula));
   }
   KernelBuilder kernel(std::string op, KernelBody body) { return {this, std::move(op), body}; }
@@ -592,7 +584,8 @@ class Registrar {
   }
   void require_1_2(const char* what, bool ok) const {
     if (!ok)
-      throw Error(NPUB_ERR_ABI, std::string(what) + " needs a host with plugin ABI 1.2; this one implements 1." +
+      throw Error(NPUB_ERR_ABI, std::string(what) +
+                                    " needs a host with plugin ABI 1.2; this one implements 1." +
                                     std::to_string(host_->abi_minor));
   }
   const NpubHostApi* host_;
@@ -625,23 +618,19 @@ inline void KernelBuilder::commit() {
 
 // Defines the plugin's entry point. `init` is `void init(npub::sdk::Registrar&)`;
 // exceptions it throws become the plugin's initialisation error.
-#define NPUB_DEFINE_PLUGIN(plugin_name, plugin_version, init)                          \
-  static NpubError* npub_sdk_initialize_(const NpubHostApi* host, NpubRegistrar* reg) { \
-    ::npub::sdk::detail::host_slot() = host;                                           \
-    return ::npub::sdk::guard(#plugin_name " initialize", [&] {                         \
-      ::npub::sdk::Registrar r(host, reg);                                             \
-      init(r);                                                                         \
-    });                                                                                \
-  }                                                                                    \
-  extern "C" NPUB_PLUGIN_EXPORT const NpubPluginApi* npub_plugin_init_v1(void) {       \
-    static const NpubPluginApi api = {NPUB_PLUGIN_API_STRUCT_SIZE,                      \
-                                      NPUB_ABI_MAJOR,                                   \
-                                      NPUB_ABI_MINOR,                                   \
-                                      #plugin_name,                                     \
-                                      plugin_version,                                   \
-                                      &npub_sdk_initialize_,                            \
-                                      nullptr};                                         \
-    return &api;                                                                       \
+#define NPUB_DEFINE_PLUGIN(plugin_name, plugin_version, init)                                      \
+  static NpubError* npub_sdk_initialize_(const NpubHostApi* host, NpubRegistrar* reg) {            \
+    ::npub::sdk::detail::host_slot() = host;                                                       \
+    return ::npub::sdk::guard(#plugin_name " initialize", [&] {                                    \
+      ::npub::sdk::Registrar r(host, reg);                                                         \
+      init(r);                                                                                     \
+    });                                                                                            \
+  }                                                                                                \
+  extern "C" NPUB_PLUGIN_EXPORT const NpubPluginApi* npub_plugin_init_v1(void) {                   \
+    static const NpubPluginApi api = {                                                             \
+        NPUB_PLUGIN_API_STRUCT_SIZE, NPUB_ABI_MAJOR, NPUB_ABI_MINOR, #plugin_name, plugin_version, \
+        &npub_sdk_initialize_,       nullptr};                                                     \
+    return &api;                                                                                   \
   }
 
 #endif  // NPUBRIDGE_PLUGIN_SDK_HPP_

@@ -5,9 +5,9 @@
 #include "elementwise.h"
 #include "ops.h"
 
+#include <atomic>
 #include <cmath>
 #include <limits>
-#include <atomic>
 #include <memory>
 
 namespace cann_like {
@@ -76,8 +76,9 @@ bool try_same_shape_bf16(Call& call, int32_t a, int32_t b, int32_t out, HalfBina
   const uint16_t* pa = call.tensor(a).data<uint16_t>();
   const uint16_t* pb = call.tensor(b).data<uint16_t>();
   uint16_t* po = call.tensor(out).data<uint16_t>();
-  call.parallel_for(0, call.tensor(out).numel(), 1 << 14,
-                    [&](int64_t s, int64_t e) { bf16_binary_contiguous(op, alpha, pa + s, pb + s, po + s, e - s); });
+  call.parallel_for(0, call.tensor(out).numel(), 1 << 14, [&](int64_t s, int64_t e) {
+    bf16_binary_contiguous(op, alpha, pa + s, pb + s, po + s, e - s);
+  });
   return true;
 }
 
@@ -123,8 +124,8 @@ void check_alpha(Call& call, DT common, int32_t alpha_index) {
 template <bool kSub>
 void add_sub_fast(Call& call) {
   const NpubValue& alpha = call.arg(2);
-  const bool unit_alpha = (alpha.tag == NPUB_VALUE_INT && alpha.u.i == 1) ||
-                          (alpha.tag == NPUB_VALUE_DOUBLE && alpha.u.d == 1.0);
+  const bool unit_alpha =
+      (alpha.tag == NPUB_VALUE_INT && alpha.u.i == 1) || (alpha.tag == NPUB_VALUE_DOUBLE && alpha.u.d == 1.0);
   if (same_shape_f32(call, 0, 1, 3)) {  // the same loops as below, without the iterator
     if (unit_alpha && !kSub) {
       run_same_shape_f32(call, 0, 1, 3, [](float a, float b) { return a + b; });
@@ -151,16 +152,18 @@ void add_sub_fast(Call& call) {
                 "Subtraction, the `-` operator, with two bool tensors is not supported. Use the `^` or "
                 "`logical_xor()` operator instead.");
     if (a_bool || b_bool)
-      call.fail(NPUB_ERR_INVALID_ARGUMENT,
-                "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a "
-                "mask, use the `~` or `logical_not()` operator instead.");
+      call.fail(
+          NPUB_ERR_INVALID_ARGUMENT,
+          "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to invert a "
+          "mask, use the `~` or `logical_not()` operator instead.");
   }
   Binary x = binary_args(call, 0, 1, 3);
   check_alpha(call, x.common, 2);
   check_castable(call, x.common, x.out);
   if (x.common == DT::b8) {
     const bool a = scalar_as<bool>(call, 2);
-    run_binary_as(call, x, x.common, [a](auto) { return [a](bool p, bool q) -> bool { return p || (a && q); }; });
+    run_binary_as(call, x, x.common,
+                  [a](auto) { return [a](bool p, bool q) -> bool { return p || (a && q); }; });
     return;
   }
   visit_compute(x.common, [&](auto tag) {
@@ -190,8 +193,10 @@ void mul(Call& call) {
   check_castable(call, x.common, x.out);
   run_binary_as(call, x, x.common, [](auto tag) {
     using T = decltype(tag);
-    if constexpr (std::is_same_v<T, bool>) return [](T a, T b) -> T { return a && b; };
-    else return [](T a, T b) { return static_cast<T>(a * b); };
+    if constexpr (std::is_same_v<T, bool>)
+      return [](T a, T b) -> T { return a && b; };
+    else
+      return [](T a, T b) { return static_cast<T>(a * b); };
   });
 }
 
@@ -225,7 +230,8 @@ void check_int_divisor(const Call& call, const Iter& it) {
 template <typename T>
 T int_quotient(T a, T b) {
   if constexpr (std::is_signed_v<T>)
-    if (b == T(-1)) return static_cast<T>(std::make_unsigned_t<T>(0) - static_cast<std::make_unsigned_t<T>>(a));
+    if (b == T(-1))
+      return static_cast<T>(std::make_unsigned_t<T>(0) - static_cast<std::make_unsigned_t<T>>(a));
   return static_cast<T>(a / b);
 }
 template <typename T>
@@ -241,7 +247,8 @@ void div(Call& call) {
   std::string mode;
   if (has_mode && !call.is_none(2)) mode = call.string_arg(2);
   if (!mode.empty() && mode != "trunc" && mode != "floor")
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '" + mode + "'");
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '" + mode + "'");
   Binary x = binary_args(call, 0, 1, has_mode ? 3 : 2);
   DT compute = x.common;
   if (mode.empty() && is_integral(compute, true)) compute = DT::f32;  // true division
@@ -254,7 +261,8 @@ void div(Call& call) {
     } else if constexpr (std::is_floating_point_v<T>) {
       // Half types divide in float32 and round once (ATen's vectorised CPU
       // path rounds the quotient first and can be off by one).
-      if (mode == "trunc") run_elementwise<T>(call, it, [](T a, T b) { return std::trunc(a / b); });
+      if (mode == "trunc")
+        run_elementwise<T>(call, it, [](T a, T b) { return std::trunc(a / b); });
       else if (mode == "floor")
         run_elementwise<T>(call, it, [](T a, T b) {
           // Python's floor division, as ATen's div_floor_floating.
@@ -271,10 +279,12 @@ void div(Call& call) {
           }
           return fq;
         });
-      else run_elementwise<T>(call, it, [](T a, T b) { return a / b; });
+      else
+        run_elementwise<T>(call, it, [](T a, T b) { return a / b; });
     } else {
       check_int_divisor<T>(call, it);
-      if (mode == "trunc") run_elementwise<T>(call, it, [](T a, T b) { return int_quotient(a, b); });
+      if (mode == "trunc")
+        run_elementwise<T>(call, it, [](T a, T b) { return int_quotient(a, b); });
       else
         run_elementwise<T>(call, it, [](T a, T b) {
           T q = int_quotient(a, b);
@@ -336,13 +346,20 @@ void pow_op(Call& call) {
       using T = decltype(tag);
       if constexpr (std::is_floating_point_v<T>) {
         const T et = static_cast<T>(e);
-        if (e == 2) run_elementwise<T>(call, it, [](T a) { return a * a; });
-        else if (e == 3) run_elementwise<T>(call, it, [](T a) { return a * a * a; });
-        else if (e == 0.5) run_elementwise<T>(call, it, [](T a) { return std::sqrt(a); });
-        else if (e == -0.5) run_elementwise<T>(call, it, [](T a) { return T(1) / std::sqrt(a); });
-        else if (e == -1) run_elementwise<T>(call, it, [](T a) { return T(1) / a; });
-        else if (e == -2) run_elementwise<T>(call, it, [](T a) { return T(1) / (a * a); });
-        else run_elementwise<T>(call, it, [et](T a) { return static_cast<T>(std::pow(a, et)); });
+        if (e == 2)
+          run_elementwise<T>(call, it, [](T a) { return a * a; });
+        else if (e == 3)
+          run_elementwise<T>(call, it, [](T a) { return a * a * a; });
+        else if (e == 0.5)
+          run_elementwise<T>(call, it, [](T a) { return std::sqrt(a); });
+        else if (e == -0.5)
+          run_elementwise<T>(call, it, [](T a) { return T(1) / std::sqrt(a); });
+        else if (e == -1)
+          run_elementwise<T>(call, it, [](T a) { return T(1) / a; });
+        else if (e == -2)
+          run_elementwise<T>(call, it, [](T a) { return T(1) / (a * a); });
+        else
+          run_elementwise<T>(call, it, [et](T a) { return static_cast<T>(std::pow(a, et)); });
       }
     });
     return;
@@ -356,7 +373,8 @@ void pow_op(Call& call) {
       run_elementwise<T>(call, it, [](T a, T b) { return static_cast<T>(std::pow(a, b)); });
     } else {
       const bool negative = any_element(call, it, 2, [](int64_t v) { return v < 0; });
-      if (negative) call.fail(NPUB_ERR_INVALID_ARGUMENT, "Integers to negative integer powers are not allowed.");
+      if (negative)
+        call.fail(NPUB_ERR_INVALID_ARGUMENT, "Integers to negative integer powers are not allowed.");
       run_elementwise<T>(call, it, [](T a, T b) { return int_pow<T>(a, b); });
     }
   });
@@ -374,8 +392,10 @@ void max_min(Call& call) {
         if (std::isnan(a)) return a;
         if (std::isnan(b)) return b;
       }
-      if constexpr (kMax) return a > b ? a : b;
-      else return a < b ? a : b;
+      if constexpr (kMax)
+        return a > b ? a : b;
+      else
+        return a < b ? a : b;
     };
   });
 }
@@ -388,12 +408,18 @@ void compare(Call& call) {
   run_binary_as(call, x, x.common, [](auto tag) {
     using T = decltype(tag);
     return [](T a, T b) -> bool {
-      if constexpr (kOp == Cmp::eq) return a == b;
-      else if constexpr (kOp == Cmp::ne) return a != b;
-      else if constexpr (kOp == Cmp::lt) return a < b;
-      else if constexpr (kOp == Cmp::le) return a <= b;
-      else if constexpr (kOp == Cmp::gt) return a > b;
-      else return a >= b;
+      if constexpr (kOp == Cmp::eq)
+        return a == b;
+      else if constexpr (kOp == Cmp::ne)
+        return a != b;
+      else if constexpr (kOp == Cmp::lt)
+        return a < b;
+      else if constexpr (kOp == Cmp::le)
+        return a <= b;
+      else if constexpr (kOp == Cmp::gt)
+        return a > b;
+      else
+        return a >= b;
     };
   });
 }
@@ -410,7 +436,9 @@ void where(Call& call) {
   TensorRef cond = call.tensor(0), a = call.tensor(1), b = call.tensor(2), out = call.tensor(3);
   const DT cd = dt_of(cond.dtype());
   if (cd != DT::b8)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("where expected condition to be a boolean tensor, but got a tensor with dtype ") + dt_name(cd));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string("where expected condition to be a boolean tensor, but got a tensor with dtype ") +
+                  dt_name(cd));
   ResultType rt;
   rt.tensor(a);
   rt.tensor(b);
@@ -430,13 +458,15 @@ template <bool kInPlace>
 void masked_fill(Call& call) {
   TensorRef self = call.tensor(0), mask = call.tensor(1);
   if (dt_of(mask.dtype()) != DT::b8)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("masked_fill_ only supports boolean masks, but got mask with dtype ") +
-                                             dt_name(dt_of(mask.dtype())));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string("masked_fill_ only supports boolean masks, but got mask with dtype ") +
+                  dt_name(dt_of(mask.dtype())));
   // In place the mask broadcasts to self; the functional form broadcasts both.
   const Shape b = broadcast(call, self.sizes(), mask.sizes());
   if (kInPlace && b != self.sizes())
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "mask of shape " + shape_str(mask.sizes()) +
-                                             " is not broadcastable to self of shape " + shape_str(self.sizes()));
+                                             " is not broadcastable to self of shape " +
+                                             shape_str(self.sizes()));
   TensorRef out = kInPlace ? self : call.output(0, b, self.dtype());
   ScalarTensor value(call.arg(2));
   const DT d = dt_of(self.dtype());  // the value is cast to self's dtype, as ATen does
@@ -451,7 +481,8 @@ void masked_fill(Call& call) {
 void clamp(Call& call) {
   TensorRef self = call.tensor(0), out = call.tensor(3);
   const bool has_min = !call.is_none(1), has_max = !call.is_none(2);
-  if (!has_min && !has_max) call.fail(NPUB_ERR_INVALID_ARGUMENT, "At least one of 'min' or 'max' must not be None");
+  if (!has_min && !has_max)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "At least one of 'min' or 'max' must not be None");
   ResultType rt;
   rt.tensor(self);
   if (has_min) rt.scalar_value(call.arg(1));
@@ -486,8 +517,9 @@ void addc(Call& call) {
   rt.tensor(t2);
   const DT common = rt.result();
   if (kDiv && is_integral(common, true))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "Integer division with addcdiv is no longer supported, and in a future release "
-                                         "addcdiv will perform a true division of tensor1 and tensor2.");
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "Integer division with addcdiv is no longer supported, and in a future release "
+              "addcdiv will perform a true division of tensor1 and tensor2.");
   check_castable(call, common, out);
   check_out(call, out, broadcast(call, self.sizes(), broadcast(call, t1.sizes(), t2.sizes())));
   Iter it = make_iter(out, {self, t1, t2});
@@ -497,8 +529,10 @@ void addc(Call& call) {
       call.fail(NPUB_ERR_UNSUPPORTED, "addcmul is not supported for bool tensors");
     } else {
       const T value = scalar_as<T>(call, 3);
-      if constexpr (kDiv) run_elementwise<T>(call, it, [value](T s, T a, T b) { return static_cast<T>(s + value * (a / b)); });
-      else run_elementwise<T>(call, it, [value](T s, T a, T b) { return static_cast<T>(s + value * a * b); });
+      if constexpr (kDiv)
+        run_elementwise<T>(call, it, [value](T s, T a, T b) { return static_cast<T>(s + value * (a / b)); });
+      else
+        run_elementwise<T>(call, it, [value](T s, T a, T b) { return static_cast<T>(s + value * a * b); });
     }
   });
 }
@@ -507,10 +541,11 @@ void addc(Call& call) {
 void lerp(Call& call) {
   TensorRef self = call.tensor(0), end = call.tensor(1), out = call.tensor(3);
   const DT d = dt_of(self.dtype());
-  if (!is_floating(d)) call.fail(NPUB_ERR_UNSUPPORTED, std::string("lerp expects floating tensors but found ") + dt_name(d));
+  if (!is_floating(d))
+    call.fail(NPUB_ERR_UNSUPPORTED, std::string("lerp expects floating tensors but found ") + dt_name(d));
   if (dt_of(end.dtype()) != d)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("expected dtype ") + dt_name(d) + " for `end` but got dtype " +
-                                             dt_name(dt_of(end.dtype())));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("expected dtype ") + dt_name(d) +
+                                             " for `end` but got dtype " + dt_name(dt_of(end.dtype())));
   check_out(call, out, broadcast(call, self.sizes(), end.sizes()));
   Iter it = make_iter(out, {self, end});
   visit_compute(d, [&](auto tag) {
@@ -527,33 +562,63 @@ void lerp(Call& call) {
 void register_binary(npub::sdk::Registrar& r) {
   const auto all = dtypes_all();
   const auto numeric = dtypes_numeric();
-  r.op("aten::add.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)", &add_sub_fast<false>).dtypes(all);
-  r.op("aten::sub.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)", &add_sub_fast<true>).dtypes(all);
+  r.op("aten::add.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)",
+       &add_sub_fast<false>)
+      .dtypes(all);
+  r.op("aten::sub.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)",
+       &add_sub_fast<true>)
+      .dtypes(all);
   r.op("aten::mul.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &mul).dtypes(all);
   r.op("aten::div.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &div).dtypes(all);
-  r.op("aten::div.out_mode(Tensor self, Tensor other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)", &div).dtypes(numeric);
-  r.op("aten::remainder.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &remainder).dtypes(numeric);
-  r.op("aten::pow.Tensor_Tensor_out(Tensor self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)", &pow_op).dtypes(numeric);
-  r.op("aten::pow.Tensor_Scalar_out(Tensor self, Scalar exponent, *, Tensor(a!) out) -> Tensor(a!)", &pow_op).dtypes(numeric);
-  r.op("aten::maximum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &max_min<true>).dtypes(all);
-  r.op("aten::minimum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &max_min<false>).dtypes(all);
+  r.op("aten::div.out_mode(Tensor self, Tensor other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)",
+       &div)
+      .dtypes(numeric);
+  r.op("aten::remainder.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &remainder)
+      .dtypes(numeric);
+  r.op("aten::pow.Tensor_Tensor_out(Tensor self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)", &pow_op)
+      .dtypes(numeric);
+  r.op("aten::pow.Tensor_Scalar_out(Tensor self, Scalar exponent, *, Tensor(a!) out) -> Tensor(a!)", &pow_op)
+      .dtypes(numeric);
+  r.op("aten::maximum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &max_min<true>)
+      .dtypes(all);
+  r.op("aten::minimum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &max_min<false>)
+      .dtypes(all);
   const char* cmp_names[] = {"eq", "ne", "lt", "le", "gt", "ge"};
   npub::sdk::KernelBody cmp_fns[] = {&compare<Cmp::eq>, &compare<Cmp::ne>, &compare<Cmp::lt>,
                                      &compare<Cmp::le>, &compare<Cmp::gt>, &compare<Cmp::ge>};
   for (int i = 0; i < 6; ++i) {
     const std::string n = std::string("aten::") + cmp_names[i];
-    r.op((n + ".Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)").c_str(), cmp_fns[i]).dtypes(all);
-    r.op((n + ".Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)").c_str(), cmp_fns[i]).dtypes(all);
+    r.op((n + ".Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)").c_str(), cmp_fns[i])
+        .dtypes(all);
+    r.op((n + ".Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)").c_str(), cmp_fns[i])
+        .dtypes(all);
   }
-  r.op("aten::logical_and.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &logical<true>).dtypes(all);
-  r.op("aten::logical_or.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &logical<false>).dtypes(all);
-  r.op("aten::where.self_out(Tensor condition, Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &where).dtypes({npub::sdk::kBool});
-  r.op("aten::masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor", &masked_fill<false>).dtypes(all);
-  r.op("aten::masked_fill_.Scalar(Tensor(a!) self, Tensor mask, Scalar value) -> Tensor(a!)", &masked_fill<true>).dtypes(all);
-  r.op("aten::clamp.out(Tensor self, Scalar? min=None, Scalar? max=None, *, Tensor(a!) out) -> Tensor(a!)", &clamp).dtypes(numeric);
-  r.op("aten::addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)", &addc<false>).dtypes(numeric);
-  r.op("aten::addcdiv.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> Tensor(a!)", &addc<true>).dtypes(dtypes_floating());
-  r.op("aten::lerp.Scalar_out(Tensor self, Tensor end, Scalar weight, *, Tensor(a!) out) -> Tensor(a!)", &lerp).dtypes(dtypes_floating());
+  r.op("aten::logical_and.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &logical<true>)
+      .dtypes(all);
+  r.op("aten::logical_or.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &logical<false>)
+      .dtypes(all);
+  r.op("aten::where.self_out(Tensor condition, Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)",
+       &where)
+      .dtypes({npub::sdk::kBool});
+  r.op("aten::masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor", &masked_fill<false>)
+      .dtypes(all);
+  r.op("aten::masked_fill_.Scalar(Tensor(a!) self, Tensor mask, Scalar value) -> Tensor(a!)",
+       &masked_fill<true>)
+      .dtypes(all);
+  r.op("aten::clamp.out(Tensor self, Scalar? min=None, Scalar? max=None, *, Tensor(a!) out) -> Tensor(a!)",
+       &clamp)
+      .dtypes(numeric);
+  r.op("aten::addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> "
+       "Tensor(a!)",
+       &addc<false>)
+      .dtypes(numeric);
+  r.op("aten::addcdiv.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> "
+       "Tensor(a!)",
+       &addc<true>)
+      .dtypes(dtypes_floating());
+  r.op("aten::lerp.Scalar_out(Tensor self, Tensor end, Scalar weight, *, Tensor(a!) out) -> Tensor(a!)",
+       &lerp)
+      .dtypes(dtypes_floating());
 }
 
 }  // namespace cann_like

@@ -13,14 +13,24 @@ DT promote(DT a, DT b) {
   // Rank within the lattice bool < u8/i8 < i16 < i32 < i64 < f16/bf16 < f32 < f64.
   auto rank = [](DT t) {
     switch (t) {
-      case DT::b8: return 0;
-      case DT::u8: case DT::i8: return 1;
-      case DT::i16: return 2;
-      case DT::i32: return 3;
-      case DT::i64: return 4;
-      case DT::f16: case DT::bf16: return 5;
-      case DT::f32: return 6;
-      default: return 7;
+      case DT::b8:
+        return 0;
+      case DT::u8:
+      case DT::i8:
+        return 1;
+      case DT::i16:
+        return 2;
+      case DT::i32:
+        return 3;
+      case DT::i64:
+        return 4;
+      case DT::f16:
+      case DT::bf16:
+        return 5;
+      case DT::f32:
+        return 6;
+      default:
+        return 7;
     }
   };
   if ((a == DT::u8 && b == DT::i8) || (a == DT::i8 && b == DT::u8)) return DT::i16;
@@ -32,30 +42,46 @@ DT from_scalar_type(int64_t c) {
   // c10::ScalarType: Byte 0, Char 1, Short 2, Int 3, Long 4, Half 5, Float 6,
   // Double 7, ..., Bool 11, BFloat16 15.
   switch (c) {
-    case 0: return DT::u8;
-    case 1: return DT::i8;
-    case 2: return DT::i16;
-    case 3: return DT::i32;
-    case 4: return DT::i64;
-    case 5: return DT::f16;
-    case 6: return DT::f32;
-    case 7: return DT::f64;
-    case 11: return DT::b8;
-    case 15: return DT::bf16;
-    default: return DT::unknown;
+    case 0:
+      return DT::u8;
+    case 1:
+      return DT::i8;
+    case 2:
+      return DT::i16;
+    case 3:
+      return DT::i32;
+    case 4:
+      return DT::i64;
+    case 5:
+      return DT::f16;
+    case 6:
+      return DT::f32;
+    case 7:
+      return DT::f64;
+    case 11:
+      return DT::b8;
+    case 15:
+      return DT::bf16;
+    default:
+      return DT::unknown;
   }
 }
 
 void ResultType::tensor(const TensorRef& t) {
   const DT d = dt_of(t.dtype());
-  if (t.dim() == 0) zero_ = combine(zero_, d);
-  else dim_ = combine(dim_, d);
+  if (t.dim() == 0)
+    zero_ = combine(zero_, d);
+  else
+    dim_ = combine(dim_, d);
 }
 
 void ResultType::scalar_value(const NpubValue& v) {
-  if (v.tag == NPUB_VALUE_DOUBLE) scalar_float();
-  else if (v.tag == NPUB_VALUE_BOOL) scalar_bool();
-  else scalar_int();
+  if (v.tag == NPUB_VALUE_DOUBLE)
+    scalar_float();
+  else if (v.tag == NPUB_VALUE_BOOL)
+    scalar_bool();
+  else
+    scalar_int();
 }
 
 DT ResultType::result() const {
@@ -98,9 +124,10 @@ Shape broadcast(const Call& call, const Shape& a, const Shape& b) {
 int64_t wrap_dim(const Call& call, int64_t dim, int64_t ndim, const char* arg) {
   const int64_t n = std::max<int64_t>(ndim, 1);
   if (dim < -n || dim >= n)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(arg) + ": dimension out of range (expected to be in range of [" +
-                                             std::to_string(-n) + ", " + std::to_string(n - 1) + "], but got " +
-                                             std::to_string(dim) + ")");
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(arg) +
+                                             ": dimension out of range (expected to be in range of [" +
+                                             std::to_string(-n) + ", " + std::to_string(n - 1) +
+                                             "], but got " + std::to_string(dim) + ")");
   return dim < 0 ? dim + n : dim;
 }
 
@@ -112,23 +139,29 @@ void check_out(const Call& call, const TensorRef& out, const Shape& shape, const
 
 int64_t pair_at(const std::vector<int64_t>& v, size_t i, const Call& call, const char* name) {
   if (v.size() == 1) return v[0];
-  if (v.size() != 2) call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + ": expected 1 or 2 values but found " + std::to_string(v.size()));
+  if (v.size() != 2)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string(name) + ": expected 1 or 2 values but found " + std::to_string(v.size()));
   return v[i];
 }
 
 DT dtype_arg(const Call& call, int32_t i, DT fallback) {
   if (call.is_none(i)) return fallback;
   const DT d = from_scalar_type(call.int_arg(i));
-  if (d == DT::unknown) call.fail(NPUB_ERR_UNSUPPORTED, "unsupported dtype argument " + std::to_string(call.int_arg(i)));
+  if (d == DT::unknown)
+    call.fail(NPUB_ERR_UNSUPPORTED, "unsupported dtype argument " + std::to_string(call.int_arg(i)));
   return d;
 }
 
 DimView dim_view(const TensorRef& t, int64_t dim) {
   DimView v;
   for (int32_t i = 0; i < t.dim(); ++i) {
-    if (i < dim) v.outer *= t.size(i);
-    else if (i == dim) v.size = t.size(i);
-    else v.inner *= t.size(i);
+    if (i < dim)
+      v.outer *= t.size(i);
+    else if (i == dim)
+      v.size = t.size(i);
+    else
+      v.inner *= t.size(i);
   }
   return v;
 }
@@ -172,7 +205,8 @@ std::vector<bool> reduce_mask(const Call& call, const std::vector<int64_t>& dims
     const int64_t w = wrap_dim(call, d, ndim);
     if (ndim == 0) continue;
     if (mask[static_cast<size_t>(w)])
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, "dim " + std::to_string(w) + " appears multiple times in the list of dims");
+      call.fail(NPUB_ERR_INVALID_ARGUMENT,
+                "dim " + std::to_string(w) + " appears multiple times in the list of dims");
     mask[static_cast<size_t>(w)] = true;
   }
   return mask;
@@ -181,14 +215,17 @@ std::vector<bool> reduce_mask(const Call& call, const std::vector<int64_t>& dims
 Shape reduced_shape(const Shape& in, const std::vector<bool>& mask, bool keepdim) {
   Shape out;
   for (size_t d = 0; d < in.size(); ++d) {
-    if (!mask[d]) out.push_back(in[d]);
-    else if (keepdim) out.push_back(1);
+    if (!mask[d])
+      out.push_back(in[d]);
+    else if (keepdim)
+      out.push_back(1);
   }
   return out;
 }
 
 namespace {
-std::vector<int64_t> enumerate_offsets(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+std::vector<int64_t> enumerate_offsets(const std::vector<int64_t>& sizes,
+                                       const std::vector<int64_t>& strides) {
   std::vector<int64_t> offs{0};
   for (size_t d = 0; d < sizes.size(); ++d) {
     std::vector<int64_t> next;
@@ -321,12 +358,13 @@ CANN_LIKE_ISA_BODY void bf16_binary_body(HalfBinaryOp op, float alpha, const uin
 
 }  // namespace
 
-CANN_LIKE_ISA_DISPATCH(void, half_block_to_float, to_float_body, (const char* src, DT dt, float* dst, int64_t n),
-                       (src, dt, dst, n))
-CANN_LIKE_ISA_DISPATCH(void, float_block_to_half, from_float_body, (const float* src, char* dst, DT dt, int64_t n),
-                       (src, dst, dt, n))
+CANN_LIKE_ISA_DISPATCH(void, half_block_to_float, to_float_body,
+                       (const char* src, DT dt, float* dst, int64_t n), (src, dt, dst, n))
+CANN_LIKE_ISA_DISPATCH(void, float_block_to_half, from_float_body,
+                       (const float* src, char* dst, DT dt, int64_t n), (src, dst, dt, n))
 CANN_LIKE_ISA_DISPATCH(void, bf16_binary_contiguous, bf16_binary_body,
-                       (HalfBinaryOp op, float alpha, const uint16_t* a, const uint16_t* b, uint16_t* o, int64_t n),
+                       (HalfBinaryOp op, float alpha, const uint16_t* a, const uint16_t* b, uint16_t* o,
+                        int64_t n),
                        (op, alpha, a, b, o, n))
 
 }  // namespace cann_like

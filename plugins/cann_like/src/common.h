@@ -47,34 +47,53 @@ inline DT dt_of(DLDataType t) {
 inline DLDataType to_dl(DT t) {
   using namespace npub::sdk;
   switch (t) {
-    case DT::f32: return kFloat32;
-    case DT::f64: return kFloat64;
-    case DT::f16: return kFloat16;
-    case DT::bf16: return kBFloat16;
-    case DT::i64: return kInt64;
-    case DT::i32: return kInt32;
-    case DT::i16: return kInt16;
-    case DT::i8: return kInt8;
-    case DT::u8: return kUInt8;
-    default: return kBool;
+    case DT::f32:
+      return kFloat32;
+    case DT::f64:
+      return kFloat64;
+    case DT::f16:
+      return kFloat16;
+    case DT::bf16:
+      return kBFloat16;
+    case DT::i64:
+      return kInt64;
+    case DT::i32:
+      return kInt32;
+    case DT::i16:
+      return kInt16;
+    case DT::i8:
+      return kInt8;
+    case DT::u8:
+      return kUInt8;
+    default:
+      return kBool;
   }
 }
 inline const char* dt_name(DT t) {
-  static const char* names[] = {"float32", "float64", "float16", "bfloat16", "int64", "int32",
+  static const char* names[] = {"float32", "float64", "float16", "bfloat16", "int64",  "int32",
                                 "int16",   "int8",    "uint8",   "bool",     "unknown"};
   return names[static_cast<int>(t)];
 }
 inline int64_t dt_size(DT t) {
   switch (t) {
-    case DT::f64: case DT::i64: return 8;
-    case DT::f32: case DT::i32: return 4;
-    case DT::f16: case DT::bf16: case DT::i16: return 2;
-    default: return 1;
+    case DT::f64:
+    case DT::i64:
+      return 8;
+    case DT::f32:
+    case DT::i32:
+      return 4;
+    case DT::f16:
+    case DT::bf16:
+    case DT::i16:
+      return 2;
+    default:
+      return 1;
   }
 }
 inline bool is_floating(DT t) { return t == DT::f32 || t == DT::f64 || t == DT::f16 || t == DT::bf16; }
 inline bool is_integral(DT t, bool include_bool) {
-  return t == DT::i64 || t == DT::i32 || t == DT::i16 || t == DT::i8 || t == DT::u8 || (include_bool && t == DT::b8);
+  return t == DT::i64 || t == DT::i32 || t == DT::i16 || t == DT::i8 || t == DT::u8 ||
+         (include_bool && t == DT::b8);
 }
 inline int category(DT t) { return t == DT::b8 ? 0 : is_floating(t) ? 2 : 1; }
 
@@ -114,68 +133,210 @@ class ResultType {
 
 template <typename T>
 inline T from_float(float v) {
-  if constexpr (std::is_same_v<T, bool>) return v != 0.0f;
-  else return static_cast<T>(v);
+  if constexpr (std::is_same_v<T, bool>)
+    return v != 0.0f;
+  else
+    return static_cast<T>(v);
 }
 
 template <typename T>
 inline T load(const char* p, DT dt) {
   switch (dt) {
-    case DT::f32: { float v; std::memcpy(&v, p, 4); if constexpr (std::is_same_v<T, bool>) return v != 0; else return static_cast<T>(v); }
-    case DT::f64: { double v; std::memcpy(&v, p, 8); if constexpr (std::is_same_v<T, bool>) return v != 0; else return static_cast<T>(v); }
-    case DT::f16: { uint16_t h; std::memcpy(&h, p, 2); return from_float<T>(npub::sdk::half_to_float(h)); }
-    case DT::bf16: { uint16_t h; std::memcpy(&h, p, 2); return from_float<T>(npub::sdk::bf16_to_float(h)); }
-    case DT::i64: { int64_t v; std::memcpy(&v, p, 8); if constexpr (std::is_same_v<T, bool>) return v != 0; else return static_cast<T>(v); }
-    case DT::i32: { int32_t v; std::memcpy(&v, p, 4); if constexpr (std::is_same_v<T, bool>) return v != 0; else return static_cast<T>(v); }
-    case DT::i16: { int16_t v; std::memcpy(&v, p, 2); if constexpr (std::is_same_v<T, bool>) return v != 0; else return static_cast<T>(v); }
-    case DT::i8: { int8_t v; std::memcpy(&v, p, 1); if constexpr (std::is_same_v<T, bool>) return v != 0; else return static_cast<T>(v); }
-    case DT::u8: { uint8_t v; std::memcpy(&v, p, 1); if constexpr (std::is_same_v<T, bool>) return v != 0; else return static_cast<T>(v); }
-    default: return static_cast<T>(*reinterpret_cast<const uint8_t*>(p) != 0);
+    case DT::f32: {
+      float v;
+      std::memcpy(&v, p, 4);
+      if constexpr (std::is_same_v<T, bool>)
+        return v != 0;
+      else
+        return static_cast<T>(v);
+    }
+    case DT::f64: {
+      double v;
+      std::memcpy(&v, p, 8);
+      if constexpr (std::is_same_v<T, bool>)
+        return v != 0;
+      else
+        return static_cast<T>(v);
+    }
+    case DT::f16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return from_float<T>(npub::sdk::half_to_float(h));
+    }
+    case DT::bf16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return from_float<T>(npub::sdk::bf16_to_float(h));
+    }
+    case DT::i64: {
+      int64_t v;
+      std::memcpy(&v, p, 8);
+      if constexpr (std::is_same_v<T, bool>)
+        return v != 0;
+      else
+        return static_cast<T>(v);
+    }
+    case DT::i32: {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      if constexpr (std::is_same_v<T, bool>)
+        return v != 0;
+      else
+        return static_cast<T>(v);
+    }
+    case DT::i16: {
+      int16_t v;
+      std::memcpy(&v, p, 2);
+      if constexpr (std::is_same_v<T, bool>)
+        return v != 0;
+      else
+        return static_cast<T>(v);
+    }
+    case DT::i8: {
+      int8_t v;
+      std::memcpy(&v, p, 1);
+      if constexpr (std::is_same_v<T, bool>)
+        return v != 0;
+      else
+        return static_cast<T>(v);
+    }
+    case DT::u8: {
+      uint8_t v;
+      std::memcpy(&v, p, 1);
+      if constexpr (std::is_same_v<T, bool>)
+        return v != 0;
+      else
+        return static_cast<T>(v);
+    }
+    default:
+      return static_cast<T>(*reinterpret_cast<const uint8_t*>(p) != 0);
   }
 }
 
 template <typename T>
 inline void store(char* p, DT dt, T v) {
   switch (dt) {
-    case DT::f32: { float x = static_cast<float>(v); std::memcpy(p, &x, 4); break; }
-    case DT::f64: { double x = static_cast<double>(v); std::memcpy(p, &x, 8); break; }
-    case DT::f16: { uint16_t h = npub::sdk::float_to_half(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-    case DT::bf16: { uint16_t h = npub::sdk::float_to_bf16(static_cast<float>(v)); std::memcpy(p, &h, 2); break; }
-    case DT::i64: { int64_t x = static_cast<int64_t>(v); std::memcpy(p, &x, 8); break; }
-    case DT::i32: { int32_t x = static_cast<int32_t>(v); std::memcpy(p, &x, 4); break; }
-    case DT::i16: { int16_t x = static_cast<int16_t>(v); std::memcpy(p, &x, 2); break; }
-    case DT::i8: { int8_t x = static_cast<int8_t>(v); std::memcpy(p, &x, 1); break; }
-    case DT::u8: { uint8_t x = static_cast<uint8_t>(v); std::memcpy(p, &x, 1); break; }
-    default: { uint8_t x = v != T(0) ? 1 : 0; std::memcpy(p, &x, 1); break; }
+    case DT::f32: {
+      float x = static_cast<float>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    case DT::f64: {
+      double x = static_cast<double>(v);
+      std::memcpy(p, &x, 8);
+      break;
+    }
+    case DT::f16: {
+      uint16_t h = npub::sdk::float_to_half(static_cast<float>(v));
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DT::bf16: {
+      uint16_t h = npub::sdk::float_to_bf16(static_cast<float>(v));
+      std::memcpy(p, &h, 2);
+      break;
+    }
+    case DT::i64: {
+      int64_t x = static_cast<int64_t>(v);
+      std::memcpy(p, &x, 8);
+      break;
+    }
+    case DT::i32: {
+      int32_t x = static_cast<int32_t>(v);
+      std::memcpy(p, &x, 4);
+      break;
+    }
+    case DT::i16: {
+      int16_t x = static_cast<int16_t>(v);
+      std::memcpy(p, &x, 2);
+      break;
+    }
+    case DT::i8: {
+      int8_t x = static_cast<int8_t>(v);
+      std::memcpy(p, &x, 1);
+      break;
+    }
+    case DT::u8: {
+      uint8_t x = static_cast<uint8_t>(v);
+      std::memcpy(p, &x, 1);
+      break;
+    }
+    default: {
+      uint8_t x = v != T(0) ? 1 : 0;
+      std::memcpy(p, &x, 1);
+      break;
+    }
   }
 }
 
 // The C++ type a dtype computes in (fp32 for the half types).
-template <DT D> struct ComputeOf;
-template <> struct ComputeOf<DT::f32> { using type = float; };
-template <> struct ComputeOf<DT::f64> { using type = double; };
-template <> struct ComputeOf<DT::f16> { using type = float; };
-template <> struct ComputeOf<DT::bf16> { using type = float; };
-template <> struct ComputeOf<DT::i64> { using type = int64_t; };
-template <> struct ComputeOf<DT::i32> { using type = int32_t; };
-template <> struct ComputeOf<DT::i16> { using type = int16_t; };
-template <> struct ComputeOf<DT::i8> { using type = int8_t; };
-template <> struct ComputeOf<DT::u8> { using type = uint8_t; };
-template <> struct ComputeOf<DT::b8> { using type = bool; };
+template <DT D>
+struct ComputeOf;
+template <>
+struct ComputeOf<DT::f32> {
+  using type = float;
+};
+template <>
+struct ComputeOf<DT::f64> {
+  using type = double;
+};
+template <>
+struct ComputeOf<DT::f16> {
+  using type = float;
+};
+template <>
+struct ComputeOf<DT::bf16> {
+  using type = float;
+};
+template <>
+struct ComputeOf<DT::i64> {
+  using type = int64_t;
+};
+template <>
+struct ComputeOf<DT::i32> {
+  using type = int32_t;
+};
+template <>
+struct ComputeOf<DT::i16> {
+  using type = int16_t;
+};
+template <>
+struct ComputeOf<DT::i8> {
+  using type = int8_t;
+};
+template <>
+struct ComputeOf<DT::u8> {
+  using type = uint8_t;
+};
+template <>
+struct ComputeOf<DT::b8> {
+  using type = bool;
+};
 
 // Calls f(T{}) with T the compute type of dt.
 template <typename F>
 inline void visit_compute(DT dt, F&& f) {
   switch (dt) {
-    case DT::f32: case DT::f16: case DT::bf16: return f(float{});
-    case DT::f64: return f(double{});
-    case DT::i64: return f(int64_t{});
-    case DT::i32: return f(int32_t{});
-    case DT::i16: return f(int16_t{});
-    case DT::i8: return f(int8_t{});
-    case DT::u8: return f(uint8_t{});
-    case DT::b8: return f(bool{});
-    default: throw npub::sdk::Error(NPUB_ERR_UNSUPPORTED, "unsupported dtype");
+    case DT::f32:
+    case DT::f16:
+    case DT::bf16:
+      return f(float{});
+    case DT::f64:
+      return f(double{});
+    case DT::i64:
+      return f(int64_t{});
+    case DT::i32:
+      return f(int32_t{});
+    case DT::i16:
+      return f(int16_t{});
+    case DT::i8:
+      return f(int8_t{});
+    case DT::u8:
+      return f(uint8_t{});
+    case DT::b8:
+      return f(bool{});
+    default:
+      throw npub::sdk::Error(NPUB_ERR_UNSUPPORTED, "unsupported dtype");
   }
 }
 
@@ -281,20 +442,22 @@ void for_each_row(const Call& call, const Iter& it, Row&& row) {
   const int64_t rows = n / inner;
   int64_t inner_stride[4];
   for (int i = 0; i < it.nops; ++i) inner_stride[i] = nd > 0 ? it.strides[i][static_cast<size_t>(nd - 1)] : 0;
-  call.parallel_for(0, rows, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(inner, 1)), [&](int64_t rb, int64_t re) {
-    for (int64_t r = rb; r < re; ++r) {
-      char* p[4];
-      for (int i = 0; i < it.nops; ++i) p[i] = it.data[i];
-      int64_t rem = r;
-      for (int d = nd - 2; d >= 0; --d) {
-        const int64_t size = it.shape[static_cast<size_t>(d)];
-        const int64_t idx = rem % size;
-        rem /= size;
-        for (int i = 0; i < it.nops; ++i) p[i] += idx * it.strides[i][static_cast<size_t>(d)];
-      }
-      row(p, inner_stride, inner);
-    }
-  });
+  call.parallel_for(0, rows, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(inner, 1)),
+                    [&](int64_t rb, int64_t re) {
+                      for (int64_t r = rb; r < re; ++r) {
+                        char* p[4];
+                        for (int i = 0; i < it.nops; ++i) p[i] = it.data[i];
+                        int64_t rem = r;
+                        for (int d = nd - 2; d >= 0; --d) {
+                          const int64_t size = it.shape[static_cast<size_t>(d)];
+                          const int64_t idx = rem % size;
+                          rem /= size;
+                          for (int i = 0; i < it.nops; ++i)
+                            p[i] += idx * it.strides[i][static_cast<size_t>(d)];
+                        }
+                        row(p, inner_stride, inner);
+                      }
+                    });
 }
 
 // ---------------------------------------------------------------------------
@@ -321,8 +484,8 @@ Plan make_plan(const TensorRef& t, const std::vector<bool>& mask);
 std::vector<int64_t> element_offsets(const TensorRef& t);
 
 // Registration helpers.
-std::vector<DLDataType> dtypes_all();            // every real dtype incl. bool
-std::vector<DLDataType> dtypes_numeric();        // all but bool
-std::vector<DLDataType> dtypes_floating();       // f32 f64 f16 bf16
+std::vector<DLDataType> dtypes_all();       // every real dtype incl. bool
+std::vector<DLDataType> dtypes_numeric();   // all but bool
+std::vector<DLDataType> dtypes_floating();  // f32 f64 f16 bf16
 
 }  // namespace cann_like

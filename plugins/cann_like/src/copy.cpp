@@ -14,12 +14,15 @@ void copy_into(const Call& call, const TensorRef& dst, const TensorRef& src) {
   const Shape b = broadcast(call, dst.sizes(), src.sizes());
   if (b != dst.sizes())
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "src of shape " + shape_str(src.sizes()) +
-                                             " cannot be broadcast to self of shape " + shape_str(dst.sizes()));
+                                             " cannot be broadcast to self of shape " +
+                                             shape_str(dst.sizes()));
   Iter it = make_iter(dst, {src});
   const DT sd = dt_of(src.dtype());
   if (it.contiguous() && it.dt[0] == sd) {  // a plain memory copy
     const int64_t es = dt_size(sd);
-    for_each_row(call, it, [&](char** p, const int64_t*, int64_t n) { std::memmove(p[0], p[1], static_cast<size_t>(n * es)); });
+    for_each_row(call, it, [&](char** p, const int64_t*, int64_t n) {
+      std::memmove(p[0], p[1], static_cast<size_t>(n * es));
+    });
     return;
   }
   // Convert through the source's compute type (exact for every pair but
@@ -39,12 +42,18 @@ bool fits(const NpubValue& v, DT d) {
   const double x = v.tag == NPUB_VALUE_DOUBLE ? v.u.d : static_cast<double>(v.u.i);
   if (std::isnan(x) || std::isinf(x)) return is_floating(d);
   switch (d) {
-    case DT::u8: return x > -1.0 && x < 256.0;
-    case DT::i8: return x > -129.0 && x < 128.0;
-    case DT::i16: return x > -32769.0 && x < 32768.0;
-    case DT::i32: return x > -2147483649.0 && x < 2147483648.0;
-    case DT::f16: return std::fabs(x) <= 65504.0;
-    default: return true;
+    case DT::u8:
+      return x > -1.0 && x < 256.0;
+    case DT::i8:
+      return x > -129.0 && x < 128.0;
+    case DT::i16:
+      return x > -32769.0 && x < 32768.0;
+    case DT::i32:
+      return x > -2147483649.0 && x < 2147483648.0;
+    case DT::f16:
+      return std::fabs(x) <= 65504.0;
+    default:
+      return true;
   }
 }
 
@@ -52,8 +61,8 @@ bool fits(const NpubValue& v, DT d) {
 void fill_(Call& call) {
   TensorRef self = call.tensor(0);
   if (!fits(call.arg(1), dt_of(self.dtype())))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("value cannot be converted to type ") + dt_name(dt_of(self.dtype())) +
-                                             " without overflow");
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("value cannot be converted to type ") +
+                                             dt_name(dt_of(self.dtype())) + " without overflow");
   ScalarTensor v(call.arg(1));
   copy_into(call, self, v.ref());
 }
@@ -85,14 +94,16 @@ void arange(Call& call) {
   const DT d = dt_of(out.dtype());
   if (d == DT::b8) call.fail(NPUB_ERR_INVALID_ARGUMENT, "out: arange is not implemented for bool");
   const bool integral = !is_floating(d);
-  const bool int_scalars = call.arg(0).tag == NPUB_VALUE_INT && call.arg(1).tag == NPUB_VALUE_INT && call.arg(2).tag == NPUB_VALUE_INT;
+  const bool int_scalars = call.arg(0).tag == NPUB_VALUE_INT && call.arg(1).tag == NPUB_VALUE_INT &&
+                           call.arg(2).tag == NPUB_VALUE_INT;
   // ATen truncates floating bounds to the integral dtype before sizing;
   // rather than mirror every corner of that, hand such calls to the host.
   if (integral && !int_scalars) call.fail(NPUB_ERR_UNSUPPORTED, "floating bounds with an integral out");
   auto value = [&](int32_t i) { return call.scalar_arg(i); };
   const double start = value(0), end = value(1), step = value(2);
   if (!std::isfinite(start) || !std::isfinite(end))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "unsupported range: " + std::to_string(start) + " -> " + std::to_string(end));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "unsupported range: " + std::to_string(start) + " -> " + std::to_string(end));
   if (step == 0) call.fail(NPUB_ERR_INVALID_ARGUMENT, "step must be nonzero");
   if (!((step > 0 && end >= start) || (step < 0 && end <= start)))
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "upper bound and larger bound inconsistent with step sign");
@@ -108,13 +119,15 @@ void arange(Call& call) {
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "invalid size, possible overflow?");
   const int64_t size = static_cast<int64_t>(size_d);
   if (out.numel() != size)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "out: expected " + std::to_string(size) + " elements but found " + std::to_string(out.numel()));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "out: expected " + std::to_string(size) + " elements but found " + std::to_string(out.numel()));
   visit_compute(d, [&](auto tag) {
     using T = decltype(tag);
     char* p = out.data<char>();
     const int64_t es = dt_size(d);
     call.parallel_for(0, size, 1 << 14, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) store<T>(p + i * es, d, static_cast<T>(start + step * static_cast<double>(i)));
+      for (int64_t i = b; i < e; ++i)
+        store<T>(p + i * es, d, static_cast<T>(start + step * static_cast<double>(i)));
     });
   });
 }
@@ -127,7 +140,10 @@ void register_copy(npub::sdk::Registrar& r) {
   r.op("aten::fill_.Scalar(Tensor(a!) self, Scalar value) -> Tensor(a!)", &fill_).dtypes(all);
   r.op("aten::zero_(Tensor(a!) self) -> Tensor(a!)", &zero_).dtypes(all);
   r.op("aten::clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", &clone).dtypes(all);
-  r.op("aten::arange.start_out(Scalar start, Scalar end, Scalar step=1, *, Tensor(a!) out) -> Tensor(a!)", &arange).dtypes(dtypes_numeric()).contiguous_only();
+  r.op("aten::arange.start_out(Scalar start, Scalar end, Scalar step=1, *, Tensor(a!) out) -> Tensor(a!)",
+       &arange)
+      .dtypes(dtypes_numeric())
+      .contiguous_only();
 }
 
 }  // namespace cann_like

@@ -37,14 +37,22 @@ struct ScalarTensor {
 
 template <typename T>
 constexpr DT dt_for() {
-  if constexpr (std::is_same_v<T, float>) return DT::f32;
-  else if constexpr (std::is_same_v<T, double>) return DT::f64;
-  else if constexpr (std::is_same_v<T, int64_t>) return DT::i64;
-  else if constexpr (std::is_same_v<T, int32_t>) return DT::i32;
-  else if constexpr (std::is_same_v<T, int16_t>) return DT::i16;
-  else if constexpr (std::is_same_v<T, int8_t>) return DT::i8;
-  else if constexpr (std::is_same_v<T, uint8_t>) return DT::u8;
-  else return DT::b8;
+  if constexpr (std::is_same_v<T, float>)
+    return DT::f32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DT::f64;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return DT::i64;
+  else if constexpr (std::is_same_v<T, int32_t>)
+    return DT::i32;
+  else if constexpr (std::is_same_v<T, int16_t>)
+    return DT::i16;
+  else if constexpr (std::is_same_v<T, int8_t>)
+    return DT::i8;
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    return DT::u8;
+  else
+    return DT::b8;
 }
 
 // Block conversions between a half type and float32 (vectorisable loops;
@@ -69,9 +77,12 @@ void run_elementwise(const Call& call, const Iter& it, Fn fn) {
   if (it.nops - 1 != K) call.fail(NPUB_ERR_INTERNAL, "elementwise arity mismatch");
   constexpr DT kT = dt_for<T>();
   auto apply = [&fn](const T* v) {
-    if constexpr (K == 1) return fn(v[0]);
-    else if constexpr (K == 2) return fn(v[0], v[1]);
-    else return fn(v[0], v[1], v[2]);
+    if constexpr (K == 1)
+      return fn(v[0]);
+    else if constexpr (K == 2)
+      return fn(v[0], v[1]);
+    else
+      return fn(v[0], v[1], v[2]);
   };
   using R = decltype(apply(static_cast<const T*>(nullptr)));
   constexpr DT kR = dt_for<R>();

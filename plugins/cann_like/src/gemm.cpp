@@ -49,9 +49,12 @@ namespace {
 
 dnnl::memory::data_type dnnl_type(GemmType t) {
   switch (t) {
-    case GemmType::bf16: return dnnl::memory::data_type::bf16;
-    case GemmType::f16: return dnnl::memory::data_type::f16;
-    default: return dnnl::memory::data_type::f32;
+    case GemmType::bf16:
+      return dnnl::memory::data_type::bf16;
+    case GemmType::f16:
+      return dnnl::memory::data_type::f16;
+    default:
+      return dnnl::memory::data_type::f32;
   }
 }
 
@@ -116,9 +119,9 @@ struct PrimitiveKey {
   int64_t m, n, k, lda, ldb, ldc;
   float alpha, beta;
   bool operator==(const PrimitiveKey& o) const {
-    return type == o.type && trans_a == o.trans_a && trans_b == o.trans_b && m == o.m && n == o.n && k == o.k &&
-           lda == o.lda && ldb == o.ldb && ldc == o.ldc && std::memcmp(&alpha, &o.alpha, 4) == 0 &&
-           std::memcmp(&beta, &o.beta, 4) == 0;
+    return type == o.type && trans_a == o.trans_a && trans_b == o.trans_b && m == o.m && n == o.n &&
+           k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc &&
+           std::memcmp(&alpha, &o.alpha, 4) == 0 && std::memcmp(&beta, &o.beta, 4) == 0;
   }
 };
 
@@ -168,11 +171,12 @@ bool gemm_jit_interposed() {
     void* own_library = dlopen("libdnnl.so.2", RTLD_LAZY | RTLD_NOLOAD);
     if (own_library == nullptr) return false;
     bool found = false;
-    for (const char* name :
-         {"_ZZNSt9once_flag18_Prepare_executionC4IZSt9call_onceIZN4dnnl4impl3cpu3x6411gemm_info_tIfffE8jit_initEvEUlvE_JEEvRS_"
-          "OT_DpOT0_EUlvE_EERSB_ENUlvE_4_FUNEv",
-          "_ZZNSt9once_flag18_Prepare_executionC4IZSt9call_onceIZN4dnnl4impl3cpu3x6411gemm_info_tINS4_10bfloat16_tES8_fE8jit_"
-          "initEvEUlvE_JEEvRS_OT_DpOT0_EUlvE_EERSC_ENUlvE_4_FUNEv"}) {
+    for (const char* name : {"_ZZNSt9once_flag18_Prepare_executionC4IZSt9call_"
+                             "onceIZN4dnnl4impl3cpu3x6411gemm_info_tIfffE8jit_initEvEUlvE_JEEvRS_"
+                             "OT_DpOT0_EUlvE_EERSB_ENUlvE_4_FUNEv",
+                             "_ZZNSt9once_flag18_Prepare_executionC4IZSt9call_"
+                             "onceIZN4dnnl4impl3cpu3x6411gemm_info_tINS4_10bfloat16_tES8_fE8jit_"
+                             "initEvEUlvE_JEEvRS_OT_DpOT0_EUlvE_EERSC_ENUlvE_4_FUNEv"}) {
       void* own = dlsym(own_library, name);
       void* bound = dlsym(RTLD_DEFAULT, name);  // the scope libdnnl's relocations search: global first
       if (own != nullptr && bound != nullptr && own != bound) found = true;
@@ -207,7 +211,8 @@ dnnl::matmul::primitive_desc make_matmul_desc(const PrimitiveKey& key) {
   dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
   if (gemm_jit_interposed())
     while (std::string(pd.impl_info_str()).find("gemm") != std::string::npos)
-      if (!pd.next_impl()) throw dnnl::error(dnnl_unimplemented, "only gemm:jit implementations, which cannot run here");
+      if (!pd.next_impl())
+        throw dnnl::error(dnnl_unimplemented, "only gemm:jit implementations, which cannot run here");
   return pd;
 }
 
@@ -302,7 +307,9 @@ class ThreadState {
       constexpr size_t kAlign = 64;
       const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
       scratchpad_.reset(static_cast<char*>(std::aligned_alloc(kAlign, rounded)));
-      if (!scratchpad_) throw npub::sdk::Error(NPUB_ERR_OUT_OF_MEMORY, "GEMM scratchpad of " + std::to_string(rounded) + " bytes");
+      if (!scratchpad_)
+        throw npub::sdk::Error(NPUB_ERR_OUT_OF_MEMORY,
+                               "GEMM scratchpad of " + std::to_string(rounded) + " bytes");
       scratchpad_bytes_ = rounded;
     }
     return scratchpad_.get();
@@ -376,7 +383,8 @@ void gemm_on_this_thread(const GemmArgs& g) {
     return;
   }
   if (g.type != GemmType::f32)
-    throw npub::sdk::Error(NPUB_ERR_INTERNAL, "gemm_on_this_thread: half types need oneDNN (gemm_supports() is false)");
+    throw npub::sdk::Error(NPUB_ERR_INTERNAL,
+                           "gemm_on_this_thread: half types need oneDNN (gemm_supports() is false)");
   gemm_blocked<float>(g.trans_a, g.trans_b, g.m, g.n, g.k, g.alpha, static_cast<const float*>(g.a), g.lda,
                       static_cast<const float*>(g.b), g.ldb, g.beta, static_cast<float*>(g.c), g.ldc);
 }

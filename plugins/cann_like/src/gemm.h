@@ -64,8 +64,8 @@ const char* gemm_implementation(GemmType type);
 // applied in double and rounded to T, as the integer products need): the
 // path of float64 and integer dtypes, and of float32 without oneDNN.
 template <typename T>
-void gemm_blocked(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const T* a, int64_t lda,
-                  const T* b, int64_t ldb, double beta, T* c, int64_t ldc) {
+void gemm_blocked(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const T* a,
+                  int64_t lda, const T* b, int64_t ldb, double beta, T* c, int64_t ldc) {
   constexpr int64_t kBlockK = 256;
   for (int64_t i = 0; i < m; ++i) {
     T* ci = c + i * ldc;

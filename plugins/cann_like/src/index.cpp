@@ -21,41 +21,48 @@ int64_t idx_at(const TensorRef& idx, int64_t i) {
 void require_index(const Call& call, const TensorRef& idx, const char* name) {
   const DT d = dt_of(idx.dtype());
   if (d != DT::i64 && d != DT::i32)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + "(): Expected dtype int32/int64 for index but found " + dt_name(d));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string(name) + "(): Expected dtype int32/int64 for index but found " + dt_name(d));
 }
 
 // aten::index_select.out(self, dim, index, *, out)
 void index_select(Call& call) {
   TensorRef self = call.tensor(0), index = call.tensor(2), out = call.tensor(3);
   require_index(call, index, "index_select");
-  if (index.dim() > 1) call.fail(NPUB_ERR_INVALID_ARGUMENT, "index_select(): Index is supposed to be a vector");
+  if (index.dim() > 1)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "index_select(): Index is supposed to be a vector");
   const int64_t dim = wrap_dim(call, call.int_arg(1), self.dim());
   const int64_t n = index.numel();
   Shape shape = self.sizes();
   if (self.dim() > 0) shape[static_cast<size_t>(dim)] = n;
   check_out(call, out, shape);
-  if (dt_of(out.dtype()) != dt_of(self.dtype())) call.fail(NPUB_ERR_INVALID_ARGUMENT, "index_select(): self and out must have the same dtype");
+  if (dt_of(out.dtype()) != dt_of(self.dtype()))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "index_select(): self and out must have the same dtype");
   const DimView v = dim_view(self, dim);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t k = idx_at(index, i);
     if (k < 0 || k >= v.size)
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, "index_select(): index " + std::to_string(k) + " out of range for dimension " +
-                                               std::to_string(dim) + " of size " + std::to_string(v.size));
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, "index_select(): index " + std::to_string(k) +
+                                               " out of range for dimension " + std::to_string(dim) +
+                                               " of size " + std::to_string(v.size));
   }
   const int64_t es = dt_size(dt_of(self.dtype()));
-  call.parallel_for(0, v.outer * n, std::max<int64_t>(1, 16384 / std::max<int64_t>(v.inner, 1)), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const int64_t o = r / n, i = r % n;
-      std::memcpy(out.data<char>() + (o * n + i) * v.inner * es,
-                  self.data<char>() + (o * v.size + idx_at(index, i)) * v.inner * es, static_cast<size_t>(v.inner * es));
-    }
-  });
+  call.parallel_for(0, v.outer * n, std::max<int64_t>(1, 16384 / std::max<int64_t>(v.inner, 1)),
+                    [&](int64_t b, int64_t e) {
+                      for (int64_t r = b; r < e; ++r) {
+                        const int64_t o = r / n, i = r % n;
+                        std::memcpy(out.data<char>() + (o * n + i) * v.inner * es,
+                                    self.data<char>() + (o * v.size + idx_at(index, i)) * v.inner * es,
+                                    static_cast<size_t>(v.inner * es));
+                      }
+                    });
 }
 
 // Walks every element of `index` (contiguous) with its coordinate along
 // `dim` replaced by the index value: f(index_pos, target_offset_elements).
 template <typename F>
-void for_each_index(const Call& call, const TensorRef& index, const TensorRef& target, int64_t dim, const char* op, F&& f) {
+void for_each_index(const Call& call, const TensorRef& index, const TensorRef& target, int64_t dim,
+                    const char* op, F&& f) {
   const int32_t nd = index.dim();
   if (index.numel() == 0) return;
   if (target.dim() == 0 || nd == 0) {  // 0-d: a single element, index must be 0
@@ -64,28 +71,31 @@ void for_each_index(const Call& call, const TensorRef& index, const TensorRef& t
       const int64_t bound = target.dim() == 0 ? 1 : target.size(static_cast<int32_t>(dim));
       if (k < 0 || k >= bound)
         call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(op) + "(): index " + std::to_string(k) +
-                                                 " is out of bounds for dimension " + std::to_string(dim) + " with size " +
-                                                 std::to_string(bound));
+                                                 " is out of bounds for dimension " + std::to_string(dim) +
+                                                 " with size " + std::to_string(bound));
       f(i, target.dim() == 0 ? 0 : k * target.stride(static_cast<int32_t>(dim)));
     }
     return;
   }
   if (nd != target.dim() && !(nd <= 1 && target.dim() <= 1))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("Index tensor must have the same number of dimensions as ") +
-                                             (std::string(op) == "gather" ? "input" : "self") + " tensor");
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string("Index tensor must have the same number of dimensions as ") +
+                  (std::string(op) == "gather" ? "input" : "self") + " tensor");
   for (int32_t d = 0; d < nd; ++d)
     if (d != dim && index.size(d) > target.size(d))
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("Size does not match at dimension ") + std::to_string(d) +
-                                               " expected index " + shape_str(index.sizes()) + " to be smaller than self " +
-                                               shape_str(target.sizes()) + " apart from dimension " + std::to_string(dim));
+      call.fail(NPUB_ERR_INVALID_ARGUMENT,
+                std::string("Size does not match at dimension ") + std::to_string(d) + " expected index " +
+                    shape_str(index.sizes()) + " to be smaller than self " + shape_str(target.sizes()) +
+                    " apart from dimension " + std::to_string(dim));
   const int64_t n = index.numel();
   const int64_t bound = target.dim() == 0 ? 1 : target.size(static_cast<int32_t>(dim));
   for (int64_t i = 0; i < n; ++i) {
     int64_t rem = i, off = 0;
     int64_t k = idx_at(index, i);
     if (k < 0 || k >= bound)
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(op) + "(): index " + std::to_string(k) + " is out of bounds for dimension " +
-                                               std::to_string(dim) + " with size " + std::to_string(bound));
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(op) + "(): index " + std::to_string(k) +
+                                               " is out of bounds for dimension " + std::to_string(dim) +
+                                               " with size " + std::to_string(bound));
     for (int32_t d = nd - 1; d >= 0; --d) {
       const int64_t c = rem % index.size(d);
       rem /= index.size(d);
@@ -115,11 +125,13 @@ void scatter(Call& call) {
   if (index.numel() > 0) require_index(call, index, kAdd ? "scatter_add" : "scatter");
   const int64_t dim = wrap_dim(call, call.int_arg(1), self.dim());
   if (dt_of(src.dtype()) != dt_of(self.dtype()))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("scatter(): Expected self.dtype to be equal to src.dtype"));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string("scatter(): Expected self.dtype to be equal to src.dtype"));
   for (int32_t d = 0; d < index.dim(); ++d)
     if (index.size(d) > src.size(d))
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, "Size does not match at dimension " + std::to_string(d) + " expected index " +
-                                               shape_str(index.sizes()) + " to be smaller than src " + shape_str(src.sizes()));
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, "Size does not match at dimension " + std::to_string(d) +
+                                               " expected index " + shape_str(index.sizes()) +
+                                               " to be smaller than src " + shape_str(src.sizes()));
   check_out(call, out, self.sizes());
   const DT d = dt_of(self.dtype());
   const int64_t es = dt_size(d);
@@ -140,7 +152,8 @@ void scatter(Call& call) {
   std::vector<float> acc;
   if (widen) {
     acc.resize(static_cast<size_t>(out.numel()));
-    for (int64_t i = 0; i < out.numel(); ++i) acc[static_cast<size_t>(i)] = load<float>(out.data<char>() + i * es, d);
+    for (int64_t i = 0; i < out.numel(); ++i)
+      acc[static_cast<size_t>(i)] = load<float>(out.data<char>() + i * es, d);
   }
   for_each_index(call, index, out, dim, kAdd ? "scatter_add" : "scatter", [&](int64_t i, int64_t off) {
     char* dst = out.data<char>() + off * es;
@@ -150,15 +163,18 @@ void scatter(Call& call) {
     } else if (kAdd) {
       visit_compute(d, [&](auto tag) {
         using T = decltype(tag);
-        if constexpr (std::is_same_v<T, bool>) store<bool>(dst, d, load<bool>(dst, d) || load<bool>(s, d));
-        else store<T>(dst, d, static_cast<T>(load<T>(dst, d) + load<T>(s, d)));
+        if constexpr (std::is_same_v<T, bool>)
+          store<bool>(dst, d, load<bool>(dst, d) || load<bool>(s, d));
+        else
+          store<T>(dst, d, static_cast<T>(load<T>(dst, d) + load<T>(s, d)));
       });
     } else {
       std::memcpy(dst, s, static_cast<size_t>(es));
     }
   });
   if (widen)
-    for (int64_t i = 0; i < out.numel(); ++i) store<float>(out.data<char>() + i * es, d, acc[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < out.numel(); ++i)
+      store<float>(out.data<char>() + i * es, d, acc[static_cast<size_t>(i)]);
 }
 
 // aten::cat.out(Tensor[] tensors, int dim=0, *, out)
@@ -176,20 +192,23 @@ void cat(Call& call) {
   }
   const TensorRef& ref = parts.front();
   const int64_t dim = wrap_dim(call, call.int_arg(1), ref.dim());
-  if (ref.dim() == 0) call.fail(NPUB_ERR_INVALID_ARGUMENT, "zero-dimensional tensor (at position 0) cannot be concatenated");
+  if (ref.dim() == 0)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "zero-dimensional tensor (at position 0) cannot be concatenated");
   Shape shape = ref.sizes();
   shape[static_cast<size_t>(dim)] = 0;
   const DT d = dt_of(out.dtype());
   for (size_t p = 0; p < parts.size(); ++p) {
     const TensorRef& t = parts[p];
     if (t.dim() != ref.dim())
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, "Tensors must have same number of dimensions: got " + std::to_string(ref.dim()) +
-                                               " and " + std::to_string(t.dim()));
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, "Tensors must have same number of dimensions: got " +
+                                               std::to_string(ref.dim()) + " and " + std::to_string(t.dim()));
     for (int32_t i = 0; i < t.dim(); ++i)
       if (i != dim && t.size(i) != ref.size(i))
-        call.fail(NPUB_ERR_INVALID_ARGUMENT, "Sizes of tensors must match except in dimension " + std::to_string(dim) +
-                                                 ". Expected size " + std::to_string(ref.size(i)) + " but got size " +
-                                                 std::to_string(t.size(i)) + " for tensor number " + std::to_string(p) + " in the list.");
+        call.fail(NPUB_ERR_INVALID_ARGUMENT, "Sizes of tensors must match except in dimension " +
+                                                 std::to_string(dim) + ". Expected size " +
+                                                 std::to_string(ref.size(i)) + " but got size " +
+                                                 std::to_string(t.size(i)) + " for tensor number " +
+                                                 std::to_string(p) + " in the list.");
     shape[static_cast<size_t>(dim)] += t.size(static_cast<int32_t>(dim));
   }
   check_out(call, out, shape);
@@ -245,11 +264,12 @@ void nonzero(Call& call) {
 // indexed dims are adjacent the broadcast shape replaces them in place,
 // otherwise it comes first.
 struct AdvancedIndex {
-  Shape result;                       // shape of self[indices]
-  std::vector<int64_t> src_offsets;   // per result element: element offset into self
+  Shape result;                      // shape of self[indices]
+  std::vector<int64_t> src_offsets;  // per result element: element offset into self
 };
 
-AdvancedIndex plan_advanced_index(const Call& call, const TensorRef& self, const std::vector<TensorRef>& raw) {
+AdvancedIndex plan_advanced_index(const Call& call, const TensorRef& self,
+                                  const std::vector<TensorRef>& raw) {
   const int32_t nd = self.dim();
   // 1. One (possibly empty) long index per self dim, masks expanded.
   std::vector<std::vector<int64_t>> idx_values;  // per indexed dim
@@ -263,12 +283,15 @@ AdvancedIndex plan_advanced_index(const Call& call, const TensorRef& self, const
     }
     const DT d = dt_of(t.dtype());
     if (d == DT::b8 || d == DT::u8) {
-      if (dim + t.dim() > nd) call.fail(NPUB_ERR_INVALID_ARGUMENT, "too many indices for tensor of dimension " + std::to_string(nd));
+      if (dim + t.dim() > nd)
+        call.fail(NPUB_ERR_INVALID_ARGUMENT,
+                  "too many indices for tensor of dimension " + std::to_string(nd));
       for (int32_t k = 0; k < t.dim(); ++k)
         if (t.size(k) != self.size(dim + k))
-          call.fail(NPUB_ERR_INVALID_ARGUMENT, "The shape of the mask " + shape_str(t.sizes()) + " at index " + std::to_string(k) +
-                                                   " does not match the shape of the indexed tensor " + shape_str(self.sizes()) +
-                                                   " at index " + std::to_string(dim + k));
+          call.fail(NPUB_ERR_INVALID_ARGUMENT,
+                    "The shape of the mask " + shape_str(t.sizes()) + " at index " + std::to_string(k) +
+                        " does not match the shape of the indexed tensor " + shape_str(self.sizes()) +
+                        " at index " + std::to_string(dim + k));
       std::vector<std::vector<int64_t>> cols(static_cast<size_t>(t.dim()));
       for (int64_t i = 0; i < t.numel(); ++i) {
         if (!load<bool>(t.data<char>() + i * dt_size(d), d)) continue;
@@ -288,14 +311,18 @@ AdvancedIndex plan_advanced_index(const Call& call, const TensorRef& self, const
       continue;
     }
     if (d != DT::i64 && d != DT::i32)
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("tensors used as indices must be long, int, byte or bool tensors, but found ") + dt_name(d));
-    if (dim >= nd) call.fail(NPUB_ERR_INVALID_ARGUMENT, "too many indices for tensor of dimension " + std::to_string(nd));
+      call.fail(NPUB_ERR_INVALID_ARGUMENT,
+                std::string("tensors used as indices must be long, int, byte or bool tensors, but found ") +
+                    dt_name(d));
+    if (dim >= nd)
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, "too many indices for tensor of dimension " + std::to_string(nd));
     std::vector<int64_t> v(static_cast<size_t>(t.numel()));
     for (int64_t i = 0; i < t.numel(); ++i) {
       int64_t k = load<int64_t>(t.data<char>() + i * dt_size(d), d);
       const int64_t size = self.size(dim);
       if (k < -size || k >= size)
-        call.fail(NPUB_ERR_INVALID_ARGUMENT, "index " + std::to_string(k) + " is out of bounds for dimension " + std::to_string(dim) +
+        call.fail(NPUB_ERR_INVALID_ARGUMENT, "index " + std::to_string(k) +
+                                                 " is out of bounds for dimension " + std::to_string(dim) +
                                                  " with size " + std::to_string(size));
       v[static_cast<size_t>(i)] = k < 0 ? k + size : k;
     }
@@ -304,7 +331,8 @@ AdvancedIndex plan_advanced_index(const Call& call, const TensorRef& self, const
     idx_dims.push_back(dim);
     ++dim;
   }
-  if (idx_dims.empty()) call.fail(NPUB_ERR_INVALID_ARGUMENT, "index: at least one index tensor must be defined");
+  if (idx_dims.empty())
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "index: at least one index tensor must be defined");
   // 2. Broadcast the index shapes.
   Shape b = idx_shapes[0];
   for (size_t i = 1; i < idx_shapes.size(); ++i) b = broadcast(call, b, idx_shapes[i]);
@@ -344,8 +372,10 @@ AdvancedIndex plan_advanced_index(const Call& call, const TensorRef& self, const
     }
     int64_t off = 0;
     for (size_t k = 0; k < layout.size(); ++k) {
-      if (layout[k] >= 0) off += coord[k] * self.stride(layout[k]);
-      else bcoord[static_cast<size_t>(-1 - layout[k])] = coord[k];
+      if (layout[k] >= 0)
+        off += coord[k] * self.stride(layout[k]);
+      else
+        bcoord[static_cast<size_t>(-1 - layout[k])] = coord[k];
     }
     for (size_t i = 0; i < idx_dims.size(); ++i) {
       // Flat position in index tensor i, broadcast from bcoord.
@@ -367,10 +397,12 @@ void index_tensor(Call& call) {
   TensorRef self = call.tensor(0), out = call.tensor(2);
   const AdvancedIndex plan = plan_advanced_index(call, self, call.tensor_list(1));
   check_out(call, out, plan.result);
-  if (dt_of(out.dtype()) != dt_of(self.dtype())) call.fail(NPUB_ERR_INVALID_ARGUMENT, "index: out must have the dtype of self");
+  if (dt_of(out.dtype()) != dt_of(self.dtype()))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "index: out must have the dtype of self");
   const int64_t es = dt_size(dt_of(self.dtype()));
   for (size_t e = 0; e < plan.src_offsets.size(); ++e)
-    std::memcpy(out.data<char>() + static_cast<int64_t>(e) * es, self.data<char>() + plan.src_offsets[e] * es, static_cast<size_t>(es));
+    std::memcpy(out.data<char>() + static_cast<int64_t>(e) * es, self.data<char>() + plan.src_offsets[e] * es,
+                static_cast<size_t>(es));
 }
 
 // aten::index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False)
@@ -380,11 +412,14 @@ void index_put(Call& call) {
   const AdvancedIndex plan = plan_advanced_index(call, self, call.tensor_list(1));
   const Shape vb = broadcast(call, values.sizes(), plan.result);
   if (vb != plan.result)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "shape mismatch: value tensor of shape " + shape_str(values.sizes()) +
-                                             " cannot be broadcast to indexing result of shape " + shape_str(plan.result));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "shape mismatch: value tensor of shape " + shape_str(values.sizes()) +
+                  " cannot be broadcast to indexing result of shape " + shape_str(plan.result));
   const DT d = dt_of(self.dtype()), vd = dt_of(values.dtype());
-  if (d != vd) call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("Index put requires the source and destination dtypes match, got ") +
-                                                        dt_name(d) + " for the destination and " + dt_name(vd) + " for the source.");
+  if (d != vd)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string("Index put requires the source and destination dtypes match, got ") + dt_name(d) +
+                  " for the destination and " + dt_name(vd) + " for the source.");
   const int64_t es = dt_size(d);
   for (size_t e = 0; e < plan.src_offsets.size(); ++e) {
     // values element for result position e (broadcast).
@@ -392,16 +427,20 @@ void index_put(Call& call) {
     for (size_t k = plan.result.size(); k-- > 0;) {
       const int64_t c = rem % plan.result[k];
       rem /= plan.result[k];
-      const int64_t vk = static_cast<int64_t>(k) - static_cast<int64_t>(plan.result.size() - static_cast<size_t>(values.dim()));
-      if (vk >= 0 && values.size(static_cast<int32_t>(vk)) != 1) voff += c * values.stride(static_cast<int32_t>(vk));
+      const int64_t vk = static_cast<int64_t>(k) -
+                         static_cast<int64_t>(plan.result.size() - static_cast<size_t>(values.dim()));
+      if (vk >= 0 && values.size(static_cast<int32_t>(vk)) != 1)
+        voff += c * values.stride(static_cast<int32_t>(vk));
     }
     char* dst = self.data<char>() + plan.src_offsets[e] * es;
     const char* src = values.data<char>() + voff * es;
     if (accumulate) {
       visit_compute(d, [&](auto tag) {
         using T = decltype(tag);
-        if constexpr (std::is_same_v<T, bool>) store<bool>(dst, d, load<bool>(dst, d) || load<bool>(src, d));
-        else store<T>(dst, d, static_cast<T>(load<T>(dst, d) + load<T>(src, d)));
+        if constexpr (std::is_same_v<T, bool>)
+          store<bool>(dst, d, load<bool>(dst, d) || load<bool>(src, d));
+        else
+          store<T>(dst, d, static_cast<T>(load<T>(dst, d) + load<T>(src, d)));
       });
     } else {
       std::memcpy(dst, src, static_cast<size_t>(es));
@@ -413,13 +452,37 @@ void index_put(Call& call) {
 
 void register_index(npub::sdk::Registrar& r) {
   const auto all = dtypes_all();
-  r.op("aten::index_select.out(Tensor self, int dim, Tensor index, *, Tensor(a!) out) -> Tensor(a!)", &index_select).dtypes(all).contiguous_only();
-  r.op("aten::gather.out(Tensor self, int dim, Tensor index, *, bool sparse_grad=False, Tensor(a!) out) -> Tensor(a!)", &gather).dtypes(all).contiguous_only();
-  r.op("aten::scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)", &scatter<false>).dtypes(all).contiguous_only();
-  r.op("aten::scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> Tensor(a!)", &scatter<true>).dtypes(dtypes_numeric()).contiguous_only();
-  r.op("aten::index.Tensor_out(Tensor self, Tensor?[] indices, *, Tensor(a!) out) -> Tensor(a!)", &index_tensor).dtypes(all).contiguous_only();
-  r.op("aten::index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> Tensor(a!)", &index_put).dtypes(all).contiguous_only();
-  r.op("aten::cat.out(Tensor[] tensors, int dim=0, *, Tensor(a!) out) -> Tensor(a!)", &cat).dtypes(all).contiguous_only();
+  r.op("aten::index_select.out(Tensor self, int dim, Tensor index, *, Tensor(a!) out) -> Tensor(a!)",
+       &index_select)
+      .dtypes(all)
+      .contiguous_only();
+  r.op("aten::gather.out(Tensor self, int dim, Tensor index, *, bool sparse_grad=False, Tensor(a!) out) -> "
+       "Tensor(a!)",
+       &gather)
+      .dtypes(all)
+      .contiguous_only();
+  r.op("aten::scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> "
+       "Tensor(a!)",
+       &scatter<false>)
+      .dtypes(all)
+      .contiguous_only();
+  r.op("aten::scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> "
+       "Tensor(a!)",
+       &scatter<true>)
+      .dtypes(dtypes_numeric())
+      .contiguous_only();
+  r.op("aten::index.Tensor_out(Tensor self, Tensor?[] indices, *, Tensor(a!) out) -> Tensor(a!)",
+       &index_tensor)
+      .dtypes(all)
+      .contiguous_only();
+  r.op("aten::index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> "
+       "Tensor(a!)",
+       &index_put)
+      .dtypes(all)
+      .contiguous_only();
+  r.op("aten::cat.out(Tensor[] tensors, int dim=0, *, Tensor(a!) out) -> Tensor(a!)", &cat)
+      .dtypes(all)
+      .contiguous_only();
   r.op("aten::nonzero(Tensor self) -> Tensor", &nonzero).dtypes(all).contiguous_only();
 }
 

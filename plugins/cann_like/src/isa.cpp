@@ -10,8 +10,8 @@ namespace cann_like {
 
 // Note [One ISA cap for the plugin's own kernels]
 // cann_like's hand-written loops come in AVX-512, AVX2 and baseline x86-64
-// variants, plus F16C conversions; oneDNN (GEMM) picks its own. The correctness suite must pass on whichever path a CPU takes, so
-// one CI run forces every path down to the portable one: oneDNN through
+// variants, plus F16C conversions; oneDNN (GEMM) picks its own. The correctness suite must pass on whichever
+// path a CPU takes, so one CI run forces every path down to the portable one: oneDNN through
 // ONEDNN_MAX_CPU_ISA, these kernels through NPUB_CANN_MAX_ISA, ATen (the
 // reference) through ATEN_CPU_CAPABILITY. The variants are picked here, at
 // run time, rather than by the loader's ifunc resolution (target_clones),
@@ -25,7 +25,7 @@ Isa cpu_isa() {
                                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")
                              ? Isa::kAvx512
                          : __builtin_cpu_supports("avx2") ? Isa::kAvx2
-                                                           : Isa::kBaseline;
+                                                          : Isa::kBaseline;
   return isa;
 }
 }  // namespace
@@ -34,12 +34,16 @@ void configure_isa_from_environment() {
   const char* raw = std::getenv("NPUB_CANN_MAX_ISA");
   const std::string v = raw ? raw : "";
   Isa cap;
-  if (v.empty() || v == "avx512") cap = Isa::kAvx512;
-  else if (v == "avx2") cap = Isa::kAvx2;
-  else if (v == "baseline") cap = Isa::kBaseline;
+  if (v.empty() || v == "avx512")
+    cap = Isa::kAvx512;
+  else if (v == "avx2")
+    cap = Isa::kAvx2;
+  else if (v == "baseline")
+    cap = Isa::kBaseline;
   else
-    throw npub::sdk::Error(NPUB_ERR_INVALID_ARGUMENT,
-                           "NPUB_CANN_MAX_ISA: expected one of baseline, avx2, avx512 (or unset) but found '" + v + "'");
+    throw npub::sdk::Error(
+        NPUB_ERR_INVALID_ARGUMENT,
+        "NPUB_CANN_MAX_ISA: expected one of baseline, avx2, avx512 (or unset) but found '" + v + "'");
   g_cap.store(static_cast<int>(cap), std::memory_order_relaxed);
 }
 

@@ -23,9 +23,12 @@ bool use_f16c();  // kernel_isa() >= kAvx2 and the CPU has F16C
 template <typename Fn>
 Fn pick_isa(Fn avx512, Fn avx2, Fn baseline) {
   switch (kernel_isa()) {
-    case Isa::kAvx512: return avx512;
-    case Isa::kAvx2: return avx2;
-    default: return baseline;
+    case Isa::kAvx512:
+      return avx512;
+    case Isa::kAvx2:
+      return avx2;
+    default:
+      return baseline;
   }
 }
 
@@ -38,10 +41,10 @@ Fn pick_isa(Fn avx512, Fn avx2, Fn baseline) {
 
 // Defines `ret name params`, which calls `body args` compiled for the level
 // kernel_isa() picks (AVX-512: F, BW, DQ, VL; AVX2; baseline x86-64).
-#define CANN_LIKE_ISA_DISPATCH(ret, name, body, params, args)                                  \
+#define CANN_LIKE_ISA_DISPATCH(ret, name, body, params, args)                                     \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) static ret name##_avx512 params { \
-    return body args;                                                                          \
-  }                                                                                            \
-  __attribute__((target("avx2"))) static ret name##_avx2 params { return body args; }          \
-  static ret name##_baseline params { return body args; }                                      \
+    return body args;                                                                             \
+  }                                                                                               \
+  __attribute__((target("avx2"))) static ret name##_avx2 params { return body args; }             \
+  static ret name##_baseline params { return body args; }                                         \
   ret name params { return ::cann_like::pick_isa(&name##_avx512, &name##_avx2, &name##_baseline) args; }

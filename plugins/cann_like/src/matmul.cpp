@@ -68,8 +68,8 @@ void gemm_batched(const Call& call, const Gemm& g, int64_t batches, Rows&& rows)
 }
 
 // float32 and the half types: the library GEMM (gemm.h).
-void gemm_library(const Call& call, const Gemm& g, int64_t batches, GemmType type, int64_t elem_size, const void* a,
-                  const void* b, void* c) {
+void gemm_library(const Call& call, const Gemm& g, int64_t batches, GemmType type, int64_t elem_size,
+                  const void* a, const void* b, void* c) {
   const auto* ab = static_cast<const char*>(a);
   const auto* bb = static_cast<const char*>(b);
   auto* cb = static_cast<char*>(c);
@@ -97,26 +97,29 @@ void gemm_library(const Call& call, const Gemm& g, int64_t batches, GemmType typ
 template <typename T>
 void gemm_builtin(const Call& call, const Gemm& g, int64_t batches, const T* a, const T* b, T* c) {
   gemm_batched(call, g, batches, [&](int64_t bi, int64_t r0, int64_t r1) {
-    gemm_blocked<T>(g.trans_a, g.trans_b, r1 - r0, g.n, g.k, g.alpha, a + bi * g.m * g.k + g.a_row(r0), g.lda(),
-                    b + bi * g.k * g.n, g.ldb(), g.beta, c + bi * g.m * g.n + r0 * g.n, g.ldc());
+    gemm_blocked<T>(g.trans_a, g.trans_b, r1 - r0, g.n, g.k, g.alpha, a + bi * g.m * g.k + g.a_row(r0),
+                    g.lda(), b + bi * g.k * g.n, g.ldb(), g.beta, c + bi * g.m * g.n + r0 * g.n, g.ldc());
   });
 }
 
 void check_2d(const Call& call, const TensorRef& t, const char* name) {
   if (t.dim() != 2)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + " must be a matrix (2-d) but is " + std::to_string(t.dim()) + "-d");
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string(name) + " must be a matrix (2-d) but is " + std::to_string(t.dim()) + "-d");
 }
 void check_3d(const Call& call, const TensorRef& t, const char* name) {
   if (t.dim() != 3)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + " must be a 3-d tensor but is " + std::to_string(t.dim()) + "-d");
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string(name) + " must be a 3-d tensor but is " + std::to_string(t.dim()) + "-d");
 }
 
 void check_same_dtype(const Call& call, std::initializer_list<TensorRef> ts) {
   const DT d = dt_of(ts.begin()->dtype());
   for (const TensorRef& t : ts)
     if (t.defined() && dt_of(t.dtype()) != d)
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("expected all operands to have the same dtype, but found ") +
-                                               dt_name(d) + " and " + dt_name(dt_of(t.dtype())));
+      call.fail(NPUB_ERR_INVALID_ARGUMENT,
+                std::string("expected all operands to have the same dtype, but found ") + dt_name(d) +
+                    " and " + dt_name(dt_of(t.dtype())));
 }
 
 // How a (batch of) matrix operand(s) is stored: row-major contiguous,
@@ -134,18 +137,19 @@ Layout layout_of(const TensorRef& t, bool batch) {
 
 // out[b] = beta * self[b] + alpha * (m1[b] @ m2[b]) for each batch b.
 // `self` (may be undefined) broadcasts to out's shape.
-void batched(Call& call, const TensorRef& self, const TensorRef& m1, const TensorRef& m2, const TensorRef& out,
-             double beta, double alpha, bool batch) {
+void batched(Call& call, const TensorRef& self, const TensorRef& m1, const TensorRef& m2,
+             const TensorRef& out, double beta, double alpha, bool batch) {
   const int64_t B = batch ? m1.size(0) : 1;
   const int32_t o = batch ? 1 : 0;
   const int64_t m = m1.size(o), k = m1.size(o + 1), n = m2.size(o + 1);
   if (m2.size(o) != k)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(batch ? "Expected size for first two dimensions of batch2 tensor to be: [" +
-                                                                 std::to_string(B) + ", " + std::to_string(k) + "] but got: [" +
-                                                                 std::to_string(m2.size(0)) + ", " + std::to_string(m2.size(1)) + "]."
-                                                           : "mat1 and mat2 shapes cannot be multiplied (" + std::to_string(m) + "x" +
-                                                                 std::to_string(k) + " and " + std::to_string(m2.size(0)) + "x" +
-                                                                 std::to_string(n) + ")"));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string(batch ? "Expected size for first two dimensions of batch2 tensor to be: [" +
+                                      std::to_string(B) + ", " + std::to_string(k) + "] but got: [" +
+                                      std::to_string(m2.size(0)) + ", " + std::to_string(m2.size(1)) + "]."
+                                : "mat1 and mat2 shapes cannot be multiplied (" + std::to_string(m) + "x" +
+                                      std::to_string(k) + " and " + std::to_string(m2.size(0)) + "x" +
+                                      std::to_string(n) + ")"));
   if (batch && m2.size(0) != B)
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "batch1 and batch2 must have the same number of batches, got " +
                                              std::to_string(B) + " and " + std::to_string(m2.size(0)));
@@ -154,7 +158,8 @@ void batched(Call& call, const TensorRef& self, const TensorRef& m1, const Tenso
   check_same_dtype(call, {m1, m2, out, self});
   const Layout la = layout_of(m1, batch), lb = layout_of(m2, batch);
   if (!out.is_contiguous() || la == Layout::kOther || lb == Layout::kOther)
-    call.fail(NPUB_ERR_INTERNAL, "operands must be contiguous or transposed (the strided kernel's predicate checks this)");
+    call.fail(NPUB_ERR_INTERNAL,
+              "operands must be contiguous or transposed (the strided kernel's predicate checks this)");
   const DT d = dt_of(out.dtype());
   // C starts as beta * self (broadcast) or is overwritten (beta == 0 ignores
   // self, NaNs included, as BLAS and ATen do).
@@ -163,12 +168,14 @@ void batched(Call& call, const TensorRef& self, const TensorRef& m1, const Tenso
     const Shape b = broadcast(call, self.sizes(), shape);
     if (b != shape)
       call.fail(NPUB_ERR_INVALID_ARGUMENT, "self of shape " + shape_str(self.sizes()) +
-                                               " cannot be broadcast to the result's shape " + shape_str(shape));
+                                               " cannot be broadcast to the result's shape " +
+                                               shape_str(shape));
     Iter it = make_iter(out, {self});
     visit_compute(d, [&](auto tag) {
       using T = decltype(tag);
       for_each_row(call, it, [&](char** p, const int64_t* s, int64_t cnt) {
-        for (int64_t j = 0; j < cnt; ++j) store<T>(p[0] + j * s[0], it.dt[0], load<T>(p[1] + j * s[1], it.dt[1]));
+        for (int64_t j = 0; j < cnt; ++j)
+          store<T>(p[0] + j * s[0], it.dt[0], load<T>(p[1] + j * s[1], it.dt[1]));
       });
     });
   }
@@ -221,8 +228,8 @@ void baddbmm(Call& call) {
 
 }  // namespace
 
-void gemm_serial_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                     const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+void gemm_serial_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   GemmArgs args;
   args.trans_a = trans_a;
   args.trans_b = trans_b;
@@ -253,7 +260,8 @@ int32_t gemm_layouts(void*, const NpubValue* args, int32_t num_args) {
   const TensorRef a(args[A].u.tensor), b(args[B].u.tensor), out(args[Out].u.tensor);
   if (!out.is_contiguous()) return 0;
   const Layout la = layout_of(a, kBatch), lb = layout_of(b, kBatch);
-  return la != Layout::kOther && lb != Layout::kOther && (la == Layout::kTransposed || lb == Layout::kTransposed);
+  return la != Layout::kOther && lb != Layout::kOther &&
+         (la == Layout::kTransposed || lb == Layout::kTransposed);
 }
 }  // namespace
 
@@ -272,9 +280,13 @@ void register_matmul(npub::sdk::Registrar& r) {
   r.kernel("aten::mm.out", &mm).dtypes(dts).contiguous_only();
   r.def("aten::bmm.out(Tensor self, Tensor mat2, *, Tensor(a!) out) -> Tensor(a!)");
   r.kernel("aten::bmm.out", &bmm).dtypes(dts).contiguous_only();
-  r.def("aten::addmm.out(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)");
+  r.def(
+      "aten::addmm.out(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1, Tensor(a!) "
+      "out) -> Tensor(a!)");
   r.kernel("aten::addmm.out", &addmm).dtypes(dts).contiguous_only();
-  r.def("aten::baddbmm.out(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)");
+  r.def(
+      "aten::baddbmm.out(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1, "
+      "Tensor(a!) out) -> Tensor(a!)");
   r.kernel("aten::baddbmm.out", &baddbmm).dtypes(dts).contiguous_only();
   // Floating dtypes with a transposed operand: the same kernels, preferred
   // when their predicate accepts the layouts.

@@ -27,9 +27,9 @@ RowsCols layer_norm_view(const Call& call, const TensorRef& x, const std::vector
   for (int64_t i = 0; i < n; ++i) {
     const int32_t d = static_cast<int32_t>(x.dim() - n + i);
     if (x.size(d) != normalized[static_cast<size_t>(i)])
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, "Given normalized_shape=" + shape_str(normalized) +
-                                               ", expected input with shape [*, " + shape_str(normalized).substr(1) +
-                                               ", but got input of size " + shape_str(x.sizes()));
+      call.fail(NPUB_ERR_INVALID_ARGUMENT,
+                "Given normalized_shape=" + shape_str(normalized) + ", expected input with shape [*, " +
+                    shape_str(normalized).substr(1) + ", but got input of size " + shape_str(x.sizes()));
     v.cols *= x.size(d);
     v.stat_shape[static_cast<size_t>(d)] = 1;
   }
@@ -41,7 +41,8 @@ RowsCols layer_norm_view(const Call& call, const TensorRef& x, const std::vector
 void check_param(const Call& call, const TensorRef& p, int64_t cols, const char* name) {
   if (p.defined() && p.numel() != cols)
     call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + ": expected " + std::to_string(cols) +
-                                             " elements (the normalized shape) but found " + std::to_string(p.numel()));
+                                             " elements (the normalized shape) but found " +
+                                             std::to_string(p.numel()));
 }
 
 // aten::native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
@@ -62,61 +63,63 @@ void layer_norm(Call& call) {
   const char* bb = b.defined() ? b.data<char>() : nullptr;
   const DT wd = w.defined() ? dt_of(w.dtype()) : d, bd = b.defined() ? dt_of(b.dtype()) : d;
   const int64_t es = dt_size(d);
-  call.parallel_for(0, v.rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(v.cols, 1)), [&](int64_t r0, int64_t r1) {
-    std::vector<double> row(static_cast<size_t>(v.cols));
-    for (int64_t r = r0; r < r1; ++r) {
-      double mu = 0, var = 0;
-      if (d == DT::f32) {
-        const float* xr = reinterpret_cast<const float*>(xb) + r * v.cols;
-        float s = 0, ss = 0;  // two-pass in float, as ATen's CPU kernel
-        for (int64_t c = 0; c < v.cols; ++c) s += xr[c];
-        const float m = s / static_cast<float>(v.cols);
-        for (int64_t c = 0; c < v.cols; ++c) {
-          const float t = xr[c] - m;
-          ss += t * t;
-        }
-        mu = m;
-        var = ss / static_cast<float>(v.cols);
-        const float inv = 1.0f / std::sqrt(static_cast<float>(var) + static_cast<float>(eps));
-        float* yr = y.data<float>() + r * v.cols;
-        const float* wf = (w.defined() && wd == DT::f32) ? reinterpret_cast<const float*>(wb) : nullptr;
-        const float* bf = (b.defined() && bd == DT::f32) ? reinterpret_cast<const float*>(bb) : nullptr;
-        if ((w.defined() && !wf) || (b.defined() && !bf)) {
-          for (int64_t c = 0; c < v.cols; ++c) {
-            float t = (xr[c] - m) * inv;
-            if (w.defined()) t *= load<float>(wb + c * dt_size(wd), wd);
-            if (b.defined()) t += load<float>(bb + c * dt_size(bd), bd);
-            yr[c] = t;
+  call.parallel_for(
+      0, v.rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(v.cols, 1)), [&](int64_t r0, int64_t r1) {
+        std::vector<double> row(static_cast<size_t>(v.cols));
+        for (int64_t r = r0; r < r1; ++r) {
+          double mu = 0, var = 0;
+          if (d == DT::f32) {
+            const float* xr = reinterpret_cast<const float*>(xb) + r * v.cols;
+            float s = 0, ss = 0;  // two-pass in float, as ATen's CPU kernel
+            for (int64_t c = 0; c < v.cols; ++c) s += xr[c];
+            const float m = s / static_cast<float>(v.cols);
+            for (int64_t c = 0; c < v.cols; ++c) {
+              const float t = xr[c] - m;
+              ss += t * t;
+            }
+            mu = m;
+            var = ss / static_cast<float>(v.cols);
+            const float inv = 1.0f / std::sqrt(static_cast<float>(var) + static_cast<float>(eps));
+            float* yr = y.data<float>() + r * v.cols;
+            const float* wf = (w.defined() && wd == DT::f32) ? reinterpret_cast<const float*>(wb) : nullptr;
+            const float* bf = (b.defined() && bd == DT::f32) ? reinterpret_cast<const float*>(bb) : nullptr;
+            if ((w.defined() && !wf) || (b.defined() && !bf)) {
+              for (int64_t c = 0; c < v.cols; ++c) {
+                float t = (xr[c] - m) * inv;
+                if (w.defined()) t *= load<float>(wb + c * dt_size(wd), wd);
+                if (b.defined()) t += load<float>(bb + c * dt_size(bd), bd);
+                yr[c] = t;
+              }
+            } else if (wf && bf) {
+              for (int64_t c = 0; c < v.cols; ++c) yr[c] = (xr[c] - m) * inv * wf[c] + bf[c];
+            } else if (wf) {
+              for (int64_t c = 0; c < v.cols; ++c) yr[c] = (xr[c] - m) * inv * wf[c];
+            } else {
+              for (int64_t c = 0; c < v.cols; ++c) yr[c] = (xr[c] - m) * inv + (bf ? bf[c] : 0.0f);
+            }
+            store<float>(mean.data<char>() + r * 4, DT::f32, m);
+            store<float>(rstd.data<char>() + r * 4, DT::f32, inv);
+            continue;
           }
-        } else if (wf && bf) {
-          for (int64_t c = 0; c < v.cols; ++c) yr[c] = (xr[c] - m) * inv * wf[c] + bf[c];
-        } else if (wf) {
-          for (int64_t c = 0; c < v.cols; ++c) yr[c] = (xr[c] - m) * inv * wf[c];
-        } else {
-          for (int64_t c = 0; c < v.cols; ++c) yr[c] = (xr[c] - m) * inv + (bf ? bf[c] : 0.0f);
+          for (int64_t c = 0; c < v.cols; ++c) {
+            row[static_cast<size_t>(c)] = load<double>(xb + (r * v.cols + c) * es, d);
+            mu += row[static_cast<size_t>(c)];
+          }
+          mu /= static_cast<double>(v.cols);
+          for (int64_t c = 0; c < v.cols; ++c)
+            var += (row[static_cast<size_t>(c)] - mu) * (row[static_cast<size_t>(c)] - mu);
+          var /= static_cast<double>(v.cols);
+          const double inv = 1.0 / std::sqrt(var + eps);
+          for (int64_t c = 0; c < v.cols; ++c) {
+            double t = (row[static_cast<size_t>(c)] - mu) * inv;
+            if (w.defined()) t *= load<double>(wb + c * dt_size(wd), wd);
+            if (b.defined()) t += load<double>(bb + c * dt_size(bd), bd);
+            store<double>(y.data<char>() + (r * v.cols + c) * es, d, t);
+          }
+          store<double>(mean.data<char>() + r * es, d, v.cols == 0 ? std::nan("") : mu);
+          store<double>(rstd.data<char>() + r * es, d, v.cols == 0 ? std::nan("") : inv);
         }
-        store<float>(mean.data<char>() + r * 4, DT::f32, m);
-        store<float>(rstd.data<char>() + r * 4, DT::f32, inv);
-        continue;
-      }
-      for (int64_t c = 0; c < v.cols; ++c) {
-        row[static_cast<size_t>(c)] = load<double>(xb + (r * v.cols + c) * es, d);
-        mu += row[static_cast<size_t>(c)];
-      }
-      mu /= static_cast<double>(v.cols);
-      for (int64_t c = 0; c < v.cols; ++c) var += (row[static_cast<size_t>(c)] - mu) * (row[static_cast<size_t>(c)] - mu);
-      var /= static_cast<double>(v.cols);
-      const double inv = 1.0 / std::sqrt(var + eps);
-      for (int64_t c = 0; c < v.cols; ++c) {
-        double t = (row[static_cast<size_t>(c)] - mu) * inv;
-        if (w.defined()) t *= load<double>(wb + c * dt_size(wd), wd);
-        if (b.defined()) t += load<double>(bb + c * dt_size(bd), bd);
-        store<double>(y.data<char>() + (r * v.cols + c) * es, d, t);
-      }
-      store<double>(mean.data<char>() + r * es, d, v.cols == 0 ? std::nan("") : mu);
-      store<double>(rstd.data<char>() + r * es, d, v.cols == 0 ? std::nan("") : inv);
-    }
-  });
+      });
 }
 
 // aten::native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
@@ -128,8 +131,8 @@ void layer_norm_backward(Call& call) {
   if (mask.size() != 3) call.fail(NPUB_ERR_INVALID_ARGUMENT, "output_mask: expected 3 values");
   const RowsCols v = layer_norm_view(call, x, call.int_list(2));
   if (g.sizes() != x.sizes())
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "grad_out of shape " + shape_str(g.sizes()) + " does not match input of shape " +
-                                             shape_str(x.sizes()));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "grad_out of shape " + shape_str(g.sizes()) +
+                                             " does not match input of shape " + shape_str(x.sizes()));
   if (mean.numel() != v.rows || rstd.numel() != v.rows)
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "mean and rstd: expected " + std::to_string(v.rows) + " elements");
   check_param(call, w, v.cols, "weight");
@@ -146,31 +149,36 @@ void layer_norm_backward(Call& call) {
   // grad_input rows in parallel; grad_weight / grad_bias column sums serially
   // per column block (deterministic order).
   if (mask[0]) {
-    call.parallel_for(0, v.rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(v.cols, 1)), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const double mu = load<double>(mean.data<char>() + r * mes, md), inv = load<double>(rstd.data<char>() + r * res, rd);
-        double sum_gw = 0, sum_gw_xhat = 0;
-        for (int64_t c = 0; c < v.cols; ++c) {
-          const int64_t k = r * v.cols + c;
-          const double gw = load<double>(gb + k * es, d) * (w.defined() ? load<double>(w.data<char>() + c * dt_size(wd), wd) : 1.0);
-          const double xhat = (load<double>(xb + k * es, d) - mu) * inv;
-          sum_gw += gw;
-          sum_gw_xhat += gw * xhat;
-        }
-        const double n = static_cast<double>(v.cols);
-        for (int64_t c = 0; c < v.cols; ++c) {
-          const int64_t k = r * v.cols + c;
-          const double gw = load<double>(gb + k * es, d) * (w.defined() ? load<double>(w.data<char>() + c * dt_size(wd), wd) : 1.0);
-          const double xhat = (load<double>(xb + k * es, d) - mu) * inv;
-          store<double>(gi.data<char>() + k * es, d, inv * (gw - sum_gw / n - xhat * sum_gw_xhat / n));
-        }
-      }
-    });
+    call.parallel_for(
+        0, v.rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(v.cols, 1)), [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            const double mu = load<double>(mean.data<char>() + r * mes, md),
+                         inv = load<double>(rstd.data<char>() + r * res, rd);
+            double sum_gw = 0, sum_gw_xhat = 0;
+            for (int64_t c = 0; c < v.cols; ++c) {
+              const int64_t k = r * v.cols + c;
+              const double gw = load<double>(gb + k * es, d) *
+                                (w.defined() ? load<double>(w.data<char>() + c * dt_size(wd), wd) : 1.0);
+              const double xhat = (load<double>(xb + k * es, d) - mu) * inv;
+              sum_gw += gw;
+              sum_gw_xhat += gw * xhat;
+            }
+            const double n = static_cast<double>(v.cols);
+            for (int64_t c = 0; c < v.cols; ++c) {
+              const int64_t k = r * v.cols + c;
+              const double gw = load<double>(gb + k * es, d) *
+                                (w.defined() ? load<double>(w.data<char>() + c * dt_size(wd), wd) : 1.0);
+              const double xhat = (load<double>(xb + k * es, d) - mu) * inv;
+              store<double>(gi.data<char>() + k * es, d, inv * (gw - sum_gw / n - xhat * sum_gw_xhat / n));
+            }
+          }
+        });
   }
   if (mask[1] || mask[2]) {
     call.parallel_for(0, v.cols, 64, [&](int64_t c0, int64_t c1) {
       for (int64_t r = 0; r < v.rows; ++r) {
-        const double mu = load<double>(mean.data<char>() + r * mes, md), inv = load<double>(rstd.data<char>() + r * res, rd);
+        const double mu = load<double>(mean.data<char>() + r * mes, md),
+                     inv = load<double>(rstd.data<char>() + r * res, rd);
         for (int64_t c = c0; c < c1; ++c) {
           const int64_t k = r * v.cols + c;
           const double gv = load<double>(gb + k * es, d);
@@ -182,12 +190,14 @@ void layer_norm_backward(Call& call) {
   }
   if (mask[1] && w.defined()) {
     TensorRef gw = call.output(1, w.sizes(), w.dtype());
-    for (int64_t c = 0; c < v.cols; ++c) store<double>(gw.data<char>() + c * dt_size(wd), wd, dw[static_cast<size_t>(c)]);
+    for (int64_t c = 0; c < v.cols; ++c)
+      store<double>(gw.data<char>() + c * dt_size(wd), wd, dw[static_cast<size_t>(c)]);
   }
   if (mask[2] && b.defined()) {
     TensorRef gbias = call.output(2, b.sizes(), b.dtype());
     const DT bd = dt_of(b.dtype());
-    for (int64_t c = 0; c < v.cols; ++c) store<double>(gbias.data<char>() + c * dt_size(bd), bd, db[static_cast<size_t>(c)]);
+    for (int64_t c = 0; c < v.cols; ++c)
+      store<double>(gbias.data<char>() + c * dt_size(bd), bd, db[static_cast<size_t>(c)]);
   }
 }
 
@@ -199,22 +209,26 @@ int64_t read_index(const TensorRef& idx, int64_t i) {
 void check_index_dtype(const Call& call, const TensorRef& idx, const char* name) {
   const DT d = dt_of(idx.dtype());
   if (d != DT::i64 && d != DT::i32)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("Expected tensor for argument '") + name +
-                                             "' to have one of the following scalar types: Long, Int; but got " + dt_name(d) + " instead");
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string("Expected tensor for argument '") + name +
+                  "' to have one of the following scalar types: Long, Int; but got " + dt_name(d) +
+                  " instead");
   if (!idx.is_contiguous()) call.fail(NPUB_ERR_INTERNAL, std::string(name) + " must be contiguous");
 }
 
 // aten::embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False) -> Tensor
 void embedding(Call& call) {
   TensorRef w = call.tensor(0), idx = call.tensor(1);
-  if (w.dim() != 2) call.fail(NPUB_ERR_INVALID_ARGUMENT, "'weight' must be 2-D but is " + std::to_string(w.dim()) + "-D");
+  if (w.dim() != 2)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "'weight' must be 2-D but is " + std::to_string(w.dim()) + "-D");
   check_index_dtype(call, idx, "indices");
   const int64_t rows = w.size(0), dim = w.size(1), n = idx.numel();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t k = read_index(idx, i);
     if (k < 0 || k >= rows)
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, "index out of range in self: index " + std::to_string(k) + " at position " +
-                                               std::to_string(i) + " is not in [0, " + std::to_string(rows) + ")");
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, "index out of range in self: index " + std::to_string(k) +
+                                               " at position " + std::to_string(i) + " is not in [0, " +
+                                               std::to_string(rows) + ")");
   }
   Shape shape = idx.sizes();
   shape.push_back(dim);
@@ -225,14 +239,17 @@ void embedding(Call& call) {
     for (int64_t i = b; i < e; ++i) {
       const char* src = w.data<char>() + read_index(idx, i) * row_stride;
       char* dst = out.data<char>() + i * dim * es;
-      if (col_stride == es) std::memcpy(dst, src, static_cast<size_t>(dim * es));
+      if (col_stride == es)
+        std::memcpy(dst, src, static_cast<size_t>(dim * es));
       else
-        for (int64_t c = 0; c < dim; ++c) std::memcpy(dst + c * es, src + c * col_stride, static_cast<size_t>(es));
+        for (int64_t c = 0; c < dim; ++c)
+          std::memcpy(dst + c * es, src + c * col_stride, static_cast<size_t>(es));
     }
   });
 }
 
-// aten::embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq) -> Tensor
+// aten::embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq) ->
+// Tensor
 void embedding_backward(Call& call) {
   TensorRef g = call.tensor(0), idx = call.tensor(1);
   const int64_t num_weights = call.int_arg(2), padding_idx = call.int_arg(3);
@@ -241,8 +258,8 @@ void embedding_backward(Call& call) {
   const int64_t n = idx.numel();
   const int64_t dim = g.dim() > 0 ? g.size(-1) : 1;
   if (g.numel() != n * dim)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "grad_output of shape " + shape_str(g.sizes()) + " does not match indices of shape " +
-                                             shape_str(idx.sizes()));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "grad_output of shape " + shape_str(g.sizes()) +
+                                             " does not match indices of shape " + shape_str(idx.sizes()));
   std::vector<int64_t> counts(static_cast<size_t>(std::max<int64_t>(num_weights, 0)), 0);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t k = read_index(idx, i);
@@ -261,10 +278,12 @@ void embedding_backward(Call& call) {
       const int64_t k = read_index(idx, i);
       if (k == padding_idx) continue;
       const double s = scale ? 1.0 / static_cast<double>(counts[static_cast<size_t>(k)]) : 1.0;
-      for (int64_t c = c0; c < c1; ++c) acc[static_cast<size_t>(k * dim + c)] += load<double>(g.data<char>() + (i * dim + c) * es, d) * s;
+      for (int64_t c = c0; c < c1; ++c)
+        acc[static_cast<size_t>(k * dim + c)] += load<double>(g.data<char>() + (i * dim + c) * es, d) * s;
     }
   });
-  for (int64_t i = 0; i < num_weights * dim; ++i) store<double>(out.data<char>() + i * es, d, acc[static_cast<size_t>(i)]);
+  for (int64_t i = 0; i < num_weights * dim; ++i)
+    store<double>(out.data<char>() + i * es, d, acc[static_cast<size_t>(i)]);
 }
 
 // aten::nll_loss_forward.output(self, target, weight?, reduction, ignore_index, *, output!, total_weight!)
@@ -275,21 +294,27 @@ void nll_loss_forward(Call& call) {
   if (x.dim() < 1 || x.dim() > 2) call.fail(NPUB_ERR_INVALID_ARGUMENT, "input tensor should be 1D or 2D");
   const int64_t n = x.dim() == 2 ? x.size(0) : 1, c = x.size(-1);
   if ((x.dim() == 2 && (target.dim() != 1 || target.size(0) != n)) || (x.dim() == 1 && target.dim() != 0))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "size mismatch (got input: " + shape_str(x.sizes()) + ", target: " + shape_str(target.sizes()) + ")");
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "size mismatch (got input: " + shape_str(x.sizes()) +
+                                             ", target: " + shape_str(target.sizes()) + ")");
   if (w.defined() && w.numel() != c)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "weight tensor should be defined either for all " + std::to_string(c) +
-                                             " classes or no classes but got weight tensor of shape: " + shape_str(w.sizes()));
-  if (dt_of(target.dtype()) != DT::i64) call.fail(NPUB_ERR_INVALID_ARGUMENT, "expected target of dtype int64");
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "weight tensor should be defined either for all " + std::to_string(c) +
+                  " classes or no classes but got weight tensor of shape: " + shape_str(w.sizes()));
+  if (dt_of(target.dtype()) != DT::i64)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "expected target of dtype int64");
   const DT d = dt_of(x.dtype());
   const int64_t es = dt_size(d);
   check_out(call, out, reduction == 0 && x.dim() == 2 ? Shape{n} : Shape{}, "output");
   double sum = 0, wsum = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = load<int64_t>(target.data<char>() + i * 8 * (target.dim() > 0 ? target.stride(0) : 1), DT::i64);
+    const int64_t t =
+        load<int64_t>(target.data<char>() + i * 8 * (target.dim() > 0 ? target.stride(0) : 1), DT::i64);
     double loss = 0;
     if (t != ignore) {
-      if (t < 0 || t >= c) call.fail(NPUB_ERR_INVALID_ARGUMENT, "Target " + std::to_string(t) + " is out of bounds.");
-      const double wt = w.defined() ? load<double>(w.data<char>() + t * dt_size(dt_of(w.dtype())), dt_of(w.dtype())) : 1.0;
+      if (t < 0 || t >= c)
+        call.fail(NPUB_ERR_INVALID_ARGUMENT, "Target " + std::to_string(t) + " is out of bounds.");
+      const double wt =
+          w.defined() ? load<double>(w.data<char>() + t * dt_size(dt_of(w.dtype())), dt_of(w.dtype())) : 1.0;
       const int64_t off = x.dim() == 2 ? i * x.stride(0) + t * x.stride(1) : t * x.stride(0);
       loss = -load<double>(x.data<char>() + off * es, d) * wt;
       wsum += wt;
@@ -303,7 +328,8 @@ void nll_loss_forward(Call& call) {
   store<double>(total.data<char>(), dt_of(total.dtype()), reduction == 0 ? 0.0 : wsum);
 }
 
-// aten::nll_loss_backward.grad_input(grad_output, self, target, weight?, reduction, ignore_index, total_weight, *, grad_input!)
+// aten::nll_loss_backward.grad_input(grad_output, self, target, weight?, reduction, ignore_index,
+// total_weight, *, grad_input!)
 void nll_loss_backward(Call& call) {
   TensorRef go = call.tensor(0), x = call.tensor(1), target = call.tensor(2), w = call.optional_tensor(3);
   const int64_t reduction = call.int_arg(4), ignore = call.int_arg(5);
@@ -316,12 +342,16 @@ void nll_loss_backward(Call& call) {
   const double tw = load<double>(total.data<char>(), dt_of(total.dtype()));
   const DT gd = dt_of(go.dtype());
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = load<int64_t>(target.data<char>() + i * 8 * (target.dim() > 0 ? target.stride(0) : 1), DT::i64);
+    const int64_t t =
+        load<int64_t>(target.data<char>() + i * 8 * (target.dim() > 0 ? target.stride(0) : 1), DT::i64);
     if (t == ignore) continue;
-    if (t < 0 || t >= c) call.fail(NPUB_ERR_INVALID_ARGUMENT, "Target " + std::to_string(t) + " is out of bounds.");
-    const double wt = w.defined() ? load<double>(w.data<char>() + t * dt_size(dt_of(w.dtype())), dt_of(w.dtype())) : 1.0;
-    const double g = (reduction == 0 && x.dim() == 2) ? load<double>(go.data<char>() + i * dt_size(gd) * go.stride(0), gd)
-                                                      : load<double>(go.data<char>(), gd);
+    if (t < 0 || t >= c)
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, "Target " + std::to_string(t) + " is out of bounds.");
+    const double wt =
+        w.defined() ? load<double>(w.data<char>() + t * dt_size(dt_of(w.dtype())), dt_of(w.dtype())) : 1.0;
+    const double g = (reduction == 0 && x.dim() == 2)
+                         ? load<double>(go.data<char>() + i * dt_size(gd) * go.stride(0), gd)
+                         : load<double>(go.data<char>(), gd);
     double v = -wt * g;
     if (reduction == 1) v /= tw;
     store<double>(gi.data<char>() + (i * c + t) * es, d, v);
@@ -337,7 +367,8 @@ void native_dropout(Call& call) {
   const double p = call.double_arg(1);
   const bool train = call.is_none(2) || call.bool_arg(2);
   if (!(p >= 0 && p <= 1))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "dropout probability has to be between 0 and 1, but got " + std::to_string(p));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "dropout probability has to be between 0 and 1, but got " + std::to_string(p));
   const DT d = dt_of(x.dtype());
   const int64_t n = x.numel(), es = dt_size(d);
   TensorRef out = call.output(0, x.sizes(), x.dtype());
@@ -359,7 +390,8 @@ void native_dropout(Call& call) {
         if (i >= n) break;
         const bool kept = npub::philox::uniform(r[static_cast<size_t>(lane)]) < keep;
         m[i] = kept;
-        store<double>(out.data<char>() + i * es, d, kept ? load<double>(x.data<char>() + i * es, d) * scale : 0.0);
+        store<double>(out.data<char>() + i * es, d,
+                      kept ? load<double>(x.data<char>() + i * es, d) * scale : 0.0);
       }
     }
   });
@@ -368,14 +400,40 @@ void native_dropout(Call& call) {
 }  // namespace
 
 void register_nn(npub::sdk::Registrar& r) {
-  r.op("aten::native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)", &native_dropout).dtypes(dtypes_floating()).contiguous_only();
+  r.op("aten::native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)", &native_dropout)
+      .dtypes(dtypes_floating())
+      .contiguous_only();
   const auto floating = dtypes_floating();
-  r.op("aten::native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)", &layer_norm).dtypes(floating).contiguous_only();
-  r.op("aten::native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)", &layer_norm_backward).dtypes(floating).contiguous_only();
-  r.op("aten::embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, bool sparse=False) -> Tensor", &embedding).dtypes(dtypes_all()).contiguous_only();
-  r.op("aten::embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt padding_idx, bool scale_grad_by_freq) -> Tensor", &embedding_backward).dtypes(floating).contiguous_only();
-  r.op("aten::nll_loss_forward.output(Tensor self, Tensor target, Tensor? weight, int reduction, SymInt ignore_index, *, Tensor(a!) output, Tensor(b!) total_weight) -> (Tensor(a!), Tensor(b!))", &nll_loss_forward).dtypes(floating).contiguous_only();
-  r.op("aten::nll_loss_backward.grad_input(Tensor grad_output, Tensor self, Tensor target, Tensor? weight, int reduction, SymInt ignore_index, Tensor total_weight, *, Tensor(a!) grad_input) -> Tensor(a!)", &nll_loss_backward).dtypes(floating).contiguous_only();
+  r.op("aten::native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float "
+       "eps) -> (Tensor, Tensor, Tensor)",
+       &layer_norm)
+      .dtypes(floating)
+      .contiguous_only();
+  r.op("aten::native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor "
+       "mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
+       &layer_norm_backward)
+      .dtypes(floating)
+      .contiguous_only();
+  r.op("aten::embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, "
+       "bool sparse=False) -> Tensor",
+       &embedding)
+      .dtypes(dtypes_all())
+      .contiguous_only();
+  r.op("aten::embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt "
+       "padding_idx, bool scale_grad_by_freq) -> Tensor",
+       &embedding_backward)
+      .dtypes(floating)
+      .contiguous_only();
+  r.op("aten::nll_loss_forward.output(Tensor self, Tensor target, Tensor? weight, int reduction, SymInt "
+       "ignore_index, *, Tensor(a!) output, Tensor(b!) total_weight) -> (Tensor(a!), Tensor(b!))",
+       &nll_loss_forward)
+      .dtypes(floating)
+      .contiguous_only();
+  r.op("aten::nll_loss_backward.grad_input(Tensor grad_output, Tensor self, Tensor target, Tensor? weight, "
+       "int reduction, SymInt ignore_index, Tensor total_weight, *, Tensor(a!) grad_input) -> Tensor(a!)",
+       &nll_loss_backward)
+      .dtypes(floating)
+      .contiguous_only();
 }
 
 }  // namespace cann_like

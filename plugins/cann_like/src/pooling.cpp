@@ -22,10 +22,12 @@ int64_t pool_out(int64_t size, int64_t k, int64_t p, int64_t s, int64_t d, bool 
   return out;
 }
 
-Pool2d pool_geometry(const Call& call, const TensorRef& x, const std::vector<int64_t>& kernel, std::vector<int64_t> stride,
-                     const std::vector<int64_t>& padding, const std::vector<int64_t>& dilation, bool ceil_mode) {
+Pool2d pool_geometry(const Call& call, const TensorRef& x, const std::vector<int64_t>& kernel,
+                     std::vector<int64_t> stride, const std::vector<int64_t>& padding,
+                     const std::vector<int64_t>& dilation, bool ceil_mode) {
   if (x.dim() != 3 && x.dim() != 4)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "Expected 3D or 4D (batch mode) tensor for input but got " + std::to_string(x.dim()) + "-d");
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "Expected 3D or 4D (batch mode) tensor for input but got " + std::to_string(x.dim()) + "-d");
   if (stride.empty()) stride = kernel;
   Pool2d p{};
   p.h = x.size(-2);
@@ -44,8 +46,8 @@ Pool2d pool_geometry(const Call& call, const TensorRef& x, const std::vector<int
   if (p.kh < 1 || p.kw < 1 || p.sh < 1 || p.sw < 1 || p.dh < 1 || p.dw < 1)
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "kernel_size, stride and dilation must be positive");
   if (p.ph > p.kh / 2 || p.pw > p.kw / 2)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "pad should be at most half of effective kernel size, but got pad=" + std::to_string(p.ph) +
-                                             ", kernel_size=" + std::to_string(p.kh));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "pad should be at most half of effective kernel size, but got pad=" +
+                                             std::to_string(p.ph) + ", kernel_size=" + std::to_string(p.kh));
   p.oh = pool_out(p.h, p.kh, p.ph, p.sh, p.dh, ceil_mode);
   p.ow = pool_out(p.w, p.kw, p.pw, p.sw, p.dw, ceil_mode);
   if (p.oh < 1 || p.ow < 1) call.fail(NPUB_ERR_INVALID_ARGUMENT, "Output size is too small");
@@ -63,7 +65,8 @@ Shape pooled_shape(const TensorRef& x, const Pool2d& p) {
 //     ceil_mode=False, *, out!, indices!)
 void max_pool2d(Call& call) {
   TensorRef x = call.tensor(0), out = call.tensor(6), indices = call.tensor(7);
-  const Pool2d p = pool_geometry(call, x, call.int_list(1), call.int_list(2), call.int_list(3), call.int_list(4), call.bool_arg(5));
+  const Pool2d p = pool_geometry(call, x, call.int_list(1), call.int_list(2), call.int_list(3),
+                                 call.int_list(4), call.bool_arg(5));
   check_out(call, out, pooled_shape(x, p));
   check_out(call, indices, pooled_shape(x, p), "indices");
   const DT d = dt_of(x.dtype());
@@ -100,7 +103,8 @@ void max_pool2d(Call& call) {
 //     padding, dilation, ceil_mode, indices, *, grad_input!)
 void max_pool2d_backward(Call& call) {
   TensorRef go = call.tensor(0), x = call.tensor(1), indices = call.tensor(7), gi = call.tensor(8);
-  const Pool2d p = pool_geometry(call, x, call.int_list(2), call.int_list(3), call.int_list(4), call.int_list(5), call.bool_arg(6));
+  const Pool2d p = pool_geometry(call, x, call.int_list(2), call.int_list(3), call.int_list(4),
+                                 call.int_list(5), call.bool_arg(6));
   check_out(call, go, pooled_shape(x, p), "grad_output");
   check_out(call, gi, x.sizes(), "grad_input");
   const DT d = dt_of(x.dtype());
@@ -111,11 +115,13 @@ void max_pool2d_backward(Call& call) {
       for (int64_t o = 0; o < p.oh * p.ow; ++o) {
         const int64_t idx = indices.data<int64_t>()[pl * p.oh * p.ow + o];
         if (idx < 0 || idx >= p.h * p.w)
-          call.fail(NPUB_ERR_INVALID_ARGUMENT, "indices: " + std::to_string(idx) + " is out of range for an input plane of " +
+          call.fail(NPUB_ERR_INVALID_ARGUMENT, "indices: " + std::to_string(idx) +
+                                                   " is out of range for an input plane of " +
                                                    std::to_string(p.h * p.w) + " elements");
         acc[static_cast<size_t>(idx)] += load<double>(go.data<char>() + (pl * p.oh * p.ow + o) * es, d);
       }
-      for (int64_t k = 0; k < p.h * p.w; ++k) store<double>(gi.data<char>() + (pl * p.h * p.w + k) * es, d, acc[static_cast<size_t>(k)]);
+      for (int64_t k = 0; k < p.h * p.w; ++k)
+        store<double>(gi.data<char>() + (pl * p.h * p.w + k) * es, d, acc[static_cast<size_t>(k)]);
     }
   });
 }
@@ -124,7 +130,8 @@ void max_pool2d_backward(Call& call) {
 struct AvgWindow {
   int64_t y0, y1, x0, x1, divisor;
 };
-AvgWindow avg_window(const Pool2d& p, int64_t oy, int64_t ox, bool count_include_pad, int64_t divisor_override) {
+AvgWindow avg_window(const Pool2d& p, int64_t oy, int64_t ox, bool count_include_pad,
+                     int64_t divisor_override) {
   int64_t y0 = oy * p.sh - p.ph, x0 = ox * p.sw - p.pw;
   int64_t y1 = std::min(y0 + p.kh, p.h + p.ph), x1 = std::min(x0 + p.kw, p.w + p.pw);
   const int64_t pool_size = (y1 - y0) * (x1 - x0);
@@ -132,7 +139,9 @@ AvgWindow avg_window(const Pool2d& p, int64_t oy, int64_t ox, bool count_include
   x0 = std::max<int64_t>(x0, 0);
   y1 = std::min(y1, p.h);
   x1 = std::min(x1, p.w);
-  int64_t div = divisor_override > 0 ? divisor_override : count_include_pad ? pool_size : (y1 - y0) * (x1 - x0);
+  int64_t div = divisor_override > 0 ? divisor_override
+                : count_include_pad  ? pool_size
+                                     : (y1 - y0) * (x1 - x0);
   return {y0, y1, x0, x1, div};
 }
 
@@ -140,7 +149,8 @@ AvgWindow avg_window(const Pool2d& p, int64_t oy, int64_t ox, bool count_include
 //     count_include_pad=True, divisor_override=None, *, out!)
 void avg_pool2d(Call& call) {
   TensorRef x = call.tensor(0), out = call.tensor(7);
-  const Pool2d p = pool_geometry(call, x, call.int_list(1), call.int_list(2), call.int_list(3), {}, call.bool_arg(4));
+  const Pool2d p =
+      pool_geometry(call, x, call.int_list(1), call.int_list(2), call.int_list(3), {}, call.bool_arg(4));
   const bool include_pad = call.bool_arg(5);
   const int64_t div_override = call.is_none(6) ? 0 : call.int_arg(6);
   if (!call.is_none(6) && div_override == 0) call.fail(NPUB_ERR_INVALID_ARGUMENT, "divisor must be not zero");
@@ -154,8 +164,10 @@ void avg_pool2d(Call& call) {
           const AvgWindow win = avg_window(p, oy, ox, include_pad, div_override);
           double s = 0;
           for (int64_t iy = win.y0; iy < win.y1; ++iy)
-            for (int64_t ix = win.x0; ix < win.x1; ++ix) s += load<double>(x.data<char>() + ((pl * p.h + iy) * p.w + ix) * es, d);
-          store<double>(out.data<char>() + ((pl * p.oh + oy) * p.ow + ox) * es, d, s / static_cast<double>(win.divisor));
+            for (int64_t ix = win.x0; ix < win.x1; ++ix)
+              s += load<double>(x.data<char>() + ((pl * p.h + iy) * p.w + ix) * es, d);
+          store<double>(out.data<char>() + ((pl * p.oh + oy) * p.ow + ox) * es, d,
+                        s / static_cast<double>(win.divisor));
         }
   });
 }
@@ -164,7 +176,8 @@ void avg_pool2d(Call& call) {
 //     ceil_mode, count_include_pad, divisor_override?, *, grad_input!)
 void avg_pool2d_backward(Call& call) {
   TensorRef go = call.tensor(0), x = call.tensor(1), gi = call.tensor(8);
-  const Pool2d p = pool_geometry(call, x, call.int_list(2), call.int_list(3), call.int_list(4), {}, call.bool_arg(5));
+  const Pool2d p =
+      pool_geometry(call, x, call.int_list(2), call.int_list(3), call.int_list(4), {}, call.bool_arg(5));
   const bool include_pad = call.bool_arg(6);
   const int64_t div_override = call.is_none(7) ? 0 : call.int_arg(7);
   check_out(call, go, pooled_shape(x, p), "grad_output");
@@ -177,11 +190,13 @@ void avg_pool2d_backward(Call& call) {
       for (int64_t oy = 0; oy < p.oh; ++oy)
         for (int64_t ox = 0; ox < p.ow; ++ox) {
           const AvgWindow win = avg_window(p, oy, ox, include_pad, div_override);
-          const double g = load<double>(go.data<char>() + ((pl * p.oh + oy) * p.ow + ox) * es, d) / static_cast<double>(win.divisor);
+          const double g = load<double>(go.data<char>() + ((pl * p.oh + oy) * p.ow + ox) * es, d) /
+                           static_cast<double>(win.divisor);
           for (int64_t iy = win.y0; iy < win.y1; ++iy)
             for (int64_t ix = win.x0; ix < win.x1; ++ix) acc[static_cast<size_t>(iy * p.w + ix)] += g;
         }
-      for (int64_t k = 0; k < p.h * p.w; ++k) store<double>(gi.data<char>() + (pl * p.h * p.w + k) * es, d, acc[static_cast<size_t>(k)]);
+      for (int64_t k = 0; k < p.h * p.w; ++k)
+        store<double>(gi.data<char>() + (pl * p.h * p.w + k) * es, d, acc[static_cast<size_t>(k)]);
     }
   });
 }
@@ -190,10 +205,30 @@ void avg_pool2d_backward(Call& call) {
 
 void register_pooling(npub::sdk::Registrar& r) {
   const auto floating = dtypes_floating();
-  r.op("aten::max_pool2d_with_indices.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, int[2] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> (Tensor(a!), Tensor(b!))", &max_pool2d).dtypes(floating).contiguous_only();
-  r.op("aten::max_pool2d_with_indices_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices, *, Tensor(a!) grad_input) -> Tensor(a!)", &max_pool2d_backward).dtypes(floating).contiguous_only();
-  r.op("aten::avg_pool2d.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> Tensor(a!)", &avg_pool2d).dtypes(floating).contiguous_only();
-  r.op("aten::avg_pool2d_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override, *, Tensor(a!) grad_input) -> Tensor(a!)", &avg_pool2d_backward).dtypes(floating).contiguous_only();
+  r.op("aten::max_pool2d_with_indices.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] "
+       "padding=0, int[2] dilation=1, bool ceil_mode=False, *, Tensor(a!) out, Tensor(b!) indices) -> "
+       "(Tensor(a!), Tensor(b!))",
+       &max_pool2d)
+      .dtypes(floating)
+      .contiguous_only();
+  r.op("aten::max_pool2d_with_indices_backward.grad_input(Tensor grad_output, Tensor self, int[2] "
+       "kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices, *, "
+       "Tensor(a!) grad_input) -> Tensor(a!)",
+       &max_pool2d_backward)
+      .dtypes(floating)
+      .contiguous_only();
+  r.op("aten::avg_pool2d.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool "
+       "ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> "
+       "Tensor(a!)",
+       &avg_pool2d)
+      .dtypes(floating)
+      .contiguous_only();
+  r.op("aten::avg_pool2d_backward.grad_input(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] "
+       "stride, int[2] padding, bool ceil_mode, bool count_include_pad, int? divisor_override, *, Tensor(a!) "
+       "grad_input) -> Tensor(a!)",
+       &avg_pool2d_backward)
+      .dtypes(floating)
+      .contiguous_only();
 }
 
 }  // namespace cann_like

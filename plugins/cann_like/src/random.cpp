@@ -24,12 +24,13 @@ void fill_random(Call& call) {
   const double a = call.double_arg(1);
   const double b = kDist == Dist::bernoulli ? 0.0 : call.double_arg(2);
   if (kDist == Dist::uniform && !(a <= b))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "uniform_ expects to return a [from, to) range, but found from=" + std::to_string(a) +
-                                             " > to=" + std::to_string(b));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "uniform_ expects to return a [from, to) range, but found from=" +
+                                             std::to_string(a) + " > to=" + std::to_string(b));
   if (kDist == Dist::normal && !(b >= 0))
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "normal expects std >= 0.0, but found std " + std::to_string(b));
   if (kDist == Dist::bernoulli && !(a >= 0 && a <= 1))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "bernoulli_ expects p to be in [0, 1], but got p=" + std::to_string(a));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "bernoulli_ expects p to be in [0, 1], but got p=" + std::to_string(a));
   if (!is_floating(d) && kDist != Dist::bernoulli)
     call.fail(NPUB_ERR_UNSUPPORTED, std::string("random fill of dtype ") + dt_name(d));
   const int64_t n = self.numel(), es = dt_size(d);
@@ -51,8 +52,10 @@ void fill_random(Call& call) {
       } else {
         for (int k = 0; k < 4; ++k) {
           const double u = static_cast<double>(r[static_cast<size_t>(k)] >> 8) / 16777216.0;  // [0, 1)
-          if constexpr (kDist == Dist::uniform) v[k] = std::min(a + (b - a) * u, std::nextafter(b, a));
-          else v[k] = u < a ? 1.0 : 0.0;
+          if constexpr (kDist == Dist::uniform)
+            v[k] = std::min(a + (b - a) * u, std::nextafter(b, a));
+          else
+            v[k] = u < a ? 1.0 : 0.0;
         }
       }
       for (int k = 0; k < 4; ++k) {
@@ -67,9 +70,20 @@ void fill_random(Call& call) {
 }  // namespace
 
 void register_random(npub::sdk::Registrar& r) {
-  r.op("aten::uniform_(Tensor(a!) self, float from=0., float to=1., *, Generator? generator=None) -> Tensor(a!)", &fill_random<Dist::uniform>).dtypes(dtypes_floating()).contiguous_only();
-  r.op("aten::normal_(Tensor(a!) self, float mean=0., float std=1., *, Generator? generator=None) -> Tensor(a!)", &fill_random<Dist::normal>).dtypes(dtypes_floating()).contiguous_only();
-  r.op("aten::bernoulli_.float(Tensor(a!) self, float p=0.5, *, Generator? generator=None) -> Tensor(a!)", &fill_random<Dist::bernoulli>).dtypes(dtypes_all()).contiguous_only();
+  r.op("aten::uniform_(Tensor(a!) self, float from=0., float to=1., *, Generator? generator=None) -> "
+       "Tensor(a!)",
+       &fill_random<Dist::uniform>)
+      .dtypes(dtypes_floating())
+      .contiguous_only();
+  r.op("aten::normal_(Tensor(a!) self, float mean=0., float std=1., *, Generator? generator=None) -> "
+       "Tensor(a!)",
+       &fill_random<Dist::normal>)
+      .dtypes(dtypes_floating())
+      .contiguous_only();
+  r.op("aten::bernoulli_.float(Tensor(a!) self, float p=0.5, *, Generator? generator=None) -> Tensor(a!)",
+       &fill_random<Dist::bernoulli>)
+      .dtypes(dtypes_all())
+      .contiguous_only();
 }
 
 }  // namespace cann_like

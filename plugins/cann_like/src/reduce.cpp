@@ -52,7 +52,8 @@ void run_reduce(const Call& call, const TensorRef& in, const Plan& p, R& red, Em
     std::vector<decltype(red.init())> partial(static_cast<size_t>(chunks), red.init());
     call.parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
       for (int64_t c = b; c < e; ++c)
-        partial[static_cast<size_t>(c)] = reduce_range(o, std::min(count, c * chunk), std::min(count, (c + 1) * chunk));
+        partial[static_cast<size_t>(c)] =
+            reduce_range(o, std::min(count, c * chunk), std::min(count, (c + 1) * chunk));
     });
     auto acc = red.init();
     for (auto& part : partial) red.combine(acc, part);
@@ -71,7 +72,6 @@ std::vector<int64_t> dims_arg(const Call& call, int32_t i) {
   if (v.tag == NPUB_VALUE_INT) return {v.u.i};
   return call.int_list(i);
 }
-
 
 struct Reduction {
   TensorRef in, out;
@@ -110,14 +110,18 @@ struct SumR {
   using Acc = A;
   A init() const { return A(0); }
   template <typename V>
-  void step(A& a, V v, int64_t) const { a += static_cast<A>(v); }
+  void step(A& a, V v, int64_t) const {
+    a += static_cast<A>(v);
+  }
   void combine(A& a, const A& b) const { a += b; }
 };
 template <typename A>
 struct ProdR {
   A init() const { return A(1); }
   template <typename V>
-  void step(A& a, V v, int64_t) const { a *= static_cast<A>(v); }
+  void step(A& a, V v, int64_t) const {
+    a *= static_cast<A>(v);
+  }
   void combine(A& a, const A& b) const { a *= b; }
 };
 // max/min with NaN propagation and the first index of the extreme value.
@@ -181,15 +185,22 @@ struct NormR {
   template <typename V>
   void step(Acc& a, V x, int64_t) const {
     const double ax = std::fabs(static_cast<double>(x));
-    if (std::isinf(p)) a.v = (std::isnan(ax) || ax > a.v) ? ax : a.v;
-    else if (p == 0) a.v += ax != 0;
-    else if (p == 1) a.v += ax;
-    else if (p == 2) a.v += ax * ax;
-    else a.v += std::pow(ax, p);
+    if (std::isinf(p))
+      a.v = (std::isnan(ax) || ax > a.v) ? ax : a.v;
+    else if (p == 0)
+      a.v += ax != 0;
+    else if (p == 1)
+      a.v += ax;
+    else if (p == 2)
+      a.v += ax * ax;
+    else
+      a.v += std::pow(ax, p);
   }
   void combine(Acc& a, const Acc& b) const {
-    if (std::isinf(p)) a.v = (std::isnan(b.v) || b.v > a.v) ? b.v : a.v;
-    else a.v += b.v;
+    if (std::isinf(p))
+      a.v = (std::isnan(b.v) || b.v > a.v) ? b.v : a.v;
+    else
+      a.v += b.v;
   }
 };
 template <bool kAll>
@@ -200,8 +211,10 @@ struct BoolR {
   Acc init() const { return {kAll}; }
   template <typename V>
   void step(Acc& a, V v, int64_t) const {
-    if (kAll) a.v = a.v && (v != V(0));
-    else a.v = a.v || (v != V(0));
+    if (kAll)
+      a.v = a.v && (v != V(0));
+    else
+      a.v = a.v || (v != V(0));
   }
   void combine(Acc& a, const Acc& b) const { a.v = kAll ? (a.v && b.v) : (a.v || b.v); }
 };
@@ -225,10 +238,13 @@ void sum_mean(Call& call) {
   const DT def = is_integral(d, true) ? (kMean ? DT::unknown : DT::i64) : d;
   const DT od = dtype_arg(call, 3, def);
   if (kMean && !is_floating(od))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("mean(): could not infer output dtype. Input dtype must be either a "
-                                                     "floating point or complex dtype. Got: ") + dt_name(od == DT::unknown ? d : od));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string("mean(): could not infer output dtype. Input dtype must be either a "
+                          "floating point or complex dtype. Got: ") +
+                  dt_name(od == DT::unknown ? d : od));
   if (dt_of(out.dtype()) != od)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("out: expected dtype ") + dt_name(od) + " but found " + dt_name(dt_of(out.dtype())));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("out: expected dtype ") + dt_name(od) + " but found " +
+                                             dt_name(dt_of(out.dtype())));
   Reduction r = prepare(call, in, dims_arg(call, 1), call.bool_arg(2), out);
   const int64_t count = r.plan.count();
   visit_input(d, [&](auto tag) {
@@ -236,11 +252,13 @@ void sum_mean(Call& call) {
     if constexpr (std::is_floating_point_v<V> || kMean) {
       SumR<double> red;
       run_reduce<double>(call, in, r.plan, red, [&](int64_t o, double acc) {
-        put<double>(r, out, r.out_pos, o, kMean ? (count == 0 ? std::nan("") : acc / static_cast<double>(count)) : acc);
+        put<double>(r, out, r.out_pos, o,
+                    kMean ? (count == 0 ? std::nan("") : acc / static_cast<double>(count)) : acc);
       });
     } else {
       SumR<int64_t> red;
-      run_reduce<int64_t>(call, in, r.plan, red, [&](int64_t o, int64_t acc) { put<int64_t>(r, out, r.out_pos, o, acc); });
+      run_reduce<int64_t>(call, in, r.plan, red,
+                          [&](int64_t o, int64_t acc) { put<int64_t>(r, out, r.out_pos, o, acc); });
     }
   });
 }
@@ -251,21 +269,26 @@ void prod(Call& call) {
   const DT d = dt_of(in.dtype());
   const DT od = dtype_arg(call, 3, is_integral(d, true) ? DT::i64 : d);
   if (dt_of(out.dtype()) != od)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("out: expected dtype ") + dt_name(od) + " but found " + dt_name(dt_of(out.dtype())));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("out: expected dtype ") + dt_name(od) + " but found " +
+                                             dt_name(dt_of(out.dtype())));
   Reduction r = prepare(call, in, {call.int_arg(1)}, call.bool_arg(2), out);
   if (is_floating(d)) {
     ProdR<double> red;
-    run_reduce<double>(call, in, r.plan, red, [&](int64_t o, double acc) { put<double>(r, out, r.out_pos, o, acc); });
+    run_reduce<double>(call, in, r.plan, red,
+                       [&](int64_t o, double acc) { put<double>(r, out, r.out_pos, o, acc); });
   } else {
     ProdR<int64_t> red;
-    run_reduce<int64_t>(call, in, r.plan, red, [&](int64_t o, int64_t acc) { put<int64_t>(r, out, r.out_pos, o, acc); });
+    run_reduce<int64_t>(call, in, r.plan, red,
+                        [&](int64_t o, int64_t acc) { put<int64_t>(r, out, r.out_pos, o, acc); });
   }
 }
 
 void check_nonempty(const Call& call, const Reduction& r, const char* what) {
   if (r.plan.count() == 0 && r.plan.outputs > 0)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(what) + "(): Expected reduction dim to be specified for input.numel() == 0. "
-                                                             "Specify the reduction dim with the 'dim' argument.");
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string(what) +
+                  "(): Expected reduction dim to be specified for input.numel() == 0. "
+                  "Specify the reduction dim with the 'dim' argument.");
 }
 
 // aten::amax.out / aten::amin.out(self, int[1] dim=[], keepdim, *, out)
@@ -273,15 +296,17 @@ template <bool kMax>
 void amax_amin(Call& call) {
   TensorRef in = call.tensor(0), out = call.tensor(3);
   if (dt_of(out.dtype()) != dt_of(in.dtype()))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("Expected the dtype for input and out to match, but got ") +
-                                             dt_name(dt_of(in.dtype())) + " for input's dtype and " + dt_name(dt_of(out.dtype())) +
-                                             " for out's dtype.");
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string("Expected the dtype for input and out to match, but got ") +
+                  dt_name(dt_of(in.dtype())) + " for input's dtype and " + dt_name(dt_of(out.dtype())) +
+                  " for out's dtype.");
   Reduction r = prepare(call, in, call.int_list(1), call.bool_arg(2), out);
   check_nonempty(call, r, kMax ? "amax" : "amin");
   visit_input(dt_of(in.dtype()), [&](auto tag) {
     using V = decltype(tag);
     ExtremeR<V, kMax> red;
-    run_reduce<V>(call, in, r.plan, red, [&](int64_t o, const auto& acc) { put<V>(r, out, r.out_pos, o, acc.value); });
+    run_reduce<V>(call, in, r.plan, red,
+                  [&](int64_t o, const auto& acc) { put<V>(r, out, r.out_pos, o, acc.value); });
   });
 }
 
@@ -291,9 +316,10 @@ void max_min_dim(Call& call) {
   TensorRef in = call.tensor(0), values = call.tensor(3), indices = call.tensor(4);
   const int64_t dim = wrap_dim(call, call.int_arg(1), in.dim());
   if (in.dim() > 0 && in.size(static_cast<int32_t>(dim)) == 0)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(kMax ? "max" : "min") + "(): Expected reduction dim " + std::to_string(dim) +
-                                             " to have non-zero size.");
-  if (dt_of(indices.dtype()) != DT::i64) call.fail(NPUB_ERR_INVALID_ARGUMENT, "indices: expected dtype int64");
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(kMax ? "max" : "min") + "(): Expected reduction dim " +
+                                             std::to_string(dim) + " to have non-zero size.");
+  if (dt_of(indices.dtype()) != DT::i64)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "indices: expected dtype int64");
   Reduction r = prepare(call, in, {dim}, call.bool_arg(2), values);
   check_out(call, indices, r.out_shape, "indices");
   const std::vector<int64_t> ipos = element_offsets(indices);
@@ -315,13 +341,16 @@ void arg_extreme(Call& call) {
   const bool flat = call.is_none(1);
   const bool keepdim = call.bool_arg(2);
   if (in.numel() == 0)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(kMax ? "argmax" : "argmin") +
-                                             "(): Expected reduction dim to be specified for input.numel() == 0.");
-  Reduction r = prepare(call, in, flat ? std::vector<int64_t>{} : std::vector<int64_t>{call.int_arg(1)}, flat ? false : keepdim, out);
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string(kMax ? "argmax" : "argmin") +
+                  "(): Expected reduction dim to be specified for input.numel() == 0.");
+  Reduction r = prepare(call, in, flat ? std::vector<int64_t>{} : std::vector<int64_t>{call.int_arg(1)},
+                        flat ? false : keepdim, out);
   visit_input(dt_of(in.dtype()), [&](auto tag) {
     using V = decltype(tag);
     ExtremeR<V, kMax> red;
-    run_reduce<V>(call, in, r.plan, red, [&](int64_t o, const auto& acc) { put<int64_t>(r, out, r.out_pos, o, acc.index); });
+    run_reduce<V>(call, in, r.plan, red,
+                  [&](int64_t o, const auto& acc) { put<int64_t>(r, out, r.out_pos, o, acc.index); });
   });
 }
 
@@ -331,7 +360,8 @@ void var_std(Call& call) {
   TensorRef in = call.tensor(0), out = call.tensor(4);
   const DT d = dt_of(in.dtype());
   if (!is_floating(d))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(kStd ? "std" : "var") + " only supports floating-point dtypes, but found " + dt_name(d));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(kStd ? "std" : "var") +
+                                             " only supports floating-point dtypes, but found " + dt_name(d));
   const double correction = call.is_none(2) ? 1.0 : call.scalar_arg(2);
   Reduction r = prepare(call, in, dims_arg(call, 1), call.bool_arg(3), out);
   MomentsR red;
@@ -347,7 +377,9 @@ void var_std(Call& call) {
 void norm(Call& call) {
   TensorRef in = call.tensor(0), out = call.tensor(4);
   if (!is_floating(dt_of(in.dtype())))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("norm(): input dtype should be floating point, but got ") + dt_name(dt_of(in.dtype())));
+    call.fail(
+        NPUB_ERR_INVALID_ARGUMENT,
+        std::string("norm(): input dtype should be floating point, but got ") + dt_name(dt_of(in.dtype())));
   const double p = call.is_none(1) ? 2.0 : call.scalar_arg(1);
   Reduction r = prepare(call, in, call.int_list(2), call.bool_arg(3), out);
   NormR red{p};
@@ -365,17 +397,18 @@ void all_any(Call& call) {
   TensorRef in = call.tensor(0), out = call.tensor(3);
   const DT od = dt_of(out.dtype());
   if (od != DT::b8 && !(od == DT::u8 && dt_of(in.dtype()) == DT::u8))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(kAll ? "all" : "any") + " only supports bool tensor for result, got: " + dt_name(od));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(kAll ? "all" : "any") +
+                                             " only supports bool tensor for result, got: " + dt_name(od));
   // all.dims_out: None reduces every dim, [] none (ATen's int[]? semantics).
   const bool explicit_empty = call.arg(1).tag == NPUB_VALUE_INT_LIST && call.arg(1).count == 0;
   Reduction r = prepare(call, in, dims_arg(call, 1), call.bool_arg(2), out, explicit_empty);
   visit_input(dt_of(in.dtype()), [&](auto tag) {
     using V = decltype(tag);
     BoolR<kAll> red;
-    run_reduce<V>(call, in, r.plan, red, [&](int64_t o, const auto& acc) { put<bool>(r, out, r.out_pos, o, acc.v); });
+    run_reduce<V>(call, in, r.plan, red,
+                  [&](int64_t o, const auto& acc) { put<bool>(r, out, r.out_pos, o, acc.v); });
   });
 }
-
 
 }  // namespace
 
@@ -383,22 +416,64 @@ void register_reduce(npub::sdk::Registrar& r) {
   const auto all = dtypes_all();
   const auto numeric = dtypes_numeric();
   const auto floating = dtypes_floating();
-  r.op("aten::sum.IntList_out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)", &sum_mean<false>).dtypes(all);
-  r.op("aten::mean.out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)", &sum_mean<true>).dtypes(all);
-  r.op("aten::prod.int_out(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)", &prod).dtypes(all);
-  r.op("aten::amax.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &amax_amin<true>).dtypes(all);
-  r.op("aten::amin.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &amax_amin<false>).dtypes(all);
-  r.op("aten::max.dim_max(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) max, Tensor(b!) max_values) -> (Tensor(a!) values, Tensor(b!) indices)", &max_min_dim<true>).dtypes(all);
-  r.op("aten::min.dim_min(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) min, Tensor(b!) min_indices) -> (Tensor(a!) values, Tensor(b!) indices)", &max_min_dim<false>).dtypes(all);
-  r.op("aten::argmax.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &arg_extreme<true>).dtypes(numeric);
-  r.op("aten::argmin.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &arg_extreme<false>).dtypes(numeric);
-  r.op("aten::var.correction_out(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False, Tensor(a!) out) -> Tensor(a!)", &var_std<false>).dtypes(floating);
-  r.op("aten::std.correction_out(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool keepdim=False, Tensor(a!) out) -> Tensor(a!)", &var_std<true>).dtypes(floating);
-  r.op("aten::norm.out(Tensor self, Scalar? p, int[1] dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &norm).dtypes(floating);
-  r.op("aten::all.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &all_any<true>).dtypes(all);
-  r.op("aten::any.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &all_any<false>).dtypes(all);
-  r.op("aten::all.out(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &all_any<true>).dtypes(all);
-  r.op("aten::any.out(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)", &all_any<false>).dtypes(all);
+  r.op("aten::sum.IntList_out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, "
+       "Tensor(a!) out) -> Tensor(a!)",
+       &sum_mean<false>)
+      .dtypes(all);
+  r.op("aten::mean.out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) "
+       "out) -> Tensor(a!)",
+       &sum_mean<true>)
+      .dtypes(all);
+  r.op("aten::prod.int_out(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) "
+       "out) -> Tensor(a!)",
+       &prod)
+      .dtypes(all);
+  r.op("aten::amax.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)",
+       &amax_amin<true>)
+      .dtypes(all);
+  r.op("aten::amin.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)",
+       &amax_amin<false>)
+      .dtypes(all);
+  r.op("aten::max.dim_max(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) max, Tensor(b!) "
+       "max_values) -> (Tensor(a!) values, Tensor(b!) indices)",
+       &max_min_dim<true>)
+      .dtypes(all);
+  r.op("aten::min.dim_min(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) min, Tensor(b!) "
+       "min_indices) -> (Tensor(a!) values, Tensor(b!) indices)",
+       &max_min_dim<false>)
+      .dtypes(all);
+  r.op("aten::argmax.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)",
+       &arg_extreme<true>)
+      .dtypes(numeric);
+  r.op("aten::argmin.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)",
+       &arg_extreme<false>)
+      .dtypes(numeric);
+  r.op("aten::var.correction_out(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool "
+       "keepdim=False, Tensor(a!) out) -> Tensor(a!)",
+       &var_std<false>)
+      .dtypes(floating);
+  r.op("aten::std.correction_out(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool "
+       "keepdim=False, Tensor(a!) out) -> Tensor(a!)",
+       &var_std<true>)
+      .dtypes(floating);
+  r.op("aten::norm.out(Tensor self, Scalar? p, int[1] dim, bool keepdim=False, *, Tensor(a!) out) -> "
+       "Tensor(a!)",
+       &norm)
+      .dtypes(floating);
+  r.op("aten::all.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> "
+       "Tensor(a!)",
+       &all_any<true>)
+      .dtypes(all);
+  r.op("aten::any.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> "
+       "Tensor(a!)",
+       &all_any<false>)
+      .dtypes(all);
+  r.op("aten::all.out(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)",
+       &all_any<true>)
+      .dtypes(all);
+  r.op("aten::any.out(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)",
+       &all_any<false>)
+      .dtypes(all);
 }
 
 }  // namespace cann_like

@@ -13,7 +13,8 @@ void cumsum(Call& call) {
   const DT d = dt_of(in.dtype());
   const DT od = dtype_arg(call, 2, is_integral(d, true) ? DT::i64 : d);
   if (dt_of(out.dtype()) != od)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("out: expected dtype ") + dt_name(od) + " but found " + dt_name(dt_of(out.dtype())));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("out: expected dtype ") + dt_name(od) + " but found " +
+                                             dt_name(dt_of(out.dtype())));
   check_out(call, out, in.sizes());
   const int64_t dim = wrap_dim(call, call.int_arg(1), in.dim());
   std::vector<bool> mask(static_cast<size_t>(in.dim()), false);
@@ -44,7 +45,9 @@ void cumsum(Call& call) {
 
 void register_scan(npub::sdk::Registrar& r) {
   const auto all = dtypes_all();
-  r.op("aten::cumsum.out(Tensor self, int dim, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)", &cumsum).dtypes(all);
+  r.op("aten::cumsum.out(Tensor self, int dim, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)",
+       &cumsum)
+      .dtypes(all);
 }
 
 }  // namespace cann_like

@@ -4,8 +4,8 @@
 // level (isa.h); other rows and the backward accumulate in their compute
 // type or double.
 #include "elementwise.h"
-#include "ops.h"
 #include "isa.h"
+#include "ops.h"
 
 #include <cmath>
 #include <limits>
@@ -21,9 +21,12 @@ SoftmaxView softmax_view(const Call& call, const TensorRef& t, int64_t dim_arg) 
   SoftmaxView v;
   const int64_t dim = wrap_dim(call, dim_arg, t.dim());
   for (int32_t i = 0; i < t.dim(); ++i) {
-    if (i < dim) v.outer *= t.size(i);
-    else if (i == dim) v.d = t.size(i);
-    else v.inner *= t.size(i);
+    if (i < dim)
+      v.outer *= t.size(i);
+    else if (i == dim)
+      v.d = t.size(i);
+    else
+      v.inner *= t.size(i);
   }
   return v;
 }
@@ -34,7 +37,8 @@ SoftmaxView softmax_view(const Call& call, const TensorRef& t, int64_t dim_arg) 
 // reduction written with `?:`, which kept the first pass scalar), fast_exp
 // for the exponentials.
 using F32x16 = float __attribute__((vector_size(64), aligned(4)));
-CANN_LIKE_ISA_BODY void softmax_row_body(const float* __restrict x, float* __restrict y, int64_t d, bool log) {
+CANN_LIKE_ISA_BODY void softmax_row_body(const float* __restrict x, float* __restrict y, int64_t d,
+                                         bool log) {
   // A NaN in the row needs no special case: the max skips it, exp(NaN - mx)
   // is NaN, so the sum and every output become NaN, as in ATen.
   constexpr int64_t L = 16;
@@ -77,11 +81,14 @@ void softmax_fwd(Call& call) {
   TensorRef in = call.tensor(0), out = call.tensor(3);
   const bool half_to_float = call.bool_arg(2);
   const DT d = dt_of(in.dtype()), od = dt_of(out.dtype());
-  if (!is_floating(d)) call.fail(NPUB_ERR_UNSUPPORTED, std::string("softmax expects a floating tensor but found ") + dt_name(d));
+  if (!is_floating(d))
+    call.fail(NPUB_ERR_UNSUPPORTED, std::string("softmax expects a floating tensor but found ") + dt_name(d));
   if (half_to_float && d != DT::f16 && d != DT::bf16)
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "conversion from Half to Float is supported only for half inputs");
   if (od != (half_to_float ? DT::f32 : d))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("out: expected dtype ") + dt_name(half_to_float ? DT::f32 : d) + " but found " + dt_name(od));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("out: expected dtype ") +
+                                             dt_name(half_to_float ? DT::f32 : d) + " but found " +
+                                             dt_name(od));
   check_out(call, out, in.sizes());
   const SoftmaxView v = softmax_view(call, in, call.int_arg(1));
   const int64_t rows = v.outer * v.inner;
@@ -95,7 +102,8 @@ void softmax_fwd(Call& call) {
     const int64_t step = v.inner;
     if constexpr (std::is_same_v<T, float>) {
       if (d == DT::f32 && od == DT::f32 && step == 1) {  // the hot case: contiguous fp32 rows
-        softmax_row_f32(reinterpret_cast<const float*>(ib) + base, reinterpret_cast<float*>(ob) + base, v.d, kLog);
+        softmax_row_f32(reinterpret_cast<const float*>(ib) + base, reinterpret_cast<float*>(ob) + base, v.d,
+                        kLog);
         return;
       }
     }
@@ -114,9 +122,10 @@ void softmax_fwd(Call& call) {
   visit_compute(d, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_floating_point_v<T>) {
-      call.parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(v.d, 1)), [&](int64_t b, int64_t e) {
-        for (int64_t r = b; r < e; ++r) row(T{}, r);
-      });
+      call.parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(v.d, 1)),
+                        [&](int64_t b, int64_t e) {
+                          for (int64_t r = b; r < e; ++r) row(T{}, r);
+                        });
     }
   });
 }
@@ -127,13 +136,15 @@ template <bool kLog>
 void softmax_bwd(Call& call) {
   TensorRef g = call.tensor(0), y = call.tensor(1), gi = call.tensor(4);
   const DT gd = dt_of(g.dtype()), yd = dt_of(y.dtype()), od = dt_of(gi.dtype());
-  if (!is_floating(gd) || !is_floating(yd)) call.fail(NPUB_ERR_UNSUPPORTED, "softmax backward expects floating tensors");
+  if (!is_floating(gd) || !is_floating(yd))
+    call.fail(NPUB_ERR_UNSUPPORTED, "softmax backward expects floating tensors");
   if (g.sizes() != y.sizes())
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "grad_output of shape " + shape_str(g.sizes()) + " does not match output of shape " +
-                                             shape_str(y.sizes()));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "grad_output of shape " + shape_str(g.sizes()) +
+                                             " does not match output of shape " + shape_str(y.sizes()));
   const DT expected = from_scalar_type(call.int_arg(3));
   if (expected != od && !(od == gd))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("grad_input: expected dtype ") + dt_name(expected) + " but found " + dt_name(od));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string("grad_input: expected dtype ") + dt_name(expected) + " but found " + dt_name(od));
   check_out(call, gi, g.sizes());
   const SoftmaxView v = softmax_view(call, g, call.int_arg(2));
   const int64_t rows = v.outer * v.inner;
@@ -141,33 +152,48 @@ void softmax_bwd(Call& call) {
   const char* yb = y.data<char>();
   char* ob = gi.data<char>();
   const int64_t ges = dt_size(gd), yes = dt_size(yd), oes = dt_size(od);
-  call.parallel_for(0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(v.d, 1)), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const int64_t o = r / v.inner, i = r % v.inner;
-      const int64_t base = o * v.d * v.inner + i;
-      double acc = 0;
-      for (int64_t j = 0; j < v.d; ++j) {
-        const int64_t k = base + j * v.inner;
-        const double gv = load<double>(gb + k * ges, gd);
-        acc += kLog ? gv : gv * load<double>(yb + k * yes, yd);
-      }
-      for (int64_t j = 0; j < v.d; ++j) {
-        const int64_t k = base + j * v.inner;
-        const double gv = load<double>(gb + k * ges, gd), yv = load<double>(yb + k * yes, yd);
-        store<double>(ob + k * oes, od, kLog ? gv - std::exp(yv) * acc : yv * (gv - acc));
-      }
-    }
-  });
+  call.parallel_for(
+      0, rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(v.d, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) {
+          const int64_t o = r / v.inner, i = r % v.inner;
+          const int64_t base = o * v.d * v.inner + i;
+          double acc = 0;
+          for (int64_t j = 0; j < v.d; ++j) {
+            const int64_t k = base + j * v.inner;
+            const double gv = load<double>(gb + k * ges, gd);
+            acc += kLog ? gv : gv * load<double>(yb + k * yes, yd);
+          }
+          for (int64_t j = 0; j < v.d; ++j) {
+            const int64_t k = base + j * v.inner;
+            const double gv = load<double>(gb + k * ges, gd), yv = load<double>(yb + k * yes, yd);
+            store<double>(ob + k * oes, od, kLog ? gv - std::exp(yv) * acc : yv * (gv - acc));
+          }
+        }
+      });
 }
 
 }  // namespace
 
 void register_softmax(npub::sdk::Registrar& r) {
   const auto floating = dtypes_floating();
-  r.op("aten::_softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)", &softmax_fwd<false>).dtypes(floating).contiguous_only();
-  r.op("aten::_log_softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)", &softmax_fwd<true>).dtypes(floating).contiguous_only();
-  r.op("aten::_softmax_backward_data.out(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype, *, Tensor(a!) grad_input) -> Tensor(a!)", &softmax_bwd<false>).dtypes(floating).contiguous_only();
-  r.op("aten::_log_softmax_backward_data.out(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype, *, Tensor(a!) out) -> Tensor(a!)", &softmax_bwd<true>).dtypes(floating).contiguous_only();
+  r.op("aten::_softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)",
+       &softmax_fwd<false>)
+      .dtypes(floating)
+      .contiguous_only();
+  r.op("aten::_log_softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)",
+       &softmax_fwd<true>)
+      .dtypes(floating)
+      .contiguous_only();
+  r.op("aten::_softmax_backward_data.out(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype, "
+       "*, Tensor(a!) grad_input) -> Tensor(a!)",
+       &softmax_bwd<false>)
+      .dtypes(floating)
+      .contiguous_only();
+  r.op("aten::_log_softmax_backward_data.out(Tensor grad_output, Tensor output, int dim, ScalarType "
+       "input_dtype, *, Tensor(a!) out) -> Tensor(a!)",
+       &softmax_bwd<true>)
+      .dtypes(floating)
+      .contiguous_only();
 }
 
 }  // namespace cann_like

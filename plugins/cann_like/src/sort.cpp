@@ -15,8 +15,8 @@ namespace {
 // Sorts each [dim] slice; writes the first `k` (values, indices). NaN is
 // greater than every number (as ATen); ties keep index order (stable).
 template <typename T>
-void sort_slices(const Call& call, const TensorRef& self, int64_t dim, int64_t k, bool descending, const TensorRef& values,
-                 const TensorRef& indices) {
+void sort_slices(const Call& call, const TensorRef& self, int64_t dim, int64_t k, bool descending,
+                 const TensorRef& values, const TensorRef& indices) {
   const DimView v = dim_view(self, dim);
   const DT d = dt_of(self.dtype());
   const int64_t es = dt_size(d), oes = dt_size(dt_of(values.dtype()));
@@ -25,7 +25,8 @@ void sort_slices(const Call& call, const TensorRef& self, int64_t dim, int64_t k
     for (int64_t r = b; r < e; ++r) {
       const int64_t o = r / v.inner, i = r % v.inner;
       for (int64_t j = 0; j < v.size; ++j)
-        row[static_cast<size_t>(j)] = {load<T>(self.data<char>() + ((o * v.size + j) * v.inner + i) * es, d), j};
+        row[static_cast<size_t>(j)] = {load<T>(self.data<char>() + ((o * v.size + j) * v.inner + i) * es, d),
+                                       j};
       auto less = [](const std::pair<T, int64_t>& a, const std::pair<T, int64_t>& c) {
         if constexpr (std::is_floating_point_v<T>) {
           if (std::isnan(a.first)) return false;
@@ -46,19 +47,22 @@ void sort_slices(const Call& call, const TensorRef& self, int64_t dim, int64_t k
   });
 }
 
-void run_sort(Call& call, const TensorRef& self, int64_t dim_arg, int64_t k, bool descending, const TensorRef& values,
-              const TensorRef& indices, const char* op) {
+void run_sort(Call& call, const TensorRef& self, int64_t dim_arg, int64_t k, bool descending,
+              const TensorRef& values, const TensorRef& indices, const char* op) {
   const int64_t dim = wrap_dim(call, dim_arg, self.dim());
   const int64_t size = self.dim() == 0 ? 1 : self.size(static_cast<int32_t>(dim));
   if (k < 0 || k > size)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(op) + "(): k (" + std::to_string(k) + ") out of range for dimension " +
-                                             std::to_string(dim) + " of size " + std::to_string(size));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(op) + "(): k (" + std::to_string(k) +
+                                             ") out of range for dimension " + std::to_string(dim) +
+                                             " of size " + std::to_string(size));
   Shape shape = self.sizes();
   if (self.dim() > 0) shape[static_cast<size_t>(dim)] = k;
   check_out(call, values, shape, "values");
   check_out(call, indices, shape, "indices");
-  if (dt_of(indices.dtype()) != DT::i64) call.fail(NPUB_ERR_INVALID_ARGUMENT, "indices: expected dtype int64");
-  if (dt_of(values.dtype()) != dt_of(self.dtype())) call.fail(NPUB_ERR_INVALID_ARGUMENT, "values: expected the dtype of self");
+  if (dt_of(indices.dtype()) != DT::i64)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "indices: expected dtype int64");
+  if (dt_of(values.dtype()) != dt_of(self.dtype()))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "values: expected the dtype of self");
   visit_compute(dt_of(self.dtype()), [&](auto tag) {
     using T = decltype(tag);
     sort_slices<T>(call, self, self.dim() == 0 ? 0 : dim, k, descending, values, indices);
@@ -67,7 +71,8 @@ void run_sort(Call& call, const TensorRef& self, int64_t dim_arg, int64_t k, boo
 
 // aten::topk.values(self, k, dim=-1, largest=True, sorted=True, *, values!, indices!)
 void topk(Call& call) {
-  run_sort(call, call.tensor(0), call.int_arg(2), call.int_arg(1), call.bool_arg(3), call.tensor(5), call.tensor(6), "topk");
+  run_sort(call, call.tensor(0), call.int_arg(2), call.int_arg(1), call.bool_arg(3), call.tensor(5),
+           call.tensor(6), "topk");
 }
 
 // aten::sort.values_stable(self, *, stable?, dim=-1, descending=False, values!, indices!)
@@ -81,8 +86,16 @@ void sort(Call& call) {
 }  // namespace
 
 void register_sort(npub::sdk::Registrar& r) {
-  r.op("aten::topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)", &topk).dtypes(dtypes_numeric()).contiguous_only();
-  r.op("aten::sort.values_stable(Tensor self, *, bool? stable, int dim=-1, bool descending=False, Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)", &sort).dtypes(dtypes_numeric()).contiguous_only();
+  r.op("aten::topk.values(Tensor self, SymInt k, int dim=-1, bool largest=True, bool sorted=True, *, "
+       "Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)",
+       &topk)
+      .dtypes(dtypes_numeric())
+      .contiguous_only();
+  r.op("aten::sort.values_stable(Tensor self, *, bool? stable, int dim=-1, bool descending=False, Tensor(a!) "
+       "values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)",
+       &sort)
+      .dtypes(dtypes_numeric())
+      .contiguous_only();
 }
 
 }  // namespace cann_like

@@ -11,15 +11,47 @@ namespace cann_like {
 namespace {
 
 enum class U {
-  neg, abs, exp, log, log1p, sqrt, rsqrt, reciprocal, sin, cos, tanh, sigmoid, relu, gelu, gelu_tanh,
-  silu, erf, sign, floor, ceil, round, logical_not, isnan
+  neg,
+  abs,
+  exp,
+  log,
+  log1p,
+  sqrt,
+  rsqrt,
+  reciprocal,
+  sin,
+  cos,
+  tanh,
+  sigmoid,
+  relu,
+  gelu,
+  gelu_tanh,
+  silu,
+  erf,
+  sign,
+  floor,
+  ceil,
+  round,
+  logical_not,
+  isnan
 };
 
 constexpr bool is_float_fn(U op) {
   switch (op) {
-    case U::exp: case U::log: case U::log1p: case U::sqrt: case U::rsqrt: case U::reciprocal:
-    case U::sin: case U::cos: case U::tanh: case U::sigmoid: case U::gelu: case U::gelu_tanh:
-    case U::silu: case U::erf:
+    case U::exp:
+    case U::log:
+    case U::log1p:
+    case U::sqrt:
+    case U::rsqrt:
+    case U::reciprocal:
+    case U::sin:
+    case U::cos:
+    case U::tanh:
+    case U::sigmoid:
+    case U::gelu:
+    case U::gelu_tanh:
+    case U::silu:
+    case U::erf:
       return true;
     default:
       return false;
@@ -28,45 +60,76 @@ constexpr bool is_float_fn(U op) {
 
 template <U kOp, typename T>
 inline auto apply(T x) {
-  if constexpr (kOp == U::logical_not) return !static_cast<bool>(x);
+  if constexpr (kOp == U::logical_not)
+    return !static_cast<bool>(x);
   else if constexpr (kOp == U::isnan) {
-    if constexpr (std::is_floating_point_v<T>) return static_cast<bool>(std::isnan(x));
-    else return false;
-  } else if constexpr (kOp == U::neg) return static_cast<T>(-x);
+    if constexpr (std::is_floating_point_v<T>)
+      return static_cast<bool>(std::isnan(x));
+    else
+      return false;
+  } else if constexpr (kOp == U::neg)
+    return static_cast<T>(-x);
   else if constexpr (kOp == U::abs) {
-    if constexpr (std::is_same_v<T, bool> || std::is_unsigned_v<T>) return x;
-    else return static_cast<T>(x < 0 ? -x : x);
+    if constexpr (std::is_same_v<T, bool> || std::is_unsigned_v<T>)
+      return x;
+    else
+      return static_cast<T>(x < 0 ? -x : x);
   } else if constexpr (kOp == U::sign) {
-    if constexpr (std::is_same_v<T, bool>) return x;
-    else if constexpr (std::is_floating_point_v<T>) return std::isnan(x) ? T(0) : static_cast<T>((T(0) < x) - (x < T(0)));
-    else return static_cast<T>((T(0) < x) - (x < T(0)));
+    if constexpr (std::is_same_v<T, bool>)
+      return x;
+    else if constexpr (std::is_floating_point_v<T>)
+      return std::isnan(x) ? T(0) : static_cast<T>((T(0) < x) - (x < T(0)));
+    else
+      return static_cast<T>((T(0) < x) - (x < T(0)));
   } else if constexpr (kOp == U::relu) {
-    if constexpr (std::is_same_v<T, bool>) return x;
-    else if constexpr (std::is_floating_point_v<T>) return std::isnan(x) ? x : (x > T(0) ? x : T(0));
-    else return x > T(0) ? x : T(0);
+    if constexpr (std::is_same_v<T, bool>)
+      return x;
+    else if constexpr (std::is_floating_point_v<T>)
+      return std::isnan(x) ? x : (x > T(0) ? x : T(0));
+    else
+      return x > T(0) ? x : T(0);
   } else if constexpr (kOp == U::floor) {
-    if constexpr (std::is_floating_point_v<T>) return std::floor(x);
-    else return x;
+    if constexpr (std::is_floating_point_v<T>)
+      return std::floor(x);
+    else
+      return x;
   } else if constexpr (kOp == U::ceil) {
-    if constexpr (std::is_floating_point_v<T>) return std::ceil(x);
-    else return x;
+    if constexpr (std::is_floating_point_v<T>)
+      return std::ceil(x);
+    else
+      return x;
   } else if constexpr (kOp == U::round) {
-    if constexpr (std::is_floating_point_v<T>) return std::nearbyint(x);  // half to even
-    else return x;
-  } else if constexpr (kOp == U::exp) return std::exp(x);
-  else if constexpr (kOp == U::log) return std::log(x);
-  else if constexpr (kOp == U::log1p) return std::log1p(x);
-  else if constexpr (kOp == U::sqrt) return std::sqrt(x);
-  else if constexpr (kOp == U::rsqrt) return T(1) / std::sqrt(x);
-  else if constexpr (kOp == U::reciprocal) return T(1) / x;
-  else if constexpr (kOp == U::sin) return std::sin(x);
-  else if constexpr (kOp == U::cos) return std::cos(x);
-  else if constexpr (kOp == U::tanh) return std::tanh(x);
-  else if constexpr (kOp == U::sigmoid) return T(1) / (T(1) + std::exp(-x));
-  else if constexpr (kOp == U::silu) return x / (T(1) + std::exp(-x));
-  else if constexpr (kOp == U::erf) return std::erf(x);
-  else if constexpr (kOp == U::gelu) return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440)));
-  else {  // gelu_tanh
+    if constexpr (std::is_floating_point_v<T>)
+      return std::nearbyint(x);  // half to even
+    else
+      return x;
+  } else if constexpr (kOp == U::exp)
+    return std::exp(x);
+  else if constexpr (kOp == U::log)
+    return std::log(x);
+  else if constexpr (kOp == U::log1p)
+    return std::log1p(x);
+  else if constexpr (kOp == U::sqrt)
+    return std::sqrt(x);
+  else if constexpr (kOp == U::rsqrt)
+    return T(1) / std::sqrt(x);
+  else if constexpr (kOp == U::reciprocal)
+    return T(1) / x;
+  else if constexpr (kOp == U::sin)
+    return std::sin(x);
+  else if constexpr (kOp == U::cos)
+    return std::cos(x);
+  else if constexpr (kOp == U::tanh)
+    return std::tanh(x);
+  else if constexpr (kOp == U::sigmoid)
+    return T(1) / (T(1) + std::exp(-x));
+  else if constexpr (kOp == U::silu)
+    return x / (T(1) + std::exp(-x));
+  else if constexpr (kOp == U::erf)
+    return std::erf(x);
+  else if constexpr (kOp == U::gelu)
+    return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440)));
+  else {                                    // gelu_tanh
     const T k = T(0.79788456080286535588);  // sqrt(2/pi)
     return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
   }
@@ -87,8 +150,9 @@ void run_unary(Call& call, const TensorRef& self, const TensorRef& out) {
   if constexpr (kOp != U::logical_not && kOp != U::isnan) check_castable(call, compute, out);
   if constexpr (kOp == U::neg) {
     if (d == DT::b8)
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, "Negation, the `-` operator, on a bool tensor is not supported. "
-                                           "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
+      call.fail(NPUB_ERR_INVALID_ARGUMENT,
+                "Negation, the `-` operator, on a bool tensor is not supported. "
+                "If you are trying to invert a mask, use the `~` or `logical_not()` operator instead.");
   }
   check_out(call, out, self.sizes());
   Iter it = make_iter(out, {self});
@@ -110,9 +174,13 @@ void unary_out(Call& call) {
 // aten::gelu.out(self, *, approximate="none", out)
 void gelu_out(Call& call) {
   const std::string approx = call.string_arg(1);
-  if (approx == "none") run_unary<U::gelu>(call, call.tensor(0), call.tensor(2));
-  else if (approx == "tanh") run_unary<U::gelu_tanh>(call, call.tensor(0), call.tensor(2));
-  else call.fail(NPUB_ERR_INVALID_ARGUMENT, "approximate argument must be either none or tanh but found '" + approx + "'");
+  if (approx == "none")
+    run_unary<U::gelu>(call, call.tensor(0), call.tensor(2));
+  else if (approx == "tanh")
+    run_unary<U::gelu_tanh>(call, call.tensor(0), call.tensor(2));
+  else
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "approximate argument must be either none or tanh but found '" + approx + "'");
 }
 
 // aten::relu (functional) / aten::relu_ (in place)
@@ -143,9 +211,11 @@ template <G kOp>
 void activation_backward(Call& call) {
   TensorRef g = call.tensor(0), x = call.tensor(1), out = call.tensor(call.num_args() - 1);
   const DT d = dt_of(g.dtype());
-  if (!is_floating(d)) call.fail(NPUB_ERR_UNSUPPORTED, std::string("expected floating tensors but found ") + dt_name(d));
+  if (!is_floating(d))
+    call.fail(NPUB_ERR_UNSUPPORTED, std::string("expected floating tensors but found ") + dt_name(d));
   if (g.sizes() != x.sizes())
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "grad_output of shape " + shape_str(g.sizes()) + " does not match " + shape_str(x.sizes()));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "grad_output of shape " + shape_str(g.sizes()) + " does not match " + shape_str(x.sizes()));
   check_out(call, out, g.sizes(), "grad_input");
   Iter it = make_iter(out, {g, x});
   visit_compute(d, [&](auto tag) {
@@ -184,20 +254,39 @@ void activation_backward(Call& call) {
 
 void gelu_backward(Call& call) {
   const std::string approx = call.string_arg(2);
-  if (approx == "none") activation_backward<G::gelu>(call);
-  else if (approx == "tanh") activation_backward<G::gelu_tanh>(call);
-  else call.fail(NPUB_ERR_INVALID_ARGUMENT, "approximate argument must be either none or tanh but found '" + approx + "'");
+  if (approx == "none")
+    activation_backward<G::gelu>(call);
+  else if (approx == "tanh")
+    activation_backward<G::gelu_tanh>(call);
+  else
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "approximate argument must be either none or tanh but found '" + approx + "'");
 }
 
 }  // namespace
 
 void register_unary(npub::sdk::Registrar& r) {
   const auto floating = dtypes_floating();
-  r.op("aten::gelu_backward.grad_input(Tensor grad_output, Tensor self, *, str approximate=\"none\", Tensor(a!) grad_input) -> Tensor(a!)", &gelu_backward).dtypes(floating);
-  r.op("aten::threshold_backward.grad_input(Tensor grad_output, Tensor self, Scalar threshold, *, Tensor(a!) grad_input) -> Tensor(a!)", &activation_backward<G::threshold>).dtypes(floating);
-  r.op("aten::sigmoid_backward.grad_input(Tensor grad_output, Tensor output, *, Tensor(a!) grad_input) -> Tensor(a!)", &activation_backward<G::sigmoid>).dtypes(floating);
-  r.op("aten::tanh_backward.grad_input(Tensor grad_output, Tensor output, *, Tensor(a!) grad_input) -> Tensor(a!)", &activation_backward<G::tanh>).dtypes(floating);
-  r.op("aten::silu_backward.grad_input(Tensor grad_output, Tensor self, *, Tensor(a!) grad_input) -> Tensor(a!)", &activation_backward<G::silu>).dtypes(floating);
+  r.op("aten::gelu_backward.grad_input(Tensor grad_output, Tensor self, *, str approximate=\"none\", "
+       "Tensor(a!) grad_input) -> Tensor(a!)",
+       &gelu_backward)
+      .dtypes(floating);
+  r.op("aten::threshold_backward.grad_input(Tensor grad_output, Tensor self, Scalar threshold, *, Tensor(a!) "
+       "grad_input) -> Tensor(a!)",
+       &activation_backward<G::threshold>)
+      .dtypes(floating);
+  r.op("aten::sigmoid_backward.grad_input(Tensor grad_output, Tensor output, *, Tensor(a!) grad_input) -> "
+       "Tensor(a!)",
+       &activation_backward<G::sigmoid>)
+      .dtypes(floating);
+  r.op("aten::tanh_backward.grad_input(Tensor grad_output, Tensor output, *, Tensor(a!) grad_input) -> "
+       "Tensor(a!)",
+       &activation_backward<G::tanh>)
+      .dtypes(floating);
+  r.op("aten::silu_backward.grad_input(Tensor grad_output, Tensor self, *, Tensor(a!) grad_input) -> "
+       "Tensor(a!)",
+       &activation_backward<G::silu>)
+      .dtypes(floating);
   const auto all = dtypes_all();
   const auto numeric = dtypes_numeric();
   struct Entry {
@@ -206,24 +295,36 @@ void register_unary(npub::sdk::Registrar& r) {
     bool with_bool;
   };
   const Entry entries[] = {
-      {"neg", &unary_out<U::neg>, false},         {"abs", &unary_out<U::abs>, false},
-      {"exp", &unary_out<U::exp>, true},          {"log", &unary_out<U::log>, true},
-      {"log1p", &unary_out<U::log1p>, true},      {"sqrt", &unary_out<U::sqrt>, true},
-      {"rsqrt", &unary_out<U::rsqrt>, true},      {"reciprocal", &unary_out<U::reciprocal>, true},
-      {"sin", &unary_out<U::sin>, true},          {"cos", &unary_out<U::cos>, true},
-      {"tanh", &unary_out<U::tanh>, true},        {"sigmoid", &unary_out<U::sigmoid>, true},
-      {"silu", &unary_out<U::silu>, false},       {"erf", &unary_out<U::erf>, true},
-      {"sign", &unary_out<U::sign>, true},        {"floor", &unary_out<U::floor>, false},
-      {"ceil", &unary_out<U::ceil>, false},       {"round", &unary_out<U::round>, false},
+      {"neg", &unary_out<U::neg>, false},
+      {"abs", &unary_out<U::abs>, false},
+      {"exp", &unary_out<U::exp>, true},
+      {"log", &unary_out<U::log>, true},
+      {"log1p", &unary_out<U::log1p>, true},
+      {"sqrt", &unary_out<U::sqrt>, true},
+      {"rsqrt", &unary_out<U::rsqrt>, true},
+      {"reciprocal", &unary_out<U::reciprocal>, true},
+      {"sin", &unary_out<U::sin>, true},
+      {"cos", &unary_out<U::cos>, true},
+      {"tanh", &unary_out<U::tanh>, true},
+      {"sigmoid", &unary_out<U::sigmoid>, true},
+      {"silu", &unary_out<U::silu>, false},
+      {"erf", &unary_out<U::erf>, true},
+      {"sign", &unary_out<U::sign>, true},
+      {"floor", &unary_out<U::floor>, false},
+      {"ceil", &unary_out<U::ceil>, false},
+      {"round", &unary_out<U::round>, false},
       {"logical_not", &unary_out<U::logical_not>, true},
   };
   for (const Entry& e : entries) {
     const std::string op = std::string("aten::") + e.name + ".out";
     // silu has no integer kernel in ATen either.
     r.op((op + "(Tensor self, *, Tensor(a!) out) -> Tensor(a!)").c_str(), e.fn)
-        .dtypes(std::string(e.name) == "silu" ? dtypes_floating() : e.with_bool ? all : numeric);
+        .dtypes(std::string(e.name) == "silu" ? dtypes_floating()
+                : e.with_bool                 ? all
+                                              : numeric);
   }
-  r.op("aten::gelu.out(Tensor self, *, str approximate=\"none\", Tensor(a!) out) -> Tensor(a!)", &gelu_out).dtypes(dtypes_floating());
+  r.op("aten::gelu.out(Tensor self, *, str approximate=\"none\", Tensor(a!) out) -> Tensor(a!)", &gelu_out)
+      .dtypes(dtypes_floating());
   r.op("aten::relu(Tensor self) -> Tensor", &relu_fn).dtypes(numeric);
   r.op("aten::relu_(Tensor(a!) self) -> Tensor(a!)", &relu_inplace).dtypes(numeric);
   r.op("aten::isnan(Tensor self) -> Tensor", &isnan_fn).dtypes(all);

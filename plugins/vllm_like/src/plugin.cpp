@@ -18,16 +18,17 @@ using npub::sdk::TensorRef;
 void silu_and_mul_meta(Call& call) {
   TensorRef out = call.tensor(0), in = call.tensor(1);
   if (in.dim() < 1 || in.size(-1) % 2 != 0)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "input: expected an even last dimension but found shape " +
-                                             Call::shape_str(in.sizes()));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "input: expected an even last dimension but found shape " + Call::shape_str(in.sizes()));
   std::vector<int64_t> expected = in.sizes();
   expected.back() /= 2;
   if (out.sizes() != expected)
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "out: expected shape " + Call::shape_str(expected) + " but found " +
                                              Call::shape_str(out.sizes()));
   if (!out.is(in.dtype()))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "out: expected the dtype of input (" + npub::sdk::dtype_name(in.dtype()) +
-                                             ") but found " + npub::sdk::dtype_name(out.dtype()));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "out: expected the dtype of input (" +
+                                             npub::sdk::dtype_name(in.dtype()) + ") but found " +
+                                             npub::sdk::dtype_name(out.dtype()));
 }
 
 void silu_and_mul(Call& call) {

@@ -6,8 +6,10 @@ namespace npub::torch_backend {
 size_t count_tensors(c10::ArrayRef<c10::IValue> args) {
   size_t n = 0;
   for (const auto& v : args) {
-    if (v.isTensor()) ++n;
-    else if (v.isList()) n += v.toListRef().size();
+    if (v.isTensor())
+      ++n;
+    else if (v.isList())
+      n += v.toListRef().size();
   }
   return n;
 }
@@ -32,10 +34,12 @@ NpubValue box(const c10::IValue& v, Boxed& b, c10::DeviceIndex device, bool meta
 
 c10::DeviceIndex call_device(c10::ArrayRef<c10::IValue> args) {
   for (const auto& v : args) {
-    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_privateuseone()) return v.toTensor().device().index();
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_privateuseone())
+      return v.toTensor().device().index();
     if (v.isList())
       for (const auto& e : v.toListRef())
-        if (e.isTensor() && e.toTensor().defined() && e.toTensor().is_privateuseone()) return e.toTensor().device().index();
+        if (e.isTensor() && e.toTensor().defined() && e.toTensor().is_privateuseone())
+          return e.toTensor().device().index();
   }
   return current_index();
 }

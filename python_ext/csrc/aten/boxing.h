@@ -13,10 +13,10 @@
 #include <c10/util/SmallVector.h>
 
 #include <npubridge/dispatcher/dispatcher.h>
+#include <npubridge/dispatcher/value.h>
 #include <npubridge/torch/boxing.h>
 #include <npubridge/torch/dl_view.h>
 #include <npubridge/torch/dtype.h>
-#include <npubridge/dispatcher/value.h>
 
 #include "runtime/npu_runtime.h"
 
@@ -48,11 +48,14 @@ struct DLView {
 // whose output shape depends on data).
 class TorchOutputs final : public OutputAllocator {
  public:
-  DLTensor* allocate(int32_t ret_index, const DLDevice& device, int32_t ndim, const int64_t* shape, DLDataType dtype) override {
-    c10::DeviceGuard guard(at::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device.device_id)));
+  DLTensor* allocate(int32_t ret_index, const DLDevice& device, int32_t ndim, const int64_t* shape,
+                     DLDataType dtype) override {
+    c10::DeviceGuard guard(
+        at::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device.device_id)));
     at::Tensor t = at::empty(std::vector<int64_t>(shape, shape + ndim),
-                             at::TensorOptions().dtype(torch_dtype(dtype_of(dtype))).device(c10::DeviceType::PrivateUse1,
-                                                                                             device.device_id));
+                             at::TensorOptions()
+                                 .dtype(torch_dtype(dtype_of(dtype)))
+                                 .device(c10::DeviceType::PrivateUse1, device.device_id));
     slots_.push_back({ret_index, t, std::make_unique<DLView>(t)});
     return &slots_.back().view->dl;
   }
@@ -78,7 +81,7 @@ struct Boxed {
   c10::SmallVector<NpubValue, 8> values;
   c10::SmallVector<DLView, 6> views;
   std::vector<at::Tensor> keep;  // CPU scalars moved to the device
-  BoxedStorage storage;  // lists and strings
+  BoxedStorage storage;          // lists and strings
 };
 
 size_t count_tensors(c10::ArrayRef<c10::IValue> args);

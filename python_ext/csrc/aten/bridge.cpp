@@ -18,8 +18,8 @@
 
 namespace npub::torch_backend {
 
-void call_dispatcher(const OpHandle& target, const NpubValue* args, int32_t num_args, NpubValue* rets, int32_t num_rets,
-                     OutputAllocator* outs) {
+void call_dispatcher(const OpHandle& target, const NpubValue* args, int32_t num_args, NpubValue* rets,
+                     int32_t num_rets, OutputAllocator* outs) {
   try {
     rt().dispatcher().call(target, args, num_args, rets, num_rets, outs);
   } catch (const OutOfMemoryError& e) {
@@ -115,7 +115,8 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
     const c10::DeviceIndex device = call_device(args);
     for (const OutputSpec& spec : *specs)
       outs.push_back(empty_memory_format(spec.sizes, spec.dtype, std::nullopt,
-                                         at::Device(c10::DeviceType::PrivateUse1, device), std::nullopt, std::nullopt));
+                                         at::Device(c10::DeviceType::PrivateUse1, device), std::nullopt,
+                                         std::nullopt));
   }
   // The reference is ATen's CPU kernel of the same op (ops of a plugin's
   // own namespace have none).
@@ -141,7 +142,8 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
     for (const auto& o : outs) stack->push_back(o);
   }
   if (check) {
-    const std::vector<c10::IValue> got(stack->end() - static_cast<std::ptrdiff_t>(op.schema().returns().size()), stack->end());
+    const std::vector<c10::IValue> got(
+        stack->end() - static_cast<std::ptrdiff_t>(op.schema().returns().size()), stack->end());
     check_against_cpu(op, target, std::move(cpu_args), args, got);
   }
 }

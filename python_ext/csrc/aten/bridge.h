@@ -67,7 +67,7 @@ class Bridge final : public c10::OperatorKernel {
 
 // Dispatcher::call with its errors as PyTorch's: out of memory as
 // torch.OutOfMemoryError, anything else as a RuntimeError with the message.
-void call_dispatcher(const OpHandle& target, const NpubValue* args, int32_t num_args, NpubValue* rets, int32_t num_rets,
-                     OutputAllocator* outs);
+void call_dispatcher(const OpHandle& target, const NpubValue* args, int32_t num_args, NpubValue* rets,
+                     int32_t num_rets, OutputAllocator* outs);
 
 }  // namespace npub::torch_backend

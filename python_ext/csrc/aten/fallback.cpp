@@ -27,10 +27,12 @@ bool fallback_forbidden() { return rt().dispatcher().fallback_mode() == Fallback
 void note_fallback(const c10::OperatorHandle& op) {
   const std::string name = full_name(op.schema().operator_name());
   const bool first = rt().dispatcher().record_host_fallback(name);
-  TORCH_CHECK(!fallback_forbidden(), "npubridge: operator '", name,
-              "' is not supported on the NPU backend and NPUB_FALLBACK=error forbids falling back to the CPU");
+  TORCH_CHECK(
+      !fallback_forbidden(), "npubridge: operator '", name,
+      "' is not supported on the NPU backend and NPUB_FALLBACK=error forbids falling back to the CPU");
   if (first)
-    TORCH_WARN("npubridge: operator '", name, "' is not supported on the NPU backend and will fall back to run on the CPU");
+    TORCH_WARN("npubridge: operator '", name,
+               "' is not supported on the NPU backend and will fall back to run on the CPU");
 }
 
 bool is_generator_argument(const c10::Argument& a) {
@@ -48,7 +50,8 @@ bool is_generator_argument(const c10::Argument& a) {
 // the same results, successive calls differ, and torch.npu.manual_seed
 // alone makes a run repeatable. A CPU generator passed to an npu op is
 // refused, as CUDA refuses one.
-void swap_in_cpu_generators(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device) {
+void swap_in_cpu_generators(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                            c10::DeviceIndex device) {
   const auto& sargs = op.schema().arguments();
   const size_t first = stack->size() - sargs.size();
   for (size_t i = 0; i < sargs.size(); ++i) {
@@ -71,7 +74,8 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t nargs = op.schema().arguments().size();
   for (size_t i = stack->size() - nargs; i < stack->size() && !npu; ++i) {
     const c10::IValue& v = (*stack)[i];
-    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_privateuseone()) npu = v.toTensor().device();
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_privateuseone())
+      npu = v.toTensor().device();
   }
   swap_in_cpu_generators(op, stack, npu ? npu->index() : current_index());
   at::native::cpu_fallback(op, stack);
@@ -117,7 +121,9 @@ void cpu_decides(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 namespace {
 
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) { m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback_counted>()); }
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback_counted>());
+}
 
 }  // namespace
 

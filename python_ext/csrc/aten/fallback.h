@@ -1,14 +1,14 @@
 // How calls reach the CPU (fallback.cpp): the torch call being served on
 // this thread, for the dispatcher's fallback (no plugin kernel for a call's
 // dtypes), and PyTorch's boxed CPU fallback for the ops no plugin serves,
-// counted per op in the dispatcher's stats (Dispatcher::record_host_fallback), warned once, refused under NPUB_FALLBACK=error.
+// counted per op in the dispatcher's stats (Dispatcher::record_host_fallback), warned once, refused under
+// NPUB_FALLBACK=error.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
 #include <npubridge/dispatcher/dispatcher.h>
-
 
 namespace npub::torch_backend {
 

@@ -75,25 +75,26 @@ size_t trailing_outs(const reg::Schema& s) {
 }
 
 // Why the first `count` arguments of `target` do not take `f`'s, or "".
-std::string argument_mismatch(const std::string& fname, const c10::FunctionSchema& f, const std::string& tname,
-                              const reg::Schema& target, size_t count) {
+std::string argument_mismatch(const std::string& fname, const c10::FunctionSchema& f,
+                              const std::string& tname, const reg::Schema& target, size_t count) {
   for (size_t i = 0; i < count; ++i) {
     const c10::Argument& fa = f.arguments()[i];
     const reg::Argument& ta = target.arguments[i];
     // A value of type T is also one of T? (hardtanh's Scalar for clamp's Scalar?).
     if (type_of(fa) != type_of(ta) && type_of(fa) + "?" != type_of(ta))
-      return "argument " + std::to_string(i) + " is '" + type_of(fa) + " " + fa.name() + "' in " + fname + " but '" +
-             type_of(ta) + " " + ta.name + "' in " + tname;
+      return "argument " + std::to_string(i) + " is '" + type_of(fa) + " " + fa.name() + "' in " + fname +
+             " but '" + type_of(ta) + " " + ta.name + "' in " + tname;
     if (writes(fa) != ta.is_write())
-      return "argument " + std::to_string(i) + " ('" + fa.name() + "') is written by " + (writes(fa) ? fname : tname) +
-             " but not by " + (writes(fa) ? tname : fname);
+      return "argument " + std::to_string(i) + " ('" + fa.name() + "') is written by " +
+             (writes(fa) ? fname : tname) + " but not by " + (writes(fa) ? tname : fname);
   }
   return "";
 }
 
 // Why `target` cannot serve `f`'s calls as they are (same arguments, then
 // only defaulted ones; the same returns), or "".
-std::string direct_mismatch(const std::string& fname, const c10::FunctionSchema& f, const reg::OpEntry& target) {
+std::string direct_mismatch(const std::string& fname, const c10::FunctionSchema& f,
+                            const reg::OpEntry& target) {
   const std::string& tname = target.name();
   const reg::Schema& t = target.schema();
   const size_t nf = f.arguments().size();
@@ -103,8 +104,8 @@ std::string direct_mismatch(const std::string& fname, const c10::FunctionSchema&
   if (std::string why = argument_mismatch(fname, f, tname, t, nf); !why.empty()) return why;
   for (size_t i = nf; i < t.arguments.size(); ++i)
     if (!t.arguments[i].default_value)
-      return "argument " + std::to_string(i) + " ('" + type_of(t.arguments[i]) + " " + t.arguments[i].name + "') of " +
-             tname + " has no default and " + fname + " does not pass it";
+      return "argument " + std::to_string(i) + " ('" + type_of(t.arguments[i]) + " " + t.arguments[i].name +
+             "') of " + tname + " has no default and " + fname + " does not pass it";
   if (f.returns().size() != t.returns.size())
     return fname + " returns " + std::to_string(f.returns().size()) + " value(s) and " + tname + " returns " +
            std::to_string(t.returns.size());
@@ -113,15 +114,17 @@ std::string direct_mismatch(const std::string& fname, const c10::FunctionSchema&
       return "return " + std::to_string(i) + " is '" + type_of(f.returns()[i]) + "' in " + fname + " but '" +
              type_of(t.returns[i]) + "' in " + tname;
     if (writes(f.returns()[i]) != (target.return_alias()[i] >= 0))
-      return "return " + std::to_string(i) + " is " + (writes(f.returns()[i]) ? "an argument" : "a new value") + " in " +
-             fname + " but " + (writes(f.returns()[i]) ? "a new value" : "an argument") + " in " + tname;
+      return "return " + std::to_string(i) + " is " +
+             (writes(f.returns()[i]) ? "an argument" : "a new value") + " in " + fname + " but " +
+             (writes(f.returns()[i]) ? "a new value" : "an argument") + " in " + tname;
   }
   return "";
 }
 
 // Why functional `f` cannot be served through `target`'s out= tensors
 // (f's arguments, then one out= tensor per return), or "".
-std::string via_out_mismatch(const std::string& fname, const c10::FunctionSchema& f, const reg::OpEntry& target) {
+std::string via_out_mismatch(const std::string& fname, const c10::FunctionSchema& f,
+                             const reg::OpEntry& target) {
   const std::string& tname = target.name();
   const reg::Schema& t = target.schema();
   const size_t nout = trailing_outs(t);
@@ -150,8 +153,8 @@ Route route_for(const reg::OpMapping& m, const c10::FunctionSchema& f, const reg
       via_out ? via_out_mismatch(m.framework_op, f, target) : direct_mismatch(m.framework_op, f, target);
   if (!why.empty())
     throw Error(ErrorCode::kInvalidArgument, "cannot map '" + m.framework_op + "' to '" + m.target_op +
-                                                 "': the schemas differ: " + why + " (" + c10::toString(f) + " vs " +
-                                                 target.schema().to_string() + ")");
+                                                 "': the schemas differ: " + why + " (" + c10::toString(f) +
+                                                 " vs " + target.schema().to_string() + ")");
   return via_out ? Route::kViaOut : Route::kDirect;
 }
 
@@ -171,14 +174,19 @@ void map_op(const reg::OpMapping& m) {
     throw Error(ErrorCode::kNotFound, prefix + "unknown op '" + m.target_op + "': no plugin defines it");
   if (!m.plugin.empty()) {
     const auto& kernels = target->kernels(NPUB_DEVICE_NPU);
-    if (std::none_of(kernels.begin(), kernels.end(), [&](const reg::Kernel* k) { return k->plugin_name() == m.plugin; }))
-      throw Error(ErrorCode::kNotFound, prefix + "plugin '" + m.plugin + "' has no kernel for '" + m.target_op + "'");
+    if (std::none_of(kernels.begin(), kernels.end(),
+                     [&](const reg::Kernel* k) { return k->plugin_name() == m.plugin; }))
+      throw Error(ErrorCode::kNotFound,
+                  prefix + "plugin '" + m.plugin + "' has no kernel for '" + m.target_op + "'");
   }
   const auto op = torch_op(m.framework_op);
-  if (!op) throw Error(ErrorCode::kNotFound, prefix + "unknown op '" + m.framework_op + "': PyTorch has no op of that name");
+  if (!op)
+    throw Error(ErrorCode::kNotFound,
+                prefix + "unknown op '" + m.framework_op + "': PyTorch has no op of that name");
   const Route route = route_for(m, op->schema(), *target);
   bool has_out = false;
-  for (const auto& a : op->schema().arguments()) has_out = has_out || (a.is_out() && a.type()->kind() == c10::TypeKind::TensorType);
+  for (const auto& a : op->schema().arguments())
+    has_out = has_out || (a.is_out() && a.type()->kind() == c10::TypeKind::TensorType);
 
   std::lock_guard<std::mutex> lock(g_mapped_mu);
   g_mapped_libraries.erase(m.framework_op);
@@ -189,7 +197,8 @@ void map_op(const reg::OpMapping& m) {
   const std::string ns = qualified.substr(0, qualified.find("::"));
   const std::string unqualified = qualified.substr(ns.size() + 2);
   try {
-    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1,
+                                                __FILE__, __LINE__);
     lib->impl(unqualified.c_str(), bridge_kernel(route, m.framework_op, *op, has_out));
     g_mapped_libraries[m.framework_op] = std::move(lib);
   } catch (const std::exception& e) {
@@ -197,7 +206,8 @@ void map_op(const reg::OpMapping& m) {
     rt().op_map().remove(m.framework_op);
     g_mapped_targets.erase(m.framework_op);
     const std::string why = e.what();
-    throw Error(ErrorCode::kInvalidArgument, prefix + "PyTorch refuses a kernel for it: " + why.substr(0, why.find('\n')));
+    throw Error(ErrorCode::kInvalidArgument,
+                prefix + "PyTorch refuses a kernel for it: " + why.substr(0, why.find('\n')));
   }
 }
 

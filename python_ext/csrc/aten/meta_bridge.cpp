@@ -31,9 +31,12 @@ void MetaBridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, 
   }
   torch::jit::drop(*stack, n);
   for (const OutputMeta& m : metas) {
-    if (m.alias >= 0) stack->push_back(args[static_cast<size_t>(m.alias)]);
-    else if (m.set) stack->push_back(at::empty(m.shape, at::TensorOptions().dtype(torch_dtype(m.dtype)).device(at::kMeta)));
-    else stack->push_back(c10::IValue());
+    if (m.alias >= 0)
+      stack->push_back(args[static_cast<size_t>(m.alias)]);
+    else if (m.set)
+      stack->push_back(at::empty(m.shape, at::TensorOptions().dtype(torch_dtype(m.dtype)).device(at::kMeta)));
+    else
+      stack->push_back(c10::IValue());
   }
 }
 

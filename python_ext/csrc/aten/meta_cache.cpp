@@ -36,13 +36,21 @@ bool signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, s
   k.clear();
   put(k, &op.schema());
   for (const auto& a : args) {
-    if (a.isNone()) k.push_back('N');
-    else if (a.isTensor()) tensor_key(k, a.toTensor());
-    else if (a.isInt()) int_key(k, a.toInt());
-    else if (a.isDouble()) double_key(k, a.toDouble());
-    else if (a.isBool()) bool_key(k, a.toBool());
-    else if (a.isString()) { k.push_back('s'); k += a.toStringRef(); k.push_back('\0'); }
-    else if (a.isIntList()) {
+    if (a.isNone())
+      k.push_back('N');
+    else if (a.isTensor())
+      tensor_key(k, a.toTensor());
+    else if (a.isInt())
+      int_key(k, a.toInt());
+    else if (a.isDouble())
+      double_key(k, a.toDouble());
+    else if (a.isBool())
+      bool_key(k, a.toBool());
+    else if (a.isString()) {
+      k.push_back('s');
+      k += a.toStringRef();
+      k.push_back('\0');
+    } else if (a.isIntList()) {
       k.push_back('l');
       const auto l = a.toIntList();
       put(k, static_cast<int32_t>(l.size()));
@@ -66,7 +74,8 @@ const OutputSpecs* cached_output_specs(const std::string& key) {
   return it != tls_meta_cache.end() ? it->second.get() : nullptr;
 }
 
-std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op,
+                                                c10::ArrayRef<c10::IValue> args) {
   thread_local std::string key;  // keeps its capacity: no allocation per call
   const bool cacheable = signature(op, args, &key);
   if (cacheable) {

@@ -40,14 +40,24 @@ inline void tensor_key(std::string& k, const at::Tensor& t) {
   put(k, static_cast<int8_t>(t.dim()));
   k.append(reinterpret_cast<const char*>(t.sizes().data()), t.sizes().size() * sizeof(int64_t));
 }
-inline void int_key(std::string& k, int64_t v) { k.push_back('i'); put(k, v); }
-inline void double_key(std::string& k, double v) { k.push_back('f'); put(k, v); }
-inline void bool_key(std::string& k, bool v) { k.push_back('b'); put(k, v); }
+inline void int_key(std::string& k, int64_t v) {
+  k.push_back('i');
+  put(k, v);
+}
+inline void double_key(std::string& k, double v) {
+  k.push_back('f');
+  put(k, v);
+}
+inline void bool_key(std::string& k, bool v) {
+  k.push_back('b');
+  put(k, v);
+}
 
 // The outputs' shapes and dtypes of a functional op: from the cache, or from
 // the op's meta kernel. Null when the meta kernel fails.
 const OutputSpecs* cached_output_specs(const std::string& key);
-std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op,
+                                                c10::ArrayRef<c10::IValue> args);
 
 // out= tensors of the wrong shape are resized first, as ATen's out
 // convention does (callers pass empty outs); the shapes come from the op's

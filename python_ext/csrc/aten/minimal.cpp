@@ -26,10 +26,12 @@
 
 namespace npub::torch_backend {
 
-at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout>,
-                               std::optional<at::Device> device, std::optional<bool>, std::optional<at::MemoryFormat> mf) {
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout>, std::optional<at::Device> device,
+                               std::optional<bool>, std::optional<at::MemoryFormat> mf) {
   c10::OptionalDeviceGuard guard;
-  if (device.has_value() && device->has_index() && device->index() != current_index()) guard.reset_device(*device);
+  if (device.has_value() && device->has_index() && device->index() != current_index())
+    guard.reset_device(*device);
   return at::detail::empty_generic(size, npu_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                    dtype.value_or(at::get_default_dtype_as_scalartype()), mf);
 }
@@ -39,11 +41,13 @@ namespace {
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
                          std::optional<at::Layout>, std::optional<at::Device> device, std::optional<bool>) {
   c10::DeviceGuard guard(device.value_or(at::Device(c10::DeviceType::PrivateUse1, current_index())));
-  return at::detail::empty_strided_generic(size, stride, npu_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+  return at::detail::empty_strided_generic(size, stride, npu_allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                            dtype.value_or(at::get_default_dtype_as_scalartype()));
 }
 
-at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<int64_t> offset) {
+at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
+                      std::optional<int64_t> offset) {
   return at::native::as_strided_tensorimpl(self, size, stride, offset);
 }
 
@@ -70,25 +74,30 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     if (self.is_complex()) {
       // The native views directly: through the dispatcher they could land
       // in the CPU fallback, which copies with this function again.
-      TORCH_CHECK(!self.is_conj(), "npu copy: conjugated complex views are not supported; call resolve_conj() first");
+      TORCH_CHECK(!self.is_conj(),
+                  "npu copy: conjugated complex views are not supported; call resolve_conj() first");
       copy_from(at::native::view_as_real(self), at::native::view_as_real(dst), non_blocking);
       return dst;
     }
-    if (self.element_size() == 8 || self.element_size() == 4 || self.element_size() == 2 || self.element_size() == 1) {
-      const at::ScalarType as = self.element_size() == 8 ? at::kLong : self.element_size() == 4 ? at::kInt
-                                : self.element_size() == 2 ? at::kShort : at::kByte;
+    if (self.element_size() == 8 || self.element_size() == 4 || self.element_size() == 2 ||
+        self.element_size() == 1) {
+      const at::ScalarType as = self.element_size() == 8   ? at::kLong
+                                : self.element_size() == 4 ? at::kInt
+                                : self.element_size() == 2 ? at::kShort
+                                                           : at::kByte;
       copy_from(at::native::view_dtype(self, as), at::native::view_dtype(dst, as), non_blocking);
       return dst;
     }
   }
-  TORCH_CHECK(npub_dtype(self.scalar_type()) != DType::kUnknown && npub_dtype(dst.scalar_type()) != DType::kUnknown,
-              "npu copy: unsupported dtype ", self.scalar_type(), " -> ", dst.scalar_type());
+  TORCH_CHECK(
+      npub_dtype(self.scalar_type()) != DType::kUnknown && npub_dtype(dst.scalar_type()) != DType::kUnknown,
+      "npu copy: unsupported dtype ", self.scalar_type(), " -> ", dst.scalar_type());
   if (dst.numel() == 0) return dst;
   // Broadcast, or (as copy_ allows) the same number of elements in another
   // shape, e.g. [1] into [].
-  at::Tensor src = self.sizes().equals(dst.sizes())     ? self
-                   : self.numel() == dst.numel()        ? self.reshape(dst.sizes())
-                                                        : self.expand_as(dst);
+  at::Tensor src = self.sizes().equals(dst.sizes()) ? self
+                   : self.numel() == dst.numel()    ? self.reshape(dst.sizes())
+                                                    : self.expand_as(dst);
   if (self.is_privateuseone()) rt().devices().at(self.device().index()).synchronize();
   sim::copy_tensor(DLView(dst).dl, DLView(src).dl);
   return dst;
@@ -111,8 +120,8 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
 // torch.save / torch.load use.
 at::Tensor& set_storage(at::Tensor& self, c10::Storage source, c10::SymInt offset, c10::SymIntArrayRef size,
                         c10::SymIntArrayRef stride) {
-  return at::native::set_storage_cpu_(self, std::move(source), offset.expect_int(), C10_AS_INTARRAYREF_SLOW(size),
-                                      C10_AS_INTARRAYREF_SLOW(stride));
+  return at::native::set_storage_cpu_(self, std::move(source), offset.expect_int(),
+                                      C10_AS_INTARRAYREF_SLOW(size), C10_AS_INTARRAYREF_SLOW(stride));
 }
 
 at::Tensor& set_empty(at::Tensor& self) {

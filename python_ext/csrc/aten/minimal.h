@@ -14,8 +14,9 @@
 
 namespace npub::torch_backend {
 
-at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype, std::optional<at::Layout>,
-                               std::optional<at::Device> device, std::optional<bool>, std::optional<at::MemoryFormat> mf);
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout>, std::optional<at::Device> device,
+                               std::optional<bool>, std::optional<at::MemoryFormat> mf);
 
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<at::MemoryFormat> mf);
 

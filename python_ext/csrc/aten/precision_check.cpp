@@ -23,9 +23,10 @@ namespace {
 // a mismatch through the dispatcher. `host`: ATen's CPU result in the op's
 // dtype; `wide`, `magnitude`: its float64 and |inputs| results (may be
 // undefined).
-void compare_with_cpu(const std::string& op, const reg::OpEntry* target, const std::string& plugin, const std::string& label,
-                      const at::Tensor& got_npu, const at::Tensor& host, const at::Tensor& wide, const at::Tensor& magnitude,
-                      const numerics::ErrorModel& model, int64_t terms, const std::vector<c10::IValue>& inputs) {
+void compare_with_cpu(const std::string& op, const reg::OpEntry* target, const std::string& plugin,
+                      const std::string& label, const at::Tensor& got_npu, const at::Tensor& host,
+                      const at::Tensor& wide, const at::Tensor& magnitude, const numerics::ErrorModel& model,
+                      int64_t terms, const std::vector<c10::IValue>& inputs) {
   if (!got_npu.defined() || !host.defined()) return;
   PrecisionMismatch m;
   m.op = op;
@@ -41,9 +42,10 @@ void compare_with_cpu(const std::string& op, const reg::OpEntry* target, const s
   if (host.numel() == 0 || npub_dtype(host.scalar_type()) == DType::kUnknown) return;
   const bool wide_ok = wide.defined() && wide.sizes().equals(host.sizes());
   const bool mag_ok = magnitude.defined() && magnitude.sizes().equals(host.sizes());
-  const double scale = model.magnitude == numerics::Magnitude::kScale && wide_ok ? numerics::call_scale(inputs, wide) : 0;
-  const numerics::Verdict v = numerics::judge(model, got, host, wide_ok ? wide : at::Tensor(), mag_ok ? magnitude : at::Tensor(),
-                                              terms, scale);
+  const double scale =
+      model.magnitude == numerics::Magnitude::kScale && wide_ok ? numerics::call_scale(inputs, wide) : 0;
+  const numerics::Verdict v = numerics::judge(model, got, host, wide_ok ? wide : at::Tensor(),
+                                              mag_ok ? magnitude : at::Tensor(), terms, scale);
   if (v.ok()) return;
   m.take(v);
   rt().dispatcher().record_precision_mismatch(m, target);
@@ -62,8 +64,9 @@ std::vector<c10::IValue> cpu_copies(c10::ArrayRef<c10::IValue> args) {
   return cpu;
 }
 
-void check_against_cpu(const c10::OperatorHandle& op, const OpHandle& target, std::vector<c10::IValue> cpu_args,
-                       c10::ArrayRef<c10::IValue> args, const std::vector<c10::IValue>& results) {
+void check_against_cpu(const c10::OperatorHandle& op, const OpHandle& target,
+                       std::vector<c10::IValue> cpu_args, c10::ArrayRef<c10::IValue> args,
+                       const std::vector<c10::IValue>& results) {
   const auto& sargs = op.schema().arguments();
   const auto& sret = op.schema().returns();
   const std::string name = full_name(op.schema().operator_name());
@@ -104,7 +107,8 @@ void check_against_cpu(const c10::OperatorHandle& op, const OpHandle& target, st
   wide.ok = magnitude.ok = false;
   if (compute != at::ScalarType::Undefined && numerics::needs_float64(model)) {
     wide = run(numerics::Precision::kFloat64, compute);
-    if (wide.ok && numerics::needs_magnitude(model)) magnitude = run(numerics::Precision::kMagnitude, compute);
+    if (wide.ok && numerics::needs_magnitude(model))
+      magnitude = run(numerics::Precision::kMagnitude, compute);
   }
   const DType dt = [&] {
     for (const auto& a : args)
@@ -124,13 +128,16 @@ void check_against_cpu(const c10::OperatorHandle& op, const OpHandle& target, st
   };
   for (size_t i = 0; i < sargs.size() && i < args.size(); ++i)
     if (sargs[i].alias_info() != nullptr && sargs[i].alias_info()->isWrite() && args[i].isTensor())
-      compare_with_cpu(name, target.op, plugin, "argument '" + sargs[i].name() + "'", args[i].toTensor(), same.args[i].toTensor(),
-                       tensor_at(wide, true, i), tensor_at(magnitude, true, i), model, terms, inputs);
+      compare_with_cpu(name, target.op, plugin, "argument '" + sargs[i].name() + "'", args[i].toTensor(),
+                       same.args[i].toTensor(), tensor_at(wide, true, i), tensor_at(magnitude, true, i),
+                       model, terms, inputs);
   for (size_t i = 0; i < sret.size() && i < results.size() && i < same.stack.size(); ++i) {
-    if (sret[i].alias_info() != nullptr && sret[i].alias_info()->isWrite()) continue;  // compared as its argument
+    if (sret[i].alias_info() != nullptr && sret[i].alias_info()->isWrite())
+      continue;  // compared as its argument
     if (results[i].isTensor() && same.stack[i].isTensor())
-      compare_with_cpu(name, target.op, plugin, "return " + std::to_string(i), results[i].toTensor(), same.stack[i].toTensor(),
-                       tensor_at(wide, false, i), tensor_at(magnitude, false, i), model, terms, inputs);
+      compare_with_cpu(name, target.op, plugin, "return " + std::to_string(i), results[i].toTensor(),
+                       same.stack[i].toTensor(), tensor_at(wide, false, i), tensor_at(magnitude, false, i),
+                       model, terms, inputs);
   }
 }
 

@@ -22,7 +22,8 @@ std::vector<c10::IValue> cpu_copies(c10::ArrayRef<c10::IValue> args);
 // Runs `op` through ATen on the CPU copies (in the op's dtype, in float64
 // and on |inputs| as the op's error model asks) and judges the returns and
 // written arguments the plugin left in `results` and `args`.
-void check_against_cpu(const c10::OperatorHandle& op, const OpHandle& target, std::vector<c10::IValue> cpu_args,
-                       c10::ArrayRef<c10::IValue> args, const std::vector<c10::IValue>& results);
+void check_against_cpu(const c10::OperatorHandle& op, const OpHandle& target,
+                       std::vector<c10::IValue> cpu_args, c10::ArrayRef<c10::IValue> args,
+                       const std::vector<c10::IValue>& results);
 
 }  // namespace npub::torch_backend

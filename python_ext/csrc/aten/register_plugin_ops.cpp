@@ -50,7 +50,8 @@ bool same_args(const c10::FunctionSchema& f, const reg::Schema& out) {
     std::ostringstream theirs;
     theirs << f.arguments()[i];
     const reg::Argument& a = out.arguments[i];
-    if (plain_argument(theirs.str()) != plain_argument(reg::type_to_string(a.type) + " " + a.name)) return false;
+    if (plain_argument(theirs.str()) != plain_argument(reg::type_to_string(a.type) + " " + a.name))
+      return false;
   }
   return true;
 }
@@ -58,24 +59,28 @@ bool same_args(const c10::FunctionSchema& f, const reg::Schema& out) {
 }  // namespace
 
 void register_plugin_ops() {
-  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                              __FILE__, __LINE__);
   std::set<std::string> registered;
   const auto ops = rt().registry().ops();
   for (const reg::OpEntry* e : ops) {
     if (e->schema().ns != "aten" || e->kernels(NPUB_DEVICE_NPU).empty()) continue;
-    const std::string unqualified = e->schema().overload.empty() ? e->schema().name : e->schema().name + "." + e->schema().overload;
+    const std::string unqualified =
+        e->schema().overload.empty() ? e->schema().name : e->schema().name + "." + e->schema().overload;
     auto h = c10::Dispatcher::singleton().findSchema({"aten::" + e->schema().name, e->schema().overload});
     if (!h) continue;
     // The plugin's schema must be ATen's (names and types); otherwise the
     // boxed arguments would not line up.
     const std::string theirs = c10::toString(h->schema());
     if (theirs != e->schema().to_string()) {
-      TORCH_WARN("npubridge: not routing '", e->name(), "': its schema differs from ATen's (plugin: ", e->schema().to_string(),
-                 ", ATen: ", theirs, ")");
+      TORCH_WARN("npubridge: not routing '", e->name(),
+                 "': its schema differs from ATen's (plugin: ", e->schema().to_string(), ", ATen: ", theirs,
+                 ")");
       continue;
     }
     bool has_out = false;
-    for (const auto& a : h->schema().arguments()) has_out = has_out || (a.is_out() && a.type()->kind() == c10::TypeKind::TensorType);
+    for (const auto& a : h->schema().arguments())
+      has_out = has_out || (a.is_out() && a.type()->kind() == c10::TypeKind::TensorType);
     lib->impl(unqualified.c_str(), bridge_kernel(Route::kDirect, e->name(), *h, has_out));
     registered.insert(e->name());
     g_native.push_back(e->name());
@@ -87,7 +92,8 @@ void register_plugin_ops() {
     for (const auto& a : e->schema().arguments) is_out = is_out || (a.is_write() && a.kwarg_only);
     if (!is_out) continue;
     for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
-      if (name.name != "aten::" + e->schema().name && name.name != "aten::" + e->schema().name + "_") continue;
+      if (name.name != "aten::" + e->schema().name && name.name != "aten::" + e->schema().name + "_")
+        continue;
       const std::string full = full_name(name);
       if (registered.count(full)) continue;
       auto h = c10::Dispatcher::singleton().findSchema(name);
@@ -96,9 +102,11 @@ void register_plugin_ops() {
       const bool inplace = name.name.back() == '_';
       if (f.is_mutable() != inplace) continue;
       if (!same_args(f, e->schema())) continue;
-      if (!inplace && (f.returns().size() == 0 || f.returns().size() != static_cast<size_t>(std::count_if(
-                                                       e->schema().arguments.begin(), e->schema().arguments.end(),
-                                                       [](const reg::Argument& a) { return a.is_write() && a.kwarg_only; }))))
+      if (!inplace &&
+          (f.returns().size() == 0 ||
+           f.returns().size() != static_cast<size_t>(std::count_if(
+                                     e->schema().arguments.begin(), e->schema().arguments.end(),
+                                     [](const reg::Argument& a) { return a.is_write() && a.kwarg_only; }))))
         continue;
       if (inplace && std::count_if(e->schema().arguments.begin(), e->schema().arguments.end(),
                                    [](const reg::Argument& a) { return a.is_write() && a.kwarg_only; }) != 1)
@@ -117,11 +125,15 @@ void register_plugin_ops() {
   for (const reg::OpEntry* e : ops)
     if (e->schema().ns != "aten" && !e->kernels(NPUB_DEVICE_NPU).empty()) by_ns[e->schema().ns].push_back(e);
   for (const auto& [ns, entries] : by_ns) {
-    auto def = std::make_unique<torch::Library>(torch::Library::FRAGMENT, ns, std::nullopt, __FILE__, __LINE__);
-    auto impl = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-    auto meta = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::Meta, __FILE__, __LINE__);
+    auto def =
+        std::make_unique<torch::Library>(torch::Library::FRAGMENT, ns, std::nullopt, __FILE__, __LINE__);
+    auto impl = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::PrivateUse1,
+                                                 __FILE__, __LINE__);
+    auto meta = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::Meta, __FILE__,
+                                                 __LINE__);
     for (const reg::OpEntry* e : entries) {
-      if (c10::Dispatcher::singleton().findSchema({ns + "::" + e->schema().name, e->schema().overload})) continue;
+      if (c10::Dispatcher::singleton().findSchema({ns + "::" + e->schema().name, e->schema().overload}))
+        continue;
       // Each op in its own error boundary: a schema npubridge accepts but
       // PyTorch refuses (a default that does not fit its type, a required
       // argument after a defaulted one) disables that op under PyTorch, with
@@ -136,14 +148,18 @@ void register_plugin_ops() {
                    "\": ", why.substr(0, why.find('\n')));
         continue;
       }
-      const std::string unq = e->schema().overload.empty() ? e->schema().name : e->schema().name + "." + e->schema().overload;
-      impl->impl(unq.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Bridge>(Route::kDirect, e->name())));
+      const std::string unq =
+          e->schema().overload.empty() ? e->schema().name : e->schema().name + "." + e->schema().overload;
+      impl->impl(unq.c_str(), torch::CppFunction::makeFromBoxedFunctor(
+                                  std::make_unique<Bridge>(Route::kDirect, e->name())));
       // Shapes without running: from the plugin's meta function, or, for ops
       // that only write their arguments, from the arguments themselves.
       bool writes_only = true;
-      for (size_t i = 0; i < e->schema().returns.size(); ++i) writes_only = writes_only && e->return_alias()[i] >= 0;
+      for (size_t i = 0; i < e->schema().returns.size(); ++i)
+        writes_only = writes_only && e->return_alias()[i] >= 0;
       if (e->meta() != nullptr || writes_only)
-        meta->impl(unq.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<MetaBridge>(e->name())));
+        meta->impl(unq.c_str(),
+                   torch::CppFunction::makeFromBoxedFunctor(std::make_unique<MetaBridge>(e->name())));
       g_custom.push_back(e->name());
     }
     g_libraries.push_back(std::move(def));

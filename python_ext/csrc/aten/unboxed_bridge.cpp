@@ -38,7 +38,8 @@ namespace {
 template <class... Args>
 class UnboxedBridge {
  public:
-  UnboxedBridge(std::shared_ptr<Bridge> boxed, c10::OperatorHandle op) : boxed_(std::move(boxed)), op_(std::move(op)) {}
+  UnboxedBridge(std::shared_ptr<Bridge> boxed, c10::OperatorHandle op)
+      : boxed_(std::move(boxed)), op_(std::move(op)) {}
 
   at::Tensor operator()(const Args&... args) const {
     at::Tensor result;
@@ -79,7 +80,8 @@ class UnboxedBridge {
     TorchCall call{&op_, nullptr};
     const std::tuple<const Args&...> refs(args...);
     call.push_args = [](const void* ctx, torch::jit::Stack& stack) {
-      std::apply([&](const Args&... a) { (stack.emplace_back(a), ...); }, *static_cast<const std::tuple<const Args&...>*>(ctx));
+      std::apply([&](const Args&... a) { (stack.emplace_back(a), ...); },
+                 *static_cast<const std::tuple<const Args&...>*>(ctx));
     };
     call.push_ctx = &refs;
     ScopedTorchCall scope(call);
@@ -92,7 +94,8 @@ class UnboxedBridge {
       *result = std::move(out);
     } else {
       const at::Tensor* r = outs.find(0);
-      TORCH_INTERNAL_ASSERT(r != nullptr, "npubridge: '", full_name(op_.schema().operator_name()), "' returned no tensor");
+      TORCH_INTERNAL_ASSERT(r != nullptr, "npubridge: '", full_name(op_.schema().operator_name()),
+                            "' returned no tensor");
       *result = *r;
     }
     return true;
@@ -115,9 +118,12 @@ class UnboxedBridge {
   // The same bytes signature() writes for the boxed form of the argument.
   static void add_key(std::string& k, const at::Tensor& t) { tensor_key(k, t); }
   static void add_key(std::string& k, const c10::Scalar& s) {
-    if (s.isBoolean()) bool_key(k, s.toBool());
-    else if (s.isIntegral(false)) int_key(k, s.toLong());
-    else double_key(k, s.toDouble());
+    if (s.isBoolean())
+      bool_key(k, s.toBool());
+    else if (s.isIntegral(false))
+      int_key(k, s.toLong());
+    else
+      double_key(k, s.toDouble());
   }
   static NpubValue box_arg(const at::Tensor& t, DLTensor& dl) { return tensor_value(&(dl = DLView(t).dl)); }
   static NpubValue box_arg(const c10::Scalar& s, DLTensor&) {
@@ -134,7 +140,8 @@ class UnboxedBridge {
 template <class... Rest>
 class UnboxedInplaceBridge {
  public:
-  UnboxedInplaceBridge(std::shared_ptr<Bridge> boxed, c10::OperatorHandle op) : impl_(std::move(boxed), std::move(op)) {}
+  UnboxedInplaceBridge(std::shared_ptr<Bridge> boxed, c10::OperatorHandle op)
+      : impl_(std::move(boxed), std::move(op)) {}
   at::Tensor& operator()(at::Tensor& self, const Rest&... rest) const {
     if (!impl_.try_run(nullptr, self, rest...)) impl_.boxed(self, rest...);
     return self;
@@ -146,7 +153,8 @@ class UnboxedInplaceBridge {
 
 }  // namespace
 
-torch::CppFunction bridge_kernel(Route route, const std::string& target, const c10::OperatorHandle& op, bool has_out) {
+torch::CppFunction bridge_kernel(Route route, const std::string& target, const c10::OperatorHandle& op,
+                                 bool has_out) {
   auto bridge = std::make_shared<Bridge>(route, target);
   bridge->set_has_out(has_out);
   const c10::FunctionSchema& f = op.schema();
@@ -182,7 +190,9 @@ torch::CppFunction bridge_kernel(Route route, const std::string& target, const c
   }
   struct BoxedEntry final : c10::OperatorKernel {
     std::shared_ptr<Bridge> bridge;
-    void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) { (*bridge)(op, ks, stack); }
+    void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+      (*bridge)(op, ks, stack);
+    }
   };
   auto k = std::make_unique<BoxedEntry>();
   k->bridge = std::move(bridge);

@@ -15,6 +15,7 @@ namespace npub::torch_backend {
 // The kernel registered for a routed op: the unboxed entry when the schema
 // has one of its shapes (Note [Unboxed entry for the common signatures]),
 // else the boxed bridge.
-torch::CppFunction bridge_kernel(Route route, const std::string& target, const c10::OperatorHandle& op, bool has_out = false);
+torch::CppFunction bridge_kernel(Route route, const std::string& target, const c10::OperatorHandle& op,
+                                 bool has_out = false);
 
 }  // namespace npub::torch_backend

@@ -28,7 +28,8 @@ void free_on_device(void* ptr) {
   rt().devices().at(kDevice).free(ptr);
 }
 template <int... kDevices>
-constexpr std::array<c10::DeleterFnPtr, sizeof...(kDevices)> make_deleters(std::integer_sequence<int, kDevices...>) {
+constexpr std::array<c10::DeleterFnPtr, sizeof...(kDevices)> make_deleters(
+    std::integer_sequence<int, kDevices...>) {
   return {&free_on_device<kDevices>...};
 }
 constexpr auto kDeleters = make_deleters(std::make_integer_sequence<int, kMaxDevices>());
@@ -47,10 +48,13 @@ class NpuAllocator final : public c10::DeviceAllocator {
       TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
     }
     TORCH_INTERNAL_ASSERT(dev >= 0 && dev < kMaxDevices, "npu: device index ", dev, " has no deleter");
-    return {p, p, kDeleters[static_cast<size_t>(dev)], c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(dev))};
+    return {p, p, kDeleters[static_cast<size_t>(dev)],
+            c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(dev))};
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
 
   bool initialized() override { return true; }
   void emptyCache(c10::MempoolId_t) override {
@@ -63,16 +67,20 @@ class NpuAllocator final : public c10::DeviceAllocator {
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     const sim::AllocatorStats s = allocator_of(device).stats();
     c10::CachingDeviceAllocator::DeviceStats d;
-    auto fill = [](c10::CachingDeviceAllocator::StatArray& a, int64_t current, int64_t peak, int64_t allocated, int64_t freed) {
+    auto fill = [](c10::CachingDeviceAllocator::StatArray& a, int64_t current, int64_t peak,
+                   int64_t allocated, int64_t freed) {
       auto& all = a[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
       all.current = current;
       all.peak = peak;
       all.allocated = allocated;
       all.freed = freed;
     };
-    fill(d.allocated_bytes, s.allocated_bytes, s.peak_allocated_bytes, s.total_allocated_bytes, s.total_freed_bytes);
-    fill(d.active_bytes, s.allocated_bytes, s.peak_allocated_bytes, s.total_allocated_bytes, s.total_freed_bytes);
-    fill(d.reserved_bytes, s.reserved_bytes, s.peak_reserved_bytes, s.total_reserved_bytes, s.total_released_bytes);
+    fill(d.allocated_bytes, s.allocated_bytes, s.peak_allocated_bytes, s.total_allocated_bytes,
+         s.total_freed_bytes);
+    fill(d.active_bytes, s.allocated_bytes, s.peak_allocated_bytes, s.total_allocated_bytes,
+         s.total_freed_bytes);
+    fill(d.reserved_bytes, s.reserved_bytes, s.peak_reserved_bytes, s.total_reserved_bytes,
+         s.total_released_bytes);
     fill(d.requested_bytes, s.requested_bytes, s.requested_bytes, 0, 0);
     fill(d.allocation, s.active_blocks, s.active_blocks, s.num_allocs, s.num_frees);
     fill(d.active, s.active_blocks, s.active_blocks, s.num_allocs, s.num_frees);
@@ -80,7 +88,9 @@ class NpuAllocator final : public c10::DeviceAllocator {
     d.num_ooms = s.num_ooms;
     return d;
   }
-  void resetAccumulatedStats(c10::DeviceIndex device) override { allocator_of(device).reset_accumulated_stats(); }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    allocator_of(device).reset_accumulated_stats();
+  }
   void resetPeakStats(c10::DeviceIndex device) override { allocator_of(device).reset_peak_stats(); }
   // (free, total): the capacity not reserved by the cache, and the capacity.
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
@@ -91,8 +101,8 @@ class NpuAllocator final : public c10::DeviceAllocator {
 
  private:
   static sim::CachingAllocator& allocator_of(c10::DeviceIndex device) {
-    TORCH_CHECK(device >= 0 && device < rt().devices().count(), "npu: device index ", static_cast<int>(device),
-                " is out of range (", rt().devices().count(), " devices)");
+    TORCH_CHECK(device >= 0 && device < rt().devices().count(), "npu: device index ",
+                static_cast<int>(device), " is out of range (", rt().devices().count(), " devices)");
     return rt().devices().at(device).allocator();
   }
 };

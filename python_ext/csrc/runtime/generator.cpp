@@ -43,8 +43,10 @@ uint64_t NpuGeneratorImpl::seed() {
 
 void NpuGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
   at::detail::check_rng_state(new_state);
-  TORCH_CHECK(new_state.numel() == 16, "npu generator: set_state expects a state of 16 bytes (seed and offset, "
-              "as get_state() returns) but found ", new_state.numel());
+  TORCH_CHECK(new_state.numel() == 16,
+              "npu generator: set_state expects a state of 16 bytes (seed and offset, "
+              "as get_state() returns) but found ",
+              new_state.numel());
   uint64_t words[2];
   std::memcpy(words, new_state.data(), sizeof(words));
   philox_->set_state({words[0], words[1]});

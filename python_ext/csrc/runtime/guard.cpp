@@ -38,11 +38,16 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   // Streams are the device's simulated streams; a c10::Stream's id is the
   // stream's id within its device (0: the default stream).
   static c10::Stream to_c10(const sim::Stream& s) {
-    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kType, static_cast<c10::DeviceIndex>(s.device_index())),
+    return c10::Stream(c10::Stream::UNSAFE,
+                       c10::Device(kType, static_cast<c10::DeviceIndex>(s.device_index())),
                        static_cast<c10::StreamId>(s.id()));
   }
-  static sim::Device& device_of(c10::Device d) { return rt().devices().at(d.index() < 0 ? current_index() : d.index()); }
-  static sim::Stream& from_c10(const c10::Stream& s) { return device_of(s.device()).stream(static_cast<int>(s.id())); }
+  static sim::Device& device_of(c10::Device d) {
+    return rt().devices().at(d.index() < 0 ? current_index() : d.index());
+  }
+  static sim::Stream& from_c10(const c10::Stream& s) {
+    return device_of(s.device()).stream(static_cast<int>(s.id()));
+  }
   c10::Stream getStream(c10::Device d) const override { return to_c10(device_of(d).current_stream()); }
   c10::Stream getDefaultStream(c10::Device d) const override { return to_c10(device_of(d).stream(0)); }
   // New streams come from the device's pool (Device::pooled_stream), the
@@ -68,14 +73,17 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   // Events are the simulator's events (completion and timing follow the
   // stream's queued work).
-  void record(void** event, const c10::Stream& s, const c10::DeviceIndex, const c10::EventFlag) const override {
+  void record(void** event, const c10::Stream& s, const c10::DeviceIndex,
+              const c10::EventFlag) const override {
     if (*event == nullptr) *event = new sim::Event();
     static_cast<sim::Event*>(*event)->record(from_c10(s));
   }
   void block(void* event, const c10::Stream& s) const override {
     if (event != nullptr) from_c10(s).wait_event(*static_cast<sim::Event*>(event));
   }
-  bool queryEvent(void* event) const override { return event == nullptr || static_cast<sim::Event*>(event)->query(); }
+  bool queryEvent(void* event) const override {
+    return event == nullptr || static_cast<sim::Event*>(event)->query();
+  }
   void synchronizeEvent(void* event) const override {
     if (event != nullptr) static_cast<sim::Event*>(event)->synchronize();
   }
@@ -87,7 +95,9 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       TORCH_CHECK(false, e.what());
     }
   }
-  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override { delete static_cast<sim::Event*>(event); }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<sim::Event*>(event);
+  }
 };
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, NpuGuardImpl);

@@ -28,7 +28,8 @@ at::Generator NpuHooks::getNewGenerator(c10::DeviceIndex device_index) const {
 
 at::Device NpuHooks::getDeviceFromPtr(void* data) const {
   for (int i = 0; i < rt().devices().count(); ++i)
-    if (rt().devices().at(i).allocator().contains(data, 1)) return {c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(i)};
+    if (rt().devices().at(i).allocator().contains(data, 1))
+      return {c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(i)};
   return {c10::DeviceType::PrivateUse1, current_index()};
 }
 

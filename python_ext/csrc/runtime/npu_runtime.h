@@ -10,6 +10,8 @@ namespace npub::torch_backend {
 
 inline Runtime& rt() { return Runtime::global(); }
 
-inline c10::DeviceIndex current_index() { return static_cast<c10::DeviceIndex>(rt().devices().current_device()); }
+inline c10::DeviceIndex current_index() {
+  return static_cast<c10::DeviceIndex>(rt().devices().current_device());
+}
 
 }  // namespace npub::torch_backend

@@ -27,20 +27,20 @@
 namespace npub::sim {
 
 struct AllocatorStats {
-  int64_t allocated_bytes = 0;       // live blocks, rounded sizes
-  int64_t requested_bytes = 0;       // live blocks, as requested
-  int64_t reserved_bytes = 0;        // segments held from the OS
+  int64_t allocated_bytes = 0;  // live blocks, rounded sizes
+  int64_t requested_bytes = 0;  // live blocks, as requested
+  int64_t reserved_bytes = 0;   // segments held from the OS
   int64_t peak_allocated_bytes = 0;
   int64_t peak_reserved_bytes = 0;
   int64_t num_allocs = 0;
   int64_t num_frees = 0;
-  int64_t num_cache_hits = 0;        // allocations served without a new segment
+  int64_t num_cache_hits = 0;  // allocations served without a new segment
   int64_t num_segments = 0;
   int64_t num_ooms = 0;
   int64_t total_allocated_bytes = 0;  // cumulative, rounded sizes
   int64_t total_freed_bytes = 0;
-  int64_t total_reserved_bytes = 0;   // cumulative segment sizes mapped
-  int64_t total_released_bytes = 0;   // cumulative segment sizes unmapped
+  int64_t total_reserved_bytes = 0;  // cumulative segment sizes mapped
+  int64_t total_released_bytes = 0;  // cumulative segment sizes unmapped
   int64_t active_blocks = 0;
 };
 
@@ -67,7 +67,7 @@ class CachingAllocator {
   bool contains(const void* ptr, size_t bytes) const;
 
   static constexpr size_t kMinBlock = 512;
-  static constexpr size_t kSmallRequest = 1 << 20;   // <= goes to the small pool
+  static constexpr size_t kSmallRequest = 1 << 20;  // <= goes to the small pool
   static constexpr size_t kSmallSegment = 2 << 20;
   static constexpr size_t kLargeSegment = 20 << 20;
   static constexpr size_t kLargeRequest = 10 << 20;  // < gets a 20 MiB segment

@@ -58,8 +58,8 @@ class ComputePool {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> jobs_;
   bool stopping_ = false;
-  int sleepers_ = 0;                    // workers blocked on cv_ (under mu_)
-  std::atomic<uint64_t> posted_{0};     // bumped per posted job: what spinning workers poll
+  int sleepers_ = 0;                 // workers blocked on cv_ (under mu_)
+  std::atomic<uint64_t> posted_{0};  // bumped per posted job: what spinning workers poll
   const std::chrono::nanoseconds spin_;
   std::vector<std::thread> workers_;
 };

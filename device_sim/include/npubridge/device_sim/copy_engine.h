@@ -30,8 +30,7 @@ void memcpy_async(Stream& stream, void* dst, const void* src, size_t bytes);
 // Queues copy_tensor(dst, src) on `stream`. The DLTensor structs (shapes,
 // strides) are copied now; the data buffers must stay valid until the
 // stream reaches the copy.
-void copy_tensor_async(Stream& stream, const DLTensor& dst, const DLTensor& src,
-                       ComputePool* pool = nullptr);
+void copy_tensor_async(Stream& stream, const DLTensor& dst, const DLTensor& src, ComputePool* pool = nullptr);
 
 // True when the tensor's strides are row-major contiguous (NULL strides
 // included; size-1 dims ignore their stride).

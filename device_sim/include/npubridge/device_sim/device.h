@@ -82,7 +82,8 @@ class Device {
   std::vector<std::unique_ptr<Stream>> streams_;  // under streams_mu_ (create_stream grows it)
   Stream* default_stream_ = nullptr;
   std::vector<Stream*> pool_;  // under streams_mu_
-  size_t pool_next_ = 0;       // under streams_mu_                // streams_[0], fixed at construction: read without the lock
+  size_t pool_next_ =
+      0;  // under streams_mu_                // streams_[0], fixed at construction: read without the lock
   Generator generator_;
 };
 

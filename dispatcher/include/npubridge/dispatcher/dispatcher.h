@@ -44,16 +44,16 @@ class OutputAllocator {
  public:
   virtual ~OutputAllocator() = default;
   // Returns a contiguous tensor; the allocator keeps ownership.
-  virtual DLTensor* allocate(int32_t ret_index, const DLDevice& device, int32_t ndim,
-                             const int64_t* shape, DLDataType dtype) = 0;
+  virtual DLTensor* allocate(int32_t ret_index, const DLDevice& device, int32_t ndim, const int64_t* shape,
+                             DLDataType dtype) = 0;
 };
 
 // OutputAllocator that makes npub::Tensor outputs.
 class TensorOutputs final : public OutputAllocator {
  public:
   explicit TensorOutputs(sim::DeviceSet& devices) : devices_(devices) {}
-  DLTensor* allocate(int32_t ret_index, const DLDevice& device, int32_t ndim,
-                     const int64_t* shape, DLDataType dtype) override;
+  DLTensor* allocate(int32_t ret_index, const DLDevice& device, int32_t ndim, const int64_t* shape,
+                     DLDataType dtype) override;
   // The tensor made for return i (undefined if none was).
   Tensor& operator[](size_t i);
 
@@ -64,9 +64,8 @@ class TensorOutputs final : public OutputAllocator {
 
 // The framework's own implementation of an op, registered by the host. It
 // receives what a kernel receives and must fill the returns the same way.
-using FallbackFn = std::function<void(const reg::OpEntry& op, const NpubValue* args,
-                                      int32_t num_args, NpubValue* rets, int32_t num_rets,
-                                      OutputAllocator& outputs)>;
+using FallbackFn = std::function<void(const reg::OpEntry& op, const NpubValue* args, int32_t num_args,
+                                      NpubValue* rets, int32_t num_rets, OutputAllocator& outputs)>;
 
 enum class FallbackMode { kAllow, kError };
 
@@ -156,8 +155,8 @@ class Dispatcher {
   // defaults may be omitted); `rets` has one slot per schema return: a
   // tensor the caller preallocated, or NPUB_VALUE_NONE for the kernel to
   // allocate through `outputs`. Throws npub::Error whose message names the op.
-  void call(const OpHandle& op, const NpubValue* args, int32_t num_args, NpubValue* rets,
-            int32_t num_rets, OutputAllocator* outputs);
+  void call(const OpHandle& op, const NpubValue* args, int32_t num_args, NpubValue* rets, int32_t num_rets,
+            OutputAllocator* outputs);
   // By name (one lookup more).
   void call(std::string_view op_name, const NpubValue* args, int32_t num_args, NpubValue* rets,
             int32_t num_rets, OutputAllocator* outputs);
@@ -175,8 +174,7 @@ class Dispatcher {
   // function rejects the arguments, or when it leaves a return undeclared.
   std::vector<OutputMeta> infer_meta(const OpHandle& op, const NpubValue* args, int32_t num_args) const;
 
-  const reg::Kernel* kernel_for(const OpHandle& op, DType dtype,
-                                int32_t device_type = NPUB_DEVICE_NPU) const;
+  const reg::Kernel* kernel_for(const OpHandle& op, DType dtype, int32_t device_type = NPUB_DEVICE_NPU) const;
 
   void set_fallback(FallbackFn fn);
   bool has_fallback() const;
@@ -211,7 +209,7 @@ class Dispatcher {
   reg::OpMappingTable& op_map() { return op_map_; }
   sim::DeviceSet& devices() { return devices_; }
 
- // Internal: the state of one call (dispatcher/src/call_state.h).
+  // Internal: the state of one call (dispatcher/src/call_state.h).
   struct CallState;
 
  private:

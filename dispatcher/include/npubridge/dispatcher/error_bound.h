@@ -145,21 +145,21 @@ DType accumulate_dtype(DType d);
 // One output to judge. Arrays hold `numel` values in row-major order.
 struct Comparison {
   const double* got = nullptr;
-  const double* reference = nullptr;  // float64 (kSameDtype: the op's dtype)
-  const double* magnitude = nullptr;  // kAccumulated + kAbsInputs: per element
-  const double* host = nullptr;       // kHostCalibrated: the host's result in d
+  const double* reference = nullptr;    // float64 (kSameDtype: the op's dtype)
+  const double* magnitude = nullptr;    // kAccumulated + kAbsInputs: per element
+  const double* host = nullptr;         // kHostCalibrated: the host's result in d
   const double* alternative = nullptr;  // kSameDtype: the float64 result, also accepted once rounded to d
   int64_t numel = 0;
-  DType dtype = DType::kFloat32;      // of the output
-  double scale = 0;                   // kAccumulated + kScale
-  int64_t terms = 0;                  // kAccumulated: K
+  DType dtype = DType::kFloat32;  // of the output
+  double scale = 0;               // kAccumulated + kScale
+  int64_t terms = 0;              // kAccumulated: K
 };
 
 struct Verdict {
   int64_t numel = 0, mismatched = 0;
   int64_t worst_index = -1;  // the element furthest beyond its bound
   double got = 0, reference = 0, error = 0, bound = 0;
-  std::string derivation;    // how that element's bound was derived
+  std::string derivation;  // how that element's bound was derived
   bool ok() const { return mismatched == 0; }
   // "3 of 64 elements exceed their error bound; worst at flat index 5: got
   // ..., reference ... (error ..., bound ... = ...)"

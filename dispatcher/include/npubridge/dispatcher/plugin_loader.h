@@ -57,7 +57,7 @@ class PluginLoader {
 
  private:
   reg::Registry& registry_;
-  std::mutex load_mu_;  // held through a whole load(): loads run one at a time
+  std::mutex load_mu_;     // held through a whole load(): loads run one at a time
   mutable std::mutex mu_;  // plugins_ and failures_
   std::vector<std::shared_ptr<reg::PluginRecord>> plugins_;
   std::vector<LoadResult> failures_;

@@ -24,8 +24,8 @@ class Tensor {
   // Uninitialised contiguous tensor; device == nullptr means host memory.
   static Tensor empty(const std::vector<int64_t>& shape, DType dtype, sim::Device* device);
   // A tensor holding `values` (converted from double), on `device`.
-  static Tensor from_values(const std::vector<int64_t>& shape, DType dtype,
-                            const std::vector<double>& values, sim::Device* device);
+  static Tensor from_values(const std::vector<int64_t>& shape, DType dtype, const std::vector<double>& values,
+                            sim::Device* device);
 
   bool defined() const { return impl_ != nullptr; }
   DLTensor* dl() const { return impl_ ? &impl_->dl : nullptr; }

@@ -206,7 +206,8 @@ class Registry {
   // Checks and updates for the public writers; the caller holds mu_.
   OpEntry* find_locked(const std::string& name) const;
   static std::string schema_conflict(const OpEntry& existing, const Schema& schema);
-  static std::string kernel_conflict(const std::string& op_name, const KernelList& list, const Kernel& kernel);
+  static std::string kernel_conflict(const std::string& op_name, const KernelList& list,
+                                     const Kernel& kernel);
   static std::string meta_conflict(const OpEntry& op);
   static std::string derivative_conflict(const OpEntry& op);
   OpEntry* add_op_locked(const Schema& schema, const std::string& defined_by);
@@ -217,7 +218,7 @@ class Registry {
   std::vector<std::unique_ptr<Kernel>> kernels_;
   std::atomic<const OpMap*> map_;
   std::vector<std::unique_ptr<const OpMap>> retired_maps_;
-  std::vector<std::unique_ptr<const KernelList>> lists_;  // current and retired
+  std::vector<std::unique_ptr<const KernelList>> lists_;           // current and retired
   std::vector<std::unique_ptr<const OpAnnotations>> annotations_;  // current and retired
 };
 

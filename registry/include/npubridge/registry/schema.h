@@ -22,21 +22,35 @@
 namespace npub::reg {
 
 enum class BaseType : uint8_t {
-  kTensor, kInt, kSymInt, kFloat, kBool, kStr, kScalar, kScalarType, kLayout,
-  kMemoryFormat, kDevice, kGenerator, kDimname, kStorage, kStream, kAny,
+  kTensor,
+  kInt,
+  kSymInt,
+  kFloat,
+  kBool,
+  kStr,
+  kScalar,
+  kScalarType,
+  kLayout,
+  kMemoryFormat,
+  kDevice,
+  kGenerator,
+  kDimname,
+  kStorage,
+  kStream,
+  kAny,
 };
 
 struct Type {
   BaseType base = BaseType::kTensor;
-  bool optional = false;       // T?  (for lists: the list itself is optional)
-  bool list = false;           // T[]
+  bool optional = false;          // T?  (for lists: the list itself is optional)
+  bool list = false;              // T[]
   bool element_optional = false;  // T?[]
-  int fixed_size = -1;         // T[N]
+  int fixed_size = -1;            // T[N]
 };
 
 struct AliasInfo {
-  std::string set;              // "a", or "*"
-  bool is_write = false;        // '!'
+  std::string set;                 // "a", or "*"
+  bool is_write = false;           // '!'
   std::vector<std::string> after;  // "a -> *" or "a -> a|b"
 };
 
@@ -45,10 +59,10 @@ struct AliasInfo {
 struct DefaultValue {
   std::string text;
   NpubValue value{};
-  std::vector<int64_t> ints;   // backing store of INT_LIST defaults
-  std::vector<double> doubles; // backing store of DOUBLE_LIST defaults
-  std::string str;             // backing store of STRING defaults
-  bool boxable = true;         // false for identifiers the host cannot box (kept as text)
+  std::vector<int64_t> ints;    // backing store of INT_LIST defaults
+  std::vector<double> doubles;  // backing store of DOUBLE_LIST defaults
+  std::string str;              // backing store of STRING defaults
+  bool boxable = true;          // false for identifiers the host cannot box (kept as text)
 
   DefaultValue() = default;
   DefaultValue(const DefaultValue& o) { *this = o; }

@@ -10,8 +10,16 @@ namespace npub {
 
 // The dtypes npubridge knows, as a dense index for bit sets and tables.
 enum class DType : uint8_t {
-  kFloat32 = 0, kFloat64, kFloat16, kBFloat16,
-  kInt64, kInt32, kInt16, kInt8, kUInt8, kBool,
+  kFloat32 = 0,
+  kFloat64,
+  kFloat16,
+  kBFloat16,
+  kInt64,
+  kInt32,
+  kInt16,
+  kInt8,
+  kUInt8,
+  kBool,
   kCount,
   kUnknown = 0xff,
 };

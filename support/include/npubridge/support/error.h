@@ -20,8 +20,7 @@ enum class ErrorCode : int32_t {
 
 class Error : public std::runtime_error {
  public:
-  Error(ErrorCode code, const std::string& message)
-      : std::runtime_error(message), code_(code) {}
+  Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
   ErrorCode code() const noexcept { return code_; }
 
  private:
@@ -32,8 +31,7 @@ class Error : public std::runtime_error {
 // torch.OutOfMemoryError.
 class OutOfMemoryError : public Error {
  public:
-  explicit OutOfMemoryError(const std::string& message)
-      : Error(ErrorCode::kOutOfMemory, message) {}
+  explicit OutOfMemoryError(const std::string& message) : Error(ErrorCode::kOutOfMemory, message) {}
 };
 
 }  // namespace npub

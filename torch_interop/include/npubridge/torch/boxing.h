@@ -45,7 +45,8 @@ NpubValue box_ivalue(const c10::IValue& v, BoxedStorage& s, TensorFn&& tensor) {
   }
   if (v.isList() && !v.toListRef().empty() && (v.toListRef()[0].isSymInt() || v.toListRef()[0].isInt())) {
     auto l = std::make_unique<std::vector<int64_t>>();
-    for (const c10::IValue& e : v.toListRef()) l->push_back(e.isSymInt() ? e.toSymInt().expect_int() : e.toInt());
+    for (const c10::IValue& e : v.toListRef())
+      l->push_back(e.isSymInt() ? e.toSymInt().expect_int() : e.toInt());
     s.ints.push_back(std::move(l));
     return int_list_value(*s.ints.back());
   }

@@ -9,9 +9,9 @@
 #include <ATen/ATen.h>
 
 #include <npubridge/dispatcher/error_bound.h>
+#include <npubridge/registry/schema.h>
 #include <npubridge/torch/boxing.h>
 #include <npubridge/torch/dtype.h>
-#include <npubridge/registry/schema.h>
 
 #include <cmath>
 #include <memory>
@@ -28,11 +28,16 @@ enum class Precision {
 
 inline int precision_bits(at::ScalarType t) {
   switch (t) {
-    case at::kDouble: return 53;
-    case at::kFloat: return 24;
-    case at::kHalf: return 11;
-    case at::kBFloat16: return 8;
-    default: return 0;
+    case at::kDouble:
+      return 53;
+    case at::kFloat:
+      return 24;
+    case at::kHalf:
+      return 11;
+    case at::kBFloat16:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -46,7 +51,8 @@ inline at::Tensor reference_tensor(const at::Tensor& t, Precision p, at::ScalarT
   // casts it (x + torch.tensor(0.1, dtype=torch.float64) adds float32's
   // 0.1 to a float32 x).
   at::Tensor r = t;
-  if (t.dim() == 0 && precision_bits(compute) > 0 && precision_bits(t.scalar_type()) > precision_bits(compute))
+  if (t.dim() == 0 && precision_bits(compute) > 0 &&
+      precision_bits(t.scalar_type()) > precision_bits(compute))
     r = t.to(compute);
   r = r.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true);
   return p == Precision::kMagnitude ? r.abs() : r;
@@ -66,7 +72,8 @@ inline c10::IValue reference_input(const c10::IValue& v, bool scalar_type_arg, b
   if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {  // Tensor?[]
     c10::List<std::optional<at::Tensor>> l;
     for (const c10::IValue& e : v.toListRef())
-      l.push_back(e.isTensor() ? std::optional<at::Tensor>(reference_tensor(e.toTensor(), p, compute)) : std::nullopt);
+      l.push_back(e.isTensor() ? std::optional<at::Tensor>(reference_tensor(e.toTensor(), p, compute))
+                               : std::nullopt);
     return l;
   }
   if (p == Precision::kSame) return v;
@@ -79,16 +86,17 @@ inline c10::IValue reference_input(const c10::IValue& v, bool scalar_type_arg, b
   return v;
 }
 
-
 inline std::vector<double> tensor_doubles(const at::Tensor& t) {
-  if (t._is_zerotensor()) return std::vector<double>(static_cast<size_t>(t.numel()), 0.0);  // autograd's lazy zeros
+  if (t._is_zerotensor())
+    return std::vector<double>(static_cast<size_t>(t.numel()), 0.0);  // autograd's lazy zeros
   at::Tensor d = t.to(at::kCPU).to(at::kDouble).contiguous();
   return std::vector<double>(d.data_ptr<double>(), d.data_ptr<double>() + d.numel());
 }
 
 // K for a call whose arguments are IValues, boxed against `schema` with
 // metadata-only tensors (K depends on shapes and scalars only).
-inline int64_t call_terms(const ErrorModel& model, const reg::Schema& schema, const std::vector<c10::IValue>& args) {
+inline int64_t call_terms(const ErrorModel& model, const reg::Schema& schema,
+                          const std::vector<c10::IValue>& args) {
   if (model.kind != ErrorKind::kAccumulated) return 0;
   struct Meta {
     DLTensor dl{};
@@ -121,7 +129,8 @@ inline double call_scale(const std::vector<c10::IValue>& inputs, const at::Tenso
     scale = std::max(scale, a.max().item<double>());
   };
   for (const c10::IValue& v : inputs) {
-    if (v.isTensor()) visit(v.toTensor());
+    if (v.isTensor())
+      visit(v.toTensor());
     else if (v.isTensorList())
       for (const at::Tensor& t : v.toTensorVector()) visit(t);
   }
@@ -133,8 +142,8 @@ inline double call_scale(const std::vector<c10::IValue>& inputs, const at::Tenso
 // dtype and shape are what `got` must have); `wide`: the float64 reference
 // (undefined: none, host values are the reference); `magnitude`: the op on
 // |inputs| (undefined: none); `terms` and `scale` as Comparison's.
-inline Verdict judge(const ErrorModel& model, const at::Tensor& got, const at::Tensor& host, const at::Tensor& wide,
-                     const at::Tensor& magnitude, int64_t terms, double scale) {
+inline Verdict judge(const ErrorModel& model, const at::Tensor& got, const at::Tensor& host,
+                     const at::Tensor& wide, const at::Tensor& magnitude, int64_t terms, double scale) {
   const std::vector<double> g = tensor_doubles(got), h = tensor_doubles(host);
   const bool floating = at::isFloatingType(host.scalar_type());
   const bool alternative = floating && wide.defined() && model.kind == ErrorKind::kSameDtype;
