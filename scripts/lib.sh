@@ -9,7 +9,8 @@ npub_log() { printf '\n==> %s\n' "$*"; }
 
 # Debian packages the build needs.
 NPUB_APT_PACKAGES=(g++ cmake ninja-build ccache pkg-config libdlpack-dev libboost-dev
-                   libspdlog-dev libgtest-dev libbenchmark-dev libdnnl-dev binutils)
+                   libspdlog-dev libgtest-dev libbenchmark-dev libdnnl-dev binutils
+                   clang-format)
 
 npub_install_apt() {
   local missing=()

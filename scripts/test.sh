@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Set up, build, and run every test: the release build, an ASan+UBSan build
+# Set up, check the format, build, and run every test: the release build, an ASan+UBSan build
 # of the whole suite, and a ThreadSanitizer run of the stream and concurrency
 # tests. Exits non-zero on any failure.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 npub_setup
+
+npub_log "format (clang-format)"
+"$NPUB_ROOT/scripts/check_format.sh"
 
 npub_build "$NPUB_ROOT/build/release"
 npub_log "tests (release)"
