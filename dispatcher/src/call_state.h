@@ -8,9 +8,18 @@
 #include <npubridge/support/dtype.h>
 
 #include <array>
+#include <cstdint>
 #include <vector>
 
 namespace npub {
+
+// How a call's written tensors share memory with its other tensors
+// (Note [Memory overlap], overlap.h).
+enum class Overlap : uint8_t {
+  kNone,    // no written tensor shares memory with another tensor
+  kFull,    // only as the very same view: alias-safe kernels may serve it
+  kUnsafe,  // no kernel may serve it: the fallback does
+};
 
 struct Dispatcher::CallState {
   const OpHandle* handle = nullptr;
@@ -22,8 +31,9 @@ struct Dispatcher::CallState {
   OutputAllocator* outputs = nullptr;
   DLDevice device{};
   bool has_device = false;
-  DType dtype = DType::kUnknown;  // the dispatch dtype
-  bool meta = false;              // infer_meta: tensors carry metadata only (data may be NULL)
+  DType dtype = DType::kUnknown;     // the dispatch dtype
+  bool meta = false;                 // infer_meta: tensors carry metadata only (data may be NULL)
+  Overlap overlap = Overlap::kNone;  // how written tensors share memory; decides eligible kernels
   // Arguments with defaults filled in, when the caller omitted some.
   std::array<NpubValue, 24> inline_args;  // not zeroed: written before read
   std::vector<NpubValue> heap_args;

@@ -1,5 +1,6 @@
 #include "call_state.h"
 #include "host_api.h"
+#include "overlap.h"
 
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/dispatcher.h>
@@ -8,8 +9,10 @@
 #include <npubridge/support/tick_clock.h>
 #include "logging.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 namespace npub {
 
@@ -245,13 +248,20 @@ namespace {
 // dtype, and its predicate (if any) accepts the arguments; among eligible
 // kernels the requested plugin's (an op mapping's) comes first, then the
 // highest priority. select_kernel, kernel_for (no arguments, so no
-// predicate) and explain_no_kernel all read these functions.
+// predicate) and explain_no_kernel all read these functions. A call whose
+// written tensors share memory with its inputs narrows the choice further
+// (overlap_allows).
 bool plugin_enabled(const reg::Kernel& k) {
   return !k.plugin || k.plugin->enabled.load(std::memory_order_relaxed);
 }
 bool level_allows(const reg::Kernel& k, int level) { return level > 0 && k.min_opt_level <= level; }
 bool statically_eligible(const reg::Kernel& k, int level, DType dtype) {
   return plugin_enabled(k) && level_allows(k, level) && k.accepts(dtype);
+}
+// Note [Memory overlap]: the same view written and read needs a kernel
+// that declares it may; any other overlap none may serve.
+bool overlap_allows(const reg::Kernel& k, Overlap o) {
+  return o == Overlap::kNone || (o == Overlap::kFull && (k.flags & NPUB_KERNEL_ALIAS_SAFE) != 0);
 }
 template <typename Eligible>
 const reg::Kernel* first_eligible(const reg::KernelList& list, const reg::PluginRecord* preferred,
@@ -269,7 +279,7 @@ const reg::Kernel* Dispatcher::select_kernel(CallState& cs, DType dtype) const {
   const int level = opt_level_.load(std::memory_order_relaxed);
   return first_eligible(
       cs.op->kernels(cs.device.device_type), cs.handle->preferred_plugin, [&](const reg::Kernel& k) {
-        return statically_eligible(k, level, dtype) &&
+        return statically_eligible(k, level, dtype) && overlap_allows(k, cs.overlap) &&
                (k.supports == nullptr || k.supports(k.user_data, cs.args, cs.num_args) != 0);
       });
 }
@@ -284,6 +294,7 @@ const reg::Kernel* Dispatcher::select(const OpHandle& handle, const NpubValue* a
   cs.rets = rets.data();
   cs.num_rets = static_cast<int32_t>(rets.size());
   validate(cs);
+  cs.overlap = classify_overlap(cs);
   if (!cs.has_device)
     cs.device = DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), devices_.current_device()};
   const reg::Kernel* k = select_kernel(cs, cs.dtype);
@@ -403,6 +414,7 @@ void Dispatcher::call(const OpHandle& handle, const NpubValue* args, int32_t num
   cs.outputs = outputs != nullptr ? outputs : &no_outputs;
   try {
     validate(cs);
+    cs.overlap = classify_overlap(cs);
     if (!cs.has_device)
       cs.device = DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), devices_.current_device()};
     DType convert_from = DType::kUnknown;
@@ -471,9 +483,19 @@ std::vector<OutputMeta> Dispatcher::infer_meta(const OpHandle& handle, const Npu
   return out;
 }
 
-std::string explain_no_kernel(const Dispatcher& d, const reg::OpEntry& op, const DLDevice& dev, DType dtype) {
+std::string explain_no_kernel(const Dispatcher& d, const reg::OpEntry& op, const DLDevice& dev, DType dtype,
+                              Overlap overlap) {
   const auto& list = op.kernels(dev.device_type);
   if (d.opt_level() == 0) return "optimisation level 0 disables every plugin kernel";
+  if (overlap == Overlap::kUnsafe)
+    return "tensors it writes share memory with other tensors of the call, which no kernel may serve";
+  if (overlap == Overlap::kFull &&
+      std::any_of(list.begin(), list.end(), [&](const reg::Kernel* k) { return k->accepts(dtype); }) &&
+      std::none_of(list.begin(), list.end(), [&](const reg::Kernel* k) {
+        return k->accepts(dtype) && (k->flags & NPUB_KERNEL_ALIAS_SAFE) != 0;
+      }))
+    return std::string("an output is the same memory as an input, and no kernel for dtype ") +
+           dtype_name(dtype) + " declares NPUB_KERNEL_ALIAS_SAFE";
   if (list.empty())
     return std::string("no plugin registers a kernel for it on ") +
            (dev.device_type == NPUB_DEVICE_CPU ? "cpu" : "npu");
@@ -488,9 +510,16 @@ std::string explain_no_kernel(const Dispatcher& d, const reg::OpEntry& op, const
   return s + ")";
 }
 
+namespace {
+thread_local std::string tls_fallback_reason;
+}  // namespace
+
+const std::string& Dispatcher::fallback_reason() { return tls_fallback_reason; }
+
 void Dispatcher::run_fallback(CallState& cs, const char* reason) {
-  const std::string why =
-      reason != nullptr ? std::string(reason) : explain_no_kernel(*this, *cs.op, cs.device, cs.dtype);
+  const std::string why = reason != nullptr
+                              ? std::string(reason)
+                              : explain_no_kernel(*this, *cs.op, cs.device, cs.dtype, cs.overlap);
   if (fallback_mode_.load(std::memory_order_relaxed) == FallbackMode::kError)
     throw Error(ErrorCode::kUnsupported,
                 "op '" + cs.op->name() + "' is not supported on " + device_str(cs.device) + ": " + why +
@@ -511,6 +540,12 @@ void Dispatcher::run_fallback(CallState& cs, const char* reason) {
         "host framework's implementation; logged once per op",
         cs.op->name(), why);
   stats.fallbacks.fetch_add(1, std::memory_order_relaxed);
+  // Set for the fallback's duration (nested calls set their own).
+  struct Reason {
+    std::string outer;
+    explicit Reason(const std::string& why) : outer(std::exchange(tls_fallback_reason, why)) {}
+    ~Reason() { tls_fallback_reason = std::move(outer); }
+  } scoped_reason(why);
   fn(*cs.op, cs.args, cs.num_args, cs.rets, cs.num_rets, *cs.outputs);
 }
 

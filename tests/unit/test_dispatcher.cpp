@@ -58,9 +58,10 @@ TEST_F(DispatcherTest, SelectsByPriorityPredicateDtypeAndOptLevel) {
   EXPECT_EQ(which(small), -1);
   rt->loader().plugin("testsel")->enabled = true;
   EXPECT_EQ(which(small), 2);
+  Tensor small_out = Tensor::empty({3}, DType::kFloat32, dev);
   const reg::Kernel* k = rt->dispatcher().select(
       rt->dispatcher().op("testsel::which"),
-      std::vector<NpubValue>{tensor_value(small.dl()), tensor_value(small.dl())}.data(), 2);
+      std::vector<NpubValue>{tensor_value(small.dl()), tensor_value(small_out.dl())}.data(), 2);
   ASSERT_NE(k, nullptr);
   EXPECT_EQ(k->priority, 10);
   EXPECT_EQ(host.served.size(), 3u);
@@ -428,6 +429,70 @@ TEST_F(DispatcherTest, HostFallbacksShareTheOpsAccount) {
   EXPECT_FALSE(
       rt->dispatcher().record_host_fallback("aten::lgamma"));  // warned once per process, as the dispatcher
   EXPECT_EQ(rt->dispatcher().total_fallbacks(), 1);
+}
+
+// Note [Memory overlap]: written tensors against the tensors a call reads.
+TEST_F(DispatcherTest, WrittenTensorsThatShareMemoryWithInputs) {
+  auto call = [&](const char* op, std::vector<NpubValue> args, int32_t nret = 1) {
+    std::vector<NpubValue> rets(static_cast<size_t>(nret), NpubValue{});
+    rt->dispatcher().call(op, args.data(), static_cast<int32_t>(args.size()), rets.data(), nret, nullptr);
+  };
+  const std::string clone_hint = " Please clone() the tensor before performing the operation.";
+  // a.add_(a.t()): two dense views of one memory that are not the same view.
+  Tensor a = f32({2, 2}, {0, 1, 2, 3});
+  Tensor at = a.as_strided({2, 2}, {1, 2}, 0);
+  EXPECT_EQ(
+      error_of([&] {
+        call("aten::add.out",
+             {tensor_value(a.dl()), tensor_value(at.dl()), int_value(1), tensor_value(a.dl())});
+      }),
+      "op 'aten::add.out', argument 'out': unsupported operation: some elements of the input tensor and the "
+      "written-to tensor refer to a single memory location." +
+          clone_hint);
+  expect_values(a, {0, 1, 2, 3});
+  // An expanded output (stride 0): internal overlap; fill_ may still write it.
+  Tensor one = f32({1}, {5});
+  Tensor expanded = one.as_strided({4}, {0}, 0);
+  Tensor b = f32({4}, {1, 1, 1, 1});
+  EXPECT_EQ(
+      error_of([&] {
+        call("aten::add.out",
+             {tensor_value(b.dl()), tensor_value(b.dl()), int_value(1), tensor_value(expanded.dl())});
+      }),
+      "op 'aten::add.out', argument 'out': unsupported operation: more than one element of the written-to "
+      "tensor refers to a single memory location." +
+          clone_hint);
+  call("aten::fill_.Scalar", {tensor_value(expanded.dl()), double_value(2)});
+  expect_values(one, {2});
+  // The same view written and read: cann_like's add declares
+  // NPUB_KERNEL_ALIAS_SAFE and serves it; testsel::twice does not, so the
+  // host's fallback does.
+  rt->dispatcher().reset_stats();
+  host.served.clear();
+  Tensor x = f32({3}, {1, 2, 3});
+  call("aten::add.out", {tensor_value(x.dl()), tensor_value(x.dl()), int_value(1), tensor_value(x.dl())});
+  expect_values(x, {2, 4, 6});
+  EXPECT_EQ(rt->dispatcher().total_fallbacks(), 0);
+  call("testsel::twice", {tensor_value(x.dl()), tensor_value(x.dl())});
+  expect_values(x, {4, 8, 12});
+  EXPECT_EQ(host.served, std::vector<std::string>{"testsel::twice"});
+  // Interleaved strided views (their memory ranges overlap, their elements
+  // do not): a case ATen does not judge; no kernel, the fallback serves it.
+  Tensor y = f32({4}, {1, 2, 3, 4});
+  Tensor even = y.as_strided({2}, {2}, 0), odd = y.as_strided({2}, {2}, 1);
+  call("aten::add.out",
+       {tensor_value(even.dl()), tensor_value(odd.dl()), int_value(1), tensor_value(even.dl())});
+  expect_values(y, {3, 2, 7, 4});
+  EXPECT_EQ(host.served.back(), "aten::add.out");
+  // Under NPUB_FALLBACK=error the refusal says why no kernel served it.
+  rt->dispatcher().set_fallback_mode(FallbackMode::kError);
+  EXPECT_EQ(error_of([&] {
+              call("testsel::twice", {tensor_value(x.dl()), tensor_value(x.dl())});
+            }),
+            "op 'testsel::twice' is not supported on npu:0: an output is the same memory as an input, and no "
+            "kernel for dtype float32 declares NPUB_KERNEL_ALIAS_SAFE; falling back to the host framework is "
+            "disabled (NPUB_FALLBACK=error)");
+  rt->dispatcher().set_fallback_mode(FallbackMode::kAllow);
 }
 
 }  // namespace

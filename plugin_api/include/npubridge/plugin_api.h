@@ -47,7 +47,7 @@ extern "C" {
 /** Removing, retyping or reordering anything bumps the major version. */
 #define NPUB_ABI_MAJOR 1
 /** Appending a field or a function to a struct bumps the minor version. */
-#define NPUB_ABI_MINOR 2
+#define NPUB_ABI_MINOR 3
 
 /** The one symbol a plugin exports. Its name carries the major version. */
 #define NPUB_PLUGIN_ENTRY_SYMBOL "npub_plugin_init_v1"
@@ -212,7 +212,12 @@ typedef NpubError* (*NpubMetaFn)(NpubMetaContext* ctx, const NpubValue* args, in
 typedef enum NpubKernelFlags {
   /** The kernel reads and writes only contiguous tensors; the host copies
    * strided inputs to contiguous ones and strided outputs back. */
-  NPUB_KERNEL_CONTIGUOUS_ONLY = 1u << 0
+  NPUB_KERNEL_CONTIGUOUS_ONLY = 1u << 0,
+  /** The kernel is correct when a tensor it writes is the very same view
+   * as a tensor it reads (x.add_(x); add(x, y, out=x)), as elementwise
+   * kernels are. Without it, the host serves such calls with its fallback.
+   * \since 1.3 (hosts before 1.3 ignore the flag and do not check overlap) */
+  NPUB_KERNEL_ALIAS_SAFE = 1u << 1
 } NpubKernelFlags;
 
 /**
@@ -406,13 +411,13 @@ typedef const NpubPluginApi* (*NpubPluginInitFn)(void);
  */
 #define NPUB_STRUCT_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
 
-/** NpubKernelDesc as ABI 1.0 defined it (unchanged through 1.2). */
+/** NpubKernelDesc as ABI 1.0 defined it (unchanged through 1.3). */
 #define NPUB_KERNEL_DESC_STRUCT_SIZE_1_0 NPUB_STRUCT_SIZE(NpubKernelDesc, min_opt_level)
 /** NpubHostApi as each minor version left it. */
 #define NPUB_HOST_API_STRUCT_SIZE_1_0 NPUB_STRUCT_SIZE(NpubHostApi, num_threads)
 #define NPUB_HOST_API_STRUCT_SIZE_1_1 NPUB_STRUCT_SIZE(NpubHostApi, philox_reserve)
 #define NPUB_HOST_API_STRUCT_SIZE_1_2 NPUB_STRUCT_SIZE(NpubHostApi, define_derivative)
-/** NpubPluginApi as ABI 1.0 defined it (unchanged through 1.2). */
+/** NpubPluginApi as ABI 1.0 defined it (unchanged through 1.3). */
 #define NPUB_PLUGIN_API_STRUCT_SIZE_1_0 NPUB_STRUCT_SIZE(NpubPluginApi, shutdown)
 
 /** What a writer built against this header puts in `struct_size`: the

@@ -502,6 +502,13 @@ class KernelBuilder {
     flags_ |= NPUB_KERNEL_CONTIGUOUS_ONLY;
     return *this;
   }
+  // The body is correct when an output is the very same view as an input
+  // (elementwise bodies are): x.add_(x) and add(x, y, out=x) then run on it
+  // instead of the host's fallback (ABI 1.3; older hosts ignore it).
+  KernelBuilder& alias_safe() {
+    flags_ |= NPUB_KERNEL_ALIAS_SAFE;
+    return *this;
+  }
   KernelBuilder& supports(NpubSupportsFn f) {
     supports_ = f;
     return *this;

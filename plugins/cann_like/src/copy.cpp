@@ -136,9 +136,11 @@ void arange(Call& call) {
 
 void register_copy(npub::sdk::Registrar& r) {
   const auto all = dtypes_all();
-  r.op("aten::copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)", &copy_).dtypes(all);
-  r.op("aten::fill_.Scalar(Tensor(a!) self, Scalar value) -> Tensor(a!)", &fill_).dtypes(all);
-  r.op("aten::zero_(Tensor(a!) self) -> Tensor(a!)", &zero_).dtypes(all);
+  r.op("aten::copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)", &copy_)
+      .dtypes(all)
+      .alias_safe();
+  r.op("aten::fill_.Scalar(Tensor(a!) self, Scalar value) -> Tensor(a!)", &fill_).dtypes(all).alias_safe();
+  r.op("aten::zero_(Tensor(a!) self) -> Tensor(a!)", &zero_).dtypes(all).alias_safe();
   r.op("aten::clone(Tensor self, *, MemoryFormat? memory_format=None) -> Tensor", &clone).dtypes(all);
   r.op("aten::arange.start_out(Scalar start, Scalar end, Scalar step=1, *, Tensor(a!) out) -> Tensor(a!)",
        &arange)

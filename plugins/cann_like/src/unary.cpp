@@ -270,23 +270,28 @@ void register_unary(npub::sdk::Registrar& r) {
   r.op("aten::gelu_backward.grad_input(Tensor grad_output, Tensor self, *, str approximate=\"none\", "
        "Tensor(a!) grad_input) -> Tensor(a!)",
        &gelu_backward)
-      .dtypes(floating);
+      .dtypes(floating)
+      .alias_safe();
   r.op("aten::threshold_backward.grad_input(Tensor grad_output, Tensor self, Scalar threshold, *, Tensor(a!) "
        "grad_input) -> Tensor(a!)",
        &activation_backward<G::threshold>)
-      .dtypes(floating);
+      .dtypes(floating)
+      .alias_safe();
   r.op("aten::sigmoid_backward.grad_input(Tensor grad_output, Tensor output, *, Tensor(a!) grad_input) -> "
        "Tensor(a!)",
        &activation_backward<G::sigmoid>)
-      .dtypes(floating);
+      .dtypes(floating)
+      .alias_safe();
   r.op("aten::tanh_backward.grad_input(Tensor grad_output, Tensor output, *, Tensor(a!) grad_input) -> "
        "Tensor(a!)",
        &activation_backward<G::tanh>)
-      .dtypes(floating);
+      .dtypes(floating)
+      .alias_safe();
   r.op("aten::silu_backward.grad_input(Tensor grad_output, Tensor self, *, Tensor(a!) grad_input) -> "
        "Tensor(a!)",
        &activation_backward<G::silu>)
-      .dtypes(floating);
+      .dtypes(floating)
+      .alias_safe();
   const auto all = dtypes_all();
   const auto numeric = dtypes_numeric();
   struct Entry {
@@ -321,13 +326,15 @@ void register_unary(npub::sdk::Registrar& r) {
     r.op((op + "(Tensor self, *, Tensor(a!) out) -> Tensor(a!)").c_str(), e.fn)
         .dtypes(std::string(e.name) == "silu" ? dtypes_floating()
                 : e.with_bool                 ? all
-                                              : numeric);
+                                              : numeric)
+        .alias_safe();
   }
   r.op("aten::gelu.out(Tensor self, *, str approximate=\"none\", Tensor(a!) out) -> Tensor(a!)", &gelu_out)
-      .dtypes(dtypes_floating());
-  r.op("aten::relu(Tensor self) -> Tensor", &relu_fn).dtypes(numeric);
-  r.op("aten::relu_(Tensor(a!) self) -> Tensor(a!)", &relu_inplace).dtypes(numeric);
-  r.op("aten::isnan(Tensor self) -> Tensor", &isnan_fn).dtypes(all);
+      .dtypes(dtypes_floating())
+      .alias_safe();
+  r.op("aten::relu(Tensor self) -> Tensor", &relu_fn).dtypes(numeric).alias_safe();
+  r.op("aten::relu_(Tensor(a!) self) -> Tensor(a!)", &relu_inplace).dtypes(numeric).alias_safe();
+  r.op("aten::isnan(Tensor self) -> Tensor", &isnan_fn).dtypes(all).alias_safe();
 }
 
 }  // namespace cann_like

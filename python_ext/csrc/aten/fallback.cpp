@@ -96,6 +96,13 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // the dispatcher fell back).
 void torch_fallback(const reg::OpEntry&, const NpubValue*, int32_t, NpubValue*, int32_t, OutputAllocator&) {
   TORCH_CHECK(tls_call != nullptr, "npubridge: fallback outside a torch call");
+  const c10::OperatorHandle& op = *tls_call->op;
+  TORCH_CHECK(op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+                  op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+                  op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd),
+              "npubridge: op '", full_name(op.schema().operator_name()),
+              "' cannot run on the npu: ", Dispatcher::fallback_reason(),
+              "; and PyTorch has no CPU implementation of it to fall back to");
   tls_call->fell_back = true;
   if (tls_call->stack == nullptr) {
     TORCH_INTERNAL_ASSERT(tls_call->push_args != nullptr, "npubridge: an unboxed call without its arguments");

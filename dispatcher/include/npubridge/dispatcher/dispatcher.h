@@ -177,6 +177,10 @@ class Dispatcher {
   const reg::Kernel* kernel_for(const OpHandle& op, DType dtype, int32_t device_type = NPUB_DEVICE_NPU) const;
 
   void set_fallback(FallbackFn fn);
+  // Inside a FallbackFn: why the dispatcher handed this thread's current
+  // call to the fallback ("no kernel accepts dtype int32 (...)", a kernel's
+  // decline, an overlap no kernel may serve), for the host's own messages.
+  static const std::string& fallback_reason();
   bool has_fallback() const;
   void set_fallback_mode(FallbackMode m) { fallback_mode_.store(m); }
   FallbackMode fallback_mode() const { return fallback_mode_.load(); }

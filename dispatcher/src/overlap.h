@@ -1,0 +1,32 @@
+// Internal: how the tensors a call writes overlap the tensors it reads
+// (Note [Memory overlap]).
+#pragma once
+
+#include "call_state.h"
+
+namespace npub {
+
+// Note [Memory overlap]
+// A kernel that writes a tensor while reading another that shares its
+// memory can read what it has already written. The dispatcher looks at
+// every call's written tensors (arguments annotated `(a!)`, list elements
+// included, and preallocated returns) against its other tensors, as ATen's
+// TensorIterator does (at::has_internal_overlap, at::get_overlap_status):
+// - a written tensor with internal overlap (a stride-0 dimension of size
+//   > 1, such as an expanded tensor) is refused with ATen's message, except
+//   for fill_ and zero_, whose every write is the same;
+// - a written and a read tensor that are both dense and overlap without
+//   being the same view (a.add_(a.t())) are refused with ATen's message;
+// - the very same view written and read (x.add_(x), add(x, y, out=x)) runs
+//   on kernels that declare NPUB_KERNEL_ALIAS_SAFE (elementwise kernels
+//   are); no other kernel is eligible, so the call falls back;
+// - any other overlap (strided views whose memory ranges interleave, two
+//   written tensors sharing memory) is one ATen does not judge either: no
+//   kernel is eligible and the host framework's implementation serves it.
+// Tensors without elements and tensors on different devices never overlap.
+// Classifies the call (after validate(); not for meta calls). Throws
+// npub::Error(kInvalidArgument) naming the op and the argument for the
+// overlaps ATen refuses.
+Overlap classify_overlap(const Dispatcher::CallState& cs);
+
+}  // namespace npub

@@ -1,0 +1,93 @@
+"""Writes into tensors that share memory with the inputs (Note [Memory
+overlap]): every case runs on the CPU and on npu, and the two must agree on
+the values, or on the exception class and ATen's message."""
+import pytest
+import torch
+
+import npubridge  # noqa: F401  (registers the npu device)
+
+
+def run(case, device):
+    try:
+        out = case(device)
+        return "ok", out.cpu() if isinstance(out, torch.Tensor) else out
+    except Exception as e:  # noqa: BLE001  (the class is compared)
+        return type(e), str(e).splitlines()[0]
+
+
+def square(d):
+    return torch.arange(9.0, device=d).view(3, 3)
+
+
+def line(d, n=8):
+    return torch.arange(float(n), device=d)
+
+
+CASES = {
+    # refused by ATen: partial overlap of dense tensors
+    "add_ of its own transpose": lambda d: (lambda a: a.add_(a.t()))(square(d)),
+    "copy_ shifted onto itself": lambda d: (lambda x: x[1:].copy_(x[:-1]))(line(d)),
+    "mul out= a shifted view": lambda d: (lambda x: torch.mul(x[:-1], 2, out=x[1:]))(line(d)),
+    "where out= transpose": lambda d: (lambda a: torch.where(a > 3, a, a.t(), out=a))(square(d)),
+    # refused by ATen: internal overlap of the written tensor
+    "add_ on an expanded tensor": lambda d: torch.zeros(1, device=d).expand(4).add_(1),
+    "relu_ on an expanded tensor": lambda d: torch.zeros(1, device=d).expand(4).relu_(),
+    # allowed: every write the same
+    "fill_ on an expanded tensor": lambda d: (lambda z: (z.expand(4).fill_(2), z)[1])(torch.zeros(1, device=d)),
+    "zero_ on an expanded tensor": lambda d: (lambda z: (z.expand(4).zero_(), z)[1])(torch.ones(1, device=d)),
+    # allowed: true in-place on the same memory
+    "x.add_(x)": lambda d: (lambda x: x.add_(x))(line(d)),
+    "x.mul_(x) on a transposed view": lambda d: (lambda a: a.t().mul_(a.t()))(square(d)),
+    "add(x, y, out=x)": lambda d: (lambda x: torch.add(x, line(d), out=x))(line(d)),
+    "addcmul_(x, x)": lambda d: (lambda x: x.addcmul_(x, x, value=0.5))(line(d)),
+    "lerp_(x, x)": lambda d: (lambda x: x.lerp_(x * 2, 0.25))(line(d)),
+    "clamp_ in place": lambda d: line(d).clamp_(2, 5),
+    "relu_ in place": lambda d: (line(d) - 4).relu_(),
+    "exp out=self": lambda d: (lambda x: torch.exp(x, out=x))(line(d) / 8),
+    "copy_ of itself": lambda d: (lambda x: x.copy_(x))(line(d)),
+    "cumsum_ in place": lambda d: line(d).cumsum_(0),
+    "softmax out=self": lambda d: (lambda x: torch._softmax(x, 0, False, out=x))(line(d)),
+    # strided views whose memory interleaves: the elements do not overlap
+    "even += odd": lambda d: (lambda x: (x[::2].add_(x[1::2]), x)[1])(line(d)),
+    "column 0 += column 1": lambda d: (lambda a: (a[:, 0].add_(a[:, 1]), a)[1])(square(d)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_npu_agrees_with_the_cpu(name):
+    cpu = run(CASES[name], "cpu")
+    npu = run(CASES[name], "npu")
+    if cpu[0] == "ok":
+        assert npu[0] == "ok", f"{name}: cpu computed, npu raised {npu}"
+        torch.testing.assert_close(npu[1], cpu[1], rtol=0, atol=0, msg=name)
+    else:
+        assert npu[0] is cpu[0], f"{name}: cpu raised {cpu}, npu gave {npu}"
+        assert npu[1].endswith(cpu[1]) or cpu[1] in npu[1], f"{name}: {npu[1]!r} vs {cpu[1]!r}"
+
+
+def test_where_aten_itself_goes_wrong_npu_computes_as_if_the_input_were_cloned():
+    # ATen's CPU mm zeroes its output before reading the inputs, so
+    # mm(a, a, out=a) gives zeros there; ATen's index_select refuses out=x.
+    # npubridge's kernels do not claim to serve the output as an input
+    # (NPUB_KERNEL_ALIAS_SAFE), so the fallback computes both on copies.
+    a = square("npu")
+    torch.mm(a, a, out=a)
+    expected = square("cpu").double() @ square("cpu").double()
+    assert torch.equal(a.cpu().double(), expected)
+    x = torch.arange(6.0, device="npu").view(3, 2)
+    torch.index_select(x, 0, torch.tensor([2, 0, 1], device="npu"), out=x)
+    assert torch.equal(x.cpu(), torch.arange(6.0).view(3, 2)[[2, 0, 1]])
+
+
+def test_a_refused_call_leaves_its_tensors_alone():
+    a = square("npu")
+    with pytest.raises(RuntimeError, match="some elements of the input tensor and the written-to tensor"):
+        a.add_(a.t())
+    assert torch.equal(a.cpu(), square("cpu"))
+
+
+def test_plugin_ops_are_checked_too():
+    # vllm_like::silu_and_mul writing into a view of its own input.
+    y = torch.randn(4, 4, device="npu")
+    with pytest.raises(RuntimeError, match="vllm_like::silu_and_mul' cannot run on the npu: tensors it writes share memory"):
+        torch.ops.vllm_like.silu_and_mul(y[:, :2], y)
