@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include <npubridge/dispatcher/runtime.h>
+#include <npubridge/support/error.h>
 #include <npubridge/torch/error_bound.h>
 
 #include "aten/fallback.h"
