@@ -122,11 +122,15 @@ void* CachingAllocator::allocate(size_t bytes, const void* stream) {
   if (block != nullptr) {
     ++stats_.num_cache_hits;
   } else {
-    const size_t seg = segment_size_for(size);
-    if (static_cast<uint64_t>(stats_.reserved_bytes) + seg > capacity_) {
-      release_cached_segments();
-      if (static_cast<uint64_t>(stats_.reserved_bytes) + seg > capacity_) throw_oom(bytes);
-    }
+    size_t seg = segment_size_for(size);
+    auto fits = [&](size_t s) { return static_cast<uint64_t>(stats_.reserved_bytes) + s <= capacity_; };
+    if (!fits(seg)) release_cached_segments();
+    // Note [Segments shrink to the capacity]: where the preferred segment
+    // (2 MiB for small requests, 20 MiB for mid-size ones) no longer fits
+    // the device, a segment of just the request's size does, so every
+    // request up to the free capacity is served.
+    if (!fits(seg)) seg = size;
+    if (!fits(seg)) throw_oom(bytes);
     block = new_segment(seg, small, stream);
     if (block == nullptr) {
       release_cached_segments();

@@ -358,7 +358,8 @@ void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs, con
   } cleanup{ctx};
   auto fail = [&](int32_t code, const std::string& msg) {
     throw Error(
-        static_cast<ErrorCode>(code >= 1 && code <= 6 ? code : NPUB_ERR_INTERNAL),
+        static_cast<ErrorCode>(
+            code >= NPUB_ERR_INVALID_ARGUMENT && code <= NPUB_ERR_INDEX ? code : NPUB_ERR_INTERNAL),
         "op '" + cs.op->name() + "' failed in the kernel of plugin '" + k.plugin_name() + "': " + msg);
   };
   if (k.workspace_size != nullptr) {

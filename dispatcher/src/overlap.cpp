@@ -35,8 +35,10 @@ Extent extent_of(const DLTensor* t, const reg::Argument* arg, bool written) {
     if (n == 0) return e;
     const int64_t s = stride_of(*t, d, contiguous);
     contiguous *= n;
-    if (s >= 0) hi += (n - 1) * s;
-    else lo += (n - 1) * s;
+    if (s >= 0)
+      hi += (n - 1) * s;
+    else
+      lo += (n - 1) * s;
   }
   const char* base = static_cast<const char*>(t->data) + t->byte_offset;
   e.lo = base + lo * es;
@@ -147,9 +149,8 @@ Overlap classify_overlap(const Dispatcher::CallState& cs) {
   if (n > inline_extents.size()) heap.resize(n);
   Extent* e = n > inline_extents.size() ? heap.data() : inline_extents.data();
   size_t k = 0;
-  for_each_tensor([&](const DLTensor* t, const reg::Argument& a, bool written) {
-    e[k++] = extent_of(t, &a, written);
-  });
+  for_each_tensor(
+      [&](const DLTensor* t, const reg::Argument& a, bool written) { e[k++] = extent_of(t, &a, written); });
 
   Overlap verdict = Overlap::kNone;
   for (size_t i = 0; i < n; ++i) {

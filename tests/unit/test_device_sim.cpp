@@ -129,6 +129,33 @@ TEST(CachingAllocator, OutOfMemoryStatesRequestCapacityAllocatedAndReserved) {
   EXPECT_THROW(a.allocate(1ull << 40, s), OutOfMemoryError);
 }
 
+// Note [Segments shrink to the capacity]: a device smaller than the
+// preferred segment still serves every request that fits.
+TEST(CachingAllocator, DevicesSmallerThanASegmentServeWhatFits) {
+  const void* s = nullptr;
+  CachingAllocator tiny(0, 1ull << 20);  // below one 2 MiB small segment
+  void* p = tiny.allocate(4000, s);
+  void* q = tiny.allocate(500000, s);
+  EXPECT_NE(p, nullptr);
+  EXPECT_NE(q, nullptr);
+  EXPECT_LE(tiny.stats().reserved_bytes, int64_t{1} << 20);
+  EXPECT_THROW(tiny.allocate(600000, s), OutOfMemoryError);  // 4000 + 500000 + 600000 > 1 MiB
+  tiny.free(p);
+  tiny.free(q);
+  CachingAllocator small(0, 19ull << 20);  // below one 20 MiB large segment
+  void* a = small.allocate(4, s);
+  void* b = small.allocate((1ull << 20) + 4, s);  // was refused "with 4 KiB allocated"
+  void* c = small.allocate(12ull << 20, s);
+  EXPECT_NE(b, nullptr);
+  EXPECT_NE(c, nullptr);
+  EXPECT_LE(small.stats().reserved_bytes, int64_t{19} << 20);
+  for (void* x : {a, b, c}) small.free(x);
+  // Cached segments give way: the whole capacity in one request.
+  void* all = small.allocate(19ull << 20, s);
+  EXPECT_NE(all, nullptr);
+  small.free(all);
+}
+
 TEST(Streams, RunInOrderAsynchronously) {
   Stream s(0, 1, false);
   std::vector<int> order;

@@ -114,6 +114,7 @@ struct Reference {
   std::vector<at::Tensor> outputs;
   std::vector<c10::IValue> args;  // after the call (written arguments resized)
   std::string error;              // what ATen raised, if it did
+  bool index_error = false;       // ... as c10::IndexError (Python's IndexError)
 };
 
 Reference reference(const reg::OpEntry& op, const Sample& sample, Precision p,
@@ -147,6 +148,10 @@ Reference reference(const reg::OpEntry& op, const Sample& sample, Precision p,
     }
     for (size_t i = 0; i < schema.arguments.size(); ++i)
       if (schema.arguments[i].is_write() && r.args[i].isTensor()) r.outputs.push_back(r.args[i].toTensor());
+  } catch (const c10::IndexError& e) {
+    r.error = e.what();
+    r.index_error = true;
+    r.outputs.clear();
   } catch (const std::exception& e) {
     r.error = e.what();
     r.outputs.clear();
@@ -276,14 +281,17 @@ Outcome run_sample(Runtime& rt, const reg::OpEntry& op, const Sample& sample) {
   std::vector<NpubValue> rets(schema.returns.size(), none_value());
   TensorOutputs outs(rt.devices());
   std::string npu_error;
-  bool npu_rejected_input = false;  // an invalid-argument error, as opposed to "not supported" or a crash
+  // The npu rejected the input as ATen did: an invalid-argument error, or an
+  // index error where ATen raised IndexError (as opposed to "not supported"
+  // or a crash).
+  bool npu_rejected_input = false;
   try {
     rt.dispatcher().call(OpHandle{const_cast<reg::OpEntry*>(&op), nullptr}, args.values.data(),
                          static_cast<int32_t>(args.values.size()), rets.data(),
                          static_cast<int32_t>(rets.size()), &outs);
   } catch (const Error& e) {
     npu_error = e.what();
-    npu_rejected_input = e.code() == ErrorCode::kInvalidArgument;
+    npu_rejected_input = e.code() == (same.index_error ? ErrorCode::kIndex : ErrorCode::kInvalidArgument);
   } catch (const std::exception& e) {
     npu_error = e.what();
   }
@@ -304,8 +312,8 @@ Outcome run_sample(Runtime& rt, const reg::OpEntry& op, const Sample& sample) {
             "if it is one): ATen: " +
             aten_line + "; npu: " + npu_error;
       } else {
-        o.message = "ATen rejects the input (" + aten_line +
-                    ") but the npu did not reject it as invalid: " + npu_error;
+        o.message = "ATen rejects the input (" + aten_line + ") but the npu did not reject it as " +
+                    (same.index_error ? "an index error" : "invalid") + ": " + npu_error;
       }
       return o;
     }

@@ -92,12 +92,15 @@ typedef struct NpubError NpubError;
 
 /** Error codes. Fixed numbers; 0 is never an error. */
 typedef enum NpubErrorCode {
-  NPUB_ERR_INVALID_ARGUMENT = 1, /**< bad shape, dtype, value or index */
+  NPUB_ERR_INVALID_ARGUMENT = 1, /**< bad shape, dtype or value */
   NPUB_ERR_UNSUPPORTED = 2,      /**< valid input this kernel cannot serve */
   NPUB_ERR_OUT_OF_MEMORY = 3,    /**< a device allocation failed */
   NPUB_ERR_INTERNAL = 4,         /**< a bug in the plugin or the host */
   NPUB_ERR_ABI = 5,              /**< a struct or version mismatch */
-  NPUB_ERR_NOT_FOUND = 6         /**< an op, kernel or name does not exist */
+  NPUB_ERR_NOT_FOUND = 6,        /**< an op, kernel or name does not exist */
+  /** An index argument out of range (hosts raise their index error class:
+   * IndexError in Python). \since 1.3; a 1.2 host reads it as INTERNAL. */
+  NPUB_ERR_INDEX = 7
 } NpubErrorCode;
 
 /* ------------------------------------------------------------------------ */

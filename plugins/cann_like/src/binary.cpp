@@ -4,6 +4,7 @@
 // lerp.
 #include "elementwise.h"
 #include "ops.h"
+#include "scalar_range.h"
 
 #include <atomic>
 #include <cmath>
@@ -117,6 +118,7 @@ void check_alpha(Call& call, DT common, int32_t alpha_index) {
               "for integral input tensors, argument alpha must not be a floating point number");
   if (common == DT::b8 && v.tag == NPUB_VALUE_INT && v.u.i != 0 && v.u.i != 1)
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "boolean alpha only supported for Boolean results");
+  check_scalar_fits(call, v, common);
 }
 
 // aten::add.out / aten::sub.out (self, other, *, alpha, out); alpha == 1
@@ -323,6 +325,15 @@ void remainder(Call& call) {
 
 template <typename T>
 T int_pow(T base, T exp) {
+  if constexpr (std::is_signed_v<T>) {
+    // A negative integer power (tensor exponents only; ATen refuses a
+    // negative Scalar one): 1 and -1 keep a magnitude of 1, all else is 0.
+    if (exp < 0) {
+      if (base == 1) return 1;
+      if (base == -1) return (exp & 1) != 0 ? T(-1) : T(1);
+      return 0;
+    }
+  }
   T result = 1;
   while (exp > 0) {
     if (exp & 1) result = static_cast<T>(result * base);
@@ -372,8 +383,7 @@ void pow_op(Call& call) {
     } else if constexpr (std::is_floating_point_v<T>) {
       run_elementwise<T>(call, it, [](T a, T b) { return static_cast<T>(std::pow(a, b)); });
     } else {
-      const bool negative = any_element(call, it, 2, [](int64_t v) { return v < 0; });
-      if (negative)
+      if (x.scalar && any_element(call, it, 2, [](int64_t v) { return v < 0; }))
         call.fail(NPUB_ERR_INVALID_ARGUMENT, "Integers to negative integer powers are not allowed.");
       run_elementwise<T>(call, it, [](T a, T b) { return int_pow<T>(a, b); });
     }
@@ -467,6 +477,7 @@ void masked_fill(Call& call) {
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "mask of shape " + shape_str(mask.sizes()) +
                                              " is not broadcastable to self of shape " +
                                              shape_str(self.sizes()));
+  check_scalar_fits(call, call.arg(2), dt_of(self.dtype()));
   TensorRef out = kInPlace ? self : call.output(0, b, self.dtype());
   ScalarTensor value(call.arg(2));
   const DT d = dt_of(self.dtype());  // the value is cast to self's dtype, as ATen does
@@ -498,7 +509,10 @@ void clamp(Call& call) {
     const T hi = has_max ? scalar_as<T>(call, 2) : T(0);
     run_elementwise<T>(call, it, [=](T v) -> T {
       if constexpr (std::is_floating_point_v<T>) {
+        // NaN propagates from the tensor and from either bound, as ATen's.
         if (std::isnan(v)) return v;
+        if (has_min && std::isnan(lo)) return lo;
+        if (has_max && std::isnan(hi)) return hi;
       }
       if (has_min && v < lo) v = lo;
       if (has_max && v > hi) v = hi;

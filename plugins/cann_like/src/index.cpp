@@ -35,17 +35,18 @@ void index_select(Call& call) {
   const int64_t n = index.numel();
   Shape shape = self.sizes();
   if (self.dim() > 0) shape[static_cast<size_t>(dim)] = n;
-  check_out(call, out, shape);
-  if (dt_of(out.dtype()) != dt_of(self.dtype()))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "index_select(): self and out must have the same dtype");
   const DimView v = dim_view(self, dim);
+  // The indices first: a bad index is the caller's error whatever out is.
   for (int64_t i = 0; i < n; ++i) {
     const int64_t k = idx_at(index, i);
     if (k < 0 || k >= v.size)
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, "index_select(): index " + std::to_string(k) +
-                                               " out of range for dimension " + std::to_string(dim) +
-                                               " of size " + std::to_string(v.size));
+      call.fail(NPUB_ERR_INDEX, "index out of range in self: index_select(): index " + std::to_string(k) +
+                                    " out of range for dimension " + std::to_string(dim) + " of size " +
+                                    std::to_string(v.size));
   }
+  check_out(call, out, shape);
+  if (dt_of(out.dtype()) != dt_of(self.dtype()))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "index_select(): self and out must have the same dtype");
   const int64_t es = dt_size(dt_of(self.dtype()));
   call.parallel_for(0, v.outer * n, std::max<int64_t>(1, 16384 / std::max<int64_t>(v.inner, 1)),
                     [&](int64_t b, int64_t e) {
@@ -321,9 +322,8 @@ AdvancedIndex plan_advanced_index(const Call& call, const TensorRef& self,
       int64_t k = load<int64_t>(t.data<char>() + i * dt_size(d), d);
       const int64_t size = self.size(dim);
       if (k < -size || k >= size)
-        call.fail(NPUB_ERR_INVALID_ARGUMENT, "index " + std::to_string(k) +
-                                                 " is out of bounds for dimension " + std::to_string(dim) +
-                                                 " with size " + std::to_string(size));
+        call.fail(NPUB_ERR_INDEX, "index " + std::to_string(k) + " is out of bounds for dimension " +
+                                      std::to_string(dim) + " with size " + std::to_string(size));
       v[static_cast<size_t>(i)] = k < 0 ? k + size : k;
     }
     idx_shapes.push_back(t.sizes());

@@ -179,6 +179,15 @@ void batched(Call& call, const TensorRef& self, const TensorRef& m1, const Tenso
       });
     });
   }
+  if (alpha == 0) {
+    // alpha == 0 leaves the product out, NaNs included, as BLAS and ATen do
+    // (a library GEMM would compute 0 * NaN): out = beta * self, or zeros.
+    const int64_t es = dt_size(d), numel = out.numel();
+    char* c = out.data<char>();
+    for (int64_t i = 0; i < numel; ++i)
+      store<double>(c + i * es, d, use_self ? beta * load<double>(c + i * es, d) : 0.0);
+    return;
+  }
   const Gemm g{m, n, k, alpha, use_self ? beta : 0.0, la == Layout::kTransposed, lb == Layout::kTransposed};
   if (d == DT::f32 || d == DT::bf16 || d == DT::f16) {
     const GemmType type = d == DT::f32 ? GemmType::f32 : d == DT::bf16 ? GemmType::bf16 : GemmType::f16;

@@ -226,9 +226,8 @@ void embedding(Call& call) {
   for (int64_t i = 0; i < n; ++i) {
     const int64_t k = read_index(idx, i);
     if (k < 0 || k >= rows)
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, "index out of range in self: index " + std::to_string(k) +
-                                               " at position " + std::to_string(i) + " is not in [0, " +
-                                               std::to_string(rows) + ")");
+      call.fail(NPUB_ERR_INDEX, "index out of range in self: index " + std::to_string(k) + " at position " +
+                                    std::to_string(i) + " is not in [0, " + std::to_string(rows) + ")");
   }
   Shape shape = idx.sizes();
   shape.push_back(dim);
@@ -304,15 +303,21 @@ void nll_loss_forward(Call& call) {
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "expected target of dtype int64");
   const DT d = dt_of(x.dtype());
   const int64_t es = dt_size(d);
+  auto target_at = [&](int64_t i) {
+    return load<int64_t>(target.data<char>() + i * 8 * (target.dim() > 0 ? target.stride(0) : 1), DT::i64);
+  };
+  // The targets first: a bad target is the caller's error whatever out is.
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = target_at(i);
+    if (t != ignore && (t < 0 || t >= c))
+      call.fail(NPUB_ERR_INDEX, "Target " + std::to_string(t) + " is out of bounds.");
+  }
   check_out(call, out, reduction == 0 && x.dim() == 2 ? Shape{n} : Shape{}, "output");
   double sum = 0, wsum = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t t =
-        load<int64_t>(target.data<char>() + i * 8 * (target.dim() > 0 ? target.stride(0) : 1), DT::i64);
+    const int64_t t = target_at(i);
     double loss = 0;
     if (t != ignore) {
-      if (t < 0 || t >= c)
-        call.fail(NPUB_ERR_INVALID_ARGUMENT, "Target " + std::to_string(t) + " is out of bounds.");
       const double wt =
           w.defined() ? load<double>(w.data<char>() + t * dt_size(dt_of(w.dtype())), dt_of(w.dtype())) : 1.0;
       const int64_t off = x.dim() == 2 ? i * x.stride(0) + t * x.stride(1) : t * x.stride(0);
@@ -345,8 +350,7 @@ void nll_loss_backward(Call& call) {
     const int64_t t =
         load<int64_t>(target.data<char>() + i * 8 * (target.dim() > 0 ? target.stride(0) : 1), DT::i64);
     if (t == ignore) continue;
-    if (t < 0 || t >= c)
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, "Target " + std::to_string(t) + " is out of bounds.");
+    if (t < 0 || t >= c) call.fail(NPUB_ERR_INDEX, "Target " + std::to_string(t) + " is out of bounds.");
     const double wt =
         w.defined() ? load<double>(w.data<char>() + t * dt_size(dt_of(w.dtype())), dt_of(w.dtype())) : 1.0;
     const double g = (reduction == 0 && x.dim() == 2)

@@ -6,10 +6,13 @@
 // (seed, counter).
 #include "elementwise.h"
 #include "ops.h"
+#include "scalar_range.h"
 
 #include <npubridge/philox.hpp>
 
 #include <cmath>
+#include <sstream>
+#include <string>
 
 namespace cann_like {
 
@@ -17,12 +20,38 @@ namespace {
 
 enum class Dist { uniform, normal, bernoulli };
 
+// A double as C++ streams print it (6 significant digits: "3e+38").
+std::string shortest(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// ATen's check_uniform_bounds: both bounds finite in the dtype, and their
+// difference too.
+void check_uniform_bounds(const Call& call, DT d, double from, double to) {
+  if (!is_floating(d)) return;
+  const double max = floating_max(d);
+  if (!(from >= -max && from <= max))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("from is out of bounds for ") + c10_type_name(d));
+  if (!(to >= -max && to <= max))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("to is out of bounds for ") + c10_type_name(d));
+  if (from <= to && to - from > max) {
+    static const char* aten_names[] = {"Float", "Double", "Half", "BFloat16"};
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string("uniform_ expects to-from <= std::numeric_limits<") +
+                  aten_names[static_cast<int>(d)] + ">::max(), but found to=" + shortest(to) +
+                  " and from=" + shortest(from) + " which result in to-from to exceed the limit");
+  }
+}
+
 template <Dist kDist>
 void fill_random(Call& call) {
   TensorRef self = call.tensor(0);
   const DT d = dt_of(self.dtype());
   const double a = call.double_arg(1);
   const double b = kDist == Dist::bernoulli ? 0.0 : call.double_arg(2);
+  if (kDist == Dist::uniform) check_uniform_bounds(call, d, a, b);
   if (kDist == Dist::uniform && !(a <= b))
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "uniform_ expects to return a [from, to) range, but found from=" +
                                              std::to_string(a) + " > to=" + std::to_string(b));

@@ -7,6 +7,7 @@
 // half types accumulate in float at least, as ATen does.
 #include "elementwise.h"
 #include "ops.h"
+#include "scalar_range.h"
 
 #include <cmath>
 #include <limits>
@@ -229,6 +230,21 @@ void visit_input(DT d, F&& f) {
 // kernels
 // ---------------------------------------------------------------------------
 
+// An out= of another dtype than the reduction's, with no dtype argument:
+// ATen then reduces in out's dtype (the input cast first), which these
+// kernels do not; decline, and the host's implementation serves it. With a
+// dtype argument, out must have it.
+void check_reduction_out_dtype(const Call& call, int32_t dtype_index, DT expected, const TensorRef& out) {
+  const DT found = dt_of(out.dtype());
+  if (found == expected) return;
+  if (call.is_none(dtype_index))
+    call.fail(NPUB_ERR_UNSUPPORTED,
+              std::string("out= of dtype ") + dt_name(found) + " for a " + dt_name(expected) + " reduction");
+  call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("Expected out tensor to have dtype ") +
+                                           demangled_type_name(expected) + ", but got " +
+                                           demangled_type_name(found) + " instead");
+}
+
 // aten::sum.IntList_out(self, int[1]? dim, keepdim, *, ScalarType? dtype, out)
 // aten::mean.out(self, int[1]? dim, keepdim, *, ScalarType? dtype, out)
 template <bool kMean>
@@ -242,9 +258,7 @@ void sum_mean(Call& call) {
               std::string("mean(): could not infer output dtype. Input dtype must be either a "
                           "floating point or complex dtype. Got: ") +
                   dt_name(od == DT::unknown ? d : od));
-  if (dt_of(out.dtype()) != od)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("out: expected dtype ") + dt_name(od) + " but found " +
-                                             dt_name(dt_of(out.dtype())));
+  check_reduction_out_dtype(call, 3, od, out);
   Reduction r = prepare(call, in, dims_arg(call, 1), call.bool_arg(2), out);
   const int64_t count = r.plan.count();
   visit_input(d, [&](auto tag) {
@@ -268,9 +282,7 @@ void prod(Call& call) {
   TensorRef in = call.tensor(0), out = call.tensor(4);
   const DT d = dt_of(in.dtype());
   const DT od = dtype_arg(call, 3, is_integral(d, true) ? DT::i64 : d);
-  if (dt_of(out.dtype()) != od)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("out: expected dtype ") + dt_name(od) + " but found " +
-                                             dt_name(dt_of(out.dtype())));
+  check_reduction_out_dtype(call, 3, od, out);
   Reduction r = prepare(call, in, {call.int_arg(1)}, call.bool_arg(2), out);
   if (is_floating(d)) {
     ProdR<double> red;
@@ -340,10 +352,19 @@ void arg_extreme(Call& call) {
   if (dt_of(out.dtype()) != DT::i64) call.fail(NPUB_ERR_INVALID_ARGUMENT, "out: expected dtype int64");
   const bool flat = call.is_none(1);
   const bool keepdim = call.bool_arg(2);
-  if (in.numel() == 0)
+  if (in.numel() == 0 && flat)
     call.fail(NPUB_ERR_INVALID_ARGUMENT,
               std::string(kMax ? "argmax" : "argmin") +
                   "(): Expected reduction dim to be specified for input.numel() == 0.");
+  if (!flat && in.dim() > 0) {
+    // An empty reduced dimension has no extreme; other empty dimensions
+    // give an empty result.
+    const int64_t dim = wrap_dim(call, call.int_arg(1), in.dim());
+    if (in.size(static_cast<int32_t>(dim)) == 0)
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(kMax ? "argmax" : "argmin") +
+                                               "(): Expected reduction dim " + std::to_string(dim) +
+                                               " to have non-zero size.");
+  }
   Reduction r = prepare(call, in, flat ? std::vector<int64_t>{} : std::vector<int64_t>{call.int_arg(1)},
                         flat ? false : keepdim, out);
   visit_input(dt_of(in.dtype()), [&](auto tag) {

@@ -14,6 +14,7 @@
 
 #include <npubridge/dispatcher/dispatcher.h>
 #include <npubridge/dispatcher/value.h>
+#include <npubridge/support/error.h>
 #include <npubridge/torch/boxing.h>
 #include <npubridge/torch/dl_view.h>
 #include <npubridge/torch/dtype.h>
@@ -52,10 +53,18 @@ class TorchOutputs final : public OutputAllocator {
                      DLDataType dtype) override {
     c10::DeviceGuard guard(
         at::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(device.device_id)));
-    at::Tensor t = at::empty(std::vector<int64_t>(shape, shape + ndim),
-                             at::TensorOptions()
-                                 .dtype(torch_dtype(dtype_of(dtype)))
-                                 .device(c10::DeviceType::PrivateUse1, device.device_id));
+    at::Tensor t;
+    try {
+      t = at::empty(std::vector<int64_t>(shape, shape + ndim),
+                    at::TensorOptions()
+                        .dtype(torch_dtype(dtype_of(dtype)))
+                        .device(c10::DeviceType::PrivateUse1, device.device_id));
+    } catch (const c10::OutOfMemoryError& e) {
+      // The OutputAllocator contract: out of memory is npub's error, so
+      // that it crosses the plugin as NPUB_ERR_OUT_OF_MEMORY and comes
+      // back to Python as torch.OutOfMemoryError.
+      throw OutOfMemoryError(e.what_without_backtrace());
+    }
     slots_.push_back({ret_index, t, std::make_unique<DLView>(t)});
     return &slots_.back().view->dl;
   }

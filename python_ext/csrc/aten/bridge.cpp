@@ -22,9 +22,12 @@ void call_dispatcher(const OpHandle& target, const NpubValue* args, int32_t num_
                      int32_t num_rets, OutputAllocator* outs) {
   try {
     rt().dispatcher().call(target, args, num_args, rets, num_rets, outs);
-  } catch (const OutOfMemoryError& e) {
-    TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
   } catch (const Error& e) {
+    // The error classes PyTorch code catches by type: torch.OutOfMemoryError
+    // (the allocator's, or a kernel's allocation inside the call) and
+    // IndexError.
+    if (e.code() == ErrorCode::kOutOfMemory) TORCH_CHECK_WITH(OutOfMemoryError, false, e.what());
+    if (e.code() == ErrorCode::kIndex) TORCH_CHECK_INDEX(false, e.what());
     TORCH_CHECK(false, e.what());
   }
 }

@@ -65,6 +65,33 @@ void swap_in_cpu_generators(const c10::OperatorHandle& op, torch::jit::Stack* st
   }
 }
 
+// Note [The overrideable convolutions]
+// ATen sends every convolution on a backend without a native one to
+// convolution_overrideable (and its backward to
+// convolution_backward_overrideable), which the CPU does not implement:
+// plugins serve them, and what a plugin declines (3-d, transposed, integer
+// convolutions) runs on the CPU as aten::convolution, the op they stand
+// for. The backward's schema lacks convolution_backward's bias_sizes, which
+// only shapes grad_bias: the output channels, grad_output's dim 1.
+const c10::OperatorHandle& cpu_op_for(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const std::string& name = op.schema().operator_name().name;
+  if (name == "aten::convolution_overrideable") {
+    static const c10::OperatorHandle conv =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
+    return conv;
+  }
+  if (name == "aten::convolution_backward_overrideable") {
+    static const c10::OperatorHandle conv_backward =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution_backward", "");
+    const size_t first = stack->size() - op.schema().arguments().size();
+    const at::Tensor& grad_output = (*stack)[first].toTensor();
+    const std::vector<int64_t> bias_sizes{grad_output.size(1)};
+    stack->insert(stack->begin() + static_cast<std::ptrdiff_t>(first + 3), c10::IValue(bias_sizes));
+    return conv_backward;
+  }
+  return op;
+}
+
 // ATen's CPU fallback for the call on `stack`.
 void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // PyTorch's cpu_fallback returns outputs to the first tensor argument's
@@ -78,7 +105,7 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       npu = v.toTensor().device();
   }
   swap_in_cpu_generators(op, stack, npu ? npu->index() : current_index());
-  at::native::cpu_fallback(op, stack);
+  at::native::cpu_fallback(cpu_op_for(op, stack), stack);
   if (!npu) return;
   const size_t nret = op.schema().returns().size();
   for (size_t i = stack->size() - nret; i < stack->size(); ++i) {

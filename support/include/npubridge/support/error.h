@@ -16,6 +16,7 @@ enum class ErrorCode : int32_t {
   kInternal = NPUB_ERR_INTERNAL,
   kAbi = NPUB_ERR_ABI,
   kNotFound = NPUB_ERR_NOT_FOUND,
+  kIndex = NPUB_ERR_INDEX,
 };
 
 class Error : public std::runtime_error {

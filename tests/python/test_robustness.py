@@ -1,0 +1,151 @@
+"""Hostile and careless input, cpu against npu: every case runs on both
+devices, and the npu must give the CPU's values (dtype and shape included)
+or raise the CPU's exception class with ATen's message."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import npubridge  # noqa: F401  (registers the npu device)
+
+
+def run(case, device):
+    try:
+        out = case(device)
+        return "ok", out.cpu() if isinstance(out, torch.Tensor) else out
+    except Exception as e:  # noqa: BLE001  (the class is compared)
+        return type(e), str(e).splitlines()[0]
+
+
+def t(values, device, dtype=None):
+    return torch.tensor(values, device=device, dtype=dtype)
+
+
+MASK = [True, False, True]
+NAN, INF = float("nan"), float("inf")
+
+CASES = {
+    # scalars that do not fit the tensor's dtype
+    "masked_fill int8 with 300": lambda d: torch.zeros(3, dtype=torch.int8, device=d).masked_fill(t(MASK, d), 300),
+    "masked_fill int32 with nan": lambda d: torch.zeros(3, dtype=torch.int32, device=d).masked_fill(t(MASK, d), NAN),
+    "masked_fill uint8 with -1 wraps": lambda d: torch.zeros(3, dtype=torch.uint8, device=d).masked_fill(t(MASK, d), -1),
+    "masked_fill uint8 with -256": lambda d: torch.zeros(3, dtype=torch.uint8, device=d).masked_fill(t(MASK, d), -256),
+    "masked_fill float16 with 1e40": lambda d: torch.zeros(3, dtype=torch.float16, device=d).masked_fill(t(MASK, d), 1e40),
+    "masked_fill float32 with inf": lambda d: torch.zeros(3, device=d).masked_fill(t(MASK, d), INF),
+    "fill_ uint8 with -1 wraps": lambda d: torch.zeros(2, dtype=torch.uint8, device=d).fill_(-1),
+    "fill_ int8 with 300": lambda d: torch.zeros(2, dtype=torch.int8, device=d).fill_(300),
+    "fill_ float32 with 1e40": lambda d: torch.zeros(2, device=d).fill_(1e40),
+    "fill_ float16 with 1e40": lambda d: torch.zeros(2, dtype=torch.float16, device=d).fill_(1e40),
+    "fill_ one float16 with 1e40 is inf": lambda d: torch.zeros(1, dtype=torch.float16, device=d).fill_(1e40),
+    "add int8 with alpha 300": lambda d: torch.add(torch.zeros(2, dtype=torch.int8, device=d), torch.ones(2, dtype=torch.int8, device=d), alpha=300),
+    "add float16 with alpha 1e40": lambda d: torch.add(torch.zeros(2, dtype=torch.float16, device=d), torch.ones(2, dtype=torch.float16, device=d), alpha=1e40),
+    "add int32 with a float alpha": lambda d: torch.add(t([1, 2], d), t([1, 2], d), alpha=0.5),
+    # NaN
+    "clamp min=nan": lambda d: torch.arange(4.0, device=d).clamp(min=NAN),
+    "clamp max=nan": lambda d: torch.arange(4.0, device=d).clamp(max=NAN),
+    "clamp of nan": lambda d: t([NAN, 1.0, 5.0], d).clamp(0, 2),
+    "addmm alpha=0 ignores a nan product": lambda d: torch.addmm(torch.ones(2, 2, device=d), torch.full((2, 2), NAN, device=d), torch.ones(2, 2, device=d), alpha=0),
+    "addmm beta=0 ignores a nan self": lambda d: torch.addmm(torch.full((2, 2), NAN, device=d), torch.ones(2, 2, device=d), torch.ones(2, 2, device=d), beta=0),
+    "addmm alpha=0 beta=0": lambda d: torch.addmm(torch.full((2, 2), NAN, device=d), torch.full((2, 2), NAN, device=d), torch.ones(2, 2, device=d), alpha=0, beta=0),
+    # random bounds
+    "uniform_ to inf": lambda d: torch.empty(3, device=d).uniform_(0, INF),
+    "uniform_ from nan": lambda d: torch.empty(3, device=d).uniform_(NAN, 1),
+    "uniform_ float16 to 1e5": lambda d: torch.empty(3, dtype=torch.float16, device=d).uniform_(0, 1e5),
+    "uniform_ to-from over the max": lambda d: torch.empty(3, device=d).uniform_(-3e38, 3e38),
+    # empty dimensions, dtypes of out=, integer powers
+    "argmax over an empty dim": lambda d: torch.empty(3, 0, device=d).argmax(1),
+    "argmax over a full dim of an empty tensor": lambda d: torch.empty(0, 3, device=d).argmax(1),
+    "argmax of an empty tensor": lambda d: torch.empty(0, device=d).argmax(),
+    "sum into an int64 out": lambda d: torch.sum(t([0.5, 1.5, 2.0], d), 0, out=torch.empty((), dtype=torch.int64, device=d)),
+    "mean into a float64 out": lambda d: torch.mean(t([0.5, 1.5, 2.0], d), 0, out=torch.empty((), dtype=torch.float64, device=d)),
+    "sum with dtype and a wrong out": lambda d: torch.sum(t([1.0], d), 0, dtype=torch.float64, out=torch.empty((), dtype=torch.float32, device=d)),
+    "sum with dtype int64 and a float out": lambda d: torch.sum(t([1.0], d), 0, dtype=torch.int64, out=torch.empty((), dtype=torch.float32, device=d)),
+    "int pow of negative tensor exponents": lambda d: torch.pow(t([2, 1, -1, -1, 0, 3], d), t([-1, -3, -3, -2, 2, 2], d)),
+    "int pow of a negative scalar exponent": lambda d: torch.pow(t([2, 3], d), -1),
+    # indices out of range: IndexError where the CPU raises it
+    "index": lambda d: torch.arange(4.0, device=d)[t([5], d)],
+    "index negative": lambda d: torch.arange(4.0, device=d)[t([-5], d)],
+    "index_select": lambda d: torch.index_select(torch.arange(4.0, device=d), 0, t([5], d)),
+    "index_put_": lambda d: torch.zeros(4, device=d).index_put_((t([7], d),), t([1.0], d)),
+    "embedding": lambda d: F.embedding(t([9], d), torch.ones(4, 2, device=d)),
+    "nll_loss": lambda d: F.nll_loss(torch.zeros(2, 3, device=d), t([0, 5], d)),
+    "gather": lambda d: torch.gather(torch.arange(4.0, device=d), 0, t([5], d)),
+    "scatter_": lambda d: torch.zeros(4, device=d).scatter_(0, t([5], d), 1.0),
+    # convolutions no plugin kernel serves fall back to ATen's
+    "conv3d": lambda d: F.conv3d(torch.arange(27.0, device=d).view(1, 1, 3, 3, 3), torch.ones(1, 1, 2, 2, 2, device=d)),
+    "conv_transpose2d": lambda d: F.conv_transpose2d(torch.arange(9.0, device=d).view(1, 1, 3, 3), torch.ones(1, 1, 2, 2, device=d), stride=2),
+    "conv2d int64": lambda d: F.conv2d(torch.ones(1, 1, 3, 3, dtype=torch.int64, device=d), torch.ones(1, 1, 2, 2, dtype=torch.int64, device=d)),
+    "conv1d": lambda d: F.conv1d(torch.arange(5.0, device=d).view(1, 1, 5), torch.ones(1, 1, 2, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_npu_agrees_with_the_cpu(name):
+    cpu = run(CASES[name], "cpu")
+    npu = run(CASES[name], "npu")
+    if cpu[0] == "ok":
+        assert npu[0] == "ok", f"{name}: the cpu computed, the npu raised {npu}"
+        assert npu[1].dtype == cpu[1].dtype and npu[1].shape == cpu[1].shape, f"{name}: {npu[1]} vs {cpu[1]}"
+        torch.testing.assert_close(npu[1], cpu[1], rtol=0, atol=0, equal_nan=True, msg=name)
+    else:
+        assert npu[0] is cpu[0], f"{name}: the cpu raised {cpu}, the npu gave {npu}"
+        assert cpu[1] in npu[1], f"{name}: {npu[1]!r} does not carry ATen's {cpu[1]!r}"
+
+
+def test_convolutions_that_fall_back_train_as_on_the_cpu():
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 3, 5, 5, 5), torch.randn(4, 3, 2, 2, 2), torch.randn(4)
+    grads = []
+    for d in ("cpu", "npu"):
+        xs = [v.double().to(d).requires_grad_() for v in (x, w, b)]
+        F.conv3d(*xs, padding=1).square().sum().backward()
+        grads.append([v.grad.cpu() for v in xs])
+    for g_npu, g_cpu in zip(grads[1], grads[0]):
+        torch.testing.assert_close(g_npu, g_cpu)
+
+
+def python(code, **env):
+    """Runs `code` in a fresh interpreter with npubridge's environment."""
+    e = dict(os.environ, NPUB_LOG_LEVEL="error", **env)
+    return subprocess.run([sys.executable, "-W", "ignore", "-c", textwrap.dedent(code)], env=e,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_out_of_memory_inside_a_kernel_is_torch_out_of_memory_error():
+    # nonzero's output (8 MiB of indices) is allocated by the kernel, after
+    # the input took half the device.
+    r = python("""
+        import torch, npubridge
+        x = torch.ones(1024 * 1024 + 100, device="npu")
+        try:
+            torch.nonzero(x)
+        except torch.OutOfMemoryError as e:
+            print("OOM", "tried to allocate 8.00 MiB" in str(e), torch.npu.memory_allocated() == x.nbytes + 512 - x.nbytes % 512)
+        print(torch.nonzero(x[:10]).shape)
+    """, NPUB_SIM_MEMORY="8M")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["OOM True True", "torch.Size([10, 1])"]
+
+
+def test_devices_smaller_than_a_segment_serve_what_fits():
+    r = python("""
+        import torch, npubridge
+        a = torch.ones(1000, device="npu")
+        b = torch.ones(200000, device="npu")
+        print(float(a.sum()), float(b.sum()))
+    """, NPUB_SIM_MEMORY="1M")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1000.0", "200000.0"]
+    r = python("""
+        import torch, npubridge
+        a = torch.ones(1, device="npu")
+        b = torch.ones(262145, device="npu")   # 1 MiB + 4 bytes
+        c = torch.ones(3 * 1024 * 1024, device="npu")  # 12 MiB
+        print(float(b.sum() + c.sum()))
+    """, NPUB_SIM_MEMORY="19M")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(float(262145 + 3 * 1024 * 1024))]
