@@ -38,8 +38,8 @@ void runtime_options() { RuntimeOptions::from_env(); }
 TEST(Env, IntegersAreDecimalDigitsWithinTheirRange) {
   EXPECT_EQ(env::parse_int_in("64", "X", 1, 64, "a count"), 64);
   EXPECT_EQ(env::parse_int_in("-3", "X", -5, 5, "a count"), -3);
-  for (const char* bad : {"0", "65", "-1", "4294967297", "99999999999999999999", "abc", "", "-", "+5", "0x10", "5 6",
-                          "1.0", "3e1"})
+  for (const char* bad : {"0", "65", "-1", "4294967297", "99999999999999999999", "abc", "", "-", "+5", "0x10",
+                          "5 6", "1.0", "3e1"})
     EXPECT_EQ(std::string([&] {
                 try {
                   env::parse_int_in(bad, "X", 1, 64, "a count");
@@ -79,8 +79,8 @@ TEST(Env, SimThreads) {
   EXPECT_EQ(error_with("NPUB_SIM_THREADS", "8", device_options), "");
   for (const char* bad : {"0", "-2", "1025", "4294967297", "many"})
     EXPECT_EQ(error_with("NPUB_SIM_THREADS", bad, device_options),
-              std::string("NPUB_SIM_THREADS: expected a compute thread count from 1 to 1024 but found '") + bad +
-                  "'");
+              std::string("NPUB_SIM_THREADS: expected a compute thread count from 1 to 1024 but found '") +
+                  bad + "'");
 }
 
 TEST(Env, LaunchBlockingAndDtypeConversionAreFlags) {
@@ -95,8 +95,9 @@ TEST(Env, LaunchBlockingAndDtypeConversionAreFlags) {
 TEST(Env, OptLevel) {
   EXPECT_EQ(error_with("NPUB_OPT_LEVEL", "0", dispatcher_options), "");
   for (const char* bad : {"9", "-1", "4294967298", "high"})
-    EXPECT_EQ(error_with("NPUB_OPT_LEVEL", bad, dispatcher_options),
-              std::string("NPUB_OPT_LEVEL: expected an optimisation level from 0 to 3 but found '") + bad + "'");
+    EXPECT_EQ(
+        error_with("NPUB_OPT_LEVEL", bad, dispatcher_options),
+        std::string("NPUB_OPT_LEVEL: expected an optimisation level from 0 to 3 but found '") + bad + "'");
 }
 
 TEST(Env, Fallback) {
@@ -127,11 +128,14 @@ TEST(Env, OpMapMustNameAFile) {
 TEST(Env, PluginPathEntriesMustHoldPlugins) {
   auto candidates = [] { PluginLoader::default_candidates(); };
   EXPECT_EQ(error_with("NPUB_PLUGIN_PATH", NPUB_TEST_PLUGIN_DIR, candidates), "");
-  EXPECT_EQ(error_with("NPUB_PLUGIN_PATH", (std::string(NPUB_TEST_PLUGIN_DIR) + ":/nonexistent").c_str(), candidates),
-            "NPUB_PLUGIN_PATH: expected ':'-separated directories or plugin files (.so) but found '/nonexistent' "
-            "(no such file)");
+  EXPECT_EQ(
+      error_with("NPUB_PLUGIN_PATH", (std::string(NPUB_TEST_PLUGIN_DIR) + ":/nonexistent").c_str(),
+                 candidates),
+      "NPUB_PLUGIN_PATH: expected ':'-separated directories or plugin files (.so) but found '/nonexistent' "
+      "(no such file)");
   EXPECT_EQ(error_with("NPUB_PLUGIN_PATH", "/dev/null", candidates),
-            "NPUB_PLUGIN_PATH: expected ':'-separated directories or plugin files (.so) but found '/dev/null' (not a "
+            "NPUB_PLUGIN_PATH: expected ':'-separated directories or plugin files (.so) but found "
+            "'/dev/null' (not a "
             "directory or a .so file)");
 }
 
@@ -146,9 +150,10 @@ TEST(Env, APluginsBadSettingStopsTheStart) {
   o.load_default_op_map = false;
   Runtime rt(o);
   const std::string path = test::builtin_plugin("npub_cann_like");
-  EXPECT_EQ(rt.start_error(),
-            "NPUB_CANN_MAX_ISA: expected one of baseline, avx2, avx512 (or unset) but found 'sse9' (plugin '" + path +
-                "')");
+  EXPECT_EQ(
+      rt.start_error(),
+      "NPUB_CANN_MAX_ISA: expected one of baseline, avx2, avx512 (or unset) but found 'sse9' (plugin '" +
+          path + "')");
   // White space around a good value is no error.
   ScopedEnv good("NPUB_CANN_MAX_ISA", " avx2 ");
   Runtime rt2(o);
