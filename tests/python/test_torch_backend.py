@@ -614,8 +614,8 @@ def test_manual_seed_takes_what_the_cpu_takes():
 
 
 def test_an_op_pytorch_refuses_is_disabled_alone():
-    # refused::misordered has a required argument after a defaulted one:
-    # npubridge accepts the schema, PyTorch does not. That op is disabled with
+    # refused::named takes a Dimname, a type PyTorch's schema parser refuses
+    # outside ATen: npubridge accepts the schema, PyTorch does not. That op is disabled with
     # a warning naming it, its plugin and PyTorch's reason; import torch and
     # the plugin's other op work.
     import os
@@ -627,9 +627,9 @@ print(torch.ops.refused.twice(torch.arange(3.0).npu()).cpu().tolist())
     r = _run(code, NPUB_PLUGIN_PATH=os.environ["NPUB_TEST_REFUSED_PLUGIN_DIR"])
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip() == "[0.0, 2.0, 4.0]", r.stdout + r.stderr
-    assert ("op 'refused::misordered' of plugin 'refused' is not available under PyTorch: PyTorch refuses its schema"
+    assert ("op 'refused::named' of plugin 'refused' is not available under PyTorch: PyTorch refuses its schema"
             in r.stderr), r.stderr
-    assert "Non-default positional argument follows default argument" in r.stderr, r.stderr
+    assert "unknown type specifier" in r.stderr, r.stderr
 
 
 def test_subtraction_with_bool_operands_is_refused_as_on_the_cpu():
