@@ -42,19 +42,16 @@ thread_local CurrentDevices tls_devices;
 
 DeviceOptions DeviceOptions::from_env() {
   DeviceOptions o;
-  o.num_devices = static_cast<int>(env::get_int("NPUB_SIM_DEVICES", o.num_devices));
-  if (o.num_devices < 1 || o.num_devices > 64)
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        "NPUB_SIM_DEVICES: expected a device count from 1 to 64 but found " + std::to_string(o.num_devices));
+  // Note [A setting is read strictly or refused] (support/include/npubridge/support/env.h).
+  o.num_devices =
+      static_cast<int>(env::get_int_in("NPUB_SIM_DEVICES", o.num_devices, 1, 64, "a device count"));
   o.memory_bytes = env::get_bytes("NPUB_SIM_MEMORY", o.memory_bytes);
   if (o.memory_bytes == 0)
-    throw Error(ErrorCode::kInvalidArgument, "NPUB_SIM_MEMORY: expected a positive size but found 0");
-  o.compute_threads = static_cast<int>(env::get_int("NPUB_SIM_THREADS", 0));
-  if (o.compute_threads < 0 || o.compute_threads > 1024)
     throw Error(ErrorCode::kInvalidArgument,
-                "NPUB_SIM_THREADS: expected 0 (all hardware threads) to 1024 but found " +
-                    std::to_string(o.compute_threads));
+                "NPUB_SIM_MEMORY: expected a positive size but found '" + *env::get("NPUB_SIM_MEMORY") + "'");
+  // Unset: every hardware thread (compute_threads 0).
+  o.compute_threads =
+      static_cast<int>(env::get_int_in("NPUB_SIM_THREADS", 0, 1, 1024, "a compute thread count"));
   o.launch_blocking = env::get_flag("NPUB_LAUNCH_BLOCKING", false);
   return o;
 }

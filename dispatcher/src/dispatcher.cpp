@@ -49,10 +49,8 @@ DispatcherOptions DispatcherOptions::from_env() {
       throw Error(ErrorCode::kInvalidArgument,
                   "NPUB_FALLBACK: expected 'allow' or 'error' but found '" + *v + "'");
   }
-  o.opt_level = static_cast<int>(env::get_int("NPUB_OPT_LEVEL", o.opt_level));
-  if (o.opt_level < 0 || o.opt_level > 3)
-    throw Error(ErrorCode::kInvalidArgument,
-                "NPUB_OPT_LEVEL: expected 0 to 3 but found " + std::to_string(o.opt_level));
+  o.opt_level =
+      static_cast<int>(env::get_int_in("NPUB_OPT_LEVEL", o.opt_level, 0, 3, "an optimisation level"));
   o.dtype_conversion = env::get_flag("NPUB_DTYPE_CONVERSION", o.dtype_conversion);
   return o;
 }

@@ -1,5 +1,6 @@
 #include "logging.h"
 #include <npubridge/support/env.h>
+#include <npubridge/support/error.h>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 
@@ -11,17 +12,20 @@ spdlog::logger& log() {
                                               std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
     l->set_pattern("[npubridge] [%l] %v");
     spdlog::level::level_enum level = spdlog::level::warn;
-    if (auto v = env::get("NPUB_LOG_LEVEL")) {
-      level = spdlog::level::from_str(*v);
-      if (level == spdlog::level::off && *v != "off") {
-        level = spdlog::level::warn;
-        l->warn("NPUB_LOG_LEVEL: expected trace, debug, info, warn, error or off but found '{}'", *v);
-      }
+    try {
+      level = log_level_from_env();
+    } catch (const Error&) {
+      // Reported by the runtime's start (RuntimeOptions::from_env).
     }
     l->set_level(level);
     return l;
   }();
   return *logger;
+}
+
+spdlog::level::level_enum log_level_from_env() {
+  const auto v = env::get_choice("NPUB_LOG_LEVEL", {"trace", "debug", "info", "warn", "error", "off"});
+  return v ? spdlog::level::from_str(*v) : spdlog::level::warn;
 }
 
 }  // namespace npub

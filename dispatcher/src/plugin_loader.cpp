@@ -103,6 +103,24 @@ std::vector<std::string> plugin_files_in(const std::string& dir) {
   return out;
 }
 
+// Note [A plugin's bad setting stops the start]
+// A plugin that reads a variable of its own (cann_like: NPUB_CANN_MAX_ISA)
+// cannot throw through the C ABI; it refuses a bad value by failing
+// initialize with NPUB_ERR_INVALID_ARGUMENT and the message
+// "NPUB_X: expected ... but found '...'". The loader marks such a result
+// (LoadResult::bad_setting) and the runtime refuses to start with that
+// message, as it does for its own settings (Note [A setting is read strictly
+// or refused], support/include/npubridge/support/env.h): a plugin silently
+// missing because of a typo in the environment would be found much later.
+bool names_a_setting(const std::string& message) {
+  if (message.rfind("NPUB_", 0) != 0) return false;
+  size_t i = 5;
+  while (i < message.size() && (std::isupper(static_cast<unsigned char>(message[i])) ||
+                                std::isdigit(static_cast<unsigned char>(message[i])) || message[i] == '_'))
+    ++i;
+  return message.compare(i, 11, ": expected ") == 0;
+}
+
 }  // namespace
 
 std::string PluginLoader::builtin_plugin_dir() {
@@ -123,11 +141,21 @@ std::vector<std::string> PluginLoader::default_candidates() {
       size_t colon = path->find(':', start);
       std::string entry = path->substr(start, colon == std::string::npos ? std::string::npos : colon - start);
       if (!entry.empty()) {
+        // Note [A setting is read strictly or refused]: an entry that cannot
+        // hold a plugin is a mistake in the setting, not a plugin to reject.
         std::error_code ec;
+        const bool so_file = fs::is_regular_file(entry, ec) && entry.size() > 3 &&
+                             entry.compare(entry.size() - 3, 3, ".so") == 0;
         if (fs::is_directory(entry, ec)) {
           for (auto& f : plugin_files_in(entry)) files.push_back(f);
+        } else if (so_file) {
+          files.push_back(entry);
         } else {
-          files.push_back(entry);  // a missing file is reported by load()
+          throw Error(
+              ErrorCode::kInvalidArgument,
+              "NPUB_PLUGIN_PATH: expected ':'-separated directories or plugin files (.so) but found '" +
+                  entry + "' (" + (fs::exists(entry, ec) ? "not a directory or a .so file" : "no such file") +
+                  ")");
         }
       }
       if (colon == std::string::npos) break;
@@ -231,7 +259,12 @@ LoadResult PluginLoader::load(const std::string& path) {
     return reject("initialize threw an exception of unknown type");
   }
   registrar.open = false;
-  if (err != nullptr) return reject("initialize failed: " + consume_error(err));
+  if (err != nullptr) {
+    int32_t code = 0;
+    const std::string message = consume_error(err, &code);
+    if (code == NPUB_ERR_INVALID_ARGUMENT && names_a_setting(message)) result.bad_setting = message;
+    return reject("initialize failed: " + message);
+  }
   if (!registrar.first_error.empty()) return reject(registrar.first_error);
 
   // 5. Commit, all or nothing (Note [A plugin's registrations commit as

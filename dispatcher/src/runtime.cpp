@@ -1,5 +1,6 @@
 #include <npubridge/dispatcher/runtime.h>
 #include <npubridge/support/env.h>
+#include <npubridge/support/error.h>
 #include "logging.h"
 
 #include <filesystem>
@@ -10,11 +11,21 @@ RuntimeOptions RuntimeOptions::from_env() {
   RuntimeOptions o;
   o.devices = sim::DeviceOptions::from_env();
   o.dispatcher = DispatcherOptions::from_env();
+  log_level_from_env();  // Note [A setting is read strictly or refused]
   return o;
 }
 
 std::string Runtime::default_op_map_path() {
-  if (auto v = env::get("NPUB_OP_MAP")) return *v;
+  if (auto v = env::get("NPUB_OP_MAP")) {
+    // Named by the user: it must be there (a missing table would silently
+    // leave the shipped mappings out).
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(*v, ec))
+      throw Error(ErrorCode::kInvalidArgument,
+                  "NPUB_OP_MAP: expected an op-mapping table file but found '" + *v + "' (" +
+                      (std::filesystem::exists(*v, ec) ? "not a regular file" : "no such file") + ")");
+    return *v;
+  }
   const std::string plugins = PluginLoader::builtin_plugin_dir();  // <libdir>/npubridge/plugins
   if (plugins.empty()) return {};
   return (std::filesystem::path(plugins).parent_path() / "op_map.txt").string();
@@ -32,6 +43,9 @@ Runtime::Runtime(const RuntimeOptions& options)
     if (!path.empty() && std::filesystem::exists(path, ec)) op_map_->load_file(path);
   }
   if (options.load_default_plugins) load_results_ = loader_->load_default();
+  for (const LoadResult& r : load_results_)
+    if (!r.bad_setting.empty() && start_error_.empty())
+      start_error_ = r.bad_setting + " (plugin '" + r.path + "')";
 }
 
 Runtime::~Runtime() {
@@ -48,6 +62,9 @@ Runtime& Runtime::global() {
   // Intentionally leaked: plugins' kernels and device threads must outlive
   // every static destructor that might still dispatch.
   static Runtime* rt = new Runtime(RuntimeOptions::from_env());
+  // Note [A plugin's bad setting stops the start] (plugin_loader.cpp): the
+  // runtime exists, but every use reports the setting.
+  if (!rt->start_error_.empty()) throw Error(ErrorCode::kInvalidArgument, rt->start_error_);
   return *rt;
 }
 

@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include <npubridge/dispatcher/runtime.h>
+#include <npubridge/registry/schema.h>
 #include <npubridge/support/error.h>
 #include <npubridge/torch/error_bound.h>
 
@@ -266,6 +267,16 @@ PYBIND11_MODULE(_C, m) {
     d["custom"] = npub::torch_backend::g_custom;
     d["mapped"] = npub::torch_backend::mapped_routes();
     return d;
+  });
+  // npubridge's schema parser, for the tests that hold it against PyTorch's
+  // (Note [Defaults PyTorch takes], registry/src/schema.cpp): the canonical
+  // text, or ValueError with the parser's message.
+  m.def("parse_schema", [](const std::string& text) {
+    try {
+      return reg::parse_schema(text).to_string();
+    } catch (const reg::SchemaError& e) {
+      throw py::value_error(e.what());
+    }
   });
   m.def("ops", [](const std::string& plugin) {
     py::list out;

@@ -92,6 +92,28 @@ def disable_plugin(name: str):
     _C.enable_plugin(name, False)
 
 
+import re as _re  # noqa: E402
+
+_OP_NAME = _re.compile(r"[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?")
+
+
+def _check_type(function, argument, value, expected_type, expected):
+    # bool is an int, and 1 or "yes" would silently read as True: a bool
+    # argument takes a bool only.
+    ok = isinstance(value, str) if expected_type is str else type(value) is expected_type
+    if not ok:
+        raise TypeError(f"{function}(): expected {argument} to be {expected} but found {type(value).__name__} "
+                        f"{value!r}")
+
+
+def _check_op_name(function, argument, value):
+    _check_type(function, argument, value, str, "an op name (str)")
+    if not _OP_NAME.fullmatch(value):
+        found = "an empty string" if value == "" else repr(value)
+        raise ValueError(f"{function}(): expected {argument} to be an op name 'namespace::name' or "
+                         f"'namespace::name.overload' (such as 'aten::tan' or 'aten::sin.out') but found {found}")
+
+
 def register_op(framework_op: str, target_op: str, plugin: str = ""):
     """Serve the PyTorch op `framework_op` (e.g. "aten::tan") with the kernels
     of the registry op `target_op`, `plugin`'s first when given.
@@ -101,7 +123,16 @@ def register_op(framework_op: str, target_op: str, plugin: str = ""):
     arguments: the same types in order (then only arguments with a default),
     the same returns; or, for a functional op, its arguments then one out=
     tensor per return (an .out op). Raises ValueError naming both ops and
-    what differs otherwise, or for an unknown op or plugin."""
+    what differs otherwise, or for an unknown op or plugin; TypeError for an
+    argument that is not a str, ValueError for a malformed op name."""
+    _check_op_name("register_op", "framework_op", framework_op)
+    _check_op_name("register_op", "target_op", target_op)
+    _check_type("register_op", "plugin", plugin, str, "a plugin name (str, \"\" for any)")
+    if plugin:
+        loaded = [p["name"] for p in _C.plugins()]
+        if plugin not in loaded:
+            raise ValueError(f"register_op(): expected plugin to be a loaded plugin ({', '.join(loaded) or 'none'}) "
+                             f"or \"\" but found {plugin!r}")
     _C.register_op(framework_op, target_op, plugin)
 
 
@@ -129,8 +160,12 @@ def precision_check(enabled: bool = True, raise_on_mismatch: bool = False):
     selections and integer results. NaN and inf must match. Mismatches are
     logged, counted in stats() and listed by precision_mismatches() (with
     the bound and its derivation); with raise_on_mismatch the call raises
-    instead. Slow: for finding a wrong kernel, not for production."""
-    _C.precision_check(bool(enabled), bool(raise_on_mismatch))
+    instead. Slow: for finding a wrong kernel, not for production. Both
+    arguments must be bools (TypeError otherwise: "yes" or None would read
+    as True or False)."""
+    _check_type("precision_check", "enabled", enabled, bool, "a bool")
+    _check_type("precision_check", "raise_on_mismatch", raise_on_mismatch, bool, "a bool")
+    _C.precision_check(enabled, raise_on_mismatch)
 
 
 def precision_mismatches():

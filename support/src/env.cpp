@@ -19,23 +19,31 @@ std::optional<std::string> get(const char* name) {
   return s;
 }
 
-int64_t get_int(const char* name, int64_t fallback) {
-  auto v = get(name);
-  if (!v) return fallback;
-  char* end = nullptr;
+int64_t parse_int_in(const std::string& text, const char* name, int64_t lo, int64_t hi, const char* what) {
+  auto refuse = [&] {
+    return Error(ErrorCode::kInvalidArgument, std::string(name) + ": expected " + what + " from " +
+                                                  std::to_string(lo) + " to " + std::to_string(hi) +
+                                                  " but found '" + text + "'");
+  };
+  // strtoll alone would take "+5", " 5" and "0x5"; only [-]digits are a number here.
+  const size_t digits = text.find_first_not_of("0123456789", text[0] == '-' ? 1 : 0);
+  if (text.empty() || text == "-" || digits != std::string::npos) throw refuse();
   errno = 0;
-  long long x = std::strtoll(v->c_str(), &end, 10);
-  if (errno != 0 || end == v->c_str() || *end != '\0')
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string(name) + ": expected an integer but found '" + *v + "'");
+  const long long x = std::strtoll(text.c_str(), nullptr, 10);
+  if (errno != 0 || x < lo || x > hi) throw refuse();
   return x;
+}
+
+int64_t get_int_in(const char* name, int64_t fallback, int64_t lo, int64_t hi, const char* what) {
+  auto v = get(name);
+  return v ? parse_int_in(*v, name, lo, hi, what) : fallback;
 }
 
 uint64_t parse_bytes(const std::string& text, const char* what) {
   char* end = nullptr;
   errno = 0;
   unsigned long long x = std::strtoull(text.c_str(), &end, 10);
-  if (errno != 0 || end == text.c_str() || text[0] == '-')
+  if (errno != 0 || text.empty() || !std::isdigit(static_cast<unsigned char>(text[0])))
     throw Error(
         ErrorCode::kInvalidArgument,
         std::string(what) + ": expected a size such as 16G, 512M or 1048576 but found '" + text + "'");
@@ -58,7 +66,8 @@ uint64_t parse_bytes(const std::string& text, const char* what) {
     throw Error(ErrorCode::kInvalidArgument,
                 std::string(what) + ": unknown unit in '" + text + "' (expected K, M, G or T)");
   if (shift > 0 && x > (~0ull >> shift))
-    throw Error(ErrorCode::kInvalidArgument, std::string(what) + ": '" + text + "' is too large");
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(what) + ": expected a size below 2^64 bytes but found '" + text + "'");
   return static_cast<uint64_t>(x) << shift;
 }
 
@@ -73,7 +82,20 @@ bool get_flag(const char* name, bool fallback) {
   const std::string& s = *v;
   if (s == "1" || s == "true" || s == "on" || s == "yes") return true;
   if (s == "0" || s == "false" || s == "off" || s == "no") return false;
-  throw Error(ErrorCode::kInvalidArgument, std::string(name) + ": expected 0 or 1 but found '" + s + "'");
+  throw Error(ErrorCode::kInvalidArgument,
+              std::string(name) + ": expected 0 or 1 (or false/true, off/on, no/yes) but found '" + s + "'");
+}
+
+std::optional<std::string> get_choice(const char* name, std::initializer_list<const char*> choices) {
+  auto v = get(name);
+  if (!v) return v;
+  std::string listed;
+  for (const char* c : choices) {
+    if (*v == c) return v;
+    listed += (listed.empty() ? "" : ", ") + std::string(c);
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              std::string(name) + ": expected one of " + listed + " but found '" + *v + "'");
 }
 
 }  // namespace npub::env

@@ -1,6 +1,9 @@
 // Test plugin with an op whose schema npubridge accepts but PyTorch refuses
-// (a required argument after a defaulted one): under PyTorch that op alone
-// is disabled with a warning; `import torch` and the plugin's other op work.
+// (a Dimname argument: PyTorch's schema parser outside ATen knows no such
+// type): under PyTorch that op alone is disabled with a warning; `import
+// torch` and the plugin's other op work. (Defaults PyTorch refuses are
+// refused at load since Note [Defaults PyTorch takes], so they cannot serve
+// here.)
 #include <npubridge/plugin_sdk.hpp>
 
 namespace {
@@ -18,8 +21,8 @@ void twice(npub::sdk::Call& c) {
 void init(npub::sdk::Registrar& r) {
   r.def("refused::twice(Tensor self) -> Tensor");
   r.kernel("refused::twice", &twice).dtypes({npub::sdk::kFloat32}).contiguous_only();
-  r.def("refused::misordered(Tensor self, int x=1, Tensor y) -> Tensor");
-  r.kernel("refused::misordered", &twice).dtypes({npub::sdk::kFloat32}).contiguous_only();
+  r.def("refused::named(Tensor self, Dimname dim) -> Tensor");
+  r.kernel("refused::named", &twice).dtypes({npub::sdk::kFloat32}).contiguous_only();
 }
 
 }  // namespace

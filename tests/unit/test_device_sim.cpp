@@ -3,7 +3,6 @@
 #include "test_util.h"
 
 #include <npubridge/device_sim/copy_engine.h>
-#include <npubridge/support/env.h>
 #include <npubridge/support/error.h>
 #include <npubridge/half.hpp>
 
@@ -351,17 +350,6 @@ TEST(Half, ConversionsRoundToNearestEven) {
   EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
   EXPECT_EQ(bf16_to_float(float_to_bf16(3.140625f)), 3.140625f);
   EXPECT_EQ(float_to_bf16(1.00390625f), 0x3f80);  // tie -> even
-}
-
-TEST(Env, ParsesSizesAndRejectsGarbage) {
-  EXPECT_EQ(env::parse_bytes("16G", "X"), 16ull << 30);
-  EXPECT_EQ(env::parse_bytes("512MiB", "X"), 512ull << 20);
-  EXPECT_EQ(env::parse_bytes("1024", "X"), 1024u);
-  EXPECT_THROW(env::parse_bytes("lots", "X"), Error);
-  EXPECT_THROW(env::parse_bytes("5Q", "X"), Error);
-  setenv("NPUB_SIM_DEVICES", "0", 1);
-  EXPECT_THROW(DeviceOptions::from_env(), Error);
-  unsetenv("NPUB_SIM_DEVICES");
 }
 
 TEST(CopyEngine, AsyncCopiesRunInStreamOrder) {

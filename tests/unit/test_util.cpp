@@ -36,7 +36,10 @@ ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
     had_ = true;
     old_ = old;
   }
-  setenv(name, value, 1);
+  if (value != nullptr)
+    setenv(name, value, 1);
+  else
+    unsetenv(name);
 }
 ScopedEnv::~ScopedEnv() {
   if (had_)

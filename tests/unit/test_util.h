@@ -31,7 +31,7 @@ struct ReferenceHost {
 };
 
 // Sets an environment variable for a scope; the previous value (or its
-// absence) comes back at the end.
+// absence) comes back at the end. A null value unsets it.
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value);

@@ -31,8 +31,14 @@ Isa cpu_isa() {
 }  // namespace
 
 void configure_isa_from_environment() {
+  // Read as the host reads its own settings: surrounding white space aside,
+  // exactly one of the names, or initialize fails with a message the host
+  // turns into a start-up error (Note [A plugin's bad setting stops the
+  // start], dispatcher/src/plugin_loader.cpp).
   const char* raw = std::getenv("NPUB_CANN_MAX_ISA");
-  const std::string v = raw ? raw : "";
+  std::string v = raw ? raw : "";
+  const size_t first = v.find_first_not_of(" \t\r\n");
+  v = first == std::string::npos ? "" : v.substr(first, v.find_last_not_of(" \t\r\n") - first + 1);
   Isa cap;
   if (v.empty() || v == "avx512")
     cap = Isa::kAvx512;

@@ -4,12 +4,15 @@
 
 #include <ATen/ops/empty_strided.h>
 
+#include <npubridge/support/env.h>
+
 #include "aten/boxing.h"
 #include "aten/minimal.h"
 
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <unordered_map>
 
 namespace npub::torch_backend {
@@ -86,7 +89,7 @@ std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op,
   try {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
   } catch (const std::exception& e) {
-    if (const char* lvl = std::getenv("NPUB_LOG_LEVEL"); lvl != nullptr && std::string(lvl) == "debug")
+    if (env::get("NPUB_LOG_LEVEL") == std::optional<std::string>("debug"))
       std::fprintf(stderr, "[npubridge] [debug] meta kernel of '%s' failed: %s\n",
                    full_name(op.schema().operator_name()).c_str(), e.what());
     return nullptr;

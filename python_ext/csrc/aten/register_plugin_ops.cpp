@@ -135,14 +135,19 @@ void register_plugin_ops() {
       if (c10::Dispatcher::singleton().findSchema({ns + "::" + e->schema().name, e->schema().overload}))
         continue;
       // Each op in its own error boundary: a schema npubridge accepts but
-      // PyTorch refuses (a default that does not fit its type, a required
-      // argument after a defaulted one) disables that op under PyTorch, with
-      // a warning, and never the import of torch.
+      // PyTorch refuses (defaults and argument order are refused at load,
+      // Note [Defaults PyTorch takes] in registry/src/schema.cpp; a type
+      // PyTorch does not know outside ATen, such as Dimname, still gets
+      // here) disables that op under PyTorch, with a warning, and never the
+      // import of torch.
       try {
         def->def(e->schema().to_string().c_str());
       } catch (const std::exception& err) {
         const reg::Kernel* k = e->kernels(NPUB_DEVICE_NPU).front();
-        const std::string why = err.what();
+        // PyTorch's reason is its first non-empty line (some messages,
+        // "unknown type specifier" among them, start with a blank one).
+        std::string why = err.what();
+        why.erase(0, why.find_first_not_of(" \n"));
         TORCH_WARN("npubridge: op '", e->name(), "' of plugin '", k->plugin_name(),
                    "' is not available under PyTorch: PyTorch refuses its schema \"", e->schema().to_string(),
                    "\": ", why.substr(0, why.find('\n')));

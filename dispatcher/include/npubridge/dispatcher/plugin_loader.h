@@ -36,6 +36,10 @@ struct LoadResult {
   bool ok = false;
   std::string plugin_name;  // when ok
   std::string error;        // when not ok: "<path>: <reason>"
+  // When initialize refused a setting of the plugin's own (Note [A plugin's
+  // bad setting stops the start]): its message, "NPUB_X: expected ... but
+  // found '...'", else empty.
+  std::string bad_setting;
 };
 
 class PluginLoader {
@@ -46,7 +50,8 @@ class PluginLoader {
   LoadResult load(const std::string& path);
   // Loads every plugin of the built-in directory and NPUB_PLUGIN_PATH.
   std::vector<LoadResult> load_default();
-  // Files that load_default() would try, in order.
+  // Files that load_default() would try, in order. Throws npub::Error for an
+  // NPUB_PLUGIN_PATH entry that is neither a directory nor a .so file.
   static std::vector<std::string> default_candidates();
   // <libdir>/npubridge/plugins of the libnpubridge.so in use.
   static std::string builtin_plugin_dir();

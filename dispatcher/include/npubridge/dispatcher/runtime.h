@@ -30,7 +30,8 @@ class Runtime {
   Runtime& operator=(const Runtime&) = delete;
 
   // The process-wide runtime, created at first use from the environment.
-  // Never destroyed (plugins and device threads live until exit).
+  // Never destroyed (plugins and device threads live until exit). Throws
+  // npub::Error naming the variable for a bad NPUB_* setting, at every call.
   static Runtime& global();
 
   sim::DeviceSet& devices() { return *devices_; }
@@ -39,6 +40,9 @@ class Runtime {
   Dispatcher& dispatcher() { return *dispatcher_; }
   PluginLoader& loader() { return *loader_; }
   const std::vector<LoadResult>& initial_load_results() const { return load_results_; }
+  // A plugin's refused setting from the initial load ("" when none): global()
+  // throws it.
+  const std::string& start_error() const { return start_error_; }
 
   // The op-mapping table shipped with npubridge (<datadir>/op_map.txt).
   static std::string default_op_map_path();
@@ -50,6 +54,7 @@ class Runtime {
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<PluginLoader> loader_;
   std::vector<LoadResult> load_results_;
+  std::string start_error_;
 };
 
 }  // namespace npub

@@ -1,0 +1,82 @@
+"""Every NPUB_* setting under PyTorch (Note [A setting is read strictly or
+refused], support/include/npubridge/support/env.h): a bad value never breaks
+`import torch` (npubridge autoloads into it) and is never ignored or misread.
+The npu device is disabled with one warning naming the variable, the value
+found and what was expected; CPU ops work; the first npu use raises the same
+message. One subprocess per value (about a second each)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+_CHILD = """
+import warnings
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as w:
+    import torch, npubridge
+assert torch.ones(2).add(1).sum().item() == 4
+assert torch.npu.device_count() == 0 and not torch.npu.is_available()
+msgs = [str(x.message) for x in w if "npu device is disabled" in str(x.message)]
+assert len(msgs) == 1, msgs
+print(msgs[0])
+try:
+    torch.ones(2).to("npu")
+    raise SystemExit("npu use succeeded")
+except RuntimeError as e:
+    print(str(e).splitlines()[0])
+"""
+
+_DISABLED = "npubridge: the npu device is disabled: "
+_NOT_A_PLUGIN = __file__  # a regular file that is no plugin library
+
+_CASES = [
+    *[("NPUB_SIM_DEVICES", v, f"expected a device count from 1 to 64 but found '{v}'")
+      for v in ("0", "-1", "65", "4294967297", "abc", "2 devices")],
+    ("NPUB_SIM_MEMORY", "64Q", "unknown unit in '64Q' (expected K, M, G or T)"),
+    ("NPUB_SIM_MEMORY", "-5M", "expected a size such as 16G, 512M or 1048576 but found '-5M'"),
+    ("NPUB_SIM_MEMORY", "0", "expected a positive size but found '0'"),
+    ("NPUB_SIM_MEMORY", "99999999999T", "expected a size below 2^64 bytes but found '99999999999T'"),
+    *[("NPUB_SIM_THREADS", v, f"expected a compute thread count from 1 to 1024 but found '{v}'")
+      for v in ("0", "-1", "4294967297")],
+    ("NPUB_LAUNCH_BLOCKING", "2", "expected 0 or 1 (or false/true, off/on, no/yes) but found '2'"),
+    ("NPUB_DTYPE_CONVERSION", "maybe", "expected 0 or 1 (or false/true, off/on, no/yes) but found 'maybe'"),
+    *[("NPUB_OPT_LEVEL", v, f"expected an optimisation level from 0 to 3 but found '{v}'")
+      for v in ("9", "-1", "4294967298", "max")],
+    ("NPUB_FALLBACK", "maybe", "expected 'allow' or 'error' but found 'maybe'"),
+    ("NPUB_OP_MAP", "/nonexistent", "expected an op-mapping table file but found '/nonexistent' (no such file)"),
+    ("NPUB_OP_MAP", "/tmp", "expected an op-mapping table file but found '/tmp' (not a regular file)"),
+    ("NPUB_LOG_LEVEL", "loud", "expected one of trace, debug, info, warn, error, off but found 'loud'"),
+    ("NPUB_PLUGIN_PATH", "/nonexistent",
+     "expected ':'-separated directories or plugin files (.so) but found '/nonexistent' (no such file)"),
+    ("NPUB_PLUGIN_PATH", _NOT_A_PLUGIN,
+     f"expected ':'-separated directories or plugin files (.so) but found '{_NOT_A_PLUGIN}' "
+     "(not a directory or a .so file)"),
+    ("NPUB_PLUGIN_PATH", "/dev/null",
+     "expected ':'-separated directories or plugin files (.so) but found '/dev/null' (not a directory or a .so file)"),
+    ("NPUB_CANN_MAX_ISA", "sse9", "expected one of baseline, avx2, avx512 (or unset) but found 'sse9' (plugin '"),
+]
+
+
+def _run(**env):
+    full_env = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", _CHILD], env=full_env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("name, value, expected", _CASES, ids=[f"{n}={v}" for n, v, _ in _CASES])
+def test_a_bad_setting_disables_npu_but_never_import_torch(name, value, expected):
+    r = _run(**{name: value})
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 2, r.stdout + r.stderr
+    for line in lines:
+        assert line.startswith(_DISABLED + f"{name}: {expected}"), line
+
+
+def test_good_values_with_surrounding_white_space_are_read():
+    code = "import torch, npubridge; print(torch.npu.device_count(), npubridge._C.optim_level())"
+    full_env = dict(os.environ, NPUB_SIM_DEVICES=" 3 ", NPUB_SIM_MEMORY="64M ", NPUB_OPT_LEVEL="\t1",
+                    NPUB_LOG_LEVEL=" error ", NPUB_CANN_MAX_ISA=" avx2", NPUB_SIM_THREADS=" 2")
+    r = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "3 1", r.stdout + r.stderr
+    assert "disabled" not in r.stderr, r.stderr

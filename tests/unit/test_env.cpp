@@ -1,0 +1,161 @@
+// The NPUB_* settings (Note [A setting is read strictly or refused],
+// support/include/npubridge/support/env.h): each variable's parser takes its
+// documented values, surrounding white space aside, and refuses anything
+// else with "NAME: expected ... but found '...'", never reading it as
+// something else.
+#include "test_util.h"
+
+#include <npubridge/support/env.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+
+using namespace npub;
+using test::ScopedEnv;
+
+namespace {
+
+// The message `f` throws with `name` set to `value` ("" when it does not).
+std::string error_with(const char* name, const char* value, const std::function<void()>& f) {
+  ScopedEnv set(name, value);
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void device_options() { sim::DeviceOptions::from_env(); }
+void dispatcher_options() { DispatcherOptions::from_env(); }
+void runtime_options() { RuntimeOptions::from_env(); }
+
+}  // namespace
+
+TEST(Env, IntegersAreDecimalDigitsWithinTheirRange) {
+  EXPECT_EQ(env::parse_int_in("64", "X", 1, 64, "a count"), 64);
+  EXPECT_EQ(env::parse_int_in("-3", "X", -5, 5, "a count"), -3);
+  for (const char* bad : {"0", "65", "-1", "4294967297", "99999999999999999999", "abc", "", "-", "+5", "0x10",
+                          "5 6", "1.0", "3e1"})
+    EXPECT_EQ(std::string([&] {
+                try {
+                  env::parse_int_in(bad, "X", 1, 64, "a count");
+                } catch (const Error& e) {
+                  return std::string(e.what());
+                }
+                return std::string();
+              }()),
+              std::string("X: expected a count from 1 to 64 but found '") + bad + "'")
+        << bad;
+}
+
+TEST(Env, SizesTakeBinaryUnitsAndNothingElse) {
+  EXPECT_EQ(env::parse_bytes("16G", "X"), 16ull << 30);
+  EXPECT_EQ(env::parse_bytes("512MiB", "X"), 512ull << 20);
+  EXPECT_EQ(env::parse_bytes("1024", "X"), 1024u);
+  for (const char* bad : {"lots", "-5M", "+5M", "", "M"})
+    EXPECT_THROW(env::parse_bytes(bad, "X"), Error) << bad;
+  EXPECT_STREQ(error_with("NPUB_SIM_MEMORY", "64Q", device_options).c_str(),
+               "NPUB_SIM_MEMORY: unknown unit in '64Q' (expected K, M, G or T)");
+  EXPECT_EQ(error_with("NPUB_SIM_MEMORY", "-5M", device_options),
+            "NPUB_SIM_MEMORY: expected a size such as 16G, 512M or 1048576 but found '-5M'");
+  EXPECT_EQ(error_with("NPUB_SIM_MEMORY", "0", device_options),
+            "NPUB_SIM_MEMORY: expected a positive size but found '0'");
+  EXPECT_EQ(error_with("NPUB_SIM_MEMORY", "99999999999T", device_options),
+            "NPUB_SIM_MEMORY: expected a size below 2^64 bytes but found '99999999999T'");
+}
+
+TEST(Env, SimDevices) {
+  EXPECT_EQ(error_with("NPUB_SIM_DEVICES", " 3 ", device_options), "");
+  for (const char* bad : {"0", "-1", "65", "4294967297", "abc", "2x"})
+    EXPECT_EQ(error_with("NPUB_SIM_DEVICES", bad, device_options),
+              std::string("NPUB_SIM_DEVICES: expected a device count from 1 to 64 but found '") + bad + "'");
+}
+
+TEST(Env, SimThreads) {
+  EXPECT_EQ(error_with("NPUB_SIM_THREADS", "8", device_options), "");
+  for (const char* bad : {"0", "-2", "1025", "4294967297", "many"})
+    EXPECT_EQ(error_with("NPUB_SIM_THREADS", bad, device_options),
+              std::string("NPUB_SIM_THREADS: expected a compute thread count from 1 to 1024 but found '") +
+                  bad + "'");
+}
+
+TEST(Env, LaunchBlockingAndDtypeConversionAreFlags) {
+  EXPECT_EQ(error_with("NPUB_LAUNCH_BLOCKING", " on", device_options), "");
+  EXPECT_EQ(error_with("NPUB_LAUNCH_BLOCKING", "2", device_options),
+            "NPUB_LAUNCH_BLOCKING: expected 0 or 1 (or false/true, off/on, no/yes) but found '2'");
+  EXPECT_EQ(error_with("NPUB_DTYPE_CONVERSION", "0", dispatcher_options), "");
+  EXPECT_EQ(error_with("NPUB_DTYPE_CONVERSION", "maybe", dispatcher_options),
+            "NPUB_DTYPE_CONVERSION: expected 0 or 1 (or false/true, off/on, no/yes) but found 'maybe'");
+}
+
+TEST(Env, OptLevel) {
+  EXPECT_EQ(error_with("NPUB_OPT_LEVEL", "0", dispatcher_options), "");
+  for (const char* bad : {"9", "-1", "4294967298", "high"})
+    EXPECT_EQ(
+        error_with("NPUB_OPT_LEVEL", bad, dispatcher_options),
+        std::string("NPUB_OPT_LEVEL: expected an optimisation level from 0 to 3 but found '") + bad + "'");
+}
+
+TEST(Env, Fallback) {
+  EXPECT_EQ(error_with("NPUB_FALLBACK", "error ", dispatcher_options), "");
+  EXPECT_EQ(error_with("NPUB_FALLBACK", "maybe", dispatcher_options),
+            "NPUB_FALLBACK: expected 'allow' or 'error' but found 'maybe'");
+}
+
+TEST(Env, LogLevel) {
+  EXPECT_EQ(error_with("NPUB_LOG_LEVEL", " debug ", runtime_options), "");
+  EXPECT_EQ(error_with("NPUB_LOG_LEVEL", "loud", runtime_options),
+            "NPUB_LOG_LEVEL: expected one of trace, debug, info, warn, error, off but found 'loud'");
+}
+
+TEST(Env, OpMapMustNameAFile) {
+  EXPECT_EQ(error_with("NPUB_OP_MAP", "/nonexistent", [] { Runtime::default_op_map_path(); }),
+            "NPUB_OP_MAP: expected an op-mapping table file but found '/nonexistent' (no such file)");
+  EXPECT_EQ(error_with("NPUB_OP_MAP", "/tmp", [] { Runtime::default_op_map_path(); }),
+            "NPUB_OP_MAP: expected an op-mapping table file but found '/tmp' (not a regular file)");
+  // The runtime refuses to start with it.
+  RuntimeOptions o;
+  o.devices.num_devices = 1;
+  o.load_default_plugins = false;
+  EXPECT_EQ(error_with("NPUB_OP_MAP", "/nonexistent", [&] { Runtime rt(o); }),
+            "NPUB_OP_MAP: expected an op-mapping table file but found '/nonexistent' (no such file)");
+}
+
+TEST(Env, PluginPathEntriesMustHoldPlugins) {
+  auto candidates = [] { PluginLoader::default_candidates(); };
+  EXPECT_EQ(error_with("NPUB_PLUGIN_PATH", NPUB_TEST_PLUGIN_DIR, candidates), "");
+  EXPECT_EQ(
+      error_with("NPUB_PLUGIN_PATH", (std::string(NPUB_TEST_PLUGIN_DIR) + ":/nonexistent").c_str(),
+                 candidates),
+      "NPUB_PLUGIN_PATH: expected ':'-separated directories or plugin files (.so) but found '/nonexistent' "
+      "(no such file)");
+  EXPECT_EQ(error_with("NPUB_PLUGIN_PATH", "/dev/null", candidates),
+            "NPUB_PLUGIN_PATH: expected ':'-separated directories or plugin files (.so) but found "
+            "'/dev/null' (not a "
+            "directory or a .so file)");
+}
+
+TEST(Env, APluginsBadSettingStopsTheStart) {
+  // Note [A plugin's bad setting stops the start]: cann_like refuses
+  // NPUB_CANN_MAX_ISA in its initialize; the loader marks it and the
+  // runtime reports it as a start error.
+  ScopedEnv cap("NPUB_CANN_MAX_ISA", "sse9");
+  ScopedEnv only_builtin("NPUB_PLUGIN_PATH", nullptr);
+  RuntimeOptions o;
+  o.devices.num_devices = 1;
+  o.load_default_op_map = false;
+  Runtime rt(o);
+  const std::string path = test::builtin_plugin("npub_cann_like");
+  EXPECT_EQ(
+      rt.start_error(),
+      "NPUB_CANN_MAX_ISA: expected one of baseline, avx2, avx512 (or unset) but found 'sse9' (plugin '" +
+          path + "')");
+  // White space around a good value is no error.
+  ScopedEnv good("NPUB_CANN_MAX_ISA", " avx2 ");
+  Runtime rt2(o);
+  EXPECT_EQ(rt2.start_error(), "");
+}
