@@ -103,24 +103,6 @@ std::vector<std::string> plugin_files_in(const std::string& dir) {
   return out;
 }
 
-// Note [A plugin's bad setting stops the start]
-// A plugin that reads a variable of its own (cann_like: NPUB_CANN_MAX_ISA)
-// cannot throw through the C ABI; it refuses a bad value by failing
-// initialize with NPUB_ERR_INVALID_ARGUMENT and the message
-// "NPUB_X: expected ... but found '...'". The loader marks such a result
-// (LoadResult::bad_setting) and the runtime refuses to start with that
-// message, as it does for its own settings (Note [A setting is read strictly
-// or refused], support/include/npubridge/support/env.h): a plugin silently
-// missing because of a typo in the environment would be found much later.
-bool names_a_setting(const std::string& message) {
-  if (message.rfind("NPUB_", 0) != 0) return false;
-  size_t i = 5;
-  while (i < message.size() && (std::isupper(static_cast<unsigned char>(message[i])) ||
-                                std::isdigit(static_cast<unsigned char>(message[i])) || message[i] == '_'))
-    ++i;
-  return message.compare(i, 11, ": expected ") == 0;
-}
-
 }  // namespace
 
 std::string PluginLoader::builtin_plugin_dir() {
@@ -259,12 +241,7 @@ LoadResult PluginLoader::load(const std::string& path) {
     return reject("initialize threw an exception of unknown type");
   }
   registrar.open = false;
-  if (err != nullptr) {
-    int32_t code = 0;
-    const std::string message = consume_error(err, &code);
-    if (code == NPUB_ERR_INVALID_ARGUMENT && names_a_setting(message)) result.bad_setting = message;
-    return reject("initialize failed: " + message);
-  }
+  if (err != nullptr) return reject("initialize failed: " + consume_error(err));
   if (!registrar.first_error.empty()) return reject(registrar.first_error);
 
   // 5. Commit, all or nothing (Note [A plugin's registrations commit as

@@ -43,9 +43,6 @@ Runtime::Runtime(const RuntimeOptions& options)
     if (!path.empty() && std::filesystem::exists(path, ec)) op_map_->load_file(path);
   }
   if (options.load_default_plugins) load_results_ = loader_->load_default();
-  for (const LoadResult& r : load_results_)
-    if (!r.bad_setting.empty() && start_error_.empty())
-      start_error_ = r.bad_setting + " (plugin '" + r.path + "')";
 }
 
 Runtime::~Runtime() {
@@ -62,9 +59,6 @@ Runtime& Runtime::global() {
   // Intentionally leaked: plugins' kernels and device threads must outlive
   // every static destructor that might still dispatch.
   static Runtime* rt = new Runtime(RuntimeOptions::from_env());
-  // Note [A plugin's bad setting stops the start] (plugin_loader.cpp): the
-  // runtime exists, but every use reports the setting.
-  if (!rt->start_error_.empty()) throw Error(ErrorCode::kInvalidArgument, rt->start_error_);
   return *rt;
 }
 

@@ -60,7 +60,7 @@ atexit.register(_quiesce_at_exit)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
 
 __all__ = [
-    "plugins", "stats", "reset_stats", "set_optim_level", "enable_plugin", "disable_plugin",
+    "plugins", "load_failures", "stats", "reset_stats", "set_optim_level", "enable_plugin", "disable_plugin",
     "register_op", "unregister_op", "op_map", "precision_check", "precision_mismatches", "routed_ops",
 ]
 
@@ -68,6 +68,11 @@ __all__ = [
 def plugins():
     """Loaded plugins: name, version, path, number of ops, enabled."""
     return _C.plugins()
+
+
+def load_failures():
+    """The plugins the loader rejected, each as "<path>: <reason>"."""
+    return list(_C.load_failures())
 
 
 def stats():

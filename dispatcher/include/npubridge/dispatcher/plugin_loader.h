@@ -36,10 +36,6 @@ struct LoadResult {
   bool ok = false;
   std::string plugin_name;  // when ok
   std::string error;        // when not ok: "<path>: <reason>"
-  // When initialize refused a setting of the plugin's own (Note [A plugin's
-  // bad setting stops the start]): its message, "NPUB_X: expected ... but
-  // found '...'", else empty.
-  std::string bad_setting;
 };
 
 class PluginLoader {

@@ -40,9 +40,6 @@ class Runtime {
   Dispatcher& dispatcher() { return *dispatcher_; }
   PluginLoader& loader() { return *loader_; }
   const std::vector<LoadResult>& initial_load_results() const { return load_results_; }
-  // A plugin's refused setting from the initial load ("" when none): global()
-  // throws it.
-  const std::string& start_error() const { return start_error_; }
 
   // The op-mapping table shipped with npubridge (<datadir>/op_map.txt).
   static std::string default_op_map_path();
@@ -54,7 +51,6 @@ class Runtime {
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<PluginLoader> loader_;
   std::vector<LoadResult> load_results_;
-  std::string start_error_;
 };
 
 }  // namespace npub
