@@ -48,6 +48,8 @@ def _quiesce_at_exit():
 
     if _npu._init_error is not None:
         return  # no device ever ran
+    if _npu._is_in_bad_fork():
+        return  # the device threads stayed with the parent
     try:
         _C.synchronize(-1)
     finally:
