@@ -44,6 +44,8 @@ sim::Event& event_at(int64_t id) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "npubridge: PyTorch on the simulated NPU through acceleration-library plugins";
   m.def("_init", &npub::torch_backend::init);
+  // The npu's DLPack device type (npubridge/_dlpack.py).
+  m.attr("DLPACK_DEVICE_TYPE") = static_cast<int>(NPUB_DEVICE_NPU);
   // Note [A forked child cannot use the npu] (device_sim/src/fork_guard.cpp):
   // torch.npu._is_in_bad_fork() and the error torch.npu._lazy_init() raises.
   m.def("_is_in_bad_fork", [] { return Runtime::global().devices().in_forked_child(); });
