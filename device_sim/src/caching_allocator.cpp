@@ -109,6 +109,7 @@ size_t CachingAllocator::segment_size_for(size_t rounded) {
 }
 
 void* CachingAllocator::allocate(size_t bytes, const void* stream) {
+  fork_guard_.check([&] { return "npu:" + std::to_string(device_index_) + "'s caching allocator"; });
   if (bytes == 0) return nullptr;
   if (bytes > capacity_) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -213,7 +214,9 @@ CachingAllocator::Block* CachingAllocator::split(Block* block, size_t size, Pool
 }
 
 void CachingAllocator::free(void* ptr) {
-  if (ptr == nullptr) return;
+  // The block belongs to the process this one was forked from (Note [A
+  // forked child cannot use the npu]); mu_ may be held for good.
+  if (ptr == nullptr || fork_guard_.in_forked_child()) return;
   std::lock_guard<std::mutex> lock(mu_);
   Block* b = live_take(ptr);
   if (b == nullptr) {

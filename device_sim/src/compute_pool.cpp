@@ -79,6 +79,13 @@ void ComputePool::run_chunks(Job& job) {
 // blocks. The spin is bounded and only follows work: an idle device's
 // workers sleep. A poster takes the futex path only when a worker sleeps.
 void ComputePool::parallel_for(int64_t begin, int64_t end, int64_t grain, Body body, void* user) {
+  // No worker survived the fork, and mu_ may be held for good (Note [A forked
+  // child cannot use the npu]); this may run inside a kernel, behind the C
+  // ABI, where nothing may throw: the caller runs the loop alone.
+  if (fork_guard_.in_forked_child()) {
+    body(user, begin, end);
+    return;
+  }
   if (end <= begin) return;
   const int64_t n = end - begin;
   grain = std::max<int64_t>(grain, 1);

@@ -114,6 +114,7 @@ void Device::set_current_stream(Stream& stream) {
 }
 
 void Device::synchronize() {
+  fork_guard_.check([&] { return "npu:" + std::to_string(index_); });
   std::vector<Stream*> all;
   {
     std::lock_guard<std::mutex> lock(streams_mu_);
@@ -127,6 +128,7 @@ DeviceSet::DeviceSet(const DeviceOptions& options) : uid_(g_next_device_uid.fetc
 }
 
 Device& DeviceSet::at(int index) {
+  fork_guard_.check([&] { return "npu:" + std::to_string(index); });
   if (index < 0 || index >= count())
     throw Error(ErrorCode::kInvalidArgument,
                 "npu:" + std::to_string(index) + " does not exist: expected a device index from 0 to " +

@@ -45,7 +45,12 @@ void Stream::enqueue_marker(Task marker) {
   push(Item{std::move(marker), true});
 }
 
+std::string Stream::name() const {
+  return "npu:" + std::to_string(device_index_) + " stream " + std::to_string(stream_id_);
+}
+
 void Stream::push(Item item) {
+  fork_guard_.check([&] { return name(); });
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!worker_.joinable()) worker_ = std::thread([this] { run_worker(); });
@@ -93,6 +98,7 @@ void Stream::run_worker() {
 }
 
 void Stream::synchronize() {
+  fork_guard_.check([&] { return name(); });
   std::unique_lock<std::mutex> lock(mu_);
   idle_cv_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
   if (error_) {
@@ -103,6 +109,7 @@ void Stream::synchronize() {
 }
 
 void Stream::wait_event(const Event& event) {
+  fork_guard_.check([&] { return name(); });
   std::shared_ptr<Event::State> state = event.state_;
   uint64_t generation;
   {
@@ -130,6 +137,7 @@ void Event::complete(State& s, uint64_t generation) {
 }
 
 void Event::record(Stream& stream) {
+  state_->fork_guard.check([] { return std::string("an npu event"); });
   uint64_t generation;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
@@ -145,6 +153,7 @@ bool Event::query() const {
 }
 
 void Event::synchronize() const {
+  state_->fork_guard.check([] { return std::string("an npu event"); });
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->completed >= state_->recorded; });
 }

@@ -45,6 +45,14 @@ sim::Event& event_at(int64_t id) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "npubridge: PyTorch on the simulated NPU through acceleration-library plugins";
   m.def("_init", &npub::torch_backend::init);
+  // The npu's DLPack device type (npubridge/_dlpack.py).
+  m.attr("DLPACK_DEVICE_TYPE") = static_cast<int>(NPUB_DEVICE_NPU);
+  // Note [A forked child cannot use the npu] (device_sim/src/fork_guard.cpp):
+  // torch.npu._is_in_bad_fork() and the error torch.npu._lazy_init() raises.
+  m.def("_is_in_bad_fork", [] { return Runtime::global().devices().in_forked_child(); });
+  m.def("_check_not_in_bad_fork", [] {
+    if (Runtime::global().devices().in_forked_child()) sim::throw_forked_child("torch.npu");
+  });
   m.def("device_count", [] { return Runtime::global().devices().count(); });
   m.def("current_device", [] { return Runtime::global().devices().current_device(); });
   m.def("set_device", [](int d) { Runtime::global().devices().set_current_device(d); });

@@ -32,6 +32,10 @@ except RuntimeError as _err:  # a bad NPUB_* setting: see npu._init_error
 
 torch._register_device_module("npu", _npu)
 
+from . import _dlpack  # noqa: E402
+
+_dlpack.install()
+
 from . import _autograd  # noqa: E402
 
 if _npu._init_error is None:
@@ -48,6 +52,8 @@ def _quiesce_at_exit():
 
     if _npu._init_error is not None:
         return  # no device ever ran
+    if _npu._is_in_bad_fork():
+        return  # the device threads stayed with the parent
     try:
         _C.synchronize(-1)
     finally:

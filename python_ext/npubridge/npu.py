@@ -19,13 +19,15 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    """The simulated devices exist from import on (no lazy initialisation)."""
-    return _init_error is None
+    """The simulated devices exist from import on (no lazy initialisation);
+    in a forked child they are unusable, as torch.cuda says after a fork."""
+    return _init_error is None and not _is_in_bad_fork()
 
 
 def _lazy_init() -> None:
     if _init_error is not None:
         raise RuntimeError(f"npubridge: the npu device is disabled: {_init_error}")
+    _C._check_not_in_bad_fork()  # "Cannot re-initialize npu in forked subprocess. ..."
 
 
 def device_count() -> int:
@@ -241,4 +243,10 @@ def get_amp_supported_dtype():
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    """True in a process forked after npubridge started its devices (at
+    import): the devices and their threads stayed with the parent, and npu
+    use raises instead of hanging (Note [A forked child cannot use the npu],
+    device_sim/src/fork_guard.cpp). torch.manual_seed skips the npu there.
+    CPU work is unaffected; device_count() still reports the devices, as
+    torch.cuda.device_count() does in a bad fork."""
+    return _init_error is None and _C._is_in_bad_fork()

@@ -84,6 +84,7 @@ void run_on_dispatcher(const OpHandle& target, c10::ArrayRef<c10::IValue> args, 
 }  // namespace
 
 void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  check_not_in_bad_fork(op.schema().operator_name().name.c_str());
   const size_t n = op.schema().arguments().size();
   // The call's arguments, then (for the .out routes) its outputs.
   c10::SmallVector<c10::IValue, 8> args(stack->end() - static_cast<std::ptrdiff_t>(n), stack->end());

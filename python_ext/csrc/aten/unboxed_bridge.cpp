@@ -53,7 +53,10 @@ class UnboxedBridge {
   bool try_run(at::Tensor* result, const Args&... args) const {
     constexpr size_t kArgs = sizeof...(Args);
     const c10::DeviceIndex device = current_index();
-    if (g_precision_on.load(std::memory_order_relaxed) || !(servable(args, device) && ...)) return false;
+    // A forked child's call goes to the boxed bridge, which raises.
+    if (g_precision_on.load(std::memory_order_relaxed) || rt().devices().in_forked_child() ||
+        !(servable(args, device) && ...))
+      return false;
     const Route route = boxed_->route();
     const OpHandle target = boxed_->resolve();
     if (!target || target.op->schema().returns.size() > 4) return false;

@@ -23,8 +23,12 @@ namespace {
 // context being the pointer itself, so handing out a DataPtr allocates
 // nothing on the host (see Note [A cache hit does not touch the heap]).
 constexpr int kMaxDevices = 64;  // NPUB_SIM_DEVICES' upper bound
+// In a forked child the memory is left alone (Note [A forked child cannot use
+// the npu], device_sim/src/fork_guard.cpp): DeviceSet::at would throw, and a
+// deleter must not.
 template <int kDevice>
 void free_on_device(void* ptr) {
+  if (rt().devices().in_forked_child()) return;
   rt().devices().at(kDevice).free(ptr);
 }
 template <int... kDevices>

@@ -10,6 +10,15 @@ namespace npub::torch_backend {
 
 inline Runtime& rt() { return Runtime::global(); }
 
+// Throws the forked-child error naming `op` in a process forked after the
+// runtime started (Note [A forked child cannot use the npu],
+// device_sim/src/fork_guard.cpp). The bridges check first thing, before
+// ATen's meta kernels run: some are Python, and a child can hang in an
+// import lock that the fork left held.
+inline void check_not_in_bad_fork(const char* op) {
+  if (rt().devices().in_forked_child()) sim::throw_forked_child(op);
+}
+
 inline c10::DeviceIndex current_index() {
   return static_cast<c10::DeviceIndex>(rt().devices().current_device());
 }

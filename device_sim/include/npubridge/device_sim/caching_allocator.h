@@ -14,7 +14,13 @@
 // still queued on a stream can never see its memory handed to another
 // stream. Use record_stream-like synchronisation (Stream::synchronize) before
 // freeing memory another stream still reads.
+//
+// In a process forked after the allocator was made, allocate() throws and
+// free() leaves the block alone (Note [A forked child cannot use the npu],
+// fork_guard.cpp).
 #pragma once
+
+#include <npubridge/device_sim/fork_guard.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -54,7 +60,8 @@ class CachingAllocator {
   // Returns nullptr for 0 bytes. Throws OutOfMemoryError.
   void* allocate(size_t bytes, const void* stream);
   // Frees a pointer returned by allocate(); nullptr is ignored. Throws
-  // npub::Error for a pointer this allocator did not hand out.
+  // npub::Error for a pointer this allocator did not hand out. Does nothing
+  // in a forked child.
   void free(void* ptr);
   // Returns every fully free segment to the OS.
   void empty_cache();
@@ -119,6 +126,7 @@ class CachingAllocator {
   Block* new_block(const Block& init);
   void drop_block(Block* b);
 
+  const ForkGuard fork_guard_;
   const int device_index_;
   const uint64_t capacity_;
   mutable std::mutex mu_;

@@ -6,8 +6,12 @@
 // A parallel_for issued from inside a worker runs serially (no nested
 // parallelism, no deadlock). Workers and callers spin briefly before they
 // block (see Note [Compute threads spin before they sleep] in
-// compute_pool.cpp).
+// compute_pool.cpp). In a process forked after the pool was made, the
+// caller runs the whole loop (Note [A forked child cannot use the npu],
+// fork_guard.cpp).
 #pragma once
+
+#include <npubridge/device_sim/fork_guard.h>
 
 #include <atomic>
 #include <chrono>
@@ -53,6 +57,7 @@ class ComputePool {
   std::shared_ptr<Job> open_job();  // under mu_: a job with chunks left to claim
   void worker_loop();
 
+  const ForkGuard fork_guard_;
   const int num_threads_;
   std::mutex mu_;
   std::condition_variable cv_;

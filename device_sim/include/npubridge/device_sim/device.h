@@ -9,6 +9,7 @@
 
 #include <npubridge/device_sim/caching_allocator.h>
 #include <npubridge/device_sim/compute_pool.h>
+#include <npubridge/device_sim/fork_guard.h>
 #include <npubridge/device_sim/generator.h>
 #include <npubridge/device_sim/stream.h>
 
@@ -54,7 +55,8 @@ class Device {
   // default stream).
   Stream& current_stream();
   void set_current_stream(Stream& stream);
-  // Waits for every stream of the device.
+  // Waits for every stream of the device. Throws in a forked child (Note [A
+  // forked child cannot use the npu]).
   void synchronize();
 
   // The device's default random number generator (Note [Random numbers are
@@ -73,6 +75,7 @@ class Device {
   void free(void* ptr) { allocator_.free(ptr); }
 
  private:
+  const ForkGuard fork_guard_;
   const int index_;
   const uint64_t uid_;  // unique across devices of all runtimes (thread-local keys)
   const bool launch_blocking_;
@@ -91,8 +94,13 @@ class DeviceSet {
  public:
   explicit DeviceSet(const DeviceOptions& options);
   int count() const { return static_cast<int>(devices_.size()); }
-  // Throws npub::Error naming the index and the count when out of range.
+  // Throws npub::Error naming the index and the count when out of range,
+  // and the forked-child error in a process forked after this set was made
+  // (Note [A forked child cannot use the npu], fork_guard.cpp).
   Device& at(int index);
+  // True in a process forked after this set was made: its devices are
+  // unusable there (torch.npu._is_in_bad_fork()).
+  bool in_forked_child() const noexcept { return fork_guard_.in_forked_child(); }
   const DeviceOptions& options() const { return options_; }
 
   // The calling thread's current device index (default 0).
@@ -100,6 +108,7 @@ class DeviceSet {
   void set_current_device(int index);
 
  private:
+  const ForkGuard fork_guard_;
   const uint64_t uid_;  // unique across all sets (the thread-local current device's key)
   DeviceOptions options_;
   std::vector<std::unique_ptr<Device>> devices_;

@@ -7,7 +7,13 @@
 //
 // An error thrown by queued work is kept and rethrown by the next
 // synchronize() of that stream, as CUDA reports asynchronous errors.
+//
+// In a process forked after a stream or event was made, queueing, waiting
+// and recording on it throw instead of waiting on a worker thread the fork
+// left behind (Note [A forked child cannot use the npu], fork_guard.cpp).
 #pragma once
+
+#include <npubridge/device_sim/fork_guard.h>
 
 #include <atomic>
 #include <chrono>
@@ -18,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 
 namespace npub::sim {
@@ -55,7 +62,9 @@ class Stream {
  private:
   void run_worker();
   void run_task(Task& task) noexcept;
+  std::string name() const;  // "npu:0 stream 1", for errors
 
+  const ForkGuard fork_guard_;
   const int device_index_;
   const int stream_id_;
   const bool launch_blocking_;
@@ -91,6 +100,7 @@ class Event {
  private:
   friend class Stream;
   struct State {
+    ForkGuard fork_guard;
     std::mutex mu;
     std::condition_variable cv;
     uint64_t recorded = 0;   // generation of the last record()
