@@ -4,8 +4,11 @@
 #include "ops.h"
 #include "scalar_range.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 namespace cann_like {
 
@@ -62,8 +65,33 @@ void zero_(Call& call) {
 }
 
 // aten::clone(Tensor self, *, MemoryFormat? memory_format=None): contiguous
+// Dense (no gaps, no overlap) in some order of the dimensions.
+bool dense(const TensorRef& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size) of the dims that matter
+  for (int32_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) != 1) dims.emplace_back(t.stride(d), t.size(d));
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
+// The result is contiguous. ATen lays a clone out otherwise for
+// channels_last formats, and under `preserve` (the default) for an input
+// that is dense but not contiguous (it keeps the strides) or a 4-d/5-d one
+// (it may suggest channels_last): those are declined, and the host's clone
+// lays them out.
 void clone(Call& call) {
   TensorRef self = call.tensor(0);
+  enum : int64_t { kContiguousFormat = 0, kPreserveFormat = 1 };
+  const int64_t format = call.is_none(1) ? kPreserveFormat : call.int_arg(1);
+  const bool contiguous_result =
+      format == kContiguousFormat ||
+      (format == kPreserveFormat && (self.is_contiguous() || (!dense(self) && self.dim() < 4)));
+  if (!contiguous_result) call.fail(NPUB_ERR_UNSUPPORTED, "a clone laid out other than contiguously");
   copy_into(call, call.output(0, self.sizes(), self.dtype()), self);
 }
 

@@ -81,6 +81,44 @@ void run_on_dispatcher(const OpHandle& target, c10::ArrayRef<c10::IValue> args, 
   }
 }
 
+// Note [Results keep their inputs' memory format]
+// A kernel allocates its results contiguous (alloc_output), where ATen lays
+// the result of a channels_last input out channels_last (a convolution's,
+// say), and a model written for channels_last would lose the layout after
+// the first such op. When an argument is channels_last, the op's meta
+// kernel (cached) says ATen's layout, and a result laid out otherwise is
+// copied into it on the device. Other calls pay one flag test per tensor.
+void lay_out_as_aten(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                     torch::jit::Stack& results) {
+  bool channels_last = false;
+  for (const auto& a : args)
+    if (a.isTensor() && a.toTensor().defined() && !a.toTensor().is_contiguous() &&
+        (a.toTensor().is_contiguous(at::MemoryFormat::ChannelsLast) ||
+         a.toTensor().is_contiguous(at::MemoryFormat::ChannelsLast3d)))
+      channels_last = true;
+  if (!channels_last) return;
+  // A convolution's layout is the backend's choice, which no meta kernel
+  // knows: ATen's CPU convolution gives channels_last when the input or the
+  // weight is (Note [The overrideable convolutions]).
+  if (op.schema().operator_name().name == "aten::convolution_overrideable") {
+    at::Tensor& r = results[0].toTensor();
+    const auto format = r.dim() == 5 ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::ChannelsLast;
+    if (r.dim() >= 4 && !r.is_contiguous(format)) results[0] = r.contiguous(format);
+    return;
+  }
+  const auto specs = output_specs(op, args);
+  if (!specs || specs->size() != results.size()) return;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const OutputSpec& spec = (*specs)[i];
+    if (!results[i].isTensor() || spec.strides.empty()) continue;
+    const at::Tensor& r = results[i].toTensor();
+    if (!r.defined() || !r.sizes().equals(spec.sizes) || r.strides().equals(spec.strides)) continue;
+    at::Tensor laid_out = empty_like_spec(spec, r.device().index());
+    laid_out.copy_(r);
+    results[i] = laid_out;
+  }
+}
+
 }  // namespace
 
 void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
@@ -117,10 +155,7 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
       return;
     }
     const c10::DeviceIndex device = call_device(args);
-    for (const OutputSpec& spec : *specs)
-      outs.push_back(empty_memory_format(spec.sizes, spec.dtype, std::nullopt,
-                                         at::Device(c10::DeviceType::PrivateUse1, device), std::nullopt,
-                                         std::nullopt));
+    for (const OutputSpec& spec : *specs) outs.push_back(empty_like_spec(spec, device));
   }
   // The reference is ATen's CPU kernel of the same op (ops of a plugin's
   // own namespace have none).
@@ -141,6 +176,7 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
   if (call.fell_back) return;
   torch::jit::drop(*stack, n);
   if (route_ == Route::kDirect) {
+    lay_out_as_aten(op, c10::ArrayRef<c10::IValue>(args.data(), n), results);
     for (auto& r : results) stack->push_back(std::move(r));
   } else {
     for (const auto& o : outs) stack->push_back(o);

@@ -72,6 +72,13 @@ bool signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, s
 
 }  // namespace
 
+at::Tensor empty_like_spec(const OutputSpec& spec, c10::DeviceIndex device) {
+  const at::Device npu(c10::DeviceType::PrivateUse1, device);
+  if (spec.strides.empty())
+    return empty_memory_format(spec.sizes, spec.dtype, std::nullopt, npu, std::nullopt, std::nullopt);
+  return empty_strided(spec.sizes, spec.strides, spec.dtype, std::nullopt, npu, std::nullopt);
+}
+
 const OutputSpecs* cached_output_specs(const std::string& key) {
   auto it = tls_meta_cache.find(key);
   return it != tls_meta_cache.end() ? it->second.get() : nullptr;
@@ -95,7 +102,11 @@ std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op,
     return nullptr;
   }
   auto specs = std::make_shared<OutputSpecs>();
-  for (const auto& r : meta) specs->push_back({r.toTensor().sizes().vec(), r.toTensor().scalar_type()});
+  for (const auto& r : meta) {
+    const at::Tensor& t = r.toTensor();
+    specs->push_back(
+        {t.sizes().vec(), t.scalar_type(), t.is_contiguous() ? std::vector<int64_t>{} : t.strides().vec()});
+  }
   if (cacheable) {
     if (tls_meta_cache.size() > 4096) tls_meta_cache.clear();
     tls_meta_cache.emplace(key, specs);

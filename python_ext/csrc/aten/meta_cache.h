@@ -21,7 +21,13 @@ namespace npub::torch_backend {
 struct OutputSpec {
   std::vector<int64_t> sizes;
   at::ScalarType dtype;
+  // ATen's layout of the result (channels_last for a channels_last input,
+  // say); empty when it is contiguous.
+  std::vector<int64_t> strides;
 };
+
+// An npu tensor laid out as `spec` on npu:`device`.
+at::Tensor empty_like_spec(const OutputSpec& spec, c10::DeviceIndex device);
 using OutputSpecs = std::vector<OutputSpec>;
 
 // The bytes of a cache key: signature() (meta_cache.cpp) writes them for a
@@ -39,6 +45,12 @@ inline void tensor_key(std::string& k, const at::Tensor& t) {
   put(k, static_cast<int8_t>(t.scalar_type()));
   put(k, static_cast<int8_t>(t.dim()));
   k.append(reinterpret_cast<const char*>(t.sizes().data()), t.sizes().size() * sizeof(int64_t));
+  // The layout decides the result's (TensorIterator follows its inputs'
+  // memory format): strides join the key when they are not contiguous ones.
+  if (!t.is_contiguous()) {
+    k.push_back('s');
+    k.append(reinterpret_cast<const char*>(t.strides().data()), t.strides().size() * sizeof(int64_t));
+  }
 }
 inline void int_key(std::string& k, int64_t v) {
   k.push_back('i');

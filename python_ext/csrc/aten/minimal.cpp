@@ -36,8 +36,6 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
                                    dtype.value_or(at::get_default_dtype_as_scalartype()), mf);
 }
 
-namespace {
-
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
                          std::optional<at::Layout>, std::optional<at::Device> device, std::optional<bool>) {
   c10::DeviceGuard guard(device.value_or(at::Device(c10::DeviceType::PrivateUse1, current_index())));
@@ -45,6 +43,8 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                            dtype.value_or(at::get_default_dtype_as_scalartype()));
 }
+
+namespace {
 
 at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
                       std::optional<int64_t> offset) {

@@ -18,6 +18,9 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
                                std::optional<at::Layout>, std::optional<at::Device> device,
                                std::optional<bool>, std::optional<at::MemoryFormat> mf);
 
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
+                         std::optional<at::Layout>, std::optional<at::Device> device, std::optional<bool>);
+
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<at::MemoryFormat> mf);
 
 // Copies between npu and cpu tensors of any dtype and layout, through the

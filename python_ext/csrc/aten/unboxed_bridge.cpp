@@ -58,6 +58,10 @@ class UnboxedBridge {
         !(servable(args, device) && ...))
       return false;
     const Route route = boxed_->route();
+    // A kernel's own results are contiguous: a strided input's call goes to
+    // the boxed bridge, which lays them out as ATen would (Note [Results
+    // keep their inputs' memory format]).
+    if (route == Route::kDirect && !(contiguous(args) && ...)) return false;
     const OpHandle target = boxed_->resolve();
     if (!target || target.op->schema().returns.size() > 4) return false;
     at::Tensor out;
@@ -68,8 +72,7 @@ class UnboxedBridge {
       (add_key(key, args), ...);
       const OutputSpecs* specs = cached_output_specs(key);
       if (specs == nullptr || specs->size() != 1) return false;
-      out = empty_memory_format((*specs)[0].sizes, (*specs)[0].dtype, std::nullopt,
-                                at::Device(c10::DeviceType::PrivateUse1, device), std::nullopt, std::nullopt);
+      out = empty_like_spec((*specs)[0], device);
     }
     std::array<DLTensor, kArgs + 1> dls{};
     std::array<NpubValue, kArgs + 1> values{};
@@ -118,6 +121,8 @@ class UnboxedBridge {
            npub_dtype(t.scalar_type()) != DType::kUnknown;
   }
   static bool servable(const c10::Scalar& s, c10::DeviceIndex) { return !s.isComplex() && !s.isSymbolic(); }
+  static bool contiguous(const at::Tensor& t) { return t.is_contiguous(); }
+  static bool contiguous(const c10::Scalar&) { return true; }
   // The same bytes signature() writes for the boxed form of the argument.
   static void add_key(std::string& k, const at::Tensor& t) { tensor_key(k, t); }
   static void add_key(std::string& k, const c10::Scalar& s) {
