@@ -1,9 +1,13 @@
 /* One purpose-built bad plugin per failure mode, selected by BAD_MODE at
  * compile time (tests/CMakeLists.txt builds one library per mode). Each
- * mode's expected rejection message is asserted in tests/unit/test_loader.cpp. */
+ * mode's expected rejection message is asserted in tests/unit/test_loader.cpp;
+ * the crash and hang modes are npub-plugins --check's (tests/CMakeLists.txt). */
+#define _POSIX_C_SOURCE 200809L /* raise, pause */
 #include <npubridge/plugin_api.h>
 
+#include <signal.h>
 #include <stddef.h>
+#include <unistd.h>
 
 #define MODE_NO_ENTRY 1
 #define MODE_WRONG_MAJOR_SYMBOL 2
@@ -25,6 +29,8 @@
 #define MODE_DERIVATIVE_ARITY 18
 #define MODE_DERIVATIVE_RETURNS 19
 #define MODE_META_UNDEFINED_OP 20
+#define MODE_CRASH_IN_INIT 21
+#define MODE_HANG_IN_INIT 22
 
 #ifndef BAD_MODE
 #error "BAD_MODE must be defined"
@@ -127,6 +133,11 @@ static NpubError* initialize(const NpubHostApi* host, NpubRegistrar* reg) {
       return host->define_derivative(reg, "bd::f", "self: bd::f_backward(grads[0], self, results[1])");
     case MODE_META_UNDEFINED_OP:
       return host->register_meta(reg, "nowhere::op", any_meta);
+    case MODE_CRASH_IN_INIT:
+      raise(SIGSEGV); /* as a wild pointer would */
+      return NULL;
+    case MODE_HANG_IN_INIT:
+      for (;;) pause(); /* waits for a device that never answers */
     default:
       return NULL;
   }
