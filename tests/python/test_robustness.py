@@ -149,3 +149,56 @@ def test_devices_smaller_than_a_segment_serve_what_fits():
     """, NPUB_SIM_MEMORY="19M")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == [str(float(262145 + 3 * 1024 * 1024))]
+
+
+def test_integer_division_edge_cases_do_not_kill_the_process():
+    # INT_MIN // -1 and INT_MIN % -1 trap (SIGFPE) in a naive kernel; ATen
+    # wraps. In a child, so that a regression is a failed test, not a crash.
+    r = python("""
+        import torch, npubridge
+        for dtype, lo in ((torch.int64, -2**63), (torch.int32, -2**31), (torch.int16, -2**15), (torch.int8, -2**7)):
+            for dev in ("cpu", "npu"):
+                a = torch.tensor([lo, 7, -7], dtype=dtype, device=dev)
+                b = torch.tensor([-1, -1, 2], dtype=dtype, device=dev)
+                out = [torch.div(a, b, rounding_mode="floor"), torch.remainder(a, b), torch.fmod(a, b), a % -1]
+                print(dtype, dev, [t.cpu().tolist() for t in out])
+    """)
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}"
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 8
+    for cpu, npu in zip(lines[0::2], lines[1::2]):
+        assert cpu.replace(" cpu ", " npu ") == npu
+
+
+def test_a_truncated_plugin_file_is_rejected_and_import_torch_works(tmp_path):
+    plugins = os.path.join(os.path.dirname(npubridge._C.__file__), "..", "..", "lib", "npubridge", "plugins")
+    source = os.path.join(plugins, "libnpub_vllm_like.so")
+    if not os.path.exists(source):  # an installed wheel's layout
+        source = os.path.join(os.path.dirname(npubridge.__file__), "lib", "npubridge", "plugins", "libnpub_vllm_like.so")
+    with open(source, "rb") as f:
+        (tmp_path / "libnpub_cut.so").write_bytes(f.read(3000))
+    r = python("""
+        import torch, npubridge
+        print(float((torch.ones(3, device="npu") * 2).sum()))
+        print([f for f in npubridge.load_failures() if "libnpub_cut.so" in f])
+    """, NPUB_PLUGIN_PATH=str(tmp_path))
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}"
+    total, failures = r.stdout.strip().splitlines()
+    assert total == "6.0"
+    assert "truncated: the file has 3000 bytes but its loadable segments need" in failures
+
+
+def test_streams_keep_memory_bounded():
+    # 2,000 torch.npu.Stream() used to cost 4.3 GB (a simulated stream and
+    # its worker thread each, never freed); they come from a pool now.
+    def rss_mb():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    x = torch.ones(10, device="npu")
+    with torch.npu.stream(torch.npu.Stream()):
+        x = x + 1
+    before = rss_mb()
+    streams = [torch.npu.Stream() for _ in range(20000)]
+    assert rss_mb() - before < 64
+    assert len({s.stream_id for s in streams}) <= 4
