@@ -202,3 +202,25 @@ def test_streams_keep_memory_bounded():
     streams = [torch.npu.Stream() for _ in range(20000)]
     assert rss_mb() - before < 64
     assert len({s.stream_id for s in streams}) <= 4
+
+
+def test_every_bad_plugin_in_the_plugin_path_is_rejected_and_import_torch_works():
+    # The test plugin folder: one plugin per way of being bad (no entry
+    # point, wrong ABI, bad schemas, kernels, derivatives, an initialize that
+    # fails or throws, not a library at all, ...) beside good ones.
+    folder = os.environ["NPUB_TEST_PLUGIN_DIR"]
+    bad = sorted(f for f in os.listdir(folder)
+                 if f.startswith(("libnpub_test_bad_", "libnot_a_library", "libnpub_test_init_throws"))
+                 and f != "libnpub_test_bad_kernel_error.so")  # loads; its kernel fails when called
+    r = python("""
+        import torch, npubridge
+        assert float((torch.ones(3, device="npu") * 2).sum()) == 6.0
+        assert float(torch.ones(2).add(1).sum()) == 4.0
+        for f in npubridge.load_failures():
+            print(f)
+    """, NPUB_PLUGIN_PATH=folder)
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}"
+    failures = r.stdout.strip().splitlines()
+    for name in bad:
+        assert any(os.path.join(folder, name) in f for f in failures), f"{name} was not rejected: {failures}"
+    assert len(bad) >= 20
