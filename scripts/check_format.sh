@@ -14,7 +14,7 @@ if [ "$major" != "14" ]; then
   exit 0
 fi
 
-mapfile -t files < <(git ls-files '*.c' '*.cpp' '*.h' '*.hpp' | grep -v '^tests/abi/frozen/')
+mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.c' '*.cpp' '*.h' '*.hpp' | grep -v '^tests/abi/frozen/')
 if [ "${1:-}" = "--fix" ]; then
   clang-format -i "${files[@]}"
   exit 0

@@ -82,7 +82,8 @@ bool check(const std::string& path, int timeout_s) {
   bool timed_out = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
       timed_out = true;
       break;
@@ -101,19 +102,22 @@ bool check(const std::string& path, int timeout_s) {
   int status = 0;
   ::waitpid(pid, &status, 0);
   if (timed_out) {
-    std::printf("%s: hung: no verdict within %d s (the loader or the plugin's initialize did not return; "
-                "killed)\n",
-                path.c_str(), timeout_s);
+    std::printf(
+        "%s: hung: no verdict within %d s (the loader or the plugin's initialize did not return; "
+        "killed)\n",
+        path.c_str(), timeout_s);
     return false;
   }
   if (WIFSIGNALED(status)) {
-    std::printf("%s: crashed: the loader or the plugin's initialize died with %s; a host loading it would "
-                "die too\n",
-                path.c_str(), signal_name(WTERMSIG(status)).c_str());
+    std::printf(
+        "%s: crashed: the loader or the plugin's initialize died with %s; a host loading it would "
+        "die too\n",
+        path.c_str(), signal_name(WTERMSIG(status)).c_str());
     return false;
   }
-  if (verdict.empty()) verdict = "error: the check ended without a verdict (exit " +
-                                 std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + ")\n";
+  if (verdict.empty())
+    verdict = "error: the check ended without a verdict (exit " +
+              std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1) + ")\n";
   std::printf("%s: %s", path.c_str(), verdict.c_str());
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
