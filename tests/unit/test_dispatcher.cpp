@@ -122,6 +122,33 @@ TEST_F(DispatcherTest, ValidationErrorsNameOpArgumentExpectedAndFound) {
     args[0] = tensor_value(&big);
     EXPECT_EQ(error_of([&] { d.call("aten::add.out", args, 4, rets, 1, nullptr); }),
               "op 'aten::add.out', argument 'self' (0): element count overflows int64");
+    // Every field a host can get wrong: NULL shape, ndim out of range,
+    // NULL data with elements, vector lanes.
+    DLTensor no_shape = *a.dl();
+    no_shape.shape = nullptr;
+    args[0] = tensor_value(&no_shape);
+    EXPECT_EQ(error_of([&] { d.call("aten::add.out", args, 4, rets, 1, nullptr); }),
+              "op 'aten::add.out', argument 'self' (0): tensor has ndim > 0 but a NULL shape");
+    for (int32_t ndim : {-1, 65, 1 << 30}) {
+      DLTensor odd = *a.dl();
+      odd.ndim = ndim;
+      args[0] = tensor_value(&odd);
+      EXPECT_EQ(
+          error_of([&] { d.call("aten::add.out", args, 4, rets, 1, nullptr); }),
+          "op 'aten::add.out', argument 'self' (0): expected a tensor with 0 to 64 dimensions but found "
+          "ndim " +
+              std::to_string(ndim));
+    }
+    DLTensor no_data = *a.dl();
+    no_data.data = nullptr;
+    args[0] = tensor_value(&no_data);
+    EXPECT_EQ(error_of([&] { d.call("aten::add.out", args, 4, rets, 1, nullptr); }),
+              "op 'aten::add.out', argument 'self' (0): tensor has elements but a NULL data pointer");
+    DLTensor lanes = *a.dl();
+    lanes.dtype.lanes = 4;
+    args[0] = tensor_value(&lanes);
+    EXPECT_EQ(error_of([&] { d.call("aten::add.out", args, 4, rets, 1, nullptr); }),
+              "op 'aten::add.out', argument 'self' (0): unsupported dtype dtype(code=2, bits=32, lanes=4)");
   }
   // A kernel's own bound check surfaces with op and plugin.
   NpubValue args[] = {tensor_value(a.dl()), int_value(5)};
