@@ -37,11 +37,14 @@ void usage() {
   std::string line;
   bool ok = false;
   try {
-    npub::Runtime rt(o);
-    const npub::LoadResult r = rt.loader().load(path);
+    // Never destroyed: the verdict is about loading and initialize, so it
+    // is written before any unload or shutdown could crash or hang, and
+    // the child leaves with _exit.
+    auto* rt = new npub::Runtime(o);
+    const npub::LoadResult r = rt->loader().load(path);
     ok = r.ok;
     if (r.ok) {
-      const auto p = rt.loader().plugin(r.plugin_name);
+      const auto p = rt->loader().plugin(r.plugin_name);
       line = "ok: plugin '" + r.plugin_name + "' " + (p ? p->version : std::string("?")) + ", ABI 1." +
              std::to_string(p ? p->abi_minor : 0);
     } else {
@@ -52,6 +55,7 @@ void usage() {
   }
   line += "\n";
   if (::write(fd, line.data(), line.size()) < 0) _exit(3);
+  ::close(fd);
   _exit(ok ? 0 : 1);
 }
 
@@ -134,9 +138,8 @@ int main(int argc, char** argv) {
       checking = true;
     } else if (a == "--timeout" && i + 1 < argc) {
       timeout_s = std::atoi(argv[++i]);
-      if (timeout_s <= 0) {
-        std::fprintf(stderr, "npub-plugins: --timeout expects a positive number of seconds but found '%s'\n",
-                     argv[i]);
+      if (timeout_s <= 0 || timeout_s > 86400) {
+        std::fprintf(stderr, "npub-plugins: --timeout expects 1 to 86400 seconds but found '%s'\n", argv[i]);
         return 2;
       }
     } else if (a == "-h" || a == "--help") {

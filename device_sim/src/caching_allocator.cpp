@@ -130,7 +130,11 @@ void* CachingAllocator::allocate(size_t bytes, const void* stream) {
     // (2 MiB for small requests, 20 MiB for mid-size ones) no longer fits
     // the device, a segment of just the request's size does, so every
     // request up to the free capacity is served.
-    if (!fits(seg)) seg = size;
+    // (Rounded to 2 MiB where that fits, else to a page: segments stay
+    // page-aligned so that map_segment trims and release unmap them whole.)
+    auto round_up = [](size_t v, size_t to) { return (v + to - 1) / to * to; };
+    if (!fits(seg)) seg = round_up(size, size_t{2} << 20);
+    if (!fits(seg)) seg = round_up(size, size_t{4096});
     if (!fits(seg)) throw_oom(bytes);
     block = new_segment(seg, small, stream);
     if (block == nullptr) {
@@ -169,7 +173,8 @@ CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, size_t si
 // Segments are 2 MiB aligned and asked to be backed by huge pages (where the
 // kernel's transparent huge pages allow it, as with madvise mode): a stream of
 // large tensors then costs one TLB entry per 2 MiB instead of 512, as device
-// memory uses large pages. Segment sizes are multiples of 2 MiB.
+// memory uses large pages. Segment sizes are multiples of 2 MiB, or of a
+// page where the capacity leaves less (Note [Segments shrink to the capacity]).
 void* CachingAllocator::map_segment(size_t segment_size) {
   constexpr size_t kHuge = 2 << 20;
   const size_t span = segment_size + kHuge;

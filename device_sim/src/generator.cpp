@@ -17,6 +17,11 @@ void Generator::set_state(const State& state) {
   state_ = state;
 }
 
+void Generator::set_offset(uint64_t offset) {
+  std::lock_guard<std::mutex> lock(mu_);
+  state_.offset = offset;
+}
+
 Generator::State Generator::reserve(uint64_t count) {
   std::lock_guard<std::mutex> lock(mu_);
   const State out = state_;

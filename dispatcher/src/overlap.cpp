@@ -69,9 +69,12 @@ bool dense(const DLTensor& t) {
 // ATen's has_internal_overlap() == MemOverlap::Yes.
 bool internal_overlap(const DLTensor& t) {
   if (t.strides == nullptr) return false;
-  for (int d = 0; d < t.ndim; ++d)
-    if (t.strides[d] == 0 && t.shape[d] > 1) return true;
-  return false;
+  bool stride0 = false;
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] == 0) return false;  // no elements, nothing to overlap
+    stride0 = stride0 || (t.strides[d] == 0 && t.shape[d] > 1);
+  }
+  return stride0;
 }
 
 bool same_view(const DLTensor& a, const DLTensor& b) {
@@ -89,18 +92,78 @@ bool same_view(const DLTensor& a, const DLTensor& b) {
   return true;
 }
 
+// Whether element delta (in elements) is a difference of two index vectors
+// of one layout: sum k_i * stride_i with |k_i| <= size_i - 1. `dims` are
+// (stride, size) pairs, largest stride first; `rest[i]` bounds what the
+// dimensions after i can add. Each dimension tries the few k that leave a
+// remainder the rest can still reach (one or two for a layout whose
+// strides nest); beyond 64 candidates it answers "reachable".
+bool reachable(int64_t delta, const std::array<std::pair<int64_t, int64_t>, 64>& dims,
+               const std::array<int64_t, 65>& rest, int i, int n, int* budget) {
+  if (i == n) return delta == 0;
+  const int64_t stride = dims[static_cast<size_t>(i)].first, m = dims[static_cast<size_t>(i)].second - 1;
+  const int64_t bound = rest[static_cast<size_t>(i + 1)];
+  // k with |delta - k * stride| <= bound, within [-m, m].
+  auto floor_div = [](int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); };
+  int64_t lo = -floor_div(-(delta - bound), stride), hi = floor_div(delta + bound, stride);
+  lo = std::max(lo, -m);
+  hi = std::min(hi, m);
+  for (int64_t k = lo; k <= hi; ++k) {
+    if (--*budget < 0) return true;
+    if (reachable(delta - k * stride, dims, rest, i + 1, n, budget)) return true;
+  }
+  return false;
+}
+
+// False when two views of one layout (same element size, shape and
+// positive strides) at different offsets provably share no element:
+// x[:, 0] and x[:, 1], x[::2] and x[1::2], out=buf[:, :d] beside buf[:, d:].
+// True otherwise (they may).
+bool may_share_an_element(const DLTensor& a, const DLTensor& b) {
+  const int64_t es = element_size(dtype_of(a.dtype));
+  if (a.ndim != b.ndim || a.dtype.bits != b.dtype.bits || a.dtype.lanes != b.dtype.lanes || es <= 0)
+    return true;
+  const int64_t delta_bytes =
+      (static_cast<const char*>(b.data) + b.byte_offset) - (static_cast<const char*>(a.data) + a.byte_offset);
+  if (delta_bytes % es != 0) return true;
+  std::array<std::pair<int64_t, int64_t>, 64> dims;
+  int n = 0;
+  int64_t ca = 1, cb = 1;
+  for (int d = a.ndim - 1; d >= 0; --d) {
+    const int64_t sa = stride_of(a, d, ca), sb = stride_of(b, d, cb);
+    ca *= a.shape[d];
+    cb *= b.shape[d];
+    if (a.shape[d] != b.shape[d] || sa != sb || sa <= 0) return true;
+    if (a.shape[d] > 1) dims[static_cast<size_t>(n++)] = {sa, a.shape[d]};
+  }
+  std::sort(dims.begin(), dims.begin() + n, [](const auto& x, const auto& y) { return x.first > y.first; });
+  std::array<int64_t, 65> rest;
+  rest[static_cast<size_t>(n)] = 0;
+  for (int i = n - 1; i >= 0; --i)
+    rest[static_cast<size_t>(i)] =
+        rest[static_cast<size_t>(i + 1)] +
+        (dims[static_cast<size_t>(i)].second - 1) * dims[static_cast<size_t>(i)].first;
+  int budget = 64;
+  return reachable(delta_bytes / es, dims, rest, 0, n, &budget);
+}
+
 bool same_device(const DLTensor& a, const DLTensor& b) {
   return a.device.device_type == b.device.device_type && a.device.device_id == b.device.device_id;
 }
 
-// fill_ and zero_ write one value everywhere: an expanded self is fine.
-bool idempotent_write(const Dispatcher::CallState& cs) {
+// Ops ATen lets write an internally overlapping (expanded) self: fill_ and
+// zero_ (every write the same), and masked_fill_, index_put_ and
+// index_fill_, which ATen only warns about (deprecated) and still runs.
+bool writes_overlapping_self(const Dispatcher::CallState& cs) {
   const std::string& name = cs.op->name();
-  return name == "aten::fill_.Scalar" || name == "aten::fill_.Tensor" || name == "aten::zero_";
+  return name == "aten::fill_.Scalar" || name == "aten::fill_.Tensor" || name == "aten::zero_" ||
+         name.rfind("aten::masked_fill_", 0) == 0 || name == "aten::index_put_" ||
+         name == "aten::_index_put_impl_" || name.rfind("aten::index_fill_", 0) == 0;
 }
 
 [[noreturn]] void refuse(const Dispatcher::CallState& cs, const Extent& w, const char* what) {
-  throw Error(ErrorCode::kInvalidArgument, "op '" + cs.op->name() + "', argument '" + w.arg->name +
+  const std::string name = w.arg->name.empty() ? "return" : w.arg->name;  // returns have no name
+  throw Error(ErrorCode::kInvalidArgument, "op '" + cs.op->name() + "', argument '" + name +
                                                "': unsupported operation: " + what +
                                                " Please clone() the tensor before performing the operation.");
 }
@@ -136,7 +199,7 @@ Overlap classify_overlap(const Dispatcher::CallState& cs) {
     ++n;
     if (!written) return;
     any_written = true;
-    if (internal_overlap(*t) && !idempotent_write(cs)) {
+    if (internal_overlap(*t) && !writes_overlapping_self(cs)) {
       Extent w{};
       w.arg = &a;
       refuse(cs, w, "more than one element of the written-to tensor refers to a single memory location.");
@@ -159,7 +222,8 @@ Overlap classify_overlap(const Dispatcher::CallState& cs) {
     for (size_t j = 0; j < n; ++j) {
       const Extent& r = e[j];
       if (j == i || r.empty || !same_device(*w.t, *r.t)) continue;
-      if (!(w.lo < r.hi && r.lo < w.hi)) continue;  // disjoint memory
+      if (!(w.lo < r.hi && r.lo < w.hi)) continue;                                // disjoint memory
+      if (!same_view(*w.t, *r.t) && !may_share_an_element(*w.t, *r.t)) continue;  // interleaved
       if (r.written) {
         if (j > i) verdict = Overlap::kUnsafe;  // two written tensors share memory
         continue;

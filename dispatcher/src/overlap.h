@@ -14,15 +14,21 @@ namespace npub {
 // TensorIterator does (at::has_internal_overlap, at::get_overlap_status):
 // - a written tensor with internal overlap (a stride-0 dimension of size
 //   > 1, such as an expanded tensor) is refused with ATen's message, except
-//   for fill_ and zero_, whose every write is the same;
+//   for fill_ and zero_ (every write the same) and masked_fill_,
+//   index_put_ and index_fill_ (ATen only warns);
 // - a written and a read tensor that are both dense and overlap without
 //   being the same view (a.add_(a.t())) are refused with ATen's message;
 // - the very same view written and read (x.add_(x), add(x, y, out=x)) runs
 //   on kernels that declare NPUB_KERNEL_ALIAS_SAFE (elementwise kernels
 //   are); no other kernel is eligible, so the call falls back;
-// - any other overlap (strided views whose memory ranges interleave, two
-//   written tensors sharing memory) is one ATen does not judge either: no
-//   kernel is eligible and the host framework's implementation serves it.
+// - views whose memory ranges interleave but which provably share no
+//   element (one layout at offsets no index difference reaches: x[:, 0]
+//   and x[:, 1], x[::2] and x[1::2]) do not overlap;
+// - any other overlap (strided views that may share elements, two written
+//   tensors sharing memory) is one ATen does not judge either: no kernel is
+//   eligible and the host framework's implementation serves it.
+// With a full overlap the precision check is skipped (its reference would
+// read what the kernel wrote).
 // Tensors without elements and tensors on different devices never overlap.
 // Classifies the call (after validate(); not for meta calls). Throws
 // npub::Error(kInvalidArgument) naming the op and the argument for the

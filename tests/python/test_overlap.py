@@ -50,6 +50,11 @@ CASES = {
     # strided views whose memory interleaves: the elements do not overlap
     "even += odd": lambda d: (lambda x: (x[::2].add_(x[1::2]), x)[1])(line(d)),
     "column 0 += column 1": lambda d: (lambda a: (a[:, 0].add_(a[:, 1]), a)[1])(square(d)),
+    "column 0 = column 1": lambda d: (lambda a: (a[:, 0].copy_(a[:, 1]), a)[1])(square(d)),
+    "add out= left half from right half": lambda d: (lambda b: (torch.add(b[:, 2:], 1, out=b[:, :2]), b)[1])(torch.arange(16.0, device=d).view(4, 4)),
+    # ATen warns (deprecated) and writes an expanded self for these
+    "masked_fill_ on an expanded tensor": lambda d: (lambda z: (z.expand(2, 3).masked_fill_(torch.tensor([[True, False, True]] * 2, device=d), 1.0), z)[1])(torch.zeros(1, 3, device=d)),
+    "add_ on an empty expanded tensor": lambda d: torch.empty_strided((3, 0), (0, 1), device=d).add_(1),
 }
 
 
@@ -77,6 +82,20 @@ def test_where_aten_itself_goes_wrong_npu_computes_as_if_the_input_were_cloned()
     x = torch.arange(6.0, device="npu").view(3, 2)
     torch.index_select(x, 0, torch.tensor([2, 0, 1], device="npu"), out=x)
     assert torch.equal(x.cpu(), torch.arange(6.0).view(3, 2)[[2, 0, 1]])
+
+
+def test_interleaved_views_stay_on_the_device():
+    # Strided views whose memory ranges interleave but share no element:
+    # the kernel serves them (no fallback), as ATen's TensorIterator does.
+    npubridge.reset_stats()
+    x = torch.arange(16.0, device="npu").view(4, 4)
+    x[:, 0] = x[:, 1]
+    x[..., ::2].mul_(x[..., 1::2])
+    expected = torch.arange(16.0).view(4, 4)
+    expected[:, 0] = expected[:, 1]
+    expected[..., ::2].mul_(expected[..., 1::2])
+    assert torch.equal(x.cpu(), expected)
+    assert all(s["fallbacks"] == 0 for s in npubridge.stats().values()), npubridge.stats()
 
 
 def test_a_refused_call_leaves_its_tensors_alone():

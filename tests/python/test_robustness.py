@@ -43,6 +43,10 @@ CASES = {
     "fill_ one float16 with 1e40 is inf": lambda d: torch.zeros(1, dtype=torch.float16, device=d).fill_(1e40),
     "add int8 with alpha 300": lambda d: torch.add(torch.zeros(2, dtype=torch.int8, device=d), torch.ones(2, dtype=torch.int8, device=d), alpha=300),
     "add float16 with alpha 1e40": lambda d: torch.add(torch.zeros(2, dtype=torch.float16, device=d), torch.ones(2, dtype=torch.float16, device=d), alpha=1e40),
+    "sub int8 with alpha 128 (-128 fits)": lambda d: torch.sub(torch.zeros(2, dtype=torch.int8, device=d), torch.ones(2, dtype=torch.int8, device=d), alpha=128),
+    "sub int8 with alpha -128": lambda d: torch.sub(torch.zeros(2, dtype=torch.int8, device=d), torch.ones(2, dtype=torch.int8, device=d), alpha=-128),
+    "add float32 same shape with alpha 1e39": lambda d: torch.add(torch.zeros(4, device=d), torch.ones(4, device=d), alpha=1e39),
+    "add bfloat16 same shape with alpha 1e39": lambda d: torch.add(torch.zeros(4, dtype=torch.bfloat16, device=d), torch.ones(4, dtype=torch.bfloat16, device=d), alpha=1e39),
     "add int32 with a float alpha": lambda d: torch.add(t([1, 2], d), t([1, 2], d), alpha=0.5),
     # NaN
     "clamp min=nan": lambda d: torch.arange(4.0, device=d).clamp(min=NAN),

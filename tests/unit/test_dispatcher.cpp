@@ -504,12 +504,20 @@ TEST_F(DispatcherTest, WrittenTensorsThatShareMemoryWithInputs) {
   expect_values(x, {4, 8, 12});
   EXPECT_EQ(host.served, std::vector<std::string>{"testsel::twice"});
   // Interleaved strided views (their memory ranges overlap, their elements
-  // do not): a case ATen does not judge; no kernel, the fallback serves it.
+  // do not): no overlap; the kernel serves them.
   Tensor y = f32({4}, {1, 2, 3, 4});
   Tensor even = y.as_strided({2}, {2}, 0), odd = y.as_strided({2}, {2}, 1);
+  const size_t served = host.served.size();
   call("aten::add.out",
        {tensor_value(even.dl()), tensor_value(odd.dl()), int_value(1), tensor_value(even.dl())});
   expect_values(y, {3, 2, 7, 4});
+  EXPECT_EQ(host.served.size(), served);
+  // Strided views that do share elements (x[0:3:2] and x[2:5:2]) and are
+  // not dense: a case ATen does not judge; no kernel, the fallback serves it.
+  Tensor z = f32({5}, {1, 2, 3, 4, 5});
+  Tensor first = z.as_strided({2}, {2}, 0), second = z.as_strided({2}, {2}, 2);
+  call("aten::add.out",
+       {tensor_value(second.dl()), tensor_value(second.dl()), int_value(1), tensor_value(first.dl())});
   EXPECT_EQ(host.served.back(), "aten::add.out");
   // Under NPUB_FALLBACK=error the refusal says why no kernel served it.
   rt->dispatcher().set_fallback_mode(FallbackMode::kError);

@@ -111,14 +111,23 @@ T scalar_as(const Call& call, int32_t i) {
   return static_cast<T>(v.u.i);
 }
 
-void check_alpha(Call& call, DT common, int32_t alpha_index) {
+// The scalar ATen range-checks for alpha: sub passes -alpha to add's kernel.
+NpubValue checked_alpha(const NpubValue& v, bool negate) {
+  NpubValue n = v;
+  if (!negate) return n;
+  if (n.tag == NPUB_VALUE_DOUBLE) n.u.d = -n.u.d;
+  if (n.tag == NPUB_VALUE_INT && n.u.i != INT64_MIN) n.u.i = -n.u.i;
+  return n;
+}
+
+void check_alpha(Call& call, DT common, int32_t alpha_index, bool negate = false) {
   const NpubValue& v = call.arg(alpha_index);
   if (is_integral(common, true) && v.tag == NPUB_VALUE_DOUBLE)
     call.fail(NPUB_ERR_INVALID_ARGUMENT,
               "for integral input tensors, argument alpha must not be a floating point number");
   if (common == DT::b8 && v.tag == NPUB_VALUE_INT && v.u.i != 0 && v.u.i != 1)
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "boolean alpha only supported for Boolean results");
-  check_scalar_fits(call, v, common);
+  check_scalar_fits(call, checked_alpha(v, negate), common);
 }
 
 // aten::add.out / aten::sub.out (self, other, *, alpha, out); alpha == 1
@@ -129,6 +138,7 @@ void add_sub_fast(Call& call) {
   const bool unit_alpha =
       (alpha.tag == NPUB_VALUE_INT && alpha.u.i == 1) || (alpha.tag == NPUB_VALUE_DOUBLE && alpha.u.d == 1.0);
   if (same_shape_f32(call, 0, 1, 3)) {  // the same loops as below, without the iterator
+    if (!unit_alpha) check_scalar_fits(call, checked_alpha(alpha, kSub), DT::f32);
     if (unit_alpha && !kSub) {
       run_same_shape_f32(call, 0, 1, 3, [](float a, float b) { return a + b; });
     } else if (unit_alpha && kSub) {
@@ -142,6 +152,8 @@ void add_sub_fast(Call& call) {
   if (alpha.tag == NPUB_VALUE_DOUBLE || alpha.tag == NPUB_VALUE_INT) {
     const float al = kSub ? -scalar_as<float>(call, 2) : scalar_as<float>(call, 2);
     const HalfBinaryOp op = unit_alpha && !kSub ? HalfBinaryOp::kAdd : HalfBinaryOp::kAddScaled;
+    if (dt_of(call.tensor(0).dtype()) == DT::bf16 && !unit_alpha)
+      check_scalar_fits(call, checked_alpha(alpha, kSub), DT::bf16);
     if (try_same_shape_bf16(call, 0, 1, 3, op, al)) return;
   }
   // ATen's sub_check, before the operands' shapes as in ATen.
@@ -160,7 +172,7 @@ void add_sub_fast(Call& call) {
           "mask, use the `~` or `logical_not()` operator instead.");
   }
   Binary x = binary_args(call, 0, 1, 3);
-  check_alpha(call, x.common, 2);
+  check_alpha(call, x.common, 2, kSub);
   check_castable(call, x.common, x.out);
   if (x.common == DT::b8) {
     const bool a = scalar_as<bool>(call, 2);

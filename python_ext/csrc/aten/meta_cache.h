@@ -48,7 +48,7 @@ inline void tensor_key(std::string& k, const at::Tensor& t) {
   // The layout decides the result's (TensorIterator follows its inputs'
   // memory format): strides join the key when they are not contiguous ones.
   if (!t.is_contiguous()) {
-    k.push_back('s');
+    k.push_back('~');  // a tag no other argument kind uses
     k.append(reinterpret_cast<const char*>(t.strides().data()), t.strides().size() * sizeof(int64_t));
   }
 }

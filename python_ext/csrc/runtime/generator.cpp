@@ -29,7 +29,7 @@ NpuGeneratorImpl::NpuGeneratorImpl(c10::DeviceIndex index, sim::Generator& devic
 
 void NpuGeneratorImpl::set_current_seed(uint64_t seed) { philox_->manual_seed(seed); }
 
-void NpuGeneratorImpl::set_offset(uint64_t offset) { philox_->set_state({philox_->state().seed, offset}); }
+void NpuGeneratorImpl::set_offset(uint64_t offset) { philox_->set_offset(offset); }
 
 uint64_t NpuGeneratorImpl::get_offset() const { return philox_->state().offset; }
 

@@ -32,6 +32,8 @@ class Generator {
   void manual_seed(uint64_t seed);
   State state() const;
   void set_state(const State& state);
+  // Moves the stream to counter `offset`, keeping the seed.
+  void set_offset(uint64_t offset);
   // Reserves `count` counters: the seed and the first of them.
   State reserve(uint64_t count);
 
