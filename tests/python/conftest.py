@@ -19,3 +19,13 @@ def assert_matches(got, fn, *inputs):
     wide = fn(*[t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs])
     msg = npubridge._C.judge(got.detach().cpu(), host.detach(), wide.detach())
     assert not msg, msg
+
+
+def run_case(case, device):
+    """A differential case's outcome on `device`: ("ok", the result on the
+    CPU) or (the exception's class, the first line of its message)."""
+    try:
+        out = case(device)
+        return "ok", out.cpu() if isinstance(out, torch.Tensor) else out
+    except Exception as e:  # noqa: BLE001  (the class is compared)
+        return type(e), str(e).splitlines()[0]

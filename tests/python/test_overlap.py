@@ -5,14 +5,9 @@ import pytest
 import torch
 
 import npubridge  # noqa: F401  (registers the npu device)
+from conftest import run_case as run
 
 
-def run(case, device):
-    try:
-        out = case(device)
-        return "ok", out.cpu() if isinstance(out, torch.Tensor) else out
-    except Exception as e:  # noqa: BLE001  (the class is compared)
-        return type(e), str(e).splitlines()[0]
 
 
 def square(d):
