@@ -8,8 +8,6 @@ import npubridge  # noqa: F401  (registers the npu device)
 from conftest import run_case as run
 
 
-
-
 def square(d):
     return torch.arange(9.0, device=d).view(3, 3)
 

@@ -14,8 +14,6 @@ import npubridge  # noqa: F401  (registers the npu device)
 from conftest import run_case as run
 
 
-
-
 def t(values, device, dtype=None):
     return torch.tensor(values, device=device, dtype=dtype)
 
