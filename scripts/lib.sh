@@ -88,8 +88,12 @@ npub_asan_ctest() {
   if (cd "$dir" && ctest "$@" 2>&1 | tee "$log"; exit "${PIPESTATUS[0]}"); then
     return 0
   fi
-  if grep -q "LeakSanitizer has encountered a fatal error" "$log" &&
-     ! grep -qE "ERROR: (AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer)|runtime error:|\[  FAILED  \]|Failure$" "$log"; then
+  # A finding: a sanitizer report, a GoogleTest assertion ("file.cpp:42: Failure"; a
+  # test's name may end in "Failure", so the line number is part of the pattern) or a
+  # failed test, or pytest's failed/errored test or summary.
+  local finding='ERROR: (AddressSanitizer|LeakSanitizer|UndefinedBehaviorSanitizer)|runtime error:'
+  finding+='|:[0-9]+: Failure$|\[  FAILED  \]|^(FAILED|ERROR) [^ ]+::|=+ .*[0-9]+ (failed|errors?)\b'
+  if grep -q "LeakSanitizer has encountered a fatal error" "$log" && ! grep -qE "$finding" "$log"; then
     npub_log "LeakSanitizer's tracer crashed (no sanitizer finding, no failed test); re-running the failed tests once"
     (cd "$dir" && ctest --rerun-failed --output-on-failure --timeout 600)
     return
