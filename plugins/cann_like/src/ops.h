@@ -19,5 +19,6 @@ void register_sort(npub::sdk::Registrar& r);
 void register_conv(npub::sdk::Registrar& r);
 void register_pooling(npub::sdk::Registrar& r);
 void register_random(npub::sdk::Registrar& r);
+void register_rnn(npub::sdk::Registrar& r);
 
 }  // namespace cann_like

@@ -19,6 +19,7 @@ void init(npub::sdk::Registrar& r) {
   cann_like::register_conv(r);
   cann_like::register_pooling(r);
   cann_like::register_random(r);
+  cann_like::register_rnn(r);
 }
 }  // namespace
 

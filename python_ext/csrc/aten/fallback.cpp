@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "aten/boxing.h"
+#include "aten/rnn_cells.h"
 #include "runtime/generator.h"
 #include "runtime/npu_runtime.h"
 
@@ -65,14 +66,19 @@ void swap_in_cpu_generators(const c10::OperatorHandle& op, torch::jit::Stack* st
   }
 }
 
-// Note [The overrideable convolutions]
-// ATen sends every convolution on a backend without a native one to
-// convolution_overrideable (and its backward to
-// convolution_backward_overrideable), which the CPU does not implement:
-// plugins serve them, and what a plugin declines (3-d, transposed, integer
-// convolutions) runs on the CPU as aten::convolution, the op they stand
-// for. The backward's schema lacks convolution_backward's bias_sizes, which
-// only shapes grad_bias: the output channels, grad_output's dim 1.
+// Note [Ops the CPU lacks]
+// ATen sends some calls on accelerator tensors to ops the CPU does not
+// implement; what no plugin serves (or a plugin declines) still runs on the
+// CPU, as ATen's CPU computes the same thing:
+// - Note [The overrideable convolutions]: every convolution on a backend
+//   without a native one goes to convolution_overrideable (its backward to
+//   convolution_backward_overrideable); they run as aten::convolution, the
+//   op they stand for. The backward's schema lacks convolution_backward's
+//   bias_sizes, which only shapes grad_bias: the output channels,
+//   grad_output's dim 1.
+// - The fused LSTM/GRU cells (and backwards) that RNN.cpp calls for
+//   accelerators run composed of CPU ops, as ATen's CPU cells compute
+//   (rnn_cells.h).
 const c10::OperatorHandle& cpu_op_for(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string& name = op.schema().operator_name().name;
   if (name == "aten::convolution_overrideable") {
@@ -105,7 +111,10 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       npu = v.toTensor().device();
   }
   swap_in_cpu_generators(op, stack, npu ? npu->index() : current_index());
-  at::native::cpu_fallback(cpu_op_for(op, stack), stack);
+  if (is_fused_rnn_cell(op.schema().operator_name()))
+    run_fused_rnn_cell_on_cpu(op, stack);
+  else
+    at::native::cpu_fallback(cpu_op_for(op, stack), stack);
   if (!npu) return;
   const size_t nret = op.schema().returns().size();
   for (size_t i = stack->size() - nret; i < stack->size(); ++i) {
@@ -126,7 +135,8 @@ void torch_fallback(const reg::OpEntry&, const NpubValue*, int32_t, NpubValue*, 
   const c10::OperatorHandle& op = *tls_call->op;
   TORCH_CHECK(op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
                   op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-                  op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd),
+                  op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
+                  is_fused_rnn_cell(op.schema().operator_name()),
               "npubridge: op '", full_name(op.schema().operator_name()),
               "' cannot run on the npu: ", Dispatcher::fallback_reason(),
               "; and PyTorch has no CPU implementation of it to fall back to");
