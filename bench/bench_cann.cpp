@@ -274,6 +274,79 @@ int main(int argc, char** argv) {
         },
         2 * flops, "GFLOP/s", 1.1, 3);
   }
+  {
+    // A transposed convolution (the upsampling of a decoder: stride 2) and
+    // a 3-d one, forward and backward, against ATen's on the CPU.
+    struct Case {
+      const char* name;
+      std::vector<int64_t> x, w, stride, padding, output_padding;
+      bool transposed;
+      double flops;  // forward multiply-adds * 2
+    };
+    const Case cases[] = {
+        {"conv_transpose2d [8,64,28,28] 4x4 s2",
+         {8, 64, 28, 28},
+         {64, 32, 4, 4},
+         {2, 2},
+         {1, 1},
+         {0, 0},
+         true,
+         2.0 * 8 * 64 * 32 * 16 * 28 * 28},
+        {"conv3d [2,16,16,32,32] 3x3x3",
+         {2, 16, 16, 32, 32},
+         {32, 16, 3, 3, 3},
+         {1, 1, 1},
+         {1, 1, 1},
+         {0, 0, 0},
+         false,
+         2.0 * 2 * 32 * 16 * 27 * 16 * 32 * 32},
+    };
+    for (const Case& c : cases) {
+      at::Tensor x = at::randn(c.x), w = at::randn(c.w) * 0.05;
+      const std::vector<int64_t> one(c.stride.size(), 1), mask{1, 1, 0};
+      at::Tensor y = at::convolution(x, w, {}, c.stride, c.padding, one, c.transposed, c.output_padding, 1);
+      at::Tensor gy = at::randn(y.sizes());
+      Tensor nx = to_npu(x, dev), nw = to_npu(w, dev), ngy = to_npu(gy, dev);
+      NpubValue fargs[] = {tensor_value(nx.dl()),
+                           tensor_value(nw.dl()),
+                           none_value(),
+                           int_list_value(c.stride),
+                           int_list_value(c.padding),
+                           int_list_value(one),
+                           bool_value(c.transposed),
+                           int_list_value(c.output_padding),
+                           int_value(1)};
+      measure(
+          std::string(c.name) + " forward",
+          [&] {
+            TensorOutputs outs(rt.devices());
+            d.call(d.op("aten::convolution_overrideable"), fargs, 9, rets, 1, &outs);
+          },
+          [&] { at::convolution(x, w, {}, c.stride, c.padding, one, c.transposed, c.output_padding, 1); },
+          c.flops, "GFLOP/s", 1.1, 3);
+      NpubValue bargs[] = {tensor_value(ngy.dl()),
+                           tensor_value(nx.dl()),
+                           tensor_value(nw.dl()),
+                           int_list_value(c.stride),
+                           int_list_value(c.padding),
+                           int_list_value(one),
+                           bool_value(c.transposed),
+                           int_list_value(c.output_padding),
+                           int_value(1),
+                           int_list_value(mask)};
+      measure(
+          std::string(c.name) + " backward",
+          [&] {
+            TensorOutputs outs(rt.devices());
+            d.call(d.op("aten::convolution_backward_overrideable"), bargs, 10, rets, 3, &outs);
+          },
+          [&] {
+            at::convolution_backward(gy, x, w, std::nullopt, c.stride, c.padding, one, c.transposed,
+                                     c.output_padding, 1, {true, true, false});
+          },
+          2 * c.flops, "GFLOP/s", 1.1, 3);
+    }
+  }
   if (d.find("cann_like::conv2d_bias_relu")) {
     at::Tensor x = at::randn({8, 64, 56, 56}), w = at::randn({64, 64, 3, 3}) * 0.05, b = at::randn({64});
     Tensor nx = to_npu(x, dev), nw = to_npu(w, dev), nb = to_npu(b, dev);

@@ -72,7 +72,7 @@ CASES = {
     "nll_loss": lambda d: F.nll_loss(torch.zeros(2, 3, device=d), t([0, 5], d)),
     "gather": lambda d: torch.gather(torch.arange(4.0, device=d), 0, t([5], d)),
     "scatter_": lambda d: torch.zeros(4, device=d).scatter_(0, t([5], d), 1.0),
-    # convolutions no plugin kernel serves fall back to ATen's
+    # convolutions: cann_like serves float32 of every rank, regular and transposed; int64 falls back to ATen's
     "conv3d": lambda d: F.conv3d(torch.arange(27.0, device=d).view(1, 1, 3, 3, 3), torch.ones(1, 1, 2, 2, 2, device=d)),
     "conv_transpose2d": lambda d: F.conv_transpose2d(torch.arange(9.0, device=d).view(1, 1, 3, 3), torch.ones(1, 1, 2, 2, device=d), stride=2),
     "conv2d int64": lambda d: F.conv2d(torch.ones(1, 1, 3, 3, dtype=torch.int64, device=d), torch.ones(1, 1, 2, 2, dtype=torch.int64, device=d)),

@@ -1048,6 +1048,12 @@ struct ConvCase {
   std::vector<int64_t> stride, padding, dilation;
   int64_t groups;
   bool bias;
+  bool transposed = false;
+  std::vector<int64_t> output_padding = {};  // zeros of the spatial rank when empty
+  std::vector<int64_t> out_pad() const {
+    return output_padding.empty() ? std::vector<int64_t>(x.size() - 2, 0) : output_padding;
+  }
+  int64_t out_channels() const { return transposed ? w[1] * groups : w[0]; }
 };
 std::vector<ConvCase> conv_cases() {
   return {{"3x3 pad 1", {2, 3, 8, 8}, {4, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, true},
@@ -1056,17 +1062,47 @@ std::vector<ConvCase> conv_cases() {
           {"groups 2, 1x1", {2, 4, 5, 5}, {6, 2, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 2, true},
           {"depthwise", {1, 4, 6, 6}, {4, 1, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 4, true},
           {"rectangular kernel", {1, 3, 7, 9}, {2, 3, 2, 4}, {1, 2}, {1, 0}, {1, 1}, 1, true},
-          {"larger", {4, 16, 28, 28}, {32, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, true}};
+          {"larger", {4, 16, 28, 28}, {32, 16, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1, true},
+          {"3-d", {2, 3, 5, 6, 4}, {4, 3, 3, 2, 3}, {1, 2, 1}, {1, 0, 1}, {1, 1, 1}, 1, true},
+          {"3-d groups 2, dilation 2",
+           {1, 4, 7, 6, 6},
+           {6, 2, 2, 3, 2},
+           {1, 1, 2},
+           {0, 1, 0},
+           {2, 1, 1},
+           2,
+           false},
+          {"transposed stride 2", {2, 4, 5, 6}, {4, 3, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1, true, true, {1, 1}},
+          {"transposed groups 2, dilation 2",
+           {2, 4, 5, 6},
+           {4, 3, 3, 2},
+           {2, 1},
+           {0, 1},
+           {2, 2},
+           2,
+           false,
+           true,
+           {1, 0}},
+          {"transposed 3-d",
+           {1, 2, 3, 4, 3},
+           {2, 3, 3, 3, 3},
+           {2, 2, 2},
+           {1, 1, 1},
+           {1, 1, 1},
+           1,
+           true,
+           true,
+           {1, 0, 1}}};
 }
 
 SampleFn conv_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
     for (const ConvCase& c : conv_cases())
-      out.push_back(
-          {c.name,
-           {make(c.x, dt), make(c.w, dt), c.bias ? IValue(make({c.w[0]}, dt)) : IValue(), IValue(c.stride),
-            IValue(c.padding), IValue(c.dilation), false, IValue(std::vector<int64_t>{0, 0}), c.groups}});
+      out.push_back({c.name,
+                     {make(c.x, dt), make(c.w, dt), c.bias ? IValue(make({c.out_channels()}, dt)) : IValue(),
+                      IValue(c.stride), IValue(c.padding), IValue(c.dilation), c.transposed,
+                      IValue(c.out_pad()), c.groups}});
     out.push_back(
         {"channel mismatch (error)",
          {make({1, 3, 5, 5}, dt), make({2, 4, 3, 3}, dt), IValue(), IValue(std::vector<int64_t>{1, 1}),
@@ -1084,11 +1120,12 @@ SampleFn conv_backward_spec() {
       // float32 summation order stays within tolerance.
       if (c.name == "larger") c.x = {2, 16, 14, 14};
       at::Tensor x = make(c.x, dt), w = make(c.w, dt);
-      at::Tensor y = at::convolution(x, w, {}, c.stride, c.padding, c.dilation, false, {0, 0}, c.groups);
+      at::Tensor y =
+          at::convolution(x, w, {}, c.stride, c.padding, c.dilation, c.transposed, c.out_pad(), c.groups);
       out.push_back(
           {c.name,
-           {make(y.sizes().vec(), dt), x, w, IValue(c.stride), IValue(c.padding), IValue(c.dilation), false,
-            IValue(std::vector<int64_t>{0, 0}), c.groups, IValue(c10::List<bool>({true, true, c.bias}))}});
+           {make(y.sizes().vec(), dt), x, w, IValue(c.stride), IValue(c.padding), IValue(c.dilation),
+            c.transposed, IValue(c.out_pad()), c.groups, IValue(c10::List<bool>({true, true, c.bias}))}});
     }
     return out;
   };
@@ -1098,9 +1135,10 @@ SampleFn conv2d_bias_relu_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
     for (const ConvCase& c : conv_cases())
-      out.push_back({c.name,
-                     {make(c.x, dt), make(c.w, dt), make({c.w[0]}, dt), IValue(c.stride), IValue(c.padding),
-                      IValue(c.dilation), c.groups}});
+      if (c.x.size() == 4 && !c.transposed)
+        out.push_back({c.name,
+                       {make(c.x, dt), make(c.w, dt), make({c.w[0]}, dt), IValue(c.stride), IValue(c.padding),
+                        IValue(c.dilation), c.groups}});
     return out;
   };
 }
@@ -1179,6 +1217,89 @@ SampleFn avg_pool_backward_spec() {
     add("3x3 pad 1 exclude pad", {1, 2, 9, 9}, {3, 3}, {2, 2}, {1, 1}, false, false, IValue());
     add("ceil_mode", {1, 2, 7, 7}, {2, 2}, {2, 2}, {1, 1}, true, true, IValue());
     add("divisor_override 3", {1, 2, 6, 6}, {2, 2}, {2, 2}, {0, 0}, false, true, IValue(int64_t{3}));
+    return out;
+  };
+}
+
+// ---------------------------------------------------------------------------
+// the fused RNN cells
+// ---------------------------------------------------------------------------
+
+struct CellCase {
+  std::string name;
+  int64_t n, h;
+  bool bias;
+};
+std::vector<CellCase> cell_cases() {
+  return {{"with biases", 3, 4, true}, {"no biases", 2, 5, false}, {"larger", 64, 96, true}};
+}
+
+// LSTM gates [n, 4h] activated as the cell does: i, f, o sigmoid, g tanh.
+at::Tensor lstm_workspace(const at::Tensor& gates) {
+  auto c = gates.chunk(4, 1);
+  return at::cat({c[0].sigmoid(), c[1].sigmoid(), c[2].tanh(), c[3].sigmoid()}, 1);
+}
+
+SampleFn lstm_cell_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    if (!is_float(dt)) return out;
+    for (const CellCase& c : cell_cases())
+      out.push_back({c.name,
+                     {make({c.n, 4 * c.h}, dt), make({c.n, 4 * c.h}, dt), make({c.n, c.h}, dt),
+                      c.bias ? IValue(make({4 * c.h}, dt)) : IValue(),
+                      c.bias ? IValue(make({4 * c.h}, dt)) : IValue()}});
+    out.push_back({"gates of another hidden size (error)",
+                   {make({2, 12}, dt), make({2, 8}, dt), make({2, 3}, dt), IValue(), IValue()}});
+    return out;
+  };
+}
+
+SampleFn lstm_cell_backward_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    if (!is_float(dt)) return out;
+    for (const CellCase& c : cell_cases()) {
+      at::Tensor gates = make({c.n, 4 * c.h}, dt), cx = make({c.n, c.h}, dt);
+      at::Tensor ws = lstm_workspace(gates);
+      auto a = ws.chunk(4, 1);
+      at::Tensor cy = a[1] * cx + a[0] * a[2];
+      out.push_back({c.name, {make({c.n, c.h}, dt), make({c.n, c.h}, dt), cx, cy, ws, c.bias}});
+    }
+    at::Tensor gates = make({3, 8}, dt), cx = make({3, 2}, dt);
+    at::Tensor ws = lstm_workspace(gates);
+    auto a = ws.chunk(4, 1);
+    out.push_back({"no grad_hy", {IValue(), make({3, 2}, dt), cx, a[1] * cx + a[0] * a[2], ws, true}});
+    out.push_back({"no grad_cy", {make({3, 2}, dt), IValue(), cx, a[1] * cx + a[0] * a[2], ws, false}});
+    return out;
+  };
+}
+
+SampleFn gru_cell_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    if (!is_float(dt)) return out;
+    for (const CellCase& c : cell_cases())
+      out.push_back({c.name,
+                     {make({c.n, 3 * c.h}, dt), make({c.n, 3 * c.h}, dt), make({c.n, c.h}, dt),
+                      c.bias ? IValue(make({3 * c.h}, dt)) : IValue(),
+                      c.bias ? IValue(make({3 * c.h}, dt)) : IValue()}});
+    out.push_back(
+        {"a 1-d hx (error)", {make({2, 9}, dt), make({2, 9}, dt), make({3}, dt), IValue(), IValue()}});
+    return out;
+  };
+}
+
+SampleFn gru_cell_backward_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    if (!is_float(dt)) return out;
+    for (const CellCase& c : cell_cases()) {
+      // [r, z, n, hx, hidden n-gate]: gates in their ranges, any hx and n-gate.
+      at::Tensor rz = make({c.n, 2 * c.h}, dt).sigmoid(), n = make({c.n, c.h}, dt).tanh();
+      at::Tensor ws = at::cat({rz, n, make({c.n, c.h}, dt), make({c.n, c.h}, dt)}, 1);
+      out.push_back({c.name, {make({c.n, c.h}, dt), ws, c.bias}});
+    }
     return out;
   };
 }
@@ -1332,6 +1453,10 @@ const std::map<std::string, SampleFn>& sample_specs() {
     m["aten::addmm.out"] = addmm_spec();
     m["aten::baddbmm.out"] = baddbmm_spec();
     // NN and indexing
+    m["aten::_thnn_fused_lstm_cell"] = lstm_cell_spec();
+    m["aten::_thnn_fused_lstm_cell_backward_impl"] = lstm_cell_backward_spec();
+    m["aten::_thnn_fused_gru_cell"] = gru_cell_spec();
+    m["aten::_thnn_fused_gru_cell_backward"] = gru_cell_backward_spec();
     m["aten::native_layer_norm"] = layer_norm_spec();
     m["aten::native_layer_norm_backward"] = layer_norm_backward_spec();
     m["aten::embedding"] = embedding_spec();
@@ -1468,13 +1593,80 @@ const std::map<std::string, ReferenceFn>& reference_library() {
        [](const std::vector<IValue>& a) {
          auto mask_list = a[9].toBoolList();
          std::array<bool, 3> mask{mask_list[0], mask_list[1], mask_list[2]};
-         const int64_t oc = a[2].toTensor().size(0);
+         // grad_bias has the output's channels: grad_output's dim 1.
+         const int64_t oc = a[0].toTensor().size(1);
          auto r = at::convolution_backward(
              a[0].toTensor(), a[1].toTensor(), a[2].toTensor(), std::vector<int64_t>{oc}, a[3].toIntVector(),
              a[4].toIntVector(), a[5].toIntVector(), a[6].toBool(), a[7].toIntVector(), a[8].toInt(), mask);
          std::vector<at::Tensor> out;
          for (const at::Tensor& t : {std::get<0>(r), std::get<1>(r), std::get<2>(r)})
            if (t.defined()) out.push_back(t);
+         return out;
+       }},
+      // ATen's CPU backend has no fused RNN cells (CUDA has them): the
+      // reference is ATen's CPU LSTM cell on the summed gates (an identity
+      // input weight, no hidden state), and for the backward ATen's own
+      // derivative of the cell, _thnn_differentiable_lstm_cell_backward, on
+      // gates recovered from the workspace (Note [The fused RNN cells'
+      // workspace] in plugins/cann_like/src/rnn.cpp).
+      {"aten::_thnn_fused_lstm_cell",
+       [](const std::vector<IValue>& a) {
+         at::Tensor ig = a[0].toTensor(), hg = a[1].toTensor(), cx = a[2].toTensor();
+         at::Tensor ib = a[3].isNone() ? at::Tensor() : a[3].toTensor();
+         at::Tensor hb = a[4].isNone() ? at::Tensor() : a[4].toTensor();
+         if (cx.dim() != 2 || !ig.sizes().equals({cx.size(0), 4 * cx.size(1)}) ||
+             !hg.sizes().equals(ig.sizes()))
+           throw std::invalid_argument("gates must be [batch, 4 * hidden]");
+         const int64_t gates = ig.size(1);
+         at::Tensor eye = at::eye(gates, ig.options());
+         auto [hy, cy] = at::lstm_cell(at::cat({ig, hg}, 1), {at::zeros_like(cx), cx}, at::cat({eye, eye}, 1),
+                                       at::zeros({gates, cx.size(1)}, ig.options()), ib, hb);
+         at::Tensor sum = ig + hg;
+         if (ib.defined()) sum = sum + ib + hb;
+         return std::vector<at::Tensor>{hy, cy, lstm_workspace(sum)};
+       }},
+      {"aten::_thnn_fused_lstm_cell_backward_impl",
+       [](const std::vector<IValue>& a) {
+         at::Tensor cx = a[2].toTensor(), cy = a[3].toTensor(), ws = a[4].toTensor();
+         auto w = ws.chunk(4, 1);
+         at::Tensor pre = at::cat({at::logit(w[0]), at::logit(w[1]), at::atanh(w[2]), at::logit(w[3])}, 1);
+         auto opt = [](const IValue& v) { return v.isNone() ? std::optional<at::Tensor>() : v.toTensor(); };
+         auto r = at::_thnn_differentiable_lstm_cell_backward(opt(a[0]), opt(a[1]), pre, at::zeros_like(pre),
+                                                              {}, {}, cx, cy);
+         std::vector<at::Tensor> out{std::get<0>(r), std::get<2>(r)};
+         if (a[5].toBool()) out.push_back(std::get<0>(r).sum(0));
+         return out;
+       }},
+      // GRU: ATen's CPU cell computes r = sigmoid(ir + hr), z = sigmoid(iz + hz),
+      // n = tanh(in + r * hn), hy = (hx - n) * z + n; the backward is ATen's
+      // _thnn_differentiable_gru_cell_backward on gates recovered from the
+      // workspace [r, z, n, hx, hn].
+      {"aten::_thnn_fused_gru_cell",
+       [](const std::vector<IValue>& a) {
+         at::Tensor ig = a[0].toTensor(), hg = a[1].toTensor(), hx = a[2].toTensor();
+         if (hx.dim() != 2 || !ig.sizes().equals({hx.size(0), 3 * hx.size(1)}) ||
+             !hg.sizes().equals(ig.sizes()))
+           throw std::invalid_argument("gates must be [batch, 3 * hidden]");
+         if (!a[3].isNone()) ig = ig + a[3].toTensor();
+         if (!a[4].isNone()) hg = hg + a[4].toTensor();
+         auto i = ig.chunk(3, 1), h = hg.chunk(3, 1);
+         at::Tensor r = (i[0] + h[0]).sigmoid(), z = (i[1] + h[1]).sigmoid();
+         at::Tensor n = (i[2] + r * h[2]).tanh();
+         return std::vector<at::Tensor>{(hx - n) * z + n, at::cat({r, z, n, hx, h[2]}, 1)};
+       }},
+      {"aten::_thnn_fused_gru_cell_backward",
+       [](const std::vector<IValue>& a) {
+         at::Tensor ghy = a[0].toTensor();
+         auto w = a[1].toTensor().chunk(5, 1);
+         at::Tensor zeros = at::zeros_like(w[0]);
+         at::Tensor ig = at::cat({at::logit(w[0]), at::logit(w[1]), at::atanh(w[2]) - w[0] * w[4]}, 1);
+         at::Tensor hg = at::cat({zeros, zeros, w[4]}, 1);
+         auto r = at::_thnn_differentiable_gru_cell_backward(ghy, ig, hg, w[3], {}, {});
+         std::vector<at::Tensor> out{std::get<0>(r), std::get<1>(r), std::get<2>(r)};
+         if (a[2].toBool()) {
+           out.push_back(std::get<0>(r).sum(0));
+           out.push_back(std::get<1>(r).sum(0));
+         }
          return out;
        }},
       {"cann_like::conv2d_bias_relu",
