@@ -346,6 +346,11 @@ SampleFn softmax_spec() {
       out.push_back({"shape " + std::to_string(shape.size()) + "-d dim " + std::to_string(dim),
                      {make(shape, dt), dim, false, empty_out(dt)}});
     out.push_back({"transposed", {make_t(6, 5, dt), int64_t{1}, false, empty_out(dt)}});
+    if (dt == at::kFloat) {
+      // Probabilities below the smallest normal float: ATen gives the subnormals.
+      at::Tensor wide = at::tensor({0.0, -80.0, -88.0, -92.5, -100.0, -103.9, -104.5, -200.0}).to(dt);
+      out.push_back({"subnormal results", {wide.repeat({3, 2}), int64_t{1}, false, empty_out(dt)}});
+    }
     // No half_to_float sample: ATen's CPU kernels refuse it ("not supported on
     // CPU"), so there is no reference to judge the npu's result by.
     return out;
@@ -1196,6 +1201,7 @@ SampleFn avg_pool_spec() {
     add("3x3 pad 1 exclude pad", {1, 2, 9, 9}, {3, 3}, {2, 2}, {1, 1}, false, false, IValue());
     add("ceil_mode", {1, 2, 7, 7}, {2, 2}, {2, 2}, {1, 1}, true, true, IValue());
     add("divisor_override 3", {1, 2, 6, 6}, {2, 2}, {}, {0, 0}, false, true, IValue(int64_t{3}));
+    add("divisor_override -2", {1, 1, 4, 4}, {2, 2}, {}, {0, 0}, false, true, IValue(int64_t{-2}));
     add("3-d input", {3, 6, 6}, {3, 3}, {3, 3}, {0, 0}, false, true, IValue());
     return out;
   };
@@ -1217,6 +1223,7 @@ SampleFn avg_pool_backward_spec() {
     add("3x3 pad 1 exclude pad", {1, 2, 9, 9}, {3, 3}, {2, 2}, {1, 1}, false, false, IValue());
     add("ceil_mode", {1, 2, 7, 7}, {2, 2}, {2, 2}, {1, 1}, true, true, IValue());
     add("divisor_override 3", {1, 2, 6, 6}, {2, 2}, {2, 2}, {0, 0}, false, true, IValue(int64_t{3}));
+    add("divisor_override -2", {1, 1, 4, 4}, {2, 2}, {2, 2}, {0, 0}, false, true, IValue(int64_t{-2}));
     return out;
   };
 }

@@ -342,11 +342,14 @@ inline void visit_compute(DT dt, F&& f) {
 
 // exp(x) for float32, within ~2 ulp, written so that loops over it
 // vectorise (std::exp does not): Cody-Waite range reduction and a Cephes
-// polynomial. NaN propagates; overflow gives inf, underflow 0.
+// polynomial. NaN propagates; overflow (x > 88.7228) gives inf; results below the
+// smallest normal float are the subnormals ATen's exp gives (the power of
+// two is applied in two steps, the second rounding once), and 0 below
+// half the smallest subnormal.
 // (Branch-free selects, and -fno-trapping-math in CMakeLists.txt, let GCC
 // vectorise loops that call it.)
 inline float fast_exp(float x) {
-  float xc = x < -87.33654f ? -87.33654f : x;
+  float xc = x < -103.972084f ? -103.972084f : x;
   xc = xc > 88.72283f ? 88.72283f : xc;
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
   const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
@@ -357,12 +360,16 @@ inline float fast_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const uint32_t bits = (static_cast<uint32_t>(static_cast<int32_t>(n)) + 127u) << 23;
+  // 2^n as 2^(n + 64) * 2^-64 where 2^n is below the normal floats, and as
+  // 2^(n - 1) * 2 where it is above them (exp(88.5) is finite).
+  const bool subnormal = n < -126.0f, top = n > 127.0f;
+  const int32_t e = static_cast<int32_t>(n) + (subnormal ? 64 : 0) - (top ? 1 : 0);
+  const uint32_t bits = (static_cast<uint32_t>(e) + 127u) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);
-  float res = p * scale;
+  float res = (p * scale) * (subnormal ? 5.42101086e-20f : top ? 2.0f : 1.0f);  // 2^-64
   res = x > 88.72283f ? INFINITY : res;
-  res = x < -87.33654f ? 0.0f : res;
+  res = x < -103.972084f ? 0.0f : res;
   res = x != x ? x : res;  // NaN propagates
   return res;
 }

@@ -139,7 +139,9 @@ AvgWindow avg_window(const Pool2d& p, int64_t oy, int64_t ox, bool count_include
   x0 = std::max<int64_t>(x0, 0);
   y1 = std::min(y1, p.h);
   x1 = std::min(x1, p.w);
-  int64_t div = divisor_override > 0 ? divisor_override
+  // 0 stands for None (ATen refuses a zero divisor); a negative one divides
+  // as given.
+  int64_t div = divisor_override != 0 ? divisor_override
                 : count_include_pad  ? pool_size
                                      : (y1 - y0) * (x1 - x0);
   return {y0, y1, x0, x1, div};
@@ -180,6 +182,7 @@ void avg_pool2d_backward(Call& call) {
       pool_geometry(call, x, call.int_list(2), call.int_list(3), call.int_list(4), {}, call.bool_arg(5));
   const bool include_pad = call.bool_arg(6);
   const int64_t div_override = call.is_none(7) ? 0 : call.int_arg(7);
+  if (!call.is_none(7) && div_override == 0) call.fail(NPUB_ERR_INVALID_ARGUMENT, "divisor must be not zero");
   check_out(call, go, pooled_shape(x, p), "grad_output");
   check_out(call, gi, x.sizes(), "grad_input");
   const DT d = dt_of(x.dtype());
