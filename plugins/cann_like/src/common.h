@@ -362,7 +362,8 @@ inline float fast_exp(float x) {
   p = p * r * r + r + 1.0f;
   // 2^n as 2^(n + 64) * 2^-64 where 2^n is below the normal floats, and as
   // 2^(n - 1) * 2 where it is above them (exp(88.5) is finite).
-  const bool subnormal = n < -126.0f, top = n > 127.0f;
+  const bool subnormal = (n < -126.0f);
+  const bool top = (n > 127.0f);
   const int32_t e = static_cast<int32_t>(n) + (subnormal ? 64 : 0) - (top ? 1 : 0);
   const uint32_t bits = (static_cast<uint32_t>(e) + 127u) << 23;
   float scale;

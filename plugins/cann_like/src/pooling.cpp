@@ -142,8 +142,8 @@ AvgWindow avg_window(const Pool2d& p, int64_t oy, int64_t ox, bool count_include
   // 0 stands for None (ATen refuses a zero divisor); a negative one divides
   // as given.
   int64_t div = divisor_override != 0 ? divisor_override
-                : count_include_pad  ? pool_size
-                                     : (y1 - y0) * (x1 - x0);
+                : count_include_pad   ? pool_size
+                                      : (y1 - y0) * (x1 - x0);
   return {y0, y1, x0, x1, div};
 }
 
