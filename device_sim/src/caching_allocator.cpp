@@ -313,7 +313,8 @@ void CachingAllocator::reset_peak_stats() {
 void CachingAllocator::set_memory_fraction(double fraction) {
   if (!(fraction >= 0.0 && fraction <= 1.0)) {  // NaN fails both
     char buf[160];
-    std::snprintf(buf, sizeof buf, "npu:%d caching allocator: expected a memory fraction in [0, 1] but found %g",
+    std::snprintf(buf, sizeof buf,
+                  "npu:%d caching allocator: expected a memory fraction in [0, 1] but found %g",
                   device_index_, fraction);
     throw Error(ErrorCode::kInvalidArgument, buf);
   }
@@ -383,14 +384,13 @@ void CachingAllocator::throw_oom(size_t requested) {
     limited = " (this process may use " + format_bytes(limit_) + " of it: set_per_process_memory_fraction(" +
               buf + "))";
   }
-  throw OutOfMemoryError("npu:" + std::to_string(device_index_) + " out of memory: tried to allocate " +
-                         format_bytes(requested) + "; the device has a capacity of " +
-                         format_bytes(capacity_) + limited + ", of which " +
-                         format_bytes(static_cast<uint64_t>(stats_.allocated_bytes)) + " is allocated and " +
-                         format_bytes(static_cast<uint64_t>(stats_.reserved_bytes)) +
-                         " is reserved by the caching allocator (" + format_bytes(cached) +
-                         " cached and free). Free tensors, call empty_cache(), or raise " +
-                         (limit_ < capacity_ ? "the memory fraction." : "NPUB_SIM_MEMORY."));
+  throw OutOfMemoryError(
+      "npu:" + std::to_string(device_index_) + " out of memory: tried to allocate " +
+      format_bytes(requested) + "; the device has a capacity of " + format_bytes(capacity_) + limited +
+      ", of which " + format_bytes(static_cast<uint64_t>(stats_.allocated_bytes)) + " is allocated and " +
+      format_bytes(static_cast<uint64_t>(stats_.reserved_bytes)) + " is reserved by the caching allocator (" +
+      format_bytes(cached) + " cached and free). Free tensors, call empty_cache(), or raise " +
+      (limit_ < capacity_ ? "the memory fraction." : "NPUB_SIM_MEMORY."));
 }
 
 }  // namespace npub::sim

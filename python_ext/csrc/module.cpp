@@ -147,7 +147,8 @@ PYBIND11_MODULE(_C, m) {
       throw py::value_error(e.what());
     }
   });
-  m.def("memory_fraction", [](int d) { return Runtime::global().devices().at(d).allocator().memory_fraction(); });
+  m.def("memory_fraction",
+        [](int d) { return Runtime::global().devices().at(d).allocator().memory_fraction(); });
   // torch.npu.memory_snapshot(): the caching allocator's segments and
   // blocks, with torch.cuda.memory_snapshot()'s keys.
   m.def("memory_snapshot", [](int d) {

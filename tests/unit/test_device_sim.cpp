@@ -167,7 +167,7 @@ TEST(CachingAllocator, TheMemoryFractionLimitsReservedMemoryAndTheMessageNamesIt
 TEST(CachingAllocator, SnapshotListsSegmentsAndTheirBlocksInAddressOrder) {
   CachingAllocator a(0, 1ull << 30);
   const void* s = nullptr;
-  void* p = a.allocate(1000, s);  // a 2 MiB small segment, split
+  void* p = a.allocate(1000, s);        // a 2 MiB small segment, split
   void* q = a.allocate(3ull << 20, s);  // a 20 MiB large segment
   const std::vector<SegmentSnapshot> segs = a.snapshot();
   ASSERT_EQ(segs.size(), 2u);

@@ -116,8 +116,8 @@ void refuse_quantized_arguments(const c10::OperatorHandle& op, const torch::jit:
     c10::TypePtr t = sargs[i].real_type();
     if (auto optional = t->cast<c10::OptionalType>()) t = optional->getElementType();
     if (t->kind() == c10::TypeKind::ScalarTypeType && v.isInt() && c10::isQIntType(v.toScalarType()))
-      refuse_quantized(op, "was called with argument '" + sargs[i].name() + "' = " +
-                               c10::toString(v.toScalarType()));
+      refuse_quantized(
+          op, "was called with argument '" + sargs[i].name() + "' = " + c10::toString(v.toScalarType()));
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_quantized())
       refuse_quantized(op, "was called with argument '" + sargs[i].name() + "' a quantized tensor (" +
                                c10::toString(v.toTensor().scalar_type()) + ")");
@@ -144,7 +144,8 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   for (size_t i = stack->size() - nret; i < stack->size(); ++i) {
     c10::IValue& v = (*stack)[i];
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_quantized())
-      refuse_quantized(op, std::string("returns a quantized tensor (") + c10::toString(v.toTensor().scalar_type()) + ")");
+      refuse_quantized(
+          op, std::string("returns a quantized tensor (") + c10::toString(v.toTensor().scalar_type()) + ")");
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_cpu()) v = v.toTensor().to(*npu);
   }
 }
