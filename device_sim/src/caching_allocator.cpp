@@ -3,8 +3,10 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 namespace npub::sim {
@@ -24,7 +26,7 @@ std::string format_bytes(uint64_t bytes) {
 }
 
 CachingAllocator::CachingAllocator(int device_index, uint64_t capacity_bytes)
-    : device_index_(device_index), capacity_(capacity_bytes) {}
+    : device_index_(device_index), capacity_(capacity_bytes), limit_(capacity_bytes) {}
 
 CachingAllocator::~CachingAllocator() {
   // Live blocks at destruction are the host's leak; their memory goes back to
@@ -111,20 +113,18 @@ size_t CachingAllocator::segment_size_for(size_t rounded) {
 void* CachingAllocator::allocate(size_t bytes, const void* stream) {
   fork_guard_.check([&] { return "npu:" + std::to_string(device_index_) + "'s caching allocator"; });
   if (bytes == 0) return nullptr;
-  if (bytes > capacity_) {
-    std::lock_guard<std::mutex> lock(mu_);
-    throw_oom(bytes);
-  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (bytes > limit_) throw_oom(bytes);
   const size_t size = round_size(bytes);
   const bool small = size <= kSmallRequest;
-  std::lock_guard<std::mutex> lock(mu_);
   Pool& pool = small ? small_pool_ : large_pool_;
   Block* block = find_free_block(pool, size, stream);
   if (block != nullptr) {
     ++stats_.num_cache_hits;
   } else {
     size_t seg = segment_size_for(size);
-    auto fits = [&](size_t s) { return static_cast<uint64_t>(stats_.reserved_bytes) + s <= capacity_; };
+    // Note [The memory fraction limits reserved memory].
+    auto fits = [&](size_t s) { return static_cast<uint64_t>(stats_.reserved_bytes) + s <= limit_; };
     if (!fits(seg)) release_cached_segments();
     // Note [Segments shrink to the capacity]: where the preferred segment
     // (2 MiB for small requests, 20 MiB for mid-size ones) no longer fits
@@ -310,6 +310,60 @@ void CachingAllocator::reset_peak_stats() {
   stats_.peak_reserved_bytes = stats_.reserved_bytes;
 }
 
+void CachingAllocator::set_memory_fraction(double fraction) {
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {  // NaN fails both
+    char buf[160];
+    std::snprintf(buf, sizeof buf,
+                  "npu:%d caching allocator: expected a memory fraction in [0, 1] but found %g",
+                  device_index_, fraction);
+    throw Error(ErrorCode::kInvalidArgument, buf);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  fraction_ = fraction;
+  limit_ = fraction >= 1.0 ? capacity_ : static_cast<uint64_t>(fraction * static_cast<double>(capacity_));
+}
+
+double CachingAllocator::memory_fraction() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return fraction_;
+}
+
+uint64_t CachingAllocator::limit() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return limit_;
+}
+
+std::vector<SegmentSnapshot> CachingAllocator::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Every block is live or in a pool; a segment's first block has no prev.
+  std::vector<const Block*> heads;
+  for (const Pool* pool : {&small_pool_, &large_pool_})
+    for (const Block* b : *pool)
+      if (b->prev == nullptr) heads.push_back(b);
+  for (const auto& entry : live_)
+    if (entry.second->prev == nullptr) heads.push_back(entry.second);
+  std::vector<SegmentSnapshot> out;
+  out.reserve(heads.size());
+  for (const Block* head : heads) {
+    SegmentSnapshot seg;
+    seg.address = reinterpret_cast<uintptr_t>(head->segment->base);
+    seg.size = head->segment->size;
+    seg.stream = head->stream;
+    seg.small = head->small;
+    for (const Block* b = head; b != nullptr; b = b->next) {
+      seg.blocks.push_back({reinterpret_cast<uintptr_t>(b->ptr), b->size, b->requested, b->allocated});
+      if (b->allocated) {
+        seg.allocated += b->size;
+        seg.requested += b->requested;
+      }
+    }
+    out.push_back(std::move(seg));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const SegmentSnapshot& a, const SegmentSnapshot& b) { return a.address < b.address; });
+  return out;
+}
+
 bool CachingAllocator::contains(const void* ptr, size_t bytes) const {
   std::lock_guard<std::mutex> lock(mu_);
   const char* p = static_cast<const char*>(ptr);
@@ -322,13 +376,21 @@ bool CachingAllocator::contains(const void* ptr, size_t bytes) const {
 void CachingAllocator::throw_oom(size_t requested) {
   ++stats_.num_ooms;
   const uint64_t cached = static_cast<uint64_t>(stats_.reserved_bytes - stats_.allocated_bytes);
-  throw OutOfMemoryError("npu:" + std::to_string(device_index_) + " out of memory: tried to allocate " +
-                         format_bytes(requested) + "; the device has a capacity of " +
-                         format_bytes(capacity_) + ", of which " +
-                         format_bytes(static_cast<uint64_t>(stats_.allocated_bytes)) + " is allocated and " +
-                         format_bytes(static_cast<uint64_t>(stats_.reserved_bytes)) +
-                         " is reserved by the caching allocator (" + format_bytes(cached) +
-                         " cached and free). Free tensors, call empty_cache(), or raise NPUB_SIM_MEMORY.");
+  // Note [The memory fraction limits reserved memory].
+  std::string limited;
+  if (limit_ < capacity_) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%g", fraction_);
+    limited = " (this process may use " + format_bytes(limit_) + " of it: set_per_process_memory_fraction(" +
+              buf + "))";
+  }
+  throw OutOfMemoryError(
+      "npu:" + std::to_string(device_index_) + " out of memory: tried to allocate " +
+      format_bytes(requested) + "; the device has a capacity of " + format_bytes(capacity_) + limited +
+      ", of which " + format_bytes(static_cast<uint64_t>(stats_.allocated_bytes)) + " is allocated and " +
+      format_bytes(static_cast<uint64_t>(stats_.reserved_bytes)) + " is reserved by the caching allocator (" +
+      format_bytes(cached) + " cached and free). Free tensors, call empty_cache(), or raise " +
+      (limit_ < capacity_ ? "the memory fraction." : "NPUB_SIM_MEMORY."));
 }
 
 }  // namespace npub::sim

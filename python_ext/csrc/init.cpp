@@ -1,6 +1,7 @@
 // The backend's start-up (see init.h).
 #include "init.h"
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/Allocator.h>
 
 #include "aten/fallback.h"
@@ -8,6 +9,7 @@
 #include "aten/register_plugin_ops.h"
 #include "runtime/allocator.h"
 #include "runtime/hooks.h"
+#include "runtime/host_allocator.h"
 #include "runtime/npu_runtime.h"
 
 #include <mutex>
@@ -25,6 +27,7 @@ void init() {
     static NpuHooks hooks;
     at::RegisterPrivateUse1HooksInterface(&hooks);
     c10::SetAllocator(c10::DeviceType::PrivateUse1, npu_allocator());
+    at::setHostAllocator(c10::DeviceType::PrivateUse1, npu_host_allocator());
     rt().dispatcher().set_fallback(&torch_fallback);
     register_plugin_ops();
     route_mapped_ops();

@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include <npubridge/dispatcher/runtime.h>
+#include <npubridge/plugin_api.h>
 #include <npubridge/registry/schema.h>
 #include <npubridge/support/error.h>
 #include <npubridge/torch/error_bound.h>
@@ -122,6 +123,61 @@ PYBIND11_MODULE(_C, m) {
     r["num_frees"] = s.num_frees;
     r["num_ooms"] = s.num_ooms;
     return r;
+  });
+  // torch.npu.get_device_properties: the simulated device's name, its
+  // capacity (NPUB_SIM_MEMORY), its compute threads (NPUB_SIM_THREADS, as a
+  // GPU's multiprocessors) and, as its "compute capability", the plugin ABI
+  // version it runs kernels of (what a kernel may rely on, as sm_80 for CUDA).
+  m.def("device_properties", [](int d) {
+    auto& dev = Runtime::global().devices().at(d);
+    py::dict r;
+    r["name"] = "npubridge simulated NPU";
+    r["total_memory"] = dev.allocator().capacity();
+    r["multi_processor_count"] = dev.compute().num_threads();
+    r["major"] = NPUB_ABI_MAJOR;
+    r["minor"] = NPUB_ABI_MINOR;
+    return r;
+  });
+  // Note [The memory fraction limits reserved memory]
+  // (device_sim/include/npubridge/device_sim/caching_allocator.h).
+  m.def("set_memory_fraction", [](int d, double fraction) {
+    try {
+      Runtime::global().devices().at(d).allocator().set_memory_fraction(fraction);
+    } catch (const Error& e) {
+      throw py::value_error(e.what());
+    }
+  });
+  m.def("memory_fraction",
+        [](int d) { return Runtime::global().devices().at(d).allocator().memory_fraction(); });
+  // torch.npu.memory_snapshot(): the caching allocator's segments and
+  // blocks, with torch.cuda.memory_snapshot()'s keys.
+  m.def("memory_snapshot", [](int d) {
+    py::list out;
+    for (const sim::SegmentSnapshot& seg : Runtime::global().devices().at(d).allocator().snapshot()) {
+      py::dict r;
+      r["device"] = d;
+      r["address"] = seg.address;
+      r["total_size"] = seg.size;
+      r["allocated_size"] = seg.allocated;
+      r["active_size"] = seg.allocated;
+      r["requested_size"] = seg.requested;
+      // The allocator keys blocks by the stream they were allocated on (a
+      // sim::Stream of this device, which lives as long as the device).
+      r["stream"] = seg.stream != nullptr ? static_cast<const sim::Stream*>(seg.stream)->id() : 0;
+      r["segment_type"] = seg.small ? "small" : "large";
+      py::list blocks;
+      for (const sim::BlockSnapshot& b : seg.blocks) {
+        py::dict block;
+        block["address"] = b.address;
+        block["size"] = b.size;
+        block["requested_size"] = b.requested;
+        block["state"] = b.allocated ? "active_allocated" : "inactive";
+        blocks.append(block);
+      }
+      r["blocks"] = blocks;
+      out.append(r);
+    }
+    return out;
   });
   m.def("empty_cache", [] {
     auto& ds = Runtime::global().devices();

@@ -36,6 +36,10 @@ from . import _dlpack  # noqa: E402
 
 _dlpack.install()
 
+from . import _ipc  # noqa: E402
+
+_ipc.install()
+
 from . import _autograd  # noqa: E402
 
 if _npu._init_error is None:

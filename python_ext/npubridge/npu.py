@@ -4,6 +4,11 @@ import contextlib
 import torch
 
 from . import _C
+from ._memory import (  # noqa: F401  (torch.npu.<name>, as torch.cuda's memory functions)
+    empty_cache, max_memory_allocated, max_memory_reserved, mem_get_info, memory_allocated, memory_reserved,
+    memory_snapshot, memory_stats, memory_summary, get_per_process_memory_fraction, reset_peak_memory_stats,
+    set_per_process_memory_fraction,
+)
 
 
 # The error that disabled the device at import (a bad NPUB_* setting), or
@@ -30,6 +35,13 @@ def _lazy_init() -> None:
     _C._check_not_in_bad_fork()  # "Cannot re-initialize npu in forked subprocess. ..."
 
 
+def init() -> None:
+    """As torch.cuda.init(): makes sure the device is usable, raising what
+    the first npu use would (a disabled device, a forked child). The
+    devices start at import, so there is nothing more to do."""
+    _lazy_init()
+
+
 def device_count() -> int:
     return 0 if _init_error is not None else _C.device_count()
 
@@ -45,6 +57,54 @@ def _index(device) -> int:
         return device
     device = torch.device(device)
     return device.index if device.index is not None else current_device()
+
+
+def _checked_index(device, function: str) -> int:
+    """`device` as an npu index, refusing another device type or an index
+    out of range with the function's name, what was expected and what was
+    found (torch.cuda says "Invalid device id" for the latter)."""
+    if isinstance(device, (str, torch.device)) and torch.device(device).type != "npu":
+        raise ValueError(f"{function}: expected an npu device but found {torch.device(device)}")
+    index = _index(device)
+    if not 0 <= index < device_count():
+        raise ValueError(f"{function}: expected a device index in [0, {device_count()}) but found {index}")
+    return index
+
+
+class _NpuDeviceProperties:
+    """What torch.npu.get_device_properties returns; the fields of
+    torch.cuda's _CudaDeviceProperties that describe the simulated device."""
+
+    __slots__ = ("name", "major", "minor", "total_memory", "multi_processor_count")
+
+    def __init__(self, props: dict):
+        for key in self.__slots__:
+            setattr(self, key, props[key])
+
+    def __repr__(self):
+        return (f"_NpuDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // (1024 * 1024)}MB, "
+                f"multi_processor_count={self.multi_processor_count})")
+
+
+def get_device_properties(device=None) -> _NpuDeviceProperties:
+    """The simulated device's name, total_memory (its capacity,
+    NPUB_SIM_MEMORY), multi_processor_count (its compute threads,
+    NPUB_SIM_THREADS) and major.minor: the plugin ABI version its kernels
+    are built against, which is what a kernel may rely on (as a CUDA
+    device's compute capability)."""
+    _lazy_init()
+    return _NpuDeviceProperties(_C.device_properties(_checked_index(device, "get_device_properties")))
+
+
+def get_device_capability(device=None) -> tuple:
+    """(major, minor) of get_device_properties, as torch.cuda's."""
+    props = get_device_properties(device)
+    return props.major, props.minor
+
+
+def get_device_name(device=None) -> str:
+    return get_device_properties(device).name
 
 
 def set_device(device) -> None:
@@ -116,7 +176,28 @@ def __getattr__(name):
 
 
 def initial_seed() -> int:
+    """The current device's seed (what manual_seed or seed set last)."""
+    _lazy_init()
     return _C.get_rng_state(current_device())[0]
+
+
+def seed() -> None:
+    """Seeds the current device with a non-deterministic random number, as
+    torch.cuda.seed()."""
+    _lazy_init()
+    _C.default_generator(current_device()).seed()
+
+
+def seed_all() -> None:
+    """One non-deterministic random seed for every device, as
+    torch.cuda.seed_all(): the first device draws it, the others take it."""
+    _lazy_init()
+    if device_count() == 0:
+        return
+    first = _C.default_generator(0)
+    first.seed()
+    for i in range(1, device_count()):
+        _C.manual_seed(i, first.initial_seed())
 
 
 class Event:
@@ -212,30 +293,6 @@ def stream(stream: Stream):
         yield
     finally:
         set_stream(previous)
-
-
-def memory_stats(device=None) -> dict:
-    return _C.memory_stats(_index(device))
-
-
-def memory_allocated(device=None) -> int:
-    return memory_stats(device)["allocated_bytes"]
-
-
-def max_memory_allocated(device=None) -> int:
-    return memory_stats(device)["peak_allocated_bytes"]
-
-
-def memory_reserved(device=None) -> int:
-    return memory_stats(device)["reserved_bytes"]
-
-
-def reset_peak_memory_stats(device=None) -> None:
-    _C.reset_peak_memory_stats(_index(device))
-
-
-def empty_cache() -> None:
-    _C.empty_cache()
 
 
 def get_amp_supported_dtype():

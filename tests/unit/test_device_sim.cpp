@@ -134,6 +134,75 @@ TEST(CachingAllocator, OutOfMemoryStatesRequestCapacityAllocatedAndReserved) {
 }
 
 // Note [Segments shrink to the capacity]: a device smaller than the
+
+// Note [The memory fraction limits reserved memory].
+TEST(CachingAllocator, TheMemoryFractionLimitsReservedMemoryAndTheMessageNamesIt) {
+  CachingAllocator a(0, 64ull << 20);
+  const void* s = nullptr;
+  a.set_memory_fraction(0.25);
+  EXPECT_EQ(a.limit(), 16ull << 20);
+  EXPECT_EQ(a.memory_fraction(), 0.25);
+  void* p = a.allocate(12ull << 20, s);
+  std::string msg;
+  try {
+    a.allocate(6ull << 20, s);
+  } catch (const OutOfMemoryError& e) {
+    msg = e.what();
+  }
+  EXPECT_EQ(msg,
+            "npu:0 out of memory: tried to allocate 6.00 MiB; the device has a capacity of 64.00 MiB (this "
+            "process may use 16.00 MiB of it: set_per_process_memory_fraction(0.25)), of which 12.00 MiB is "
+            "allocated and 12.00 MiB is reserved by the caching allocator (0 bytes cached and free). Free "
+            "tensors, call empty_cache(), or raise the memory fraction.");
+  a.set_memory_fraction(1.0);
+  void* q = a.allocate(6ull << 20, s);
+  a.free(q);
+  a.free(p);
+  EXPECT_THROW(a.set_memory_fraction(1.5), Error);
+  EXPECT_THROW(a.set_memory_fraction(-0.1), Error);
+  EXPECT_THROW(a.set_memory_fraction(std::nan("")), Error);
+  EXPECT_EQ(a.memory_fraction(), 1.0);
+}
+
+TEST(CachingAllocator, SnapshotListsSegmentsAndTheirBlocksInAddressOrder) {
+  CachingAllocator a(0, 1ull << 30);
+  const void* s = nullptr;
+  void* p = a.allocate(1000, s);        // a 2 MiB small segment, split
+  void* q = a.allocate(3ull << 20, s);  // a 20 MiB large segment
+  const std::vector<SegmentSnapshot> segs = a.snapshot();
+  ASSERT_EQ(segs.size(), 2u);
+  EXPECT_LT(segs[0].address, segs[1].address);
+  size_t reserved = 0;
+  for (const SegmentSnapshot& seg : segs) {
+    reserved += seg.size;
+    size_t sum = 0;
+    uintptr_t next = seg.address;
+    for (const BlockSnapshot& b : seg.blocks) {
+      EXPECT_EQ(b.address, next);  // blocks tile the segment
+      next += b.size;
+      sum += b.size;
+    }
+    EXPECT_EQ(sum, seg.size);
+  }
+  EXPECT_EQ(static_cast<int64_t>(reserved), a.stats().reserved_bytes);
+  const SegmentSnapshot& small = segs[0].small ? segs[0] : segs[1];
+  const SegmentSnapshot& large = segs[0].small ? segs[1] : segs[0];
+  EXPECT_EQ(small.size, CachingAllocator::kSmallSegment);
+  EXPECT_EQ(small.blocks[0].address, reinterpret_cast<uintptr_t>(p));
+  EXPECT_TRUE(small.blocks[0].allocated);
+  EXPECT_EQ(small.blocks[0].requested, 1000u);
+  EXPECT_EQ(small.allocated, 1024u);  // rounded to 512-byte blocks
+  EXPECT_EQ(large.size, CachingAllocator::kLargeSegment);
+  EXPECT_EQ(large.allocated, 3ull << 20);
+  EXPECT_EQ(large.blocks[0].address, reinterpret_cast<uintptr_t>(q));
+  a.free(p);
+  a.free(q);
+  for (const SegmentSnapshot& seg : a.snapshot()) {
+    ASSERT_EQ(seg.blocks.size(), 1u);  // merged back into one free block
+    EXPECT_FALSE(seg.blocks[0].allocated);
+    EXPECT_EQ(seg.allocated, 0u);
+  }
+}
 // preferred segment still serves every request that fits.
 TEST(CachingAllocator, DevicesSmallerThanASegmentServeWhatFits) {
   const void* s = nullptr;

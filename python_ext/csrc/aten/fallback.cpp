@@ -15,6 +15,7 @@
 #include <npubridge/philox.hpp>
 
 #include <optional>
+#include <string>
 
 namespace npub::torch_backend {
 
@@ -98,8 +99,40 @@ const c10::OperatorHandle& cpu_op_for(const c10::OperatorHandle& op, torch::jit:
   return op;
 }
 
+// Note [Quantized tensors stay on the CPU]
+// npu tensors hold plain dtypes only: no plugin kernel takes a quantized
+// tensor and the copy engine knows no quantizer. A quantized op that fell
+// back would run on the CPU and then fail inside the copy of its result to
+// the npu with an internal error. Such a call is refused before it runs,
+// naming the op and the argument that made it quantized (a quantized dtype,
+// as quantize_per_tensor's, or a quantized tensor), and so is a CPU kernel
+// that returns a quantized tensor for an npu call.
+[[noreturn]] void refuse_quantized(const c10::OperatorHandle& op, const std::string& what) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "npubridge: quantized tensors are not supported on npu: op '",
+                              full_name(op.schema().operator_name()), "' ", what,
+                              "; quantize on the CPU instead (move the tensor with .cpu())");
+}
+
+void refuse_quantized_arguments(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const auto& sargs = op.schema().arguments();
+  const size_t first = stack.size() - sargs.size();
+  for (size_t i = 0; i < sargs.size(); ++i) {
+    const c10::IValue& v = stack[first + i];
+    // real_type: type() says int for a ScalarType (the JIT's fake type).
+    c10::TypePtr t = sargs[i].real_type();
+    if (auto optional = t->cast<c10::OptionalType>()) t = optional->getElementType();
+    if (t->kind() == c10::TypeKind::ScalarTypeType && v.isInt() && c10::isQIntType(v.toScalarType()))
+      refuse_quantized(
+          op, "was called with argument '" + sargs[i].name() + "' = " + c10::toString(v.toScalarType()));
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_quantized())
+      refuse_quantized(op, "was called with argument '" + sargs[i].name() + "' a quantized tensor (" +
+                               c10::toString(v.toTensor().scalar_type()) + ")");
+  }
+}
+
 // ATen's CPU fallback for the call on `stack`.
 void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  refuse_quantized_arguments(op, *stack);
   // PyTorch's cpu_fallback returns outputs to the first tensor argument's
   // device; when that is a CPU scalar (1 - x is sub(1, x)), the outputs
   // belong on the npu tensor's device instead, as with any device op.
@@ -119,6 +152,9 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t nret = op.schema().returns().size();
   for (size_t i = stack->size() - nret; i < stack->size(); ++i) {
     c10::IValue& v = (*stack)[i];
+    if (v.isTensor() && v.toTensor().defined() && v.toTensor().is_quantized())
+      refuse_quantized(
+          op, std::string("returns a quantized tensor (") + c10::toString(v.toTensor().scalar_type()) + ")");
     if (v.isTensor() && v.toTensor().defined() && v.toTensor().device().is_cpu()) v = v.toTensor().to(*npu);
   }
 }
@@ -150,6 +186,7 @@ void torch_fallback(const reg::OpEntry&, const NpubValue*, int32_t, NpubValue*, 
 }
 
 void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  refuse_quantized_arguments(op, *stack);  // before the fallback's warning: none happens
   note_fallback(op);
   run_on_cpu(op, stack);
 }
@@ -167,6 +204,16 @@ namespace {
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&cpu_fallback_counted>());
+}
+
+// Note [Quantized tensors stay on the CPU]: what would make a quantized
+// tensor on npu (q.to("npu") asks empty_quantized for one) reaches this key.
+void refuse_quantized_call(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  refuse_quantized(op, "would make a quantized tensor on npu");
+}
+
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&refuse_quantized_call>());
 }
 
 }  // namespace

@@ -68,6 +68,16 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       return 0;
     }
   }
+  // torch.accelerator.get_device_capability: the dtypes an npu tensor can
+  // hold, every one but the quantized types (quantized tensors are refused
+  // on npu: Note [Quantized tensors stay on the CPU], aten/fallback.cpp).
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    (void)device_of(d);  // range-checks the index
+    c10::DeviceCapability cap;
+    auto& types = cap.capability_data.supported_scalar_types;
+    types.has_QInt8 = types.has_QUInt8 = types.has_QInt32 = types.has_QUInt4x2 = types.has_QUInt2x4 = 0;
+    return cap;
+  }
   void synchronizeDevice(const c10::DeviceIndex index) const override {
     rt().devices().at(index < 0 ? current_index() : index).synchronize();
   }

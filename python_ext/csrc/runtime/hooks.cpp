@@ -6,6 +6,7 @@
 
 #include "runtime/allocator.h"
 #include "runtime/generator.h"
+#include "runtime/host_allocator.h"
 #include "runtime/npu_runtime.h"
 
 #include <algorithm>
@@ -35,8 +36,15 @@ at::Device NpuHooks::getDeviceFromPtr(void* data) const {
 
 bool NpuHooks::hasPrimaryContext(c10::DeviceIndex) const { return true; }
 
-// Host memory needs no pinning for the simulated device.
-c10::Allocator* NpuHooks::getPinnedMemoryAllocator() const { return at::getCPUAllocator(); }
+// What ATen's lazy device initialisation runs (pin_memory() first of all):
+// the devices start at import, so only a forked child has something to say
+// (Note [A forked child cannot use the npu], device_sim/src/fork_guard.cpp).
+void NpuHooks::init() const { check_not_in_bad_fork("torch.npu.init"); }
+
+// Note [What pinning means for the simulated device], host_allocator.cpp.
+bool NpuHooks::isPinnedPtr(const void* data) const { return is_npu_pinned(data); }
+
+c10::Allocator* NpuHooks::getPinnedMemoryAllocator() const { return npu_host_allocator(); }
 
 void NpuHooks::resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const {
   c10::DataPtr fresh = npu_allocator()->allocate(newsize);

@@ -14,6 +14,8 @@ struct NpuHooks final : public at::PrivateUse1HooksInterface {
   at::Generator getNewGenerator(c10::DeviceIndex device_index = -1) const override;
   at::Device getDeviceFromPtr(void* data) const override;
   bool hasPrimaryContext(c10::DeviceIndex) const override;
+  void init() const override;
+  bool isPinnedPtr(const void* data) const override;
   c10::Allocator* getPinnedMemoryAllocator() const override;
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override;
 };

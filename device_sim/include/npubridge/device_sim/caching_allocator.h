@@ -15,6 +15,14 @@
 // stream. Use record_stream-like synchronisation (Stream::synchronize) before
 // freeing memory another stream still reads.
 //
+// Note [The memory fraction limits reserved memory]: as CUDA's
+// set_per_process_memory_fraction, a fraction f in [0, 1] caps what the
+// allocator may reserve at f * capacity; a request that would take the
+// reserved bytes beyond it (after the cache is released) is out of memory,
+// and the message names the fraction. Lowering the fraction below what is
+// already reserved frees nothing: later requests that need a new segment
+// fail until memory is freed, as with CUDA.
+//
 // In a process forked after the allocator was made, allocate() throws and
 // free() leaves the block alone (Note [A forked child cannot use the npu],
 // fork_guard.cpp).
@@ -31,6 +39,27 @@
 #include <vector>
 
 namespace npub::sim {
+
+// One block of a segment, as snapshot() lists it (torch.cuda.memory_snapshot's
+// "blocks").
+struct BlockSnapshot {
+  uintptr_t address = 0;
+  size_t size = 0;       // rounded
+  size_t requested = 0;  // as requested; 0 for a free block
+  bool allocated = false;
+};
+
+// One segment (an mmap'd range the allocator reserved) and its blocks in
+// address order.
+struct SegmentSnapshot {
+  uintptr_t address = 0;
+  size_t size = 0;
+  size_t allocated = 0;  // sum of the allocated blocks' sizes
+  size_t requested = 0;
+  const void* stream = nullptr;  // the stream its blocks are reused on
+  bool small = false;            // the small pool's (2 MiB segments for requests <= 1 MiB)
+  std::vector<BlockSnapshot> blocks;
+};
 
 struct AllocatorStats {
   int64_t allocated_bytes = 0;  // live blocks, rounded sizes
@@ -70,6 +99,14 @@ class CachingAllocator {
   // Zeroes the cumulative counters (allocs, frees, cache hits, OOMs, totals).
   void reset_accumulated_stats();
   uint64_t capacity() const { return capacity_; }
+  // Note [The memory fraction limits reserved memory]. Throws npub::Error
+  // (kInvalidArgument) for a fraction outside [0, 1] or NaN.
+  void set_memory_fraction(double fraction);
+  double memory_fraction() const;
+  // What the allocator may reserve: floor(fraction * capacity).
+  uint64_t limit() const;
+  // Every segment with its blocks, in address order.
+  std::vector<SegmentSnapshot> snapshot() const;
   // True when [ptr, ptr + bytes) lies inside one live block.
   bool contains(const void* ptr, size_t bytes) const;
 
@@ -130,6 +167,8 @@ class CachingAllocator {
   const int device_index_;
   const uint64_t capacity_;
   mutable std::mutex mu_;
+  double fraction_ = 1.0;  // under mu_
+  uint64_t limit_;         // under mu_: capacity_ * fraction_
   Pool small_pool_;
   Pool large_pool_;
   LiveMap live_;

@@ -1,0 +1,134 @@
+"""torch.npu's device calls as torch.cuda has them: init, is_initialized,
+get_device_properties / get_device_capability (the simulated device's
+capacity and compute threads), torch.accelerator.get_device_capability,
+and the seeding functions."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import npubridge  # noqa: F401
+
+
+def _run(code, **env):
+    """`code` in a fresh interpreter with `env` (None: the variable unset)."""
+    full_env = dict(os.environ, **{k: v for k, v in env.items() if v is not None})
+    for k in [k for k, v in env.items() if v is None]:
+        full_env.pop(k, None)
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_init_and_is_initialized_as_torch_cuda():
+    torch.npu.init()  # nothing to do: the devices run from import on
+    assert torch.npu.is_initialized()
+    torch.npu.init()  # idempotent, as torch.cuda.init
+
+
+def test_device_properties_are_the_simulated_devices_capacity_and_threads():
+    out = _run(
+        """
+        import torch, npubridge
+        for d in (0, 1, "npu:1", torch.device("npu", 0), None):
+            p = torch.npu.get_device_properties(d)
+            print(p.name, p.total_memory, p.multi_processor_count, p.major, p.minor)
+        print(torch.npu.get_device_capability("npu:1"))
+        print(repr(torch.npu.get_device_properties(0)))
+        """,
+        NPUB_SIM_MEMORY="96M", NPUB_SIM_THREADS="3", NPUB_SIM_DEVICES="2")
+    lines = out.splitlines()
+    for line in lines[:5]:
+        assert line == "npubridge simulated NPU 100663296 3 1 3"  # 96 MiB; ABI 1.3
+    assert lines[5] == "(1, 3)"
+    assert lines[6] == ("_NpuDeviceProperties(name='npubridge simulated NPU', major=1, minor=3, total_memory=96MB, "
+                        "multi_processor_count=3)")
+
+
+def test_device_properties_default_to_16_gib_and_the_hardware_threads():
+    out = _run(
+        """
+        import os, torch, npubridge
+        p = torch.npu.get_device_properties()
+        print(p.total_memory, p.multi_processor_count, os.cpu_count())
+        """,
+        NPUB_SIM_MEMORY=None, NPUB_SIM_THREADS=None)
+    total, threads, cpus = map(int, out.split())
+    assert total == 16 << 30
+    assert threads == cpus
+    # total_memory is what the allocator really has: mem_get_info's total.
+    assert torch.npu.get_device_properties(0).total_memory == torch.npu.mem_get_info(0)[1]
+
+
+@pytest.mark.parametrize("device, message", [
+    (64, "get_device_properties: expected a device index in [0, {n}) but found 64"),
+    ("npu:7", "get_device_properties: expected a device index in [0, {n}) but found 7"),
+    (-1, "get_device_properties: expected a device index in [0, {n}) but found -1"),
+    ("cpu", "get_device_properties: expected an npu device but found cpu"),
+])
+def test_device_properties_of_a_device_that_is_not_there_raise(device, message):
+    with pytest.raises(ValueError) as e:
+        torch.npu.get_device_properties(device)
+    assert str(e.value) == message.format(n=torch.npu.device_count())
+
+
+def test_accelerator_get_device_capability_lists_every_dtype_but_the_quantized_ones():
+    # torch.accelerator.get_device_capability asks the device guard
+    # (DeviceGuardImplInterface::getDeviceCapability).
+    cap = torch.accelerator.get_device_capability("npu:0")
+    dtypes = cap["supported_dtypes"]
+    for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.int64, torch.bool,
+               torch.complex64, torch.uint8):
+        assert dt in dtypes
+        one = torch.ones(3, dtype=dt)
+        assert torch.equal(one.to("npu").cpu(), one)  # each one really lives on the device
+    for dt in (torch.quint8, torch.qint8, torch.qint32, torch.quint4x2, torch.quint2x4):
+        assert dt not in dtypes
+    assert torch.accelerator.get_device_capability(torch.device("npu", 1)) == cap
+    with pytest.raises(RuntimeError) as e:
+        torch.accelerator.get_device_capability("npu:9")
+    n = torch.npu.device_count()
+    assert str(e.value) == f"npu:9 does not exist: expected a device index from 0 to {n - 1} (NPUB_SIM_DEVICES={n})"
+
+
+def _draws(device):
+    return torch.randn(4, device=device).cpu()
+
+
+def test_manual_seed_all_and_initial_seed_as_torch_cuda():
+    torch.npu.manual_seed_all(1234)
+    for i in range(torch.npu.device_count()):
+        with torch.npu.device(i):
+            assert torch.npu.initial_seed() == 1234
+    # One seed, one stream of numbers, on every device.
+    assert torch.equal(_draws("npu:0"), _draws("npu:1"))
+    torch.npu.manual_seed_all(1234)
+    a = _draws("npu:0")
+    torch.npu.manual_seed_all(1234)
+    assert torch.equal(a, _draws("npu:0"))
+    torch.manual_seed(77)  # torch.manual_seed seeds the device module too
+    assert torch.npu.initial_seed() == 77
+
+
+def test_seed_and_seed_all_draw_a_fresh_seed_as_torch_cuda():
+    torch.npu.manual_seed_all(5)
+    torch.npu.seed_all()
+    fresh = torch.npu.initial_seed()
+    assert fresh != 5  # a non-deterministic 64-bit seed: 5 again has odds of 2**-64
+    for i in range(torch.npu.device_count()):
+        with torch.npu.device(i):
+            assert torch.npu.initial_seed() == fresh  # torch.cuda.seed_all: the first device's, for all
+    torch.npu.seed_all()
+    assert torch.npu.initial_seed() != fresh
+    with torch.npu.device(1):
+        torch.npu.seed()  # only the current device
+        assert torch.npu.initial_seed() != torch.npu.default_generators[0].initial_seed()
+    # The seed it reports is the one numbers come from.
+    s = torch.npu.initial_seed()
+    a = _draws("npu:0")
+    torch.npu.manual_seed(s)
+    assert torch.equal(a, _draws("npu:0"))
