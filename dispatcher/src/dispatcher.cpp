@@ -93,13 +93,19 @@ void Dispatcher::set_opt_level(int level) {
   opt_level_.store(level);
 }
 
-void Dispatcher::set_fallback(FallbackFn fn) {
+void Dispatcher::set_fallback(FallbackFn fn, bool keeps_aliasing) {
   std::lock_guard<std::mutex> lock(config_mu_);
   fallback_ = std::move(fn);
   has_fallback_.store(static_cast<bool>(fallback_));
+  fallback_keeps_aliasing_.store(keeps_aliasing && fallback_);
 }
 
 bool Dispatcher::has_fallback() const { return has_fallback_.load(); }
+
+bool Dispatcher::refuses_overlaps() const {
+  return !(fallback_keeps_aliasing_.load(std::memory_order_relaxed) &&
+           fallback_mode_.load(std::memory_order_relaxed) == FallbackMode::kAllow);
+}
 
 // ----------------------------------------------------------------------------
 // validation
@@ -292,7 +298,7 @@ const reg::Kernel* Dispatcher::select(const OpHandle& handle, const NpubValue* a
   cs.rets = rets.data();
   cs.num_rets = static_cast<int32_t>(rets.size());
   validate(cs);
-  cs.overlap = classify_overlap(cs);
+  cs.overlap = classify_overlap(cs, refuses_overlaps());
   if (!cs.has_device)
     cs.device = DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), devices_.current_device()};
   const reg::Kernel* k = select_kernel(cs, cs.dtype);
@@ -413,7 +419,7 @@ void Dispatcher::call(const OpHandle& handle, const NpubValue* args, int32_t num
   cs.outputs = outputs != nullptr ? outputs : &no_outputs;
   try {
     validate(cs);
-    cs.overlap = classify_overlap(cs);
+    cs.overlap = classify_overlap(cs, refuses_overlaps());
     if (!cs.has_device)
       cs.device = DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), devices_.current_device()};
     DType convert_from = DType::kUnknown;

@@ -161,7 +161,7 @@ bool writes_overlapping_self(const Dispatcher::CallState& cs) {
          name == "aten::_index_put_impl_" || name.rfind("aten::index_fill_", 0) == 0;
 }
 
-[[noreturn]] void refuse(const Dispatcher::CallState& cs, const Extent& w, const char* what) {
+[[noreturn]] void refuse_as_aten(const Dispatcher::CallState& cs, const Extent& w, const char* what) {
   const std::string name = w.arg->name.empty() ? "return" : w.arg->name;  // returns have no name
   throw Error(ErrorCode::kInvalidArgument, "op '" + cs.op->name() + "', argument '" + name +
                                                "': unsupported operation: " + what +
@@ -170,7 +170,7 @@ bool writes_overlapping_self(const Dispatcher::CallState& cs) {
 
 }  // namespace
 
-Overlap classify_overlap(const Dispatcher::CallState& cs) {
+Overlap classify_overlap(const Dispatcher::CallState& cs, bool refuse) {
   const auto& sargs = cs.op->schema().arguments;
   const auto& rets = cs.op->schema().returns;
   const auto& alias = cs.op->return_alias();
@@ -194,7 +194,7 @@ Overlap classify_overlap(const Dispatcher::CallState& cs) {
   // and whether there is a pair to compare at all (most calls stop here or
   // compare two or three tensors).
   size_t n = 0;
-  bool any_written = false;
+  bool any_written = false, internal = false;
   for_each_tensor([&](const DLTensor* t, const reg::Argument& a, bool written) {
     ++n;
     if (!written) return;
@@ -202,9 +202,13 @@ Overlap classify_overlap(const Dispatcher::CallState& cs) {
     if (internal_overlap(*t) && !writes_overlapping_self(cs)) {
       Extent w{};
       w.arg = &a;
-      refuse(cs, w, "more than one element of the written-to tensor refers to a single memory location.");
+      if (refuse)
+        refuse_as_aten(cs, w,
+                       "more than one element of the written-to tensor refers to a single memory location.");
+      internal = true;
     }
   });
+  if (internal) return Overlap::kUnsafe;
   if (!any_written || n < 2) return Overlap::kNone;
 
   std::array<Extent, 8> inline_extents;  // not zeroed: written before read
@@ -230,10 +234,10 @@ Overlap classify_overlap(const Dispatcher::CallState& cs) {
       }
       if (same_view(*w.t, *r.t)) {
         if (verdict == Overlap::kNone) verdict = Overlap::kFull;
-      } else if (dense(*w.t) && dense(*r.t)) {
-        refuse(cs, w,
-               "some elements of the input tensor and the written-to tensor refer to a single memory "
-               "location.");
+      } else if (dense(*w.t) && dense(*r.t) && refuse) {
+        refuse_as_aten(cs, w,
+                       "some elements of the input tensor and the written-to tensor refer to a single memory "
+                       "location.");
       } else {
         verdict = Overlap::kUnsafe;
       }

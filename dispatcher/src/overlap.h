@@ -27,12 +27,18 @@ namespace npub {
 // - any other overlap (strided views that may share elements, two written
 //   tensors sharing memory) is one ATen does not judge either: no kernel is
 //   eligible and the host framework's implementation serves it.
+// A host whose fallback keeps the arguments' memory sharing
+// (set_fallback(fn, keeps_aliasing)) gets the calls of the first two
+// cases as kUnsafe instead: its framework's own checks then decide, which
+// for ATen differ per op (a reduction may write into its own input, cat and
+// index_select refuse even the very same view).
 // With a full overlap the precision check is skipped (its reference would
 // read what the kernel wrote).
 // Tensors without elements and tensors on different devices never overlap.
-// Classifies the call (after validate(); not for meta calls). Throws
-// npub::Error(kInvalidArgument) naming the op and the argument for the
-// overlaps ATen refuses.
-Overlap classify_overlap(const Dispatcher::CallState& cs);
+// Classifies the call (after validate(); not for meta calls). With
+// `refuse`, throws npub::Error(kInvalidArgument) naming the op and the
+// argument for the overlaps ATen's TensorIterator refuses; without, they
+// are kUnsafe.
+Overlap classify_overlap(const Dispatcher::CallState& cs, bool refuse);
 
 }  // namespace npub

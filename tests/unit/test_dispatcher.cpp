@@ -530,4 +530,42 @@ TEST_F(DispatcherTest, WrittenTensorsThatShareMemoryWithInputs) {
   rt->dispatcher().set_fallback_mode(FallbackMode::kAllow);
 }
 
+// A host whose fallback keeps the arguments' memory sharing (PyTorch's)
+// gets the overlaps the dispatcher would refuse: its framework's checks
+// differ per op. Under NPUB_FALLBACK=error the dispatcher refuses them as
+// before.
+TEST_F(DispatcherTest, AFallbackThatKeepsAliasingJudgesTheOverlapsItself) {
+  host.install(rt->dispatcher(), /*keeps_aliasing=*/true);
+  auto call = [&](const char* op, std::vector<NpubValue> args) {
+    NpubValue ret{};
+    rt->dispatcher().call(op, args.data(), static_cast<int32_t>(args.size()), &ret, 1, nullptr);
+  };
+  Tensor a = f32({2, 2}, {0, 1, 2, 3});
+  Tensor at = a.as_strided({2, 2}, {1, 2}, 0);
+  Tensor one = f32({1}, {5});
+  Tensor expanded = one.as_strided({4}, {0}, 0);
+  Tensor b = f32({4}, {1, 1, 1, 1});
+  host.served.clear();
+  call("aten::add.out", {tensor_value(a.dl()), tensor_value(at.dl()), int_value(1), tensor_value(a.dl())});
+  call("aten::add.out",
+       {tensor_value(b.dl()), tensor_value(b.dl()), int_value(1), tensor_value(expanded.dl())});
+  EXPECT_EQ(host.served, (std::vector<std::string>{"aten::add.out", "aten::add.out"}));
+  // The very same view still runs on the alias-safe kernel.
+  Tensor x = f32({3}, {1, 2, 3});
+  call("aten::add.out", {tensor_value(x.dl()), tensor_value(x.dl()), int_value(1), tensor_value(x.dl())});
+  expect_values(x, {2, 4, 6});
+  EXPECT_EQ(host.served.size(), 2u);
+  rt->dispatcher().set_fallback_mode(FallbackMode::kError);
+  EXPECT_EQ(
+      error_of([&] {
+        call("aten::add.out",
+             {tensor_value(a.dl()), tensor_value(at.dl()), int_value(1), tensor_value(a.dl())});
+      }),
+      "op 'aten::add.out', argument 'out': unsupported operation: some elements of the input tensor and "
+      "the written-to tensor refer to a single memory location. Please clone() the tensor before "
+      "performing the operation.");
+  rt->dispatcher().set_fallback_mode(FallbackMode::kAllow);
+  host.install(rt->dispatcher());
+}
+
 }  // namespace

@@ -101,9 +101,9 @@ DLTensor* new_output(OutputAllocator& outs, int32_t i, const DLTensor& like, DLD
 
 }  // namespace
 
-void ReferenceHost::install(Dispatcher& d) {
-  d.set_fallback([this](const reg::OpEntry& op, const NpubValue* args, int32_t, NpubValue* rets, int32_t,
-                        OutputAllocator& outs) {
+void ReferenceHost::install(Dispatcher& d, bool keeps_aliasing) {
+  auto fallback = [this](const reg::OpEntry& op, const NpubValue* args, int32_t, NpubValue* rets, int32_t,
+                         OutputAllocator& outs) {
     const std::string& name = op.name();
     served.push_back(name);
     const DLTensor& x = *args[0].u.tensor;
@@ -144,7 +144,8 @@ void ReferenceHost::install(Dispatcher& d) {
     } else {
       throw Error(ErrorCode::kUnsupported, "reference host has no implementation of " + name);
     }
-  });
+  };
+  d.set_fallback(fallback, keeps_aliasing);
 }
 
 }  // namespace npub::test

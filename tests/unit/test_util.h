@@ -27,7 +27,7 @@ void load_ok(Runtime& rt, const std::string& path);
 // ops it served.
 struct ReferenceHost {
   std::vector<std::string> served;
-  void install(Dispatcher& d);
+  void install(Dispatcher& d, bool keeps_aliasing = false);
 };
 
 // Sets an environment variable for a scope; the previous value (or its

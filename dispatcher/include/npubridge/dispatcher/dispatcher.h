@@ -176,7 +176,12 @@ class Dispatcher {
 
   const reg::Kernel* kernel_for(const OpHandle& op, DType dtype, int32_t device_type = NPUB_DEVICE_NPU) const;
 
-  void set_fallback(FallbackFn fn);
+  // `keeps_aliasing`: the fallback runs a call with its arguments' memory
+  // sharing intact, so its framework's own overlap checks apply (ATen's,
+  // which differ per op): the overlaps the dispatcher would refuse with its
+  // copy of ATen's messages (Note [Memory overlap]) go to the fallback
+  // instead, unless NPUB_FALLBACK=error forbids it.
+  void set_fallback(FallbackFn fn, bool keeps_aliasing = false);
   // Inside a FallbackFn: why the dispatcher handed this thread's current
   // call to the fallback ("no kernel accepts dtype int32 (...)", a kernel's
   // decline, an overlap no kernel may serve), for the host's own messages.
@@ -222,6 +227,9 @@ class Dispatcher {
   void run_kernel(CallState& cs, const reg::Kernel& k, DType convert_from);
   void run_staged(CallState& cs, const reg::Kernel& k, DType convert_from);
   void run_fallback(CallState& cs, const char* reason);
+  // Whether classify_overlap raises ATen's overlap errors itself (see
+  // set_fallback's keeps_aliasing).
+  bool refuses_overlaps() const;
   void check_precision(CallState& cs, const reg::Kernel& k, DType convert_from);
   [[noreturn]] void no_kernel(CallState& cs, const char* why) const;
 
@@ -235,6 +243,7 @@ class Dispatcher {
   mutable std::mutex config_mu_;  // fallback_, precision config and report
   FallbackFn fallback_;
   std::atomic<bool> has_fallback_{false};
+  std::atomic<bool> fallback_keeps_aliasing_{false};
   PrecisionCheckConfig precision_;
   std::vector<PrecisionMismatch> mismatches_;
   mutable std::mutex host_fallback_mu_;
