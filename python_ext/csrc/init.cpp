@@ -28,7 +28,9 @@ void init() {
     at::RegisterPrivateUse1HooksInterface(&hooks);
     c10::SetAllocator(c10::DeviceType::PrivateUse1, npu_allocator());
     at::setHostAllocator(c10::DeviceType::PrivateUse1, npu_host_allocator());
-    rt().dispatcher().set_fallback(&torch_fallback);
+    // The fallback keeps the arguments' memory sharing (aliased_fallback.h),
+    // so ATen's own overlap checks judge the overlaps no kernel serves.
+    rt().dispatcher().set_fallback(&torch_fallback, /*keeps_aliasing=*/true);
     register_plugin_ops();
     route_mapped_ops();
   });

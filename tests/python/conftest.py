@@ -17,8 +17,15 @@ def assert_matches(got, fn, *inputs):
     float32 output, which moves between CPUs."""
     host = fn(*inputs)
     wide = fn(*[t.double() if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs])
+    assert_judged(got, host, wide)
+
+
+def assert_judged(got, host, wide, what=""):
+    """`got` (an npu result) against `host` (the same computation on the CPU
+    in got's dtype) and `wide` (on the CPU in float64), by npubridge's error
+    model: within a few times the CPU's own error against float64."""
     msg = npubridge._C.judge(got.detach().cpu(), host.detach(), wide.detach())
-    assert not msg, msg
+    assert not msg, f"{what}: {msg}" if what else msg
 
 
 def run_case(case, device):

@@ -63,18 +63,22 @@ def test_npu_agrees_with_the_cpu(name):
         assert npu[1].endswith(cpu[1]) or cpu[1] in npu[1], f"{name}: {npu[1]!r} vs {cpu[1]!r}"
 
 
-def test_where_aten_itself_goes_wrong_npu_computes_as_if_the_input_were_cloned():
+def test_where_aten_itself_goes_wrong_or_refuses_npu_does_the_same():
     # ATen's CPU mm zeroes its output before reading the inputs, so
     # mm(a, a, out=a) gives zeros there; ATen's index_select refuses out=x.
     # npubridge's kernels do not claim to serve the output as an input
-    # (NPUB_KERNEL_ALIAS_SAFE), so the fallback computes both on copies.
+    # (NPUB_KERNEL_ALIAS_SAFE), so ATen's CPU kernel runs on views that
+    # share memory as the npu tensors do (aten/aliased_fallback.cpp), and
+    # npu gives what the CPU gives (tests/python/test_out_checks.py).
     a = square("npu")
     torch.mm(a, a, out=a)
-    expected = square("cpu").double() @ square("cpu").double()
-    assert torch.equal(a.cpu().double(), expected)
+    expected = square("cpu")
+    torch.mm(expected, expected, out=expected)
+    assert torch.equal(a.cpu(), expected)
     x = torch.arange(6.0, device="npu").view(3, 2)
-    torch.index_select(x, 0, torch.tensor([2, 0, 1], device="npu"), out=x)
-    assert torch.equal(x.cpu(), torch.arange(6.0).view(3, 2)[[2, 0, 1]])
+    with pytest.raises(RuntimeError, match="some elements of the input tensor and the written-to tensor"):
+        torch.index_select(x, 0, torch.tensor([2, 0, 1], device="npu"), out=x)
+    assert torch.equal(x.cpu(), torch.arange(6.0).view(3, 2))
 
 
 def test_interleaved_views_stay_on_the_device():

@@ -48,7 +48,7 @@ bool describable(c10::ArrayRef<c10::IValue> args) {
   auto ok = [](const c10::IValue& v) {
     if (!v.isTensor() || !v.toTensor().defined()) return true;
     const at::Tensor& t = v.toTensor();
-    return npub_dtype(t.scalar_type()) != DType::kUnknown || t.is_conj() || t.is_neg();
+    return npub_dtype(t.scalar_type()) != DType::kUnknown && !t.is_conj() && !t.is_neg();
   };
   for (const auto& v : args) {
     if (!ok(v)) return false;

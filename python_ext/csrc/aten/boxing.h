@@ -103,10 +103,11 @@ NpubValue box(const c10::IValue& v, Boxed& b, c10::DeviceIndex device, bool meta
 c10::DeviceIndex call_device(c10::ArrayRef<c10::IValue> args);
 
 // False when some tensor argument has a dtype without a DLPack code plugins
-// know (DType::kUnknown: complex, float8, ...), so the host computes the op.
-// Not for tensors with a lazy conjugate or negation: the CPU fallback
-// resolves those on the device first (a clone, routed here again), so they
-// keep the dispatcher's error instead of recursing.
+// know (DType::kUnknown: complex, float8, ...) or a lazy conjugate or
+// negative bit (the bytes are not the values, and plugins see bytes), so
+// the host computes the op. The CPU fallback's copies to the CPU resolve
+// the bits without the dispatcher (Note [Copies resolve the conjugate and
+// negative bits], minimal.cpp), so this never recurses.
 bool describable(c10::ArrayRef<c10::IValue> args);
 
 // "aten::add.out": the registry's spelling of an ATen operator name.

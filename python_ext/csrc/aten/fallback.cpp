@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "aten/aliased_fallback.h"
 #include "aten/boxing.h"
 #include "aten/rnn_cells.h"
 #include "runtime/generator.h"
@@ -144,10 +145,15 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       npu = v.toTensor().device();
   }
   swap_in_cpu_generators(op, stack, npu ? npu->index() : current_index());
-  if (is_fused_rnn_cell(op.schema().operator_name()))
+  if (is_fused_rnn_cell(op.schema().operator_name())) {
     run_fused_rnn_cell_on_cpu(op, stack);
-  else
-    at::native::cpu_fallback(cpu_op_for(op, stack), stack);
+  } else {
+    const c10::OperatorHandle& cpu_op = cpu_op_for(op, stack);
+    if (npu && needs_aliased_cpu_run(cpu_op, *stack))
+      run_aliased_on_cpu(cpu_op, stack, *npu);
+    else
+      at::native::cpu_fallback(cpu_op, stack);
+  }
   if (!npu) return;
   const size_t nret = op.schema().returns().size();
   for (size_t i = stack->size() - nret; i < stack->size(); ++i) {
@@ -214,6 +220,12 @@ void refuse_quantized_call(const c10::OperatorHandle& op, torch::jit::Stack*) {
 
 TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&refuse_quantized_call>());
+}
+
+// Ops whose CompositeExplicitAutograd kernel calls a CPU/CUDA DispatchStub
+// directly ("DispatchStub: missing kernel for npu"): the fallback's instead.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("conj_physical_", torch::CppFunction::makeFromBoxedFunction<&cpu_fallback_counted>());
 }
 
 }  // namespace

@@ -64,9 +64,73 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size, std::op
   return self;
 }
 
+namespace {
+
+// The same memory, sizes and strides without the lazy conjugate and
+// negative bits: what the bytes hold.
+at::Tensor physical(const at::Tensor& t) {
+  at::Tensor p = at::native::alias(t);
+  p._set_conj(false);
+  p._set_neg(false);
+  return p;
+}
+
+// Note [Copies resolve the conjugate and negative bits]
+// A tensor with the conjugate (x.conj()) or negative bit (x.conj().imag)
+// holds other values than it means, and the copy engine moves bytes. When
+// both sides carry the same bits the bytes are the copy; otherwise the
+// values cross on the CPU, whose copy_ resolves the bits: the source's
+// bytes land in a CPU tensor that takes the source's bits, and a CPU
+// tensor with the destination's bits receives them, whose bytes are then
+// the destination's. Nothing here goes through the dispatcher: ATen's
+// conjugate fallback resolves a conjugated argument with clone, which
+// copies with this function again. Conversions between dtypes the copy
+// engine does not know take the same way.
+bool same_math_bits(const at::Tensor& a, const at::Tensor& b) {
+  return a.is_conj() == b.is_conj() && a.is_neg() == b.is_neg();
+}
+
+at::Tensor on_cpu_with_bits(const at::Tensor& t) {
+  if (t.device().is_cpu()) return t;
+  at::Tensor bytes = at::empty(t.sizes(), t.options().device(at::kCPU));
+  copy_from(physical(t), bytes, false);
+  bytes._set_conj(t.is_conj());
+  bytes._set_neg(t.is_neg());
+  return bytes;
+}
+
+void copy_on_the_cpu(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  const at::Tensor values = on_cpu_with_bits(self);
+  if (dst.device().is_cpu()) {
+    dst.copy_(values);
+    return;
+  }
+  at::Tensor bytes = at::empty(dst.sizes(), dst.options().device(at::kCPU));
+  bytes._set_conj(dst.is_conj());
+  bytes._set_neg(dst.is_neg());
+  bytes.copy_(values);
+  copy_from(physical(bytes), physical(dst), non_blocking);
+}
+
+}  // namespace
+
 // Copies between npu and cpu tensors of any dtype and layout, through the
 // device's copy engine (device memory is never aliased by a host tensor).
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  if (self.is_conj() || self.is_neg() || dst.is_conj() || dst.is_neg()) {
+    if (same_math_bits(self, dst))
+      copy_from(physical(self), physical(dst), non_blocking);
+    else
+      copy_on_the_cpu(self, dst, non_blocking);
+    return dst;
+  }
+  // A conversion the copy engine cannot make (complex64 -> complex128,
+  // float -> complex) is the CPU's copy_ too.
+  if (self.scalar_type() != dst.scalar_type() && (npub_dtype(self.scalar_type()) == DType::kUnknown ||
+                                                  npub_dtype(dst.scalar_type()) == DType::kUnknown)) {
+    copy_on_the_cpu(self, dst, non_blocking);
+    return dst;
+  }
   // Types the copy engine does not know move as their real components or
   // as same-size integers (bit-exact): complex as pairs of floats, uint64
   // as int64.
@@ -74,8 +138,6 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     if (self.is_complex()) {
       // The native views directly: through the dispatcher they could land
       // in the CPU fallback, which copies with this function again.
-      TORCH_CHECK(!self.is_conj(),
-                  "npu copy: conjugated complex views are not supported; call resolve_conj() first");
       copy_from(at::native::view_as_real(self), at::native::view_as_real(dst), non_blocking);
       return dst;
     }

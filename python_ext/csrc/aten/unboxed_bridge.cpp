@@ -118,7 +118,7 @@ class UnboxedBridge {
  private:
   static bool servable(const at::Tensor& t, c10::DeviceIndex device) {
     return t.defined() && t.is_privateuseone() && t.device().index() == device &&
-           npub_dtype(t.scalar_type()) != DType::kUnknown;
+           npub_dtype(t.scalar_type()) != DType::kUnknown && !t.is_neg();  // as describable()
   }
   static bool servable(const c10::Scalar& s, c10::DeviceIndex) { return !s.isComplex() && !s.isSymbolic(); }
   static bool contiguous(const at::Tensor& t) { return t.is_contiguous(); }
