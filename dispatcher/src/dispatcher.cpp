@@ -4,6 +4,7 @@
 
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/dispatcher.h>
+#include <npubridge/dispatcher/kernel_error.h>
 #include <npubridge/support/env.h>
 #include <npubridge/support/error.h>
 #include <npubridge/support/tick_clock.h>
@@ -361,7 +362,7 @@ void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs, con
     }
   } cleanup{ctx};
   auto fail = [&](int32_t code, const std::string& msg) {
-    throw Error(
+    throw KernelError(
         static_cast<ErrorCode>(
             code >= NPUB_ERR_INVALID_ARGUMENT && code <= NPUB_ERR_INDEX ? code : NPUB_ERR_INTERNAL),
         "op '" + cs.op->name() + "' failed in the kernel of plugin '" + k.plugin_name() + "': " + msg);

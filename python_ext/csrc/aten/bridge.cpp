@@ -4,8 +4,10 @@
 
 #include <c10/util/Exception.h>
 
+#include <npubridge/dispatcher/kernel_error.h>
 #include <npubridge/support/error.h>
 
+#include "aten/aliased_fallback.h"
 #include "aten/boxing.h"
 #include "aten/fallback.h"
 #include "aten/meta_cache.h"
@@ -18,11 +20,21 @@
 
 namespace npub::torch_backend {
 
+namespace {
+
+// Set when the last call_dispatcher on this thread failed in a plugin
+// kernel (KernelError), not in the dispatcher's own checks.
+thread_local bool tls_kernel_failed = false;
+
+}  // namespace
+
 void call_dispatcher(const OpHandle& target, const NpubValue* args, int32_t num_args, NpubValue* rets,
                      int32_t num_rets, OutputAllocator* outs) {
+  tls_kernel_failed = false;
   try {
     rt().dispatcher().call(target, args, num_args, rets, num_rets, outs);
   } catch (const Error& e) {
+    tls_kernel_failed = dynamic_cast<const KernelError*>(&e) != nullptr;
     // The error classes PyTorch code catches by type: torch.OutOfMemoryError
     // (the allocator's, or a kernel's allocation inside the call) and
     // IndexError.
@@ -143,7 +155,19 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
   }
   c10::SmallVector<at::Tensor, 2> outs;
   if (route_ == Route::kDirect) {
-    if (has_out_) resize_outs(op, args);
+    // Note [out= is checked as ATen checks it]
+    // ATen's checks of out= arguments differ per op: what overlap with the
+    // inputs it refuses (any for cat and index_select, partial for
+    // elementwise ops, none for reductions), which dtypes it writes (casts
+    // for sum, none for mm), and whether the checks run before the resize.
+    // So an out= that shares memory with another argument, and one the op's
+    // meta kernel refuses, are ATen's CPU kernel's to judge (on views that
+    // share memory as the npu tensors do), before the resize could change
+    // an input; it raises ATen's own error or computes what ATen computes.
+    if (has_out_ && (needs_aliased_cpu_run(op, *stack) || !resize_outs(op, args))) {
+      cpu_decides(op, stack);
+      return;
+    }
   } else if (route_ == Route::kInplaceViaOut) {
     outs.push_back(args[0].toTensor());
   } else {
@@ -172,7 +196,19 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
   // fallback on the original stack; otherwise the results replace it (the
   // .out routes return their outputs).
   torch::jit::Stack results;
-  run_on_dispatcher(target, args, route_ == Route::kDirect ? &results : nullptr);
+  try {
+    run_on_dispatcher(target, args, route_ == Route::kDirect ? &results : nullptr);
+  } catch (const c10::OutOfMemoryError&) {
+    throw;
+  } catch (const c10::Error&) {
+    // A kernel that refuses an out= call (an out dtype it cannot write)
+    // words the refusal its own way: ATen's CPU kernel raises ATen's error,
+    // or computes what the kernel would not (Note [out= is checked as ATen
+    // checks it]). Kernels check their arguments before they write.
+    if (!has_out_ || route_ != Route::kDirect || !tls_kernel_failed || call.fell_back) throw;
+    cpu_decides(op, stack);
+    return;
+  }
   if (call.fell_back) return;
   torch::jit::drop(*stack, n);
   if (route_ == Route::kDirect) {

@@ -114,9 +114,9 @@ std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op,
   return specs;
 }
 
-void resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+bool resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   const auto specs = output_specs(op, args);
-  if (!specs) return;
+  if (!specs) return false;
   const auto& schema_args = op.schema().arguments();
   size_t r = 0;
   for (size_t i = 0; i < schema_args.size() && r < specs->size(); ++i) {
@@ -125,6 +125,7 @@ void resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args)
     const std::vector<int64_t>& sizes = (*specs)[r++].sizes;
     if (!real.sizes().equals(sizes)) resize_(real, sizes, std::nullopt);
   }
+  return true;
 }
 
 }  // namespace npub::torch_backend

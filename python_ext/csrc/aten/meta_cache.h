@@ -73,7 +73,8 @@ std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op,
 
 // out= tensors of the wrong shape are resized first, as ATen's out
 // convention does (callers pass empty outs); the shapes come from the op's
-// meta kernel. Without a meta kernel the plugin's own shape check decides.
-void resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+// meta kernel. False when the meta kernel refuses the call (an out= dtype
+// the op cannot write, say) or has none: ATen's CPU kernel then decides.
+bool resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
 
 }  // namespace npub::torch_backend
