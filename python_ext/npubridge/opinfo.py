@@ -71,7 +71,18 @@ def _tree_map(fn, x):
 
 
 def _to(device):
-    return lambda t: t.detach().to(device).requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t
+    def move(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        t0 = t.detach()
+        if t0.layout == torch.strided and not t0.is_contiguous() and t0.numel() > 0:
+            # .to() lays a non-dense tensor out contiguous; the device copy
+            # keeps the sample's strides, which is what the variant tests.
+            moved = torch.empty_strided(t0.size(), t0.stride(), dtype=t0.dtype, device=device).copy_(t0)
+        else:
+            moved = t0.to(device)
+        return moved.requires_grad_(t.requires_grad)
+    return move
 
 
 def _tensors(x):
