@@ -110,3 +110,20 @@ def test_an_out_apart_from_the_inputs_stays_on_the_device():
     torch.mm(x, x, out=out)
     assert torch.equal(out.cpu(), ints("cpu", 3, 3) @ ints("cpu", 3, 3))
     assert all(s["fallbacks"] == 0 for s in npubridge.stats().values()), npubridge.stats()
+
+
+def test_an_out_that_is_the_very_same_view_as_an_input_stays_on_the_device():
+    # ATen's elementwise ops allow it, and the plugins' alias-safe kernels
+    # serve it: an optimizer's foreach step writes its parameters so.
+    npubridge.reset_stats()
+    x, y = ints("npu", 4), ints("npu", 4, seed=1)
+    torch.mul(x, y, out=x)
+    torch.add(y, x, alpha=2, out=y)
+    params = [ints("npu", 3), ints("npu", 2, 2)]
+    torch._foreach_mul_(params, 0.5)
+    x_cpu, y_cpu = ints("cpu", 4), ints("cpu", 4, seed=1)
+    x_cpu = x_cpu * y_cpu
+    assert torch.equal(x.cpu(), x_cpu)
+    assert torch.equal(y.cpu(), y_cpu + 2 * x_cpu)
+    assert torch.equal(params[1].cpu(), ints("cpu", 2, 2) * 0.5)
+    assert all(s["fallbacks"] == 0 for s in npubridge.stats().values()), npubridge.stats()

@@ -147,21 +147,36 @@ class CpuViews {
 
 }  // namespace
 
-bool needs_aliased_cpu_run(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
-  bool bits = false;
-  std::vector<std::pair<const c10::StorageImpl*, bool>> storages;
-  bool internal = false;
+Sharing written_sharing(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  bool bits = false, internal = false;
+  std::vector<std::pair<at::Tensor, bool>> tensors;  // (npu tensor, written)
   for_each_tensor(op, stack, [&](const at::Tensor& t, bool is_written) {
     if (!is_npu(t)) return;
     bits = bits || t.is_conj() || t.is_neg();
     internal = internal || (is_written && at::has_internal_overlap(t) == at::MemOverlap::Yes);
-    storages.emplace_back(t.storage().unsafeGetStorageImpl(), is_written);
+    tensors.emplace_back(t, is_written);
   });
-  if (bits || internal) return true;
-  for (size_t i = 0; i < storages.size(); ++i)
-    for (size_t j = 0; j < storages.size(); ++j)
-      if (i != j && storages[i].second && storages[i].first == storages[j].first) return true;
-  return false;
+  if (bits || internal) return Sharing::kOther;
+  auto same_view = [](const at::Tensor& a, const at::Tensor& b) {
+    return a.data_ptr() == b.data_ptr() && a.dtype() == b.dtype() && a.sizes().equals(b.sizes()) &&
+           a.strides().equals(b.strides());
+  };
+  Sharing sharing = Sharing::kNone;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].second) continue;
+    const at::Tensor& w = tensors[i].first;
+    for (size_t j = 0; j < tensors.size(); ++j) {
+      const at::Tensor& r = tensors[j].first;
+      if (i == j || !w.storage().is_alias_of(r.storage())) continue;
+      if (tensors[j].second || !same_view(w, r)) return Sharing::kOther;
+      sharing = Sharing::kSameView;
+    }
+  }
+  return sharing;
+}
+
+bool needs_aliased_cpu_run(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  return written_sharing(op, stack) != Sharing::kNone;
 }
 
 void run_aliased_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device npu) {

@@ -19,6 +19,13 @@ namespace npub::torch_backend {
 // expanded out=, which cpu_fallback's copy would make dense).
 bool needs_aliased_cpu_run(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
 
+// How the call's written npu tensors share memory with its other tensor
+// arguments: not at all, only as the very same view (add(x, y, out=x), which
+// ATen's elementwise ops allow), or otherwise (also: a written tensor that
+// overlaps itself, or math bits).
+enum class Sharing { kNone, kSameView, kOther };
+Sharing written_sharing(const c10::OperatorHandle& op, const torch::jit::Stack& stack);
+
 // Runs `op` on ATen's CPU kernel with every npu tensor argument replaced by
 // a CPU view of the same geometry and math bits into one CPU copy of its
 // storage (one copy per storage, so the CPU sees the sharing the npu

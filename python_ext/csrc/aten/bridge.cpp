@@ -162,11 +162,18 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
     // for sum, none for mm), and whether the checks run before the resize.
     // So an out= that shares memory with another argument, and one the op's
     // meta kernel refuses, are ATen's CPU kernel's to judge (on views that
-    // share memory as the npu tensors do), before the resize could change
-    // an input; it raises ATen's own error or computes what ATen computes.
-    if (has_out_ && (needs_aliased_cpu_run(op, *stack) || !resize_outs(op, args))) {
-      cpu_decides(op, stack);
-      return;
+    // share memory as the npu tensors do), before a resize could change an
+    // input; it raises ATen's own error or computes what ATen computes. An
+    // out= that is the very same view as an input and keeps its shape
+    // (add(x, y, out=x), an optimizer's foreach step) goes on to the
+    // dispatcher: alias-safe elementwise kernels serve it, as ATen's
+    // TensorIterator allows, and any other op falls back to ATen's CPU.
+    if (has_out_) {
+      const Sharing sharing = written_sharing(op, *stack);
+      if (sharing == Sharing::kOther || !resize_outs(op, args, /*may_resize=*/sharing == Sharing::kNone)) {
+        cpu_decides(op, stack);
+        return;
+      }
     }
   } else if (route_ == Route::kInplaceViaOut) {
     outs.push_back(args[0].toTensor());

@@ -114,17 +114,25 @@ std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op,
   return specs;
 }
 
-bool resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+bool resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool may_resize) {
   const auto specs = output_specs(op, args);
   if (!specs) return false;
   const auto& schema_args = op.schema().arguments();
-  size_t r = 0;
-  for (size_t i = 0; i < schema_args.size() && r < specs->size(); ++i) {
-    if (!schema_args[i].is_out() || !args[i].isTensor()) continue;
-    const at::Tensor& real = args[i].toTensor();
-    const std::vector<int64_t>& sizes = (*specs)[r++].sizes;
-    if (!real.sizes().equals(sizes)) resize_(real, sizes, std::nullopt);
-  }
+  // fn(out tensor, the sizes ATen gives it), for each out= tensor.
+  auto for_each_out = [&](auto&& fn) {
+    size_t r = 0;
+    for (size_t i = 0; i < schema_args.size() && r < specs->size(); ++i)
+      if (schema_args[i].is_out() && args[i].isTensor()) fn(args[i].toTensor(), (*specs)[r++].sizes);
+  };
+  bool resizes = false;
+  for_each_out([&](const at::Tensor& out, const std::vector<int64_t>& sizes) {
+    resizes = resizes || !out.sizes().equals(sizes);
+  });
+  if (!resizes) return true;
+  if (!may_resize) return false;
+  for_each_out([&](const at::Tensor& out, const std::vector<int64_t>& sizes) {
+    if (!out.sizes().equals(sizes)) resize_(out, sizes, std::nullopt);
+  });
   return true;
 }
 

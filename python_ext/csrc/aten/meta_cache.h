@@ -74,7 +74,8 @@ std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op,
 // out= tensors of the wrong shape are resized first, as ATen's out
 // convention does (callers pass empty outs); the shapes come from the op's
 // meta kernel. False when the meta kernel refuses the call (an out= dtype
-// the op cannot write, say) or has none: ATen's CPU kernel then decides.
-bool resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
+// the op cannot write, say) or has none, or when an out= needs a resize and
+// `may_resize` is off: ATen's CPU kernel then decides.
+bool resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool may_resize = true);
 
 }  // namespace npub::torch_backend
