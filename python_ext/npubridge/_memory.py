@@ -15,30 +15,30 @@ def memory_stats(device=None) -> dict:
     torch.accelerator.memory_stats reads the same allocator), plus the
     allocator's own flat counters ("allocated_bytes", "peak_reserved_bytes",
     "num_allocs", ...)."""
-    index = _npu._index(device)
+    index = _npu._checked_index(device, "memory_stats")
     stats = collections.OrderedDict(torch.accelerator.memory_stats(torch.device("npu", index)))
     stats.update(_C.memory_stats(index))
     return stats
 
 
 def memory_allocated(device=None) -> int:
-    return _C.memory_stats(_npu._index(device))["allocated_bytes"]
+    return _C.memory_stats(_npu._checked_index(device, "memory_allocated"))["allocated_bytes"]
 
 
 def max_memory_allocated(device=None) -> int:
-    return _C.memory_stats(_npu._index(device))["peak_allocated_bytes"]
+    return _C.memory_stats(_npu._checked_index(device, "max_memory_allocated"))["peak_allocated_bytes"]
 
 
 def memory_reserved(device=None) -> int:
-    return _C.memory_stats(_npu._index(device))["reserved_bytes"]
+    return _C.memory_stats(_npu._checked_index(device, "memory_reserved"))["reserved_bytes"]
 
 
 def max_memory_reserved(device=None) -> int:
-    return _C.memory_stats(_npu._index(device))["peak_reserved_bytes"]
+    return _C.memory_stats(_npu._checked_index(device, "max_memory_reserved"))["peak_reserved_bytes"]
 
 
 def reset_peak_memory_stats(device=None) -> None:
-    _C.reset_peak_memory_stats(_npu._index(device))
+    _C.reset_peak_memory_stats(_npu._checked_index(device, "reset_peak_memory_stats"))
 
 
 def empty_cache() -> None:
@@ -75,8 +75,8 @@ def memory_snapshot(device=None) -> list:
     them: per segment device, address, total_size, allocated_size,
     active_size, requested_size, stream (the npu stream id), segment_type
     ("small" or "large") and blocks (address, size, requested_size, state
-    "active_allocated" or "inactive"), in address order. The device is the
-    current one unless given (torch.cuda lists every device's)."""
+    "active_allocated" or "inactive"), in address order: every device's,
+    as torch.cuda lists them, or the given device's."""
     if device is None:
         return [seg for i in range(_npu.device_count()) for seg in _C.memory_snapshot(i)]
     return _C.memory_snapshot(_npu._checked_index(device, "memory_snapshot"))

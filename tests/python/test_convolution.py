@@ -22,9 +22,9 @@ CASES = {
                                          dict(stride=(2, 1), padding=(0, 1), dilation=2, groups=2)),
     "conv_transpose3d": (F.conv_transpose3d, (1, 2, 3, 4, 3), (2, 3, 3, 3, 3),
                          dict(stride=2, padding=1, output_padding=(1, 0, 1))),
-    # im2col columns of ~1 MB: the passes run over several blocks of output rows.
-    "conv3d in row blocks": (F.conv3d, (2, 32, 4, 40, 40), (8, 32, 3, 3, 3), dict(padding=(0, 1, 1))),
-    "conv_transpose2d in row blocks": (F.conv_transpose2d, (1, 16, 30, 30), (16, 130, 5, 5), dict(padding=2)),
+    # im2col columns of several MB per image (864 x 3040 and 3250 x 900 floats).
+    "conv3d, large columns": (F.conv3d, (2, 32, 4, 40, 40), (8, 32, 3, 3, 3), dict(padding=(0, 1, 1))),
+    "conv_transpose2d, large columns": (F.conv_transpose2d, (1, 16, 30, 30), (16, 130, 5, 5), dict(padding=2)),
 }
 
 

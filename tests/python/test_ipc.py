@@ -45,11 +45,15 @@ def test_cpu_tensors_still_pickle_for_other_processes():
     assert torch.equal(ForkingPickler.loads(data), t)
 
 
-def _producer(q, device):
+def _producer(q, done, device):
     q.put(torch.arange(3.0, device=device))
+    # A shared CPU tensor travels as a file descriptor the producer serves:
+    # it stays alive until the consumer has it (as torch.multiprocessing
+    # asks of producers).
+    done.wait(JOIN_TIMEOUT_S)
 
 
-def _consumer(q, results):
+def _consumer(q, done, results):
     try:
         got = q.get(timeout=JOIN_TIMEOUT_S)
         results.put(("ok", got.cpu().tolist() if isinstance(got, torch.Tensor) else repr(got)))
@@ -57,13 +61,15 @@ def _consumer(q, results):
         results.put(("timeout", ""))
     except Exception as e:  # noqa: BLE001  (the message is what is tested)
         results.put((type(e).__name__, str(e)))
+    finally:
+        done.set()
 
 
 def _run_pair(device):
     ctx = mp.get_context("spawn")
-    q, results = ctx.Queue(), ctx.Queue()
-    producer = ctx.Process(target=_producer, args=(q, device))
-    consumer = ctx.Process(target=_consumer, args=(q, results))
+    q, results, done = ctx.Queue(), ctx.Queue(), ctx.Event()
+    producer = ctx.Process(target=_producer, args=(q, done, device))
+    consumer = ctx.Process(target=_consumer, args=(q, done, results))
     consumer.start()
     producer.start()
     try:

@@ -123,6 +123,43 @@ def test_the_plugin_and_the_fallback_agree_on_the_workspace():
         torch.testing.assert_close(a.cpu().double(), b.cpu(), **f32)
 
 
+def test_the_plugin_and_the_fallback_agree_on_the_gru_workspace():
+    """GRU's [r, z, n, hx, hidden n-gate] workspace from cann_like's float32
+    forward, fed to the CPU fallback's float64 backward, gives cann_like's
+    own backward (up to the float32 rounding of the workspace); the
+    fallback's float64 forward and backward match autograd through the
+    cell's formula."""
+    torch.manual_seed(3)
+    n, h = 3, 4
+    ig, hg, hx = torch.randn(n, 3 * h).double(), torch.randn(n, 3 * h).double(), torch.randn(n, h).double()
+    ib, hb = torch.randn(3 * h).double(), torch.randn(3 * h).double()
+    ghy = torch.randn(n, h).double()
+    cell = torch.ops.aten._thnn_fused_gru_cell
+    backward = torch.ops.aten._thnn_fused_gru_cell_backward
+
+    hy64, ws64 = cell(*(t.npu() for t in (ig, hg, hx, ib, hb)))
+    grad64 = backward(ghy.npu(), ws64, True)
+    leaves = [t.clone().requires_grad_() for t in (ig, hg, hx)]
+    ir, iz, i_n = (leaves[0] + ib).chunk(3, 1)
+    hr, hz, h_n = (leaves[1] + hb).chunk(3, 1)
+    r, z = (ir + hr).sigmoid(), (iz + hz).sigmoid()
+    cand = (i_n + r * h_n).tanh()
+    h_next = (leaves[2] - cand) * z + cand
+    exact = dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(hy64.cpu(), h_next.detach(), **exact)
+    d_ig, d_hg, d_hx = torch.autograd.grad(h_next, leaves, ghy)
+    for got, want in zip(grad64, (d_ig, d_hg, d_hx, d_ig.sum(0), d_hg.sum(0))):
+        torch.testing.assert_close(got.cpu(), want, **exact)
+
+    hy32, ws32 = cell(*(t.float().npu() for t in (ig, hg, hx, ib, hb)))
+    native = backward(ghy.float().npu(), ws32, True)
+    crossed = backward(ghy.npu(), ws32.double(), True)
+    f32 = dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(hy32.cpu().double(), h_next.detach(), **f32)
+    for a, b in zip(native, crossed):
+        torch.testing.assert_close(a.cpu().double(), b.cpu(), **f32)
+
+
 @pytest.mark.parametrize("cell", [torch.nn.LSTMCell, torch.nn.GRUCell, torch.nn.RNNCell])
 def test_the_cell_modules_match_the_cpu(cell):
     torch.manual_seed(2)

@@ -133,8 +133,6 @@ TEST(CachingAllocator, OutOfMemoryStatesRequestCapacityAllocatedAndReserved) {
   EXPECT_THROW(a.allocate(1ull << 40, s), OutOfMemoryError);
 }
 
-// Note [Segments shrink to the capacity]: a device smaller than the
-
 // Note [The memory fraction limits reserved memory].
 TEST(CachingAllocator, TheMemoryFractionLimitsReservedMemoryAndTheMessageNamesIt) {
   CachingAllocator a(0, 64ull << 20);
@@ -203,6 +201,8 @@ TEST(CachingAllocator, SnapshotListsSegmentsAndTheirBlocksInAddressOrder) {
     EXPECT_EQ(seg.allocated, 0u);
   }
 }
+
+// Note [Segments shrink to the capacity]: a device smaller than the
 // preferred segment still serves every request that fits.
 TEST(CachingAllocator, DevicesSmallerThanASegmentServeWhatFits) {
   const void* s = nullptr;

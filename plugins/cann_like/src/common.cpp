@@ -137,6 +137,15 @@ void check_out(const Call& call, const TensorRef& out, const Shape& shape, const
                                              " but found " + shape_str(out.sizes()));
 }
 
+void channel_sums(const float* m, int64_t n, int64_t channels, int64_t plane, float* out) {
+  for (int64_t c = 0; c < channels; ++c) {
+    double s = 0;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < plane; ++k) s += m[(i * channels + c) * plane + k];
+    out[c] = static_cast<float>(s);
+  }
+}
+
 int64_t pair_at(const std::vector<int64_t>& v, size_t i, const Call& call, const char* name) {
   if (v.size() == 1) return v[0];
   if (v.size() != 2)

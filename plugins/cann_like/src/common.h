@@ -389,6 +389,9 @@ int64_t wrap_dim(const Call& call, int64_t dim, int64_t ndim, const char* arg = 
 // Checks a preallocated out tensor: dtype and shape (ATen resizes outs; a
 // host passes them sized).
 void check_out(const Call& call, const TensorRef& out, const Shape& shape, const char* name = "out");
+// out[c] = the sum over i < n and k < plane of m[(i * channels + c) * plane + k], in
+// double: a bias's gradient (plane 1: the column sums of an [n, channels] matrix).
+void channel_sums(const float* m, int64_t n, int64_t channels, int64_t plane, float* out);
 int64_t numel_of(const Shape& s);
 // Element i of an int[2] argument given as one or two values (stride=2 is [2, 2]).
 int64_t pair_at(const std::vector<int64_t>& v, size_t i, const Call& call, const char* name);

@@ -310,16 +310,6 @@ void conv_weight_grad(const Call& call, const Conv& g, const float* xp, const fl
   }
 }
 
-// grad_bias[c] = sum of dy[:, c] (dy [n, channels, plane]), in double.
-void bias_grad(const float* dyp, int64_t n, int64_t channels, int64_t plane, float* out) {
-  for (int64_t c = 0; c < channels; ++c) {
-    double s = 0;
-    for (int64_t ni = 0; ni < n; ++ni)
-      for (int64_t k = 0; k < plane; ++k) s += dyp[(ni * channels + c) * plane + k];
-    out[c] = static_cast<float>(s);
-  }
-}
-
 int64_t plane_of(const std::vector<int64_t>& shape) {
   int64_t p = 1;
   for (size_t i = 2; i < shape.size(); ++i) p *= shape[i];
@@ -413,7 +403,7 @@ void convolution_backward(Call& call) {
   }
   if (mask[2]) {
     TensorRef gb = call.output(2, {cc.out_shape[1]}, go.dtype());
-    bias_grad(gp, g.n, cc.out_shape[1], plane_of(cc.out_shape), gb.data<float>());
+    channel_sums(gp, g.n, cc.out_shape[1], plane_of(cc.out_shape), gb.data<float>());
   }
 }
 

@@ -77,7 +77,6 @@ void lstm_cell(Call& call) {
   TensorRef hy = call.output(0, {n, h}, cx.dtype());
   TensorRef cy = call.output(1, {n, h}, cx.dtype());
   TensorRef ws = call.output(2, {n, 4 * h}, cx.dtype());
-  if (call.is_meta()) return;
   const Gates g = gates_of(ig, hg, ib, hb);
   const float* c0 = cx.data<float>();
   float *hp = hy.data<float>(), *cp = cy.data<float>(), *wp = ws.data<float>();
@@ -100,15 +99,6 @@ void lstm_cell(Call& call) {
   });
 }
 
-// The sum over rows of a [n, width] matrix into bias[width], in double.
-void column_sums(const float* m, int64_t n, int64_t width, float* bias) {
-  for (int64_t c = 0; c < width; ++c) {
-    double s = 0;
-    for (int64_t r = 0; r < n; ++r) s += m[r * width + c];
-    bias[c] = static_cast<float>(s);
-  }
-}
-
 // aten::_thnn_fused_lstm_cell_backward_impl(grad_hy?, grad_cy?, cx, cy, workspace, has_bias)
 //     -> (grad_gates, grad_cx, grad_bias)
 void lstm_cell_backward(Call& call) {
@@ -129,7 +119,6 @@ void lstm_cell_backward(Call& call) {
   TensorRef gg = call.output(0, {n, 4 * h}, cx.dtype());
   TensorRef gcx = call.output(1, {n, h}, cx.dtype());
   TensorRef gb = has_bias ? call.output(2, {4 * h}, cx.dtype()) : TensorRef();
-  if (call.is_meta()) return;
   const float* gh = ghy.defined() ? ghy.data<float>() : nullptr;
   const float* gc = gcy.defined() ? gcy.data<float>() : nullptr;
   const float *c0 = cx.data<float>(), *c1 = cy.data<float>(), *wp = ws.data<float>();
@@ -151,7 +140,7 @@ void lstm_cell_backward(Call& call) {
         gcxp[e] = dc * f;
       }
   });
-  if (has_bias) column_sums(gp, n, 4 * h, gb.data<float>());
+  if (has_bias) channel_sums(gp, n, 4 * h, 1, gb.data<float>());
 }
 
 // aten::_thnn_fused_gru_cell(input_gates, hidden_gates, hx, input_bias?, hidden_bias?)
@@ -163,7 +152,6 @@ void gru_cell(Call& call) {
   const int64_t n = hx.size(0);
   TensorRef hy = call.output(0, {n, h}, hx.dtype());
   TensorRef ws = call.output(1, {n, 5 * h}, hx.dtype());
-  if (call.is_meta()) return;
   const Gates g = gates_of(ig, hg, ib, hb);
   const float* h0 = hx.data<float>();
   float *hp = hy.data<float>(), *wp = ws.data<float>();
@@ -203,7 +191,6 @@ void gru_cell_backward(Call& call) {
   TensorRef ghx = call.output(2, {n, h}, ghy.dtype());
   TensorRef gib = has_bias ? call.output(3, {3 * h}, ghy.dtype()) : TensorRef();
   TensorRef ghb = has_bias ? call.output(4, {3 * h}, ghy.dtype()) : TensorRef();
-  if (call.is_meta()) return;
   const float *gh = ghy.data<float>(), *wp = ws.data<float>();
   float *gip = gi.data<float>(), *ghp = ghg.data<float>(), *ghxp = ghx.data<float>();
   call.parallel_for(0, n, rows_per_task(h), [&](int64_t r0, int64_t r1) {
@@ -226,8 +213,8 @@ void gru_cell_backward(Call& call) {
       }
   });
   if (has_bias) {
-    column_sums(gip, n, 3 * h, gib.data<float>());
-    column_sums(ghp, n, 3 * h, ghb.data<float>());
+    channel_sums(gip, n, 3 * h, 1, gib.data<float>());
+    channel_sums(ghp, n, 3 * h, 1, ghb.data<float>());
   }
 }
 

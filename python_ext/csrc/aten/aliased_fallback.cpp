@@ -103,18 +103,26 @@ class CpuViews {
     return c;
   }
 
-  // After the CPU kernel: the written storages' bytes go back, and a written
-  // tensor the kernel resized (out= of another shape) takes its new shape
-  // and values.
+  // After the CPU kernel: each written tensor's elements go back (only
+  // those: the span copied to the CPU also holds read-only inputs and gaps
+  // another thread may write meanwhile), and a written tensor the kernel
+  // resized (out= of another shape) takes its new shape and values. A
+  // written tensor whose elements share memory (an expanded self that
+  // masked_fill_ may write) goes back as its bytes.
   void write_back() {
-    for (const StorageCopy& s : copies_)
-      if (s.written && s.hi > s.lo) copy_from(s.cpu, npu_bytes(s.npu, s.lo, s.hi - s.lo, npu_), false);
     for (const auto& [npu, cpu] : written_) {
-      if (cpu.sizes().equals(npu.sizes()) && cpu.strides().equals(npu.strides()) &&
-          cpu.storage().unsafeGetStorageImpl() == copy_of(npu).cpu.storage().unsafeGetStorageImpl())
-        continue;
-      resize_(npu, cpu.sizes(), std::nullopt);
-      copy_from(cpu, npu, false);
+      const bool in_place =
+          cpu.sizes().equals(npu.sizes()) && cpu.strides().equals(npu.strides()) &&
+          cpu.storage().unsafeGetStorageImpl() == copy_of(npu).cpu.storage().unsafeGetStorageImpl();
+      if (!in_place) {
+        resize_(npu, cpu.sizes(), std::nullopt);
+        copy_from(cpu, npu, false);
+      } else if (npu.numel() > 0 && at::has_internal_overlap(npu) != at::MemOverlap::No) {
+        const StorageCopy& s = copy_of(npu);
+        copy_from(s.cpu, npu_bytes(s.npu, s.lo, s.hi - s.lo, npu_), false);
+      } else if (npu.numel() > 0) {
+        copy_from(cpu, npu, false);
+      }
     }
   }
 
@@ -180,6 +188,14 @@ bool needs_aliased_cpu_run(const c10::OperatorHandle& op, const torch::jit::Stac
 }
 
 void run_aliased_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::Device npu) {
+  // A view's result must share the npu input's memory; one computed on the
+  // CPU and moved back would be a silent copy (as ATen's cpu_fallback
+  // refuses views).
+  for (const c10::Argument& r : op.schema().returns())
+    TORCH_CHECK(r.alias_info() == nullptr || r.alias_info()->isWrite(), "npubridge: the operator '",
+                op.schema().operator_name(), "' is a view operator, and views of npu tensors cannot be ",
+                "computed on the CPU (the storage cannot be shared across devices); this call has tensors ",
+                "that share memory or carry the conjugate or negative bit");
   const auto& schema = op.schema().arguments();
   const size_t first = stack->size() - schema.size();
   CpuViews views(npu);

@@ -154,6 +154,7 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
     return;
   }
   c10::SmallVector<at::Tensor, 2> outs;
+  Sharing sharing = Sharing::kNone;
   if (route_ == Route::kDirect) {
     // Note [out= is checked as ATen checks it]
     // ATen's checks of out= arguments differ per op: what overlap with the
@@ -169,7 +170,7 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
     // dispatcher: alias-safe elementwise kernels serve it, as ATen's
     // TensorIterator allows, and any other op falls back to ATen's CPU.
     if (has_out_) {
-      const Sharing sharing = written_sharing(op, *stack);
+      sharing = written_sharing(op, *stack);
       if (sharing == Sharing::kOther || !resize_outs(op, args, /*may_resize=*/sharing == Sharing::kNone)) {
         cpu_decides(op, stack);
         return;
@@ -203,6 +204,9 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
   // fallback on the original stack; otherwise the results replace it (the
   // .out routes return their outputs).
   torch::jit::Stack results;
+  // Only this call's kernel failure may send it to the CPU below (an error
+  // raised before the dispatcher runs leaves the flag of an earlier call).
+  tls_kernel_failed = false;
   try {
     run_on_dispatcher(target, args, route_ == Route::kDirect ? &results : nullptr);
   } catch (const c10::OutOfMemoryError&) {
@@ -211,8 +215,12 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
     // A kernel that refuses an out= call (an out dtype it cannot write)
     // words the refusal its own way: ATen's CPU kernel raises ATen's error,
     // or computes what the kernel would not (Note [out= is checked as ATen
-    // checks it]). Kernels check their arguments before they write.
-    if (!has_out_ || route_ != Route::kDirect || !tls_kernel_failed || call.fell_back) throw;
+    // checks it]). Kernels check their arguments before they write; where
+    // out= is also an input, a kernel that failed after writing would have
+    // changed what the CPU reads, so that error stands.
+    if (!has_out_ || route_ != Route::kDirect || !tls_kernel_failed || call.fell_back ||
+        sharing != Sharing::kNone)
+      throw;
     cpu_decides(op, stack);
     return;
   }
