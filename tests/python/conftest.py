@@ -36,3 +36,17 @@ def run_case(case, device):
         return "ok", out.cpu() if isinstance(out, torch.Tensor) else out
     except Exception as e:  # noqa: BLE001  (the class is compared)
         return type(e), str(e).splitlines()[0]
+
+
+def assert_same_outcome(name, case, equal_nan=False):
+    """A differential case gives on npu what it gives on the CPU: the same
+    dtype, shape and values (exactly), or an exception of the same class
+    whose message carries ATen's."""
+    cpu, npu = run_case(case, "cpu"), run_case(case, "npu")
+    if cpu[0] == "ok":
+        assert npu[0] == "ok", f"{name}: the cpu computed, the npu raised {npu}"
+        assert npu[1].dtype == cpu[1].dtype and npu[1].shape == cpu[1].shape, f"{name}: {npu[1]} vs {cpu[1]}"
+        torch.testing.assert_close(npu[1], cpu[1], rtol=0, atol=0, equal_nan=equal_nan, msg=name)
+    else:
+        assert npu[0] is cpu[0], f"{name}: the cpu raised {cpu}, the npu gave {npu}"
+        assert cpu[1] in npu[1], f"{name}: {npu[1]!r} does not carry ATen's {cpu[1]!r}"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import npubridge  # noqa: F401  (registers the npu device)
-from conftest import run_case as run
+from conftest import assert_same_outcome
 
 
 def ints(d, *shape, seed=0, dtype=torch.float32):
@@ -83,15 +83,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_npu_checks_out_as_the_cpu(name):
-    cpu = run(CASES[name], "cpu")
-    npu = run(CASES[name], "npu")
-    if cpu[0] == "ok":
-        assert npu[0] == "ok", f"{name}: cpu computed, npu raised {npu}"
-        assert npu[1].dtype == cpu[1].dtype and npu[1].shape == cpu[1].shape, (name, npu[1], cpu[1])
-        assert torch.equal(npu[1], cpu[1]), (name, npu[1], cpu[1])
-    else:
-        assert npu[0] is cpu[0], f"{name}: cpu raised {cpu}, npu gave {npu}"
-        assert cpu[1] in npu[1], f"{name}: {npu[1]!r} vs ATen's {cpu[1]!r}"
+    assert_same_outcome(name, CASES[name])
 
 
 def test_a_refused_out_leaves_its_tensors_alone():

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import npubridge  # noqa: F401  (registers the npu device)
-from conftest import run_case as run
+from conftest import assert_same_outcome
 
 
 def square(d):
@@ -53,14 +53,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_npu_agrees_with_the_cpu(name):
-    cpu = run(CASES[name], "cpu")
-    npu = run(CASES[name], "npu")
-    if cpu[0] == "ok":
-        assert npu[0] == "ok", f"{name}: cpu computed, npu raised {npu}"
-        torch.testing.assert_close(npu[1], cpu[1], rtol=0, atol=0, msg=name)
-    else:
-        assert npu[0] is cpu[0], f"{name}: cpu raised {cpu}, npu gave {npu}"
-        assert npu[1].endswith(cpu[1]) or cpu[1] in npu[1], f"{name}: {npu[1]!r} vs {cpu[1]!r}"
+    assert_same_outcome(name, CASES[name])
 
 
 def test_where_aten_itself_goes_wrong_or_refuses_npu_does_the_same():

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import npubridge  # noqa: F401  (registers the npu device)
-from conftest import run_case as run
+from conftest import assert_same_outcome
 
 
 def t(values, device, dtype=None):
@@ -82,15 +82,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_npu_agrees_with_the_cpu(name):
-    cpu = run(CASES[name], "cpu")
-    npu = run(CASES[name], "npu")
-    if cpu[0] == "ok":
-        assert npu[0] == "ok", f"{name}: the cpu computed, the npu raised {npu}"
-        assert npu[1].dtype == cpu[1].dtype and npu[1].shape == cpu[1].shape, f"{name}: {npu[1]} vs {cpu[1]}"
-        torch.testing.assert_close(npu[1], cpu[1], rtol=0, atol=0, equal_nan=True, msg=name)
-    else:
-        assert npu[0] is cpu[0], f"{name}: the cpu raised {cpu}, the npu gave {npu}"
-        assert cpu[1] in npu[1], f"{name}: {npu[1]!r} does not carry ATen's {cpu[1]!r}"
+    assert_same_outcome(name, CASES[name], equal_nan=True)
 
 
 def test_convolutions_that_fall_back_train_as_on_the_cpu():
