@@ -137,6 +137,12 @@ void check_out(const Call& call, const TensorRef& out, const Shape& shape, const
                                              " but found " + shape_str(out.sizes()));
 }
 
+void require_f32(const Call& call, const TensorRef& t, const char* name) {
+  if (t.defined() && dt_of(t.dtype()) != DT::f32)
+    call.fail(NPUB_ERR_UNSUPPORTED,
+              std::string(name) + ": expected float32 but found " + dt_name(dt_of(t.dtype())));
+}
+
 void channel_sums(const float* m, int64_t n, int64_t channels, int64_t plane, float* out) {
   for (int64_t c = 0; c < channels; ++c) {
     double s = 0;

@@ -389,6 +389,11 @@ int64_t wrap_dim(const Call& call, int64_t dim, int64_t ndim, const char* arg = 
 // Checks a preallocated out tensor: dtype and shape (ATen resizes outs; a
 // host passes them sized).
 void check_out(const Call& call, const TensorRef& out, const Shape& shape, const char* name = "out");
+// Declines (NPUB_ERR_UNSUPPORTED) a defined tensor argument `name` that is
+// not float32: the kernels that compute in float32 only (half types reach
+// them converted by the dispatcher, others go to the host's fallback).
+void require_f32(const Call& call, const TensorRef& t, const char* name);
+
 // out[c] = the sum over i < n and k < plane of m[(i * channels + c) * plane + k], in
 // double: a bias's gradient (plane 1: the column sums of an [n, channels] matrix).
 void channel_sums(const float* m, int64_t n, int64_t channels, int64_t plane, float* out);

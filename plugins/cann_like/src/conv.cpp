@@ -223,11 +223,8 @@ void col2im(const Conv& g, const float* col, float* x) {
         }
 }
 
-void require_f32(const Call& call, std::initializer_list<TensorRef> ts) {
-  for (const TensorRef& t : ts)
-    if (t.defined() && dt_of(t.dtype()) != DT::f32)
-      call.fail(NPUB_ERR_UNSUPPORTED,
-                std::string("expected float32 tensors but found ") + dt_name(dt_of(t.dtype())));
+void require_f32(const Call& call, std::initializer_list<std::pair<TensorRef, const char*>> ts) {
+  for (const auto& [t, name] : ts) cann_like::require_f32(call, t, name);
 }
 
 // Adds bias[channel] to each of the `channels` planes of `plane` elements
@@ -320,7 +317,7 @@ int64_t plane_of(const std::vector<int64_t>& shape) {
 //     transposed, output_padding, groups) -> Tensor
 void convolution(Call& call) {
   TensorRef x = call.tensor(0), wt = call.tensor(1), bias = call.optional_tensor(2);
-  require_f32(call, {x, wt, bias});
+  require_f32(call, {{x, "input"}, {wt, "weight"}, {bias, "bias"}});
   const ConvCall cc = conv_geometry(call, x, wt, call.int_list(3), call.int_list(4), call.int_list(5),
                                     call.bool_arg(6), call.int_list(7), call.int_arg(8));
   const int64_t channels = cc.out_shape[1];
@@ -367,7 +364,7 @@ void conv2d_bias_relu_meta(Call& call) {
 
 void conv2d_bias_relu(Call& call) {
   TensorRef x = call.tensor(0), wt = call.tensor(1), bias = call.tensor(2);
-  require_f32(call, {x, wt, bias});
+  require_f32(call, {{x, "input"}, {wt, "weight"}, {bias, "bias"}});
   TensorRef out;
   const ConvCall cc = conv2d_bias_relu_output(call, &out);
   conv_forward(call, cc.g, x.data<float>(), wt.data<float>(), bias.data<float>(), out.data<float>(), true);
@@ -378,7 +375,7 @@ void conv2d_bias_relu(Call& call) {
 //     -> (grad_input, grad_weight, grad_bias)
 void convolution_backward(Call& call) {
   TensorRef go = call.tensor(0), x = call.tensor(1), wt = call.tensor(2);
-  require_f32(call, {go, x, wt});
+  require_f32(call, {{go, "grad_output"}, {x, "input"}, {wt, "weight"}});
   const ConvCall cc = conv_geometry(call, x, wt, call.int_list(3), call.int_list(4), call.int_list(5),
                                     call.bool_arg(6), call.int_list(7), call.int_arg(8));
   const Conv& g = cc.g;

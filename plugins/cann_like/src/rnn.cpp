@@ -21,12 +21,6 @@ namespace {
 
 float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 
-void require_f32(const Call& call, const TensorRef& t, const char* name) {
-  if (t.defined() && dt_of(t.dtype()) != DT::f32)
-    call.fail(NPUB_ERR_UNSUPPORTED,
-              std::string(name) + ": expected float32 but found " + dt_name(dt_of(t.dtype())));
-}
-
 // Checks the gate tensors of a cell with `k` gates against its state [N, H]:
 // gates [N, k*H], biases [k*H]. Returns H.
 int64_t check_cell(const Call& call, const TensorRef& input_gates, const TensorRef& hidden_gates,
