@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <unordered_set>
 #include <utility>
 
 namespace npub {
@@ -263,6 +264,55 @@ bool level_allows(const reg::Kernel& k, int level) { return level > 0 && k.min_o
 bool statically_eligible(const reg::Kernel& k, int level, DType dtype) {
   return plugin_enabled(k) && level_allows(k, level) && k.accepts(dtype);
 }
+
+// Note [Per-argument dtypes]: the first tensor argument of the call that
+// breaks `k`'s rule when it is dispatched as `dtype` (-1: none). A
+// converted call (`dtype` float32 for a half-type call) stages the
+// arguments of the call's own dtype to `dtype`, so those count as `dtype`.
+// On a mismatch, *found is that tensor's dtype.
+int32_t first_misfit(const reg::Kernel& k, const Dispatcher::CallState& cs, DType dtype, DType* found) {
+  if (k.any_arg_dtypes) return -1;
+  const bool ruled = !k.arg_rules.empty();
+  for (int32_t i = 0; i < cs.num_args; ++i) {
+    const NpubValue& v = cs.args[i];
+    if (v.tag != NPUB_VALUE_TENSOR && v.tag != NPUB_VALUE_TENSOR_LIST) continue;
+    const reg::ArgDtypeRule rule = ruled ? k.arg_rules[static_cast<size_t>(i)] : reg::ArgDtypeRule{};
+    if (rule.kind == reg::ArgDtypeRule::kAny) continue;
+    auto fits = [&](const DLTensor* t) {
+      if (t == nullptr) return true;
+      DType d = dtype_of(t->dtype);
+      if (d == cs.dtype) d = dtype;
+      *found = d;
+      return rule.kind == reg::ArgDtypeRule::kDispatch ? d == dtype
+                                                       : ((rule.mask >> static_cast<int>(d)) & 1u) != 0;
+    };
+    if (v.tag == NPUB_VALUE_TENSOR) {
+      if (!fits(v.u.tensor)) return i;
+    } else {
+      for (int32_t j = 0; j < v.count; ++j)
+        if (!fits(v.u.tensors[j])) return i;
+    }
+  }
+  return -1;
+}
+
+bool args_fit(const reg::Kernel& k, const Dispatcher::CallState& cs, DType dtype) {
+  DType found = DType::kUnknown;
+  const int32_t i = first_misfit(k, cs, dtype, &found);
+  if (i < 0) return true;
+  if (log().should_log(spdlog::level::debug))
+    log().debug("op '{}': the kernel of plugin '{}' does not take argument '{}' as {} (dispatch dtype {})",
+                cs.op->name(), k.plugin_name(), cs.op->schema().arguments[static_cast<size_t>(i)].name,
+                dtype_name(found), dtype_name(dtype));
+  return false;
+}
+
+std::string mask_string(uint32_t mask) {
+  std::string s;
+  for (int i = 0; i < kNumDTypes; ++i)
+    if ((mask >> i) & 1u) s += (s.empty() ? "" : ", ") + std::string(dtype_name(static_cast<DType>(i)));
+  return s;
+}
 // Note [Memory overlap]: the same view written and read needs a kernel
 // that declares it may; any other overlap none may serve.
 bool overlap_allows(const reg::Kernel& k, Overlap o) {
@@ -285,6 +335,7 @@ const reg::Kernel* Dispatcher::select_kernel(CallState& cs, DType dtype) const {
   return first_eligible(
       cs.op->kernels(cs.device.device_type), cs.handle->preferred_plugin, [&](const reg::Kernel& k) {
         return statically_eligible(k, level, dtype) && overlap_allows(k, cs.overlap) &&
+               args_fit(k, cs, dtype) &&
                (k.supports == nullptr || k.supports(k.user_data, cs.args, cs.num_args) != 0);
       });
 }
@@ -331,6 +382,130 @@ ScopedCallGenerator::~ScopedCallGenerator() { tls_call_generator = outer_; }
 
 sim::Generator* ScopedCallGenerator::current() { return tls_call_generator; }
 
+namespace {
+
+// Bit i: return i arrived empty (NPUB_VALUE_NONE), for the kernel to fill.
+// Returns past the 64th are not checked.
+uint64_t empty_returns(const NpubValue* rets, int32_t n) {
+  uint64_t bits = 0;
+  for (int32_t i = 0; i < n && i < 64; ++i)
+    if (rets[i].tag == NPUB_VALUE_NONE) bits |= uint64_t{1} << i;
+  return bits;
+}
+
+// Whether ATen's schema lets return `i` of `op` stay undefined in this call:
+// the caller switched it off (bool[N] output_mask), or it is the gradient of
+// a bias the call has none of (bool has_bias, the fused RNN cells).
+bool may_stay_undefined(const reg::OpEntry& op, const NpubValue* args, int32_t num_args, int32_t i) {
+  const auto& sargs = op.schema().arguments;
+  for (int32_t a = 0; a < num_args && a < static_cast<int32_t>(sargs.size()); ++a) {
+    const reg::Argument& arg = sargs[static_cast<size_t>(a)];
+    const NpubValue& v = args[a];
+    if (arg.name == "output_mask" && v.tag == NPUB_VALUE_INT_LIST && i < v.count && v.u.ints[i] == 0)
+      return true;
+    if (arg.name == "has_bias" && v.tag == NPUB_VALUE_BOOL && v.u.i == 0) return true;
+  }
+  return false;
+}
+
+// Note [Kernel outputs are checked]
+// What a kernel produced for the returns it had to fill (the ones that
+// arrived empty) is checked before anyone reads it, so that a plugin's
+// mistake surfaces as an error naming the op and the plugin instead of a
+// None in Python or a size error in the next op:
+//  - a `Tensor` return left unset is an error, unless the schema lets it be
+//    undefined (may_stay_undefined);
+//  - when the op has a meta function, the shape and dtype of every tensor
+//    the kernel allocated must be what the meta function declares for the
+//    same arguments. Running the meta function costs about as much as a
+//    small kernel, so it runs at the first call of each signature (kernel,
+//    and dtype and rank of every tensor argument), and on every call with
+//    NPUB_VALIDATE=1 (the test suite's setting). Ops without a meta
+//    function (ATen's, whose outputs the PyTorch extension preallocates
+//    from ATen's own meta kernels) cost one pass over the returns.
+bool validate_every_call() {
+  static const bool on = env::get_flag("NPUB_VALIDATE", false);
+  return on;
+}
+
+uint64_t signature_of(const reg::Kernel& k, const NpubValue* args, int32_t n) {
+  uint64_t h = reinterpret_cast<uintptr_t>(&k) * 0x9E3779B97F4A7C15ull;
+  auto mix = [&](uint64_t v) { h = (h ^ v) * 0x100000001B3ull; };
+  for (int32_t i = 0; i < n; ++i) {
+    const NpubValue& v = args[i];
+    mix(static_cast<uint64_t>(v.tag));
+    if (v.tag == NPUB_VALUE_TENSOR) {
+      mix(static_cast<uint64_t>(v.u.tensor->ndim));
+      mix(static_cast<uint64_t>(dtype_of(v.u.tensor->dtype)));
+    }
+  }
+  return h;
+}
+
+// Whether this signature has been checked already; records it if not.
+bool seen_signature(uint64_t signature) {
+  static std::mutex mu;
+  static std::unordered_set<uint64_t> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  return !seen.insert(signature).second;
+}
+
+std::string shape_string(const int64_t* shape, int32_t ndim) {
+  std::string s = "[";
+  for (int32_t d = 0; d < ndim; ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+  return s + "]";
+}
+
+void check_kernel_returns(const Dispatcher::CallState& cs, const reg::Kernel& k, const NpubValue* args,
+                          const NpubValue* rets, uint64_t empty_before) {
+  const reg::OpEntry& op = *cs.op;
+  const auto& returns = op.schema().returns;
+  auto fail = [&](const std::string& what) {
+    throw KernelError(ErrorCode::kInternal,
+                      "op '" + op.name() + "': the kernel of plugin '" + k.plugin_name() + "' " + what);
+  };
+  bool allocated = false;
+  for (int32_t i = 0; i < cs.num_rets && i < 64; ++i) {
+    if (((empty_before >> i) & 1u) == 0) continue;
+    const reg::Argument& r = returns[static_cast<size_t>(i)];
+    if (r.type.base != reg::BaseType::kTensor || r.type.list || r.type.optional) continue;
+    if (rets[i].tag == NPUB_VALUE_TENSOR) {
+      allocated = true;
+    } else if (!may_stay_undefined(op, args, cs.num_args, i)) {
+      fail("returned without setting return " + std::to_string(i) + " (" + reg::type_to_string(r.type) +
+           (r.name.empty() ? "" : " " + r.name) +
+           "): a kernel must allocate each tensor return that arrives empty (alloc_output, or "
+           "Call::output in the SDK)");
+    }
+  }
+  const reg::MetaFunction* meta = op.meta();
+  if (!allocated || meta == nullptr) return;
+  if (!validate_every_call() && seen_signature(signature_of(k, args, cs.num_args))) return;
+  std::vector<OutputMeta> expected(returns.size());
+  for (size_t i = 0; i < returns.size(); ++i) expected[i].alias = op.return_alias()[i];
+  NpubMetaContext mctx{context_head(op.name(), meta->user_data), &op, &expected};
+  if (NpubError* e = meta->fn(&mctx, args, cs.num_args)) {
+    const std::string msg = consume_error(e);
+    fail("produced outputs for arguments that the op's meta function rejects (" + msg + ")");
+  }
+  for (int32_t i = 0; i < cs.num_rets && i < 64; ++i) {
+    if (((empty_before >> i) & 1u) == 0 || rets[i].tag != NPUB_VALUE_TENSOR) continue;
+    const OutputMeta& m = expected[static_cast<size_t>(i)];
+    if (!m.set) continue;
+    const DLTensor* t = rets[i].u.tensor;
+    const bool same_shape = static_cast<size_t>(t->ndim) == m.shape.size() &&
+                            std::equal(m.shape.begin(), m.shape.end(), t->shape);
+    const DType got = dtype_of(t->dtype);
+    if (!same_shape || got != m.dtype)
+      fail("allocated return " + std::to_string(i) + " as " + std::string(dtype_name(got)) + " " +
+           shape_string(t->shape, t->ndim) + ", but the op's meta function declares " + dtype_name(m.dtype) +
+           " " + shape_string(m.shape.data(), static_cast<int32_t>(m.shape.size())) +
+           " for these arguments (the next op would read a tensor of the wrong size)");
+  }
+}
+
+}  // namespace
+
 // Note [Kernels run inline, in stream order]
 // A kernel runs on the calling host thread, using the device's compute
 // threads through parallel_for; it is ordered with the other work of the
@@ -346,6 +521,7 @@ void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs, con
   sim::Stream& stream = dev.current_stream();
   if (!stream.query()) stream.synchronize();
   NpubCallContext ctx;
+  ctx.head = context_head(cs.op->name(), k.user_data);
   ctx.kernel = &k;
   ctx.device = &dev;
   ctx.stream = &stream;
@@ -380,6 +556,7 @@ void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs, con
       ctx.workspace_bytes = bytes;
     }
   }
+  const uint64_t empty_before = empty_returns(rets, cs.num_rets);
   NpubError* e = nullptr;
   try {
     e = k.fn(&ctx, args, cs.num_args, rets, cs.num_rets);
@@ -393,8 +570,7 @@ void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs, con
     std::string msg = consume_error(e, &code);
     fail(code, msg);
   }
-  // A tensor return the kernel left empty is an undefined tensor (as ATen
-  // returns for outputs an output_mask switched off).
+  if (empty_before != 0) check_kernel_returns(cs, k, args, rets, empty_before);
   const_cast<reg::Kernel&>(k).calls.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -473,7 +649,7 @@ std::vector<OutputMeta> Dispatcher::infer_meta(const OpHandle& handle, const Npu
     throw Error(ErrorCode::kNotFound, "op '" + op.name() + "' has no meta function: " + op.defined_by() +
                                           " did not register one (register_meta), so its outputs' shapes "
                                           "cannot be known without running it");
-  NpubMetaContext ctx{&op, &out};
+  NpubMetaContext ctx{context_head(op.name(), meta->user_data), &op, &out};
   if (NpubError* e = meta->fn(&ctx, cs.args, cs.num_args)) {
     int32_t code = 0;
     const std::string msg = consume_error(e, &code);
@@ -485,18 +661,21 @@ std::vector<OutputMeta> Dispatcher::infer_meta(const OpHandle& handle, const Npu
     if (out[i].alias < 0 && !out[i].set && r.type.base == reg::BaseType::kTensor && !r.type.list)
       throw Error(ErrorCode::kInternal, "op '" + op.name() + "' (plugin '" + meta->plugin->name +
                                             "'): the meta function did not declare return " +
-                                            std::to_string(i) + " (set_output_meta)");
+                                            std::to_string(i) +
+                                            " (set_output_meta; a meta function sees no tensor data, so it "
+                                            "must declare every output from shapes and dtypes alone)");
   }
   return out;
 }
 
-std::string explain_no_kernel(const Dispatcher& d, const reg::OpEntry& op, const DLDevice& dev, DType dtype,
-                              Overlap overlap) {
-  const auto& list = op.kernels(dev.device_type);
+std::string explain_no_kernel(const Dispatcher& d, const Dispatcher::CallState& cs) {
+  const reg::OpEntry& op = *cs.op;
+  const DType dtype = cs.dtype;
+  const auto& list = op.kernels(cs.device.device_type);
   if (d.opt_level() == 0) return "optimisation level 0 disables every plugin kernel";
-  if (overlap == Overlap::kUnsafe)
+  if (cs.overlap == Overlap::kUnsafe)
     return "tensors it writes share memory with other tensors of the call, which no kernel may serve";
-  if (overlap == Overlap::kFull &&
+  if (cs.overlap == Overlap::kFull &&
       std::any_of(list.begin(), list.end(), [&](const reg::Kernel* k) { return k->accepts(dtype); }) &&
       std::none_of(list.begin(), list.end(), [&](const reg::Kernel* k) {
         return k->accepts(dtype) && (k->flags & NPUB_KERNEL_ALIAS_SAFE) != 0;
@@ -505,7 +684,25 @@ std::string explain_no_kernel(const Dispatcher& d, const reg::OpEntry& op, const
            dtype_name(dtype) + " declares NPUB_KERNEL_ALIAS_SAFE";
   if (list.empty())
     return std::string("no plugin registers a kernel for it on ") +
-           (dev.device_type == NPUB_DEVICE_CPU ? "cpu" : "npu");
+           (cs.device.device_type == NPUB_DEVICE_CPU ? "cpu" : "npu");
+  // Note [Per-argument dtypes]: kernels that take the dispatch dtype but
+  // not another argument's.
+  std::string misfits;
+  for (const reg::Kernel* k : list) {
+    if (!statically_eligible(*k, d.opt_level(), dtype)) continue;
+    DType found = DType::kUnknown;
+    const int32_t i = first_misfit(*k, cs, dtype, &found);
+    if (i < 0) continue;
+    const reg::ArgDtypeRule rule =
+        k->arg_rules.empty() ? reg::ArgDtypeRule{} : k->arg_rules[static_cast<size_t>(i)];
+    misfits +=
+        (misfits.empty() ? "" : "; ") + std::string("plugin '") + k->plugin_name() + "' expects argument '" +
+        op.schema().arguments[static_cast<size_t>(i)].name + "' to be " +
+        (rule.kind == reg::ArgDtypeRule::kListed ? "one of {" + mask_string(rule.mask) + "}"
+                                                 : std::string(dtype_name(dtype)) + " (the dispatch dtype)") +
+        " but found " + dtype_name(found);
+  }
+  if (!misfits.empty()) return "no kernel accepts the arguments' dtypes (" + misfits + ")";
   std::string s = std::string("no kernel accepts dtype ") + dtype_name(dtype) + " (";
   for (size_t i = 0; i < list.size(); ++i) {
     const reg::Kernel* k = list[i];
@@ -524,9 +721,7 @@ thread_local std::string tls_fallback_reason;
 const std::string& Dispatcher::fallback_reason() { return tls_fallback_reason; }
 
 void Dispatcher::run_fallback(CallState& cs, const char* reason) {
-  const std::string why = reason != nullptr
-                              ? std::string(reason)
-                              : explain_no_kernel(*this, *cs.op, cs.device, cs.dtype, cs.overlap);
+  const std::string why = reason != nullptr ? std::string(reason) : explain_no_kernel(*this, cs);
   if (fallback_mode_.load(std::memory_order_relaxed) == FallbackMode::kError)
     throw Error(ErrorCode::kUnsupported,
                 "op '" + cs.op->name() + "' is not supported on " + device_str(cs.device) + ": " + why +

@@ -91,6 +91,92 @@ NpubError* define_op(NpubRegistrar* r, const char* schema_text) {
   return nullptr;
 }
 
+// Note [Per-argument dtypes]: resolves a kernel's NpubKernelDesc.arg_dtypes
+// (ABI 1.4) and NPUB_KERNEL_MIXED_DTYPES to one rule per schema argument.
+NpubError* read_arg_dtypes(NpubRegistrar* r, const NpubKernelDesc& desc, const std::string& op,
+                           reg::Kernel& k) {
+  const reg::Schema& schema = *staged_or_registered_schema(r, op);
+  const auto& sargs = schema.arguments;
+  const std::string where = "register_kernel for op '" + op + "'";
+  const bool has_rules = desc.struct_size >= NPUB_KERNEL_DESC_STRUCT_SIZE_1_4 && desc.num_arg_dtypes != 0;
+  if ((desc.flags & NPUB_KERNEL_MIXED_DTYPES) != 0) {
+    if (has_rules)
+      return registration_error(r, where +
+                                       ": NPUB_KERNEL_MIXED_DTYPES already lets every argument have "
+                                       "any dtype; give arg_dtypes or the flag, not both");
+    k.arg_rules.assign(sargs.size(), reg::ArgDtypeRule{reg::ArgDtypeRule::kAny, 0});
+    k.any_arg_dtypes = true;
+    return nullptr;
+  }
+  if (!has_rules) return nullptr;
+  if (desc.num_arg_dtypes < 0 || desc.arg_dtypes == nullptr)
+    return registration_error(
+        r, where + ": arg_dtypes is NULL with num_arg_dtypes " + std::to_string(desc.num_arg_dtypes));
+  std::vector<reg::ArgDtypeRule> rules(sargs.size());
+  std::vector<bool> named(sargs.size(), false);
+  const reg::ArgDtypeRule* star = nullptr;
+  reg::ArgDtypeRule star_rule;
+  for (int32_t i = 0; i < desc.num_arg_dtypes; ++i) {
+    const NpubArgDtypes& a = desc.arg_dtypes[i];
+    const std::string name = a.arg != nullptr ? a.arg : "";
+    const std::string what = where + ", arg_dtypes[" + std::to_string(i) + "] ('" + name + "')";
+    reg::ArgDtypeRule rule;
+    switch (a.rule) {
+      case NPUB_ARG_DTYPE_DISPATCH:
+        rule.kind = reg::ArgDtypeRule::kDispatch;
+        break;
+      case NPUB_ARG_DTYPE_ANY:
+        rule.kind = reg::ArgDtypeRule::kAny;
+        break;
+      case NPUB_ARG_DTYPE_LISTED:
+        rule.kind = reg::ArgDtypeRule::kListed;
+        if (a.num_dtypes <= 0 || a.dtypes == nullptr)
+          return registration_error(r, what + ": NPUB_ARG_DTYPE_LISTED needs at least one dtype but found " +
+                                           std::to_string(a.num_dtypes));
+        for (int32_t d = 0; d < a.num_dtypes; ++d) {
+          const DType t = dtype_of(a.dtypes[d]);
+          if (t == DType::kUnknown)
+            return registration_error(r, what + ": unsupported dtype " + dtype_name(a.dtypes[d]));
+          rule.mask |= 1u << static_cast<int>(t);
+        }
+        break;
+      default:
+        return registration_error(r, what + ": unknown rule " + std::to_string(a.rule) +
+                                         " (expected NPUB_ARG_DTYPE_DISPATCH, _ANY or _LISTED)");
+    }
+    if (name == "*") {
+      if (star != nullptr) return registration_error(r, what + ": '*' is given twice");
+      star_rule = rule;
+      star = &star_rule;
+      continue;
+    }
+    size_t index = 0;
+    while (index < sargs.size() && sargs[index].name != name) ++index;
+    if (index == sargs.size()) {
+      std::string names;
+      for (const auto& sa : sargs)
+        if (sa.type.base == reg::BaseType::kTensor) names += (names.empty() ? "" : ", ") + sa.name;
+      return registration_error(r, what + ": no argument of that name (the op's tensor arguments: " +
+                                       (names.empty() ? "none" : names) + ")");
+    }
+    if (sargs[index].type.base != reg::BaseType::kTensor)
+      return registration_error(
+          r, what + ": the argument is " + reg::type_to_string(sargs[index].type) + ", not a tensor");
+    if (named[index]) return registration_error(r, what + ": the argument is named twice");
+    named[index] = true;
+    rules[index] = rule;
+  }
+  bool all_any = true;
+  for (size_t i = 0; i < rules.size(); ++i) {
+    if (!named[i] && star != nullptr) rules[i] = *star;
+    if (sargs[i].type.base == reg::BaseType::kTensor && rules[i].kind != reg::ArgDtypeRule::kAny)
+      all_any = false;
+  }
+  k.arg_rules = std::move(rules);
+  k.any_arg_dtypes = all_any;
+  return nullptr;
+}
+
 NpubError* register_kernel(NpubRegistrar* r, const NpubKernelDesc* desc) {
   if (r == nullptr) return make_error(NPUB_ERR_INVALID_ARGUMENT, "register_kernel: registrar is NULL");
   if (!r->open)
@@ -135,6 +221,7 @@ NpubError* register_kernel(NpubRegistrar* r, const NpubKernelDesc* desc) {
     mask |= 1u << static_cast<int>(t);
   }
   auto k = std::make_unique<reg::Kernel>();
+  if (NpubError* e = read_arg_dtypes(r, *desc, op, *k)) return e;
   k->plugin = r->plugin;
   k->device_type = desc->device_type;
   k->priority = desc->priority;
@@ -169,7 +256,7 @@ NpubError* register_kernel(NpubRegistrar* r, const NpubKernelDesc* desc) {
   return nullptr;
 }
 
-NpubError* register_meta(NpubRegistrar* r, const char* op_name, NpubMetaFn fn) {
+NpubError* register_meta_with_data(NpubRegistrar* r, const char* op_name, NpubMetaFn fn, void* user_data) {
   if (r == nullptr) return make_error(NPUB_ERR_INVALID_ARGUMENT, "register_meta: registrar is NULL");
   if (!r->open) return registration_error(r, "register_meta called after initialize returned");
   if (op_name == nullptr) return registration_error(r, "register_meta: op_name is NULL");
@@ -185,8 +272,15 @@ NpubError* register_meta(NpubRegistrar* r, const char* op_name, NpubMetaFn fn) {
   for (const auto& m : r->metas)
     if (m.first == op)
       return registration_error(r, "register_meta: op '" + op + "' given two meta functions by this plugin");
-  r->metas.emplace_back(op, fn);
+  reg::MetaFunction meta;
+  meta.fn = fn;
+  meta.user_data = user_data;
+  r->metas.emplace_back(op, std::move(meta));
   return nullptr;
+}
+
+NpubError* register_meta(NpubRegistrar* r, const char* op_name, NpubMetaFn fn) {
+  return register_meta_with_data(r, op_name, fn, nullptr);
 }
 
 NpubError* set_output_meta(NpubMetaContext* ctx, int32_t ret_index, int32_t ndim, const int64_t* shape,
@@ -434,7 +528,8 @@ const NpubHostApi kHostApi = {
     &philox_reserve,  // \since 1.1
     &register_meta,
     &set_output_meta,
-    &define_derivative,  // \since 1.2
+    &define_derivative,        // \since 1.2
+    &register_meta_with_data,  // \since 1.4
 };
 
 }  // namespace

@@ -252,7 +252,10 @@ LoadResult PluginLoader::load(const std::string& path) {
   batch.schemas = std::move(registrar.schemas);
   for (size_t i = 0; i < registrar.kernels.size(); ++i)
     batch.kernels.emplace_back(registrar.kernel_ops[i], std::move(registrar.kernels[i]));
-  for (const auto& [op, fn] : registrar.metas) batch.metas.emplace_back(op, reg::MetaFunction{fn, record});
+  for (const auto& [op, meta] : registrar.metas) {
+    batch.metas.emplace_back(op, meta);
+    batch.metas.back().second.plugin = record;
+  }
   batch.derivatives = std::move(registrar.derivatives);
   const size_t num_schemas = batch.schemas.size(), num_kernels = batch.kernels.size();
   try {

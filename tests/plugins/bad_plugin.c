@@ -5,6 +5,8 @@
 #define _POSIX_C_SOURCE 200809L /* raise, pause */
 #include <npubridge/plugin_api.h>
 
+#include <string.h>
+
 #include <signal.h>
 #include <stddef.h>
 #include <unistd.h>
@@ -67,6 +69,7 @@ static NpubError* define_pair(NpubRegistrar* reg) {
 
 static NpubKernelDesc make_desc(const char* op) {
   NpubKernelDesc d;
+  memset(&d, 0, sizeof d);
   d.struct_size = sizeof d;
   d.op_name = op;
   d.device_type = NPUB_DEVICE_NPU;

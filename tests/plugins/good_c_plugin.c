@@ -11,6 +11,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static const NpubHostApi* g_host = NULL;
@@ -113,6 +114,8 @@ static NpubError* scale_meta(NpubMetaContext* ctx, const NpubValue* args, int32_
 static NpubError* register_one(NpubRegistrar* reg, const char* op, NpubKernelFn fn) {
   static const DLDataType f32 = {kDLFloat, 32, 1};
   NpubKernelDesc desc;
+  /* Zeroed first: fields a later minor version appends then read as absent. */
+  memset(&desc, 0, sizeof desc);
   desc.struct_size = NPUB_KERNEL_DESC_STRUCT_SIZE;
   desc.op_name = op;
   desc.device_type = NPUB_DEVICE_NPU;
@@ -146,10 +149,14 @@ static NpubError* initialize(const NpubHostApi* host, NpubRegistrar* reg) {
   if ((err = register_one(reg, "testc::scale", scale_kernel)) != NULL) return err;
   if ((err = register_one(reg, "testc::add_one_", add_one_kernel)) != NULL) return err;
   if ((err = register_one(reg, "testc::count_positive", count_positive_kernel)) != NULL) return err;
-  if ((err = host->register_meta(reg, "testc::scale", scale_meta)) != NULL) return err;
-  /* d(self * factor)/d(self) applied to grad is scale(grad, factor). */
-  if ((err = host->define_derivative(reg, "testc::scale", "self: testc::scale(grads[0], factor)")) != NULL)
-    return err;
+  /* register_meta and define_derivative came with ABI 1.2: an older host's
+   * table ends before them, so the plugin checks before calling. */
+  if (host->struct_size >= NPUB_HOST_API_STRUCT_SIZE_1_2) {
+    if ((err = host->register_meta(reg, "testc::scale", scale_meta)) != NULL) return err;
+    /* d(self * factor)/d(self) applied to grad is scale(grad, factor). */
+    if ((err = host->define_derivative(reg, "testc::scale", "self: testc::scale(grads[0], factor)")) != NULL)
+      return err;
+  }
   host->log(NPUB_LOG_DEBUG, "good_c_plugin initialised");
   return NULL;
 }

@@ -313,7 +313,7 @@ TEST(Loader, ACommitConflictLeavesNothingOfThePluginBehind) {
     b.schemas.push_back(reg::parse_schema("t::fresh(Tensor self) -> Tensor"));
     b.kernels.emplace_back("t::fresh", test_kernel(0));
     b.kernels.emplace_back("t::taken", test_kernel(0));
-    b.metas.emplace_back("t::fresh", reg::MetaFunction{&no_meta, nullptr});
+    b.metas.emplace_back("t::fresh", reg::MetaFunction{&no_meta, nullptr, nullptr});
     return b;
   };
   reg::Registrations conflicting = batch();

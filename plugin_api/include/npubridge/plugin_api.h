@@ -20,7 +20,7 @@
  *    `struct_size` covers. An optional function is called only when
  *    `struct_size` covers it and it is non-NULL.
  *  - Released layouts are frozen by golden sizeof/offsetof tests
- *    (tests/abi/test_abi_layout.cpp).
+ *    (tests/unit/test_abi_layout.cpp).
  *  - Enum values are fixed numbers. A reader rejects a tag it does not know.
  *  - Nothing C++ crosses the boundary: no exceptions, no std:: types. Errors
  *    are opaque objects created by the host (NpubHostApi.error_create), so
@@ -47,7 +47,7 @@ extern "C" {
 /** Removing, retyping or reordering anything bumps the major version. */
 #define NPUB_ABI_MAJOR 1
 /** Appending a field or a function to a struct bumps the minor version. */
-#define NPUB_ABI_MINOR 3
+#define NPUB_ABI_MINOR 4
 
 /** The one symbol a plugin exports. Its name carries the major version. */
 #define NPUB_PLUGIN_ENTRY_SYMBOL "npub_plugin_init_v1"
@@ -107,7 +107,33 @@ typedef enum NpubErrorCode {
 /* Boxed values: the one calling convention of every kernel                  */
 /* ------------------------------------------------------------------------ */
 
-/** Tag of an NpubValue. Fixed numbers; readers reject unknown tags. */
+/**
+ * Tag of an NpubValue. Fixed numbers; readers reject unknown tags.
+ *
+ * How each schema type arrives (the host converts the caller's values):
+ *
+ *   schema type            tag                      field
+ *   Tensor, Tensor(a!)     NPUB_VALUE_TENSOR        u.tensor
+ *   Tensor? (None)         NPUB_VALUE_NONE          -
+ *   Tensor[], Tensor?[]    NPUB_VALUE_TENSOR_LIST   u.tensors, count (NULL entries: None, Tensor?[] only)
+ *   int, SymInt            NPUB_VALUE_INT           u.i
+ *   float                  NPUB_VALUE_DOUBLE        u.d (an int literal may arrive as NPUB_VALUE_INT)
+ *   bool                   NPUB_VALUE_BOOL          u.i (0 or 1)
+ *   Scalar                 NPUB_VALUE_INT, _DOUBLE or _BOOL, as the caller passed it
+ *   str                    NPUB_VALUE_STRING        u.s, count = byte length
+ *   int[], SymInt[]        NPUB_VALUE_INT_LIST      u.ints, count
+ *   float[]                NPUB_VALUE_DOUBLE_LIST   u.doubles, count
+ *   ScalarType             NPUB_VALUE_INT           PyTorch's c10::ScalarType number
+ *                          (0 uint8, 1 int8, 2 int16, 3 int32, 4 int64, 5 float16, 6 float32,
+ *                          7 float64, 11 bool, 15 bfloat16)
+ *   Layout, MemoryFormat   NPUB_VALUE_INT           PyTorch's enum numbers
+ *   Device                 NPUB_VALUE_STRING        e.g. "npu:0"
+ *   Generator?             NPUB_VALUE_NONE          (see NpubHostApi.philox_reserve)
+ *   any optional T? = None NPUB_VALUE_NONE
+ *
+ * Defaults are filled in by the host: a kernel always receives every
+ * argument of the schema.
+ */
 typedef enum NpubValueTag {
   NPUB_VALUE_NONE = 0,        /**< absent optional argument */
   NPUB_VALUE_TENSOR = 1,      /**< `tensor`: borrowed DLTensor* */
@@ -127,6 +153,27 @@ typedef enum NpubValueTag {
  * kernel call that received it and must not be kept afterwards. A kernel may
  * write through a tensor's `data` only for arguments the schema marks as
  * written (`Tensor(a!)`) and for its return tensors.
+ *
+ * What a kernel may assume of a DLTensor it receives (the host checks the
+ * first three before the call):
+ *  - `ndim` is 0..64 and `shape` has `ndim` non-negative sizes whose product
+ *    fits int64; a 0-d tensor has one element.
+ *  - strides are in elements, never negative, and may be 0 (expanded) or
+ *    anything a view makes. `strides` may be NULL (compact row-major, as
+ *    DLPack before 1.2 allowed) only when a C++ host built the DLTensor
+ *    itself; the PyTorch extension always sets them. A kernel registered
+ *    NPUB_KERNEL_CONTIGUOUS_ONLY sees only contiguous tensors.
+ *  - `byte_offset` may be non-zero (views into a larger buffer): the first
+ *    element is at `(char*)data + byte_offset`.
+ *  - `data + byte_offset` is aligned to the element size for every tensor
+ *    the PyTorch extension passes; memory the host allocates (outputs,
+ *    scratch, workspace) is aligned to at least 64 bytes.
+ *  - `data` is NULL only for a tensor with no elements, and in a meta call
+ *    (NpubMetaFn), where no data may be read.
+ *  - `device` is {NPUB_DEVICE_NPU, index} for npu kernels (the call's device
+ *    for every tensor of the call), {NPUB_DEVICE_CPU, 0} for cpu kernels.
+ *  - `dtype` is one of NpubKernelDesc's accepted dtypes for the dispatch
+ *    argument, and follows NpubKernelDesc.arg_dtypes for the others.
  */
 typedef struct NpubValue {
   int32_t tag;   /**< an NpubValueTag */
@@ -148,12 +195,40 @@ typedef struct NpubValue {
 
 /** The registration session handed to `initialize`. Host-owned. */
 typedef struct NpubRegistrar NpubRegistrar;
-/** One kernel invocation. Host-owned; valid during the kernel call only. */
+/** One kernel invocation. Host-owned; valid during the kernel call only.
+ * On a host of ABI 1.4 or later it begins with an NpubContextHead. */
 typedef struct NpubCallContext NpubCallContext;
 /** A device stream. Host-owned; valid while the device exists. */
 typedef struct NpubStream NpubStream;
-/** Opaque: the state of one meta-function call (\since 1.2). */
+/** Opaque: the state of one meta-function call (\since 1.2). On a host of
+ * ABI 1.4 or later it begins with an NpubContextHead. */
 typedef struct NpubMetaContext NpubMetaContext;
+
+struct NpubHostApi;
+
+/**
+ * The public head of every NpubCallContext and NpubMetaContext, so that a
+ * kernel or a meta function reaches the host table and its own user data
+ * without a global:
+ *
+ *     const NpubContextHead* head = NPUB_CONTEXT_HEAD(ctx);
+ *     head->host->alloc_output(ctx, ...);
+ *
+ * Only hosts of ABI 1.4 or later put it there: a plugin that reads it checks
+ * `host->abi_minor >= 4` in `initialize` (and fails there with a clear error
+ * on an older host). Host-owned, valid for the call. \since 1.4
+ */
+typedef struct NpubContextHead {
+  size_t struct_size;             /**< NPUB_CONTEXT_HEAD_STRUCT_SIZE as the host built it */
+  const struct NpubHostApi* host; /**< the host table `initialize` received */
+  /** A kernel call: the kernel's NpubKernelDesc.user_data. A meta call: the
+   * user data given to NpubHostApi.register_meta_with_data (else NULL). */
+  void* user_data;
+  const char* op_name; /**< the op being called, "ns::name.overload" */
+} NpubContextHead;
+
+/** The head of a call or meta context (a host of ABI >= 1.4 only). */
+#define NPUB_CONTEXT_HEAD(ctx) ((const NpubContextHead*)(const void*)(ctx))
 
 /** Log levels for NpubHostApi.log. */
 typedef enum NpubLogLevel {
@@ -185,8 +260,9 @@ typedef NpubError* (*NpubKernelFn)(NpubCallContext* ctx, const NpubValue* args, 
 
 /**
  * Optional predicate: may this kernel serve these arguments? Called during
- * kernel selection, after the dtype check; must be cheap and must not fail.
- * Returns non-zero for yes.
+ * kernel selection, after the dtype checks; must be cheap and must not fail.
+ * Returns non-zero for yes. Thread safety: called from many threads at once,
+ * as kernels are; tensor data may be read but not written.
  */
 typedef int32_t (*NpubSupportsFn)(void* user_data, const NpubValue* args, int32_t num_args);
 
@@ -194,7 +270,8 @@ typedef int32_t (*NpubSupportsFn)(void* user_data, const NpubValue* args, int32_
  * Optional workspace query, phase one of a two-phase call (as CANN's
  * aclnnXxxGetWorkspaceSize). The host allocates `*bytes` of device memory and
  * passes it to the kernel through NpubHostApi.workspace. Returns NULL or an
- * error (ownership moves to the host).
+ * error (ownership moves to the host). Thread safety: called from many
+ * threads at once, right before the kernel on the same thread.
  */
 typedef NpubError* (*NpubWorkspaceSizeFn)(void* user_data, const NpubValue* args, int32_t num_args,
                                           uint64_t* bytes /* out */);
@@ -207,7 +284,9 @@ typedef NpubError* (*NpubWorkspaceSizeFn)(void* user_data, const NpubValue* args
  * NpubHostApi.set_output_meta (returns that alias an argument, Tensor(a!),
  * need nothing). Returns NULL, or an error for arguments the kernel would
  * reject, with the kernel's message. PyTorch's fake tensors, torch.compile
- * and torch.export trace a plugin's own ops with it. \since 1.2
+ * and torch.export trace a plugin's own ops with it. Thread safety: called
+ * from many threads at once, and at any time after `initialize` (also while
+ * kernels run). \since 1.2
  */
 typedef NpubError* (*NpubMetaFn)(NpubMetaContext* ctx, const NpubValue* args, int32_t num_args);
 
@@ -220,13 +299,55 @@ typedef enum NpubKernelFlags {
    * as a tensor it reads (x.add_(x); add(x, y, out=x)), as elementwise
    * kernels are. Without it, the host serves such calls with its fallback.
    * \since 1.3 (hosts before 1.3 ignore the flag and do not check overlap) */
-  NPUB_KERNEL_ALIAS_SAFE = 1u << 1
+  NPUB_KERNEL_ALIAS_SAFE = 1u << 1,
+  /** Every tensor argument may have any dtype: the kernel promotes or
+   * checks dtypes itself (binary ops that follow PyTorch's type promotion,
+   * `.out` ops whose output dtype differs from the input's). The same as an
+   * NpubArgDtypes {"*", NPUB_ARG_DTYPE_ANY}. \since 1.4 */
+  NPUB_KERNEL_MIXED_DTYPES = 1u << 2
 } NpubKernelFlags;
+
+/**
+ * How a kernel constrains the dtype of one tensor argument (Tensor,
+ * Tensor?, Tensor[], Tensor(a!) out), beyond the dispatch dtype that
+ * NpubKernelDesc.dtypes constrains. Fixed numbers. \since 1.4
+ */
+typedef enum NpubArgDtypeRule {
+  /** The argument has the call's dispatch dtype (the dtype of the first
+   * tensor argument). The rule for every argument a kernel does not name,
+   * and for every argument of a kernel built before ABI 1.4. */
+  NPUB_ARG_DTYPE_DISPATCH = 0,
+  /** Any dtype: the kernel checks it itself. */
+  NPUB_ARG_DTYPE_ANY = 1,
+  /** One of NpubArgDtypes.dtypes. */
+  NPUB_ARG_DTYPE_LISTED = 2
+} NpubArgDtypeRule;
+
+/**
+ * The dtype rule of one tensor argument of a kernel, by the argument's name
+ * in the op's schema ("*": every argument not named otherwise). Every
+ * tensor of a Tensor[] argument follows the rule; a None Tensor? is not
+ * checked. A call whose arguments break a kernel's rules is not served by
+ * that kernel (another kernel, the dtype conversion or the fallback
+ * serves it), so a kernel never sees a dtype it did not declare.
+ * Layout frozen at 1.4 (a later version adds a new array, never a field).
+ * \since 1.4
+ */
+typedef struct NpubArgDtypes {
+  const char* arg;          /**< a tensor argument's schema name, or "*" */
+  int32_t rule;             /**< an NpubArgDtypeRule */
+  int32_t num_dtypes;       /**< NPUB_ARG_DTYPE_LISTED: entries of `dtypes` (>= 1) */
+  const DLDataType* dtypes; /**< NPUB_ARG_DTYPE_LISTED: the accepted dtypes */
+} NpubArgDtypes;
 
 /**
  * Describes one kernel; passed to NpubHostApi.register_kernel.
  * The host copies everything it needs during the call: the struct, its
  * strings and its arrays may be freed when register_kernel returns.
+ * Zero the whole struct before filling it (`NpubKernelDesc d = {0};` or
+ * memset) and set `struct_size = NPUB_KERNEL_DESC_STRUCT_SIZE`: a field
+ * this header appends since you last built then reads as absent, not as
+ * stack garbage.
  * \since 1.0
  */
 typedef struct NpubKernelDesc {
@@ -235,7 +356,10 @@ typedef struct NpubKernelDesc {
   int32_t device_type; /**< NPUB_DEVICE_NPU or NPUB_DEVICE_CPU */
   int32_t priority;    /**< higher wins among capable kernels */
   /** dtypes this kernel accepts for the call's dispatch dtype (the dtype of
-   * the first tensor argument); borrowed for the call. 0 entries = any. */
+   * the first tensor argument); borrowed for the call. 0 entries = any.
+   * Every other tensor argument must have the dispatch dtype too, unless
+   * `arg_dtypes` or NPUB_KERNEL_MIXED_DTYPES say otherwise (\since 1.4; a
+   * 1.3 host checked the first tensor argument only). */
   const DLDataType* dtypes;
   int32_t num_dtypes;
   uint32_t flags;                     /**< NpubKernelFlags */
@@ -252,19 +376,32 @@ typedef struct NpubKernelDesc {
    * read as 1. Level 1: basic ops; 2: fused ops; 3: ops that may trade
    * precision for speed. The dispatcher's level 0 disables every plugin. */
   int32_t min_opt_level;
+
+  /* --- \since 1.4 (a host reads these only when struct_size covers them) --- */
+
+  /** Per-argument dtype rules (see NpubArgDtypes); borrowed for the call.
+   * NULL with 0 entries: every tensor argument has the dispatch dtype.
+   * Checked at registration: each name must be a tensor argument of the
+   * op's schema (or "*"), named once, with a known rule. \since 1.4 */
+  const NpubArgDtypes* arg_dtypes;
+  int32_t num_arg_dtypes;
 } NpubKernelDesc;
 
 /* ------------------------------------------------------------------------ */
 /* Host services                                                             */
 /* ------------------------------------------------------------------------ */
 
-/** Body of a parallel_for: processes indices [begin, end). Must not fail. */
+/** Body of a parallel_for: processes indices [begin, end). Must not fail.
+ * Runs on several threads at once (the caller's and the device's compute
+ * threads), each on a disjoint range; it must not call parallel_for. */
 typedef void (*NpubParallelBody)(void* user, int64_t begin, int64_t end);
 
 /**
- * Host services, passed to `initialize` and reachable from every kernel via
- * the call context. Host-owned; valid until the plugin is unloaded. All
- * functions are thread-safe unless noted.
+ * Host services, passed to `initialize`. Host-owned; valid until the plugin
+ * is unloaded. A kernel or meta function reaches the table through its
+ * context's head (NPUB_CONTEXT_HEAD(ctx)->host, \since 1.4), or through a
+ * copy the plugin kept in `initialize` (the only way on hosts before 1.4).
+ * All functions are thread-safe unless noted.
  * \since 1.0
  */
 typedef struct NpubHostApi {
@@ -370,6 +507,14 @@ typedef struct NpubHostApi {
    * count against both schemas). Only from inside `initialize`. \since 1.2
    */
   NpubError* (*define_derivative)(NpubRegistrar* registrar, const char* op_name, const char* formula);
+
+  /* --- \since 1.4 (check struct_size before use) --- */
+
+  /** As register_meta, with `user_data` that the meta function reads from
+   * NPUB_CONTEXT_HEAD(ctx)->user_data. The plugin owns it; it must stay
+   * valid until the plugin's `shutdown`. \since 1.4 */
+  NpubError* (*register_meta_with_data)(NpubRegistrar* registrar, const char* op_name, NpubMetaFn fn,
+                                        void* user_data);
 } NpubHostApi;
 
 /* ------------------------------------------------------------------------ */
@@ -414,20 +559,25 @@ typedef const NpubPluginApi* (*NpubPluginInitFn)(void);
  */
 #define NPUB_STRUCT_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
 
-/** NpubKernelDesc as ABI 1.0 defined it (unchanged through 1.3). */
+/** NpubKernelDesc as ABI 1.0 defined it (unchanged through 1.3), and 1.4. */
 #define NPUB_KERNEL_DESC_STRUCT_SIZE_1_0 NPUB_STRUCT_SIZE(NpubKernelDesc, min_opt_level)
+#define NPUB_KERNEL_DESC_STRUCT_SIZE_1_4 NPUB_STRUCT_SIZE(NpubKernelDesc, num_arg_dtypes)
 /** NpubHostApi as each minor version left it. */
 #define NPUB_HOST_API_STRUCT_SIZE_1_0 NPUB_STRUCT_SIZE(NpubHostApi, num_threads)
 #define NPUB_HOST_API_STRUCT_SIZE_1_1 NPUB_STRUCT_SIZE(NpubHostApi, philox_reserve)
 #define NPUB_HOST_API_STRUCT_SIZE_1_2 NPUB_STRUCT_SIZE(NpubHostApi, define_derivative)
+#define NPUB_HOST_API_STRUCT_SIZE_1_4 NPUB_STRUCT_SIZE(NpubHostApi, register_meta_with_data)
+/** NpubContextHead as ABI 1.4 defined it. */
+#define NPUB_CONTEXT_HEAD_STRUCT_SIZE_1_4 NPUB_STRUCT_SIZE(NpubContextHead, op_name)
 /** NpubPluginApi as ABI 1.0 defined it (unchanged through 1.3). */
 #define NPUB_PLUGIN_API_STRUCT_SIZE_1_0 NPUB_STRUCT_SIZE(NpubPluginApi, shutdown)
 
 /** What a writer built against this header puts in `struct_size`: the
  * current version's size, without tail padding (a reader must never take
  * padding for a field a later version appended there). */
-#define NPUB_KERNEL_DESC_STRUCT_SIZE NPUB_KERNEL_DESC_STRUCT_SIZE_1_0
-#define NPUB_HOST_API_STRUCT_SIZE NPUB_HOST_API_STRUCT_SIZE_1_2
+#define NPUB_KERNEL_DESC_STRUCT_SIZE NPUB_KERNEL_DESC_STRUCT_SIZE_1_4
+#define NPUB_HOST_API_STRUCT_SIZE NPUB_HOST_API_STRUCT_SIZE_1_4
+#define NPUB_CONTEXT_HEAD_STRUCT_SIZE NPUB_CONTEXT_HEAD_STRUCT_SIZE_1_4
 #define NPUB_PLUGIN_API_STRUCT_SIZE NPUB_PLUGIN_API_STRUCT_SIZE_1_0
 
 #ifdef __cplusplus

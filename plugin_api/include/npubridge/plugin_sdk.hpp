@@ -153,16 +153,27 @@ NpubError* guard(const char* where, F&& f) noexcept {
 // tensors
 // ---------------------------------------------------------------------------
 
+namespace detail {
+// Note [One body for kernel and meta function]
+// Thrown in a meta call by whatever needs data the meta call does not have
+// (a tensor's data, parallel_for, scratch memory): it ends the body there,
+// and the meta function's C entry (meta_thunk) counts that as done. So a
+// kernel body that declares its outputs with Call::output before it touches
+// data serves as its op's meta function as it is, and one that does not
+// cannot crash: the host reports the returns it left undeclared.
+struct MetaStop {};
+}  // namespace detail
+
 // A non-owning view of a DLTensor with the helpers kernels need.
 class TensorRef {
  public:
   TensorRef() = default;
-  explicit TensorRef(DLTensor* t) : t_(t) {}
+  explicit TensorRef(DLTensor* t, bool in_meta_call = false) : t_(t), meta_(in_meta_call) {}
 
   DLTensor* raw() const { return t_; }
   bool defined() const { return t_ != nullptr; }
-  int32_t dim() const { return t_->ndim; }
-  int64_t size(int32_t d) const { return t_->shape[wrap(d)]; }
+  int32_t dim() const { return get()->ndim; }
+  int64_t size(int32_t d) const { return get()->shape[wrap(d)]; }
   int64_t stride(int32_t d) const {
     int32_t i = wrap(d);
     if (t_->strides != nullptr) return t_->strides[i];
@@ -170,21 +181,21 @@ class TensorRef {
     for (int32_t k = t_->ndim - 1; k > i; --k) s *= t_->shape[k];
     return s;
   }
-  std::vector<int64_t> sizes() const { return {t_->shape, t_->shape + t_->ndim}; }
+  std::vector<int64_t> sizes() const { return {get()->shape, t_->shape + t_->ndim}; }
   std::vector<int64_t> strides() const {
-    std::vector<int64_t> s(static_cast<size_t>(t_->ndim));
+    std::vector<int64_t> s(static_cast<size_t>(get()->ndim));
     for (int32_t i = 0; i < t_->ndim; ++i) s[static_cast<size_t>(i)] = stride(i);
     return s;
   }
   int64_t numel() const {
     int64_t n = 1;
-    for (int32_t i = 0; i < t_->ndim; ++i) n *= t_->shape[i];
+    for (int32_t i = 0; i < get()->ndim; ++i) n *= t_->shape[i];
     return n;
   }
-  DLDataType dtype() const { return t_->dtype; }
-  bool is(DLDataType d) const { return same_dtype(t_->dtype, d); }
+  DLDataType dtype() const { return get()->dtype; }
+  bool is(DLDataType d) const { return same_dtype(get()->dtype, d); }
   bool is_contiguous() const {
-    if (t_->strides == nullptr) return true;
+    if (get()->strides == nullptr) return true;
     int64_t expected = 1;
     for (int32_t i = t_->ndim - 1; i >= 0; --i) {
       if (t_->shape[i] != 1 && t_->strides[i] != expected) return false;
@@ -192,12 +203,15 @@ class TensorRef {
     }
     return true;
   }
+  // The first element. In a meta call there is no data: this ends the
+  // body (Note [One body for kernel and meta function]).
   template <typename T>
   T* data() const {
-    return reinterpret_cast<T*>(static_cast<char*>(t_->data) + t_->byte_offset);
+    if (meta_) throw detail::MetaStop{};
+    return reinterpret_cast<T*>(static_cast<char*>(get()->data) + t_->byte_offset);
   }
   int32_t wrap(int32_t d) const {
-    int32_t n = t_->ndim;
+    int32_t n = get()->ndim;
     int32_t w = d < 0 ? d + n : d;
     if (w < 0 || w >= n)
       throw Error(NPUB_ERR_INVALID_ARGUMENT, "dimension " + std::to_string(d) + " out of range for a " +
@@ -206,7 +220,17 @@ class TensorRef {
   }
 
  private:
+  // The tensor, or a clear error instead of a NULL dereference: an undefined
+  // TensorRef is a None Tensor? argument, or what output() returns in a
+  // meta call (which ends the body there).
+  const DLTensor* get() const {
+    if (t_ != nullptr) return t_;
+    if (meta_) throw detail::MetaStop{};
+    throw Error(NPUB_ERR_INTERNAL,
+                "used an undefined tensor (a None Tensor? argument: check TensorRef::defined() first)");
+  }
   DLTensor* t_ = nullptr;
+  bool meta_ = false;  // from a meta call: data() ends the body
 };
 
 // ---------------------------------------------------------------------------
@@ -219,9 +243,11 @@ class Call {
        int32_t num_rets)
       : op_(op), ctx_(ctx), args_(args), num_args_(num_args), rets_(rets), num_rets_(num_rets) {}
   // A meta-function call (ABI 1.2): tensors carry metadata only, and
-  // output() declares a return's shape and dtype instead of allocating it
-  // (it returns an undefined TensorRef). A body that only reads metadata
-  // until its output() calls can serve as its op's meta function as is.
+  // output() declares a return's shape and dtype instead of allocating it.
+  // A body that declares its outputs before it touches data serves as its
+  // op's meta function as it is: the first data access ends it (Note [One
+  // body for kernel and meta function]). `if (call.is_meta()) return;`
+  // after the output() calls says the same explicitly.
   Call(const char* op, NpubMetaContext* meta, const NpubValue* args, int32_t num_args)
       : op_(op), ctx_(nullptr), meta_(meta), args_(args), num_args_(num_args), rets_(nullptr), num_rets_(0) {}
   bool is_meta() const { return meta_ != nullptr; }
@@ -239,7 +265,7 @@ class Call {
 
   TensorRef tensor(int32_t i) const {
     const NpubValue& v = expect(i, NPUB_VALUE_TENSOR, "Tensor");
-    return TensorRef(v.u.tensor);
+    return TensorRef(v.u.tensor, is_meta());
   }
   // Tensor? argument: an undefined TensorRef when None.
   TensorRef optional_tensor(int32_t i) const {
@@ -273,7 +299,7 @@ class Call {
     const NpubValue& v = expect(i, NPUB_VALUE_TENSOR_LIST, "Tensor[]");
     std::vector<TensorRef> out;
     out.reserve(static_cast<size_t>(v.count));
-    for (int32_t k = 0; k < v.count; ++k) out.emplace_back(v.u.tensors[k]);
+    for (int32_t k = 0; k < v.count; ++k) out.emplace_back(v.u.tensors[k], is_meta());
     return out;
   }
 
@@ -282,7 +308,8 @@ class Call {
   TensorRef output(int32_t i, const std::vector<int64_t>& shape, DLDataType dtype) {
     if (meta_ != nullptr) {
       check(host().set_output_meta(meta_, i, static_cast<int32_t>(shape.size()), shape.data(), dtype));
-      return TensorRef();
+      return TensorRef(nullptr,
+                       true);  // using it ends the body (Note [One body for kernel and meta function])
     }
     if (i < 0 || i >= num_rets_)
       fail(NPUB_ERR_INTERNAL, "return index " + std::to_string(i) + " out of range");
@@ -301,8 +328,14 @@ class Call {
     check(host().alloc_output(ctx_, i, static_cast<int32_t>(shape.size()), shape.data(), dtype, &out));
     return TensorRef(out);
   }
-  void set_int_return(int32_t i, int64_t v) { set_ret(i, NPUB_VALUE_INT).u.i = v; }
-  void set_double_return(int32_t i, double v) { set_ret(i, NPUB_VALUE_DOUBLE).u.d = v; }
+  void set_int_return(int32_t i, int64_t v) {
+    if (is_meta()) return;  // a meta function declares tensor returns only
+    set_ret(i, NPUB_VALUE_INT).u.i = v;
+  }
+  void set_double_return(int32_t i, double v) {
+    if (is_meta()) return;
+    set_ret(i, NPUB_VALUE_DOUBLE).u.d = v;
+  }
 
   // Reserves `count` Philox counters of the device generator (ABI 1.1):
   // returns {seed, first counter}. Fails cleanly on a 1.0 host.
@@ -312,17 +345,32 @@ class Call {
         h.philox_reserve == nullptr)
       fail(NPUB_ERR_UNSUPPORTED, "the host provides no random number generator (it implements plugin ABI 1." +
                                      std::to_string(h.abi_minor) + "; philox_reserve needs 1.1)");
+    no_data_in_meta();
     uint64_t seed = 0, offset = 0;
     h.philox_reserve(ctx_, count, &seed, &offset);
     return {seed, offset};
   }
 
-  // The pointer given to KernelBuilder::user_data (null if none).
-  void* kernel_user_data() const { return host().kernel_user_data(ctx_); }
-  int32_t device_index() const { return host().device_index(ctx_); }
-  int32_t num_threads() const { return host().num_threads(ctx_); }
-  void* workspace(uint64_t* bytes) const { return host().workspace(ctx_, bytes); }
+  // The pointer given to KernelBuilder::user_data (null if none; in a meta
+  // call, the meta function's user data on a host of ABI 1.4 or later).
+  void* kernel_user_data() const {
+    if (is_meta()) return host().abi_minor >= 4 ? NPUB_CONTEXT_HEAD(meta_)->user_data : nullptr;
+    return host().kernel_user_data(ctx_);
+  }
+  int32_t device_index() const {
+    no_data_in_meta();
+    return host().device_index(ctx_);
+  }
+  int32_t num_threads() const {
+    no_data_in_meta();
+    return host().num_threads(ctx_);
+  }
+  void* workspace(uint64_t* bytes) const {
+    no_data_in_meta();
+    return host().workspace(ctx_, bytes);
+  }
   void* scratch(uint64_t bytes) const {
+    no_data_in_meta();
     void* p = nullptr;
     check(host().alloc_scratch(ctx_, bytes, &p));
     return p;
@@ -331,6 +379,7 @@ class Call {
   // Runs f(begin, end) over [begin, end) on the device's compute threads.
   template <typename F>
   void parallel_for(int64_t begin, int64_t end, int64_t grain, F&& f) const {
+    no_data_in_meta();
     struct Box {
       F* f;
       std::exception_ptr error;
@@ -359,6 +408,10 @@ class Call {
   }
 
  private:
+  // Note [One body for kernel and meta function]: a meta call ends here.
+  void no_data_in_meta() const {
+    if (is_meta()) throw detail::MetaStop{};
+  }
   const NpubValue& expect(int32_t i, int32_t tag, const char* type) const {
     const NpubValue& v = arg(i);
     if (v.tag != tag)
@@ -461,7 +514,11 @@ template <KernelBody Body>
 NpubError* meta_thunk(NpubMetaContext* ctx, const NpubValue* args, int32_t num_args) {
   return guard("meta function", [&] {
     Call call("", ctx, args, num_args);
-    Body(call);
+    try {
+      Body(call);
+    } catch (const MetaStop&) {
+      // Note [One body for kernel and meta function]: the body reached data.
+    }
   });
 }
 }  // namespace detail
@@ -509,6 +566,30 @@ class KernelBuilder {
     flags_ |= NPUB_KERNEL_ALIAS_SAFE;
     return *this;
   }
+  // Per-argument dtypes (ABI 1.4; Note [Per-argument dtypes] in the host).
+  // Without any of these, every tensor argument must have the dispatch
+  // dtype (the first tensor argument's, one of dtypes()).
+  //   .arg_dtypes("index", {kInt64, kInt32})  argument `index` is one of these
+  //   .any_dtype("out")                      argument `out` may be anything: the body checks it
+  //   .mixed_dtypes()                        every argument may be anything: the body promotes
+  //                                          or checks dtypes itself
+  // "*" names every argument not named otherwise. Older hosts ignore them.
+  KernelBuilder& arg_dtypes(const char* arg, std::initializer_list<DLDataType> d) {
+    arg_rules_.push_back({arg, NPUB_ARG_DTYPE_LISTED, std::vector<DLDataType>(d.begin(), d.end())});
+    return *this;
+  }
+  KernelBuilder& arg_dtypes(const char* arg, const std::vector<DLDataType>& d) {
+    arg_rules_.push_back({arg, NPUB_ARG_DTYPE_LISTED, d});
+    return *this;
+  }
+  KernelBuilder& any_dtype(const char* arg) {
+    arg_rules_.push_back({arg, NPUB_ARG_DTYPE_ANY, {}});
+    return *this;
+  }
+  KernelBuilder& mixed_dtypes() {
+    flags_ |= NPUB_KERNEL_MIXED_DTYPES;
+    return *this;
+  }
   KernelBuilder& supports(NpubSupportsFn f) {
     supports_ = f;
     return *this;
@@ -545,6 +626,12 @@ class KernelBuilder {
   int32_t opt_level_ = 1;
   void* user_data_ = nullptr;
   void (*user_deleter_)(void*) = nullptr;
+  struct ArgRule {
+    std::string arg;
+    int32_t rule;
+    std::vector<DLDataType> dtypes;
+  };
+  std::vector<ArgRule> arg_rules_;
   bool committed_ = false;
 };
 
@@ -618,6 +705,11 @@ inline void KernelBuilder::commit() {
   desc.user_data = user_data_;
   desc.user_data_deleter = user_deleter_;
   desc.min_opt_level = opt_level_;
+  std::vector<NpubArgDtypes> rules;
+  for (const ArgRule& a : arg_rules_)
+    rules.push_back({a.arg.c_str(), a.rule, static_cast<int32_t>(a.dtypes.size()), a.dtypes.data()});
+  desc.arg_dtypes = rules.data();
+  desc.num_arg_dtypes = static_cast<int32_t>(rules.size());
   check(r_->host_api()->register_kernel(r_->raw(), &desc));
 }
 

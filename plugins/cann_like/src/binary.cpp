@@ -591,35 +591,45 @@ void register_binary(npub::sdk::Registrar& r) {
   r.op("aten::add.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)",
        &add_sub_fast<false>)
       .dtypes(all)
+      .mixed_dtypes()
       .alias_safe();
   r.op("aten::sub.out(Tensor self, Tensor other, *, Scalar alpha=1, Tensor(a!) out) -> Tensor(a!)",
        &add_sub_fast<true>)
       .dtypes(all)
+      .mixed_dtypes()
       .alias_safe();
   r.op("aten::mul.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &mul)
       .dtypes(all)
+      .mixed_dtypes()
       .alias_safe();
   r.op("aten::div.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &div)
       .dtypes(all)
+      .mixed_dtypes()
       .alias_safe();
   r.op("aten::div.out_mode(Tensor self, Tensor other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)",
        &div)
       .dtypes(numeric)
+      .mixed_dtypes()
       .alias_safe();
   r.op("aten::remainder.Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &remainder)
       .dtypes(numeric)
+      .mixed_dtypes()
       .alias_safe();
   r.op("aten::pow.Tensor_Tensor_out(Tensor self, Tensor exponent, *, Tensor(a!) out) -> Tensor(a!)", &pow_op)
       .dtypes(numeric)
+      .mixed_dtypes()
       .alias_safe();
   r.op("aten::pow.Tensor_Scalar_out(Tensor self, Scalar exponent, *, Tensor(a!) out) -> Tensor(a!)", &pow_op)
       .dtypes(numeric)
+      .mixed_dtypes()
       .alias_safe();
   r.op("aten::maximum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &max_min<true>)
       .dtypes(all)
+      .mixed_dtypes()
       .alias_safe();
   r.op("aten::minimum.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &max_min<false>)
       .dtypes(all)
+      .mixed_dtypes()
       .alias_safe();
   const char* cmp_names[] = {"eq", "ne", "lt", "le", "gt", "ge"};
   npub::sdk::KernelBody cmp_fns[] = {&compare<Cmp::eq>, &compare<Cmp::ne>, &compare<Cmp::lt>,
@@ -628,45 +638,56 @@ void register_binary(npub::sdk::Registrar& r) {
     const std::string n = std::string("aten::") + cmp_names[i];
     r.op((n + ".Tensor_out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)").c_str(), cmp_fns[i])
         .dtypes(all)
+        .mixed_dtypes()
         .alias_safe();
     r.op((n + ".Scalar_out(Tensor self, Scalar other, *, Tensor(a!) out) -> Tensor(a!)").c_str(), cmp_fns[i])
         .dtypes(all)
+        .mixed_dtypes()
         .alias_safe();
   }
   r.op("aten::logical_and.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &logical<true>)
       .dtypes(all)
+      .mixed_dtypes()
       .alias_safe();
   r.op("aten::logical_or.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &logical<false>)
       .dtypes(all)
+      .mixed_dtypes()
       .alias_safe();
   r.op("aten::where.self_out(Tensor condition, Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)",
        &where)
       .dtypes({npub::sdk::kBool})
+      .mixed_dtypes()
       .alias_safe();
   r.op("aten::masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor", &masked_fill<false>)
       .dtypes(all)
+      .arg_dtypes("mask", {npub::sdk::kBool})
       .alias_safe();
   r.op("aten::masked_fill_.Scalar(Tensor(a!) self, Tensor mask, Scalar value) -> Tensor(a!)",
        &masked_fill<true>)
       .dtypes(all)
+      .arg_dtypes("mask", {npub::sdk::kBool})
       .alias_safe();
   r.op("aten::clamp.out(Tensor self, Scalar? min=None, Scalar? max=None, *, Tensor(a!) out) -> Tensor(a!)",
        &clamp)
       .dtypes(numeric)
+      .mixed_dtypes()
       .alias_safe();
   r.op("aten::addcmul.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> "
        "Tensor(a!)",
        &addc<false>)
       .dtypes(numeric)
+      .mixed_dtypes()
       .alias_safe();
   r.op("aten::addcdiv.out(Tensor self, Tensor tensor1, Tensor tensor2, *, Scalar value=1, Tensor(a!) out) -> "
        "Tensor(a!)",
        &addc<true>)
       .dtypes(dtypes_floating())
+      .mixed_dtypes()
       .alias_safe();
   r.op("aten::lerp.Scalar_out(Tensor self, Tensor end, Scalar weight, *, Tensor(a!) out) -> Tensor(a!)",
        &lerp)
       .dtypes(dtypes_floating())
+      .mixed_dtypes()
       .alias_safe();
 }
 

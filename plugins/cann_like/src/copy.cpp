@@ -147,6 +147,7 @@ void register_copy(npub::sdk::Registrar& r) {
   const auto all = dtypes_all();
   r.op("aten::copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)", &copy_)
       .dtypes(all)
+      .any_dtype("src")  // copy_ converts
       .alias_safe();
   r.op("aten::fill_.Scalar(Tensor(a!) self, Scalar value) -> Tensor(a!)", &fill_).dtypes(all).alias_safe();
   r.op("aten::zero_(Tensor(a!) self) -> Tensor(a!)", &zero_).dtypes(all).alias_safe();

@@ -455,33 +455,40 @@ void register_index(npub::sdk::Registrar& r) {
   r.op("aten::index_select.out(Tensor self, int dim, Tensor index, *, Tensor(a!) out) -> Tensor(a!)",
        &index_select)
       .dtypes(all)
+      .arg_dtypes("index", {npub::sdk::kInt64, npub::sdk::kInt32})
       .contiguous_only();
   r.op("aten::gather.out(Tensor self, int dim, Tensor index, *, bool sparse_grad=False, Tensor(a!) out) -> "
        "Tensor(a!)",
        &gather)
       .dtypes(all)
+      .arg_dtypes("index", {npub::sdk::kInt64})
       .contiguous_only();
   r.op("aten::scatter.src_out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> "
        "Tensor(a!)",
        &scatter<false>)
       .dtypes(all)
+      .arg_dtypes("index", {npub::sdk::kInt64})
       .contiguous_only();
   r.op("aten::scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> "
        "Tensor(a!)",
        &scatter<true>)
       .dtypes(dtypes_numeric())
+      .arg_dtypes("index", {npub::sdk::kInt64})
       .contiguous_only();
   r.op("aten::index.Tensor_out(Tensor self, Tensor?[] indices, *, Tensor(a!) out) -> Tensor(a!)",
        &index_tensor)
       .dtypes(all)
+      .arg_dtypes("indices", {npub::sdk::kInt64, npub::sdk::kInt32, npub::sdk::kBool, npub::sdk::kUInt8})
       .contiguous_only();
   r.op("aten::index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> "
        "Tensor(a!)",
        &index_put)
       .dtypes(all)
+      .arg_dtypes("indices", {npub::sdk::kInt64, npub::sdk::kInt32, npub::sdk::kBool, npub::sdk::kUInt8})
       .contiguous_only();
   r.op("aten::cat.out(Tensor[] tensors, int dim=0, *, Tensor(a!) out) -> Tensor(a!)", &cat)
       .dtypes(all)
+      .mixed_dtypes()  // the inputs are promoted to out's dtype, as ATen does
       .contiguous_only();
   r.op("aten::nonzero(Tensor self) -> Tensor", &nonzero).dtypes(all).contiguous_only();
 }

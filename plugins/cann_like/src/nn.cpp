@@ -422,21 +422,25 @@ void register_nn(npub::sdk::Registrar& r) {
        "bool sparse=False) -> Tensor",
        &embedding)
       .dtypes(dtypes_all())
+      .arg_dtypes("indices", {npub::sdk::kInt64, npub::sdk::kInt32})
       .contiguous_only();
   r.op("aten::embedding_dense_backward(Tensor grad_output, Tensor indices, SymInt num_weights, SymInt "
        "padding_idx, bool scale_grad_by_freq) -> Tensor",
        &embedding_backward)
       .dtypes(floating)
+      .arg_dtypes("indices", {npub::sdk::kInt64, npub::sdk::kInt32})
       .contiguous_only();
   r.op("aten::nll_loss_forward.output(Tensor self, Tensor target, Tensor? weight, int reduction, SymInt "
        "ignore_index, *, Tensor(a!) output, Tensor(b!) total_weight) -> (Tensor(a!), Tensor(b!))",
        &nll_loss_forward)
       .dtypes(floating)
+      .arg_dtypes("target", {npub::sdk::kInt64})
       .contiguous_only();
   r.op("aten::nll_loss_backward.grad_input(Tensor grad_output, Tensor self, Tensor target, Tensor? weight, "
        "int reduction, SymInt ignore_index, Tensor total_weight, *, Tensor(a!) grad_input) -> Tensor(a!)",
        &nll_loss_backward)
       .dtypes(floating)
+      .arg_dtypes("target", {npub::sdk::kInt64})
       .contiguous_only();
 }
 

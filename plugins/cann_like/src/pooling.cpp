@@ -213,12 +213,14 @@ void register_pooling(npub::sdk::Registrar& r) {
        "(Tensor(a!), Tensor(b!))",
        &max_pool2d)
       .dtypes(floating)
+      .arg_dtypes("indices", {npub::sdk::kInt64})
       .contiguous_only();
   r.op("aten::max_pool2d_with_indices_backward.grad_input(Tensor grad_output, Tensor self, int[2] "
        "kernel_size, int[2] stride, int[2] padding, int[2] dilation, bool ceil_mode, Tensor indices, *, "
        "Tensor(a!) grad_input) -> Tensor(a!)",
        &max_pool2d_backward)
       .dtypes(floating)
+      .arg_dtypes("indices", {npub::sdk::kInt64})
       .contiguous_only();
   r.op("aten::avg_pool2d.out(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, bool "
        "ceil_mode=False, bool count_include_pad=True, int? divisor_override=None, *, Tensor(a!) out) -> "

@@ -437,18 +437,23 @@ void register_reduce(npub::sdk::Registrar& r) {
   const auto all = dtypes_all();
   const auto numeric = dtypes_numeric();
   const auto floating = dtypes_floating();
+  // sum, mean, prod: the dtype= argument or integer promotion sets out's
+  // dtype (any_dtype); the bodies check it.
   r.op("aten::sum.IntList_out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, "
        "Tensor(a!) out) -> Tensor(a!)",
        &sum_mean<false>)
-      .dtypes(all);
+      .dtypes(all)
+      .any_dtype("out");
   r.op("aten::mean.out(Tensor self, int[1]? dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) "
        "out) -> Tensor(a!)",
        &sum_mean<true>)
-      .dtypes(all);
+      .dtypes(all)
+      .any_dtype("out");
   r.op("aten::prod.int_out(Tensor self, int dim, bool keepdim=False, *, ScalarType? dtype=None, Tensor(a!) "
        "out) -> Tensor(a!)",
        &prod)
-      .dtypes(all);
+      .dtypes(all)
+      .any_dtype("out");
   r.op("aten::amax.out(Tensor self, int[1] dim=[], bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)",
        &amax_amin<true>)
       .dtypes(all);
@@ -458,17 +463,21 @@ void register_reduce(npub::sdk::Registrar& r) {
   r.op("aten::max.dim_max(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) max, Tensor(b!) "
        "max_values) -> (Tensor(a!) values, Tensor(b!) indices)",
        &max_min_dim<true>)
-      .dtypes(all);
+      .dtypes(all)
+      .arg_dtypes("max_values", {npub::sdk::kInt64});
   r.op("aten::min.dim_min(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) min, Tensor(b!) "
        "min_indices) -> (Tensor(a!) values, Tensor(b!) indices)",
        &max_min_dim<false>)
-      .dtypes(all);
+      .dtypes(all)
+      .arg_dtypes("min_indices", {npub::sdk::kInt64});
   r.op("aten::argmax.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)",
        &arg_extreme<true>)
-      .dtypes(numeric);
+      .dtypes(numeric)
+      .arg_dtypes("out", {npub::sdk::kInt64});
   r.op("aten::argmin.out(Tensor self, int? dim=None, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)",
        &arg_extreme<false>)
-      .dtypes(numeric);
+      .dtypes(numeric)
+      .arg_dtypes("out", {npub::sdk::kInt64});
   r.op("aten::var.correction_out(Tensor self, int[1]? dim=None, *, Scalar? correction=None, bool "
        "keepdim=False, Tensor(a!) out) -> Tensor(a!)",
        &var_std<false>)
@@ -484,17 +493,21 @@ void register_reduce(npub::sdk::Registrar& r) {
   r.op("aten::all.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> "
        "Tensor(a!)",
        &all_any<true>)
-      .dtypes(all);
+      .dtypes(all)
+      .arg_dtypes("out", {npub::sdk::kBool, npub::sdk::kUInt8});
   r.op("aten::any.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> "
        "Tensor(a!)",
        &all_any<false>)
-      .dtypes(all);
+      .dtypes(all)
+      .arg_dtypes("out", {npub::sdk::kBool, npub::sdk::kUInt8});
   r.op("aten::all.out(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)",
        &all_any<true>)
-      .dtypes(all);
+      .dtypes(all)
+      .arg_dtypes("out", {npub::sdk::kBool, npub::sdk::kUInt8});
   r.op("aten::any.out(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)",
        &all_any<false>)
-      .dtypes(all);
+      .dtypes(all)
+      .arg_dtypes("out", {npub::sdk::kBool, npub::sdk::kUInt8});
 }
 
 }  // namespace cann_like

@@ -47,7 +47,8 @@ void register_scan(npub::sdk::Registrar& r) {
   const auto all = dtypes_all();
   r.op("aten::cumsum.out(Tensor self, int dim, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)",
        &cumsum)
-      .dtypes(all);
+      .dtypes(all)
+      .any_dtype("out");  // the dtype= argument or integer promotion sets it; the body checks it
 }
 
 }  // namespace cann_like

@@ -179,20 +179,24 @@ void register_softmax(npub::sdk::Registrar& r) {
   r.op("aten::_softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)",
        &softmax_fwd<false>)
       .dtypes(floating)
+      .any_dtype("out")  // float32 for half_to_float; the body checks it
       .contiguous_only();
   r.op("aten::_log_softmax.out(Tensor self, int dim, bool half_to_float, *, Tensor(a!) out) -> Tensor(a!)",
        &softmax_fwd<true>)
       .dtypes(floating)
+      .any_dtype("out")  // float32 for half_to_float; the body checks it
       .contiguous_only();
   r.op("aten::_softmax_backward_data.out(Tensor grad_output, Tensor output, int dim, ScalarType input_dtype, "
        "*, Tensor(a!) grad_input) -> Tensor(a!)",
        &softmax_bwd<false>)
       .dtypes(floating)
+      .any_dtype("grad_input")  // input_dtype; the body checks it
       .contiguous_only();
   r.op("aten::_log_softmax_backward_data.out(Tensor grad_output, Tensor output, int dim, ScalarType "
        "input_dtype, *, Tensor(a!) out) -> Tensor(a!)",
        &softmax_bwd<true>)
       .dtypes(floating)
+      .any_dtype("out")  // input_dtype; the body checks it
       .contiguous_only();
 }
 

@@ -90,11 +90,13 @@ void register_sort(npub::sdk::Registrar& r) {
        "Tensor(a!) values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)",
        &topk)
       .dtypes(dtypes_numeric())
+      .arg_dtypes("indices", {npub::sdk::kInt64})
       .contiguous_only();
   r.op("aten::sort.values_stable(Tensor self, *, bool? stable, int dim=-1, bool descending=False, Tensor(a!) "
        "values, Tensor(b!) indices) -> (Tensor(a!) values, Tensor(b!) indices)",
        &sort)
       .dtypes(dtypes_numeric())
+      .arg_dtypes("indices", {npub::sdk::kInt64})
       .contiguous_only();
 }
 

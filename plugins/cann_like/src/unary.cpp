@@ -327,6 +327,7 @@ void register_unary(npub::sdk::Registrar& r) {
         .dtypes(std::string(e.name) == "silu" ? dtypes_floating()
                 : e.with_bool                 ? all
                                               : numeric)
+        .any_dtype("out")  // integer inputs give a floating out, logical_not any; the body checks it
         .alias_safe();
   }
   r.op("aten::gelu.out(Tensor self, *, str approximate=\"none\", Tensor(a!) out) -> Tensor(a!)", &gelu_out)

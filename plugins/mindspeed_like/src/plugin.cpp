@@ -182,6 +182,7 @@ void init(npub::sdk::Registrar& r) {
       "Tensor)");
   r.kernel("mindspeed_like::npu_rms_norm_backward", &rms_norm_backward)
       .dtypes({npub::sdk::kFloat32, npub::sdk::kFloat16, npub::sdk::kBFloat16})
+      .arg_dtypes("rstd", {npub::sdk::kFloat32})  // the forward's fp32 statistics
       .contiguous_only()
       .opt_level(2);
   r.meta<&rms_norm_backward_meta>("mindspeed_like::npu_rms_norm_backward");

@@ -43,6 +43,19 @@ struct PluginRecord {
   ~PluginRecord();
 };
 
+// Note [Per-argument dtypes]
+// A kernel accepts a call only when every tensor argument's dtype follows
+// the kernel's rule for that argument (NpubKernelDesc.arg_dtypes, ABI 1.4):
+// by default the dispatch dtype (the first tensor argument's), which is all
+// a kernel built before 1.4 could have meant, so a call mixing dtypes no
+// longer reaches a kernel that would read float64 data as float. Rules are
+// resolved to schema argument indices at registration, so the check at
+// dispatch is one pass over the arguments (Dispatcher's args_fit).
+struct ArgDtypeRule {
+  enum Kind : uint8_t { kDispatch, kAny, kListed } kind = kDispatch;
+  uint32_t mask = 0;  // kListed: bit per npub::DType
+};
+
 class Kernel {
  public:
   // Declared first: destroyed last, after user_data_deleter ran (its code
@@ -54,6 +67,11 @@ class Kernel {
   uint32_t dtype_mask = 0;  // bit per npub::DType; 0 = any dtype
   uint32_t flags = 0;
   int32_t min_opt_level = 1;
+  // One per schema argument (Note [Per-argument dtypes]); empty: every
+  // tensor argument has the dispatch dtype. All kAny when the kernel is
+  // registered NPUB_KERNEL_MIXED_DTYPES.
+  std::vector<ArgDtypeRule> arg_rules;
+  bool any_arg_dtypes = false;  // every rule is kAny: nothing to check
   NpubKernelFn fn = nullptr;
   NpubSupportsFn supports = nullptr;
   NpubWorkspaceSizeFn workspace_size = nullptr;
@@ -77,6 +95,7 @@ class Kernel {
 struct MetaFunction {
   NpubMetaFn fn = nullptr;
   std::shared_ptr<PluginRecord> plugin;  // keeps fn's code loaded
+  void* user_data = nullptr;             // NpubHostApi.register_meta_with_data (\since 1.4)
 };
 
 // How to differentiate an op through another op, as a plugin declared it
