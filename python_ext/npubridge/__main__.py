@@ -1,4 +1,4 @@
-"""python3 -m npubridge {plugins, ops [--plugin NAME], coverage}"""
+"""python3 -m npubridge {plugins, ops [--plugin NAME], coverage} | --cmake-dir | --include-dir"""
 import argparse
 import sys
 
@@ -50,7 +50,12 @@ def _list_plugins() -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m npubridge")
-    sub = parser.add_subparsers(dest="command", required=True)
+    kit = parser.add_mutually_exclusive_group()
+    kit.add_argument("--cmake-dir", action="store_true",
+                     help="print the folder holding npubridgeConfig.cmake (for CMAKE_PREFIX_PATH or npubridge_DIR)")
+    kit.add_argument("--include-dir", action="store_true",
+                     help="print the folder holding npubridge/plugin_api.h and dlpack/dlpack.h")
+    sub = parser.add_subparsers(dest="command")
     sub.add_parser("plugins", help="loaded plugins, rejected ones (exit 1 if any) and skipped non-plugins",
                    description=_PLUGINS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     ops = sub.add_parser("ops", help="ops with npu kernels")
@@ -62,6 +67,13 @@ def main(argv=None) -> int:
     conf.add_argument("--json", default="")
     conf.add_argument("--max-samples", type=int, default=8)
     args = parser.parse_args(argv)
+    if args.cmake_dir or args.include_dir:
+        from . import _author_kit
+
+        print(_author_kit.cmake_dir() if args.cmake_dir else _author_kit.include_dir())
+        return 0
+    if args.command is None:
+        parser.error("a command, --cmake-dir or --include-dir is required")
     if args.command == "plugins":
         return _list_plugins()
     elif args.command == "ops":
