@@ -31,7 +31,7 @@ def _list_plugins() -> int:
     if npu._init_error is not None:
         print(f"error: the npu runtime did not start: {npu._init_error}", file=sys.stderr)
         return 1
-    loaded, rejected, skipped = npubridge.plugins(), _C.load_failures(), _C.load_skipped()
+    loaded, rejected, skipped = npubridge.plugins(), npubridge.load_failures(), npubridge.load_skipped()
     print(f"loaded ({len(loaded)}):")
     if loaded:
         print(f"  {'name':16} {'version':8} {'ABI':4} {'ops':>4}  {'state':8}  path")
