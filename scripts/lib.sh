@@ -58,10 +58,13 @@ npub_install_pip() {
     python3 -m pip install -q torch==2.13.0
   fi
   # pytest, what torch.testing._internal (PyTorch's OpInfo database)
-  # imports, and transformers for the real-model test (it must not pull
-  # another torch: torch==2.13.0 is already installed, checked after).
-  python3 -c "import pytest, expecttest, hypothesis, transformers" 2>/dev/null ||
-    python3 -m pip install -q --root-user-action=ignore pytest expecttest hypothesis transformers
+  # imports, transformers for the real-model test, and what
+  # `pip wheel/install --no-build-isolation .` builds with (scikit-build-core,
+  # pybind11; packaging.pip_author_kit). torch==2.13.0 is named with them so
+  # that pip can never resolve another torch for them (checked after).
+  python3 -c "import pytest, expecttest, hypothesis, transformers, scikit_build_core, pybind11" 2>/dev/null ||
+    python3 -m pip install -q --root-user-action=ignore torch==2.13.0 pytest expecttest hypothesis transformers \
+      "scikit-build-core>=0.8" "pybind11>=2.10"
   python3 -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" ||
     { echo "torch is no longer 2.13.0 after installing Python packages" >&2; return 1; }
 }

@@ -1,7 +1,9 @@
-// npub-demo: a C++ host on the simulated NPU. Loads the plugins found, prints
-// the op table, runs a few ops on npu:0 (checking them against values
+// npub-demo: a C++ host on the simulated NPU. Loads the plugins found, lists
+// what loaded, what was rejected and what was skipped, summarises the op table
+// (in full with --ops), runs a few ops on npu:0 (checking them against values
 // computed here), and shows one op falling back to the host's own
-// implementation, then the dispatcher's statistics.
+// implementation, then the dispatcher's statistics. Exits 1 when a plugin
+// was rejected.
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/runtime.h>
 #include <npubridge/dispatcher/value.h>
@@ -10,6 +12,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
 
 using namespace npub;
@@ -42,31 +45,89 @@ void print_tensor(const char* name, const Tensor& t) {
   std::printf("]\n");
 }
 
+void usage(std::FILE* to) {
+  std::fprintf(to,
+               "usage: npub-demo [--ops]\n"
+               "  Loads the plugins of the built-in directory and of NPUB_PLUGIN_PATH (':'-separated .so\n"
+               "  files or directories), lists what loaded (name, version, ABI, ops, file), what was\n"
+               "  rejected (file and reason) and the libraries of a directory skipped as not plugins\n"
+               "  (no npub_plugin_init_v1; a .so named in NPUB_PLUGIN_PATH must be a plugin), then runs\n"
+               "  a few ops on npu:0 and prints the dispatcher's statistics.\n"
+               "  --ops   print the whole op table (op: kernels by priority), not one line per plugin\n"
+               "Exit status: 0, or 1 when a plugin was rejected or a result was wrong.\n");
+}
+
+// One line per plugin: name, version, ABI, the ops it has npu kernels for.
+void print_plugins(Runtime& rt) {
+  std::map<std::string, int> ops_of;
+  for (const reg::OpEntry* op : rt.registry().ops()) {
+    std::map<std::string, bool> counted;
+    for (const reg::Kernel* k : op->kernels(NPUB_DEVICE_NPU))
+      if (!counted[k->plugin_name()]) {
+        counted[k->plugin_name()] = true;
+        ++ops_of[k->plugin_name()];
+      }
+  }
+  const auto plugins = rt.loader().plugins();
+  std::printf("Plugins loaded (%zu):\n", plugins.size());
+  for (const auto& p : plugins)
+    std::printf("  %-16s %-8s ABI 1.%-2u %4d ops  %s\n", p->name.c_str(), p->version.c_str(), p->abi_minor,
+                ops_of[p->name], p->path.c_str());
+  const auto failures = rt.loader().failures();
+  std::printf("Plugins rejected (%zu):\n", failures.size());
+  for (const auto& f : failures) std::printf("  %s\n", f.error.c_str());
+  const auto skipped = rt.loader().skipped();
+  if (!skipped.empty()) {
+    std::printf("Skipped, not plugins (%zu):\n", skipped.size());
+    for (const auto& f : skipped) std::printf("  %s\n", f.error.c_str());
+  }
+}
+
+void print_op_table(Runtime& rt, bool full) {
+  size_t with_kernel = 0, without = 0;
+  for (const reg::OpEntry* op : rt.registry().ops())
+    (op->kernels(NPUB_DEVICE_NPU).empty() ? without : with_kernel)++;
+  std::printf("\nOp table: %zu ops with npu kernels, %zu without (host fallback)%s\n", with_kernel, without,
+              full ? " (op: kernels by priority):" : "; --ops lists them");
+  if (!full) return;
+  for (const reg::OpEntry* op : rt.registry().ops()) {
+    std::printf("  %-30s", op->name().c_str());
+    const auto& ks = op->kernels(NPUB_DEVICE_NPU);
+    if (ks.empty()) std::printf(" (no npu kernel: host fallback)");
+    for (const reg::Kernel* k : ks)
+      std::printf(" %s{%s} p%d O%d", k->plugin_name().c_str(), k->dtypes_string().c_str(), k->priority,
+                  k->min_opt_level);
+    std::printf("\n");
+  }
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  bool full_op_table = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--ops") {
+      full_op_table = true;
+    } else if (a == "-h" || a == "--help") {
+      usage(stdout);
+      return 0;
+    } else {
+      std::fprintf(stderr, "npub-demo: unknown argument '%s'\n", a.c_str());
+      usage(stderr);
+      return 2;
+    }
+  }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // interleave with the log on stderr
   try {
     Runtime& rt = Runtime::global();
     std::printf("npubridge demo: %d simulated NPU device(s)\n\n", rt.devices().count());
-    std::printf("Plugins:\n");
-    for (const auto& p : rt.loader().plugins())
-      std::printf("  %-16s %-8s %s\n", p->name.c_str(), p->version.c_str(), p->path.c_str());
-    for (const auto& f : rt.loader().failures()) std::printf("  REJECTED %s\n", f.error.c_str());
+    print_plugins(rt);
+    const bool rejected = !rt.loader().failures().empty();
 
     // The host framework defines the ops it implements itself.
     rt.registry().define(reg::parse_schema("aten::tan(Tensor self) -> Tensor"), "host");
-
-    std::printf("\nOp table (op: kernels by priority):\n");
-    for (const reg::OpEntry* op : rt.registry().ops()) {
-      std::printf("  %-30s", op->name().c_str());
-      const auto& ks = op->kernels(NPUB_DEVICE_NPU);
-      if (ks.empty()) std::printf(" (no npu kernel: host fallback)");
-      for (const reg::Kernel* k : ks)
-        std::printf(" %s{%s} p%d O%d", k->plugin_name().c_str(), k->dtypes_string().c_str(), k->priority,
-                    k->min_opt_level);
-      std::printf("\n");
-    }
+    print_op_table(rt, full_op_table);
 
     Dispatcher& d = rt.dispatcher();
     d.set_fallback([&rt](const reg::OpEntry& op, const NpubValue* a, int32_t na, NpubValue* r, int32_t nr,
@@ -138,6 +199,11 @@ int main() {
     std::printf("\nnpu:0 memory: %lld bytes allocated, %lld reserved, peak %lld\n",
                 static_cast<long long>(st.allocated_bytes), static_cast<long long>(st.reserved_bytes),
                 static_cast<long long>(st.peak_allocated_bytes));
+    if (rejected) {
+      std::fprintf(stderr, "npub-demo: %zu plugin(s) rejected (listed above)\n",
+                   rt.loader().failures().size());
+      return 1;
+    }
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "npub-demo: %s\n", e.what());

@@ -20,12 +20,17 @@
 
 namespace {
 
-void usage() {
-  std::fprintf(stderr,
+void usage(std::FILE* to) {
+  std::fprintf(to,
                "usage: npub-plugins --check FILE... [--timeout SECONDS]\n"
-               "  loads each plugin file in a child process and reports whether the runtime accepts it,\n"
-               "  rejects it (with the reason), or whether it crashes or hangs in its initialize\n"
-               "  (default timeout 60 s). Exits 0 when every file is accepted.\n");
+               "  Loads each plugin file in a child process, as a host would, and prints one line per file:\n"
+               "    FILE: ok: plugin 'NAME' VERSION, ABI 1.N\n"
+               "    FILE: rejected: REASON         (e.g. no npub_plugin_init_v1, initialize failed: ...)\n"
+               "    FILE: crashed: ... / hung: ... (in its initialize; a host loading it would die or hang)\n"
+               "  Each FILE is named explicitly, so a library without the entry symbol is rejected here\n"
+               "  (in a directory of NPUB_PLUGIN_PATH the loader skips it instead).\n"
+               "  --timeout SECONDS  how long initialize may take (default 60)\n"
+               "Exit status: 0 when every file is accepted, 1 otherwise, 2 for a usage error.\n");
 }
 
 // In the child: load `path` into a fresh runtime and write the verdict to fd.
@@ -143,18 +148,18 @@ int main(int argc, char** argv) {
         return 2;
       }
     } else if (a == "-h" || a == "--help") {
-      usage();
+      usage(stdout);
       return 0;
     } else if (!a.empty() && a[0] == '-') {
       std::fprintf(stderr, "npub-plugins: unknown option '%s'\n", a.c_str());
-      usage();
+      usage(stderr);
       return 2;
     } else {
       files.push_back(a);
     }
   }
   if (!checking || files.empty()) {
-    usage();
+    usage(stderr);
     return 2;
   }
   bool all_ok = true;

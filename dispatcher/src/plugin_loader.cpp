@@ -110,13 +110,22 @@ std::string PluginLoader::builtin_plugin_dir() {
   if (::dladdr(reinterpret_cast<void*>(&PluginLoader::builtin_plugin_dir), &info) == 0 ||
       info.dli_fname == nullptr)
     return {};
-  return (fs::path(info.dli_fname).parent_path() / "npubridge" / "plugins").string();
+  // lexically_normal: a host found through an $ORIGIN/../lib run path names
+  // its plugins /prefix/lib/..., not /prefix/bin/../lib/...
+  return (fs::path(info.dli_fname).parent_path() / "npubridge" / "plugins").lexically_normal().string();
 }
 
 std::vector<std::string> PluginLoader::default_candidates() {
-  std::vector<std::string> files;
+  std::vector<std::string> paths;
+  for (auto& c : default_plugin_candidates()) paths.push_back(std::move(c.path));
+  return paths;
+}
+
+std::vector<PluginCandidate> PluginLoader::default_plugin_candidates() {
+  std::vector<PluginCandidate> files;
   const std::string builtin = builtin_plugin_dir();
-  if (!builtin.empty()) files = plugin_files_in(builtin);
+  if (!builtin.empty())
+    for (auto& f : plugin_files_in(builtin)) files.push_back({f, true});
   if (auto path = env::get("NPUB_PLUGIN_PATH")) {
     size_t start = 0;
     while (start <= path->size()) {
@@ -129,9 +138,9 @@ std::vector<std::string> PluginLoader::default_candidates() {
         const bool so_file = fs::is_regular_file(entry, ec) && entry.size() > 3 &&
                              entry.compare(entry.size() - 3, 3, ".so") == 0;
         if (fs::is_directory(entry, ec)) {
-          for (auto& f : plugin_files_in(entry)) files.push_back(f);
+          for (auto& f : plugin_files_in(entry)) files.push_back({f, true});
         } else if (so_file) {
-          files.push_back(entry);
+          files.push_back({entry, false});
         } else {
           throw Error(
               ErrorCode::kInvalidArgument,
@@ -149,11 +158,11 @@ std::vector<std::string> PluginLoader::default_candidates() {
 
 std::vector<LoadResult> PluginLoader::load_default() {
   std::vector<LoadResult> results;
-  for (const auto& f : default_candidates()) results.push_back(load(f));
+  for (const auto& c : default_plugin_candidates()) results.push_back(load(c.path, c.from_directory));
   return results;
 }
 
-LoadResult PluginLoader::load(const std::string& path) {
+LoadResult PluginLoader::load(const std::string& path, bool from_directory) {
   // One load at a time: two initialize calls never overlap (the ABI
   // promises plugins a single-threaded initialize), and the name check
   // below holds until the commit.
@@ -188,6 +197,14 @@ LoadResult PluginLoader::load(const std::string& path) {
         return reject("built for plugin ABI major " + std::to_string(major) + " (exports '" + other +
                       "'), but this host supports ABI major " + std::to_string(NPUB_ABI_MAJOR) +
                       " ('" NPUB_PLUGIN_ENTRY_SYMBOL "')");
+    }
+    if (from_directory) {  // Note [A directory may hold libraries that are not plugins]
+      result.skipped = true;
+      result.error = "'" + path + "' skipped: not an npubridge plugin (no " NPUB_PLUGIN_ENTRY_SYMBOL ")";
+      log().info("{}", result.error);
+      std::lock_guard<std::mutex> lock(mu_);
+      skipped_.push_back(result);
+      return result;
     }
     return reject("entry symbol '" NPUB_PLUGIN_ENTRY_SYMBOL
                   "' not found; a plugin must export it "
@@ -291,6 +308,11 @@ std::shared_ptr<reg::PluginRecord> PluginLoader::plugin(const std::string& name)
 std::vector<LoadResult> PluginLoader::failures() const {
   std::lock_guard<std::mutex> lock(mu_);
   return failures_;
+}
+
+std::vector<LoadResult> PluginLoader::skipped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return skipped_;
 }
 
 }  // namespace npub

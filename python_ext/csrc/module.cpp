@@ -199,6 +199,7 @@ PYBIND11_MODULE(_C, m) {
       d["name"] = p->name;
       d["version"] = p->version;
       d["path"] = p->path;
+      d["abi"] = "1." + std::to_string(p->abi_minor);
       d["ops"] = ops;
       d["enabled"] = p->enabled.load();
       out.append(d);
@@ -208,6 +209,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("load_failures", [] {
     py::list out;
     for (const auto& f : Runtime::global().loader().failures()) out.append(f.error);
+    return out;
+  });
+  // Libraries of a scanned directory that are not plugins (Note [A directory
+  // may hold libraries that are not plugins], plugin_loader.h).
+  m.def("load_skipped", [] {
+    py::list out;
+    for (const auto& f : Runtime::global().loader().skipped()) out.append(f.error);
     return out;
   });
   m.def("stats", [] {

@@ -70,7 +70,7 @@ atexit.register(_quiesce_at_exit)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
 
 __all__ = [
-    "plugins", "load_failures", "stats", "reset_stats", "set_optim_level", "enable_plugin", "disable_plugin",
+    "plugins", "load_failures", "load_skipped", "stats", "reset_stats", "set_optim_level", "enable_plugin", "disable_plugin",
     "register_op", "unregister_op", "op_map", "precision_check", "precision_mismatches", "routed_ops",
 ]
 
@@ -81,8 +81,14 @@ def plugins():
 
 
 def load_failures():
-    """The plugins the loader rejected, each as "<path>: <reason>"."""
+    """The plugins the loader rejected, each as "plugin '<path>' rejected: <reason>"."""
     return list(_C.load_failures())
+
+
+def load_skipped():
+    """Libraries of a plugin directory that are not plugins (no npub_plugin_init_v1),
+    each as "'<path>' skipped: not an npubridge plugin (no npub_plugin_init_v1)"."""
+    return list(_C.load_skipped())
 
 
 def stats():

@@ -1,4 +1,4 @@
-"""python3 -m npubridge {plugins, ops [--plugin NAME], coverage}"""
+"""python3 -m npubridge {plugins, ops [--plugin NAME], coverage} | --cmake-dir | --include-dir"""
 import argparse
 import sys
 
@@ -8,10 +8,56 @@ import npubridge
 from . import _C
 
 
+_PLUGINS_HELP = """\
+Lists the plugins this process loaded: the built-in plugin directory, then
+each entry of NPUB_PLUGIN_PATH (':'-separated .so files or directories).
+
+  loaded:   name, version, plugin ABI, ops with npu kernels, state, file
+  rejected: each file that failed to load, with the reason
+  skipped:  libraries found in a directory that export no npub_plugin_init_v1
+            (helpers shipped beside a plugin; not an error). A .so named
+            explicitly in NPUB_PLUGIN_PATH must be a plugin, else it is rejected.
+
+Exit status: 0 when nothing was rejected, 1 when a plugin was rejected or
+the runtime could not start (e.g. a bad NPUB_PLUGIN_PATH entry).
+
+  NPUB_PLUGIN_PATH=$PWD/build/libmy_plugin.so python3 -m npubridge plugins
+"""
+
+
+def _list_plugins() -> int:
+    from . import npu
+
+    if npu._init_error is not None:
+        print(f"error: the npu runtime did not start: {npu._init_error}", file=sys.stderr)
+        return 1
+    loaded, rejected, skipped = npubridge.plugins(), npubridge.load_failures(), npubridge.load_skipped()
+    print(f"loaded ({len(loaded)}):")
+    if loaded:
+        print(f"  {'name':16} {'version':8} {'ABI':4} {'ops':>4}  {'state':8}  path")
+    for p in loaded:
+        state = "enabled" if p["enabled"] else "disabled"
+        print(f"  {p['name']:16} {p['version']:8} {p['abi']:4} {p['ops']:4}  {state:8}  {p['path']}")
+    print(f"rejected ({len(rejected)}):")
+    for failure in rejected:
+        print(f"  {failure}")
+    if skipped:
+        print(f"skipped, not plugins ({len(skipped)}):")
+        for s in skipped:
+            print(f"  {s}")
+    return 1 if rejected else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m npubridge")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("plugins", help="loaded plugins (and rejected ones)")
+    kit = parser.add_mutually_exclusive_group()
+    kit.add_argument("--cmake-dir", action="store_true",
+                     help="print the folder holding npubridgeConfig.cmake (for CMAKE_PREFIX_PATH or npubridge_DIR)")
+    kit.add_argument("--include-dir", action="store_true",
+                     help="print the folder holding npubridge/plugin_api.h and dlpack/dlpack.h")
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("plugins", help="loaded plugins, rejected ones (exit 1 if any) and skipped non-plugins",
+                   description=_PLUGINS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     ops = sub.add_parser("ops", help="ops with npu kernels")
     ops.add_argument("--plugin", default="")
     sub.add_parser("coverage", help="ATen ops served natively (by which plugin) or through .out kernels")
@@ -21,11 +67,15 @@ def main(argv=None) -> int:
     conf.add_argument("--json", default="")
     conf.add_argument("--max-samples", type=int, default=8)
     args = parser.parse_args(argv)
+    if args.cmake_dir or args.include_dir:
+        from . import _author_kit
+
+        print(_author_kit.cmake_dir() if args.cmake_dir else _author_kit.include_dir())
+        return 0
+    if args.command is None:
+        parser.error("a command, --cmake-dir or --include-dir is required")
     if args.command == "plugins":
-        for p in npubridge.plugins():
-            print(f"{p['name']:16} {p['version']:8} {p['ops']:4} ops  {'enabled ' if p['enabled'] else 'disabled'}  {p['path']}")
-        for failure in _C.load_failures():
-            print(f"REJECTED {failure}")
+        return _list_plugins()
     elif args.command == "ops":
         for o in _C.ops(args.plugin):
             print(f"{o['op']:48} {o['plugin']:16} p{o['priority']:<3} {{{o['dtypes']}}}")

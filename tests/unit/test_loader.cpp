@@ -247,18 +247,52 @@ TEST(Loader, DefaultSearchOrderIsBuiltinThenPluginPath) {
 }
 
 TEST(Loader, PluginDirectoryInPathLoadsEverythingAndReportsEachFailure) {
-  // A directory of mostly bad plugins: each is reported, the good ones load.
+  // A directory of mostly bad plugins: each is reported, the good ones load,
+  // and the one library without any entry symbol is skipped, not rejected
+  // (Note [A directory may hold libraries that are not plugins]).
   auto rt = make_runtime();
   load_ok(*rt, test_plugin("npub_test_good_c"));  // before the conflicting one
   setenv("NPUB_PLUGIN_PATH", NPUB_TEST_PLUGIN_DIR, 1);
   auto results = rt->loader().load_default();
   unsetenv("NPUB_PLUGIN_PATH");
-  int ok = 0, bad = 0;
-  for (const auto& r : results) (r.ok ? ok : bad) += 1;
+  int ok = 0, bad = 0, skipped = 0;
+  for (const auto& r : results) (r.ok ? ok : r.skipped ? skipped : bad) += 1;
   EXPECT_GE(ok, 3 + 4);  // 3 built-in + good_c, testsel, future, old, kernel_error...
   EXPECT_GE(bad, 14);
+  EXPECT_EQ(skipped, 1);
+  const std::string no_entry = test_plugin("npub_test_bad_no_entry");
+  ASSERT_EQ(rt->loader().skipped().size(), 1u);
+  EXPECT_EQ(rt->loader().skipped()[0].path, no_entry);
+  EXPECT_EQ(rt->loader().skipped()[0].error,
+            "'" + no_entry + "' skipped: not an npubridge plugin (no npub_plugin_init_v1)");
+  EXPECT_EQ(rt->loader().failures().size(), static_cast<size_t>(bad));
+  for (const auto& f : rt->loader().failures()) EXPECT_NE(f.path, no_entry);
+  // A library exporting another ABI major's entry point is a plugin: rejected.
+  bool wrong_major_rejected = false;
+  for (const auto& f : rt->loader().failures())
+    wrong_major_rejected |= f.path == test_plugin("npub_test_bad_wrong_major_symbol");
+  EXPECT_TRUE(wrong_major_rejected);
   EXPECT_NE(rt->loader().plugin("cann_like"), nullptr);
   expect_host_still_works(*rt);
+}
+
+TEST(Loader, ALibraryWithoutEntryNamedInPluginPathIsRejected) {
+  // Named explicitly, the file is meant to be a plugin: an error, not a skip.
+  auto rt = make_runtime();
+  const std::string no_entry = test_plugin("npub_test_bad_no_entry");
+  setenv("NPUB_PLUGIN_PATH", no_entry.c_str(), 1);
+  auto results = rt->loader().load_default();
+  unsetenv("NPUB_PLUGIN_PATH");
+  ASSERT_FALSE(results.empty());
+  const LoadResult& r = results.back();
+  EXPECT_EQ(r.path, no_entry);
+  EXPECT_FALSE(r.ok);
+  EXPECT_FALSE(r.skipped);
+  EXPECT_EQ(r.error, "plugin '" + no_entry +
+                         "' rejected: entry symbol 'npub_plugin_init_v1' not found; a plugin must export it "
+                         "(see plugin_api.h)");
+  EXPECT_TRUE(rt->loader().skipped().empty());
+  ASSERT_EQ(rt->loader().failures().size(), 1u);
 }
 
 }  // namespace
