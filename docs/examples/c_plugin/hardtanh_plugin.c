@@ -14,6 +14,7 @@
 #include <npubridge/plugin_api.h>
 
 #include <stddef.h>
+#include <string.h>
 
 static const NpubHostApi* g_host = NULL;
 
@@ -96,6 +97,8 @@ static NpubError* initialize(const NpubHostApi* host, NpubRegistrar* reg) {
   g_host = host;
   err = host->define_op(reg, "cplug::hardtanh(Tensor self, float min_val=-1, float max_val=1) -> Tensor");
   if (err != NULL) return err;
+  /* Zero it first: a field a later header appends then reads as absent. */
+  memset(&desc, 0, sizeof desc);
   desc.struct_size = NPUB_KERNEL_DESC_STRUCT_SIZE;
   desc.op_name = "cplug::hardtanh";
   desc.device_type = NPUB_DEVICE_NPU;
