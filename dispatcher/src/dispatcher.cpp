@@ -735,13 +735,6 @@ void Dispatcher::run_fallback(CallState& cs, const char* reason) {
     throw Error(ErrorCode::kUnsupported, "op '" + cs.op->name() + "' is not supported on " +
                                              device_str(cs.device) + ": " + why +
                                              ", and the host registered no fallback");
-  reg::OpStats& stats = cs.op->stats();
-  if (!stats.fallback_warned.exchange(true))
-    log().warn(
-        "operator '{}' is not supported on the NPU backend ({}) and will fall back to the "
-        "host framework's implementation; logged once per op",
-        cs.op->name(), why);
-  stats.fallbacks.fetch_add(1, std::memory_order_relaxed);
   // Set for the fallback's duration (nested calls set their own).
   struct Reason {
     std::string outer;
@@ -749,6 +742,16 @@ void Dispatcher::run_fallback(CallState& cs, const char* reason) {
     ~Reason() { tls_fallback_reason = std::move(outer); }
   } scoped_reason(why);
   fn(*cs.op, cs.args, cs.num_args, cs.rets, cs.num_rets, *cs.outputs);
+  // Counted and reported once the host served it: a host with no
+  // implementation of the op (a plugin's own op) raises its own error
+  // instead, and nothing fell back.
+  reg::OpStats& stats = cs.op->stats();
+  stats.fallbacks.fetch_add(1, std::memory_order_relaxed);
+  if (!stats.fallback_warned.exchange(true))
+    log().warn(
+        "operator '{}' is not supported on the NPU backend ({}) and fell back to the host "
+        "framework's implementation; logged once per op",
+        cs.op->name(), why);
 }
 
 // Note [A decline falls back on every path]

@@ -13,12 +13,14 @@
 #include "runtime/npu_runtime.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <exception>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
+#include <vector>
 
 namespace npub::torch_backend {
 
@@ -56,6 +58,46 @@ bool same_args(const c10::FunctionSchema& f, const reg::Schema& out) {
   return true;
 }
 
+// Edit distance, for the nearest ATen name to a misspelt one.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// A plugin's kernel for an aten:: op ATen does not have (a misspelt name or
+// overload) can never be called: said when PyTorch loads the plugin, with
+// the nearest name ATen has.
+void warn_unknown_aten_op(const reg::OpEntry& e) {
+  std::string nearest;
+  size_t best = SIZE_MAX;
+  for (const c10::OperatorName& n : c10::Dispatcher::singleton().getAllOpNames()) {
+    if (n.name.rfind("aten::", 0) != 0) continue;
+    const std::string full = n.overload_name.empty() ? n.name : n.name + "." + n.overload_name;
+    const size_t d = edit_distance(e.name(), full);
+    if (d < best) {
+      best = d;
+      nearest = full;
+    }
+  }
+  const auto& kernels = e.kernels(NPUB_DEVICE_NPU);
+  const std::string plugin =
+      kernels.empty() ? e.defined_by() : "plugin '" + kernels.front()->plugin_name() + "'";
+  TORCH_WARN("npubridge: ", plugin, " registers a kernel for '", e.name(),
+             "', which ATen does not have, so no PyTorch call can reach it",
+             nearest.empty() ? std::string() : "; did you mean '" + nearest + "'?",
+             " (ATen's exact schemas: torch._C._jit_get_schemas_for_operator(\"aten::<name>\"))");
+}
+
 }  // namespace
 
 void register_plugin_ops() {
@@ -68,7 +110,10 @@ void register_plugin_ops() {
     const std::string unqualified =
         e->schema().overload.empty() ? e->schema().name : e->schema().name + "." + e->schema().overload;
     auto h = c10::Dispatcher::singleton().findSchema({"aten::" + e->schema().name, e->schema().overload});
-    if (!h) continue;
+    if (!h) {
+      warn_unknown_aten_op(*e);
+      continue;
+    }
     // The plugin's schema must be ATen's (names and types); otherwise the
     // boxed arguments would not line up.
     const std::string theirs = c10::toString(h->schema());
