@@ -1,5 +1,6 @@
-// Core benchmarks: dispatch overhead (by cached op handle and by op name)
-// against a direct call of the same kernel function, the caching
+// Core benchmarks: dispatch overhead (by cached op handle and by op name,
+// and with three tensor arguments whose dtypes are checked) against a direct
+// call of the same kernel function, the caching
 // allocator's cache-hit alloc+free, and stream enqueue-to-execution latency.
 #include <npubridge/dispatcher/runtime.h>
 #include <npubridge/dispatcher/value.h>
@@ -17,8 +18,9 @@ namespace {
 struct Fixture {
   std::unique_ptr<Runtime> rt;
   Tensor t;
-  OpHandle op;
+  OpHandle op, op3;
   const reg::Kernel* kernel = nullptr;
+  const reg::Kernel* kernel3 = nullptr;
   Fixture() {
     RuntimeOptions o;
     o.devices.num_devices = 1;
@@ -31,6 +33,8 @@ struct Fixture {
     t = Tensor::from_values({16}, DType::kFloat32, std::vector<double>(16, 0), &rt->devices().at(0));
     op = rt->dispatcher().op("bench::touch");
     kernel = op.op->kernels(NPUB_DEVICE_NPU).front();
+    op3 = rt->dispatcher().op("bench::touch3");
+    kernel3 = op3.op->kernels(NPUB_DEVICE_NPU).front();
   }
 };
 
@@ -77,6 +81,36 @@ void BM_DispatchByName(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_DispatchByName);
+
+// Three tensor arguments, every one checked against the kernel's dtype rules.
+void BM_DirectCallThreeTensors(benchmark::State& state) {
+  Fixture& f = fixture();
+  NpubValue args[] = {tensor_value(f.t.dl()), tensor_value(f.t.dl()), tensor_value(f.t.dl())};
+  NpubValue rets[1] = {};
+  NpubKernelFn fn = f.kernel3->fn;
+  benchmark::DoNotOptimize(fn);
+  for (auto _ : state) {
+    rets[0] = args[0];
+    NpubError* e = fn(nullptr, args, 3, rets, 1);
+    benchmark::DoNotOptimize(e);
+    benchmark::ClobberMemory();
+  }
+}
+BENCHMARK(BM_DirectCallThreeTensors);
+
+void BM_DispatchThreeTensorsByHandle(benchmark::State& state) {
+  Fixture& f = fixture();
+  Tensor a = Tensor::from_values({16}, DType::kFloat32, std::vector<double>(16, 0), &f.rt->devices().at(0));
+  Tensor b = Tensor::from_values({16}, DType::kFloat32, std::vector<double>(16, 0), &f.rt->devices().at(0));
+  NpubValue args[] = {tensor_value(f.t.dl()), tensor_value(a.dl()), tensor_value(b.dl())};
+  NpubValue rets[1] = {};
+  Dispatcher& d = f.rt->dispatcher();
+  for (auto _ : state) {
+    d.call(f.op3, args, 3, rets, 1, nullptr);
+    benchmark::ClobberMemory();
+  }
+}
+BENCHMARK(BM_DispatchThreeTensorsByHandle);
 
 void BM_AllocFreeCacheHit(benchmark::State& state) {
   Fixture& f = fixture();

@@ -32,6 +32,7 @@ struct Dispatcher::CallState {
   DLDevice device{};
   bool has_device = false;
   DType dtype = DType::kUnknown;     // the dispatch dtype
+  bool mixed_dtypes = false;         // a tensor argument or return of another dtype than `dtype`
   bool meta = false;                 // infer_meta: tensors carry metadata only (data may be NULL)
   Overlap overlap = Overlap::kNone;  // how written tensors share memory; decides eligible kernels
   // Arguments with defaults filled in, when the caller omitted some.

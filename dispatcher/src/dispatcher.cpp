@@ -176,7 +176,10 @@ void Dispatcher::validate(CallState& cs) const {
                       device_str(cs.device) + " and " + device_str(dev) + " (op '" + op.name() +
                       "', argument '" + a.name + "')");
     }
-    if (cs.dtype == DType::kUnknown) cs.dtype = dt;
+    if (cs.dtype == DType::kUnknown)
+      cs.dtype = dt;
+    else if (dt != cs.dtype)
+      cs.mixed_dtypes = true;
   };
 
   const auto& accepted = op.accepted();
@@ -271,7 +274,9 @@ bool statically_eligible(const reg::Kernel& k, int level, DType dtype) {
 // arguments of the call's own dtype to `dtype`, so those count as `dtype`.
 // On a mismatch, *found is that tensor's dtype.
 int32_t first_misfit(const reg::Kernel& k, const Dispatcher::CallState& cs, DType dtype, DType* found) {
-  if (k.any_arg_dtypes) return -1;
+  // Every tensor of the call has its dispatch dtype (validate saw no other),
+  // which every rule but a list admits (a converted call stages them all).
+  if (k.any_arg_dtypes || (!cs.mixed_dtypes && !k.has_listed_arg_dtypes)) return -1;
   const bool ruled = !k.arg_rules.empty();
   for (int32_t i = 0; i < cs.num_args; ++i) {
     const NpubValue& v = cs.args[i];
@@ -456,8 +461,10 @@ std::string shape_string(const int64_t* shape, int32_t ndim) {
   return s + "]";
 }
 
-void check_kernel_returns(const Dispatcher::CallState& cs, const reg::Kernel& k, const NpubValue* args,
-                          const NpubValue* rets, uint64_t empty_before) {
+// Out of line: called only for kernels that had returns to fill, and kept
+// out of invoke_kernel's frame.
+[[gnu::noinline]] void check_kernel_returns(const Dispatcher::CallState& cs, const reg::Kernel& k,
+                                            const NpubValue* args, const NpubValue* rets, uint64_t empty_before) {
   const reg::OpEntry& op = *cs.op;
   const auto& returns = op.schema().returns;
   auto fail = [&](const std::string& what) {
@@ -521,7 +528,8 @@ void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs, con
   sim::Stream& stream = dev.current_stream();
   if (!stream.query()) stream.synchronize();
   NpubCallContext ctx;
-  ctx.head = context_head(cs.op->name(), k.user_data);
+  static const NpubHostApi* const host = host_api();
+  ctx.head = NpubContextHead{NPUB_CONTEXT_HEAD_STRUCT_SIZE, host, k.user_data, cs.op->name().c_str()};
   ctx.kernel = &k;
   ctx.device = &dev;
   ctx.stream = &stream;

@@ -166,14 +166,16 @@ NpubError* read_arg_dtypes(NpubRegistrar* r, const NpubKernelDesc& desc, const s
     named[index] = true;
     rules[index] = rule;
   }
-  bool all_any = true;
+  bool all_any = true, listed = false;
   for (size_t i = 0; i < rules.size(); ++i) {
     if (!named[i] && star != nullptr) rules[i] = *star;
-    if (sargs[i].type.base == reg::BaseType::kTensor && rules[i].kind != reg::ArgDtypeRule::kAny)
-      all_any = false;
+    if (sargs[i].type.base != reg::BaseType::kTensor) continue;
+    all_any = all_any && rules[i].kind == reg::ArgDtypeRule::kAny;
+    listed = listed || rules[i].kind == reg::ArgDtypeRule::kListed;
   }
   k.arg_rules = std::move(rules);
   k.any_arg_dtypes = all_any;
+  k.has_listed_arg_dtypes = listed;
   return nullptr;
 }
 

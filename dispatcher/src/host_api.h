@@ -33,7 +33,7 @@ struct NpubRegistrar {
 // Both contexts begin with the public NpubContextHead (ABI 1.4): a kernel
 // casts its context pointer to read it (NPUB_CONTEXT_HEAD).
 struct NpubCallContext {
-  NpubContextHead head{};
+  NpubContextHead head;  // set by invoke_kernel (not zeroed first: the call path is hot)
   const npub::reg::Kernel* kernel = nullptr;
   npub::sim::Device* device = nullptr;
   npub::sim::Stream* stream = nullptr;
