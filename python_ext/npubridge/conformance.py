@@ -51,6 +51,10 @@ def _tolerance(dtype):
     return TOLERANCE.get(dtype, _EXACT)
 
 
+# The error model's message: "... (error 0.25 > bound 3.57628e-07: ...".
+_JUDGED = re.compile(r"error ([0-9.eE+-]+|inf|nan) > bound ([0-9.eE+-]+|inf|nan)")
+
+
 @dataclass
 class Cell:
     """The verdict on one (op, dtype) of the plugin."""
@@ -67,10 +71,16 @@ class Cell:
     decline_reason: str = ""
     sources: List[str] = field(default_factory=list)  # OpInfo entries or the tests file
     checks: List[str] = field(default_factory=list)  # what was checked (forward, backward, meta, gradcheck, ...)
+    note: str = ""  # what a passed cell lacks (a meta function)
+    error: Optional[float] = None  # the worst element's error and bound in the first failure, when judged
+    bound: Optional[float] = None
 
     def fail(self, message):
         if self.status != "failed":
             self.status, self.reason = "failed", message
+            judged = _JUDGED.search(message)
+            if judged:
+                self.error, self.bound = float(judged.group(1)), float(judged.group(2))
 
     def served(self, source, check):
         self.samples += 1
@@ -84,8 +94,10 @@ class Cell:
             return
         if self.samples > 0:
             self.status = "passed"
+            notes = [self.note] if self.note else []
             if self.declined:
-                self.reason = f"{self.declined} samples declined ({self.decline_reason})"
+                notes.append(f"{self.declined} samples declined ({self.decline_reason})")
+            self.reason = "; ".join(notes)
         elif self.declined:
             self.reason = f"declined ({self.decline_reason})"
         else:
@@ -678,8 +690,9 @@ def run_custom(cells, ops, probe, max_samples, derivatives, where, log=print):
                     _run_custom_sample(cell, cop, sample, dtype, source, label + variant, probe,
                                        meta=has_meta and not variant,
                                        gradients=cop.derivative is not None and not variant)
-            if not has_meta and cell.samples and "no meta function" not in cell.checks:
-                cell.checks.append("no meta function")
+            if not has_meta and cell.samples:
+                cell.note = ("no meta function: fake tensors, torch.compile and torch.export cannot trace "
+                             "the op")
             cell.finish(f"no sample for {dtype_name}, which the kernel declares (the samples function yielded "
                         "none)" if not samples else "no sample reached the kernel")
 

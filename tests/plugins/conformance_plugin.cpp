@@ -7,9 +7,12 @@
 //   2 conf_wrong      aten::hardtanh.out clamps at half the upper bound
 //   3 conf_f64        aten::hardtanh.out declares float64 but reads every tensor as float
 //   4 conf_typo       aten::hardtanh.outt: an overload ATen does not have
-//   5 conf_meta       conf_meta::mul_add: its meta function declares [x.size(0)], the kernel returns x's
-//   shape 6 conf_grad       conf_grad::mul_add: its backward gives grad * y for y (should be grad * x) 7
-//   conf_nosamples  conf_nosamples::mul_add, correct, with no tests file
+//   5 conf_meta       conf_meta::mul_add: its meta function declares [x.size(0)],
+//                     the kernel returns x's shape
+//   6 conf_grad       conf_grad::mul_add: its backward gives grad * y for y
+//                     (should be grad * x)
+//   7 conf_nosamples  conf_nosamples::mul_add, correct, with no tests file
+//   8 conf_declines   aten::hardtanh.out declares float64 and declines every float64 call
 #include <npubridge/plugin_sdk.hpp>
 
 #include <algorithm>
@@ -17,7 +20,7 @@
 #include <vector>
 
 #ifndef CONF_MODE
-#error "CONF_MODE must be defined (1 to 7)"
+#error "CONF_MODE must be defined (1 to 8)"
 #endif
 
 #if CONF_MODE == 1
@@ -38,9 +41,12 @@
 #elif CONF_MODE == 6
 #define CONF_NS "conf_grad"
 #define CONF_NAME conf_grad
-#else
+#elif CONF_MODE == 7
 #define CONF_NS "conf_nosamples"
 #define CONF_NAME conf_nosamples
+#else
+#define CONF_NS "conf_declines"
+#define CONF_NAME conf_declines
 #endif
 
 namespace {
@@ -66,6 +72,8 @@ void hardtanh_out(Call& call) {
   if (out.sizes() != self.sizes() || !out.is(self.dtype()))
     call.fail(NPUB_ERR_UNSUPPORTED, "out must have self's shape and dtype");
   if (CONF_MODE == 2) hi *= 0.5;  // the defect of conf_wrong
+  if (CONF_MODE == 8 && self.is(npub::sdk::kFloat64))
+    call.fail(NPUB_ERR_UNSUPPORTED, "float64 is not implemented yet");  // conf_declines
   if (self.is(npub::sdk::kFloat64) && CONF_MODE != 3)
     clamp_into<double>(self, out, lo, hi);
   else if (self.is(npub::sdk::kFloat32) || self.is(npub::sdk::kFloat64))
@@ -134,13 +142,13 @@ void mul_add_backward(Call& call) {
 }
 
 void init(npub::sdk::Registrar& r) {
-  if (CONF_MODE <= 4) {
+  if (CONF_MODE <= 4 || CONF_MODE == 8) {
     const std::string op = CONF_MODE == 4 ? "aten::hardtanh.outt" : "aten::hardtanh.out";
     r.def(
         (op + "(Tensor self, Scalar min_val=-1, Scalar max_val=1, *, Tensor(a!) out) -> Tensor(a!)").c_str());
     r.kernel(op, &hardtanh_out).dtypes({npub::sdk::kFloat32, npub::sdk::kFloat64}).contiguous_only();
   }
-  if (CONF_MODE == 1 || CONF_MODE >= 5) {
+  if (CONF_MODE == 1 || (CONF_MODE >= 5 && CONF_MODE <= 7)) {
     const std::string ns = CONF_NS;
     r.def((ns + "::mul_add(Tensor x, Tensor y) -> Tensor").c_str());
     r.kernel(ns + "::mul_add", &mul_add).dtypes({npub::sdk::kFloat32, npub::sdk::kFloat64}).contiguous_only();
