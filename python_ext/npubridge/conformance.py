@@ -197,6 +197,15 @@ def _opinfo_name(o):
     return o.name + ("." + o.variant_test_name if o.variant_test_name else "")
 
 
+# OpInfo entries whose names share nothing with the ATen op their calls
+# reach (by base name, as aten_bases gives it).
+_CONVOLUTIONS = tuple(f"nn.functional.conv{t}{d}d" for t in ("", "_transpose") for d in (1, 2, 3))
+OPINFO_HINTS = {
+    "convolution_overrideable": _CONVOLUTIONS, "convolution": _CONVOLUTIONS,
+    "copy": ("clone", "contiguous"), "index": ("__getitem__",),
+}
+
+
 def opinfo_candidates(op, db, mapped_from=()):
     """The OpInfo entries of `db` that may reach `op`: by name, its own or
     that of an op the op-mapping table routes to it (`mapped_from`:
@@ -204,6 +213,7 @@ def opinfo_candidates(op, db, mapped_from=()):
     bases = set(aten_bases(op))
     for framework_op in mapped_from:
         bases |= aten_bases(framework_op)
+    hinted = {name for base in bases for name in OPINFO_HINTS.get(base, ())}
     found = []
     for o in db:
         name = _opinfo_name(o)
@@ -212,7 +222,7 @@ def opinfo_candidates(op, db, mapped_from=()):
         keys = {o.name, o.name.split(".")[-1], getattr(o, "aten_name", None),
                 getattr(o, "aten_backward_name", None)}
         keys |= {a.name.split(".")[-1] for a in getattr(o, "aliases", ())}
-        if keys & bases:
+        if keys & bases or o.name in hinted:
             found.append(o)
     return found
 
