@@ -160,3 +160,28 @@ def test_an_unknown_op_name_and_a_missing_file_are_errors(tmp_path):
     assert "ERROR --op aten::hardtanh.outt: the plugin serves no op of that name" in out, out
     status, out, _ = conformance(tmp_path, "--plugin", str(tmp_path / "missing.so"))
     assert status == 1 and "--plugin " in out and "no such file" in out, out
+
+
+def test_a_declared_dtype_without_samples_is_not_covered(tmp_path):
+    tests = tmp_path / "float32_only_conformance.py"
+    tests.write_text(
+        "import torch\nfrom npubridge import testing\n"
+        "testing.reference('conf_good::mul_add')(lambda x, y: x * y + x)\n"
+        "@testing.samples('conf_good::mul_add')\n"
+        "def s(dtype):\n"
+        "    if dtype == torch.float32:\n"
+        "        yield testing.Sample(torch.randn(4, 5), torch.randn(4, 5))\n")
+    status, out, report = conformance(tmp_path, "--plugin", plugin("good"), "--tests", str(tests),
+                                      "--op", "conf_good::mul_add")
+    assert status == 0, out
+    assert cells(report)[("conf_good::mul_add", "float32")]["status"] == "passed"
+    assert ("NOT COVERED conf_good conf_good::mul_add float64: no sample for float64, which the kernel declares "
+            "(the samples function yielded none)") in out, out
+
+
+def test_a_rejected_plugin_is_an_error(tmp_path):
+    rejected = os.path.join(os.environ["NPUB_TEST_PLUGIN_DIR"], "libnpub_test_bad_init_error.so")
+    status, out, report = conformance(tmp_path, "--plugin", rejected)
+    assert status == 1, out
+    assert "ERROR the plugin was not loaded: " in out and "simulated failure: device firmware not found" in out, out
+    assert report["results"] == [] and report["errors"]
