@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -37,6 +38,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from . import _C, opinfo, testing
+from ._autograd import _resolve
 
 # The dtypes a kernel declaring "any" is run with.
 ANY_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "bool")
@@ -434,14 +436,14 @@ def run_aten(cells, ops, probe, max_samples, log=print):
             for op in ops:
                 if dtype_name in ops[op] and o in candidates(op, [o]):
                     tried.setdefault((op, dtype_name), []).append(name)
-            backward = o.supports_autograd and dtype.is_floating_point and o.supports_dtype(dtype, "cpu")
+            backward = o.supports_autograd and dtype.is_floating_point
             tol = _tolerance(dtype)
             torch.manual_seed(0)  # sample inputs are random: make the run repeatable
             deterministic = opinfo.DETERMINISTIC.get(name, lambda s: s)
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    samples = list(_take(o.sample_inputs("cpu", dtype, requires_grad=backward), max_samples))
+                    samples = list(itertools.islice(o.sample_inputs("cpu", dtype, requires_grad=backward), max_samples))
             except Exception as e:  # noqa: BLE001 - PyTorch's sample generator failed for this dtype
                 log(f"note: OpInfo {name} has no samples for {dtype_name}: {_first_line(e)}")
                 continue
@@ -469,22 +471,9 @@ def run_aten(cells, ops, probe, max_samples, log=print):
         cell.finish(why)
 
 
-def _take(it, n):
-    for i, x in enumerate(it):
-        if i >= n:
-            return
-        yield x
-
-
 # ---------------------------------------------------------------------------
 # the plugin's own ops: the npubridge.testing file
 # ---------------------------------------------------------------------------
-
-def _resolve(op):
-    ns, rest = op.split("::", 1)
-    name, _, overload = rest.partition(".")
-    return getattr(getattr(getattr(torch.ops, ns), name), overload or "default")
-
 
 def _map(fn, x):
     return opinfo._tree_map(fn, x)
@@ -565,7 +554,8 @@ def _meta_check(cop, npu_args, npu_kwargs, got):
         try:
             result = cop.packet(*fake_args, **fake_kwargs)
         except Exception as e:  # noqa: BLE001 - reported with the meta function named
-            raise AssertionError(f"the meta function raised on a sample the kernel computes: {_first_line(e)}") from None
+            raise AssertionError(
+                f"the meta function raised on a sample the kernel computes: {_first_line(e)}") from None
         declared = cop.outputs(result, list(fake_args))
         declared = [(tuple(t.shape), t.dtype) for t in declared]
     real = [(tuple(t.shape), t.dtype) for t in got]
@@ -578,10 +568,11 @@ def _meta_check(cop, npu_args, npu_kwargs, got):
 
 
 def _has_meta(op):
-    qualified = op if "." in op else op
+    """Whether PyTorch has a Meta kernel for the op (what a plugin's meta
+    function is registered as)."""
     try:
-        return torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "Meta")
-    except Exception:  # noqa: BLE001
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op, "Meta")
+    except RuntimeError:
         return False
 
 
@@ -685,7 +676,7 @@ def run_custom(cells, ops, probe, max_samples, derivatives, where, log=print):
             dtype = getattr(torch, dtype_name)
             torch.manual_seed(0)
             try:
-                samples = list(_take(tests.samples(dtype) or (), max_samples))
+                samples = list(itertools.islice(tests.samples(dtype) or (), max_samples))
             except Exception as e:  # noqa: BLE001 - the author's sample function failed
                 cell.fail(f"the samples function raised for {dtype_name}: {_first_line(e)}")
                 continue

@@ -185,3 +185,12 @@ def test_a_rejected_plugin_is_an_error(tmp_path):
     assert status == 1, out
     assert "ERROR the plugin was not loaded: " in out and "simulated failure: device firmware not found" in out, out
     assert report["results"] == [] and report["errors"]
+
+
+def test_the_command_takes_a_plugin_or_the_opinfo_database():
+    # --opinfo (the whole OpInfo database on every loaded plugin) is the other form.
+    for args, message in (([], "one of the arguments --plugin --opinfo is required"),
+                          (["--plugin", "x.so", "--opinfo"], "argument --opinfo: not allowed with argument --plugin")):
+        r = subprocess.run([sys.executable, "-m", "npubridge", "conformance", *args], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 2 and message in r.stderr, r.stderr
