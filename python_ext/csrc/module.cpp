@@ -228,14 +228,28 @@ PYBIND11_MODULE(_C, m) {
       d["errors"] = s.errors;
       d["precision_mismatches"] = s.precision_mismatches;
       d["time_ms"] = s.total_ms;
+      std::map<std::string, int64_t> calls_by_plugin;  // a plugin may have several kernels for the op
+      py::list kernels;
+      for (const auto& k : s.kernels) {
+        if (k.calls > 0) calls_by_plugin[k.plugin] += k.calls;
+        py::dict kd;
+        kd["plugin"] = k.plugin;
+        kd["dtypes"] = k.dtypes;
+        kd["priority"] = k.priority;
+        kd["calls"] = k.calls;
+        kernels.append(kd);
+      }
       py::dict by_plugin;
-      for (const auto& k : s.kernels)
-        if (k.calls > 0) by_plugin[py::str(k.plugin)] = k.calls;
+      for (const auto& [plugin, calls] : calls_by_plugin) by_plugin[py::str(plugin)] = calls;
       d["native"] = by_plugin;
+      d["kernels"] = kernels;
       out[py::str(s.op)] = d;
     }
     return out;
   });
+  // Per registry op, the reason of its latest fallback (a kernel's decline
+  // message, or why no kernel was eligible).
+  m.def("fallback_reasons", [] { return npub::torch_backend::last_fallback_reasons(); });
   m.def("reset_stats", [] { Runtime::global().dispatcher().reset_stats(); });
   m.def("set_optim_level", [](int level) { Runtime::global().dispatcher().set_opt_level(level); });
   m.def("optim_level", [] { return Runtime::global().dispatcher().opt_level(); });

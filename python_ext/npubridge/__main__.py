@@ -1,5 +1,6 @@
-"""python3 -m npubridge {plugins, ops [--plugin NAME], coverage} | --cmake-dir | --include-dir"""
+"""python3 -m npubridge {plugins, ops [--plugin NAME], coverage, conformance} | --cmake-dir | --include-dir"""
 import argparse
+import os
 import sys
 
 import torch  # noqa: F401
@@ -61,11 +62,22 @@ def main(argv=None) -> int:
     ops = sub.add_parser("ops", help="ops with npu kernels")
     ops.add_argument("--plugin", default="")
     sub.add_parser("coverage", help="ATen ops served natively (by which plugin) or through .out kernels")
-    conf = sub.add_parser("conformance", help="PyTorch's OpInfo database on npu against the CPU")
-    conf.add_argument("--opinfo", action="store_true", required=True)
-    conf.add_argument("--report", default="opinfo_report.md")
-    conf.add_argument("--json", default="")
-    conf.add_argument("--max-samples", type=int, default=8)
+    conf = sub.add_parser(
+        "conformance", help="one plugin's kernels against ATen and its own tests (--plugin), or PyTorch's "
+        "OpInfo database on npu against the CPU (--opinfo)",
+        description="Exit status: 0 when every op x dtype pair that ran passed and at least one was covered; "
+        "1 when any failed, or nothing was covered, or the plugin or its tests file did not load.")
+    what = conf.add_mutually_exclusive_group(required=True)
+    what.add_argument("--plugin", metavar="LIB.so", help="the plugin file to check (loaded if it is not yet)")
+    what.add_argument("--opinfo", action="store_true", help="the whole OpInfo database on every loaded plugin")
+    conf.add_argument("--op", action="append", default=[], metavar="NAME",
+                      help="only this op (aten::hardtanh.out, or aten::hardtanh for all its overloads); repeatable")
+    conf.add_argument("--tests", action="append", default=[], metavar="FILE_OR_MODULE",
+                      help="npubridge.testing samples and references of the plugin's own ops (default: "
+                      "<name>_conformance.py beside lib<name>.so)")
+    conf.add_argument("--report", default="", metavar="OUT.md")
+    conf.add_argument("--json", default="", metavar="OUT.json")
+    conf.add_argument("--max-samples", type=int, default=8, metavar="N", help="samples per op and dtype")
     args = parser.parse_args(argv)
     if args.cmake_dir or args.include_dir:
         from . import _author_kit
@@ -88,11 +100,14 @@ def main(argv=None) -> int:
         for name in sorted(routed["via_out"]):
             print(f"via-out  {name}")
         print("# every other ATen op falls back to the CPU")
+    elif args.command == "conformance" and args.plugin:
+        return _plugin_conformance(args, argv)
     elif args.command == "conformance":
         from . import opinfo
 
         import torch
 
+        args.report = args.report or "opinfo_report.md"
         results = opinfo.run(max_samples=args.max_samples)
         results_bf16 = opinfo.run(max_samples=args.max_samples, dtype=torch.bfloat16)
         opinfo.write_report(results, args.report, args.json or None, results_bf16)
@@ -103,6 +118,36 @@ def main(argv=None) -> int:
               f"report: {args.report}")
         return 0 if passed / max(tested, 1) >= 0.9 and passed16 / max(tested16, 1) >= 0.9 else 1
     return 0
+
+
+_REEXEC = "NPUB_CONFORMANCE_PLUGIN"
+
+
+def _plugin_conformance(args, argv) -> int:
+    from . import conformance
+
+    if not os.path.isfile(args.plugin):
+        print(f"npubridge conformance: --plugin {args.plugin}: no such file", file=sys.stderr)
+        return 1
+    if conformance.find_plugin(args.plugin) is None and os.environ.get(_REEXEC) != args.plugin:
+        # Plugins load when npubridge initialises, which `python3 -m
+        # npubridge` did before reaching here: start again with the plugin
+        # on NPUB_PLUGIN_PATH.
+        env = dict(os.environ)
+        env["NPUB_PLUGIN_PATH"] = os.path.abspath(args.plugin) + (
+            ":" + env["NPUB_PLUGIN_PATH"] if env.get("NPUB_PLUGIN_PATH") else "")
+        env[_REEXEC] = args.plugin
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, "-m", "npubridge"] + list(sys.argv[1:] if argv is None else argv),
+                  env)
+    report = conformance.run(args.plugin, args.op, args.tests, args.max_samples)
+    conformance.print_report(report)
+    if args.report:
+        conformance.write_markdown(report, args.report)
+    if args.json:
+        conformance.write_json(report, args.json)
+    return report.exit_status()
 
 
 if __name__ == "__main__":

@@ -19,4 +19,14 @@ syms="$(nm -D --defined-only "$plugin")"
   { echo "unexpected exports: $syms"; exit 1; }
 out="$(NPUB_PLUGIN_PATH="$plugin" "$build_dir/bin/npub-demo")"
 echo "$out" | grep -q "myplug .*1.0.0 .*libmy_npu_plugin.so" || { echo "$out"; exit 1; }
+# The conformance an author runs on it, with the tests file the example ships
+# (docs/plugin-authoring.md, "Testing your plugin: conformance"), where the
+# PyTorch extension is built.
+if ls "$build_dir"/python/npubridge/_C*.so >/dev/null 2>&1; then
+  out="$(PYTHONPATH="$build_dir/python" NPUB_LOG_LEVEL=error python3 -m npubridge conformance --plugin "$plugin" \
+         --tests "$source_dir/docs/examples/out_of_tree_plugin/my_npu_plugin_conformance.py" 2>&1)" ||
+    { echo "$out"; echo "conformance of the example plugin failed"; exit 1; }
+  echo "$out" | grep -q "^PASS myplug myplug::axpy float32 \[kernel p0 {float32}\]: 6/6 samples (forward, error case); no meta function" || { echo "$out"; exit 1; }
+  echo "$out" | grep -v "^ \|Warning"
+fi
 echo "out-of-tree plugin built against the installed npubridge and loaded"

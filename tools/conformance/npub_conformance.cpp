@@ -1,10 +1,14 @@
 // npub-conformance: runs every kernel of a plugin on the simulated NPU and the
 // same op in ATen on the CPU, over the samples of tools/conformance/
 // samples.cpp, and writes a coverage report (op x dtype x plugin: pass, fail
-// with the worst error, or not covered). Exits non-zero on any failure.
+// with the worst error, or not covered).
 //
 //   npub-conformance --plugin lib/npubridge/plugins/libnpub_cann_like.so
 //       [--plugin ...] [--all] [--op REGEX] [--md report.md] [--json report.json] [--seed S]
+//
+// Exits non-zero on any failure, and when nothing was covered (every op x
+// dtype pair "not covered": an out-of-tree plugin's own ops have no sample
+// specification here), saying why.
 #include "conformance.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -21,6 +25,7 @@
 #include <npubridge/torch/dtype.h>
 #include <npubridge/torch/error_bound.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -607,5 +612,33 @@ int main(int argc, char** argv) {
   std::printf(
       "npub-conformance: %d op x dtype pairs: %d passed, %d failed, %d not covered (%d samples, %.1f s)\n",
       static_cast<int>(cells.size()), pass, failures, uncovered, samples, secs);
-  return failures == 0 && !load_failed ? 0 : 1;
+  // A run that checked nothing proves nothing: a plugin whose ops have no
+  // sample specification here (an out-of-tree plugin's own ops, an ATen op
+  // no in-tree plugin serves) must not pass as a clean one does.
+  const bool nothing_covered = pass == 0 && failures == 0;
+  if (nothing_covered) {
+    std::fflush(stdout);
+    std::map<std::string, std::vector<std::string>> why;  // reason -> ops
+    for (const Cell& c : cells) {
+      if (c.detail == "no kernel for this dispatch dtype") continue;  // the grid around the kernels' dtypes
+      auto& ops = why[c.detail];
+      if (std::find(ops.begin(), ops.end(), c.op) == ops.end()) ops.push_back(c.op);
+    }
+    std::fprintf(stderr, "npub-conformance: nothing was covered%s\n",
+                 cells.empty() ? (plugin_names.empty() ? ": no plugin loaded"
+                                                       : ": the plugins serve no op --op selects")
+                               : "; why, per op:");
+    for (const auto& [reason, ops] : why) {
+      std::string list;
+      for (size_t i = 0; i < ops.size() && i < 8; ++i) list += (i ? ", " : "") + ops[i];
+      if (ops.size() > 8) list += ", ... (" + std::to_string(ops.size()) + " ops)";
+      std::fprintf(stderr, "  %s: %s\n", reason.c_str(), list.c_str());
+    }
+    if (std::any_of(cells.begin(), cells.end(),
+                    [](const Cell& c) { return c.detail == "no sample specification for this op"; }))
+      std::fprintf(stderr,
+                   "  (samples for ops in-tree plugins do not implement: python3 -m npubridge conformance "
+                   "--plugin FILE.so, see docs/plugin-authoring.md)\n");
+  }
+  return failures == 0 && !load_failed && !nothing_covered ? 0 : 1;
 }

@@ -15,12 +15,16 @@
 
 #include <npubridge/philox.hpp>
 
+#include <mutex>
 #include <optional>
 #include <string>
 
 namespace npub::torch_backend {
 
 namespace {
+
+std::mutex g_reasons_mu;
+std::map<std::string, std::string> g_last_fallback_reason;  // guarded by g_reasons_mu
 
 // One switch for refusing fallbacks: the dispatcher's (NPUB_FALLBACK).
 bool fallback_forbidden() { return rt().dispatcher().fallback_mode() == FallbackMode::kError; }
@@ -172,8 +176,18 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // both run ATen's CPU kernel through run_on_cpu, so the outputs land on the
 // npu in both (torch.mul(torch.tensor(3.), x_npu) came back on the CPU when
 // the dispatcher fell back).
-void torch_fallback(const reg::OpEntry&, const NpubValue*, int32_t, NpubValue*, int32_t, OutputAllocator&) {
+std::map<std::string, std::string> last_fallback_reasons() {
+  std::lock_guard<std::mutex> lock(g_reasons_mu);
+  return g_last_fallback_reason;
+}
+
+void torch_fallback(const reg::OpEntry& entry, const NpubValue*, int32_t, NpubValue*, int32_t,
+                    OutputAllocator&) {
   TORCH_CHECK(tls_call != nullptr, "npubridge: fallback outside a torch call");
+  {
+    std::lock_guard<std::mutex> lock(g_reasons_mu);
+    g_last_fallback_reason[entry.name()] = Dispatcher::fallback_reason();
+  }
   const c10::OperatorHandle& op = *tls_call->op;
   TORCH_CHECK(op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
                   op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||

@@ -10,6 +10,9 @@
 
 #include <npubridge/dispatcher/dispatcher.h>
 
+#include <map>
+#include <string>
+
 namespace npub::torch_backend {
 
 // The torch call being served on this thread, for the dispatcher's fallback.
@@ -39,6 +42,12 @@ struct ScopedTorchCall {
 // The dispatcher's fallback: ATen's CPU fallback on the torch call, outputs
 // on the npu (Note [One way to the CPU]).
 void torch_fallback(const reg::OpEntry&, const NpubValue*, int32_t, NpubValue*, int32_t, OutputAllocator&);
+
+// Per registry op, why the dispatcher last fell back for it (a kernel's
+// decline message, or why no kernel was eligible): what
+// `python3 -m npubridge conformance` reports for a sample the plugin's
+// kernel did not serve.
+std::map<std::string, std::string> last_fallback_reasons();
 
 // ATen's CPU fallback for the call on `stack`, counted and warned as a
 // fallback of `op`.

@@ -1,0 +1,254 @@
+"""Conformance of one plugin: ``python3 -m npubridge conformance --plugin lib.so``.
+
+Every op the plugin's kernels serve is run on npu with the plugin alone
+enabled, and each sample is credited to the plugin's kernel only when the
+dispatcher's statistics show that kernel served it (a kernel that declined
+hands the call to the CPU, which is "not covered: declined", never a pass).
+
+- ATen ops: PyTorch's OpInfo samples (forward, backward where the OpInfo
+  supports autograd, and a non-contiguous copy of every sample) for every
+  dtype the kernel declares, against the CPU, judged by the error model
+  (``_C.judge``, as the OpInfo runner in opinfo.py does). An aten op is mapped
+  to the OpInfo entries whose names match it (hardtanh.out and
+  hardtanh_backward.grad_input to nn.functional.hardtanh); a run counts for
+  every op of the plugin whose kernel it reached.
+- The plugin's own ops: the samples and ATen-written reference its
+  ``npubridge.testing`` file declares, plus its meta function against the
+  kernel's outputs (fake tensors) and its derivative formula against finite
+  differences (float64) and the reference's autograd.
+
+The verdict is per (op, dtype): passed, failed (the first failure, with the
+sample and the bound it missed) or not covered (why). See
+docs/plugin-authoring.md, "Testing your plugin: conformance".
+"""
+import importlib
+import importlib.util
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Tuple
+
+import torch
+
+from . import _C, testing
+from ._conformance_custom import run_custom
+from ._conformance_opinfo import run_aten, unknown_to_aten
+from ._conformance_verdict import Cell, Probe, _first_line, _kernel_key
+
+# The dtypes a kernel declaring "any" is run with.
+ANY_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "bool")
+
+
+
+def find_plugin(path):
+    """The loaded plugin whose file is `path`, or None."""
+    real = os.path.realpath(path)
+    for p in _C.plugins():
+        if p["path"] and os.path.realpath(p["path"]) == real:
+            return p
+    return None
+
+
+def tests_beside(path):
+    """<dir>/<name>_conformance.py for <dir>/lib<name>.so."""
+    base = os.path.basename(path)
+    stem = base[3:] if base.startswith("lib") else base
+    stem = stem.split(".so", 1)[0]
+    return os.path.join(os.path.dirname(os.path.abspath(path)), f"{stem}_conformance.py")
+
+
+def load_tests(spec):
+    """Imports a tests file (a path) or module (a dotted name)."""
+    if spec.endswith(".py") or os.sep in spec:
+        name = "npubridge_conformance_" + re.sub(r"\W", "_", os.path.basename(spec)[:-3])
+        module_spec = importlib.util.spec_from_file_location(name, spec)
+        if module_spec is None:
+            raise ImportError(f"cannot import {spec}")
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+        return module
+    return importlib.import_module(spec)
+
+
+def _dtype_names(dtypes):
+    return list(ANY_DTYPES) if dtypes == "any" else [d.strip() for d in dtypes.split(",") if d.strip()]
+
+
+def select(op_names, wanted):
+    """The plugin's ops `wanted` selects (exact names, or a name without
+    overload for all of its overloads), and the wanted names none matched."""
+    if not wanted:
+        return list(op_names), []
+    chosen, unmatched = [], []
+    for w in wanted:
+        hits = [o for o in op_names if o == w or o.partition(".")[0] == w]
+        if not hits:
+            unmatched.append(w)
+        chosen += [h for h in hits if h not in chosen]
+    return chosen, unmatched
+
+
+@dataclass
+class Report:
+    plugin: str
+    path: str
+    cells: List[Cell]
+    errors: List[str]  # what stopped a part of the run (a rejected plugin, a tests file that failed)
+    seconds: float = 0.0
+    notes: List[str] = field(default_factory=list)  # what the run changed to reach the plugin's kernels
+
+    def counts(self):
+        c = {"passed": 0, "failed": 0, "not covered": 0}
+        for cell in self.cells:
+            c[cell.status] += 1
+        return c
+
+    def exit_status(self):
+        c = self.counts()
+        return 0 if not self.errors and c["failed"] == 0 and c["passed"] > 0 else 1
+
+    def summary(self):
+        c = self.counts()
+        s = (f"conformance of plugin '{self.plugin}' ({self.path}): {len(self.cells)} op x dtype pairs: "
+             f"{c['passed']} passed, {c['failed']} failed, {c['not covered']} not covered "
+             f"({sum(x.samples for x in self.cells)} samples, {self.seconds:.1f} s)")
+        if c["passed"] == 0 and not c["failed"] and not self.errors:
+            s += "; nothing was covered"
+        return s
+
+
+def run(path, wanted_ops=(), tests=(), max_samples=8, log=print):
+    start = time.time()
+    errors = []
+    plugin = find_plugin(path)
+    if plugin is None:
+        real = os.path.realpath(path)
+        rejected = [f for f in _C.load_failures() if f.startswith(path) or f.startswith(real)]
+        why = rejected[0] if rejected else f"{path}: not loaded (is it on NPUB_PLUGIN_PATH?)"
+        return Report("?", path, [], [f"the plugin was not loaded: {why}"], time.time() - start)
+    name = plugin["name"]
+    for p in _C.plugins():
+        if p["name"] == name:
+            _C.enable_plugin(p["name"], True)
+        else:
+            _C.enable_plugin(p["name"], False)
+
+    kernels: Dict[str, List[dict]] = {}
+    for k in _C.ops(name):
+        kernels.setdefault(k["op"], []).append(k)
+    chosen, unmatched = select(sorted(kernels), list(wanted_ops))
+    cells: Dict[Tuple[str, str], Cell] = {}
+    for w in unmatched:
+        errors.append(f"--op {w}: the plugin serves no op of that name (it serves {', '.join(sorted(kernels))})")
+    aten, custom = {}, {}
+    for op in chosen:
+        by_dtype = {}
+        for k in sorted(kernels[op], key=lambda k: -k["priority"]):
+            for d in _dtype_names(k["dtypes"]):
+                by_dtype.setdefault(d, _kernel_key(k))
+        for d, key in by_dtype.items():
+            cells[(op, d)] = Cell(op=op, dtype=d, plugin=name, kernel=key)
+        if op.startswith("aten::"):
+            why = unknown_to_aten(op)
+            if why:
+                for d in by_dtype:
+                    cells[(op, d)].finish(why)
+                continue
+            aten[op] = list(by_dtype)
+        else:
+            custom[op] = list(by_dtype)
+
+    notes = _unmap_hiding_entries(aten, kernels)
+    probe = Probe(name, kernels)
+    if aten:
+        run_aten(cells, aten, probe, max_samples, log)
+    if custom:
+        files = list(tests)
+        if not files and os.path.exists(tests_beside(path)):
+            files = [tests_beside(path)]
+        where = files[0] if files else f"--tests FILE or {tests_beside(path)}"
+        testing.clear()
+        loaded = True
+        for f in files:
+            try:
+                load_tests(f)
+            except Exception as e:  # noqa: BLE001 - the author's file is broken: say so, go on with the rest
+                errors.append(f"the tests file {f} failed to import: {_first_line(e)}")
+                loaded = False
+        derivatives = {d["op"]: d for d in _C.derivatives() if d["plugin"] == name}
+        if loaded or testing.registered():
+            run_custom(cells, custom, probe, max_samples, derivatives, where, log)
+        for (op, _), cell in cells.items():
+            if op in custom and cell.status == "not covered" and not cell.reason:
+                cell.finish("the tests file failed to import")
+    ordered = sorted(cells.values(), key=lambda c: (c.op, c.dtype))
+    return Report(name, path, ordered, errors, time.time() - start, notes)
+
+
+def _unmap_hiding_entries(aten_ops, plugin_ops):
+    """Removes, for the run, the op-mapping entries that send calls of the
+    plugin's ATen ops (or of their other overloads, which reach them through
+    .out) to another op: the table's aten::hardtanh -> aten::clamp.out would
+    hide a plugin's own aten::hardtanh.out kernel. Returns what it removed."""
+    families = {op.partition(".")[0] for op in aten_ops}
+    notes = []
+    for framework_op, target, _ in _C.op_map():
+        if framework_op.partition(".")[0] in families and target not in plugin_ops:
+            _C.unregister_op(framework_op)
+            notes.append(f"the op-mapping table routes {framework_op} to {target}, which would hide the plugin's "
+                         "kernel: unmapped for this run")
+    return notes
+
+
+def write_markdown(report, path):
+    c = report.counts()
+    with open(path, "w") as f:
+        f.write(f"# Conformance of plugin `{report.plugin}`\n\n`{report.path}`, PyTorch {torch.__version__}. "
+                "Generated by `python3 -m npubridge conformance`: ATen ops against PyTorch's OpInfo samples on "
+                "the CPU, the plugin's own ops against the reference of its tests file; every floating result "
+                "judged by the error model (docs/plugin-authoring.md, \"How your kernels are judged\"), with "
+                "the plugin alone enabled and each sample credited to its kernel only when that kernel served "
+                "it.\n\n")
+        f.write(f"**{c['passed']} op x dtype pairs passed, {c['failed']} failed, {c['not covered']} not "
+                f"covered** ({report.seconds:.1f} s).\n\n")
+        for e in report.errors:
+            f.write(f"- error: {e}\n")
+        for n in report.notes:
+            f.write(f"- note: {n}\n")
+        if report.errors or report.notes:
+            f.write("\n")
+        f.write("| op | dtype | result | kernel | samples | checks | source | detail |\n"
+                "|---|---|---|---|---|---|---|---|\n")
+        for x in report.cells:
+            detail = x.reason.replace("|", "\\|").replace("\n", " ")
+            f.write(f"| `{x.op}` | {x.dtype} | {x.status} | {x.plugin} {x.kernel} | {x.passed}/{x.samples}"
+                    f"{f', {x.declined} declined' if x.declined else ''} | {', '.join(x.checks)} | "
+                    f"{', '.join(x.sources)} | {detail} |\n")
+
+
+def write_json(report, path):
+    with open(path, "w") as f:
+        json.dump({"plugin": report.plugin, "path": report.path, "torch": torch.__version__,
+                   "seconds": round(report.seconds, 2), "summary": report.counts(), "errors": report.errors,
+                   "notes": report.notes,
+                   "results": [asdict(c) for c in report.cells]}, f, indent=1)
+
+
+def print_report(report, out=print):
+    for n in report.notes:
+        out(f"note: {n}")
+    for e in report.errors:
+        out(f"ERROR {e}")
+    for c in report.cells:
+        if c.status == "failed":
+            out(f"FAIL {c.plugin} {c.op} {c.dtype} [kernel {c.kernel}]: {c.reason}")
+        elif c.status == "not covered":
+            out(f"NOT COVERED {c.plugin} {c.op} {c.dtype}: {c.reason}")
+        else:
+            out(f"PASS {c.plugin} {c.op} {c.dtype} [kernel {c.kernel}]: {c.passed}/{c.samples} samples "
+                f"({', '.join(c.checks)})" + (f"; {c.reason}" if c.reason else ""))
+    out(report.summary())

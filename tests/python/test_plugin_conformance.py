@@ -1,0 +1,196 @@
+"""`python3 -m npubridge conformance --plugin LIB.so` on the test plugins of
+tests/plugins/conformance_plugin.cpp: a correct plugin passes, each defect
+fails (or is "not covered") with a message naming the op, the dtype and the
+reason, and the exit status says so."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+PLUGIN_DIR = os.environ.get("NPUB_TEST_CONFORMANCE_PLUGIN_DIR", "")
+TESTS_FILE = os.path.join(os.path.dirname(__file__), "conformance_files", "mul_add_conformance.py")
+
+pytestmark = pytest.mark.skipif(not PLUGIN_DIR, reason="NPUB_TEST_CONFORMANCE_PLUGIN_DIR is not set (CTest sets it)")
+
+
+def plugin(mode):
+    return os.path.join(PLUGIN_DIR, f"libnpub_test_conf_{mode}.so")
+
+
+def conformance(tmp_path, *args):
+    """Runs the command; returns (exit status, output, the JSON report)."""
+    out_json = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, "-m", "npubridge", "conformance", *args, "--json", str(out_json),
+                        "--report", str(tmp_path / "report.md"), "--max-samples", "4"],
+                       capture_output=True, text=True, timeout=600)
+    output = r.stdout + r.stderr
+    report = json.loads(out_json.read_text()) if out_json.exists() else None
+    return r.returncode, output, report
+
+
+def cells(report):
+    return {(c["op"], c["dtype"]): c for c in report["results"]}
+
+
+def test_a_correct_plugin_passes(tmp_path):
+    status, out, report = conformance(tmp_path, "--plugin", plugin("good"), "--tests", TESTS_FILE)
+    assert status == 0, out
+    got = cells(report)
+    for op in ("aten::hardtanh.out", "conf_good::mul_add", "conf_good::mul_add_backward"):
+        for dtype in ("float32", "float64"):
+            cell = got[(op, dtype)]
+            assert cell["status"] == "passed", (op, dtype, cell)
+            assert cell["plugin"] == "conf_good" and cell["kernel"] == "p0 {float32, float64}"
+            assert cell["passed"] == cell["samples"] > 0
+    assert "OpInfo nn.functional.hardtanh" in got[("aten::hardtanh.out", "float32")]["sources"]
+    assert got[("aten::hardtanh.out", "float32")]["checks"] == ["forward"]  # hardtanh_backward is the CPU's
+    assert {"forward", "meta", "backward", "error case"} <= set(got[("conf_good::mul_add", "float32")]["checks"])
+    assert "gradcheck" in got[("conf_good::mul_add", "float64")]["checks"]
+    assert report["summary"] == {"passed": 6, "failed": 0, "not covered": 0}
+    assert "PASS conf_good aten::hardtanh.out float64 [kernel p0 {float32, float64}]" in out
+    assert (tmp_path / "report.md").read_text().count("| passed |") == 6
+
+
+def test_the_tests_file_beside_the_library_is_found(tmp_path):
+    shutil.copy(plugin("good"), tmp_path / "libnpub_test_conf_good.so")
+    shutil.copy(TESTS_FILE, tmp_path / "npub_test_conf_good_conformance.py")
+    status, out, report = conformance(tmp_path, "--plugin", str(tmp_path / "libnpub_test_conf_good.so"),
+                                      "--op", "conf_good::mul_add")
+    assert status == 0, out
+    assert [(c["op"], c["dtype"], c["status"]) for c in report["results"]] == [
+        ("conf_good::mul_add", "float32", "passed"), ("conf_good::mul_add", "float64", "passed")]
+
+
+def test_a_numerically_wrong_aten_kernel_fails(tmp_path):
+    status, out, report = conformance(tmp_path, "--plugin", plugin("wrong"))
+    assert status == 1, out
+    for dtype in ("float32", "float64"):
+        assert f"FAIL conf_wrong aten::hardtanh.out {dtype} [kernel p0 {{float32, float64}}]: OpInfo " \
+               "nn.functional.hardtanh sample" in out, out
+        cell = cells(report)[("aten::hardtanh.out", dtype)]
+        assert cell["status"] == "failed" and cell["error"] > cell["bound"] > 0, cell
+
+
+def test_float64_read_as_float_fails_on_float64_only(tmp_path):
+    status, out, report = conformance(tmp_path, "--plugin", plugin("f64"))
+    assert status == 1, out
+    got = cells(report)
+    assert got[("aten::hardtanh.out", "float32")]["status"] == "passed", got
+    assert got[("aten::hardtanh.out", "float64")]["status"] == "failed", got
+    assert "FAIL conf_f64 aten::hardtanh.out float64" in out
+
+
+def test_an_overload_typo_is_unknown_to_aten_and_nothing_is_covered(tmp_path):
+    status, out, report = conformance(tmp_path, "--plugin", plugin("typo"))
+    assert status == 1, out
+    assert ("NOT COVERED conf_typo aten::hardtanh.outt float32: unknown to ATen: aten::hardtanh has no overload "
+            "'outt' (it has '' (the default), 'out')") in out, out
+    assert "; nothing was covered" in out
+    assert report["summary"] == {"passed": 0, "failed": 0, "not covered": 2}
+
+
+def test_a_meta_function_that_disagrees_with_the_kernel_fails(tmp_path):
+    status, out, report = conformance(tmp_path, "--plugin", plugin("meta"), "--tests", TESTS_FILE,
+                                      "--op", "conf_meta::mul_add")
+    assert status == 1, out
+    cell = cells(report)[("conf_meta::mul_add", "float32")]
+    assert cell["status"] == "failed", cell
+    # Found by the call itself (the dispatcher holds the outputs a kernel
+    # allocates to its meta function), or else by the tool's fake-tensor check.
+    assert "meta" in cell["reason"], cell
+    if "(meta)" in cell["reason"]:
+        assert "the meta function declares shape [4] float32, the kernel returned shape [4, 5] float32" in \
+            cell["reason"]
+
+
+def test_a_wrong_derivative_fails_the_gradient_check(tmp_path):
+    status, out, report = conformance(tmp_path, "--plugin", plugin("grad"), "--tests", TESTS_FILE,
+                                      "--op", "conf_grad::mul_add")
+    assert status == 1, out
+    got = cells(report)
+    f32, f64 = got[("conf_grad::mul_add", "float32")], got[("conf_grad::mul_add", "float64")]
+    assert f32["status"] == f64["status"] == "failed", got
+    assert "(derivative): gradient of y (the formula against the reference's autograd)" in f32["reason"], f32
+    assert "(derivative)" in f64["reason"] and "gradient of y" in f64["reason"], f64
+
+
+def test_a_custom_op_without_samples_is_not_covered(tmp_path):
+    status, out, report = conformance(tmp_path, "--plugin", plugin("nosamples"))
+    assert status == 1, out
+    assert "NOT COVERED conf_nosamples conf_nosamples::mul_add float32: no samples: declare " \
+           "@testing.samples(\"conf_nosamples::mul_add\")" in out, out
+    assert "nothing was covered" in out
+
+
+def test_a_declined_sample_is_not_covered_with_the_reason(tmp_path):
+    status, out, report = conformance(tmp_path, "--plugin", plugin("declines"))
+    assert status == 0, out  # float32 passed, nothing failed
+    got = cells(report)
+    assert got[("aten::hardtanh.out", "float32")]["status"] == "passed"
+    f64 = got[("aten::hardtanh.out", "float64")]
+    assert f64["status"] == "not covered" and f64["samples"] == 0 and f64["declined"] == 8, f64
+    assert ("NOT COVERED conf_declines aten::hardtanh.out float64: declined (op 'aten::hardtanh.out' failed in the "
+            "kernel of plugin 'conf_declines': aten::hardtanh.out: float64 is not implemented yet)") in out, out
+
+
+def test_an_error_a_call_raises_is_a_failure_with_its_message(tmp_path):
+    # The kernel refuses what ATen broadcasts: a RuntimeError from the call,
+    # reported with its message.
+    tests = tmp_path / "broadcast_conformance.py"
+    tests.write_text(
+        "import torch\nfrom npubridge import testing\n"
+        "testing.reference('conf_good::mul_add')(lambda x, y: x * y + x)\n"
+        "@testing.samples('conf_good::mul_add')\n"
+        "def s(dtype):\n    yield testing.Sample(torch.randn(4, 5, dtype=dtype), torch.randn(5, dtype=dtype))\n")
+    status, out, report = conformance(tmp_path, "--plugin", plugin("good"), "--tests", str(tests),
+                                      "--op", "conf_good::mul_add")
+    assert status == 1, out
+    cell = cells(report)[("conf_good::mul_add", "float32")]
+    assert cell["status"] == "failed"
+    assert "sample 0 (forward): RuntimeError:" in cell["reason"], cell
+    assert "y: expected the shape of x [4, 5] but found [5]" in cell["reason"], cell
+
+
+def test_an_unknown_op_name_and_a_missing_file_are_errors(tmp_path):
+    status, out, _ = conformance(tmp_path, "--plugin", plugin("good"), "--op", "aten::hardtanh.outt")
+    assert status == 1
+    assert "ERROR --op aten::hardtanh.outt: the plugin serves no op of that name" in out, out
+    status, out, _ = conformance(tmp_path, "--plugin", str(tmp_path / "missing.so"))
+    assert status == 1 and "--plugin " in out and "no such file" in out, out
+
+
+def test_a_declared_dtype_without_samples_is_not_covered(tmp_path):
+    tests = tmp_path / "float32_only_conformance.py"
+    tests.write_text(
+        "import torch\nfrom npubridge import testing\n"
+        "testing.reference('conf_good::mul_add')(lambda x, y: x * y + x)\n"
+        "@testing.samples('conf_good::mul_add')\n"
+        "def s(dtype):\n"
+        "    if dtype == torch.float32:\n"
+        "        yield testing.Sample(torch.randn(4, 5), torch.randn(4, 5))\n")
+    status, out, report = conformance(tmp_path, "--plugin", plugin("good"), "--tests", str(tests),
+                                      "--op", "conf_good::mul_add")
+    assert status == 0, out
+    assert cells(report)[("conf_good::mul_add", "float32")]["status"] == "passed"
+    assert ("NOT COVERED conf_good conf_good::mul_add float64: no sample for float64, which the kernel declares "
+            "(the samples function yielded none)") in out, out
+
+
+def test_a_rejected_plugin_is_an_error(tmp_path):
+    rejected = os.path.join(os.environ["NPUB_TEST_PLUGIN_DIR"], "libnpub_test_bad_init_error.so")
+    status, out, report = conformance(tmp_path, "--plugin", rejected)
+    assert status == 1, out
+    assert "ERROR the plugin was not loaded: " in out and "simulated failure: device firmware not found" in out, out
+    assert report["results"] == [] and report["errors"]
+
+
+def test_the_command_takes_a_plugin_or_the_opinfo_database():
+    # --opinfo (the whole OpInfo database on every loaded plugin) is the other form.
+    for args, message in (([], "one of the arguments --plugin --opinfo is required"),
+                          (["--plugin", "x.so", "--opinfo"], "argument --opinfo: not allowed with argument --plugin")):
+        r = subprocess.run([sys.executable, "-m", "npubridge", "conformance", *args], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 2 and message in r.stderr, r.stderr
