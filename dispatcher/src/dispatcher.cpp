@@ -464,7 +464,8 @@ std::string shape_string(const int64_t* shape, int32_t ndim) {
 // Out of line: called only for kernels that had returns to fill, and kept
 // out of invoke_kernel's frame.
 [[gnu::noinline]] void check_kernel_returns(const Dispatcher::CallState& cs, const reg::Kernel& k,
-                                            const NpubValue* args, const NpubValue* rets, uint64_t empty_before) {
+                                            const NpubValue* args, const NpubValue* rets,
+                                            uint64_t empty_before) {
   const reg::OpEntry& op = *cs.op;
   const auto& returns = op.schema().returns;
   auto fail = [&](const std::string& what) {

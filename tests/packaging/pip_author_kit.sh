@@ -17,7 +17,12 @@
 #    symbol (skipped, exit 0), and that helper named explicitly (rejected,
 #    exit 1);
 #  - calls each plugin's op from PyTorch on npu against a float64 CPU
-#    reference computed with torch, and checks the plugin served the call.
+#    reference computed with torch, and checks the plugin served the call;
+#  - runs `python3 -m npubridge conformance --plugin` on both (each passes,
+#    with its <library>_conformance.py beside it);
+#  - builds the test plugins with deliberate mistakes the same way and
+#    checks that each is now an error naming the op and plugin
+#    (tests/python/test_author_mistakes.py) or a conformance failure.
 # Needs no network: setup (scripts/lib.sh) installed scikit-build-core and
 # pybind11.
 #
@@ -168,19 +173,61 @@ PY
 NPUB_PLUGIN_PATH="$work/plugins" "$py" "$work/check_ops.py" || fail "the plugins' ops on npu"
 echo "ops checked in $(elapsed "$t") s"
 
-# --- hook: conformance of both plugins -------------------------------------
-# `python3 -m npubridge conformance --plugin <lib.so>` is being added; once
-# `conformance --help` lists --plugin, both plugins run through it here.
-run_conformance_if_available() {
-  if ! "$py" -m npubridge conformance --help 2>/dev/null | grep -q -- "--plugin"; then
-    echo "skipped: this npubridge has no 'conformance --plugin' yet"
-    return 0
+# --- conformance of both plugins ---------------------------------------------
+# Each example ships its op's samples and ATen reference beside it
+# (<library>_conformance.py); the command must find them and pass.
+step "python3 -m npubridge conformance --plugin, both plugins"
+t=$(now_ms)
+cp "$work/sdk_plugin/my_npu_plugin_conformance.py" "$work/sdk_plugin/build/"
+cp "$work/c_plugin/c_npu_plugin_conformance.py" "$work/c_plugin/build/"
+for so in "$sdk_so" "$c_so"; do
+  out="$("$py" -m npubridge conformance --plugin "$so" --report "$so.md" --json "$so.json" 2>&1)" ||
+    { echo "$out"; fail "conformance --plugin $so"; }
+  echo "$out" | tail -1
+  grep -q "0 failed, 0 not covered" <<<"$out" || { echo "$out"; fail "conformance --plugin $so left something out"; }
+done
+echo "conformance in $(elapsed "$t") s"
+
+# --- the mistakes authors make: each an error or a conformance failure --------
+# Built out of tree against the wheel as the examples are: the in-tree test
+# plugins with one mistake per op (tests/plugins/author_mistakes_plugin.cpp)
+# and per library (tests/plugins/conformance_plugin.cpp, CONF_MODE).
+step "each silent mistake is now an error or a conformance failure"
+t=$(now_ms)
+mkdir -p "$work/mistakes"
+cp "$src/tests/plugins/author_mistakes_plugin.cpp" "$src/tests/plugins/conformance_plugin.cpp" "$work/mistakes/"
+cat >"$work/mistakes/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.22)
+project(mistakes LANGUAGES CXX)
+set(CMAKE_CXX_STANDARD 17)
+find_package(npubridge 0.1 REQUIRED)
+npubridge_add_plugin(author_mistakes SOURCES author_mistakes_plugin.cpp)
+# 2: numerically wrong aten::hardtanh.out; 3: float64 declared, read as float;
+# 4: the overload typo aten::hardtanh.outt.
+foreach(mode 2 3 4)
+  npubridge_add_plugin(conf_mode_${mode} SOURCES conformance_plugin.cpp)
+  target_compile_definitions(conf_mode_${mode} PRIVATE CONF_MODE=${mode})
+endforeach()
+CMAKE
+build_plugin mistakes -DCMAKE_PREFIX_PATH="$cmake_dir"
+# Wrong second-argument dtype, unset return, wrong output shape, the meta
+# body without its guard, a plugin-only op's decline, the overload typo's
+# warning: the dispatcher's errors, asserted verbatim.
+NPUB_TEST_MISTAKES_PLUGIN="$work/mistakes/build/libauthor_mistakes.so" \
+  "$py" -m pytest -q -p no:cacheprovider "$src/tests/python/test_author_mistakes.py" ||
+  fail "the dispatcher's errors for the mistakes plugin"
+expect_conformance_failure() {  # <mode> <text the output must hold>
+  local so="$work/mistakes/build/libconf_mode_$1.so" out
+  if out="$("$py" -m npubridge conformance --plugin "$so" --report "$so.md" --json "$so.json" 2>&1)"; then
+    echo "$out"
+    fail "conformance passed $(basename "$so")"
   fi
-  for so in "$sdk_so" "$c_so"; do
-    "$py" -m npubridge conformance --plugin "$so" || fail "conformance --plugin $so"
-  done
+  grep -qF -- "$2" <<<"$out" || { echo "$out"; fail "conformance of $(basename "$so") did not say: $2"; }
+  echo "$(basename "$so"): fails as it should: $2"
 }
-step "conformance --plugin (hook)"
-run_conformance_if_available
+expect_conformance_failure 2 "FAIL conf_wrong aten::hardtanh.out float32"
+expect_conformance_failure 3 "FAIL conf_f64 aten::hardtanh.out float64"
+expect_conformance_failure 4 "unknown to ATen: aten::hardtanh has no overload 'outt'"
+echo "mistakes checked in $(elapsed "$t") s"
 
 printf '\npip author kit: ok (wheel %s s, whole test %s s)\n' "$t_wheel" "$(elapsed "$t_start")"

@@ -71,7 +71,7 @@ class Kernel {
   // tensor argument has the dispatch dtype. All kAny when the kernel is
   // registered NPUB_KERNEL_MIXED_DTYPES.
   std::vector<ArgDtypeRule> arg_rules;
-  bool any_arg_dtypes = false;        // every rule is kAny: nothing to check
+  bool any_arg_dtypes = false;         // every rule is kAny: nothing to check
   bool has_listed_arg_dtypes = false;  // some rule is kListed
   NpubKernelFn fn = nullptr;
   NpubSupportsFn supports = nullptr;
