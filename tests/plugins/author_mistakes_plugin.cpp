@@ -72,13 +72,16 @@ void declines(Call& call) { call.fail(NPUB_ERR_UNSUPPORTED, "this kernel decline
 int g_head_marker = 0;
 
 // head(x) -> x + 1 where the context head has this plugin's host table,
-// the kernel's user data and the op's name; x otherwise.
+// the kernel's user data and the op's name; x otherwise. Also its own meta
+// function (registered with the same user data), which declares a [0]
+// result when the head is wrong there.
 void head(Call& call) {
-  const NpubContextHead* h = NPUB_CONTEXT_HEAD(call.context());
-  const bool ok = h->struct_size >= NPUB_CONTEXT_HEAD_STRUCT_SIZE && h->host == &host() &&
-                  h->user_data == &g_head_marker && std::string(h->op_name) == "mistakes::head";
+  const NpubContextHead& h = call.head();
+  const bool ok = h.struct_size >= NPUB_CONTEXT_HEAD_STRUCT_SIZE && h.host == &host() &&
+                  h.user_data == &g_head_marker && std::string(h.op_name) == "mistakes::head" &&
+                  call.kernel_user_data() == &g_head_marker;
   TensorRef x = call.tensor(0);
-  TensorRef out = call.output(0, x.sizes(), x.dtype());
+  TensorRef out = call.output(0, ok ? x.sizes() : std::vector<int64_t>{0}, x.dtype());
   const float* px = x.data<float>();
   float* po = out.data<float>();
   for (int64_t i = 0; i < x.numel(); ++i) po[i] = px[i] + (ok ? 1.0f : 0.0f);
@@ -102,6 +105,7 @@ void init(Registrar& r) {
   r.meta<&unguarded>("mistakes::unguarded");
   r.op("mistakes::declines(Tensor x) -> Tensor", &declines).dtypes({kFloat32});
   r.op("mistakes::head(Tensor x) -> Tensor", &head).dtypes({kFloat32}).user_data(&g_head_marker, nullptr);
+  r.meta<&head>("mistakes::head", &g_head_marker);
   r.op("aten::hardtanh.outt(Tensor self, Scalar min_val=-1, Scalar max_val=1, *, Tensor(a!) out) -> "
        "Tensor(a!)",
        &hardtanh_out)

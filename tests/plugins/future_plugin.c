@@ -38,7 +38,7 @@ static NpubError* initialize(const NpubHostApi* host, NpubRegistrar* reg) {
   FutureKernelDesc d;
   NpubError* err;
   g_host = host;
-  if (host->struct_size < sizeof(NpubHostApi))
+  if (host->struct_size < NPUB_HOST_API_STRUCT_SIZE)
     return host->error_create(NPUB_ERR_ABI, "host table too small");
   if ((err = host->define_op(reg, "future::copy(Tensor self, Tensor(a!) out) -> Tensor(a!)")) != NULL)
     return err;

@@ -122,6 +122,12 @@ def test_a_misspelt_aten_overload_is_reported_when_pytorch_loads_the_plugin():
             "so no PyTorch call can reach it; did you mean 'aten::hardtanh.out'?") in err, err
 
 
-def test_kernels_reach_host_table_user_data_and_op_name_through_the_context_head():
-    out, _ = run("print(torch.ops.mistakes.head(torch.zeros(3, device='npu')).tolist())")
-    assert out.strip() == "[1.0, 1.0, 1.0]"
+def test_kernels_and_meta_functions_reach_host_table_user_data_and_op_name_through_the_context_head():
+    out, _ = run("""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        x = torch.zeros(3, device='npu')
+        print(torch.ops.mistakes.head(x).tolist())
+        with FakeTensorMode() as mode:
+            print(tuple(torch.ops.mistakes.head(mode.from_tensor(x)).shape))
+    """)
+    assert out.strip().splitlines() == ["[1.0, 1.0, 1.0]", "(3,)"], out

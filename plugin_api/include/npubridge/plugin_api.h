@@ -169,7 +169,8 @@ typedef enum NpubValueTag {
  *    the PyTorch extension passes; memory the host allocates (outputs,
  *    scratch, workspace) is aligned to at least 64 bytes.
  *  - `data` is NULL only for a tensor with no elements, and in a meta call
- *    (NpubMetaFn), where no data may be read.
+ *    (NpubMetaFn), where no data may be read (it is NULL when PyTorch
+ *    traces; the host's own output check passes the kernel's real tensors).
  *  - `device` is {NPUB_DEVICE_NPU, index} for npu kernels (the call's device
  *    for every tensor of the call), {NPUB_DEVICE_CPU, 0} for cpu kernels.
  *  - `dtype` is one of NpubKernelDesc's accepted dtypes for the dispatch
@@ -279,8 +280,8 @@ typedef NpubError* (*NpubWorkspaceSizeFn)(void* user_data, const NpubValue* args
 /**
  * A meta (shape) function of an op: computes the dtype and shape of every
  * tensor return from the arguments' metadata alone, without running the
- * kernel. Tensor arguments carry shape, strides, dtype and device, but
- * `data` is NULL and must not be read. Declares each tensor return with
+ * kernel. Tensor arguments carry shape, strides, dtype and device; `data`
+ * must not be read (it may be NULL, and a meta function must not test it). Declares each tensor return with
  * NpubHostApi.set_output_meta (returns that alias an argument, Tensor(a!),
  * need nothing). Returns NULL, or an error for arguments the kernel would
  * reject, with the kernel's message. PyTorch's fake tensors, torch.compile
@@ -351,7 +352,7 @@ typedef struct NpubArgDtypes {
  * \since 1.0
  */
 typedef struct NpubKernelDesc {
-  size_t struct_size;  /**< sizeof(NpubKernelDesc) as the plugin saw it */
+  size_t struct_size;  /**< NPUB_KERNEL_DESC_STRUCT_SIZE as the plugin saw it */
   const char* op_name; /**< qualified op, "ns::name.overload"; must be defined */
   int32_t device_type; /**< NPUB_DEVICE_NPU or NPUB_DEVICE_CPU */
   int32_t priority;    /**< higher wins among capable kernels */
@@ -405,7 +406,7 @@ typedef void (*NpubParallelBody)(void* user, int64_t begin, int64_t end);
  * \since 1.0
  */
 typedef struct NpubHostApi {
-  size_t struct_size; /**< sizeof(NpubHostApi) as the host built it */
+  size_t struct_size; /**< NPUB_HOST_API_STRUCT_SIZE as the host built it */
   uint32_t abi_major; /**< the host's NPUB_ABI_MAJOR */
   uint32_t abi_minor; /**< the host's NPUB_ABI_MINOR */
 
@@ -449,7 +450,9 @@ typedef struct NpubHostApi {
    */
   NpubError* (*alloc_output)(NpubCallContext* ctx, int32_t ret_index, int32_t ndim, const int64_t* shape,
                              DLDataType dtype, DLTensor** out /* out */);
-  /** Allocates scratch device memory freed when the call returns. */
+  /** Allocates scratch device memory freed when the call returns. Like
+   * alloc_output, call it from the kernel's own thread, not from
+   * parallel_for bodies (the call's context is not locked). */
   NpubError* (*alloc_scratch)(NpubCallContext* ctx, uint64_t bytes, void** out /* out */);
   /**
    * Runs body over [begin, end) split into chunks of at least `grain`
@@ -527,7 +530,7 @@ typedef struct NpubHostApi {
  * \since 1.0
  */
 typedef struct NpubPluginApi {
-  size_t struct_size;  /**< sizeof(NpubPluginApi) as the plugin saw it */
+  size_t struct_size;  /**< NPUB_PLUGIN_API_STRUCT_SIZE as the plugin saw it */
   uint32_t abi_major;  /**< NPUB_ABI_MAJOR the plugin was built with */
   uint32_t abi_minor;  /**< NPUB_ABI_MINOR the plugin was built with */
   const char* name;    /**< unique plugin name, [A-Za-z0-9_]+ */

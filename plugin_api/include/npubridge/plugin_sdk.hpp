@@ -253,7 +253,16 @@ class Call {
   bool is_meta() const { return meta_ != nullptr; }
 
   const char* op() const { return op_; }
+  // The kernel call's context (NULL in a meta call: see head()).
   NpubCallContext* context() const { return ctx_; }
+  // The context's public head, in a kernel and in a meta call alike: host
+  // table, user data, op name (ABI 1.4; fails cleanly on an older host).
+  const NpubContextHead& head() const {
+    if (host().abi_minor < 4)
+      fail(NPUB_ERR_UNSUPPORTED, "the host implements plugin ABI 1." + std::to_string(host().abi_minor) +
+                                     "; the context head needs 1.4");
+    return is_meta() ? *NPUB_CONTEXT_HEAD(meta_) : *NPUB_CONTEXT_HEAD(ctx_);
+  }
   int32_t num_args() const { return num_args_; }
   int32_t num_rets() const { return num_rets_; }
   const NpubValue& arg(int32_t i) const {
@@ -648,6 +657,17 @@ class Registrar {
   void meta(const char* op) {
     require_1_2("register_meta", host_->struct_size >= offsetof(NpubHostApi, register_meta) + sizeof(void*));
     check(host_->register_meta(reg_, op, &detail::meta_thunk<Body>));
+  }
+  // The same, with user data the body reads as Call::kernel_user_data() in
+  // the meta call (ABI 1.4: register_meta_with_data). The plugin keeps it
+  // alive until it is unloaded.
+  template <KernelBody Body>
+  void meta(const char* op, void* user_data) {
+    if (host_->struct_size < NPUB_HOST_API_STRUCT_SIZE_1_4 || host_->register_meta_with_data == nullptr)
+      throw Error(NPUB_ERR_ABI,
+                  "register_meta_with_data needs a host with plugin ABI 1.4; this one implements 1." +
+                      std::to_string(host_->abi_minor));
+    check(host_->register_meta_with_data(reg_, op, &detail::meta_thunk<Body>, user_data));
   }
   // How autograd differentiates `op` through a backward op (ABI 1.2); see
   // NpubHostApi.define_derivative for the formula.
