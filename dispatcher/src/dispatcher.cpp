@@ -242,7 +242,9 @@ void Dispatcher::validate(CallState& cs) const {
                   "op '" + op.name() + "', return " + std::to_string(i) + ": NULL tensor");
     reg::Argument as_arg = ra;
     as_arg.name = "return " + std::to_string(i);
+    const bool mixed = cs.mixed_dtypes;  // the dtype rules look at arguments only
     check_tensor(r.u.tensor, as_arg, i);
+    cs.mixed_dtypes = mixed;
   }
 }
 
@@ -398,17 +400,20 @@ uint64_t empty_returns(const NpubValue* rets, int32_t n) {
   return bits;
 }
 
-// Whether ATen's schema lets return `i` of `op` stay undefined in this call:
-// the caller switched it off (bool[N] output_mask), or it is the gradient of
-// a bias the call has none of (bool has_bias, the fused RNN cells).
+// Whether return `i` of `op` may stay undefined in this call. An ATen op
+// follows ATen's convention, where backward ops return undefined tensors
+// for gradients not asked for or without an input (output_mask,
+// grad_input_mask, has_bias, ...), and conformance compares each with ATen;
+// a plugin's own op only when the caller switched it off with a bool[]
+// argument named output_mask.
 bool may_stay_undefined(const reg::OpEntry& op, const NpubValue* args, int32_t num_args, int32_t i) {
+  if (op.schema().ns == "aten") return true;
   const auto& sargs = op.schema().arguments;
   for (int32_t a = 0; a < num_args && a < static_cast<int32_t>(sargs.size()); ++a) {
-    const reg::Argument& arg = sargs[static_cast<size_t>(a)];
     const NpubValue& v = args[a];
-    if (arg.name == "output_mask" && v.tag == NPUB_VALUE_INT_LIST && i < v.count && v.u.ints[i] == 0)
+    if (sargs[static_cast<size_t>(a)].name == "output_mask" && v.tag == NPUB_VALUE_INT_LIST && i < v.count &&
+        v.u.ints[i] == 0)
       return true;
-    if (arg.name == "has_bias" && v.tag == NPUB_VALUE_BOOL && v.u.i == 0) return true;
   }
   return false;
 }
@@ -423,9 +428,11 @@ bool may_stay_undefined(const reg::OpEntry& op, const NpubValue* args, int32_t n
 //  - when the op has a meta function, the shape and dtype of every tensor
 //    the kernel allocated must be what the meta function declares for the
 //    same arguments. Running the meta function costs about as much as a
-//    small kernel, so it runs at the first call of each signature (kernel,
-//    and dtype and rank of every tensor argument), and on every call with
-//    NPUB_VALIDATE=1 (the test suite's setting). Ops without a meta
+//    small kernel, so it runs at the first call of each signature on each
+//    thread (kernel; dtype and rank of every tensor argument; the values of
+//    int, bool and int[] arguments), and on every call with NPUB_VALIDATE=1
+//    (the test suite's setting): a shape mistake that shows only at some
+//    sizes of the same rank escapes the first-call check. Ops without a meta
 //    function (ATen's, whose outputs the PyTorch extension preallocates
 //    from ATen's own meta kernels) cost one pass over the returns.
 bool validate_every_call() {
@@ -442,16 +449,22 @@ uint64_t signature_of(const reg::Kernel& k, const NpubValue* args, int32_t n) {
     if (v.tag == NPUB_VALUE_TENSOR) {
       mix(static_cast<uint64_t>(v.u.tensor->ndim));
       mix(static_cast<uint64_t>(dtype_of(v.u.tensor->dtype)));
+    } else if (v.tag == NPUB_VALUE_INT || v.tag == NPUB_VALUE_BOOL) {
+      mix(static_cast<uint64_t>(v.u.i));
+    } else if (v.tag == NPUB_VALUE_INT_LIST) {
+      for (int32_t j = 0; j < v.count; ++j) mix(static_cast<uint64_t>(v.u.ints[j]));
+    } else if (v.tag == NPUB_VALUE_TENSOR_LIST) {
+      mix(static_cast<uint64_t>(v.count));
     }
   }
   return h;
 }
 
-// Whether this signature has been checked already; records it if not.
+// Whether this thread has checked this signature already; records it if
+// not. Per thread: no lock on the call path (a signature is checked once
+// on each thread that calls it).
 bool seen_signature(uint64_t signature) {
-  static std::mutex mu;
-  static std::unordered_set<uint64_t> seen;
-  std::lock_guard<std::mutex> lock(mu);
+  thread_local std::unordered_set<uint64_t> seen;
   return !seen.insert(signature).second;
 }
 
@@ -477,7 +490,9 @@ std::string shape_string(const int64_t* shape, int32_t ndim) {
     if (((empty_before >> i) & 1u) == 0) continue;
     const reg::Argument& r = returns[static_cast<size_t>(i)];
     if (r.type.base != reg::BaseType::kTensor || r.type.list || r.type.optional) continue;
-    if (rets[i].tag == NPUB_VALUE_TENSOR) {
+    if (rets[i].tag == NPUB_VALUE_TENSOR && rets[i].u.tensor == nullptr) {
+      fail("set return " + std::to_string(i) + " to a NULL tensor");
+    } else if (rets[i].tag == NPUB_VALUE_TENSOR) {
       allocated = true;
     } else if (!may_stay_undefined(op, args, cs.num_args, i)) {
       fail("returned without setting return " + std::to_string(i) + " (" + reg::type_to_string(r.type) +
@@ -711,6 +726,18 @@ std::string explain_no_kernel(const Dispatcher& d, const Dispatcher::CallState& 
                                                  : std::string(dtype_name(dtype)) + " (the dispatch dtype)") +
         " but found " + dtype_name(found);
   }
+  // A half-type call the dtype conversion would have run on a float32
+  // kernel that takes another argument's dtype.
+  if (misfits.empty() && d.dtype_conversion() && (dtype == DType::kFloat16 || dtype == DType::kBFloat16))
+    for (const reg::Kernel* k : list) {
+      if (!statically_eligible(*k, d.opt_level(), DType::kFloat32)) continue;
+      DType found = DType::kUnknown;
+      const int32_t i = first_misfit(*k, cs, DType::kFloat32, &found);
+      if (i < 0) continue;
+      misfits += (misfits.empty() ? "" : "; ") + std::string("plugin '") + k->plugin_name() +
+                 "' (float32, for the conversion) does not take argument '" +
+                 op.schema().arguments[static_cast<size_t>(i)].name + "' as " + dtype_name(found);
+    }
   if (!misfits.empty()) return "no kernel accepts the arguments' dtypes (" + misfits + ")";
   std::string s = std::string("no kernel accepts dtype ") + dtype_name(dtype) + " (";
   for (size_t i = 0; i < list.size(); ++i) {

@@ -123,10 +123,11 @@ NpubError* read_arg_dtypes(NpubRegistrar* r, const NpubKernelDesc& desc, const s
     reg::ArgDtypeRule rule;
     switch (a.rule) {
       case NPUB_ARG_DTYPE_DISPATCH:
-        rule.kind = reg::ArgDtypeRule::kDispatch;
-        break;
       case NPUB_ARG_DTYPE_ANY:
-        rule.kind = reg::ArgDtypeRule::kAny;
+        rule.kind = a.rule == NPUB_ARG_DTYPE_ANY ? reg::ArgDtypeRule::kAny : reg::ArgDtypeRule::kDispatch;
+        if (a.num_dtypes != 0)
+          return registration_error(r, what + ": dtypes are given for rule " + std::to_string(a.rule) +
+                                           ", which takes none (NPUB_ARG_DTYPE_LISTED does)");
         break;
       case NPUB_ARG_DTYPE_LISTED:
         rule.kind = reg::ArgDtypeRule::kListed;

@@ -126,8 +126,11 @@ def run(path, wanted_ops=(), tests=(), max_samples=8, log=print):
     errors = []
     plugin = find_plugin(path)
     if plugin is None:
-        real = os.path.realpath(path)
-        rejected = [f for f in _C.load_failures() if f.startswith(path) or f.startswith(real)]
+        # The loader's messages read "plugin '<path>' rejected: <reason>",
+        # with the path as NPUB_PLUGIN_PATH gave it (absolute after the
+        # re-exec) or resolved.
+        names = {path, os.path.abspath(path), os.path.realpath(path)}
+        rejected = [f for f in _C.load_failures() if any(f.startswith(f"plugin '{n}'") for n in names)]
         why = rejected[0] if rejected else f"{path}: not loaded (is it on NPUB_PLUGIN_PATH?)"
         return Report("?", path, [], [f"the plugin was not loaded: {why}"], time.time() - start)
     name = plugin["name"]

@@ -62,9 +62,10 @@ void unguarded(Call& call) {
   const float f = static_cast<float>(call.double_arg(1));
   const float* px = x.data<float>();
   float* po = out.data<float>();
-  call.parallel_for(0, x.numel(), 1024, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) po[i] = f * px[i];
-  });
+  call.parallel_for(0, out.numel(), 1024,
+                    [&](int64_t b, int64_t e) {  // out's metadata is there in a meta call
+                      for (int64_t i = b; i < e; ++i) po[i] = f * px[i];
+                    });
 }
 
 void declines(Call& call) { call.fail(NPUB_ERR_UNSUPPORTED, "this kernel declines every call"); }

@@ -9,7 +9,11 @@ import textwrap
 import pytest
 
 PLUGIN = os.environ.get("NPUB_TEST_MISTAKES_PLUGIN", "")
-pytestmark = pytest.mark.skipif(not os.path.exists(PLUGIN), reason="built by CMake (NPUB_TEST_MISTAKES_PLUGIN)")
+pytestmark = pytest.mark.skipif(not PLUGIN, reason="built by CMake (NPUB_TEST_MISTAKES_PLUGIN)")
+
+
+def test_the_plugin_is_there():
+    assert os.path.isfile(PLUGIN), f"NPUB_TEST_MISTAKES_PLUGIN={PLUGIN}: no such file"
 
 
 def run(code, **env):

@@ -127,7 +127,8 @@ typedef enum NpubErrorCode {
  *                          (0 uint8, 1 int8, 2 int16, 3 int32, 4 int64, 5 float16, 6 float32,
  *                          7 float64, 11 bool, 15 bfloat16)
  *   Layout, MemoryFormat   NPUB_VALUE_INT           PyTorch's enum numbers
- *   Device                 NPUB_VALUE_STRING        e.g. "npu:0"
+ *   bool[]                 NPUB_VALUE_INT_LIST      u.ints (0 or 1 each), count
+ *   Device                 (not passed: the PyTorch extension refuses such a call)
  *   Generator?             NPUB_VALUE_NONE          (see NpubHostApi.philox_reserve)
  *   any optional T? = None NPUB_VALUE_NONE
  *
@@ -155,11 +156,11 @@ typedef enum NpubValueTag {
  * written (`Tensor(a!)`) and for its return tensors.
  *
  * What a kernel may assume of a DLTensor it receives (the host checks the
- * first three before the call):
+ * first before the call):
  *  - `ndim` is 0..64 and `shape` has `ndim` non-negative sizes whose product
  *    fits int64; a 0-d tensor has one element.
- *  - strides are in elements, never negative, and may be 0 (expanded) or
- *    anything a view makes. `strides` may be NULL (compact row-major, as
+ *  - strides are in elements, may be 0 (expanded) or anything a view makes,
+ *    and are never negative from the PyTorch extension. `strides` may be NULL (compact row-major, as
  *    DLPack before 1.2 allowed) only when a C++ host built the DLTensor
  *    itself; the PyTorch extension always sets them. A kernel registered
  *    NPUB_KERNEL_CONTIGUOUS_ONLY sees only contiguous tensors.
@@ -330,7 +331,11 @@ typedef enum NpubArgDtypeRule {
  * tensor of a Tensor[] argument follows the rule; a None Tensor? is not
  * checked. A call whose arguments break a kernel's rules is not served by
  * that kernel (another kernel, the dtype conversion or the fallback
- * serves it), so a kernel never sees a dtype it did not declare.
+ * serves it), so no argument reaches a kernel in a dtype it did not
+ * declare. (A return the caller preallocated is the kernel's to check; the
+ * SDK's Call::output does.) A "*" rule covers the dispatch argument too.
+ * A host before ABI 1.4 reads no rules (the SDK then refuses to register a
+ * kernel with a rule other than NPUB_ARG_DTYPE_ANY).
  * Layout frozen at 1.4 (a later version adds a new array, never a field).
  * \since 1.4
  */

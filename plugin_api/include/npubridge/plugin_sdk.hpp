@@ -30,6 +30,7 @@
 #include <cstring>
 #include <exception>
 #include <initializer_list>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -317,8 +318,18 @@ class Call {
   TensorRef output(int32_t i, const std::vector<int64_t>& shape, DLDataType dtype) {
     if (meta_ != nullptr) {
       check(host().set_output_meta(meta_, i, static_cast<int32_t>(shape.size()), shape.data(), dtype));
-      return TensorRef(nullptr,
-                       true);  // using it ends the body (Note [One body for kernel and meta function])
+      // Metadata only: its shape and dtype can be read; its data() ends the
+      // body (Note [One body for kernel and meta function]).
+      meta_outputs_.push_back(std::make_unique<MetaOutput>());
+      MetaOutput& m = *meta_outputs_.back();
+      m.shape = shape;
+      m.strides.assign(shape.size(), 1);
+      for (size_t d = shape.size(); d-- > 1;) m.strides[d - 1] = m.strides[d] * shape[d];
+      m.dl.ndim = static_cast<int32_t>(shape.size());
+      m.dl.shape = m.shape.data();
+      m.dl.strides = m.strides.data();
+      m.dl.dtype = dtype;
+      return TensorRef(&m.dl, true);
     }
     if (i < 0 || i >= num_rets_)
       fail(NPUB_ERR_INTERNAL, "return index " + std::to_string(i) + " out of range");
@@ -436,9 +447,15 @@ class Call {
     return rets_[i];
   }
 
+  // The outputs a meta call declared, as metadata-only tensors.
+  struct MetaOutput {
+    DLTensor dl{};
+    std::vector<int64_t> shape, strides;
+  };
   const char* op_;
   NpubCallContext* ctx_;
   NpubMetaContext* meta_ = nullptr;
+  std::vector<std::unique_ptr<MetaOutput>> meta_outputs_;
   const NpubValue* args_;
   int32_t num_args_;
   NpubValue* rets_;
@@ -725,6 +742,16 @@ inline void KernelBuilder::commit() {
   desc.user_data = user_data_;
   desc.user_data_deleter = user_deleter_;
   desc.min_opt_level = opt_level_;
+  // A host before ABI 1.4 would read none of the rules and hand the body
+  // dtypes it did not declare: refused here rather than risked there.
+  const NpubHostApi* h = r_->host_api();
+  if (h->abi_minor < 4)
+    for (const ArgRule& a : arg_rules_)
+      if (a.rule != NPUB_ARG_DTYPE_ANY)
+        throw Error(NPUB_ERR_ABI,
+                    op_ + ": the dtype rule for argument '" + a.arg +
+                        "' needs a host with plugin ABI 1.4, which checks it; this one implements 1." +
+                        std::to_string(h->abi_minor) + " and would not");
   std::vector<NpubArgDtypes> rules;
   for (const ArgRule& a : arg_rules_)
     rules.push_back({a.arg.c_str(), a.rule, static_cast<int32_t>(a.dtypes.size()), a.dtypes.data()});
