@@ -93,9 +93,12 @@ def main(argv=None) -> int:
             print(f"{o['op']:48} {o['plugin']:16} p{o['priority']:<3} {{{o['dtypes']}}}")
     elif args.command == "coverage":
         routed = npubridge.routed_ops()
-        print(f"# {len(routed['native'])} ATen ops served by plugin kernels directly")
+        served_by = {}
+        for o in _C.ops(""):
+            served_by.setdefault(o["op"], []).append(o["plugin"])
+        print(f"# {len(routed['native'])} ATen ops served by plugin kernels directly (op, plugins)")
         for name in sorted(routed["native"]):
-            print(f"native   {name}")
+            print(f"native   {name:48} {', '.join(dict.fromkeys(served_by.get(name, [])))}")
         print(f"# {len(routed['via_out'])} functional / in-place ATen ops served through a plugin's .out kernel")
         for name in sorted(routed["via_out"]):
             print(f"via-out  {name}")
