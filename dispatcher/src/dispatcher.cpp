@@ -7,6 +7,7 @@
 #include <npubridge/dispatcher/kernel_error.h>
 #include <npubridge/support/env.h>
 #include <npubridge/support/error.h>
+#include <npubridge/support/shape.h>
 #include <npubridge/support/tick_clock.h>
 #include "logging.h"
 
@@ -314,12 +315,6 @@ bool args_fit(const reg::Kernel& k, const Dispatcher::CallState& cs, DType dtype
   return false;
 }
 
-std::string mask_string(uint32_t mask) {
-  std::string s;
-  for (int i = 0; i < kNumDTypes; ++i)
-    if ((mask >> i) & 1u) s += (s.empty() ? "" : ", ") + std::string(dtype_name(static_cast<DType>(i)));
-  return s;
-}
 // Note [Memory overlap]: the same view written and read needs a kernel
 // that declares it may; any other overlap none may serve.
 bool overlap_allows(const reg::Kernel& k, Overlap o) {
@@ -468,12 +463,6 @@ bool seen_signature(uint64_t signature) {
   return !seen.insert(signature).second;
 }
 
-std::string shape_string(const int64_t* shape, int32_t ndim) {
-  std::string s = "[";
-  for (int32_t d = 0; d < ndim; ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
-  return s + "]";
-}
-
 // Out of line: called only for kernels that had returns to fill, and kept
 // out of invoke_kernel's frame.
 [[gnu::noinline]] void check_kernel_returns(const Dispatcher::CallState& cs, const reg::Kernel& k,
@@ -521,8 +510,8 @@ std::string shape_string(const int64_t* shape, int32_t ndim) {
     const DType got = dtype_of(t->dtype);
     if (!same_shape || got != m.dtype)
       fail("allocated return " + std::to_string(i) + " as " + std::string(dtype_name(got)) + " " +
-           shape_string(t->shape, t->ndim) + ", but the op's meta function declares " + dtype_name(m.dtype) +
-           " " + shape_string(m.shape.data(), static_cast<int32_t>(m.shape.size())) +
+           shape_str(t->shape, t->ndim) + ", but the op's meta function declares " + dtype_name(m.dtype) +
+           " " + shape_str(m.shape.data(), static_cast<int>(m.shape.size())) +
            " for these arguments (the next op would read a tensor of the wrong size)");
   }
 }
@@ -710,34 +699,28 @@ std::string explain_no_kernel(const Dispatcher& d, const Dispatcher::CallState& 
     return std::string("no plugin registers a kernel for it on ") +
            (cs.device.device_type == NPUB_DEVICE_CPU ? "cpu" : "npu");
   // Note [Per-argument dtypes]: kernels that take the dispatch dtype but
-  // not another argument's.
+  // not another argument's; for a half-type call with no such kernel, the
+  // float32 kernels the dtype conversion would have run it on.
   std::string misfits;
-  for (const reg::Kernel* k : list) {
-    if (!statically_eligible(*k, d.opt_level(), dtype)) continue;
-    DType found = DType::kUnknown;
-    const int32_t i = first_misfit(*k, cs, dtype, &found);
-    if (i < 0) continue;
-    const reg::ArgDtypeRule rule =
-        k->arg_rules.empty() ? reg::ArgDtypeRule{} : k->arg_rules[static_cast<size_t>(i)];
-    misfits +=
-        (misfits.empty() ? "" : "; ") + std::string("plugin '") + k->plugin_name() + "' expects argument '" +
-        op.schema().arguments[static_cast<size_t>(i)].name + "' to be " +
-        (rule.kind == reg::ArgDtypeRule::kListed ? "one of {" + mask_string(rule.mask) + "}"
-                                                 : std::string(dtype_name(dtype)) + " (the dispatch dtype)") +
-        " but found " + dtype_name(found);
-  }
-  // A half-type call the dtype conversion would have run on a float32
-  // kernel that takes another argument's dtype.
-  if (misfits.empty() && d.dtype_conversion() && (dtype == DType::kFloat16 || dtype == DType::kBFloat16))
+  auto note_misfits = [&](DType as, const char* how) {
     for (const reg::Kernel* k : list) {
-      if (!statically_eligible(*k, d.opt_level(), DType::kFloat32)) continue;
+      if (!statically_eligible(*k, d.opt_level(), as)) continue;
       DType found = DType::kUnknown;
-      const int32_t i = first_misfit(*k, cs, DType::kFloat32, &found);
+      const int32_t i = first_misfit(*k, cs, as, &found);
       if (i < 0) continue;
-      misfits += (misfits.empty() ? "" : "; ") + std::string("plugin '") + k->plugin_name() +
-                 "' (float32, for the conversion) does not take argument '" +
-                 op.schema().arguments[static_cast<size_t>(i)].name + "' as " + dtype_name(found);
+      const reg::ArgDtypeRule rule =
+          k->arg_rules.empty() ? reg::ArgDtypeRule{} : k->arg_rules[static_cast<size_t>(i)];
+      misfits +=
+          (misfits.empty() ? "" : "; ") + std::string("plugin '") + k->plugin_name() + "'" + how +
+          " expects argument '" + op.schema().arguments[static_cast<size_t>(i)].name + "' to be " +
+          (rule.kind == reg::ArgDtypeRule::kListed ? "one of {" + reg::dtypes_string(rule.mask) + "}"
+                                                   : std::string(dtype_name(as)) + " (the dispatch dtype)") +
+          " but found " + dtype_name(found);
     }
+  };
+  note_misfits(dtype, "");
+  if (misfits.empty() && d.dtype_conversion() && (dtype == DType::kFloat16 || dtype == DType::kBFloat16))
+    note_misfits(DType::kFloat32, " (float32, for the conversion)");
   if (!misfits.empty()) return "no kernel accepts the arguments' dtypes (" + misfits + ")";
   std::string s = std::string("no kernel accepts dtype ") + dtype_name(dtype) + " (";
   for (size_t i = 0; i < list.size(); ++i) {

@@ -16,13 +16,14 @@ Kernel::~Kernel() {
   if (user_data_deleter != nullptr) user_data_deleter(user_data);
 }
 
-std::string Kernel::dtypes_string() const {
-  if (dtype_mask == 0) return "any";
+std::string dtypes_string(uint32_t mask) {
   std::string s;
   for (int i = 0; i < kNumDTypes; ++i)
-    if ((dtype_mask >> i) & 1u) s += (s.empty() ? "" : ", ") + std::string(dtype_name(static_cast<DType>(i)));
+    if ((mask >> i) & 1u) s += (s.empty() ? "" : ", ") + std::string(dtype_name(static_cast<DType>(i)));
   return s;
 }
+
+std::string Kernel::dtypes_string() const { return dtype_mask == 0 ? "any" : reg::dtypes_string(dtype_mask); }
 
 void OpStats::reset() {
   calls = 0;

@@ -43,6 +43,9 @@ struct PluginRecord {
   ~PluginRecord();
 };
 
+// The dtypes of a mask (bit per npub::DType), "float32, int64".
+std::string dtypes_string(uint32_t mask);
+
 // Note [Per-argument dtypes]
 // A kernel accepts a call only when every tensor argument's dtype follows
 // the kernel's rule for that argument (NpubKernelDesc.arg_dtypes, ABI 1.4):
