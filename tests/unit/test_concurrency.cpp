@@ -330,7 +330,7 @@ std::vector<GemmCase> gemm_cases(Runtime& rt, std::deque<Inputs>& keep) {
 // the large ones; every result is checked against its float64 reference
 // (|err| <= k * 2^-24 * |A||B| + 1 ulp). The GEMM library must be safe to
 // call from all of these threads at once (Note [GEMM runs on the caller's
-// thread only], plugins/cann_like/src/gemm.h): Debian's serial OpenBLAS
+// thread only], plugins/kernels/include/plugin_kernels/gemm.h): Debian's serial OpenBLAS
 // returned wrong blocks of rows here. NPUB_SIM_THREADS sets the compute
 // threads per device (default 4, more than this machine's cores).
 TEST(Concurrency, MatrixProductsAndConvolutionsFromManyThreadsMatchFloat64) {

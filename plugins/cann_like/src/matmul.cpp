@@ -13,12 +13,19 @@
 // one thread.
 #include "common.h"
 #include "elementwise.h"
-#include "gemm.h"
 #include "ops.h"
+
+#include <plugin_kernels/gemm.h>
 
 namespace cann_like {
 
 namespace {
+
+using plugin_kernels::gemm_blocked;
+using plugin_kernels::gemm_on_this_thread;
+using plugin_kernels::gemm_supports;
+using plugin_kernels::GemmArgs;
+using plugin_kernels::GemmType;
 
 struct Gemm {
   // C[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * C per batch, C

@@ -1,10 +1,10 @@
-#include "gemm.h"
+#include <plugin_kernels/gemm.h>
 #include "isa.h"
 #include "ops.h"
 
 namespace {
 void init(npub::sdk::Registrar& r) {
-  cann_like::gemm_pin_libraries();
+  plugin_kernels::gemm_pin_libraries();
   cann_like::configure_isa_from_environment();
   cann_like::register_copy(r);
   cann_like::register_binary(r);

@@ -1,7 +1,7 @@
 // gemm_on_this_thread on oneDNN's matmul primitive (Debian's libdnnl, 2.x
 // API), or on the built-in blocked kernel when the plugin is built without
 // oneDNN. See Note [GEMM runs on the caller's thread only] in gemm.h.
-#include "gemm.h"
+#include <plugin_kernels/gemm.h>
 
 #include <npubridge/plugin_sdk.hpp>
 
@@ -12,14 +12,14 @@
 #include <string>
 #include <unordered_map>
 
-#if defined(NPUB_CANN_HAVE_ONEDNN)
+#if defined(NPUB_KERNELS_HAVE_ONEDNN)
 #include <dlfcn.h>
 #include <omp.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
 #endif
 
-namespace cann_like {
+namespace plugin_kernels {
 
 namespace {
 
@@ -43,7 +43,7 @@ void scale_by_beta(const GemmArgs& g) {
 
 }  // namespace
 
-#if defined(NPUB_CANN_HAVE_ONEDNN)
+#if defined(NPUB_KERNELS_HAVE_ONEDNN)
 
 namespace {
 
@@ -397,4 +397,4 @@ const char* gemm_implementation(GemmType type) {
 
 #endif
 
-}  // namespace cann_like
+}  // namespace plugin_kernels

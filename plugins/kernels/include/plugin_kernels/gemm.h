@@ -1,5 +1,8 @@
-// The GEMM under cann_like's matrix products and convolutions: one row-major
-// product computed on the calling thread.
+// The GEMM the in-tree plugins share: one row-major product computed on the
+// calling thread. cann_like's matrix products and convolutions and
+// mindspeed_like's attention run on it. It is a static library compiled into
+// each plugin (plugins/kernels), as a vendor's kernel library is linked into
+// each of its operator libraries: the plugins still share nothing at run time.
 //
 // Note [GEMM runs on the caller's thread only]
 // Kernels split a product into blocks of rows and spread the blocks over the
@@ -18,7 +21,7 @@
 #include <algorithm>
 #include <cstdint>
 
-namespace cann_like {
+namespace plugin_kernels {
 
 // Element types of the library path. bf16 and f16 accumulate in fp32 and
 // round once to the output type.
@@ -92,4 +95,4 @@ void gemm_blocked(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, d
   }
 }
 
-}  // namespace cann_like
+}  // namespace plugin_kernels

@@ -1,0 +1,11 @@
+// mindspeed_like's op families: each file defines its ops' schemas, kernels,
+// meta functions and derivatives in one register_* function.
+#pragma once
+
+#include <npubridge/plugin_sdk.hpp>
+
+namespace mindspeed_like {
+
+void register_rms_norm(npub::sdk::Registrar& r);  // npu_rms_norm, npu_add_rms_norm and backward
+
+}  // namespace mindspeed_like
