@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: ./scripts/bench.sh core
+# Benchmarks: ./scripts/bench.sh core|cann|torch|mindspeed [--quick]
 # Prints the results and writes bench/results/<suite>.json.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 suite="${1:-core}"
@@ -21,8 +21,12 @@ case "$suite" in
     (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error \
        python3 "$NPUB_ROOT/bench/bench_torch.py" "$NPUB_ROOT/bench/results/torch.json")
     ;;
+  mindspeed)
+    (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error \
+       python3 "$NPUB_ROOT/bench/bench_mindspeed.py" "$NPUB_ROOT/bench/results/mindspeed.json" "${@:2}")
+    ;;
   *)
-    echo "bench.sh: unknown suite '$suite' (known: core, cann, torch)" >&2
+    echo "bench.sh: unknown suite '$suite' (known: core, cann, torch, mindspeed)" >&2
     exit 2
     ;;
 esac
