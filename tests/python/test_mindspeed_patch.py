@@ -369,3 +369,33 @@ def test_functional_says_how_to_load_a_plugin_that_is_not_loaded(monkeypatch):
                         lambda: ["plugin '/x/libnpub_mindspeed_like.so' rejected: ABI 9.0 is newer"])
     assert functional.missing_reason("npu_no_such_op").startswith(
         "the mindspeed_like plugin is not loaded (plugin '/x/libnpub_mindspeed_like.so' rejected: ABI 9.0 is newer)")
+
+
+@pytest.mark.skipif(not functional.has_op("npu_apply_adam_w"), reason=str(functional.missing_reason("npu_apply_adam_w")))
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_training_with_patch_and_fused_adamw_gives_the_same_losses(kind):
+    cls, cfg = _config(kind)
+    torch.manual_seed(0)
+    start = cls(cfg).state_dict()
+    batches = [torch.randint(0, cfg.vocab_size, (2, 12)) for _ in range(4)]
+
+    def train(fused):
+        m = cls(cfg)
+        m.load_state_dict(start)
+        m.to("npu").train()
+        opt = (ms.FusedAdamW if fused else torch.optim.AdamW)(m.parameters(), lr=1e-2)
+        losses = []
+        for ids in batches:
+            opt.zero_grad()
+            loss = m(ids.npu(), labels=ids.npu()).loss
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    plain = train(False)
+    with ms.patched():
+        fused = train(True)
+    assert plain[-1] < plain[0]  # it learns
+    for a, b in zip(fused, plain):
+        assert abs(a - b) <= 1e-3 * abs(b), (fused, plain)
