@@ -4,7 +4,10 @@
 
 namespace {
 
-void init(npub::sdk::Registrar& r) { mindspeed_like::register_rms_norm(r); }
+void init(npub::sdk::Registrar& r) {
+  mindspeed_like::register_rms_norm(r);
+  mindspeed_like::register_adamw(r);
+}
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 (plugins/mindspeed_like), for `python3 -m npubridge conformance --plugin
 libnpub_mindspeed_like.so --tests this file` (CTest conformance.torch.mindspeed_like)."""
 import torch
+from torch.optim.adam import adam as adam_step
 
 from npubridge import testing
 
@@ -46,3 +47,55 @@ def npu_rms_norm_backward_samples(dtype):
         x, g = torch.randn(*x_shape, dtype=dtype), torch.randn(*g_shape, dtype=dtype)
         rstd = torch.rsqrt(x.float().pow(2).mean(_dims(x, g), keepdim=True) + 1e-6)
         yield testing.Sample(torch.randn(*x_shape, dtype=dtype), x, g, rstd, name=f"{list(x_shape)}")
+
+
+# --- mindspeed_like's fused training ops other than attention (adamw.cpp, swiglu.cpp, rms_norm.cpp's
+# npu_add_rms_norm, rotary.cpp, matmul_add.cpp) ---
+
+
+@testing.reference("mindspeed_like::npu_apply_adam_w")
+def npu_apply_adam_w(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, step, lr, beta1, beta2, eps,
+                     weight_decay, amsgrad, maximize):
+    # torch.optim.AdamW's own single-tensor step (decoupled weight decay) on
+    # the sample's tensors; returns the written tensors in schema order.
+    n = len(params)
+    for name, lst in (("grads", grads), ("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs)) + (
+            (("max_exp_avg_sqs", max_exp_avg_sqs),) if amsgrad else ()):
+        if len(lst) != n:
+            raise ValueError(f"{name}: expected as many tensors as params")
+        if any(t.shape != p.shape or t.dtype != p.dtype for t, p in zip(lst, params)):
+            raise ValueError(f"{name}: expected the shapes and dtypes of params")
+    if step < 1:
+        raise ValueError("step: expected a step count >= 1")
+    steps = [torch.tensor(float(step - 1)) for _ in params]
+    adam_step(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else [], steps,
+              foreach=False, decoupled_weight_decay=True, amsgrad=amsgrad, beta1=beta1, beta2=beta2,
+              lr=lr, weight_decay=weight_decay, eps=eps, maximize=maximize)
+    return list(params) + list(exp_avgs) + list(exp_avg_sqs) + list(max_exp_avg_sqs)
+
+
+@testing.samples("mindspeed_like::npu_apply_adam_w")
+def npu_apply_adam_w_samples(dtype):
+    def state(shapes, amsgrad):
+        ps = [torch.randn(*s, dtype=dtype) for s in shapes]
+        gs = [torch.randn(*s, dtype=dtype) for s in shapes]
+        ms = [0.1 * torch.randn(*s, dtype=dtype) for s in shapes]
+        vs = [0.01 * torch.rand(*s, dtype=dtype) for s in shapes]
+        mx = [v + 0.01 * torch.rand_like(v) * (torch.rand_like(v) > 0.5) for v in vs] if amsgrad else []
+        return ps, gs, ms, vs, mx
+
+    hyper = (1e-3, 0.9, 0.999, 1e-8)
+    for shapes, step, wd, amsgrad, maximize, name in (
+            (((64, 33), (7,), (2, 3, 5)), 1, 0.01, False, False, "three tensors, step 1"),
+            (((1000,),), 10, 0.1, False, False, "step 10"),
+            (((16, 16), (5,)), 3, 0.0, True, False, "amsgrad, no weight decay"),
+            (((300,), (0, 4)), 7, 0.01, False, True, "maximize, a zero-size tensor"),
+            (((3, 0),), 1, 0.01, True, True, "zero-size only")):
+        yield testing.Sample(*state(shapes, amsgrad), step, *hyper, wd, amsgrad, maximize, name=name)
+    ps, gs, ms, vs, _ = state(((8,), (4, 2)), False)
+    yield testing.Sample(ps, gs[:1], ms, vs, [], 1, *hyper, 0.01, False, False, name="grads too short (error)")
+    yield testing.Sample(ps, gs, ms, [vs[1], vs[0]], [], 1, *hyper, 0.01, False, False,
+                         name="exp_avg_sqs shapes differ (error)")
+    yield testing.Sample(ps, gs, ms, vs, [], 1, *hyper, 0.01, True, False,
+                         name="amsgrad without max_exp_avg_sqs (error)")
+    yield testing.Sample(ps, gs, ms, vs, [], 0, *hyper, 0.01, False, False, name="step 0 (error)")

@@ -1,0 +1,107 @@
+"""mindspeed_like's fused training ops (plugins/mindspeed_like/src): gradcheck
+in float64 through each op's derivative, AdamW against torch.optim.AdamW, and
+the ops' error messages verbatim. Their samples against ATen references are
+in tools/conformance/plugins/mindspeed_like_conformance.py."""
+import re
+
+import pytest
+import torch
+
+import npubridge
+
+ops = torch.ops.mindspeed_like
+PREFIX = "op 'mindspeed_like::{op}' failed in the kernel of plugin 'mindspeed_like': mindspeed_like::{op}: "
+
+
+def kernel_error(op, message):
+    return pytest.raises(RuntimeError, match="^" + re.escape(PREFIX.format(op=op) + message) + "$")
+
+
+# --- npu_apply_adam_w ---
+
+def _adamw_run(shapes, steps, dtype=torch.float32, **hyper):
+    """The same `steps` AdamW steps by torch.optim.AdamW(foreach=False) on the
+    CPU and by npu_apply_adam_w on npu copies; returns both parameter lists
+    and both optimizer states."""
+    g = torch.Generator().manual_seed(0)
+    params = [torch.randn(*s, generator=g, dtype=dtype) for s in shapes]
+    ref = [p.clone().requires_grad_(True) for p in params]
+    opt = torch.optim.AdamW(ref, foreach=False, **hyper)
+    group = opt.param_groups[0]
+    npu = [p.to("npu") for p in params]
+    m = [torch.zeros_like(p) for p in npu]
+    v = [torch.zeros_like(p) for p in npu]
+    vmax = [torch.zeros_like(p) for p in npu] if group["amsgrad"] else []
+    for step in range(1, steps + 1):
+        grads = [torch.randn(*s, generator=g, dtype=dtype) for s in shapes]
+        for r, gr in zip(ref, grads):
+            r.grad = gr.clone()
+        opt.step()
+        ops.npu_apply_adam_w(npu, [gr.to("npu") for gr in grads], m, v, vmax, step, group["lr"],
+                             group["betas"][0], group["betas"][1], group["eps"], group["weight_decay"],
+                             group["amsgrad"], group["maximize"])
+    states = [opt.state[r] for r in ref]
+    return ref, npu, states, (m, v, vmax)
+
+
+@pytest.mark.parametrize("hyper", [
+    dict(lr=1e-3, weight_decay=0.01),
+    dict(lr=1e-2, weight_decay=0.1, amsgrad=True),
+    dict(lr=1e-3, weight_decay=0.01, maximize=True),
+    dict(lr=3e-3, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.0, amsgrad=True, maximize=True),
+], ids=["weight_decay", "amsgrad", "maximize", "all"])
+def test_adamw_tracks_torch_optim_over_100_float32_steps(hyper):
+    # Note [AdamW's arithmetic follows torch.optim.AdamW] (adamw.cpp): the
+    # same operations in the same order, so after 100 steps every element is
+    # within 1e-6 of torch's relative to its magnitude (the one rounding that
+    # differs is sqrt, correctly rounded here and MKL's within 1 ulp there;
+    # the absolute floor covers parameters that pass through zero).
+    ref, npu, states, (m, v, vmax) = _adamw_run([(257,), (33, 17), (4, 4, 8)], 100, **hyper)
+    for r, p, st, mi, vi in zip(ref, npu, states, m, v):
+        torch.testing.assert_close(p.cpu(), r.detach(), rtol=1e-6, atol=1e-8)
+        torch.testing.assert_close(mi.cpu(), st["exp_avg"], rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(vi.cpu(), st["exp_avg_sq"], rtol=1e-6, atol=1e-12)
+    for vm, st in zip(vmax, states):
+        torch.testing.assert_close(vm.cpu(), st["max_exp_avg_sq"], rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_adamw_other_dtypes_track_torch_optim(dtype):
+    # Half types keep their states in their own dtype and compute in float32
+    # (torch rounds every intermediate to the half type): close, not equal.
+    ref, npu, _, _ = _adamw_run([(64,), (8, 9)], 10, dtype=dtype, lr=1e-2, weight_decay=0.01)
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-2, atol=2e-2)
+    for r, p in zip(ref, npu):
+        torch.testing.assert_close(p.cpu(), r.detach(), **tol)
+
+
+def test_adamw_mixed_dtypes_in_one_call():
+    p32, p16 = torch.ones(5, device="npu"), torch.ones(3, device="npu", dtype=torch.bfloat16)
+    ts = [[torch.full_like(p, 0.5) for p in (p32, p16)] for _ in range(3)]
+    ops.npu_apply_adam_w([p32, p16], ts[0], ts[1], ts[2], [], 1, 0.1, 0.9, 0.999, 1e-8, 0.0, False, False)
+    assert npubridge.stats()["mindspeed_like::npu_apply_adam_w"]["native"]["mindspeed_like"] >= 1
+    # g = m = 0.5 > 0: both parameters took a step down.
+    assert p32.cpu().max().item() < 1 and p16.cpu().max().item() < 1
+
+
+def _adamw_args(n=2, **over):
+    z = [torch.zeros(4, device="npu") for _ in range(n)]
+    args = dict(params=z, grads=[t.clone() for t in z], exp_avgs=[t.clone() for t in z],
+                exp_avg_sqs=[t.clone() for t in z], max_exp_avg_sqs=[], step=1, lr=1e-3, beta1=0.9, beta2=0.999,
+                eps=1e-8, weight_decay=0.0, amsgrad=False, maximize=False)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over, message", [
+    (dict(grads=[torch.zeros(4, device="npu")]), "grads: expected as many tensors as params (2) but found 1"),
+    (dict(exp_avgs=[torch.zeros(4, device="npu"), torch.zeros(2, 2, device="npu")]),
+     "exp_avgs[1]: expected the shape of params[1] [4] but found [2, 2]"),
+    (dict(exp_avg_sqs=[torch.zeros(4, device="npu"), torch.zeros(4, device="npu", dtype=torch.float16)]),
+     "exp_avg_sqs[1]: expected the dtype of params[1] (float32) but found float16"),
+    (dict(amsgrad=True), "max_exp_avg_sqs: expected as many tensors as params (2) since amsgrad is set but found 0"),
+    (dict(step=0), "step: expected a step count >= 1 but found 0"),
+])
+def test_adamw_errors(over, message):
+    with kernel_error("npu_apply_adam_w", message):
+        ops.npu_apply_adam_w(**_adamw_args(**over))
