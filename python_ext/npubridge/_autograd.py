@@ -32,6 +32,10 @@ def _make(entry):
         outs = output if isinstance(output, tuple) else (output,)
         ctx.results = {i: outs[i] for i in needs_results}
         ctx.saved = {i: inputs[i] for i in needs_inputs}
+        # A formula may list an optional Tensor input (npu_fusion_attention's
+        # pse, for torch_npu's four returns of its backward): when the call
+        # passed None, autograd takes no gradient for it.
+        ctx.tensor_inputs = [isinstance(x, torch.Tensor) for x in inputs]
         ctx.result_likes = [(o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None for o in outs]
 
     def backward(ctx, *grads):
@@ -51,7 +55,7 @@ def _make(entry):
         out = out if isinstance(out, (tuple, list)) else (out,)
         result = [None] * len(arg_names)
         for slot, grad in zip(grad_slots, out):
-            result[slot] = grad
+            result[slot] = grad if ctx.tensor_inputs[slot] else None
         return tuple(result)
 
     torch.library.register_autograd(entry["op"], backward, setup_context=setup_context)

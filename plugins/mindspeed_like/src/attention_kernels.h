@@ -1,0 +1,108 @@
+// What the flash-attention forward (attention.cpp) and backward
+// (attention_backward.cpp) share: block sizes, the work list, tile loads,
+// masking and the row loops of the online softmax.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "attention_layout.h"
+#include "attention_math.h"
+
+namespace mindspeed_like {
+
+void register_attention_backward(npub::sdk::Registrar& r);
+
+namespace attn {
+
+// Rows of queries x keys per tile. 64 x 128 float tiles with D = 64 keep
+// Q, K, V, the scores and the output block (about 130 KiB) in a core's
+// 1 MiB L2 with room for the GEMM's own packing.
+constexpr int64_t kBlockQ = 64;
+constexpr int64_t kBlockK = 128;
+
+// One block of query rows of one head of one batch.
+struct Task {
+  int64_t b, n, q0;
+};
+
+inline std::vector<Task> query_block_tasks(const AttnProblem& p) {
+  std::vector<Task> tasks;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t n = 0; n < p.heads; ++n)
+      for (int64_t q0 = 0; q0 < p.q_len[b]; q0 += kBlockQ) tasks.push_back({b, n, q0});
+  return tasks;
+}
+
+// Scratch slots: each holds one task's tiles; slot i runs tasks i, i +
+// slots, ... (interleaved, so that the longer rows of a causal mask spread
+// over the threads). A few per thread, for the balance.
+inline int64_t num_slots(const npub::sdk::Call& call, int64_t tasks) {
+  return std::max<int64_t>(1, std::min<int64_t>(tasks, 4 * static_cast<int64_t>(call.num_threads())));
+}
+
+inline int64_t forward_scratch_elems(int64_t D) {
+  return 2 * kBlockQ * D + kBlockQ * kBlockK + 2 * kBlockK * D;
+}
+
+// dst[r * ldd + d] = scale * src[r * stride + d] in the accumulator type.
+template <typename E, typename Acc>
+void load_rows(const typename E::T* src, int64_t stride, int64_t rows, int64_t D, Acc scale, Acc* dst,
+               int64_t ldd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const typename E::T* s = src + r * stride;
+    Acc* o = dst + r * ldd;
+    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<Acc>(E::load(s + d)) * scale;
+  }
+}
+
+// Sets the scores of keys k0 .. k0 + kn that row i (of head n, batch b)
+// may not see to -inf: outside [lo, hi) (causal or band), or True in the
+// explicit mask.
+template <typename Acc>
+void mask_scores(const AttnProblem& p, int64_t b, int64_t n, int64_t i, int64_t k0, int64_t kn, int64_t lo,
+                 int64_t hi, const uint8_t* mask, Acc* s) {
+  constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
+  const int64_t a = std::clamp<int64_t>(lo - k0, 0, kn), e = std::clamp<int64_t>(hi - k0, a, kn);
+  std::fill(s, s + a, kNegInf);
+  std::fill(s + e, s + kn, kNegInf);
+  if (mask != nullptr) {
+    const uint8_t* m = p.mask_row(mask, b, n, i) + k0;
+    for (int64_t c = a; c < e; ++c) s[c] = m[c] ? kNegInf : s[c];
+  }
+}
+
+template <typename Acc>
+Acc row_max(const Acc* s, int64_t n) {
+  Acc mx = -std::numeric_limits<Acc>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t c = 0; c < n; ++c) mx = std::max(mx, s[c]);
+  return mx;
+}
+
+// s = exp(s - mx) in place; returns the row's sum.
+template <typename Acc>
+Acc exp_row(Acc* s, int64_t n, Acc mx) {
+  Acc sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < n; ++c) {
+    const Acc e = exp_fast(s[c] - mx);
+    s[c] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+// s = exp(s - mx) * inv in place: the probabilities of a row from its
+// statistics (masked scores are -inf and give 0).
+template <typename Acc>
+void prob_row(Acc* s, int64_t n, Acc mx, Acc inv) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) s[c] = exp_fast(s[c] - mx) * inv;
+}
+
+}  // namespace attn
+
+}  // namespace mindspeed_like
