@@ -399,3 +399,18 @@ def test_training_with_patch_and_fused_adamw_gives_the_same_losses(kind):
     assert plain[-1] < plain[0]  # it learns
     for a, b in zip(fused, plain):
         assert abs(a - b) <= 1e-3 * abs(b), (fused, plain)
+
+
+def test_a_padding_mask_takes_the_masked_path(model):
+    kind, m, wide, ids = model
+    mask = torch.ones(ids.shape, dtype=torch.long)
+    mask[1, :3] = 0  # left padding: transformers passes a boolean [B, 1, S, S] mask
+    with torch.no_grad():
+        with ms.patched():
+            npubridge.reset_stats()
+            got = m(ids.npu(), attention_mask=mask.npu()).logits
+            calls = npubridge.stats().get("mindspeed_like::npu_fusion_attention", {}).get("calls", 0)
+        host = m(ids.npu(), attention_mask=mask.npu()).logits
+        ref = wide(ids, attention_mask=mask).logits
+    _assert_judged(got, host, ref, f"{kind} padded logits")
+    assert calls == (m.config.num_hidden_layers if available("flash_attention") else 0)

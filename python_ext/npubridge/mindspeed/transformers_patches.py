@@ -96,48 +96,34 @@ def swiglu_mlp_forward_wrapper(forward):
 # flash_attention: transformers' sdpa path (query [B, Hq, S, D], key/value
 # [B, Hkv, Skv, D], a boolean mask True = attend, or None with is_causal)
 # on npu_fusion_attention in the BNSD layout, grouped-query heads native
-# (no repeat_kv). The kernel's mask is True = masked out.
-def sdpa_attention_forward_wrapper(sdpa_attention_forward):
-    causal_masks = {}  # (S, Skv, device) -> bool [S, Skv], True above the diagonal
+# (no repeat_kv). The kernel's mask is True = masked out. Causal without a
+# mask is sparse_mode 2 (leftUpCausal: query i sees keys j <= i, SDPA's
+# is_causal alignment), so no S x S mask is built.
+_LEFT_UP_CAUSAL = 2
 
-    def causal_mask(s, skv, device):
-        key = (s, skv, str(device))
-        mask = causal_masks.get(key)
-        if mask is None:
-            mask = torch.ones(s, skv, dtype=torch.bool).triu(1).to(device)
-            causal_masks[key] = mask
-        return mask
+
+def sdpa_attention_forward_wrapper(sdpa_attention_forward):
 
     @functools.wraps(sdpa_attention_forward)
     def fused_sdpa_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                                      is_causal=None, **kwargs):
-
-        def original():
-            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                          is_causal=is_causal, **kwargs)
-
         if (not _on_npu(query, key, value) or dropout != 0.0 or kwargs.get("position_bias") is not None
                 or kwargs.get("softcap") is not None or kwargs.get("output_attentions", False)
                 or not (query.dtype == key.dtype == value.dtype) or query.dim() != 4
                 or key.shape[-1] != query.shape[-1] or value.shape[-1] != query.shape[-1]
-                or query.shape[1] % key.shape[1] != 0):
-            return original()
-        s, skv = query.shape[2], key.shape[2]
+                or query.shape[1] % key.shape[1] != 0 or (attention_mask is not None and
+                                                          (attention_mask.dtype != torch.bool or attention_mask.dim() != 4
+                                                           or attention_mask.shape[1] != 1))):
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                          is_causal=is_causal, **kwargs)
+        sparse_mode, mask = 0, None
         if attention_mask is not None:
-            if attention_mask.dtype != torch.bool or attention_mask.dim() != 4 or attention_mask.shape[1] != 1:
-                return original()
             mask = attention_mask.logical_not()
-        else:
-            causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-            if causal and s > 1:
-                if skv != s:  # transformers crops keys to an upper-left causal square here
-                    return original()
-                mask = causal_mask(s, skv, query.device)
-            else:
-                mask = None
+        elif (is_causal if is_causal is not None else getattr(module, "is_causal", True)) and query.shape[2] > 1:
+            sparse_mode = _LEFT_UP_CAUSAL
         scale = scaling if scaling is not None else query.shape[-1]**-0.5
         out = functional.npu_fusion_attention(query, key, value, query.shape[1], "BNSD", atten_mask=mask,
-                                              scale=float(scale))[0]
+                                              scale=float(scale), sparse_mode=sparse_mode)[0]
         return out.transpose(1, 2).contiguous(), None
 
     return fused_sdpa_attention_forward
