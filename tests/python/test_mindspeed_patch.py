@@ -89,7 +89,10 @@ def test_patched_model_matches_unpatched_and_runs_the_fused_ops(model):
         return stats.get(f"mindspeed_like::{op}", {}).get("native", {}).get("mindspeed_like", 0)
 
     layers = m.config.num_hidden_layers
-    assert native("npu_rms_norm") == 2 * layers + 1 and native("npu_rms_norm_backward") == 2 * layers + 1
+    # Two norms per layer and the final one; add_rms_norm takes the post-attention norms.
+    fused_adds = layers if "add_rms_norm" in enabled else 0
+    assert native("npu_rms_norm") == native("npu_rms_norm_backward") == 2 * layers + 1 - fused_adds
+    assert native("npu_add_rms_norm") == native("npu_add_rms_norm_backward") == fused_adds
     if "rotary" in enabled:
         assert native("npu_rotary_position_embedding") == 2 * layers
     if "swiglu" in enabled:
@@ -124,6 +127,8 @@ def _bindings():
         "sdpa": transformers.modeling_utils.AttentionInterface._global_mapping["sdpa"],
         "sdpa_attention.sdpa_attention_forward":
             transformers.integrations.sdpa_attention.sdpa_attention_forward,
+        "LlamaDecoderLayer.forward": modeling_llama.LlamaDecoderLayer.forward,
+        "Qwen2DecoderLayer.forward": modeling_qwen2.Qwen2DecoderLayer.forward,
     }
 
 
@@ -132,6 +137,7 @@ FEATURE_BINDINGS = {
     "rotary": {"llama.apply_rotary_pos_emb", "qwen2.apply_rotary_pos_emb", "test copy of apply_rotary_pos_emb"},
     "swiglu": {"LlamaMLP.forward", "Qwen2MLP.forward"},
     "flash_attention": {"sdpa", "sdpa_attention.sdpa_attention_forward"},
+    "add_rms_norm": {"LlamaDecoderLayer.forward", "Qwen2DecoderLayer.forward"},
 }
 
 
@@ -158,7 +164,7 @@ def test_levels():
     assert ms.patch(level=0) == []
     assert _bindings() == original
     levels = {f["name"]: f["level"] for f in ms.features()}
-    assert levels == {"rms_norm": 1, "rotary": 1, "swiglu": 2, "flash_attention": 2}
+    assert levels == {"rms_norm": 1, "rotary": 1, "swiglu": 2, "flash_attention": 2, "add_rms_norm": 2}
     for level in (1, 2):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -173,7 +179,7 @@ def test_levels():
 
 def test_unknown_features_and_levels_are_clear_errors():
     with pytest.raises(ValueError, match=r"^patch\(\): unknown feature 'rmsnorm'; the features are rms_norm, rotary, "
-                       r"swiglu, flash_attention$"):
+                       r"swiglu, flash_attention, add_rms_norm$"):
         ms.patch(["rms_norm", "rmsnorm"])
     with pytest.raises(ValueError, match=r"patch\(\): expected level to be one of 0, 1, 2 but found 3"):
         ms.patch(level=3)

@@ -129,6 +129,41 @@ def sdpa_attention_forward_wrapper(sdpa_attention_forward):
     return fused_sdpa_attention_forward
 
 
+# add_rms_norm: the decoder layer's `residual + attention` and the
+# post-attention RMSNorm of the sum are one npu_add_rms_norm, which also
+# returns the sum (the MLP's residual). The layer's forward is rewritten as
+# the same composition; a version whose forward takes other arguments keeps
+# its own (decided when patched). post_attention_layernorm's own forward
+# (and its hooks) is bypassed on this path.
+_DECODER_ARGS = ("self", "hidden_states", "attention_mask", "position_ids", "cache", "use_cache",
+                 "position_embeddings")
+
+
+def add_rms_norm_decoder_forward_wrapper(forward):
+    params = list(inspect.signature(forward).parameters)
+    if tuple(params[:len(_DECODER_ARGS)]) != _DECODER_ARGS:
+        return forward
+
+    @functools.wraps(forward)
+    def add_rms_norm_decoder_forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None,
+                                     use_cache=False, position_embeddings=None, **kwargs):
+        norm = getattr(self, "post_attention_layernorm", None)
+        weight = getattr(norm, "weight", None)
+        if ("past_key_values" in kwargs or not type(norm).__name__.endswith("RMSNorm")
+                or not hasattr(norm, "variance_epsilon") or not isinstance(weight, torch.Tensor)
+                or not _on_npu(hidden_states, weight) or weight.dtype != hidden_states.dtype or weight.dim() != 1):
+            return forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                           use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+        residual = hidden_states
+        attn, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), attention_mask=attention_mask,
+                                 position_ids=position_ids, cache=cache, use_cache=use_cache,
+                                 position_embeddings=position_embeddings, **kwargs)
+        normed, _, residual = functional.npu_add_rms_norm(residual, attn, weight, norm.variance_epsilon)
+        return residual + self.mlp(normed)
+
+    return add_rms_norm_decoder_forward
+
+
 FEATURES = [
     Feature("rms_norm", 1, "RMSNorm forward -> npu_rms_norm",
             [(f"{_LLAMA}.LlamaRMSNorm.forward", rms_norm_forward_wrapper),
@@ -141,4 +176,7 @@ FEATURES = [
              (f"{_QWEN2}.Qwen2MLP.forward", swiglu_mlp_forward_wrapper)], ops=["npu_swiglu"]),
     Feature("flash_attention", 2, "the 'sdpa' attention function -> npu_fusion_attention (BNSD, causal or bool mask)",
             [(f"{_ATTENTION_MAPPING}.sdpa", sdpa_attention_forward_wrapper)], ops=["npu_fusion_attention"]),
+    Feature("add_rms_norm", 2, "decoder layer residual add + post-attention RMSNorm -> npu_add_rms_norm",
+            [(f"{_LLAMA}.LlamaDecoderLayer.forward", add_rms_norm_decoder_forward_wrapper),
+             (f"{_QWEN2}.Qwen2DecoderLayer.forward", add_rms_norm_decoder_forward_wrapper)], ops=["npu_add_rms_norm"]),
 ]
