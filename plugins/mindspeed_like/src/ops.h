@@ -8,5 +8,6 @@ namespace mindspeed_like {
 
 void register_rms_norm(npub::sdk::Registrar& r);  // npu_rms_norm, npu_add_rms_norm and backward
 void register_adamw(npub::sdk::Registrar& r);     // npu_apply_adam_w
+void register_swiglu(npub::sdk::Registrar& r);    // npu_swiglu and backward
 
 }  // namespace mindspeed_like

@@ -7,6 +7,7 @@ namespace {
 void init(npub::sdk::Registrar& r) {
   mindspeed_like::register_rms_norm(r);
   mindspeed_like::register_adamw(r);
+  mindspeed_like::register_swiglu(r);
 }
 
 }  // namespace
