@@ -105,3 +105,38 @@ def _adamw_args(n=2, **over):
 def test_adamw_errors(over, message):
     with kernel_error("npu_apply_adam_w", message):
         ops.npu_apply_adam_w(**_adamw_args(**over))
+
+
+# --- npu_swiglu ---
+
+def _gradcheck(fn, *inputs):
+    inputs = [t.to("npu").requires_grad_(True) for t in inputs]
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape, dim", [((3, 8), -1), ((4, 6, 5), 1), ((6, 3, 2), 0), ((2, 4, 3), -2)])
+def test_swiglu_gradcheck(shape, dim):
+    _gradcheck(lambda x: ops.npu_swiglu(x, dim), 3 * torch.randn(*shape, dtype=torch.float64))
+
+
+def test_swiglu_matches_the_composite():
+    x = 4 * torch.randn(5, 12)
+    a, b = x.double().chunk(2, -1)
+    torch.testing.assert_close(ops.npu_swiglu(x.to("npu")).cpu().double(), torch.nn.functional.silu(a) * b,
+                               rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, dim, message", [
+    ((4, 7), -1, "self: expected an even size along dim -1 but found 7 (shape [4, 7])"),
+    ((4, 8), 2, "dim: expected a dimension of the 2-d self (in [-2, 1]) but found 2"),
+    ((4, 8), -3, "dim: expected a dimension of the 2-d self (in [-2, 1]) but found -3"),
+])
+def test_swiglu_errors(shape, dim, message):
+    with kernel_error("npu_swiglu", message):
+        ops.npu_swiglu(torch.randn(*shape, device="npu"), dim)
+
+
+def test_swiglu_backward_errors():
+    with kernel_error("npu_swiglu_backward", "grad_output: expected the shape of the forward's result [4, 3] but "
+                      "found [4, 6]"):
+        ops.npu_swiglu_backward(torch.randn(4, 6, device="npu"), torch.randn(4, 6, device="npu"), -1)

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "float_access.h"
 #include "ops.h"
 
 namespace mindspeed_like {
@@ -74,40 +75,14 @@ Hyper<T> make_hyper(int64_t step, double lr, double b1, double b2, double eps, d
           maximize};
 }
 
-// Element access per storage dtype; E is the stored element.
-struct F32 {
-  using T = float;
-  using E = float;
-  static float load(E v) { return v; }
-  static E store(float v) { return v; }
-};
-struct F64 {
-  using T = double;
-  using E = double;
-  static double load(E v) { return v; }
-  static E store(double v) { return v; }
-};
-struct F16 {
-  using T = float;
-  using E = uint16_t;
-  static float load(E v) { return npub::sdk::half_to_float(v); }
-  static E store(float v) { return npub::sdk::float_to_half(v); }
-};
-struct BF16 {
-  using T = float;
-  using E = uint16_t;
-  static float load(E v) { return npub::sdk::bf16_to_float(v); }
-  static E store(float v) { return npub::sdk::float_to_bf16(v); }
-};
-
 // Elements [b, e) of one segment (Note [AdamW's arithmetic follows
 // torch.optim.AdamW]). Inlined into each instruction-set variant below. The
 // scalars are copied to locals and the pointers are restrict: a store
 // through a float pointer could otherwise alias the Hyper struct, and the
 // loop would not vectorise.
 template <typename S, bool Amsgrad>
-__attribute__((always_inline)) inline void adam_elements(const Segment& s, int64_t b, int64_t e,
-                                                         const Hyper<typename S::T>& hyper) {
+MINDSPEED_LIKE_INLINE void adam_elements(const Segment& s, int64_t b, int64_t e,
+                                         const Hyper<typename S::T>& hyper) {
   using T = typename S::T;
   using E = typename S::E;
   E* __restrict p = static_cast<E*>(s.p) + b;
@@ -140,11 +115,11 @@ __attribute__((always_inline)) inline void adam_elements(const Segment& s, int64
 }
 
 // ATen's lerp and addcmul are fused multiply-adds; without the FMA
-// instruction std::fma is a library call per element, so the loop is
-// compiled twice and the FMA variant chosen at run time.
+// instruction std::fma is a library call per element (Note [Loops compiled
+// twice] in float_access.h).
 template <typename S, bool Amsgrad>
-__attribute__((target("avx2,fma"))) void adam_elements_fma(const Segment& s, int64_t b, int64_t e,
-                                                           const Hyper<typename S::T>& h) {
+MINDSPEED_LIKE_AVX2 void adam_elements_avx2(const Segment& s, int64_t b, int64_t e,
+                                            const Hyper<typename S::T>& h) {
   adam_elements<S, Amsgrad>(s, b, e, h);
 }
 template <typename S, bool Amsgrad>
@@ -152,15 +127,10 @@ void adam_elements_generic(const Segment& s, int64_t b, int64_t e, const Hyper<t
   adam_elements<S, Amsgrad>(s, b, e, h);
 }
 
-bool cpu_has_fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-}
-
 template <typename S>
 void adam_segment(const Segment& s, int64_t b, int64_t e, bool amsgrad, const Hyper<typename S::T>& h) {
-  if (cpu_has_fma())
-    amsgrad ? adam_elements_fma<S, true>(s, b, e, h) : adam_elements_fma<S, false>(s, b, e, h);
+  if (has_avx2_fma())
+    amsgrad ? adam_elements_avx2<S, true>(s, b, e, h) : adam_elements_avx2<S, false>(s, b, e, h);
   else
     amsgrad ? adam_elements_generic<S, true>(s, b, e, h) : adam_elements_generic<S, false>(s, b, e, h);
 }

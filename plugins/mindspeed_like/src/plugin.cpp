@@ -10,6 +10,7 @@ void init(npub::sdk::Registrar& r) {
   plugin_kernels::gemm_pin_libraries();  // first: see plugin_kernels/gemm.h
   mindspeed_like::register_rms_norm(r);
   mindspeed_like::register_adamw(r);
+  mindspeed_like::register_swiglu(r);
   mindspeed_like::register_attention(r);
 }
 
