@@ -146,6 +146,9 @@ def _forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, 
 
 def _backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
               max_k, dropout_p, is_causal, philox_seed, philox_offset, *, scale=None):
+    empty = torch.empty(0, dtype=query.dtype, device=query.device)
+    if grad_out is None:  # the output did not reach the loss (autograd's undefined gradient)
+        return torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value), empty
     b, n, sq, _ = query.shape
     mask = _bool_mask(attn_bias, b, n, sq, key.shape[2])
     # P = exp(S - lse) / 1: the statistics as (max, sum) = (lse, 1), and
@@ -155,7 +158,7 @@ def _backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logs
     dq, dk, dv, _ = torch.ops.mindspeed_like.npu_fusion_attention_grad(
         query, key, value, grad_out.contiguous(), n, "BNSD", None, None, mask, smax, ssum, None, out,
         _scale(query, scale), 1.0, _NO_BAND, _NO_BAND, 0, None, None, None, 2 if is_causal else 0)
-    return dq, dk, dv, torch.empty(0, dtype=query.dtype, device=query.device)
+    return dq, dk, dv, empty
 
 
 _lib = None
