@@ -3,6 +3,7 @@
 #include "attention_layout.h"
 
 #include <cmath>
+#include <cstdio>
 
 namespace mindspeed_like {
 
@@ -16,6 +17,12 @@ using npub::sdk::TensorRef;
 }
 
 std::string list_str(const std::vector<int64_t>& v) { return Call::shape_str(v); }
+
+std::string num_str(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", x);
+  return buf;
+}
 
 // Per-batch starts and lengths from torch_npu's cumulative lengths
 // (actual_seq_qlen = [len0, len0 + len1, ...]), which must end at `total`.
@@ -48,7 +55,7 @@ AttnProblem parse_attention(const Call& call, const AttnArgIndex& ix) {
   const double keep_prob = call.double_arg(ix.keep_prob);
   if (keep_prob != 1.0)
     call.fail(NPUB_ERR_UNSUPPORTED,
-              "keep_prob: dropout is not supported (expected 1) but found " + std::to_string(keep_prob));
+              "keep_prob: dropout is not supported (expected 1) but found " + num_str(keep_prob));
   const int64_t inner_precise = call.int_arg(ix.inner_precise);
   if (inner_precise != 0 && inner_precise != 1)
     call.fail(NPUB_ERR_UNSUPPORTED, "inner_precise: expected 0 or 1 (both compute in float32) but found " +
@@ -65,8 +72,7 @@ AttnProblem parse_attention(const Call& call, const AttnArgIndex& ix) {
     p.pre_tockens = p.next_tockens = std::numeric_limits<int32_t>::max();
   }
   p.scale = call.double_arg(ix.scale);
-  if (!std::isfinite(p.scale))
-    bad(call, "scale: expected a finite value but found " + std::to_string(p.scale));
+  if (!std::isfinite(p.scale)) bad(call, "scale: expected a finite value but found " + num_str(p.scale));
 
   if (!k.is(q.dtype()) || !v.is(q.dtype()))
     bad(call, "key, value: expected the dtype of query (" + npub::sdk::dtype_name(q.dtype()) +
