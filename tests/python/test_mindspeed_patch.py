@@ -25,11 +25,6 @@ def available(name):
     return FEATURE_OPS[name]["unavailable"] is None
 
 
-def needs(*names):
-    missing = [n for n in names if not available(n)]
-    return pytest.mark.skipif(bool(missing), reason="; ".join(f"{n}: {FEATURE_OPS[n]['unavailable']}" for n in missing))
-
-
 @pytest.fixture(autouse=True)
 def unpatched():
     ms.unpatch()
