@@ -140,3 +140,50 @@ def test_swiglu_backward_errors():
     with kernel_error("npu_swiglu_backward", "grad_output: expected the shape of the forward's result [4, 3] but "
                       "found [4, 6]"):
         ops.npu_swiglu_backward(torch.randn(4, 6, device="npu"), torch.randn(4, 6, device="npu"), -1)
+
+
+# --- npu_rms_norm, npu_add_rms_norm ---
+
+@pytest.mark.parametrize("x_shape, g_shape", [((3, 8), (8,)), ((2, 3, 4), (3, 4)), ((1, 5), (5,))])
+def test_rms_norm_gradcheck(x_shape, g_shape):
+    x, g = torch.randn(*x_shape, dtype=torch.float64), torch.randn(*g_shape, dtype=torch.float64)
+    _gradcheck(lambda a, b: ops.npu_rms_norm(a, b, 1e-6)[0], x, g)
+
+
+def test_add_rms_norm_gradcheck_through_both_returns():
+    # y and the sum both reach the loss: the sum's gradient joins the norm's
+    x1, x2, g = torch.randn(4, 6, dtype=torch.float64), torch.randn(4, 6, dtype=torch.float64), torch.randn(6)
+    g = g.double()
+
+    def fn(a, b, c):
+        y, _, s = ops.npu_add_rms_norm(a, b, c, 1e-6)
+        return y, s
+
+    _gradcheck(fn, x1, x2, g)
+
+
+def test_add_rms_norm_returns_the_sum_and_float32_rstd():
+    x1, x2 = torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(3, 8, dtype=torch.bfloat16)
+    g = torch.randn(8, dtype=torch.bfloat16)
+    y, rstd, s = ops.npu_add_rms_norm(x1.to("npu"), x2.to("npu"), g.to("npu"))
+    assert torch.equal(s.cpu(), x1 + x2)
+    assert rstd.dtype == torch.float32 and rstd.shape == (3, 1)
+    ref = torch.rsqrt((x1 + x2).float().pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(rstd.cpu(), ref, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("args, op, message", [
+    (lambda: (torch.randn(4, 8), torch.randn(4)), "npu_rms_norm", "gamma: expected the trailing shape of self [4, 8] but found [4]"),
+    (lambda: (torch.randn(4, 8), torch.randn(2, 4, 8)), "npu_rms_norm", "gamma: expected 1 to 2 dimensions but found 3"),
+    (lambda: (torch.randn(4, 8), torch.randn(4, 7), torch.randn(8)), "npu_add_rms_norm",
+     "x2: expected the shape of x1 [4, 8] but found [4, 7]"),
+    (lambda: (torch.randn(4, 8), torch.randn(4, 8), torch.randn(7)), "npu_add_rms_norm",
+     "gamma: expected the trailing shape of x1 [4, 8] but found [7]"),
+    (lambda: (torch.randn(4, 8), torch.randn(4, 8), torch.randn(8), torch.randn(4)), "npu_rms_norm_backward",
+     "rstd: expected shape [4, 1] but found [4]"),
+    (lambda: (torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8), torch.randn(8), torch.randn(4, 1).double()),
+     "npu_add_rms_norm_backward", "rstd: expected float32 (the forward's statistics) but found float64"),
+])
+def test_rms_norm_errors(args, op, message):
+    with kernel_error(op, message):
+        getattr(ops, op)(*[t.to("npu") for t in args()])

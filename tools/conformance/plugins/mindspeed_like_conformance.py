@@ -13,18 +13,41 @@ def _dims(x, gamma):
     return list(range(x.dim() - gamma.dim(), x.dim()))
 
 
+def _large(shape, dtype):
+    # gradcheck (float64) builds the dense Jacobian: keep that one small
+    return tuple(max(1, s // 8) for s in shape) if dtype == torch.float64 else shape
+
+
+def _rms_shapes(dtype):
+    return [(_large(x, dtype), _large(g, dtype)) for x, g in SHAPES]
+
+
+def _stats_dtype(x):
+    # rstd is float32 whatever the input, float64 for float64 (and in the float64 reference run)
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _check_rstd(x, gamma, rstd):
+    shape = list(x.shape[:x.dim() - gamma.dim()]) + [1] * gamma.dim()
+    if list(rstd.shape) != shape or rstd.dtype != _stats_dtype(x):
+        raise ValueError("rstd: expected the forward's statistics")
+
+
+def _rstd(x, gamma, epsilon=1e-6):
+    return torch.rsqrt(x.to(_stats_dtype(x)).pow(2).mean(_dims(x, gamma), keepdim=True) + epsilon)
+
+
 @testing.reference("mindspeed_like::npu_rms_norm")
 def npu_rms_norm(x, gamma, epsilon=1e-6):
     if gamma.dim() < 1 or gamma.dim() > x.dim() or x.shape[x.dim() - gamma.dim():] != gamma.shape:
         raise ValueError("gamma must match the trailing shape of self")
     rstd = torch.rsqrt(x.pow(2).mean(_dims(x, gamma), keepdim=True) + epsilon)
-    # rstd is float32 whatever the input (float64 in the float64 reference run)
-    return x * rstd * gamma, rstd.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
+    return x * rstd * gamma, rstd.to(_stats_dtype(x))
 
 
 @testing.samples("mindspeed_like::npu_rms_norm")
 def npu_rms_norm_samples(dtype):
-    for x, g in SHAPES:
+    for x, g in _rms_shapes(dtype):
         yield testing.Sample(torch.randn(*x, dtype=dtype), torch.randn(*g, dtype=dtype), 1e-6, name=f"{list(x)}")
     yield testing.Sample(torch.randn(4, 8, dtype=dtype), torch.randn(4, dtype=dtype), name="gamma mismatch (error)")
 
@@ -33,6 +56,7 @@ def npu_rms_norm_samples(dtype):
 def npu_rms_norm_backward(dy, x, gamma, rstd):
     # The gradients of y = x * rstd(x) * gamma by autograd; rstd recomputed
     # from x (equal in value to the sample's).
+    _check_rstd(x, gamma, rstd)
     dims = _dims(x, gamma)
     with torch.enable_grad():
         xd, gd = x.detach().requires_grad_(True), gamma.detach().requires_grad_(True)
@@ -43,11 +67,65 @@ def npu_rms_norm_backward(dy, x, gamma, rstd):
 
 @testing.samples("mindspeed_like::npu_rms_norm_backward")
 def npu_rms_norm_backward_samples(dtype):
-    for x_shape, g_shape in SHAPES[:3]:
+    for x_shape, g_shape in _rms_shapes(dtype):
         x, g = torch.randn(*x_shape, dtype=dtype), torch.randn(*g_shape, dtype=dtype)
-        rstd = torch.rsqrt(x.float().pow(2).mean(_dims(x, g), keepdim=True) + 1e-6)
-        yield testing.Sample(torch.randn(*x_shape, dtype=dtype), x, g, rstd, name=f"{list(x_shape)}")
+        yield testing.Sample(torch.randn(*x_shape, dtype=dtype), x, g, _rstd(x, g), name=f"{list(x_shape)}")
+    x, g = torch.randn(4, 8, dtype=dtype), torch.randn(8, dtype=dtype)
+    yield testing.Sample(torch.randn(4, 8, dtype=dtype), x, g, _rstd(x, g).squeeze(-1),
+                         name="rstd of the wrong shape (error)")
+    # (a float16 call's float16 rstd would be converted to float32 with the call: not an error)
+    other = torch.bfloat16 if dtype == torch.float16 else torch.float16
+    yield testing.Sample(torch.randn(4, 8, dtype=dtype), x, g, _rstd(x, g).to(other),
+                         name="rstd of a half dtype (error)")
 
+
+
+@testing.reference("mindspeed_like::npu_add_rms_norm")
+def npu_add_rms_norm(x1, x2, gamma, epsilon=1e-6):
+    if x1.shape != x2.shape:
+        raise ValueError("x2 must have the shape of x1")
+    x = x1 + x2
+    y, rstd = npu_rms_norm(x, gamma, epsilon)
+    return y, rstd, x
+
+
+@testing.samples("mindspeed_like::npu_add_rms_norm")
+def npu_add_rms_norm_samples(dtype):
+    for x, g in _rms_shapes(dtype):
+        yield testing.Sample(torch.randn(*x, dtype=dtype), torch.randn(*x, dtype=dtype), torch.randn(*g, dtype=dtype),
+                             1e-5, name=f"{list(x)}")
+    yield testing.Sample(torch.randn(4, 8, dtype=dtype), torch.randn(4, 8, dtype=dtype), torch.randn(4, dtype=dtype),
+                         name="gamma mismatch (error)")
+    yield testing.Sample(torch.randn(4, 8, dtype=dtype), torch.randn(8, dtype=dtype), torch.randn(8, dtype=dtype),
+                         name="x2 of another shape (error)")
+
+
+@testing.reference("mindspeed_like::npu_add_rms_norm_backward")
+def npu_add_rms_norm_backward(dy, dx, x, gamma, rstd):
+    # (dx1, dx2, dgamma) of (y, x) = (rms_norm(x1 + x2), x1 + x2) by autograd,
+    # dy flowing into y and dx into the sum.
+    _check_rstd(x, gamma, rstd)
+    if dx.shape != x.shape:
+        raise ValueError("dx: expected the shape of x")
+    dims = _dims(x, gamma)
+    with torch.enable_grad():
+        x1 = x.detach().requires_grad_(True)
+        x2 = torch.zeros_like(x).requires_grad_(True)
+        gd = gamma.detach().requires_grad_(True)
+        s = x1 + x2
+        y = s * torch.rsqrt(s.pow(2).mean(dims, keepdim=True) + 1e-6) * gd
+        return torch.autograd.grad((y, s), (x1, x2, gd), (dy, dx))
+
+
+@testing.samples("mindspeed_like::npu_add_rms_norm_backward")
+def npu_add_rms_norm_backward_samples(dtype):
+    for x_shape, g_shape in _rms_shapes(dtype):
+        x, g = torch.randn(*x_shape, dtype=dtype), torch.randn(*g_shape, dtype=dtype)
+        yield testing.Sample(torch.randn(*x_shape, dtype=dtype), torch.randn(*x_shape, dtype=dtype), x, g, _rstd(x, g),
+                             name=f"{list(x_shape)}")
+    x, g = torch.randn(4, 8, dtype=dtype), torch.randn(8, dtype=dtype)
+    yield testing.Sample(torch.randn(4, 8, dtype=dtype), torch.randn(4, 7, dtype=dtype), x, g, _rstd(x, g),
+                         name="dx of the wrong shape (error)")
 
 # --- mindspeed_like's fused training ops other than attention (adamw.cpp, swiglu.cpp, rms_norm.cpp's
 # npu_add_rms_norm, rotary.cpp, matmul_add.cpp) ---
@@ -116,11 +194,6 @@ def npu_swiglu(x, dim=-1):
 
 # At most 8 samples per op and dtype: what conformance runs by default.
 SWIGLU_SHAPES = (((4, 16), -1), ((3, 8, 5), 1), ((6, 5, 4), 0), ((2, 4, 6), -2), ((0, 8), -1), ((8, 0), 0))
-
-
-def _large(shape, dtype):
-    # gradcheck (float64) builds the dense Jacobian: keep that one small
-    return tuple(max(1, s // 8) for s in shape) if dtype == torch.float64 else shape
 
 
 @testing.samples("mindspeed_like::npu_swiglu")
