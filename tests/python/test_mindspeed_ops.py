@@ -187,3 +187,50 @@ def test_add_rms_norm_returns_the_sum_and_float32_rstd():
 def test_rms_norm_errors(args, op, message):
     with kernel_error(op, message):
         getattr(ops, op)(*[t.to("npu") for t in args()])
+
+
+# --- npu_rotary_mul, npu_rotary_position_embedding ---
+
+@pytest.mark.parametrize("mode", ["half", "interleave"])
+@pytest.mark.parametrize("x_shape, r_shape", [((2, 3, 2, 4), (1, 3, 1, 4)), ((1, 2, 3, 6), (3, 6)),
+                                              ((2, 2, 1, 4), (2, 2, 1, 4))])
+def test_rotary_mul_gradcheck(mode, x_shape, r_shape):
+    x, r1, r2 = (torch.randn(*s, dtype=torch.float64) for s in (x_shape, r_shape, r_shape))
+    _gradcheck(lambda a, b, c: ops.npu_rotary_mul(a, b, c, mode), x, r1, r2)
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+def test_rotary_position_embedding_gradcheck(mode):
+    x, c, s = torch.randn(2, 3, 2, 4, dtype=torch.float64), torch.randn(1, 3, 1, 4), torch.randn(1, 3, 1, 4)
+    _gradcheck(lambda a, b, d: ops.npu_rotary_position_embedding(a, b, d, mode), x, c.double(), s.double())
+
+
+def test_rotary_position_embedding_is_rotary_mul():
+    x, ang = torch.randn(2, 5, 3, 8), torch.randn(1, 5, 1, 8)
+    args = [t.to("npu") for t in (x, ang.cos(), ang.sin())]
+    for mode, name in ((0, "half"), (1, "interleave")):
+        assert torch.equal(ops.npu_rotary_position_embedding(*args, mode).cpu(),
+                           ops.npu_rotary_mul(*args, name).cpu())
+
+
+@pytest.mark.parametrize("op, args, message", [
+    ("npu_rotary_mul", ((2, 4, 1, 8), (1, 3, 1, 8), (1, 4, 1, 8), "half"),
+     "r1: expected a shape that broadcasts to self [2, 4, 1, 8] (right-aligned: at most 4 dims, each 1 or self's, "
+     "the last 8) but found [1, 3, 1, 8]"),
+    ("npu_rotary_mul", ((2, 4, 1, 8), (1, 4, 1, 8), (4, 4), "half"),
+     "r2: expected a shape that broadcasts to self [2, 4, 1, 8] (right-aligned: at most 4 dims, each 1 or self's, "
+     "the last 8) but found [4, 4]"),
+    ("npu_rotary_mul", ((2, 1, 4, 8), (4, 8), (4, 8), "halves"),
+     "rotary_mode: expected 'half' or 'interleave' but found 'halves'"),
+    ("npu_rotary_mul", ((2, 4, 1, 7), (4, 7), (4, 7), "half"),
+     "self: expected at least 1 dim and an even last dim but found shape [2, 4, 1, 7]"),
+    ("npu_rotary_position_embedding", ((2, 1, 4, 8), (4, 8), (4, 8), 2),
+     "mode: expected 0 (rotate-half) or 1 (interleaved) but found 2"),
+    ("npu_rotary_position_embedding", ((4, 8), (2, 4, 8), (4, 8), 0),
+     "cos: expected a shape that broadcasts to x [4, 8] (right-aligned: at most 2 dims, each 1 or x's, the last 8) "
+     "but found [2, 4, 8]"),
+])
+def test_rotary_errors(op, args, message):
+    tensors = [torch.randn(*s, device="npu") for s in args[:3]]
+    with kernel_error(op, message):
+        getattr(ops, op)(*tensors, args[3])

@@ -9,5 +9,6 @@ namespace mindspeed_like {
 void register_rms_norm(npub::sdk::Registrar& r);  // npu_rms_norm, npu_add_rms_norm and backward
 void register_adamw(npub::sdk::Registrar& r);     // npu_apply_adam_w
 void register_swiglu(npub::sdk::Registrar& r);    // npu_swiglu and backward
+void register_rotary(npub::sdk::Registrar& r);    // npu_rotary_mul, npu_rotary_position_embedding, backwards
 
 }  // namespace mindspeed_like

@@ -8,6 +8,7 @@ void init(npub::sdk::Registrar& r) {
   mindspeed_like::register_rms_norm(r);
   mindspeed_like::register_adamw(r);
   mindspeed_like::register_swiglu(r);
+  mindspeed_like::register_rotary(r);
 }
 
 }  // namespace

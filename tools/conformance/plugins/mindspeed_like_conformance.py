@@ -223,3 +223,112 @@ def npu_swiglu_backward_samples(dtype):
         yield testing.Sample(torch.randn(*half, dtype=dtype), x, dim, name=f"{list(shape)} dim {dim}")
     yield testing.Sample(torch.randn(4, 4, dtype=dtype), torch.randn(4, 6, dtype=dtype), -1,
                          name="grad_output of the wrong shape (error)")
+
+
+def _rotate(x, interleaved):
+    if interleaved:
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((-x1, x0), dim=-1).flatten(-2)
+    x1, x2 = x.chunk(2, -1)
+    return torch.cat((-x2, x1), -1)
+
+
+def _rotary_reference(x, r1, r2, interleaved):
+    if x.dim() < 1 or x.shape[-1] % 2:
+        raise ValueError("self: expected an even last dim")
+    for r in (r1, r2):
+        if r.dim() < 1 or r.dim() > x.dim() or r.shape[-1] != x.shape[-1]:
+            raise ValueError("r: expected a shape that broadcasts to self")
+        torch.broadcast_shapes(r.shape, x.shape)  # raises when it does not
+        if torch.broadcast_shapes(r.shape, x.shape) != x.shape:
+            raise ValueError("r: expected a shape that broadcasts to self")
+    return x * r1 + _rotate(x, interleaved) * r2
+
+
+def _rotary_backward_reference(grad, x, r1, r2, interleaved):
+    with torch.enable_grad():
+        xd, a, b = (t.detach().requires_grad_(True) for t in (x, r1, r2))
+        return torch.autograd.grad(_rotary_reference(xd, a, b, interleaved), (xd, a, b), grad)
+
+
+_ROTARY_MODES = {"half": False, "interleave": True}
+
+
+@testing.reference("mindspeed_like::npu_rotary_mul")
+def npu_rotary_mul(x, r1, r2, rotary_mode="half"):
+    if rotary_mode not in _ROTARY_MODES:
+        raise ValueError("rotary_mode: expected 'half' or 'interleave'")
+    return _rotary_reference(x, r1, r2, _ROTARY_MODES[rotary_mode])
+
+
+# (x, r) shapes: [B, S, N, D] with r [1, S, 1, D], [B, S, 1, D], [S, D], x's own, [1, 1, 1, D]; a 3-d x; zero-size
+ROTARY_SHAPES = (((2, 6, 3, 8), (1, 6, 1, 8)), ((2, 5, 2, 16), (2, 5, 1, 16)), ((3, 4, 2, 6), (4, 1, 6)),
+                 ((1, 4, 2, 8), (1, 4, 2, 8)), ((2, 3, 4, 4), (1, 1, 1, 4)), ((5, 3, 10), (5, 1, 10)),
+                 ((2, 0, 2, 8), (1, 0, 1, 8)))
+
+
+def _rotary_samples(dtype, modes, with_grad):
+    for i, (xs, rs) in enumerate(ROTARY_SHAPES):
+        mode = modes[i % 2]
+        x = torch.randn(*xs, dtype=dtype)
+        ang = torch.randn(*rs, dtype=torch.float64)
+        args = (x, ang.cos().to(dtype), ang.sin().to(dtype), mode)
+        if with_grad:
+            args = (torch.randn(*xs, dtype=dtype),) + args
+        yield args, f"x {list(xs)} r {list(rs)} {mode}"
+
+
+@testing.samples("mindspeed_like::npu_rotary_mul")
+def npu_rotary_mul_samples(dtype):
+    for args, name in _rotary_samples(dtype, ("half", "interleave"), False):
+        yield testing.Sample(*args, name=name)
+    yield testing.Sample(torch.randn(2, 4, 1, 8, dtype=dtype), torch.randn(1, 3, 1, 8, dtype=dtype),
+                         torch.randn(1, 4, 1, 8, dtype=dtype), name="r1 does not broadcast (error)")
+
+
+@testing.reference("mindspeed_like::npu_rotary_mul_backward")
+def npu_rotary_mul_backward(grad, x, r1, r2, rotary_mode="half"):
+    if rotary_mode not in _ROTARY_MODES:
+        raise ValueError("rotary_mode: expected 'half' or 'interleave'")
+    return _rotary_backward_reference(grad, x, r1, r2, _ROTARY_MODES[rotary_mode])
+
+
+@testing.samples("mindspeed_like::npu_rotary_mul_backward")
+def npu_rotary_mul_backward_samples(dtype):
+    for args, name in _rotary_samples(dtype, ("half", "interleave"), True):
+        yield testing.Sample(*args, name=name)
+    yield testing.Sample(torch.randn(2, 4, 1, 8, dtype=dtype), torch.randn(2, 4, 1, 8, dtype=dtype),
+                         torch.randn(4, 8, dtype=dtype), torch.randn(4, 8, dtype=dtype), "halves",
+                         name="unknown mode (error)")
+
+
+@testing.reference("mindspeed_like::npu_rotary_position_embedding")
+def npu_rotary_position_embedding(x, cos, sin, mode=0):
+    if mode not in (0, 1):
+        raise ValueError("mode: expected 0 or 1")
+    return _rotary_reference(x, cos, sin, mode == 1)
+
+
+@testing.samples("mindspeed_like::npu_rotary_position_embedding")
+def npu_rotary_position_embedding_samples(dtype):
+    for args, name in _rotary_samples(dtype, (0, 1), False):
+        yield testing.Sample(*args, name=name)
+    yield testing.Sample(torch.randn(2, 4, 1, 7, dtype=dtype), torch.randn(4, 7, dtype=dtype),
+                         torch.randn(4, 7, dtype=dtype), 0, name="odd head dim (error)")
+
+
+@testing.reference("mindspeed_like::npu_rotary_position_embedding_backward")
+def npu_rotary_position_embedding_backward(grad, cos, sin, x, mode=0):
+    if mode not in (0, 1):
+        raise ValueError("mode: expected 0 or 1")
+    dx, dcos, dsin = _rotary_backward_reference(grad, x, cos, sin, mode == 1)
+    return dx, dcos, dsin
+
+
+@testing.samples("mindspeed_like::npu_rotary_position_embedding_backward")
+def npu_rotary_position_embedding_backward_samples(dtype):
+    for (grad, x, cos, sin, mode), name in _rotary_samples(dtype, (0, 1), True):
+        yield testing.Sample(grad, cos, sin, x, mode, name=name)
+    yield testing.Sample(torch.randn(2, 4, 1, 8, dtype=dtype), torch.randn(4, 8, dtype=dtype),
+                         torch.randn(4, 8, dtype=dtype), torch.randn(2, 4, 1, 8, dtype=dtype), 2,
+                         name="mode 2 (error)")
