@@ -234,3 +234,29 @@ def test_rotary_errors(op, args, message):
     tensors = [torch.randn(*s, device="npu") for s in args[:3]]
     with kernel_error(op, message):
         getattr(ops, op)(*tensors, args[3])
+
+
+# --- npu_matmul_add_fp32 ---
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_matmul_add_accumulates_in_float32(dtype):
+    x, w, c = torch.randn(48, 20, dtype=dtype), torch.randn(48, 30, dtype=dtype), torch.randn(20, 30)
+    cn = c.to("npu")
+    ops.npu_matmul_add_fp32(x.to("npu"), w.to("npu"), cn)
+    ops.npu_matmul_add_fp32(x.to("npu"), w.to("npu"), cn)
+    assert cn.dtype == torch.float32
+    ref = c.double() + 2 * (x.double().t() @ w.double())
+    # float32 accumulation of 48 exact products per element, twice
+    torch.testing.assert_close(cn.cpu().double(), ref, rtol=0, atol=2 * 49 * 2**-24 * ref.abs().max().item())
+    assert npubridge.stats()["mindspeed_like::npu_matmul_add_fp32"]["native"]["mindspeed_like"] >= 2
+
+
+@pytest.mark.parametrize("shapes, message", [
+    (((8, 4), (6, 5), (4, 5)), "weight: expected a 2-d tensor [k, n] with x's k = 8 but found shape [6, 5]"),
+    (((8, 4), (8, 5), (5, 4)), "C: expected shape [m, n] = [4, 5] but found [5, 4]"),
+    (((8,), (8, 5), (1, 5)), "x: expected a 2-d tensor [k, m] but found shape [8]"),
+])
+def test_matmul_add_errors(shapes, message):
+    x, w, c = (torch.randn(*s, device="npu") for s in shapes)
+    with kernel_error("npu_matmul_add_fp32", message):
+        ops.npu_matmul_add_fp32(x, w, c)

@@ -332,3 +332,25 @@ def npu_rotary_position_embedding_backward_samples(dtype):
     yield testing.Sample(torch.randn(2, 4, 1, 8, dtype=dtype), torch.randn(4, 8, dtype=dtype),
                          torch.randn(4, 8, dtype=dtype), torch.randn(2, 4, 1, 8, dtype=dtype), 2,
                          name="mode 2 (error)")
+
+
+@testing.reference("mindspeed_like::npu_matmul_add_fp32")
+def npu_matmul_add_fp32(x, weight, c):
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[0] or weight.dtype != x.dtype:
+        raise ValueError("weight: expected [k, n] with x's k and dtype")
+    if c.shape != (x.shape[1], weight.shape[1]) or c.dtype not in (torch.float32, torch.float64):
+        raise ValueError("C: expected float32 [m, n]")  # float64: the float64 reference run's copy
+    # the written C's expected value; half operands widen exactly to float32
+    c += x.to(c.dtype).t() @ weight.to(c.dtype)
+    return c
+
+
+@testing.samples("mindspeed_like::npu_matmul_add_fp32")
+def npu_matmul_add_fp32_samples(dtype):
+    for k, m, n in ((16, 8, 12), (1, 5, 7), (64, 33, 17), (0, 4, 5), (7, 0, 3), (256, 128, 96)):
+        yield testing.Sample(torch.randn(k, m, dtype=dtype), torch.randn(k, n, dtype=dtype), torch.randn(m, n),
+                             name=f"k {k} m {m} n {n}")
+    yield testing.Sample(torch.randn(8, 4, dtype=dtype), torch.randn(6, 5, dtype=dtype), torch.randn(4, 5),
+                         name="k differs (error)")
+    yield testing.Sample(torch.randn(8, 4, dtype=dtype), torch.randn(8, 5, dtype=dtype), torch.randn(5, 4),
+                         name="C of the wrong shape (error)")
