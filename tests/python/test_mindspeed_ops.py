@@ -140,3 +140,123 @@ def test_swiglu_backward_errors():
     with kernel_error("npu_swiglu_backward", "grad_output: expected the shape of the forward's result [4, 3] but "
                       "found [4, 6]"):
         ops.npu_swiglu_backward(torch.randn(4, 6, device="npu"), torch.randn(4, 6, device="npu"), -1)
+
+
+# --- npu_rms_norm, npu_add_rms_norm ---
+
+@pytest.mark.parametrize("x_shape, g_shape", [((3, 8), (8,)), ((2, 3, 4), (3, 4)), ((1, 5), (5,))])
+def test_rms_norm_gradcheck(x_shape, g_shape):
+    x, g = torch.randn(*x_shape, dtype=torch.float64), torch.randn(*g_shape, dtype=torch.float64)
+    _gradcheck(lambda a, b: ops.npu_rms_norm(a, b, 1e-6)[0], x, g)
+
+
+def test_add_rms_norm_gradcheck_through_both_returns():
+    # y and the sum both reach the loss: the sum's gradient joins the norm's
+    x1, x2, g = torch.randn(4, 6, dtype=torch.float64), torch.randn(4, 6, dtype=torch.float64), torch.randn(6)
+    g = g.double()
+
+    def fn(a, b, c):
+        y, _, s = ops.npu_add_rms_norm(a, b, c, 1e-6)
+        return y, s
+
+    _gradcheck(fn, x1, x2, g)
+
+
+def test_add_rms_norm_returns_the_sum_and_float32_rstd():
+    x1, x2 = torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(3, 8, dtype=torch.bfloat16)
+    g = torch.randn(8, dtype=torch.bfloat16)
+    y, rstd, s = ops.npu_add_rms_norm(x1.to("npu"), x2.to("npu"), g.to("npu"))
+    assert torch.equal(s.cpu(), x1 + x2)
+    assert rstd.dtype == torch.float32 and rstd.shape == (3, 1)
+    ref = torch.rsqrt((x1 + x2).float().pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(rstd.cpu(), ref, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("args, op, message", [
+    (lambda: (torch.randn(4, 8), torch.randn(4)), "npu_rms_norm", "gamma: expected the trailing shape of self [4, 8] but found [4]"),
+    (lambda: (torch.randn(4, 8), torch.randn(2, 4, 8)), "npu_rms_norm", "gamma: expected 1 to 2 dimensions but found 3"),
+    (lambda: (torch.randn(4, 8), torch.randn(4, 7), torch.randn(8)), "npu_add_rms_norm",
+     "x2: expected the shape of x1 [4, 8] but found [4, 7]"),
+    (lambda: (torch.randn(4, 8), torch.randn(4, 8), torch.randn(7)), "npu_add_rms_norm",
+     "gamma: expected the trailing shape of x1 [4, 8] but found [7]"),
+    (lambda: (torch.randn(4, 8), torch.randn(4, 8), torch.randn(8), torch.randn(4)), "npu_rms_norm_backward",
+     "rstd: expected shape [4, 1] but found [4]"),
+    (lambda: (torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8), torch.randn(8), torch.randn(4, 1).double()),
+     "npu_add_rms_norm_backward", "rstd: expected float32 (the forward's statistics) but found float64"),
+])
+def test_rms_norm_errors(args, op, message):
+    with kernel_error(op, message):
+        getattr(ops, op)(*[t.to("npu") for t in args()])
+
+
+# --- npu_rotary_mul, npu_rotary_position_embedding ---
+
+@pytest.mark.parametrize("mode", ["half", "interleave"])
+@pytest.mark.parametrize("x_shape, r_shape", [((2, 3, 2, 4), (1, 3, 1, 4)), ((1, 2, 3, 6), (3, 6)),
+                                              ((2, 2, 1, 4), (2, 2, 1, 4))])
+def test_rotary_mul_gradcheck(mode, x_shape, r_shape):
+    x, r1, r2 = (torch.randn(*s, dtype=torch.float64) for s in (x_shape, r_shape, r_shape))
+    _gradcheck(lambda a, b, c: ops.npu_rotary_mul(a, b, c, mode), x, r1, r2)
+
+
+@pytest.mark.parametrize("mode", [0, 1])
+def test_rotary_position_embedding_gradcheck(mode):
+    x, c, s = torch.randn(2, 3, 2, 4, dtype=torch.float64), torch.randn(1, 3, 1, 4), torch.randn(1, 3, 1, 4)
+    _gradcheck(lambda a, b, d: ops.npu_rotary_position_embedding(a, b, d, mode), x, c.double(), s.double())
+
+
+def test_rotary_position_embedding_is_rotary_mul():
+    x, ang = torch.randn(2, 5, 3, 8), torch.randn(1, 5, 1, 8)
+    args = [t.to("npu") for t in (x, ang.cos(), ang.sin())]
+    for mode, name in ((0, "half"), (1, "interleave")):
+        assert torch.equal(ops.npu_rotary_position_embedding(*args, mode).cpu(),
+                           ops.npu_rotary_mul(*args, name).cpu())
+
+
+@pytest.mark.parametrize("op, args, message", [
+    ("npu_rotary_mul", ((2, 4, 1, 8), (1, 3, 1, 8), (1, 4, 1, 8), "half"),
+     "r1: expected a shape that broadcasts to self [2, 4, 1, 8] (right-aligned: at most 4 dims, each 1 or self's, "
+     "the last 8) but found [1, 3, 1, 8]"),
+    ("npu_rotary_mul", ((2, 4, 1, 8), (1, 4, 1, 8), (4, 4), "half"),
+     "r2: expected a shape that broadcasts to self [2, 4, 1, 8] (right-aligned: at most 4 dims, each 1 or self's, "
+     "the last 8) but found [4, 4]"),
+    ("npu_rotary_mul", ((2, 1, 4, 8), (4, 8), (4, 8), "halves"),
+     "rotary_mode: expected 'half' or 'interleave' but found 'halves'"),
+    ("npu_rotary_mul", ((2, 4, 1, 7), (4, 7), (4, 7), "half"),
+     "self: expected at least 1 dim and an even last dim but found shape [2, 4, 1, 7]"),
+    ("npu_rotary_position_embedding", ((2, 1, 4, 8), (4, 8), (4, 8), 2),
+     "mode: expected 0 (rotate-half) or 1 (interleaved) but found 2"),
+    ("npu_rotary_position_embedding", ((4, 8), (2, 4, 8), (4, 8), 0),
+     "cos: expected a shape that broadcasts to x [4, 8] (right-aligned: at most 2 dims, each 1 or x's, the last 8) "
+     "but found [2, 4, 8]"),
+])
+def test_rotary_errors(op, args, message):
+    tensors = [torch.randn(*s, device="npu") for s in args[:3]]
+    with kernel_error(op, message):
+        getattr(ops, op)(*tensors, args[3])
+
+
+# --- npu_matmul_add_fp32 ---
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_matmul_add_accumulates_in_float32(dtype):
+    x, w, c = torch.randn(48, 20, dtype=dtype), torch.randn(48, 30, dtype=dtype), torch.randn(20, 30)
+    cn = c.to("npu")
+    ops.npu_matmul_add_fp32(x.to("npu"), w.to("npu"), cn)
+    ops.npu_matmul_add_fp32(x.to("npu"), w.to("npu"), cn)
+    assert cn.dtype == torch.float32
+    ref = c.double() + 2 * (x.double().t() @ w.double())
+    # float32 accumulation of 48 exact products per element, twice
+    torch.testing.assert_close(cn.cpu().double(), ref, rtol=0, atol=2 * 49 * 2**-24 * ref.abs().max().item())
+    assert npubridge.stats()["mindspeed_like::npu_matmul_add_fp32"]["native"]["mindspeed_like"] >= 2
+
+
+@pytest.mark.parametrize("shapes, message", [
+    (((8, 4), (6, 5), (4, 5)), "weight: expected a 2-d tensor [k, n] with x's k = 8 but found shape [6, 5]"),
+    (((8, 4), (8, 5), (5, 4)), "C: expected shape [m, n] = [4, 5] but found [5, 4]"),
+    (((8,), (8, 5), (1, 5)), "x: expected a 2-d tensor [k, m] but found shape [8]"),
+])
+def test_matmul_add_errors(shapes, message):
+    x, w, c = (torch.randn(*s, device="npu") for s in shapes)
+    with kernel_error("npu_matmul_add_fp32", message):
+        ops.npu_matmul_add_fp32(x, w, c)

@@ -57,23 +57,6 @@ inline void with_float_types(const npub::sdk::Call& call, DLDataType t, F&& f, b
     call.fail(NPUB_ERR_UNSUPPORTED, "dtype " + npub::sdk::dtype_name(t));
 }
 
-// Calls f(load, store) with element accessors typed for dtype `t` (float32,
-// float16 or bfloat16; half types are read and written in their own dtype
-// and computed in float32): one compiled loop per dtype.
-template <typename F>
-inline void with_float_access(const npub::sdk::Call& call, DLDataType t, F&& f) {
-  with_float_types(
-      call, t,
-      [&](auto s) {
-        using S = decltype(s);
-        f([](const npub::sdk::TensorRef& x, int64_t i) { return S::load(x.data<typename S::E>()[i]); },
-          [](const npub::sdk::TensorRef& x, int64_t i, float v) {
-            x.data<typename S::E>()[i] = S::store(v);
-          });
-      },
-      /*with_f64=*/false);
-}
-
 // The element pointer of a tensor of element struct S.
 template <typename S>
 inline typename S::E* elements(const npub::sdk::TensorRef& x) {
@@ -91,6 +74,23 @@ inline typename S::E* elements(const npub::sdk::TensorRef& x) {
 inline bool has_avx2_fma() {
   static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return has;
+}
+
+// sum_{i < n} f(i) in 16 running partial sums (a vector register's worth
+// of lanes, which the compiler keeps in one: a single running sum is a
+// serial chain it may not reorder), combined pairwise at the end. Any order
+// of summation is within the K * u * m bound the conformance judges by.
+template <typename T, typename F>
+MINDSPEED_LIKE_INLINE T blocked_sum(int64_t n, F&& f) {
+  constexpr int kLanes = 16;
+  T acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += f(i + l);
+  for (int l = 0; i < n; ++i, ++l) acc[l] += f(i);
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
 }
 
 // exp(x) for float without a libm call (std::exp keeps a loop scalar), for

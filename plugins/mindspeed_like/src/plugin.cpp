@@ -11,6 +11,8 @@ void init(npub::sdk::Registrar& r) {
   mindspeed_like::register_rms_norm(r);
   mindspeed_like::register_adamw(r);
   mindspeed_like::register_swiglu(r);
+  mindspeed_like::register_rotary(r);
+  mindspeed_like::register_matmul_add(r);
   mindspeed_like::register_attention(r);
 }
 
