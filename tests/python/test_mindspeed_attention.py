@@ -297,8 +297,8 @@ def test_grad_needs_saved_statistics(npu):
     with pytest.raises(RuntimeError) as e:
         torch.ops.mindspeed_like.npu_fusion_attention_grad(q, q, q, q, 2, "BNSD")
     assert str(e.value) == ("op 'mindspeed_like::npu_fusion_attention_grad' failed in the kernel of plugin "
-                            "'mindspeed_like': mindspeed_like::npu_fusion_attention_grad: attention_in: required "
-                            "(the forward's attention_out)")
+                            "'mindspeed_like': mindspeed_like::npu_fusion_attention_grad: softmax_max: required "
+                            "(the forward's statistics)")
 
 
 def test_scale_default_matches_sdpa(npu):

@@ -1,6 +1,7 @@
 // mindspeed_like::npu_fusion_attention_grad: the flash-attention backward
 // (FlashAttention-2's). P is recomputed block by block from the forward's
-// statistics, P = exp(S - max) / sum; with Di = rowsum(dO * O):
+// statistics, P = exp(S - max) / sum; with Di = sum_j P_ij dP_ij (Note [Di
+// from P and dP]):
 //   dV = P^T dO, dP = dO V^T, dS = P * (dP - Di), dK = scale dS^T Q, dQ = scale dS K.
 // Work is split by (batch, key/value head): one task owns the keys and
 // values of its head (dK, dV, summed over the query heads of its group in
@@ -28,6 +29,65 @@ inline int64_t backward_scratch_elems(int64_t D) {
   return 4 * kBlockK * D + 2 * kBlockQ * D + 2 * kBlockQ * kBlockK;
 }
 
+// Note [Di from P and dP]
+// FlashAttention-2 takes Di = rowsum(dO * O) from the saved output O. Both
+// equal sum_j P_ij dP_ij, but O is rounded to its dtype (8 bits of
+// mantissa in bfloat16), and dS = P * (dP - Di) cancels: where the softmax
+// saturates (P one-hot) dP_ij* - Di should be 0 exactly, and a rounded O
+// leaves eps * |dO| |V| there, which dQ and dK carry at full size. So Di is
+// summed from P and dP themselves, recomputed block by block as the main
+// pass will: two more GEMMs per block (about a third of the backward),
+// and dS then cancels as the softmax's own derivative does. The saved
+// output (attention_in) is not read.
+inline int64_t row_terms_scratch_elems(int64_t D) {
+  return 2 * kBlockQ * D + 2 * kBlockQ * kBlockK + 2 * kBlockK * D;
+}
+
+// Di = sum_j P_ij dP_ij for the rows of one block of queries.
+template <typename E, typename Acc>
+void row_terms(const AttnProblem& p, const Task& t, const typename E::T* q, const typename E::T* k,
+               const typename E::T* v, const typename E::T* dy, const Acc* smax, const Acc* ssum,
+               const uint8_t* mask, Acc* drow, Acc* buf) {
+  const int64_t D = p.head_dim, b = t.b, n = t.n, nk = n / p.group(), q0 = t.q0;
+  const int64_t qn = std::min<int64_t>(kBlockQ, p.q_len[b] - q0);
+  Acc* Q = buf;
+  Acc* dO = Q + kBlockQ * D;
+  Acc* P = dO + kBlockQ * D;
+  Acc* dP = P + kBlockQ * kBlockK;
+  Acc* K = dP + kBlockQ * kBlockK;
+  Acc* V = K + kBlockK * D;
+  int64_t lo[kBlockQ], hi[kBlockQ];
+  double acc[kBlockQ];
+  const Acc scale = static_cast<Acc>(p.scale);
+  int64_t kmin = p.kv_len[b], kmax = 0;
+  for (int64_t r = 0; r < qn; ++r) {
+    p.key_range(b, q0 + r, lo[r], hi[r]);
+    if (lo[r] < hi[r] && ssum[p.stats_offset(b, n, q0 + r)] > 0) {
+      kmin = std::min(kmin, lo[r]);
+      kmax = std::max(kmax, hi[r]);
+    }
+    acc[r] = 0;
+  }
+  load_rows<E>(q + p.q_offset(b, n, q0), p.q.ss, qn, D, scale, Q, D);
+  const Tile<Acc> dot = tile<E>(dy + p.q_offset(b, n, q0), p.q.ss, qn, D, dO);
+  for (int64_t k0 = kmin / kBlockK * kBlockK; k0 < kmax; k0 += kBlockK) {
+    const int64_t kn = std::min<int64_t>(kBlockK, kmax - k0);
+    const Tile<Acc> kt = tile<E>(k + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, K);
+    const Tile<Acc> vt = tile<E>(v + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, V);
+    gemm(false, true, qn, kn, D, Acc(1), Q, D, kt.data, kt.ld, Acc(0), P, kBlockK);
+    gemm(false, true, qn, kn, D, Acc(1), dot.data, dot.ld, vt.data, vt.ld, Acc(0), dP, kBlockK);
+    for (int64_t r = 0; r < qn; ++r) {
+      const int64_t so = p.stats_offset(b, n, q0 + r);
+      if (!(ssum[so] > 0)) continue;
+      Acc* s = P + r * kBlockK;
+      mask_scores(p, b, n, q0 + r, k0, kn, lo[r], hi[r], mask, s);
+      prob_row(s, kn, smax[so], Acc(1) / ssum[so]);
+      acc[r] += dot_row(s, dP + r * kBlockK, kn);
+    }
+  }
+  for (int64_t r = 0; r < qn; ++r) drow[p.stats_offset(b, n, q0 + r) / 8] = static_cast<Acc>(acc[r]);
+}
+
 // All of dK and dV of key/value head nk of batch b, and its group's
 // contributions to dQ (accumulated into dq, laid out as the query).
 template <typename E, typename Acc>
@@ -48,8 +108,8 @@ void backward_head(const AttnProblem& p, int64_t b, int64_t nk, const typename E
   const Acc scale = static_cast<Acc>(p.scale);
   for (int64_t k0 = 0; k0 < skv; k0 += kBlockK) {
     const int64_t kn = std::min<int64_t>(kBlockK, skv - k0);
-    load_rows<E>(k + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, Acc(1), K, D);
-    load_rows<E>(v + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, Acc(1), V, D);
+    const Tile<Acc> kt = tile<E>(k + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, K);
+    const Tile<Acc> vt = tile<E>(v + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, V);
     std::fill(dK, dK + kn * D, Acc(0));
     std::fill(dV, dV + kn * D, Acc(0));
     for (int64_t g = 0; g < G; ++g) {
@@ -62,9 +122,11 @@ void backward_head(const AttnProblem& p, int64_t b, int64_t nk, const typename E
           any = any || (lo[r] < k0 + kn && hi[r] > k0 && lo[r] < hi[r]);
         }
         if (!any) continue;
-        load_rows<E>(q + p.q_offset(b, n, q0), p.q.ss, qn, D, Acc(1), Q, D);
-        load_rows<E>(dy + p.q_offset(b, n, q0), p.q.ss, qn, D, Acc(1), dO, D);
-        gemm(false, true, qn, kn, D, scale, Q, D, K, D, Acc(0), P, kBlockK);
+        // Q scaled as the forward scaled it, so that S and with it P are
+        // the forward's to the bit (a saturated softmax stays exactly 0/1).
+        load_rows<E>(q + p.q_offset(b, n, q0), p.q.ss, qn, D, scale, Q, D);
+        const Tile<Acc> dot = tile<E>(dy + p.q_offset(b, n, q0), p.q.ss, qn, D, dO);
+        gemm(false, true, qn, kn, D, Acc(1), Q, D, kt.data, kt.ld, Acc(0), P, kBlockK);
         for (int64_t r = 0; r < qn; ++r) {
           Acc* s = P + r * kBlockK;
           const int64_t so = p.stats_offset(b, n, q0 + r);
@@ -77,18 +139,16 @@ void backward_head(const AttnProblem& p, int64_t b, int64_t nk, const typename E
           prob_row(s, kn, smax[so], Acc(1) / l);
         }
         // dV += P^T dO; dP = dO V^T
-        gemm(true, false, kn, D, qn, Acc(1), P, kBlockK, dO, D, Acc(1), dV, D);
-        gemm(false, true, qn, kn, D, Acc(1), dO, D, V, D, Acc(0), dP, kBlockK);
+        gemm(true, false, kn, D, qn, Acc(1), P, kBlockK, dot.data, dot.ld, Acc(1), dV, D);
+        gemm(false, true, qn, kn, D, Acc(1), dot.data, dot.ld, vt.data, vt.ld, Acc(0), dP, kBlockK);
         for (int64_t r = 0; r < qn; ++r) {
           const Acc di = drow[p.stats_offset(b, n, q0 + r) / 8];
-          Acc* s = P + r * kBlockK;
-          const Acc* dp = dP + r * kBlockK;
-#pragma omp simd
-          for (int64_t c = 0; c < kn; ++c) s[c] = s[c] * (dp[c] - di);  // dS, in place of P
+          ds_row(P + r * kBlockK, dP + r * kBlockK, kn, di);  // dS, in place of P
         }
-        // dK += scale dS^T Q; dQ += scale dS K
-        gemm(true, false, kn, D, qn, scale, P, kBlockK, Q, D, Acc(1), dK, D);
-        gemm(false, false, qn, D, kn, scale, P, kBlockK, K, D, Acc(1), dq + p.q_offset(b, n, q0), p.q.ss);
+        // dK += dS^T (scale Q); dQ += scale dS K
+        gemm(true, false, kn, D, qn, Acc(1), P, kBlockK, Q, D, Acc(1), dK, D);
+        gemm(false, false, qn, D, kn, scale, P, kBlockK, kt.data, kt.ld, Acc(1), dq + p.q_offset(b, n, q0),
+             p.q.ss);
       }
     }
     for (int64_t c = 0; c < kn; ++c) {
@@ -110,9 +170,7 @@ BackwardOutputs backward_outputs(Call& call) {
   o.p = parse_attention(call, kBackwardArgs);
   TensorRef q = call.tensor(0), k = call.tensor(1), v = call.tensor(2), dy = call.tensor(kDy);
   auto same_as_query = [&](const TensorRef& t, const char* name) {
-    if (!t.defined())
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + ": required (the forward's attention_out)");
-    if (!t.is(q.dtype()) || t.sizes() != q.sizes())
+    if (t.defined() && (!t.is(q.dtype()) || t.sizes() != q.sizes()))
       call.fail(NPUB_ERR_INVALID_ARGUMENT,
                 std::string(name) + ": expected the shape and dtype of query " + Call::shape_str(q.sizes()) +
                     " " + npub::sdk::dtype_name(q.dtype()) + " but found " + Call::shape_str(t.sizes()) +
@@ -145,7 +203,6 @@ void fusion_attention_grad(Call& call) {
   const BackwardOutputs o = backward_outputs(call);
   const AttnProblem& p = o.p;
   TensorRef q = call.tensor(0), k = call.tensor(1), v = call.tensor(2), dy = call.tensor(kDy);
-  TensorRef out = call.tensor(kAttentionIn);
   const uint8_t* mask = p.mask.defined() ? p.mask.data<uint8_t>() : nullptr;
   with_attention_types(call, q.dtype(), [&](auto e, auto acc) {
     using E = decltype(e);
@@ -155,39 +212,35 @@ void fusion_attention_grad(Call& call) {
     const int64_t D = p.head_dim, nq = q.numel();
     const T* pq = q.data<T>();
     const T* pdy = dy.data<T>();
-    const T* po = out.data<T>();
     T* pdq = o.dq.data<T>();
-    // Di = rowsum(dO * O) per query row, indexed as the statistics / 8.
-    Acc* drow = static_cast<Acc*>(
-        call.scratch(static_cast<uint64_t>(std::max<int64_t>(p.stats_rows, 1)) * sizeof(Acc)));
     Acc* dq =
         kDirect
             ? reinterpret_cast<Acc*>(pdq)
             : static_cast<Acc*>(call.scratch(static_cast<uint64_t>(std::max<int64_t>(nq, 1)) * sizeof(Acc)));
     call.parallel_for(0, nq, 1 << 14, [&](int64_t b, int64_t e) { std::fill(dq + b, dq + e, Acc(0)); });
+    const T* pk = k.data<T>();
+    const T* pv = v.data<T>();
+    const Acc* smax = call.tensor(kSoftmaxMax).data<Acc>();
+    const Acc* ssum = call.tensor(kSoftmaxSum).data<Acc>();
+    // Di per query row, indexed as the statistics / 8 (Note [Di from P and dP]).
+    Acc* drow = static_cast<Acc*>(
+        call.scratch(static_cast<uint64_t>(std::max<int64_t>(p.stats_rows, 1)) * sizeof(Acc)));
     const std::vector<Task> rows = query_block_tasks(p);
-    call.parallel_for(0, static_cast<int64_t>(rows.size()), 1, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const Task& t = rows[static_cast<size_t>(i)];
-        const int64_t qn = std::min<int64_t>(kBlockQ, p.q_len[t.b] - t.q0);
-        for (int64_t r = 0; r < qn; ++r) {
-          const int64_t off = p.q_offset(t.b, t.n, t.q0 + r);
-          Acc s = 0;
-          for (int64_t d = 0; d < D; ++d)
-            s += static_cast<Acc>(E::load(pdy + off + d)) * E::load(po + off + d);
-          drow[p.stats_offset(t.b, t.n, t.q0 + r) / 8] = s;
-        }
-      }
-    });
+    if (!rows.empty()) {
+      const int64_t per_slot = row_terms_scratch_elems(D);
+      const int64_t slots = num_slots(call, static_cast<int64_t>(rows.size()));
+      Acc* scratch = static_cast<Acc*>(call.scratch(static_cast<uint64_t>(slots * per_slot) * sizeof(Acc)));
+      call.parallel_for(0, slots, 1, [&](int64_t sb, int64_t se) {
+        for (int64_t slot = sb; slot < se; ++slot)
+          for (size_t i = static_cast<size_t>(slot); i < rows.size(); i += static_cast<size_t>(slots))
+            row_terms<E, Acc>(p, rows[i], pq, pk, pv, pdy, smax, ssum, mask, drow, scratch + slot * per_slot);
+      });
+    }
     const int64_t heads = p.batch * p.kv_heads;
     if (heads > 0) {
       const int64_t per_slot = backward_scratch_elems(D);
       const int64_t slots = num_slots(call, heads);
       Acc* scratch = static_cast<Acc*>(call.scratch(static_cast<uint64_t>(slots * per_slot) * sizeof(Acc)));
-      const T* pk = k.data<T>();
-      const T* pv = v.data<T>();
-      const Acc* smax = call.tensor(kSoftmaxMax).data<Acc>();
-      const Acc* ssum = call.tensor(kSoftmaxSum).data<Acc>();
       T* pdk = o.dk.data<T>();
       T* pdv = o.dv.data<T>();
       call.parallel_for(0, slots, 1, [&](int64_t sb, int64_t se) {
