@@ -115,7 +115,7 @@ void fusion_attention(Call& call) {
     using E = decltype(e);
     using Acc = decltype(acc);
     using T = typename E::T;
-    const int64_t per_slot = forward_scratch_elems(p.head_dim);
+    const int64_t per_slot = forward_scratch_elems(p.head_dim, !std::is_same_v<T, Acc>);
     const int64_t slots = num_slots(call, static_cast<int64_t>(tasks.size()));
     Acc* scratch = static_cast<Acc*>(call.scratch(static_cast<uint64_t>(slots * per_slot) * sizeof(Acc)));
     const T* pq = q.data<T>();

@@ -43,9 +43,9 @@ constexpr int32_t kDy = 3, kSoftmaxMax = 9, kSoftmaxSum = 10, kAttentionIn = 12;
 struct BackwardScratch {
   int64_t ld, elems;
 };
-BackwardScratch backward_scratch(const AttnProblem& p) {
+BackwardScratch backward_scratch(const AttnProblem& p, bool convert) {
   const int64_t ld = std::max<int64_t>(16, (p.max_skv + 15) / 16 * 16), D = p.head_dim;
-  return {ld, 3 * kBlockQ * D + 2 * kBlockQ * ld + 4 * p.max_skv * D};
+  return {ld, 3 * kBlockQ * D + 2 * kBlockQ * ld + (convert ? 4 : 2) * p.max_skv * D};
 }
 
 // All of dK and dV of key/value head nk of batch b, and the rows of dQ of
@@ -180,10 +180,10 @@ void fusion_attention_grad(Call& call) {
     using E = decltype(e);
     using Acc = decltype(acc);
     using T = typename E::T;
-    const BackwardScratch bs = backward_scratch(p);
-    // One slot per thread, or two for the balance: each holds a head's dK
-    // and dV.
-    const int64_t slots = std::max<int64_t>(1, std::min<int64_t>(heads, 2 * call.num_threads()));
+    const BackwardScratch bs = backward_scratch(p, !std::is_same_v<T, Acc>);
+    // One slot per thread (each holds a head's dK and dV): heads are equal
+    // work, so the static split balances.
+    const int64_t slots = std::max<int64_t>(1, std::min<int64_t>(heads, call.num_threads()));
     Acc* scratch = static_cast<Acc*>(call.scratch(static_cast<uint64_t>(slots * bs.elems) * sizeof(Acc)));
     const T* pq = q.data<T>();
     const T* pk = k.data<T>();
