@@ -84,10 +84,16 @@ def _why_math(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
         return "nested tensors"
     if query.dtype not in _DTYPES:
         return f"dtype {query.dtype}"
-    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
-        return "query, key and value are not 4-d (B, N, S, D)"
+    if query.dim() not in (3, 4) or key.dim() != query.dim() or value.dim() != query.dim():
+        return "query, key and value are not all 4-d (B, N, S, D) or all 3-d (B, S, D)"
     if dropout_p > 0.0:
         return "dropout_p > 0"
+    if query.dim() == 3:
+        if key.shape[0] != query.shape[0]:
+            return "3-d key/value of another batch than the query's"
+        query, key, value = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+        if attn_mask is not None and attn_mask.dim() == 3:
+            attn_mask = attn_mask.unsqueeze(1)
     b, n, sq, d = query.shape
     if key.shape != value.shape or key.shape[0] != b or key.shape[3] != d:
         return "key/value shapes other than [B, N_kv, S_kv, D] with the query's B and D"
@@ -129,8 +135,19 @@ def _scale(query, scale):
     return scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
 
 
+def _as_4d(query, key, value, attn_bias):
+    """3-d (B, S, D) inputs as BNSD with one head (a 3-d mask [B, L, S] as [B, 1, L, S])."""
+    if query.dim() == 4:
+        return query, key, value, attn_bias
+    if attn_bias is not None and attn_bias.dim() == 3:
+        attn_bias = attn_bias.unsqueeze(1)
+    return query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1), attn_bias
+
+
 def _forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
              scale=None):
+    three = query.dim() == 3
+    query, key, value, attn_bias = _as_4d(query, key, value, attn_bias)
     b, n, sq, _ = query.shape
     skv = key.shape[2]
     mask = _bool_mask(attn_bias, b, n, sq, skv)
@@ -138,10 +155,16 @@ def _forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, 
         query, key, value, n, "BNSD", None, None, mask, _scale(query, scale), 1.0, _NO_BAND, _NO_BAND, 0, None,
         None, None, 2 if is_causal else 0)
     # logsumexp = max + log(sum) per row, as PyTorch's fused backends return
-    # it (-inf for a row that sees no key).
+    # it (-inf for a row that sees no key). The backward gets the statistics
+    # themselves, in the slots of the cumulative sequence lengths (which
+    # only nested tensors use, and which only this backward reads): a
+    # rounded logsumexp of a row of large scores would perturb every P of
+    # the row by up to |lse| * 2^-24.
     lse = smax[..., 0] + torch.log(ssum[..., 0])
     empty = torch.empty(0, device=query.device)
-    return out, lse, empty, empty, sq, skv, empty, empty, empty
+    if three:
+        out, lse = out.squeeze(1), lse.squeeze(1)
+    return out, lse, smax, ssum, sq, skv, empty, empty, empty
 
 
 def _backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logsumexp, cum_seq_q, cum_seq_k, max_q,
@@ -149,15 +172,25 @@ def _backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logs
     empty = torch.empty(0, dtype=query.dtype, device=query.device)
     if grad_out is None:  # the output did not reach the loss (autograd's undefined gradient)
         return torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value), empty
+    three = query.dim() == 3
+    if three:
+        grad_out, out, logsumexp = grad_out.unsqueeze(1), out.unsqueeze(1), logsumexp.unsqueeze(1)
+    query, key, value, attn_bias = _as_4d(query, key, value, attn_bias)
     b, n, sq, _ = query.shape
     mask = _bool_mask(attn_bias, b, n, sq, key.shape[2])
-    # P = exp(S - lse) / 1: the statistics as (max, sum) = (lse, 1), and
-    # (-inf, 0) for a row that sees no key.
-    smax = logsumexp.unsqueeze(-1).expand(*logsumexp.shape, 8).contiguous()
-    ssum = (logsumexp > float("-inf")).to(logsumexp.dtype).unsqueeze(-1).expand(*logsumexp.shape, 8).contiguous()
+    stats_shape = (b, n, sq, 8)
+    if tuple(cum_seq_q.shape) == stats_shape and tuple(cum_seq_k.shape) == stats_shape:
+        smax, ssum = cum_seq_q, cum_seq_k  # the forward's statistics (see _forward)
+    else:
+        # Only logsumexp: P = exp(S - lse) / 1, so (max, sum) = (lse, 1), and
+        # (-inf, 0) for a row that sees no key.
+        smax = logsumexp.unsqueeze(-1).expand(*logsumexp.shape, 8).contiguous()
+        ssum = (logsumexp > float("-inf")).to(logsumexp.dtype).unsqueeze(-1).expand(*logsumexp.shape, 8).contiguous()
     dq, dk, dv, _ = torch.ops.mindspeed_like.npu_fusion_attention_grad(
         query, key, value, grad_out.contiguous(), n, "BNSD", None, None, mask, smax, ssum, None, out,
         _scale(query, scale), 1.0, _NO_BAND, _NO_BAND, 0, None, None, None, 2 if is_causal else 0)
+    if three:
+        dq, dk, dv = dq.squeeze(1), dk.squeeze(1), dv.squeeze(1)
     return dq, dk, dv, empty
 
 

@@ -297,8 +297,8 @@ def test_grad_needs_saved_statistics(npu):
     with pytest.raises(RuntimeError) as e:
         torch.ops.mindspeed_like.npu_fusion_attention_grad(q, q, q, q, 2, "BNSD")
     assert str(e.value) == ("op 'mindspeed_like::npu_fusion_attention_grad' failed in the kernel of plugin "
-                            "'mindspeed_like': mindspeed_like::npu_fusion_attention_grad: attention_in: required "
-                            "(the forward's attention_out)")
+                            "'mindspeed_like': mindspeed_like::npu_fusion_attention_grad: softmax_max: required "
+                            "(the forward's statistics)")
 
 
 def test_scale_default_matches_sdpa(npu):
@@ -310,3 +310,19 @@ def test_scale_default_matches_sdpa(npu):
     cpu = [t.cpu() for t in (q, k, v)]
     assert_judged(out, F.scaled_dot_product_attention(*cpu), F.scaled_dot_product_attention(*[t.double() for t in cpu]))
     assert_judged(sd, F.scaled_dot_product_attention(*cpu), F.scaled_dot_product_attention(*[t.double() for t in cpu]))
+
+
+def test_causal_modes_take_the_compressed_mask(npu):
+    # sparse_mode 2/3 take torch_npu's [2048, 2048] compressed causal mask,
+    # which restates the triangle: the triangle is computed, its contents are not read.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 9, 8, device=npu) for _ in range(3))
+    compressed = torch.ones(2048, 2048, dtype=torch.bool, device=npu).triu(1)
+    for mode in (2, 3):
+        alone = fusion_attention(q, k, v, 2, "BNSD", sparse_mode=mode)[0]
+        with_mask = fusion_attention(q, k, v, 2, "BNSD", atten_mask=compressed, sparse_mode=mode)[0]
+        assert torch.equal(alone.cpu(), with_mask.cpu())
+    with pytest.raises(RuntimeError) as e:
+        fusion_attention(q, k, v, 2, "BNSD", atten_mask=torch.zeros(9, 9, dtype=torch.bool, device=npu), sparse_mode=2)
+    assert str(e.value) == PREFIX + ("atten_mask: sparse_mode 2 takes None or torch_npu's [2048, 2048] compressed causal "
+                                     "mask but found [9, 9]")

@@ -49,11 +49,13 @@ void forward_block(const AttnProblem& p, const Task& t, const typename E::T* q, 
     l[r] = 0;
   }
   std::fill(O, O + qn * D, Acc(0));
-  for (int64_t k0 = kmin; k0 < kmax; k0 += kBlockK) {
+  // Blocks at multiples of kBlockK, as the backward takes them: the same
+  // products give the same scores to the bit.
+  for (int64_t k0 = kmin / kBlockK * kBlockK; k0 < kmax; k0 += kBlockK) {
     const int64_t kn = std::min<int64_t>(kBlockK, kmax - k0);
-    load_rows<E>(k + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, Acc(1), K, D);
-    load_rows<E>(v + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, Acc(1), V, D);
-    gemm(false, true, qn, kn, D, Acc(1), Q, D, K, D, Acc(0), S, kBlockK);
+    const Tile<Acc> kt = tile<E>(k + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, K);
+    const Tile<Acc> vt = tile<E>(v + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, V);
+    gemm(false, true, qn, kn, D, Acc(1), Q, D, kt.data, kt.ld, Acc(0), S, kBlockK);
     for (int64_t r = 0; r < qn; ++r) {
       Acc* s = S + r * kBlockK;
       mask_scores(p, b, n, q0 + r, k0, kn, lo[r], hi[r], mask, s);
@@ -69,7 +71,7 @@ void forward_block(const AttnProblem& p, const Task& t, const typename E::T* q, 
       if (alpha != Acc(1))
         for (int64_t d = 0; d < D; ++d) O[r * D + d] *= alpha;
     }
-    gemm(false, false, qn, D, kn, Acc(1), S, kBlockK, V, D, Acc(1), O, D);
+    gemm(false, false, qn, D, kn, Acc(1), S, kBlockK, vt.data, vt.ld, Acc(1), O, D);
   }
   for (int64_t r = 0; r < qn; ++r) {
     // A row that sees no key: output 0, max -inf, sum 0.
@@ -113,7 +115,7 @@ void fusion_attention(Call& call) {
     using E = decltype(e);
     using Acc = decltype(acc);
     using T = typename E::T;
-    const int64_t per_slot = forward_scratch_elems(p.head_dim);
+    const int64_t per_slot = forward_scratch_elems(p.head_dim, !std::is_same_v<T, Acc>);
     const int64_t slots = num_slots(call, static_cast<int64_t>(tasks.size()));
     Acc* scratch = static_cast<Acc*>(call.scratch(static_cast<uint64_t>(slots * per_slot) * sizeof(Acc)));
     const T* pq = q.data<T>();

@@ -1,11 +1,15 @@
-// mindspeed_like::npu_fusion_attention_grad: the flash-attention backward
-// (FlashAttention-2's). P is recomputed block by block from the forward's
-// statistics, P = exp(S - max) / sum; with Di = rowsum(dO * O):
-//   dV = P^T dO, dP = dO V^T, dS = P * (dP - Di), dK = scale dS^T Q, dQ = scale dS K.
-// Work is split by (batch, key/value head): one task owns the keys and
-// values of its head (dK, dV, summed over the query heads of its group in
-// grouped-query attention) and the rows of dQ of those query heads, so no
-// two threads write the same element and nothing is reduced afterwards.
+// mindspeed_like::npu_fusion_attention_grad: the flash-attention backward.
+// P is recomputed from the forward's statistics, P = exp(S - max) / sum,
+// for one block of query rows against all the keys it sees at a time; then
+//   dP = dO V^T, Di = sum_j P_ij dP_ij, dS = P * (dP - Di),
+//   dV += P^T dO, dK += dS^T (scale Q), dQ = scale dS K.
+// The extra memory is that row block's P and dP (kBlockQ x Skv each) and
+// one head's dK and dV accumulators (Skv x D each) per worker, O(S * D),
+// never Sq x Skv. Work is split by (batch, key/value head): one task owns
+// the keys and values of its head (dK, dV, summed over the query heads of
+// its group in grouped-query attention) and the rows of dQ of those query
+// heads, so no two threads write the same element and nothing is reduced
+// afterwards.
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -24,79 +28,105 @@ using namespace attn;
 // npu_fusion_attention_grad's tensor arguments past the forward's.
 constexpr int32_t kDy = 3, kSoftmaxMax = 9, kSoftmaxSum = 10, kAttentionIn = 12;
 
-inline int64_t backward_scratch_elems(int64_t D) {
-  return 4 * kBlockK * D + 2 * kBlockQ * D + 2 * kBlockQ * kBlockK;
+// Note [Di from P and dP]
+// FlashAttention-2 takes Di = rowsum(dO * O) from the saved output O. Both
+// equal sum_j P_ij dP_ij, but O is rounded to its dtype (8 bits of mantissa
+// in bfloat16) and its sum runs in another order than the GEMM's dP, while
+// dS = P * (dP - Di) cancels: where the softmax saturates (P one-hot) dP_ij*
+// - Di must be 0 exactly, and a rounded O leaves eps * |dO| |V| there, which
+// dQ and dK carry at full size. With a row block's whole P and dP in memory
+// Di is their row sum, which costs no GEMM, and dS cancels as the
+// softmax's own derivative does. The saved output (attention_in) is not read.
+
+// Scratch per worker slot: Q, dO, dQ (kBlockQ x D), P and dP (kBlockQ x
+// ld), dK and dV (Skv x D), and K and V converted (Skv x D, half types).
+struct BackwardScratch {
+  int64_t ld, elems;
+};
+BackwardScratch backward_scratch(const AttnProblem& p, bool convert) {
+  const int64_t ld = std::max<int64_t>(16, (p.max_skv + 15) / 16 * 16), D = p.head_dim;
+  return {ld, 3 * kBlockQ * D + 2 * kBlockQ * ld + (convert ? 4 : 2) * p.max_skv * D};
 }
 
-// All of dK and dV of key/value head nk of batch b, and its group's
-// contributions to dQ (accumulated into dq, laid out as the query).
+// All of dK and dV of key/value head nk of batch b, and the rows of dQ of
+// its group's query heads.
 template <typename E, typename Acc>
 void backward_head(const AttnProblem& p, int64_t b, int64_t nk, const typename E::T* q,
                    const typename E::T* k, const typename E::T* v, const typename E::T* dy, const Acc* smax,
-                   const Acc* ssum, const Acc* drow, const uint8_t* mask, Acc* dq, typename E::T* dk,
-                   typename E::T* dv, Acc* buf) {
+                   const Acc* ssum, const uint8_t* mask, typename E::T* dq, typename E::T* dk,
+                   typename E::T* dv, int64_t ld, Acc* buf) {
   const int64_t D = p.head_dim, G = p.group(), sq = p.q_len[b], skv = p.kv_len[b];
-  Acc* K = buf;
-  Acc* V = K + kBlockK * D;
-  Acc* dK = V + kBlockK * D;
-  Acc* dV = dK + kBlockK * D;
-  Acc* Q = dV + kBlockK * D;
+  Acc* Q = buf;
   Acc* dO = Q + kBlockQ * D;
-  Acc* P = dO + kBlockQ * D;
-  Acc* dP = P + kBlockQ * kBlockK;
+  Acc* dQ = dO + kBlockQ * D;
+  Acc* P = dQ + kBlockQ * D;
+  Acc* dP = P + kBlockQ * ld;
+  Acc* dK = dP + kBlockQ * ld;
+  Acc* dV = dK + p.max_skv * D;
+  Acc* K = dV + p.max_skv * D;
+  Acc* V = K + p.max_skv * D;
   int64_t lo[kBlockQ], hi[kBlockQ];
+  Acc di[kBlockQ];
   const Acc scale = static_cast<Acc>(p.scale);
-  for (int64_t k0 = 0; k0 < skv; k0 += kBlockK) {
-    const int64_t kn = std::min<int64_t>(kBlockK, skv - k0);
-    load_rows<E>(k + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, Acc(1), K, D);
-    load_rows<E>(v + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, Acc(1), V, D);
-    std::fill(dK, dK + kn * D, Acc(0));
-    std::fill(dV, dV + kn * D, Acc(0));
-    for (int64_t g = 0; g < G; ++g) {
-      const int64_t n = nk * G + g;
-      for (int64_t q0 = 0; q0 < sq; q0 += kBlockQ) {
-        const int64_t qn = std::min<int64_t>(kBlockQ, sq - q0);
-        bool any = false;  // does a row of this block see a key of this one?
-        for (int64_t r = 0; r < qn; ++r) {
-          p.key_range(b, q0 + r, lo[r], hi[r]);
-          any = any || (lo[r] < k0 + kn && hi[r] > k0 && lo[r] < hi[r]);
+  const Tile<Acc> kt = tile<E>(k + p.kv_offset(b, nk, 0), p.kv.ss, skv, D, K);
+  const Tile<Acc> vt = tile<E>(v + p.kv_offset(b, nk, 0), p.kv.ss, skv, D, V);
+  std::fill(dK, dK + skv * D, Acc(0));
+  std::fill(dV, dV + skv * D, Acc(0));
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t n = nk * G + g;
+    for (int64_t q0 = 0; q0 < sq; q0 += kBlockQ) {
+      const int64_t qn = std::min<int64_t>(kBlockQ, sq - q0);
+      // The keys any row of the block sees (rows that see none have P = 0).
+      int64_t kmin = skv, kmax = 0;
+      for (int64_t r = 0; r < qn; ++r) {
+        p.key_range(b, q0 + r, lo[r], hi[r]);
+        if (lo[r] < hi[r] && ssum[p.stats_offset(b, n, q0 + r)] > 0) {
+          kmin = std::min(kmin, lo[r]);
+          kmax = std::max(kmax, hi[r]);
         }
-        if (!any) continue;
-        load_rows<E>(q + p.q_offset(b, n, q0), p.q.ss, qn, D, Acc(1), Q, D);
-        load_rows<E>(dy + p.q_offset(b, n, q0), p.q.ss, qn, D, Acc(1), dO, D);
-        gemm(false, true, qn, kn, D, scale, Q, D, K, D, Acc(0), P, kBlockK);
+      }
+      const int64_t kw = kmax - kmin;
+      if (kw > 0) {
+        // Q scaled as the forward scaled it, and the same products: S and
+        // with it P are the forward's (a saturated softmax stays 0 / 1).
+        load_rows<E>(q + p.q_offset(b, n, q0), p.q.ss, qn, D, scale, Q, D);
+        const Tile<Acc> dot = tile<E>(dy + p.q_offset(b, n, q0), p.q.ss, qn, D, dO);
+        const Acc* kb = kt.data + kmin * kt.ld;
+        const Acc* vb = vt.data + kmin * vt.ld;
+        gemm(false, true, qn, kw, D, Acc(1), Q, D, kb, kt.ld, Acc(0), P, ld);
+        gemm(false, true, qn, kw, D, Acc(1), dot.data, dot.ld, vb, vt.ld, Acc(0), dP, ld);
         for (int64_t r = 0; r < qn; ++r) {
-          Acc* s = P + r * kBlockK;
+          Acc* s = P + r * ld;
           const int64_t so = p.stats_offset(b, n, q0 + r);
           const Acc l = ssum[so];
           if (!(l > 0)) {  // a row that sees no key: P = 0
-            std::fill(s, s + kn, Acc(0));
+            std::fill(s, s + kw, Acc(0));
+            di[r] = 0;
             continue;
           }
-          mask_scores(p, b, n, q0 + r, k0, kn, lo[r], hi[r], mask, s);
-          prob_row(s, kn, smax[so], Acc(1) / l);
+          mask_scores(p, b, n, q0 + r, kmin, kw, lo[r], hi[r], mask, s);
+          prob_row(s, kw, smax[so], Acc(1) / l);
+          di[r] = dot_row(s, dP + r * ld, kw);  // Note [Di from P and dP]
         }
-        // dV += P^T dO; dP = dO V^T
-        gemm(true, false, kn, D, qn, Acc(1), P, kBlockK, dO, D, Acc(1), dV, D);
-        gemm(false, true, qn, kn, D, Acc(1), dO, D, V, D, Acc(0), dP, kBlockK);
-        for (int64_t r = 0; r < qn; ++r) {
-          const Acc di = drow[p.stats_offset(b, n, q0 + r) / 8];
-          Acc* s = P + r * kBlockK;
-          const Acc* dp = dP + r * kBlockK;
-#pragma omp simd
-          for (int64_t c = 0; c < kn; ++c) s[c] = s[c] * (dp[c] - di);  // dS, in place of P
-        }
-        // dK += scale dS^T Q; dQ += scale dS K
-        gemm(true, false, kn, D, qn, scale, P, kBlockK, Q, D, Acc(1), dK, D);
-        gemm(false, false, qn, D, kn, scale, P, kBlockK, K, D, Acc(1), dq + p.q_offset(b, n, q0), p.q.ss);
+        gemm(true, false, kw, D, qn, Acc(1), P, ld, dot.data, dot.ld, Acc(1), dV + kmin * D,
+             D);                                                                      // dV += P^T dO
+        for (int64_t r = 0; r < qn; ++r) ds_row(P + r * ld, dP + r * ld, kw, di[r]);  // dS, in place of P
+        gemm(true, false, kw, D, qn, Acc(1), P, ld, Q, D, Acc(1), dK + kmin * D, D);  // dK += dS^T (scale Q)
+        gemm(false, false, qn, D, kw, scale, P, ld, kb, kt.ld, Acc(0), dQ, D);        // dQ = scale dS K
+      } else {
+        std::fill(dQ, dQ + qn * D, Acc(0));
+      }
+      for (int64_t r = 0; r < qn; ++r) {
+        typename E::T* o = dq + p.q_offset(b, n, q0 + r);
+        for (int64_t d = 0; d < D; ++d) E::store(o + d, dQ[r * D + d]);
       }
     }
-    for (int64_t c = 0; c < kn; ++c) {
-      const int64_t off = p.kv_offset(b, nk, k0 + c);
-      for (int64_t d = 0; d < D; ++d) {
-        E::store(dk + off + d, dK[c * D + d]);
-        E::store(dv + off + d, dV[c * D + d]);
-      }
+  }
+  for (int64_t c = 0; c < skv; ++c) {
+    const int64_t off = p.kv_offset(b, nk, c);
+    for (int64_t d = 0; d < D; ++d) {
+      E::store(dk + off + d, dK[c * D + d]);
+      E::store(dv + off + d, dV[c * D + d]);
     }
   }
 }
@@ -110,9 +140,7 @@ BackwardOutputs backward_outputs(Call& call) {
   o.p = parse_attention(call, kBackwardArgs);
   TensorRef q = call.tensor(0), k = call.tensor(1), v = call.tensor(2), dy = call.tensor(kDy);
   auto same_as_query = [&](const TensorRef& t, const char* name) {
-    if (!t.defined())
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + ": required (the forward's attention_out)");
-    if (!t.is(q.dtype()) || t.sizes() != q.sizes())
+    if (t.defined() && (!t.is(q.dtype()) || t.sizes() != q.sizes()))
       call.fail(NPUB_ERR_INVALID_ARGUMENT,
                 std::string(name) + ": expected the shape and dtype of query " + Call::shape_str(q.sizes()) +
                     " " + npub::sdk::dtype_name(q.dtype()) + " but found " + Call::shape_str(t.sizes()) +
@@ -145,63 +173,33 @@ void fusion_attention_grad(Call& call) {
   const BackwardOutputs o = backward_outputs(call);
   const AttnProblem& p = o.p;
   TensorRef q = call.tensor(0), k = call.tensor(1), v = call.tensor(2), dy = call.tensor(kDy);
-  TensorRef out = call.tensor(kAttentionIn);
+  const int64_t heads = p.batch * p.kv_heads;
+  if (heads == 0) return;
   const uint8_t* mask = p.mask.defined() ? p.mask.data<uint8_t>() : nullptr;
   with_attention_types(call, q.dtype(), [&](auto e, auto acc) {
     using E = decltype(e);
     using Acc = decltype(acc);
     using T = typename E::T;
-    constexpr bool kDirect = std::is_same_v<T, Acc>;  // dq accumulates in its own memory
-    const int64_t D = p.head_dim, nq = q.numel();
+    const BackwardScratch bs = backward_scratch(p, !std::is_same_v<T, Acc>);
+    // One slot per thread (each holds a head's dK and dV): heads are equal
+    // work, so the static split balances.
+    const int64_t slots = std::max<int64_t>(1, std::min<int64_t>(heads, call.num_threads()));
+    Acc* scratch = static_cast<Acc*>(call.scratch(static_cast<uint64_t>(slots * bs.elems) * sizeof(Acc)));
     const T* pq = q.data<T>();
+    const T* pk = k.data<T>();
+    const T* pv = v.data<T>();
     const T* pdy = dy.data<T>();
-    const T* po = out.data<T>();
+    const Acc* smax = call.tensor(kSoftmaxMax).data<Acc>();
+    const Acc* ssum = call.tensor(kSoftmaxSum).data<Acc>();
     T* pdq = o.dq.data<T>();
-    // Di = rowsum(dO * O) per query row, indexed as the statistics / 8.
-    Acc* drow = static_cast<Acc*>(
-        call.scratch(static_cast<uint64_t>(std::max<int64_t>(p.stats_rows, 1)) * sizeof(Acc)));
-    Acc* dq =
-        kDirect
-            ? reinterpret_cast<Acc*>(pdq)
-            : static_cast<Acc*>(call.scratch(static_cast<uint64_t>(std::max<int64_t>(nq, 1)) * sizeof(Acc)));
-    call.parallel_for(0, nq, 1 << 14, [&](int64_t b, int64_t e) { std::fill(dq + b, dq + e, Acc(0)); });
-    const std::vector<Task> rows = query_block_tasks(p);
-    call.parallel_for(0, static_cast<int64_t>(rows.size()), 1, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const Task& t = rows[static_cast<size_t>(i)];
-        const int64_t qn = std::min<int64_t>(kBlockQ, p.q_len[t.b] - t.q0);
-        for (int64_t r = 0; r < qn; ++r) {
-          const int64_t off = p.q_offset(t.b, t.n, t.q0 + r);
-          Acc s = 0;
-          for (int64_t d = 0; d < D; ++d)
-            s += static_cast<Acc>(E::load(pdy + off + d)) * E::load(po + off + d);
-          drow[p.stats_offset(t.b, t.n, t.q0 + r) / 8] = s;
-        }
-      }
+    T* pdk = o.dk.data<T>();
+    T* pdv = o.dv.data<T>();
+    call.parallel_for(0, slots, 1, [&](int64_t sb, int64_t se) {
+      for (int64_t slot = sb; slot < se; ++slot)
+        for (int64_t h = slot; h < heads; h += slots)
+          backward_head<E, Acc>(p, h / p.kv_heads, h % p.kv_heads, pq, pk, pv, pdy, smax, ssum, mask, pdq,
+                                pdk, pdv, bs.ld, scratch + slot * bs.elems);
     });
-    const int64_t heads = p.batch * p.kv_heads;
-    if (heads > 0) {
-      const int64_t per_slot = backward_scratch_elems(D);
-      const int64_t slots = num_slots(call, heads);
-      Acc* scratch = static_cast<Acc*>(call.scratch(static_cast<uint64_t>(slots * per_slot) * sizeof(Acc)));
-      const T* pk = k.data<T>();
-      const T* pv = v.data<T>();
-      const Acc* smax = call.tensor(kSoftmaxMax).data<Acc>();
-      const Acc* ssum = call.tensor(kSoftmaxSum).data<Acc>();
-      T* pdk = o.dk.data<T>();
-      T* pdv = o.dv.data<T>();
-      call.parallel_for(0, slots, 1, [&](int64_t sb, int64_t se) {
-        for (int64_t slot = sb; slot < se; ++slot)
-          for (int64_t h = slot; h < heads; h += slots)
-            backward_head<E, Acc>(p, h / p.kv_heads, h % p.kv_heads, pq, pk, pv, pdy, smax, ssum, drow, mask,
-                                  dq, pdk, pdv, scratch + slot * per_slot);
-      });
-    }
-    if constexpr (!kDirect) {
-      call.parallel_for(0, nq, 1 << 14, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) E::store(pdq + i, dq[i]);
-      });
-    }
   });
 }
 

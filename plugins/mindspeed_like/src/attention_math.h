@@ -88,7 +88,9 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha
 // subnormal or 0, and -inf: a masked score) give 0; the kernels never pass
 // x > 0 (scores minus their row's running maximum).
 inline float exp_fast(float x) {
-  const float xc = std::fmax(std::fmin(x, 88.0f), -87.3f);
+  // Comparisons, not fmin/fmax (library calls without -ffast-math).
+  float xc = x > 88.0f ? 88.0f : x;
+  xc = xc < -87.3f ? -87.3f : xc;
   const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   const float t = xc * 1.44269504088896341f + magic;
   const float n = t - magic;

@@ -359,9 +359,10 @@ def npu_fusion_attention_grad(query, key, value, dy, head_num, input_layout, pse
                               scale_value=1.0, keep_prob=1.0, pre_tockens=2147483647, next_tockens=2147483647,
                               inner_precise=0, prefix=None, actual_seq_qlen=None, actual_seq_kvlen=None, sparse_mode=0):
     # The gradients of the reference forward by autograd; the saved
-    # statistics and output are the forward's, so they are not read.
-    if softmax_max is None or softmax_sum is None or attention_in is None:
-        raise ValueError("softmax_max, softmax_sum and attention_in are required")
+    # statistics are the forward's, so they are not read (the kernel needs
+    # them; it does not read attention_in).
+    if softmax_max is None or softmax_sum is None:
+        raise ValueError("softmax_max and softmax_sum are required")
     with torch.enable_grad():
         q, k, v = (x.detach().requires_grad_(True) for x in (query, key, value))
         out = _attn_reference(q, k, v, head_num, input_layout, pse, padding_mask, atten_mask, scale_value, keep_prob,
