@@ -415,3 +415,17 @@ def test_a_padding_mask_takes_the_masked_path(model):
         ref = wide(ids, attention_mask=mask).logits
     _assert_judged(got, host, ref, f"{kind} padded logits")
     assert calls == (m.config.num_hidden_layers if available("flash_attention") else 0)
+
+
+def test_a_bfloat16_model_takes_the_fused_path_too(model):
+    kind, m, wide, ids = model
+    half = copy.deepcopy(m).to(torch.bfloat16)
+    with torch.no_grad():
+        with ms.patched():
+            npubridge.reset_stats()
+            got = half(ids.npu()).logits
+            stats = npubridge.stats()
+        host = half(ids.npu()).logits
+        ref = wide(ids).logits
+    _assert_judged(got, host, ref.to(torch.float64), f"{kind} bfloat16 logits")
+    assert stats["mindspeed_like::npu_rms_norm"]["native"]["mindspeed_like"] >= 1
