@@ -429,3 +429,21 @@ def test_a_bfloat16_model_takes_the_fused_path_too(model):
         ref = wide(ids).logits
     _assert_judged(got, host, ref.to(torch.float64), f"{kind} bfloat16 logits")
     assert stats["mindspeed_like::npu_rms_norm"]["native"]["mindspeed_like"] >= 1
+
+
+def test_a_disabled_plugin_or_a_low_optim_level_skips_the_features():
+    level = npubridge._C.optim_level()
+    try:
+        npubridge.disable_plugin("mindspeed_like")
+        with pytest.raises(RuntimeError, match=r"patch\(\): feature 'rms_norm' cannot be enabled: the mindspeed_like "
+                           r"plugin is disabled \(npubridge.disable_plugin\); npubridge.enable_plugin\('mindspeed_like'\)"):
+            ms.patch(["rms_norm"])
+        npubridge.enable_plugin("mindspeed_like")
+        npubridge.set_optim_level(1)
+        with pytest.warns(RuntimeWarning, match="rms_norm: npubridge's optimisation level is 1 and mindspeed_like's fused "
+                          r"kernels need 2 \(npubridge.set_optim_level\(2\), or NPUB_OPT_LEVEL=2\)"):
+            assert ms.patch() == []
+    finally:
+        npubridge.enable_plugin("mindspeed_like")
+        npubridge.set_optim_level(level)
+    assert "rms_norm" in ms.patch()

@@ -22,12 +22,18 @@ _resolved = {}
 
 
 def missing_reason(name):
-    """Why ``mindspeed_like::<name>`` cannot be called, or None when it can."""
-    if _lookup(name) is not None:
-        return None
+    """Why ``mindspeed_like::<name>`` cannot run on the npu, or None when it can."""
     import npubridge
 
     loaded = [p for p in npubridge.plugins() if p["name"] == PLUGIN]
+    if _lookup(name) is not None:
+        if loaded and not loaded[0]["enabled"]:
+            return (f"the {PLUGIN} plugin is disabled (npubridge.disable_plugin); "
+                    f"npubridge.enable_plugin('{PLUGIN}') enables it")
+        if npubridge._C.optim_level() < 2:
+            return (f"npubridge's optimisation level is {npubridge._C.optim_level()} and {PLUGIN}'s fused kernels "
+                    f"need 2 (npubridge.set_optim_level(2), or NPUB_OPT_LEVEL=2)")
+        return None
     if loaded:
         p = loaded[0]
         return f"the loaded {PLUGIN} plugin ({p['path']}, version {p['version']}) has no op {PLUGIN}::{name}"
