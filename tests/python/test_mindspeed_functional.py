@@ -94,3 +94,19 @@ def test_npu_matmul_add_fp32_accumulates_in_place():
     host = torch.ones(3, 4) + x.cpu().T @ w.cpu()
     wide = torch.ones(3, 4, dtype=torch.float64) + x.cpu().double().T @ w.cpu().double()
     assert not npubridge._C.judge(c.cpu(), host, wide)
+
+
+@needs("npu_rms_norm")
+def test_what_autograd_saves_is_freed():
+    # A forward result kept for the backward used to form a cycle through
+    # the C++ autograd node that nothing collected: every call leaked it.
+    x, g = _npu(64, 256, grad=True), _npu(256, grad=True)
+    x.grad, g.grad = torch.zeros_like(x), torch.zeros_like(g)
+    torch.npu.synchronize()
+    base = torch.npu.memory_allocated()
+    for _ in range(4):
+        y, rstd = ms.npu_rms_norm(x, g)
+        y.sum().backward()
+        del y, rstd
+    torch.npu.synchronize()
+    assert torch.npu.memory_allocated() == base
