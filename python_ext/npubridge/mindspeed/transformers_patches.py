@@ -33,7 +33,7 @@ def _on_npu(*tensors):
 
 # rms_norm: y = weight * (x * rstd), rstd = (mean(x^2) + eps)^-1/2 over the
 # last dim. transformers rounds x * rstd to x's dtype before the product with
-# weight; the fused kernel rounds once, which is never less accurate.
+# weight; the fused kernel rounds once, which is at least as accurate.
 def rms_norm_forward_wrapper(forward):
 
     @functools.wraps(forward)
