@@ -277,3 +277,14 @@ def test_conformance_reads_written_lists_and_flags_unwritten_changes():
     assert custom._unwritten_change(cop, npu, {}, cpu, {}) is None
     npu[1][1][0] = 5  # grads is not
     assert custom._unwritten_change(cop, npu, {}, cpu, {}) == "grads[1]"
+
+
+def test_written_arguments_get_their_versions_bumped():
+    # as ATen's in-place ops: autograd then sees a saved tensor the op changed
+    ts = [torch.zeros(4, device="npu") for _ in range(4)]
+    before = [t._version for t in ts]
+    ops.npu_apply_adam_w([ts[0]], [ts[1]], [ts[2]], [ts[3]], [], 1, 1e-3, 0.9, 0.999, 1e-8, 0.0, False, False)
+    assert [t._version - b for t, b in zip(ts, before)] == [1, 0, 1, 1]  # grads is only read
+    c = torch.zeros(3, 4, device="npu")
+    ops.npu_matmul_add_fp32(torch.randn(5, 3, device="npu"), torch.randn(5, 4, device="npu"), c)
+    assert c._version == 1
