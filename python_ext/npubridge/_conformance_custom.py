@@ -66,6 +66,24 @@ class CustomOp:
         return _as_list(result)
 
 
+def _unwritten_change(cop, npu_args, npu_kwargs, cpu_args, cpu_kwargs):
+    """The name of a tensor argument the kernel changed although the schema
+    does not mark it as written (Tensor(a!)), or None."""
+    for i, a in enumerate(cop.schema.arguments):
+        if i in cop.written:
+            continue
+        got = npu_args[i] if i < len(npu_args) else npu_kwargs.get(a.name)
+        was = cpu_args[i] if i < len(cpu_args) else cpu_kwargs.get(a.name)
+        if not isinstance(was, (torch.Tensor, list, tuple)):
+            continue
+        for j, (g, w) in enumerate(zip(_as_list(got), _as_list(was))):
+            g = g.detach().cpu()
+            if g.shape != w.shape or not (g == w).logical_or(g.isnan() & w.isnan() if g.is_floating_point()
+                                                               else False).all():
+                return a.name + (f"[{j}]" if isinstance(got, (list, tuple)) else "")
+    return None
+
+
 def _judge_all(got, host, wide, what):
     if len(got) != len(host):
         raise AssertionError(f"{what}: the kernel produced {len(got)} tensors, the reference {len(host)}")
@@ -281,6 +299,11 @@ def _run_custom_sample(cell, cop, sample, dtype, source, label, probe, meta, gra
     cell.served(source, "forward")
     if error is not None:
         cell.fail(f"{source} {label} (forward): {error}")
+        return
+    changed = _unwritten_change(cop, npu_args, npu_kwargs, list(sample.args), sample.kwargs)
+    if changed is not None:
+        cell.fail(f"{source} {label} (forward): the kernel changed argument '{changed}', which the schema does not "
+                  "mark as written (Tensor(a!))")
         return
     got = cop.outputs(box.get("result"), npu_args, npu_kwargs)
     try:

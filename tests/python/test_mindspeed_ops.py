@@ -260,3 +260,31 @@ def test_matmul_add_errors(shapes, message):
     x, w, c = (torch.randn(*s, device="npu") for s in shapes)
     with kernel_error("npu_matmul_add_fp32", message):
         ops.npu_matmul_add_fp32(x, w, c)
+
+
+# --- conformance --plugin on ops that write their arguments ---
+
+def test_conformance_reads_written_lists_and_flags_unwritten_changes():
+    from npubridge import _conformance_custom as custom
+
+    cop = custom.CustomOp("mindspeed_like::npu_apply_adam_w", None, None)
+    cpu = [[torch.ones(3), torch.ones(2)], [torch.ones(3), torch.ones(2)], [torch.ones(3), torch.ones(2)],
+           [torch.ones(3), torch.ones(2)], [], 1, 1e-3, 0.9, 0.999, 1e-8, 0.0, False, False]
+    npu = [[t.clone() for t in a] if isinstance(a, list) else a for a in cpu]
+    # the results of an op returning nothing: its written lists' tensors, in schema order
+    assert [id(t) for t in cop.outputs(None, npu)] == [id(t) for i in (0, 2, 3, 4) for t in npu[i]]
+    npu[0][1] += 1  # params is written: fine
+    assert custom._unwritten_change(cop, npu, {}, cpu, {}) is None
+    npu[1][1][0] = 5  # grads is not
+    assert custom._unwritten_change(cop, npu, {}, cpu, {}) == "grads[1]"
+
+
+def test_written_arguments_get_their_versions_bumped():
+    # as ATen's in-place ops: autograd then sees a saved tensor the op changed
+    ts = [torch.zeros(4, device="npu") for _ in range(4)]
+    before = [t._version for t in ts]
+    ops.npu_apply_adam_w([ts[0]], [ts[1]], [ts[2]], [ts[3]], [], 1, 1e-3, 0.9, 0.999, 1e-8, 0.0, False, False)
+    assert [t._version - b for t, b in zip(ts, before)] == [1, 0, 1, 1]  # grads is only read
+    c = torch.zeros(3, 4, device="npu")
+    ops.npu_matmul_add_fp32(torch.randn(5, 3, device="npu"), torch.randn(5, 4, device="npu"), c)
+    assert c._version == 1

@@ -222,9 +222,12 @@ struct BackwardRows {
   int64_t cols;
 };
 
+// `row` (Add only): a row of T, where the norm's part of dx waits for the
+// sum's gradient (one loop doing both does not vectorise for bf16).
 template <typename S, bool Add>
 MINDSPEED_LIKE_INLINE void rms_backward_rows(const BackwardRows<S>& a, int64_t r0, int64_t r1,
-                                             typename S::T* __restrict dgamma_partial) {
+                                             typename S::T* __restrict dgamma_partial,
+                                             typename S::T* __restrict row) {
   using T = typename S::T;
   using E = typename S::E;
   const int64_t n = a.cols;
@@ -238,28 +241,35 @@ MINDSPEED_LIKE_INLINE void rms_backward_rows(const BackwardRows<S>& a, int64_t r
         blocked_sum<T>(n, [&](int64_t i) { return S::load(dy[i]) * S::load(g[i]) * S::load(x[i]); });
     const T k = inv * inv * inv * dot / static_cast<T>(n);
     E* __restrict dx = a.dx + r * n;
-    const E* __restrict dsum = Add ? a.dsum + r * n : nullptr;
-    E* __restrict dx2 = Add ? a.dx2 + r * n : nullptr;
     for (int64_t i = 0; i < n; ++i) {
       const T dyv = S::load(dy[i]), xv = S::load(x[i]);
-      T d = inv * dyv * S::load(g[i]) - xv * k;
-      if constexpr (Add) {
-        d += S::load(dsum[i]);
+      const T d = inv * dyv * S::load(g[i]) - xv * k;
+      if constexpr (Add)
+        row[i] = d;
+      else
+        dx[i] = S::store(d);
+      dgamma_partial[i] += dyv * xv * inv;
+    }
+    if constexpr (Add) {
+      const E* __restrict dsum = a.dsum + r * n;
+      E* __restrict dx2 = a.dx2 + r * n;
+      for (int64_t i = 0; i < n; ++i) {
+        const T d = row[i] + S::load(dsum[i]);
+        dx[i] = S::store(d);
         dx2[i] = S::store(d);
       }
-      dx[i] = S::store(d);
-      dgamma_partial[i] += dyv * xv * inv;
     }
   }
 }
 template <typename S, bool Add>
 MINDSPEED_LIKE_AVX2 void rms_backward_rows_avx2(const BackwardRows<S>& a, int64_t r0, int64_t r1,
-                                                typename S::T* partial) {
-  rms_backward_rows<S, Add>(a, r0, r1, partial);
+                                                typename S::T* partial, typename S::T* row) {
+  rms_backward_rows<S, Add>(a, r0, r1, partial, row);
 }
 template <typename S, bool Add>
-void rms_backward_rows_generic(const BackwardRows<S>& a, int64_t r0, int64_t r1, typename S::T* partial) {
-  rms_backward_rows<S, Add>(a, r0, r1, partial);
+void rms_backward_rows_generic(const BackwardRows<S>& a, int64_t r0, int64_t r1, typename S::T* partial,
+                               typename S::T* row) {
+  rms_backward_rows<S, Add>(a, r0, r1, partial, row);
 }
 
 // dx row by row, in one block of rows per compute thread, each block's
@@ -271,17 +281,20 @@ void run_backward(Call& call, const BackwardRows<S>& a, int64_t rows, const Tens
   const int64_t cols = a.cols;
   typename S::E* pdg = elements<S>(dgamma);
   const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(call.num_threads(), rows));
-  T* partial =
-      static_cast<T*>(call.scratch(sizeof(T) * static_cast<uint64_t>(blocks * std::max<int64_t>(cols, 1))));
+  // per block: its dgamma partial row, and (Add) a row of dx in T
+  const int64_t per_block = (Add ? 2 : 1) * std::max<int64_t>(cols, 1);
+  T* partial = static_cast<T*>(call.scratch(sizeof(T) * static_cast<uint64_t>(blocks * per_block)));
   auto rows_fn = has_avx2_fma() ? &rms_backward_rows_avx2<S, Add> : &rms_backward_rows_generic<S, Add>;
   call.parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t blk = b; blk < e; ++blk)
-      rows_fn(a, rows * blk / blocks, rows * (blk + 1) / blocks, partial + blk * cols);
+    for (int64_t blk = b; blk < e; ++blk) {
+      T* mine = partial + blk * per_block;
+      rows_fn(a, rows * blk / blocks, rows * (blk + 1) / blocks, mine, Add ? mine + cols : nullptr);
+    }
   });
   call.parallel_for(0, cols, 4096, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       T s = 0;
-      for (int64_t blk = 0; blk < blocks; ++blk) s += partial[blk * cols + c];
+      for (int64_t blk = 0; blk < blocks; ++blk) s += partial[blk * per_block + c];
       pdg[c] = S::store(s);
     }
   });
