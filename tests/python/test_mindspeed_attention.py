@@ -332,3 +332,23 @@ def test_causal_modes_take_the_compressed_mask(npu):
                          sparse_mode=2)
     assert str(e.value) == PREFIX + ("atten_mask: sparse_mode 2 takes None or torch_npu's [2048, 2048] compressed "
                                      "causal mask but found [9, 9]")
+
+
+def test_overrideable_backward_from_logsumexp_alone(npu):
+    # The overrideable backward called with logsumexp but without the
+    # forward's statistics (another caller's forward): P = exp(S - lse).
+    torch.manual_seed(0)
+    q, k, v, g = (torch.randn(1, 2, 20, 8) for _ in range(4))
+    ins = [t.to(npu) for t in (q, k, v)]
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(*ins, is_causal=True)
+    empty = torch.empty(0, device=npu)
+    dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(
+        g.to(npu), *ins, empty, [True, True, True, False], out, lse, empty, empty, 20, 20, 0.0, True, empty, empty)
+
+    def grads(dtype):
+        t = [x.to(dtype).requires_grad_(True) for x in (q, k, v)]
+        return torch.autograd.grad(F.scaled_dot_product_attention(*t, is_causal=True), t, g.to(dtype))
+
+    for name, got, host, wide in zip(("query", "key", "value"), (dq, dk, dv), grads(torch.float32),
+                                     grads(torch.float64)):
+        assert_judged(got, host, wide, f"gradient of {name}")
