@@ -121,7 +121,7 @@ def _bool_mask(attn_bias, b, n, sq, skv):
     """SDPA's additive mask (0 / -inf, converted from the boolean one the
     choice saw) as torch_npu's boolean mask, True = masked out, in a shape
     the kernel takes: [B or 1, N or 1, Sq, Skv]."""
-    if attn_bias is None:
+    if attn_bias is None or attn_bias.numel() == 0:  # None, or an empty placeholder
         return None
     m = attn_bias == float("-inf")
     while m.dim() < 4:

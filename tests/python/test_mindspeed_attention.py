@@ -184,12 +184,17 @@ def test_each_layout(layout, npu):
     out, smax, ssum, sout = fusion_attention(*ins, n, layout, scale=scale, sparse_mode=3)
     assert out.shape == ins[0].shape and sout.numel() == 0
     assert smax.shape == ssum.shape == (b, n, sq, 8) and smax.dtype == ssum.dtype == torch.float32
-    # The statistics: row max of the masked scaled scores, sum of exp(score - max).
-    s = (torch.matmul(q.double(), k.double().repeat_interleave(2, 1).transpose(-1, -2)) * scale).masked_fill(
-        masked, float("-inf"))
-    mx = s.amax(-1)
-    assert_judged(smax[..., 3], mx.float(), mx)
-    assert_judged(ssum[..., 0], torch.exp(s - mx.unsqueeze(-1)).sum(-1).float(), torch.exp(s - mx.unsqueeze(-1)).sum(-1))
+    # The statistics: row max of the masked scaled scores, sum of exp(score - max),
+    # against the same on the CPU in float32 (the bound) and float64 (the reference).
+    def stats(dtype):
+        s = torch.matmul(q.to(dtype), k.to(dtype).repeat_interleave(2, 1).transpose(-1, -2)) * scale
+        s = s.masked_fill(masked, float("-inf"))
+        mx = s.amax(-1)
+        return mx, torch.exp(s - mx.unsqueeze(-1)).sum(-1)
+
+    (mx32, sum32), (mx64, sum64) = stats(torch.float32), stats(torch.float64)
+    assert_judged(smax[..., 3], mx32, mx64)
+    assert_judged(ssum[..., 0], sum32, sum64)
     judged_with_grads(out, ins, lambda *t: fn(*(from_layout(x, layout, h) for x, h in zip(t, (n, nk, nk)))),
                       [to_layout(t, layout) for t in (q, k, v)], torch.randn(out.shape))
 
@@ -323,6 +328,27 @@ def test_causal_modes_take_the_compressed_mask(npu):
         with_mask = fusion_attention(q, k, v, 2, "BNSD", atten_mask=compressed, sparse_mode=mode)[0]
         assert torch.equal(alone.cpu(), with_mask.cpu())
     with pytest.raises(RuntimeError) as e:
-        fusion_attention(q, k, v, 2, "BNSD", atten_mask=torch.zeros(9, 9, dtype=torch.bool, device=npu), sparse_mode=2)
-    assert str(e.value) == PREFIX + ("atten_mask: sparse_mode 2 takes None or torch_npu's [2048, 2048] compressed causal "
-                                     "mask but found [9, 9]")
+        fusion_attention(q, k, v, 2, "BNSD", atten_mask=torch.zeros(9, 9, dtype=torch.bool, device=npu),
+                         sparse_mode=2)
+    assert str(e.value) == PREFIX + ("atten_mask: sparse_mode 2 takes None or torch_npu's [2048, 2048] compressed "
+                                     "causal mask but found [9, 9]")
+
+
+def test_overrideable_backward_from_logsumexp_alone(npu):
+    # The overrideable backward called with logsumexp but without the
+    # forward's statistics (another caller's forward): P = exp(S - lse).
+    torch.manual_seed(0)
+    q, k, v, g = (torch.randn(1, 2, 20, 8) for _ in range(4))
+    ins = [t.to(npu) for t in (q, k, v)]
+    out, lse, *_ = torch.ops.aten._scaled_dot_product_fused_attention_overrideable(*ins, is_causal=True)
+    empty = torch.empty(0, device=npu)
+    dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_fused_attention_overrideable_backward(
+        g.to(npu), *ins, empty, [True, True, True, False], out, lse, empty, empty, 20, 20, 0.0, True, empty, empty)
+
+    def grads(dtype):
+        t = [x.to(dtype).requires_grad_(True) for x in (q, k, v)]
+        return torch.autograd.grad(F.scaled_dot_product_attention(*t, is_causal=True), t, g.to(dtype))
+
+    for name, got, host, wide in zip(("query", "key", "value"), (dq, dk, dv), grads(torch.float32),
+                                     grads(torch.float64)):
+        assert_judged(got, host, wide, f"gradient of {name}")

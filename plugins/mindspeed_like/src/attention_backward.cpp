@@ -48,20 +48,44 @@ BackwardScratch backward_scratch(const AttnProblem& p, bool convert) {
   return {ld, 3 * kBlockQ * D + 2 * kBlockQ * ld + (convert ? 4 : 2) * p.max_skv * D};
 }
 
-// All of dK and dV of key/value head nk of batch b, and the rows of dQ of
-// its group's query heads.
+// dk, dv of head nk of batch b = the sums of `count` partial accumulators.
+template <typename E, typename Acc>
+void store_kv_grads(const AttnProblem& p, int64_t b, int64_t nk, Acc* const* dK, Acc* const* dV,
+                    int64_t count, typename E::T* dk, typename E::T* dv) {
+  const int64_t D = p.head_dim;
+  for (int64_t c = 0; c < p.kv_len[b]; ++c) {
+    const int64_t off = p.kv_offset(b, nk, c);
+    for (int64_t d = 0; d < D; ++d) {
+      Acc sk = 0, sv = 0;
+      for (int64_t j = 0; j < count; ++j) {
+        sk += dK[j][c * D + d];
+        sv += dV[j][c * D + d];
+      }
+      E::store(dk + off + d, sk);
+      E::store(dv + off + d, sv);
+    }
+  }
+}
+
+// Where a slot keeps its dK and dV (max_skv x D each).
+inline int64_t dk_offset(int64_t ld, int64_t D) { return 3 * kBlockQ * D + 2 * kBlockQ * ld; }
+
+// The dK and dV of key/value head nk of batch b (left in the slot's buffer
+// when parts > 1, else stored), and the rows of dQ of its group's query
+// heads: of the row blocks (of all the group's heads) every parts-th from
+// `part` on.
 template <typename E, typename Acc>
 void backward_head(const AttnProblem& p, int64_t b, int64_t nk, const typename E::T* q,
                    const typename E::T* k, const typename E::T* v, const typename E::T* dy, const Acc* smax,
                    const Acc* ssum, const uint8_t* mask, typename E::T* dq, typename E::T* dk,
-                   typename E::T* dv, int64_t ld, Acc* buf) {
+                   typename E::T* dv, int64_t ld, int64_t part, int64_t parts, Acc* buf) {
   const int64_t D = p.head_dim, G = p.group(), sq = p.q_len[b], skv = p.kv_len[b];
   Acc* Q = buf;
   Acc* dO = Q + kBlockQ * D;
   Acc* dQ = dO + kBlockQ * D;
   Acc* P = dQ + kBlockQ * D;
   Acc* dP = P + kBlockQ * ld;
-  Acc* dK = dP + kBlockQ * ld;
+  Acc* dK = buf + dk_offset(ld, D);
   Acc* dV = dK + p.max_skv * D;
   Acc* K = dV + p.max_skv * D;
   Acc* V = K + p.max_skv * D;
@@ -72,9 +96,11 @@ void backward_head(const AttnProblem& p, int64_t b, int64_t nk, const typename E
   const Tile<Acc> vt = tile<E>(v + p.kv_offset(b, nk, 0), p.kv.ss, skv, D, V);
   std::fill(dK, dK + skv * D, Acc(0));
   std::fill(dV, dV + skv * D, Acc(0));
+  int64_t block = 0;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t n = nk * G + g;
     for (int64_t q0 = 0; q0 < sq; q0 += kBlockQ) {
+      if (block++ % parts != part) continue;
       const int64_t qn = std::min<int64_t>(kBlockQ, sq - q0);
       // The keys any row of the block sees (rows that see none have P = 0).
       int64_t kmin = skv, kmax = 0;
@@ -122,13 +148,7 @@ void backward_head(const AttnProblem& p, int64_t b, int64_t nk, const typename E
       }
     }
   }
-  for (int64_t c = 0; c < skv; ++c) {
-    const int64_t off = p.kv_offset(b, nk, c);
-    for (int64_t d = 0; d < D; ++d) {
-      E::store(dk + off + d, dK[c * D + d]);
-      E::store(dv + off + d, dV[c * D + d]);
-    }
-  }
+  if (parts == 1) store_kv_grads<E, Acc>(p, b, nk, &dK, &dV, 1, dk, dv);
 }
 
 struct BackwardOutputs {
@@ -182,8 +202,15 @@ void fusion_attention_grad(Call& call) {
     using T = typename E::T;
     const BackwardScratch bs = backward_scratch(p, !std::is_same_v<T, Acc>);
     // One slot per thread (each holds a head's dK and dV): heads are equal
-    // work, so the static split balances.
-    const int64_t slots = std::max<int64_t>(1, std::min<int64_t>(heads, call.num_threads()));
+    // work, so the static split balances. With fewer heads than threads,
+    // each head's row blocks are split in `parts` whose dK and dV are
+    // summed afterwards.
+    const int64_t threads = call.num_threads();
+    const int64_t blocks = p.group() * ((p.max_sq + kBlockQ - 1) / kBlockQ);
+    const int64_t parts =
+        heads >= threads ? 1 : std::max<int64_t>(1, std::min<int64_t>((threads + heads - 1) / heads, blocks));
+    const int64_t units = heads * parts;
+    const int64_t slots = parts == 1 ? std::max<int64_t>(1, std::min<int64_t>(heads, threads)) : units;
     Acc* scratch = static_cast<Acc*>(call.scratch(static_cast<uint64_t>(slots * bs.elems) * sizeof(Acc)));
     const T* pq = q.data<T>();
     const T* pk = k.data<T>();
@@ -196,10 +223,24 @@ void fusion_attention_grad(Call& call) {
     T* pdv = o.dv.data<T>();
     call.parallel_for(0, slots, 1, [&](int64_t sb, int64_t se) {
       for (int64_t slot = sb; slot < se; ++slot)
-        for (int64_t h = slot; h < heads; h += slots)
+        for (int64_t u = slot; u < units; u += slots) {
+          const int64_t h = u / parts;
           backward_head<E, Acc>(p, h / p.kv_heads, h % p.kv_heads, pq, pk, pv, pdy, smax, ssum, mask, pdq,
-                                pdk, pdv, bs.ld, scratch + slot * bs.elems);
+                                pdk, pdv, bs.ld, u % parts, parts, scratch + slot * bs.elems);
+        }
     });
+    if (parts > 1) {
+      call.parallel_for(0, heads, 1, [&](int64_t hb, int64_t he) {
+        std::vector<Acc*> dK(static_cast<size_t>(parts)), dV(static_cast<size_t>(parts));
+        for (int64_t h = hb; h < he; ++h) {
+          for (int64_t j = 0; j < parts; ++j) {  // unit h * parts + j ran in slot h * parts + j
+            dK[static_cast<size_t>(j)] = scratch + (h * parts + j) * bs.elems + dk_offset(bs.ld, p.head_dim);
+            dV[static_cast<size_t>(j)] = dK[static_cast<size_t>(j)] + p.max_skv * p.head_dim;
+          }
+          store_kv_grads<E, Acc>(p, h / p.kv_heads, h % p.kv_heads, dK.data(), dV.data(), parts, pdk, pdv);
+        }
+      });
+    }
   });
 }
 
