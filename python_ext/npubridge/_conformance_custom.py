@@ -78,8 +78,12 @@ def _unwritten_change(cop, npu_args, npu_kwargs, cpu_args, cpu_kwargs):
             continue
         for j, (g, w) in enumerate(zip(_as_list(got), _as_list(was))):
             g = g.detach().cpu()
-            if g.shape != w.shape or not (g == w).logical_or(g.isnan() & w.isnan() if g.is_floating_point()
-                                                               else False).all():
+            if g.shape != w.shape:
+                return a.name + (f"[{j}]" if isinstance(got, (list, tuple)) else "")
+            same = g == w
+            if g.is_floating_point():  # NaN stays NaN; a bool or integer argument (a mask) compares as is
+                same |= g.isnan() & w.isnan()
+            if not same.all():
                 return a.name + (f"[{j}]" if isinstance(got, (list, tuple)) else "")
     return None
 
