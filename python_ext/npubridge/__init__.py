@@ -45,6 +45,12 @@ from . import _autograd  # noqa: E402
 if _npu._init_error is None:
     _autograd.register_all()
 
+from . import _sdpa  # noqa: E402
+
+_sdpa.install()
+sdpa_stats = _sdpa.sdpa_stats
+reset_sdpa_stats = _sdpa.reset_sdpa_stats
+
 
 def _quiesce_at_exit():
     # PyTorch's autograd engine runs npu backward passes on a device thread
@@ -72,6 +78,7 @@ torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module
 __all__ = [
     "plugins", "load_failures", "load_skipped", "stats", "reset_stats", "set_optim_level", "enable_plugin", "disable_plugin",
     "register_op", "unregister_op", "op_map", "precision_check", "precision_mismatches", "routed_ops",
+    "sdpa_stats", "reset_sdpa_stats",
 ]
 
 

@@ -30,11 +30,26 @@ def _make(entry):
 
     def setup_context(ctx, inputs, output):
         outs = output if isinstance(output, tuple) else (output,)
-        ctx.results = {i: outs[i] for i in needs_results}
-        ctx.saved = {i: inputs[i] for i in needs_inputs}
+        # Tensors go through save_for_backward, never onto ctx itself: a
+        # forward result kept on ctx is a cycle (result -> grad_fn -> ctx ->
+        # result) through the C++ autograd node, which Python's collector
+        # cannot see, so every call's results would stay allocated; and
+        # saved tensors are freed by backward, ctx attributes only with the graph.
+        values = [outs[i] for i in needs_results] + [inputs[i] for i in needs_inputs]
+        ctx.is_tensor = [isinstance(v, torch.Tensor) for v in values]
+        ctx.save_for_backward(*[v for v, t in zip(values, ctx.is_tensor) if t])
+        ctx.non_tensors = [None if t else v for v, t in zip(values, ctx.is_tensor)]
+        # A formula may list an optional Tensor input (npu_fusion_attention's
+        # pse, for torch_npu's four returns of its backward): when the call
+        # passed None, autograd takes no gradient for it.
+        ctx.tensor_inputs = [isinstance(x, torch.Tensor) for x in inputs]
         ctx.result_likes = [(o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None for o in outs]
 
     def backward(ctx, *grads):
+        tensors = iter(ctx.saved_tensors)
+        values = [next(tensors) if t else v for t, v in zip(ctx.is_tensor, ctx.non_tensors)]
+        results = dict(zip(needs_results, values[:len(needs_results)]))
+        saved = dict(zip(needs_inputs, values[len(needs_results):]))
         args = []
         for kind, i in spec:
             if kind == "grad":
@@ -44,14 +59,14 @@ def _make(entry):
                     g = torch.zeros(shape, dtype=dtype, device=device)
                 args.append(g)
             elif kind == "result":
-                args.append(ctx.results[i])
+                args.append(results[i])
             else:
-                args.append(ctx.saved[i])
+                args.append(saved[i])
         out = backward_op(*args)
         out = out if isinstance(out, (tuple, list)) else (out,)
         result = [None] * len(arg_names)
         for slot, grad in zip(grad_slots, out):
-            result[slot] = grad
+            result[slot] = grad if ctx.tensor_inputs[slot] else None
         return tuple(result)
 
     torch.library.register_autograd(entry["op"], backward, setup_context=setup_context)

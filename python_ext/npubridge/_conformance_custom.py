@@ -17,8 +17,10 @@ def _clone_cpu(x):
 
 
 def _to_float64(x):
-    return _map(lambda t: t.detach().double() if isinstance(t, torch.Tensor) and t.is_floating_point()
-                else (t.detach().clone() if isinstance(t, torch.Tensor) else t), x)
+    # Copies even a float64 tensor: a reference of an op that writes its
+    # arguments updates them in place, and must not update the sample's.
+    return _map(lambda t: t.detach().to(torch.float64, copy=True) if isinstance(t, torch.Tensor)
+                and t.is_floating_point() else (t.detach().clone() if isinstance(t, torch.Tensor) else t), x)
 
 
 def _noncontiguous(x):
@@ -47,15 +49,43 @@ class CustomOp:
         self.written = _written(self.schema)
         self.returns_nothing = len(self.schema.returns) == 0
 
-    def outputs(self, result, args):
-        """The op's results: its returns, or the arguments it writes."""
+    def outputs(self, result, args, kwargs=None):
+        """The op's results: its returns, or the tensors of the arguments it
+        writes, in schema order, a written list (`Tensor(a!)[]`) tensor by
+        tensor."""
         if self.returns_nothing:
-            return [args[i] for i in self.written if i < len(args) and isinstance(args[i], torch.Tensor)]
+            out = []
+            for i in self.written:
+                arg = args[i] if i < len(args) else (kwargs or {}).get(self.schema.arguments[i].name)
+                out.extend(_as_list(arg))
+            return out
         return _as_list(result)
 
     def reference(self, args, kwargs):
         result = self.tests.reference(*args, **kwargs)
         return _as_list(result)
+
+
+def _unwritten_change(cop, npu_args, npu_kwargs, cpu_args, cpu_kwargs):
+    """The name of a tensor argument the kernel changed although the schema
+    does not mark it as written (Tensor(a!)), or None."""
+    for i, a in enumerate(cop.schema.arguments):
+        if i in cop.written:
+            continue
+        got = npu_args[i] if i < len(npu_args) else npu_kwargs.get(a.name)
+        was = cpu_args[i] if i < len(cpu_args) else cpu_kwargs.get(a.name)
+        if not isinstance(was, (torch.Tensor, list, tuple)):
+            continue
+        for j, (g, w) in enumerate(zip(_as_list(got), _as_list(was))):
+            g = g.detach().cpu()
+            if g.shape != w.shape:
+                return a.name + (f"[{j}]" if isinstance(got, (list, tuple)) else "")
+            same = g == w
+            if g.is_floating_point():  # NaN stays NaN; a bool or integer argument (a mask) compares as is
+                same |= g.isnan() & w.isnan()
+            if not same.all():
+                return a.name + (f"[{j}]" if isinstance(got, (list, tuple)) else "")
+    return None
 
 
 def _judge_all(got, host, wide, what):
@@ -89,7 +119,7 @@ def _meta_check(cop, npu_args, npu_kwargs, got):
         except Exception as e:  # noqa: BLE001 - reported with the meta function named
             raise AssertionError(
                 f"the meta function raised on a sample the kernel computes: {_first_line(e)}") from None
-        declared = cop.outputs(result, list(fake_args))
+        declared = cop.outputs(result, list(fake_args), fake_kwargs)
         declared = [(tuple(t.shape), t.dtype) for t in declared]
     real = [(tuple(t.shape), t.dtype) for t in got]
     if len(declared) != len(real):
@@ -274,7 +304,12 @@ def _run_custom_sample(cell, cop, sample, dtype, source, label, probe, meta, gra
     if error is not None:
         cell.fail(f"{source} {label} (forward): {error}")
         return
-    got = cop.outputs(box.get("result"), npu_args)
+    changed = _unwritten_change(cop, npu_args, npu_kwargs, list(sample.args), sample.kwargs)
+    if changed is not None:
+        cell.fail(f"{source} {label} (forward): the kernel changed argument '{changed}', which the schema does not "
+                  "mark as written (Tensor(a!))")
+        return
+    got = cop.outputs(box.get("result"), npu_args, npu_kwargs)
     try:
         _judge_all(got, host, wide, "output")
     except AssertionError as e:

@@ -21,7 +21,8 @@ inputs and a reference written with ATen::
 The reference gets CPU tensors, runs on the CPU (once in the sample's dtype,
 once on float64 copies of its floating inputs) and returns the op's results
 in the order of its returns, or, for an op that returns nothing, the
-expected values of the arguments it writes. A reference that raises on a
+expected values of the arguments it writes (in schema order, the tensors of
+a written list one by one). A reference that raises on a
 sample makes it an error case: the kernel must raise too. The samples
 function is called once per dtype the op's kernels declare; yielding
 nothing for a dtype leaves that dtype "not covered".

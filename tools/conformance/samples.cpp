@@ -628,7 +628,7 @@ SampleFn rms_norm_spec() {
     return out;
   };
 }
-// dy, self, gamma and a consistent rstd (float32, ones in the normalised dims).
+// dy, self, gamma and a consistent rstd (float32, float64 for float64; ones in the normalised dims).
 SampleFn rms_norm_backward_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
@@ -639,7 +639,8 @@ SampleFn rms_norm_backward_spec() {
         dims.push_back(static_cast<int64_t>(d));
         rshape[d] = 1;
       }
-      at::Tensor rstd = at::rsqrt(x.to(at::kDouble).pow(2).mean(dims, true) + 1e-6).to(at::kFloat);
+      at::Tensor rstd = at::rsqrt(x.to(at::kDouble).pow(2).mean(dims, true) + 1e-6)
+                            .to(dt == at::kDouble ? at::kDouble : at::kFloat);
       out.push_back({n, {make(shape, dt), x, make(gshape, dt), rstd}});
     };
     add("[2,3,16] gamma [16]", {2, 3, 16}, {16});
@@ -1692,8 +1693,9 @@ const std::map<std::string, ReferenceFn>& reference_library() {
          for (int64_t d = x.dim() - g.dim(); d < x.dim(); ++d) dims.push_back(d);
          at::Tensor xf = x.to(at::kDouble);
          at::Tensor rstd = at::rsqrt(xf.pow(2).mean(dims, /*keepdim=*/true) + eps);
+         // rstd in float32 whatever the input, float64 for float64 (as the kernel keeps it)
          return std::vector<at::Tensor>{(xf * rstd * g.to(at::kDouble)).to(x.scalar_type()),
-                                        rstd.to(at::kFloat)};
+                                        rstd.to(x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat)};
        }},
       // The gradients of y = x * rstd * gamma by LibTorch's autograd, in
       // float64, with the sample's rstd held fixed as the kernel's input.

@@ -29,7 +29,7 @@ void scale_by_beta(const GemmArgs& g) {
   for (int64_t i = 0; i < g.m; ++i)
     for (int64_t j = 0; j < g.n; ++j) {
       const int64_t at = i * g.ldc + j;
-      if (g.type == GemmType::f32) {
+      if (g.type == GemmType::f32 || g.c_float32) {
         float* c = static_cast<float*>(g.c) + at;
         *c = g.beta == 0.0f ? 0.0f : g.beta * *c;
       } else {
@@ -118,9 +118,10 @@ struct PrimitiveKey {
   bool trans_a, trans_b;
   int64_t m, n, k, lda, ldb, ldc;
   float alpha, beta;
+  bool c_float32;
   bool operator==(const PrimitiveKey& o) const {
-    return type == o.type && trans_a == o.trans_a && trans_b == o.trans_b && m == o.m && n == o.n &&
-           k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc &&
+    return type == o.type && trans_a == o.trans_a && trans_b == o.trans_b && c_float32 == o.c_float32 &&
+           m == o.m && n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc &&
            std::memcmp(&alpha, &o.alpha, 4) == 0 && std::memcmp(&beta, &o.beta, 4) == 0;
   }
 };
@@ -129,7 +130,8 @@ struct PrimitiveKeyHash {
   size_t operator()(const PrimitiveKey& key) const {
     uint64_t h = 1469598103934665603ull;
     auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-    mix(static_cast<uint64_t>(key.type) | (uint64_t{key.trans_a} << 8) | (uint64_t{key.trans_b} << 9));
+    mix(static_cast<uint64_t>(key.type) | (uint64_t{key.trans_a} << 8) | (uint64_t{key.trans_b} << 9) |
+        (uint64_t{key.c_float32} << 10));
     for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) mix(static_cast<uint64_t>(v));
     uint32_t a, b;
     std::memcpy(&a, &key.alpha, 4);
@@ -197,7 +199,7 @@ dnnl::memory::desc matrix_desc(GemmType type, int64_t rows, int64_t cols, int64_
 dnnl::matmul::primitive_desc make_matmul_desc(const PrimitiveKey& key) {
   const auto a = matrix_desc(key.type, key.m, key.k, key.lda, key.trans_a);
   const auto b = matrix_desc(key.type, key.k, key.n, key.ldb, key.trans_b);
-  const auto c = matrix_desc(key.type, key.m, key.n, key.ldc, false);
+  const auto c = matrix_desc(key.c_float32 ? GemmType::f32 : key.type, key.m, key.n, key.ldc, false);
   dnnl::primitive_attr attr;
   // User scratchpad: an execution touches only the buffer passed to it (the
   // thread's own), nothing the library keeps per primitive.
@@ -259,7 +261,9 @@ class ThreadState {
   ThreadState() : stream_(cpu_engine()) {}
 
   void run(const GemmArgs& g) {
-    const PrimitiveKey key{g.type, g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.alpha, g.beta};
+    const PrimitiveKey key{g.type, g.trans_a, g.trans_b, g.m,
+                           g.n,    g.k,       g.lda,     g.ldb,
+                           g.ldc,  g.alpha,   g.beta,    g.c_float32 && g.type != GemmType::f32};
     CachedMatmul& mm = lookup(key);
     if (!mm.shared->supported) {
       if (g.type != GemmType::f32)
@@ -337,7 +341,10 @@ struct Probe {
 Probe probe(GemmType type) {
   OneOpenMPThread one_thread;
   try {
-    const auto pd = make_matmul_desc(PrimitiveKey{type, false, false, 64, 64, 64, 64, 64, 64, 1.0f, 0.0f});
+    const auto pd =
+        make_matmul_desc(PrimitiveKey{type, false, false, 64, 64, 64, 64, 64, 64, 1.0f, 0.0f, false});
+    if (type != GemmType::f32)  // and with a float32 C
+      make_matmul_desc(PrimitiveKey{type, false, false, 64, 64, 64, 64, 64, 64, 1.0f, 0.0f, true});
     return Probe{true, std::string("oneDNN ") + pd.impl_info_str()};
   } catch (const dnnl::error&) {
     return Probe{false, "none"};

@@ -1,10 +1,20 @@
 // mindspeed_like: fused training ops (the role of MindSpeed's fused kernels).
 // Built against the plugin C ABI only (and plugins/kernels' GEMM, compiled in).
+#include <plugin_kernels/gemm.h>
+
 #include "ops.h"
 
 namespace {
 
-void init(npub::sdk::Registrar& r) { mindspeed_like::register_rms_norm(r); }
+void init(npub::sdk::Registrar& r) {
+  plugin_kernels::gemm_pin_libraries();  // first: see plugin_kernels/gemm.h
+  mindspeed_like::register_rms_norm(r);
+  mindspeed_like::register_adamw(r);
+  mindspeed_like::register_swiglu(r);
+  mindspeed_like::register_rotary(r);
+  mindspeed_like::register_matmul_add(r);
+  mindspeed_like::register_attention(r);
+}
 
 }  // namespace
 

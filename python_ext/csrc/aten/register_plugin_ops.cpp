@@ -2,7 +2,9 @@
 // register_plugin_ops.h).
 #include "aten/register_plugin_ops.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -41,6 +43,33 @@ namespace {
 
 // Registrations made at init, kept alive for the process.
 std::vector<std::unique_ptr<torch::Library>> g_libraries;
+
+// The ADInplaceOrView kernel of a plugin op that writes arguments
+// (Tensor(a!), Tensor(a!)[]): it bumps their version counters, as ATen's
+// in-place ops do, so that autograd notices a saved tensor the op changed.
+// (PyTorch's autogradNotImplementedInplaceOrViewFallback bumps written
+// returns only, and such an op, `-> ()`, may return none.)
+void bump_written_versions(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                           torch::jit::Stack* stack) {
+  const auto& args = op.schema().arguments();
+  const size_t start = stack->size() - args.size();
+  std::vector<at::Tensor> written;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].alias_info() == nullptr || !args[i].alias_info()->isWrite()) continue;
+    const c10::IValue& v = (*stack)[start + i];
+    if (v.isTensor()) {
+      written.push_back(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList()) written.push_back(t);
+    }
+  }
+  {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    op.redispatchBoxed(keys & c10::after_ADInplaceOrView_keyset, stack);
+  }
+  for (const at::Tensor& t : written)
+    if (t.defined()) t.unsafeGetTensorImpl()->bump_version();
+}
 
 // Whether functional/in-place `f` takes exactly the arguments of `out`
 // minus its trailing out= tensors (same names and types, in order).
@@ -176,6 +205,8 @@ void register_plugin_ops() {
                                                  __FILE__, __LINE__);
     auto meta = std::make_unique<torch::Library>(torch::Library::IMPL, ns, c10::DispatchKey::Meta, __FILE__,
                                                  __LINE__);
+    auto inplace = std::make_unique<torch::Library>(torch::Library::IMPL, ns,
+                                                    c10::DispatchKey::ADInplaceOrView, __FILE__, __LINE__);
     for (const reg::OpEntry* e : entries) {
       if (c10::Dispatcher::singleton().findSchema({ns + "::" + e->schema().name, e->schema().overload}))
         continue;
@@ -210,11 +241,15 @@ void register_plugin_ops() {
       if (e->meta() != nullptr || writes_only)
         meta->impl(unq.c_str(),
                    torch::CppFunction::makeFromBoxedFunctor(std::make_unique<MetaBridge>(e->name())));
+      if (std::any_of(e->schema().arguments.begin(), e->schema().arguments.end(),
+                      [](const reg::Argument& a) { return a.is_write(); }))
+        inplace->impl(unq.c_str(), torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
       g_custom.push_back(e->name());
     }
     g_libraries.push_back(std::move(def));
     g_libraries.push_back(std::move(impl));
     g_libraries.push_back(std::move(meta));
+    g_libraries.push_back(std::move(inplace));
   }
 }
 

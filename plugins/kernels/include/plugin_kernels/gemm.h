@@ -24,7 +24,7 @@
 namespace plugin_kernels {
 
 // Element types of the library path. bf16 and f16 accumulate in fp32 and
-// round once to the output type.
+// round once to the output type (C's type is A's and B's unless c_float32).
 enum class GemmType : uint8_t { f32, bf16, f16 };
 
 // C[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * C, all row-major with
@@ -37,6 +37,10 @@ struct GemmArgs {
   int64_t m = 0, n = 0, k = 0;
   int64_t lda = 0, ldb = 0, ldc = 0;
   float alpha = 1.0f, beta = 0.0f;
+  // bf16 or f16 A and B with a float32 C: the fp32 accumulation is not
+  // rounded to the half type (a float32 gradient accumulated from half
+  // activations).
+  bool c_float32 = false;
   const void* a = nullptr;
   const void* b = nullptr;
   void* c = nullptr;
@@ -56,7 +60,7 @@ void gemm_on_this_thread(const GemmArgs& g);
 
 // Whether gemm_on_this_thread takes `type` on this CPU: oneDNN is built in
 // and has a kernel for it under the ISA it may use (ONEDNN_MAX_CPU_ISA caps
-// that). Probed once.
+// that), with a C of that type and with c_float32. Probed once.
 bool gemm_supports(GemmType type);
 
 // Which implementation runs `type` ("oneDNN brg:avx512_core_bf16", "built-in

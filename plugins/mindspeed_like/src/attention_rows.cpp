@@ -1,0 +1,99 @@
+// The float row loops of the flash-attention kernels (attention_kernels.h),
+// compiled for AVX-512, AVX2 and baseline x86-64 and picked once by the CPU:
+// the plugin is built for baseline x86-64, where they would run 4 lanes wide.
+// The exps of the scores cost as much as the GEMMs around them.
+#include <cstdint>
+
+#include "attention_kernels.h"
+
+namespace mindspeed_like::attn {
+
+namespace {
+
+#define ROWS_BODY inline __attribute__((always_inline))
+
+ROWS_BODY float row_max_body(const float* s, int64_t n) {
+  float mx = -__builtin_inff();
+#pragma omp simd reduction(max : mx)
+  for (int64_t c = 0; c < n; ++c) mx = s[c] > mx ? s[c] : mx;
+  return mx;
+}
+
+ROWS_BODY float exp_row_body(float* s, int64_t n, float mx) {
+  float sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < n; ++c) {
+    const float e = exp_fast(s[c] - mx);
+    s[c] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+ROWS_BODY void prob_row_body(float* s, int64_t n, float mx, float inv) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) s[c] = exp_fast(s[c] - mx) * inv;
+}
+
+ROWS_BODY void ds_row_body(float* p, const float* dp, int64_t n, float di) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) p[c] = p[c] * (dp[c] - di);
+}
+
+ROWS_BODY float dot_row_body(const float* a, const float* b, int64_t n) {
+  float s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t c = 0; c < n; ++c) s += a[c] * b[c];
+  return s;
+}
+
+// One function per ISA level for each body.
+#define ROWS_VARIANTS(ret, name, body, params, args)                                          \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) ret name##_avx512 params {    \
+    return body args;                                                                         \
+  }                                                                                           \
+  __attribute__((target("avx2,fma"))) ret name##_avx2 params { return body args; }            \
+  ret name##_baseline params { return body args; }                                            \
+  using name##_fn = ret(*) params;                                                            \
+  name##_fn pick_##name() {                                                                   \
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&            \
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))             \
+      return &name##_avx512;                                                                  \
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &name##_avx2; \
+    return &name##_baseline;                                                                  \
+  }
+
+ROWS_VARIANTS(float, dot_row, dot_row_body, (const float* a, const float* b, int64_t n), (a, b, n))
+ROWS_VARIANTS(float, row_max, row_max_body, (const float* s, int64_t n), (s, n))
+ROWS_VARIANTS(float, exp_row, exp_row_body, (float* s, int64_t n, float mx), (s, n, mx))
+ROWS_VARIANTS(void, prob_row, prob_row_body, (float* s, int64_t n, float mx, float inv), (s, n, mx, inv))
+ROWS_VARIANTS(void, ds_row, ds_row_body, (float* p, const float* dp, int64_t n, float di), (p, dp, n, di))
+
+}  // namespace
+
+float dot_row(const float* a, const float* b, int64_t n) {
+  static const dot_row_fn f = pick_dot_row();
+  return f(a, b, n);
+}
+
+float row_max(const float* s, int64_t n) {
+  static const row_max_fn f = pick_row_max();
+  return f(s, n);
+}
+
+float exp_row(float* s, int64_t n, float mx) {
+  static const exp_row_fn f = pick_exp_row();
+  return f(s, n, mx);
+}
+
+void prob_row(float* s, int64_t n, float mx, float inv) {
+  static const prob_row_fn f = pick_prob_row();
+  f(s, n, mx, inv);
+}
+
+void ds_row(float* p, const float* dp, int64_t n, float di) {
+  static const ds_row_fn f = pick_ds_row();
+  f(p, dp, n, di);
+}
+
+}  // namespace mindspeed_like::attn
