@@ -173,8 +173,10 @@ def test_add_rms_norm_returns_the_sum_and_float32_rstd():
 
 
 @pytest.mark.parametrize("args, op, message", [
-    (lambda: (torch.randn(4, 8), torch.randn(4)), "npu_rms_norm", "gamma: expected the trailing shape of self [4, 8] but found [4]"),
-    (lambda: (torch.randn(4, 8), torch.randn(2, 4, 8)), "npu_rms_norm", "gamma: expected 1 to 2 dimensions but found 3"),
+    (lambda: (torch.randn(4, 8), torch.randn(4)), "npu_rms_norm",
+     "gamma: expected the trailing shape of self [4, 8] but found [4]"),
+    (lambda: (torch.randn(4, 8), torch.randn(2, 4, 8)), "npu_rms_norm",
+     "gamma: expected 1 to 2 dimensions but found 3"),
     (lambda: (torch.randn(4, 8), torch.randn(4, 7), torch.randn(8)), "npu_add_rms_norm",
      "x2: expected the shape of x1 [4, 8] but found [4, 7]"),
     (lambda: (torch.randn(4, 8), torch.randn(4, 8), torch.randn(7)), "npu_add_rms_norm",
