@@ -2,7 +2,10 @@
 in float64 through each op's derivative, AdamW against torch.optim.AdamW, and
 the ops' error messages verbatim. Their samples against ATen references are
 in tools/conformance/plugins/mindspeed_like_conformance.py."""
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -173,8 +176,10 @@ def test_add_rms_norm_returns_the_sum_and_float32_rstd():
 
 
 @pytest.mark.parametrize("args, op, message", [
-    (lambda: (torch.randn(4, 8), torch.randn(4)), "npu_rms_norm", "gamma: expected the trailing shape of self [4, 8] but found [4]"),
-    (lambda: (torch.randn(4, 8), torch.randn(2, 4, 8)), "npu_rms_norm", "gamma: expected 1 to 2 dimensions but found 3"),
+    (lambda: (torch.randn(4, 8), torch.randn(4)), "npu_rms_norm",
+     "gamma: expected the trailing shape of self [4, 8] but found [4]"),
+    (lambda: (torch.randn(4, 8), torch.randn(2, 4, 8)), "npu_rms_norm",
+     "gamma: expected 1 to 2 dimensions but found 3"),
     (lambda: (torch.randn(4, 8), torch.randn(4, 7), torch.randn(8)), "npu_add_rms_norm",
      "x2: expected the shape of x1 [4, 8] but found [4, 7]"),
     (lambda: (torch.randn(4, 8), torch.randn(4, 8), torch.randn(7)), "npu_add_rms_norm",
@@ -288,3 +293,16 @@ def test_written_arguments_get_their_versions_bumped():
     c = torch.zeros(3, 4, device="npu")
     ops.npu_matmul_add_fp32(torch.randn(5, 3, device="npu"), torch.randn(5, 4, device="npu"), c)
     assert c._version == 1
+
+
+# --- NPUB_MINDSPEED_MAX_ISA ---
+
+def test_a_bad_isa_cap_rejects_mindspeed_like_only():
+    code = "import torch, npubridge; print([p['name'] for p in npubridge.plugins()]); print(npubridge.load_failures())"
+    env = dict(os.environ, NPUB_MINDSPEED_MAX_ISA="sse9", NPUB_LOG_LEVEL="error")
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    names, failures = r.stdout.strip().splitlines()
+    assert "mindspeed_like" not in names and "cann_like" in names
+    assert "NPUB_MINDSPEED_MAX_ISA: expected one of baseline, avx2 (or unset) but found 'sse9'" in failures

@@ -116,7 +116,7 @@ MINDSPEED_LIKE_INLINE void adam_elements(const Segment& s, int64_t b, int64_t e,
 
 // ATen's lerp and addcmul are fused multiply-adds; without the FMA
 // instruction std::fma is a library call per element (Note [Loops compiled
-// twice] in float_access.h).
+// twice] in isa.h).
 template <typename S, bool Amsgrad>
 MINDSPEED_LIKE_AVX2 void adam_elements_avx2(const Segment& s, int64_t b, int64_t e,
                                             const Hyper<typename S::T>& h) {

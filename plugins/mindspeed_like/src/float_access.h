@@ -9,6 +9,8 @@
 
 #include <npubridge/plugin_sdk.hpp>
 
+#include "isa.h"
+
 namespace mindspeed_like {
 
 // A stored element type E, computed in T. Kernels take raw `E*` pointers
@@ -61,19 +63,6 @@ inline void with_float_types(const npub::sdk::Call& call, DLDataType t, F&& f, b
 template <typename S>
 inline typename S::E* elements(const npub::sdk::TensorRef& x) {
   return x.data<typename S::E>();
-}
-
-// Note [Loops compiled twice]
-// The element loops are written once, as always-inline templates, and
-// compiled into two variants: one for AVX2 with FMA (the functions marked
-// MINDSPEED_LIKE_AVX2) and one for baseline x86-64, chosen per call by
-// has_avx2_fma(). The plugin is built for baseline x86-64, where a float
-// loop is 4 wide and std::fma is a library call.
-#define MINDSPEED_LIKE_AVX2 __attribute__((target("avx2,fma")))
-#define MINDSPEED_LIKE_INLINE inline __attribute__((always_inline))
-inline bool has_avx2_fma() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
 }
 
 // sum_{i < n} f(i) in 16 running partial sums (a vector register's worth

@@ -79,6 +79,9 @@ def npu_rms_norm_backward_samples(dtype):
                          name="rstd of a half dtype (error)")
 
 
+# --- mindspeed_like's fused training ops other than attention (adamw.cpp, swiglu.cpp, rms_norm.cpp's
+# npu_add_rms_norm, rotary.cpp, matmul_add.cpp) ---
+
 
 @testing.reference("mindspeed_like::npu_add_rms_norm")
 def npu_add_rms_norm(x1, x2, gamma, epsilon=1e-6):
@@ -126,9 +129,6 @@ def npu_add_rms_norm_backward_samples(dtype):
     x, g = torch.randn(4, 8, dtype=dtype), torch.randn(8, dtype=dtype)
     yield testing.Sample(torch.randn(4, 8, dtype=dtype), torch.randn(4, 7, dtype=dtype), x, g, _rstd(x, g),
                          name="dx of the wrong shape (error)")
-
-# --- mindspeed_like's fused training ops other than attention (adamw.cpp, swiglu.cpp, rms_norm.cpp's
-# npu_add_rms_norm, rotary.cpp, matmul_add.cpp) ---
 
 
 @testing.reference("mindspeed_like::npu_apply_adam_w")
