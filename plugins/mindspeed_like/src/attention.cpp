@@ -65,7 +65,7 @@ void forward_block(const AttnProblem& p, const Task& t, const typename E::T* q, 
         std::fill(s, s + kn, Acc(0));
         continue;
       }
-      const Acc alpha = exp_fast(m[r] - mnew);  // 0 when m was -inf
+      const Acc alpha = exp_nonpositive(m[r] - mnew);  // 0 when m was -inf
       l[r] = l[r] * alpha + exp_row(s, kn, mnew);
       m[r] = mnew;
       if (alpha != Acc(1))

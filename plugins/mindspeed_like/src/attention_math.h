@@ -12,6 +12,8 @@
 
 #include <npubridge/plugin_sdk.hpp>
 
+#include "float_access.h"
+
 namespace mindspeed_like::attn {
 
 // Element types as stored: float32, float64 and the two half types, each
@@ -80,37 +82,9 @@ inline void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha
   plugin_kernels::gemm_blocked<double>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-// exp(x) for float without a libm call, so that loops over a row
-// vectorise: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for the
-// reduction's precision), e^r by its degree-6 Taylor polynomial (relative
-// error under 2e-7 on that interval, about 2 ulp with the rounding of the
-// steps), 2^n put into the exponent bits. Inputs below -87.3 (e^x
-// subnormal or 0, and -inf: a masked score) give 0; the kernels never pass
-// x > 0 (scores minus their row's running maximum).
-inline float exp_fast(float x) {
-  // Comparisons, not fmin/fmax (library calls without -ffast-math).
-  float xc = x > 88.0f ? 88.0f : x;
-  xc = xc < -87.3f ? -87.3f : xc;
-  const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float t = xc * 1.44269504088896341f + magic;
-  const float n = t - magic;
-  int32_t ti;
-  std::memcpy(&ti, &t, sizeof ti);
-  const int32_t ni = ti - 0x4B400000;  // the integer n, from t's mantissa
-  const float r = (xc - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
-  float p = 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (ni + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  const float y = p * two_n;
-  return x < -87.3f ? 0.0f : (x == x ? y : x);  // NaN stays NaN
-}
-inline double exp_fast(double x) { return std::exp(x); }
+// exp of the kernels' row loops: float_access.h's exp_nonpositive (they
+// only pass scores minus their row's running maximum, x <= 0; -inf, a masked
+// score, gives 0).
+using mindspeed_like::exp_nonpositive;
 
 }  // namespace mindspeed_like::attn

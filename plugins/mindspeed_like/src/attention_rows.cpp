@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "attention_kernels.h"
+#include "isa.h"
 
 namespace mindspeed_like::attn {
 
@@ -23,7 +24,7 @@ ROWS_BODY float exp_row_body(float* s, int64_t n, float mx) {
   float sum = 0;
 #pragma omp simd reduction(+ : sum)
   for (int64_t c = 0; c < n; ++c) {
-    const float e = exp_fast(s[c] - mx);
+    const float e = exp_nonpositive(s[c] - mx);
     s[c] = e;
     sum += e;
   }
@@ -32,7 +33,7 @@ ROWS_BODY float exp_row_body(float* s, int64_t n, float mx) {
 
 ROWS_BODY void prob_row_body(float* s, int64_t n, float mx, float inv) {
 #pragma omp simd
-  for (int64_t c = 0; c < n; ++c) s[c] = exp_fast(s[c] - mx) * inv;
+  for (int64_t c = 0; c < n; ++c) s[c] = exp_nonpositive(s[c] - mx) * inv;
 }
 
 ROWS_BODY void ds_row_body(float* p, const float* dp, int64_t n, float di) {
@@ -48,19 +49,17 @@ ROWS_BODY float dot_row_body(const float* a, const float* b, int64_t n) {
 }
 
 // One function per ISA level for each body.
-#define ROWS_VARIANTS(ret, name, body, params, args)                                          \
-  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) ret name##_avx512 params {    \
-    return body args;                                                                         \
-  }                                                                                           \
-  __attribute__((target("avx2,fma"))) ret name##_avx2 params { return body args; }            \
-  ret name##_baseline params { return body args; }                                            \
-  using name##_fn = ret(*) params;                                                            \
-  name##_fn pick_##name() {                                                                   \
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&            \
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))             \
-      return &name##_avx512;                                                                  \
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return &name##_avx2; \
-    return &name##_baseline;                                                                  \
+#define ROWS_VARIANTS(ret, name, body, params, args)                                       \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))) ret name##_avx512 params { \
+    return body args;                                                                      \
+  }                                                                                        \
+  __attribute__((target("avx2,fma"))) ret name##_avx2 params { return body args; }         \
+  ret name##_baseline params { return body args; }                                         \
+  using name##_fn = ret(*) params;                                                         \
+  name##_fn pick_##name() {                                                                \
+    if (has_avx512()) return &name##_avx512;                                               \
+    if (has_avx2_fma()) return &name##_avx2;                                               \
+    return &name##_baseline;                                                               \
   }
 
 ROWS_VARIANTS(float, dot_row, dot_row_body, (const float* a, const float* b, int64_t n), (a, b, n))
@@ -71,29 +70,14 @@ ROWS_VARIANTS(void, ds_row, ds_row_body, (float* p, const float* dp, int64_t n, 
 
 }  // namespace
 
-float dot_row(const float* a, const float* b, int64_t n) {
-  static const dot_row_fn f = pick_dot_row();
-  return f(a, b, n);
-}
+float dot_row(const float* a, const float* b, int64_t n) { return pick_dot_row()(a, b, n); }
 
-float row_max(const float* s, int64_t n) {
-  static const row_max_fn f = pick_row_max();
-  return f(s, n);
-}
+float row_max(const float* s, int64_t n) { return pick_row_max()(s, n); }
 
-float exp_row(float* s, int64_t n, float mx) {
-  static const exp_row_fn f = pick_exp_row();
-  return f(s, n, mx);
-}
+float exp_row(float* s, int64_t n, float mx) { return pick_exp_row()(s, n, mx); }
 
-void prob_row(float* s, int64_t n, float mx, float inv) {
-  static const prob_row_fn f = pick_prob_row();
-  f(s, n, mx, inv);
-}
+void prob_row(float* s, int64_t n, float mx, float inv) { pick_prob_row()(s, n, mx, inv); }
 
-void ds_row(float* p, const float* dp, int64_t n, float di) {
-  static const ds_row_fn f = pick_ds_row();
-  f(p, dp, n, di);
-}
+void ds_row(float* p, const float* dp, int64_t n, float di) { pick_ds_row()(p, dp, n, di); }
 
 }  // namespace mindspeed_like::attn
