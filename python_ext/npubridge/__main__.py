@@ -74,7 +74,8 @@ def main(argv=None) -> int:
                       help="only this op (aten::hardtanh.out, or aten::hardtanh for all its overloads); repeatable")
     conf.add_argument("--tests", action="append", default=[], metavar="FILE_OR_MODULE",
                       help="npubridge.testing samples and references of the plugin's own ops (default: "
-                      "<name>_conformance.py beside lib<name>.so)")
+                      "<stem>_conformance.py beside lib<stem>.so, e.g. npub_mindspeed_like_conformance.py beside "
+                      "libnpub_mindspeed_like.so; the in-tree plugins ship theirs)")
     conf.add_argument("--report", default="", metavar="OUT.md")
     conf.add_argument("--json", default="", metavar="OUT.json")
     conf.add_argument("--max-samples", type=int, default=8, metavar="N", help="samples per op and dtype")

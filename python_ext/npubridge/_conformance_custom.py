@@ -23,10 +23,19 @@ def _to_float64(x):
                 and t.is_floating_point() else (t.detach().clone() if isinstance(t, torch.Tensor) else t), x)
 
 
-def _noncontiguous(x):
-    from torch.testing._internal.common_utils import noncontiguous_like
+def _noncontiguous_like(t):
+    # The same values in every other element of a buffer twice as long in
+    # the last dimension (what torch.testing's noncontiguous_like makes,
+    # without its test-only dependencies).
+    wide = t.new_empty(t.shape[:-1] + (2 * t.shape[-1],))
+    view = wide[..., ::2]
+    view.copy_(t.detach())
+    return view.requires_grad_(t.requires_grad) if t.is_floating_point() or t.is_complex() else view
 
-    return _map(lambda t: noncontiguous_like(t) if isinstance(t, torch.Tensor) and t.numel() > 1 else t, x)
+
+def _noncontiguous(x):
+    return _map(lambda t: _noncontiguous_like(t) if isinstance(t, torch.Tensor) and t.numel() > 1 and t.dim() > 0
+                else t, x)
 
 
 def _as_list(x):

@@ -260,7 +260,7 @@ def _credit(cells, dtype_name, source, label, phases):
 
 def run_aten(cells, ops, probe, max_samples, log=print):
     """Runs the OpInfo samples of `ops` ({op: [declared dtype names]})."""
-    from torch.testing._internal.common_methods_invocations import op_db
+    db = opinfo.op_db()
 
     per_opinfo: Dict[str, Tuple[object, set]] = {}
     no_opinfo = {}
@@ -272,7 +272,7 @@ def run_aten(cells, ops, probe, max_samples, log=print):
         return opinfo_candidates(op, db, mapped_from.get(op, ()))
 
     for op, dtypes in ops.items():
-        found = candidates(op, op_db)
+        found = candidates(op, db)
         if not found:
             no_opinfo[op] = ("no OpInfo for this op (PyTorch's OpInfo database has no entry named "
                              f"{' or '.join(sorted(aten_bases(op)))})")
@@ -315,7 +315,7 @@ def run_aten(cells, ops, probe, max_samples, log=print):
         if op in no_opinfo:
             why = no_opinfo[op]
         elif (op, dtype_name) not in tried:
-            names = sorted({_opinfo_name(o) for o in candidates(op, op_db)})
+            names = sorted({_opinfo_name(o) for o in candidates(op, db)})
             why = f"no OpInfo sample for {dtype_name} ({', '.join(names)} not defined for it on the CPU)"
         else:
             why = ("OpInfo samples of " + ", ".join(tried[(op, dtype_name)]) + " never reached the kernel "

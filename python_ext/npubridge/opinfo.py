@@ -202,6 +202,18 @@ def _check_sample(op, sample, backward, tol):
     return True
 
 
+def op_db():
+    """PyTorch's OpInfo database, or an error that says what to install:
+    torch.testing._internal imports test-only packages PyTorch's wheel does
+    not depend on."""
+    try:
+        from torch.testing._internal.common_methods_invocations import op_db as db
+    except ModuleNotFoundError as err:
+        raise RuntimeError(f"PyTorch's OpInfo samples (torch.testing._internal) need the package '{err.name}', "
+                           "which PyTorch does not install: pip install expecttest hypothesis") from err
+    return db
+
+
 def run(max_samples=8, ops=None, time_limit=None, dtype=torch.float32):
     """Returns {op name: {"status": "pass" | "fail" | "skip", "reason": str,
     "samples": int, "native": bool}} for every op of op_db that supports
@@ -209,12 +221,12 @@ def run(max_samples=8, ops=None, time_limit=None, dtype=torch.float32):
     kernel (not all by the CPU fallback). For a dtype other than float32,
     ops that ran entirely on the CPU fallback are skipped: the check is of
     the plugins' kernels for that dtype."""
-    from torch.testing._internal.common_methods_invocations import op_db
+    db = op_db()
 
     results = {}
     start = time.time()
     torch.manual_seed(0)  # sample inputs are random: make the run repeatable
-    for op in op_db:
+    for op in db:
         name = op.name + ("." + op.variant_test_name if op.variant_test_name else "")
         if ops is not None and name not in ops:
             continue

@@ -110,3 +110,12 @@ def test_what_autograd_saves_is_freed():
         del y, rstd
     torch.npu.synchronize()
     assert torch.npu.memory_allocated() == base
+
+
+def test_cpu_tensors_get_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"npubridge.mindspeed.npu_rms_norm: expected input on the npu \(mindspeed_like's "
+                                           r"kernels run there\) but found a cpu tensor; move it with .to\('npu'\)"):
+        ms.npu_rms_norm(torch.ones(2, 4), torch.ones(4, device="npu"))
+    with pytest.raises(RuntimeError, match=r"npu_fusion_attention: expected key on the npu"):
+        q = torch.ones(1, 1, 2, 4, device="npu")
+        ms.npu_fusion_attention(q, q.cpu(), q, 1, "BNSD")

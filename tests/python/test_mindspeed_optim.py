@@ -189,3 +189,12 @@ def test_errors():
     with pytest.raises(RuntimeError, match=r"FusedAdamW: expected npu parameters but found a cpu parameter \(param "
                        r"group 0, param 0\); move the model with .to\('npu'\) first"):
         FusedAdamW([cpu]).step()
+
+
+def test_torch_adamw_keywords():
+    p = torch.nn.Parameter(torch.ones(3, device="npu"))
+    FusedAdamW([p], foreach=True, fused=None)  # accepted: the update is always fused
+    for name in ("capturable", "differentiable"):
+        with pytest.raises(ValueError, match=f"FusedAdamW: {name}=True is not supported \\(expected False\\); use "
+                                             "torch.optim.AdamW for it"):
+            FusedAdamW([p], **{name: True})

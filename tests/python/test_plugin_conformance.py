@@ -64,6 +64,19 @@ def test_the_tests_file_beside_the_library_is_found(tmp_path):
         ("conf_good::mul_add", "float32", "passed"), ("conf_good::mul_add", "float64", "passed")]
 
 
+def test_the_in_tree_plugins_ship_their_tests_files(tmp_path):
+    # Beside the built-in plugins (build tree and wheel): conformance of
+    # mindspeed_like needs no --tests.
+    import npubridge
+
+    path = next(p["path"] for p in npubridge.plugins() if p["name"] == "mindspeed_like")
+    for name in ("cann_like", "mindspeed_like", "vllm_like"):
+        assert os.path.exists(os.path.join(os.path.dirname(path), f"npub_{name}_conformance.py")), name
+    status, out, report = conformance(tmp_path, "--plugin", path, "--op", "mindspeed_like::npu_swiglu")
+    assert status == 0, out
+    assert {c["status"] for c in report["results"]} == {"passed"} and len(report["results"]) == 4
+
+
 def test_a_numerically_wrong_aten_kernel_fails(tmp_path):
     status, out, report = conformance(tmp_path, "--plugin", plugin("wrong"))
     assert status == 1, out

@@ -60,6 +60,15 @@ def _lookup(name):
     return op
 
 
+def _on_npu(name, **tensors):
+    """A clear error for a CPU (or other device's) tensor, instead of
+    PyTorch's "Could not run ... with arguments from the 'CPU' backend"."""
+    for arg, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.device.type != "npu":
+            raise RuntimeError(f"npubridge.mindspeed.{name}: expected {arg} on the npu (mindspeed_like's kernels run "
+                               f"there) but found a {t.device.type} tensor; move it with .to('npu')")
+
+
 def _op(name):
     op = _resolved.get(name) or _lookup(name)
     if op is None:
@@ -75,6 +84,7 @@ def npu_rms_norm(input, gamma, epsilon=1e-06):
     size 1 in the normalised dims (torch_npu.npu_rms_norm). ``gamma`` has
     input's dtype.
     """
+    _on_npu("npu_rms_norm", input=input, gamma=gamma)
     return _op("npu_rms_norm")(input, gamma, epsilon)
 
 
@@ -84,6 +94,7 @@ def npu_add_rms_norm(x1, x2, gamma, epsilon=1e-06):
     Returns ``(y, rstd, x)`` where ``x = x1 + x2`` (the new residual), ``y`` is
     its RMSNorm times gamma and rstd is float32 (torch_npu.npu_add_rms_norm).
     """
+    _on_npu("npu_add_rms_norm", x1=x1, x2=x2, gamma=gamma)
     return _op("npu_add_rms_norm")(x1, x2, gamma, epsilon)
 
 
@@ -94,6 +105,7 @@ def npu_rotary_mul(input, r1, r2, rotary_mode="half"):
     ``'half'`` (NeoX: rotate-half, ``cat(-x2, x1)``) or ``'interleave'``
     (GPT-J: pairs ``(x0, x1) -> (-x1, x0)``).
     """
+    _on_npu("npu_rotary_mul", input=input, r1=r1, r2=r2)
     return _op("npu_rotary_mul")(input, r1, r2, rotary_mode)
 
 
@@ -103,11 +115,13 @@ def npu_rotary_position_embedding(x, cos, sin, mode=0):
     ``mode`` 0 is rotate-half (NeoX, Llama), 1 interleaved (GPT-J); cos and
     sin broadcast to x.
     """
+    _on_npu("npu_rotary_position_embedding", x=x, cos=cos, sin=sin)
     return _op("npu_rotary_position_embedding")(x, cos, sin, mode)
 
 
 def npu_swiglu(input, dim=-1):
     """SwiGLU: ``a, b = input.chunk(2, dim)``; returns ``silu(a) * b`` (torch_npu.npu_swiglu)."""
+    _on_npu("npu_swiglu", input=input)
     return _op("npu_swiglu")(input, dim)
 
 
@@ -126,6 +140,7 @@ def npu_fusion_attention(query, key, value, head_num, input_layout, *, pse=None,
     dropout values (seed, offset, numels) are not returned, so
     ``npu_fusion_attention(...)[0]`` reads the same as with torch_npu.
     """
+    _on_npu("npu_fusion_attention", query=query, key=key, value=value, atten_mask=atten_mask)
     return _op("npu_fusion_attention")(query, key, value, head_num, input_layout, pse, padding_mask, atten_mask, scale,
                                        keep_prob, pre_tockens, next_tockens, inner_precise, prefix, actual_seq_qlen,
                                        actual_seq_kvlen, sparse_mode)
@@ -138,6 +153,7 @@ def npu_matmul_add_fp32(x, weight, C):
     ``x`` is [k, m], ``weight`` [k, n] (float32, float16 or bfloat16), ``C``
     [m, n] float32. Returns None.
     """
+    _on_npu("npu_matmul_add_fp32", x=x, weight=weight, C=C)
     _op("npu_matmul_add_fp32")(x, weight, C)
 
 

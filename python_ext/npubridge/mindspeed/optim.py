@@ -29,14 +29,20 @@ class FusedAdamW(torch.optim.Optimizer):
 
     Args: as torch.optim.AdamW: ``params`` (tensors or param-group dicts),
     ``lr``, ``betas``, ``eps``, ``weight_decay``, ``amsgrad`` and the keyword
-    ``maximize``. ``lr`` may change between steps (LR schedulers write
+    ``maximize``; torch's ``foreach`` and ``fused`` are accepted and have no
+    effect (the update is always fused), while ``capturable=True`` and
+    ``differentiable=True`` are refused. ``lr`` may change between steps (LR schedulers write
     ``param_groups[i]['lr']``). Parameters must be npu tensors of float32,
     float16 or bfloat16 by the time ``step()`` runs; parameters without a
     gradient are skipped and sparse gradients are an error, as in torch.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
-                 maximize=False):
+                 maximize=False, foreach=None, fused=None, capturable=False, differentiable=False):
+        for name, value in (("capturable", capturable), ("differentiable", differentiable)):
+            if value:
+                raise ValueError(f"FusedAdamW: {name}=True is not supported (expected False); "
+                                 "use torch.optim.AdamW for it")
         lr, betas = _scalar(lr), tuple(_scalar(b) for b in betas)
         if not 0.0 <= lr:
             raise ValueError(f"FusedAdamW: expected lr >= 0 but found {lr}")
