@@ -352,3 +352,18 @@ def test_overrideable_backward_from_logsumexp_alone(npu):
     for name, got, host, wide in zip(("query", "key", "value"), (dq, dk, dv), grads(torch.float32),
                                      grads(torch.float64)):
         assert_judged(got, host, wide, f"gradient of {name}")
+
+
+def test_a_band_wider_than_int64_arithmetic_is_no_band(npu):
+    # next_tockens = INT64_MAX once overflowed i + next + 1 and masked every key.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 4, dtype=torch.float64) for _ in range(3))
+    for band in (2**63 - 1, 2**62, -(2**63)):
+        pre = band if band > 0 else 2**63 - 1
+        out = fusion_attention(q.to(npu), k.to(npu), v.to(npu), 2, "BNSD", scale=0.5, pre_tockens=pre,
+                               next_tockens=band)[0].cpu()
+        ref = reference_bnsd(q, k, v, 0.5, None) if band > 0 else None
+        if ref is not None:
+            torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+        else:  # no key at or below next_tockens = -2^63: every row fully masked, output 0
+            assert torch.equal(out, torch.zeros_like(out))

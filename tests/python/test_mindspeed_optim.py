@@ -198,3 +198,26 @@ def test_torch_adamw_keywords():
         with pytest.raises(ValueError, match=f"FusedAdamW: {name}=True is not supported \\(expected False\\); use "
                                              "torch.optim.AdamW for it"):
             FusedAdamW([p], **{name: True})
+
+
+def test_float64_params_match_torch_adamw():
+    cpu = [torch.randn(5, 3, dtype=torch.float64, requires_grad=True)]
+    npu = [cpu[0].detach().to("npu").requires_grad_()]
+    ref, opt = torch.optim.AdamW(cpu, lr=1e-2, foreach=False), FusedAdamW(npu, lr=1e-2)
+    for step in range(10):
+        g = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(step))
+        cpu[0].grad, npu[0].grad = g, g.to("npu")
+        ref.step()
+        opt.step()
+    torch.testing.assert_close(npu[0].detach().cpu(), cpu[0].detach(), rtol=1e-12, atol=0)
+
+
+def test_a_refused_step_changes_nothing():
+    a = torch.nn.Parameter(torch.ones(3, device="npu"))
+    b = torch.nn.Parameter(torch.ones(3))  # a CPU parameter, refused after a was accepted
+    opt = FusedAdamW([a, b])
+    a.grad, b.grad = torch.ones(3, device="npu"), torch.ones(3)
+    with pytest.raises(RuntimeError, match=r"FusedAdamW: expected npu parameters but found a cpu parameter "
+                                           r"\(param group 0, param 1\)"):
+        opt.step()
+    assert len(opt.state) == 0 and torch.equal(a.detach().cpu(), torch.ones(3))

@@ -49,8 +49,9 @@ void forward_block(const AttnProblem& p, const Task& t, const typename E::T* q, 
     l[r] = 0;
   }
   std::fill(O, O + qn * D, Acc(0));
-  // Blocks at multiples of kBlockK, as the backward takes them: the same
-  // products give the same scores to the bit.
+  // Key blocks at multiples of kBlockK. The backward recomputes the scores
+  // in one product over the row block's key range: equal to these within
+  // the GEMM's rounding, which is all it needs (Di comes from P and dP).
   for (int64_t k0 = kmin / kBlockK * kBlockK; k0 < kmax; k0 += kBlockK) {
     const int64_t kn = std::min<int64_t>(kBlockK, kmax - k0);
     const Tile<Acc> kt = tile<E>(k + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, K);

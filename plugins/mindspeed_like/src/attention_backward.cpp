@@ -8,8 +8,9 @@
 // never Sq x Skv. Work is split by (batch, key/value head): one task owns
 // the keys and values of its head (dK, dV, summed over the query heads of
 // its group in grouped-query attention) and the rows of dQ of those query
-// heads, so no two threads write the same element and nothing is reduced
-// afterwards.
+// heads, so no two threads write the same element. With fewer (batch, kv
+// head) pairs than workers, a head's row blocks are split over workers
+// whose dK/dV partials are summed afterwards (store_kv_grads).
 #include <algorithm>
 #include <limits>
 #include <vector>

@@ -2,6 +2,7 @@
 // (attention_layout.h).
 #include "attention_layout.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -66,8 +67,12 @@ AttnProblem parse_attention(const Call& call, const AttnArgIndex& ix) {
               "sparse_mode: expected 0 (mask and band), 1 (mask), 2 (leftUpCausal) or 3 "
               "(rightDownCausal) but found " +
                   std::to_string(p.sparse_mode));
-  p.pre_tockens = call.int_arg(ix.pre_tockens);
-  p.next_tockens = call.int_arg(ix.next_tockens);
+  // A band wider than any sequence means no band: saturated, so that
+  // key_range's i - pre and i + next + 1 cannot overflow (next_tockens =
+  // INT64_MAX masked every key before).
+  constexpr int64_t kNoBand = int64_t(1) << 40;
+  p.pre_tockens = std::clamp<int64_t>(call.int_arg(ix.pre_tockens), -kNoBand, kNoBand);
+  p.next_tockens = std::clamp<int64_t>(call.int_arg(ix.next_tockens), -kNoBand, kNoBand);
   if (p.sparse_mode == 1) {  // allMask: the mask alone decides
     p.pre_tockens = p.next_tockens = std::numeric_limits<int32_t>::max();
   }
@@ -176,11 +181,9 @@ AttnProblem parse_attention(const Call& call, const AttnArgIndex& ix) {
   if (L == "TND") {
     p.stats_shape = {q.size(0), N, 8};
     p.stats = {0, N * 8, 8};
-    p.stats_rows = q.size(0) * N;
   } else {
     p.stats_shape = {p.batch, N, sq, 8};
     p.stats = {N * sq * 8, 8, sq * 8};
-    p.stats_rows = p.batch * N * sq;
   }
 
   TensorRef m = call.optional_tensor(ix.atten_mask);

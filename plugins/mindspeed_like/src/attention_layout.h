@@ -37,9 +37,8 @@ struct AttnProblem {
   int64_t batch = 0, heads = 0, kv_heads = 0, head_dim = 0;
   std::vector<int64_t> q_start, q_len, kv_start, kv_len;  // per batch
   int64_t max_sq = 0, max_skv = 0;
-  AttnStrides q, kv;       // query / out / dq and key / value / dk / dv
-  AttnStrides stats;       // softmax_max / sum (the first of their 8 repeats)
-  int64_t stats_rows = 0;  // B * N * Sq (TND: T * N): one statistic per query row
+  AttnStrides q, kv;  // query / out / dq and key / value / dk / dv
+  AttnStrides stats;  // softmax_max / sum (the first of their 8 repeats)
   std::vector<int64_t> stats_shape;
   double scale = 1.0;
   int64_t sparse_mode = 0;

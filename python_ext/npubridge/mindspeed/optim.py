@@ -83,9 +83,9 @@ class FusedAdamW(torch.optim.Optimizer):
         if p.device.type != "npu":
             raise RuntimeError(f"FusedAdamW: expected npu parameters but found a {p.device.type} parameter "
                                f"({where}); move the model with .to('npu') first, or use torch.optim.AdamW")
-        if p.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise RuntimeError(f"FusedAdamW: expected float32, float16 or bfloat16 parameters but found {p.dtype} "
-                               f"({where})")
+        if p.dtype not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            raise RuntimeError(f"FusedAdamW: expected float32, float16, bfloat16 or float64 parameters but found "
+                               f"{p.dtype} ({where})")
         if p.grad.device != p.device or p.grad.dtype != p.dtype:
             raise RuntimeError(f"FusedAdamW: expected the gradient on {p.device} in {p.dtype} like its parameter "
                                f"but found {p.grad.device} {p.grad.dtype} ({where})")
@@ -98,24 +98,30 @@ class FusedAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # Every parameter is checked before any state changes, so a refused
+        # step leaves the optimizer as it was.
         for gi, group in enumerate(self.param_groups):
+            for pi, p in enumerate(group["params"]):
+                if p.grad is not None:
+                    self._check(p, f"param group {gi}, param {pi}")
+        for group in self.param_groups:
             amsgrad, maximize = bool(group["amsgrad"]), bool(group["maximize"])
             beta1, beta2 = (float(_scalar(b)) for b in group["betas"])
             lr, eps, wd = float(_scalar(group["lr"])), float(group["eps"]), float(group["weight_decay"])
             # One kernel call per (dtype, step): a param whose grad was None in
             # some step has a smaller step count than its group mates.
             buckets = {}
-            for pi, p in enumerate(group["params"]):
+            for p in group["params"]:
                 if p.grad is None:
                     continue
-                self._check(p, f"param group {gi}, param {pi}")
                 state = self._state_of(p, amsgrad)
-                state["step"] += 1
-                key = (p.dtype, int(state["step"].item()))
+                key = (p.dtype, int(state["step"].item()) + 1)
                 buckets.setdefault(key, []).append((p, state))
             for (_, step), members in buckets.items():
                 functional.npu_apply_adam_w([p for p, _ in members], [p.grad for p, _ in members],
                                             [s["exp_avg"] for _, s in members], [s["exp_avg_sq"] for _, s in members],
                                             [s["max_exp_avg_sq"] for _, s in members] if amsgrad else [], step, lr,
                                             beta1, beta2, eps, wd, amsgrad, maximize)
+                for _, state in members:  # counted once the kernel has taken the step
+                    state["step"] += 1
         return loss

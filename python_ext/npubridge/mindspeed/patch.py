@@ -336,7 +336,7 @@ def patch(features=None, level=2):
     """Swaps the fused versions into transformers' Llama and Qwen2.
 
     ``features=None`` enables every feature of level <= ``level`` (0: none,
-    1: rms_norm and rotary, 2: also swiglu and flash_attention); a name or a
+    1: rms_norm and rotary, 2: also swiglu, flash_attention and add_rms_norm); a name or a
     list of names enables exactly those. A feature whose kernels are missing
     is skipped with a warning when chosen by level, and is an error when
     named. Replaces what an earlier patch() applied. Patched code takes the
