@@ -5,11 +5,14 @@
 
 #include <npubridge/plugin_sdk.hpp>
 
+#include <array>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 
 #if defined(NPUB_KERNELS_HAVE_ONEDNN)
@@ -351,9 +354,30 @@ Probe probe(GemmType type) {
   }
 }
 
+// Note [The probe runs on a thread of its own]
+// Creating a primitive descriptor leaves thread-local state in oneDNN and
+// libgomp (the OpenMP setting) on the thread that does it. The probe runs
+// at registration, on the host's loading thread, which is often the host's
+// main thread and outlives the plugin; so it runs on a short thread of its
+// own, whose thread-local state ends with it. (LeakSanitizer's tracer
+// crashed at exit scanning that state on the main thread.) It is the one
+// thread the plugin starts, and it does no kernel work (Note [GEMM runs on
+// the caller's thread only] is about products).
 const Probe& probed(GemmType type) {
-  static const Probe f32 = probe(GemmType::f32), bf16 = probe(GemmType::bf16), f16 = probe(GemmType::f16);
-  return type == GemmType::bf16 ? bf16 : type == GemmType::f16 ? f16 : f32;
+  static const std::array<Probe, 3> probes = [] {
+    std::array<Probe, 3> found;
+    std::exception_ptr failed;
+    std::thread([&found, &failed] {
+      try {
+        found = {probe(GemmType::f32), probe(GemmType::bf16), probe(GemmType::f16)};
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }).join();
+    if (failed) std::rethrow_exception(failed);
+    return found;
+  }();
+  return probes[type == GemmType::bf16 ? 1 : type == GemmType::f16 ? 2 : 0];
 }
 
 }  // namespace
