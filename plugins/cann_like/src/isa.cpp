@@ -1,10 +1,8 @@
 #include "isa.h"
 
-#include <npubridge/plugin_sdk.hpp>
+#include <plugin_kernels/isa_cap.h>
 
 #include <atomic>
-#include <cstdlib>
-#include <string>
 
 namespace cann_like {
 
@@ -30,27 +28,14 @@ Isa cpu_isa() {
 }
 }  // namespace
 
+static_assert(static_cast<int>(plugin_kernels::IsaCap::kAvx512) == static_cast<int>(Isa::kAvx512) &&
+              static_cast<int>(plugin_kernels::IsaCap::kBaseline) == static_cast<int>(Isa::kBaseline));
+
 void configure_isa_from_environment() {
-  // Read as the host reads its own settings: surrounding white space aside,
-  // exactly one of the names, or initialize fails with a message the host
-  // turns into a start-up error (Note [A plugin's bad setting stops the
-  // start], dispatcher/src/plugin_loader.cpp).
-  const char* raw = std::getenv("NPUB_CANN_MAX_ISA");
-  std::string v = raw ? raw : "";
-  const size_t first = v.find_first_not_of(" \t\r\n");
-  v = first == std::string::npos ? "" : v.substr(first, v.find_last_not_of(" \t\r\n") - first + 1);
-  Isa cap;
-  if (v.empty() || v == "avx512")
-    cap = Isa::kAvx512;
-  else if (v == "avx2")
-    cap = Isa::kAvx2;
-  else if (v == "baseline")
-    cap = Isa::kBaseline;
-  else
-    throw npub::sdk::Error(
-        NPUB_ERR_INVALID_ARGUMENT,
-        "NPUB_CANN_MAX_ISA: expected one of baseline, avx2, avx512 (or unset) but found '" + v + "'");
-  g_cap.store(static_cast<int>(cap), std::memory_order_relaxed);
+  // Read as the host reads its own settings (plugin_kernels/isa_cap.h); the
+  // levels are the same numbers.
+  g_cap.store(static_cast<int>(plugin_kernels::isa_cap_from_environment("NPUB_CANN_MAX_ISA")),
+              std::memory_order_relaxed);
 }
 
 Isa kernel_isa() {

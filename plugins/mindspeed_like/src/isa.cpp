@@ -2,10 +2,8 @@
 #include "isa.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <string>
 
-#include <npubridge/plugin_sdk.hpp>
+#include <plugin_kernels/isa_cap.h>
 
 namespace mindspeed_like {
 
@@ -15,16 +13,9 @@ std::atomic<int> g_max_level{2};
 }  // namespace
 
 void configure_isa_from_environment() {
-  // As cann_like reads NPUB_CANN_MAX_ISA: white space aside, one of the names.
-  const char* raw = std::getenv("NPUB_MINDSPEED_MAX_ISA");
-  std::string v = raw ? raw : "";
-  const size_t first = v.find_first_not_of(" \t\r\n");
-  v = first == std::string::npos ? "" : v.substr(first, v.find_last_not_of(" \t\r\n") - first + 1);
-  if (v != "" && v != "avx512" && v != "avx2" && v != "baseline")
-    throw npub::sdk::Error(
-        NPUB_ERR_INVALID_ARGUMENT,
-        "NPUB_MINDSPEED_MAX_ISA: expected one of baseline, avx2, avx512 (or unset) but found '" + v + "'");
-  g_max_level.store(v == "baseline" ? 0 : v == "avx2" ? 1 : 2, std::memory_order_relaxed);
+  // As cann_like reads NPUB_CANN_MAX_ISA (plugin_kernels/isa_cap.h).
+  g_max_level.store(static_cast<int>(plugin_kernels::isa_cap_from_environment("NPUB_MINDSPEED_MAX_ISA")),
+                    std::memory_order_relaxed);
 }
 
 bool has_avx2_fma() {
