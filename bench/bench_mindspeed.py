@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 import npubridge
 import npubridge.mindspeed as ms
+from timing import timed
 
 warnings.filterwarnings("ignore")
 torch.set_num_threads(2)
@@ -42,16 +43,6 @@ results = []
 
 def sync():
     torch.npu.synchronize()
-
-
-def timed(fn, reps):
-    fn()  # warm-up (and first-call checks)
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def peak_extra_bytes(fn):

@@ -3,27 +3,16 @@ streams of small and large adds, an op that falls back to the CPU, and a tiny
 Llama forward. Prints npu time / CPU time (lower is better) and writes the
 figures to the JSON file given as argv[1]."""
 import json
-import statistics
 import sys
-import time
 import warnings
 
 import torch
 
 import npubridge
+from timing import timed
 
 warnings.filterwarnings("ignore")
 torch.set_num_threads(2)
-
-
-def timed(fn, reps=5):
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def add_stream(device, n, count):
