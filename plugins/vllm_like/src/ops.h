@@ -1,0 +1,16 @@
+// vllm_like's op families: each file defines its ops' schemas and registers
+// their kernels and meta functions.
+#pragma once
+
+#include <npubridge/plugin_sdk.hpp>
+
+namespace vllm_like {
+
+void register_activation(npub::sdk::Registrar& r);        // activation.cpp: silu/gelu_and_mul
+void register_layernorm(npub::sdk::Registrar& r);         // layernorm.cpp: rms_norm, fused_add_rms_norm
+void register_rotary_embedding(npub::sdk::Registrar& r);  // rotary_embedding.cpp
+void register_cache_ops(
+    npub::sdk::Registrar& r);  // cache_ops.cpp: reshape_and_cache(_flash), copy/swap_blocks
+void register_paged_attention(npub::sdk::Registrar& r);  // paged_attention.cpp: v1 and v2
+
+}  // namespace vllm_like
