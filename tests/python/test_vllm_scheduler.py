@@ -315,3 +315,24 @@ def test_bad_requests_are_refused_by_name():
         make_engine(preemption_mode="later")
     with pytest.raises(ValueError, match="top_p must be in"):
         SamplingParams(top_p=0)
+
+
+class LetterTokenizer:
+    """One letter per token id (transformers' decode signature)."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_stop_strings_end_and_trim_the_text(include):
+    engine, runner = make_engine(tokenizer=LetterTokenizer())
+    p = PROMPTS[4]
+    ref = reference_greedy(p, 20, eos=-1)
+    text = LetterTokenizer().decode(ref)
+    stop = text[6:8]
+    at = text.find(stop)
+    out = run(engine, runner, [p], [greedy(20, ignore_eos=True, stop=stop, include_stop_str_in_output=include)])[0]
+    c = out.outputs[0]
+    assert c.token_ids == ref[:at + 2] and c.finish_reason == "stop" and c.stop_reason == stop
+    assert c.text == (text[:at + 2] if include else text[:at])
