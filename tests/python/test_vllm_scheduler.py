@@ -311,6 +311,9 @@ def test_bad_requests_are_refused_by_name():
         engine.add_request("z", "hello")
     with pytest.raises(ValueError, match="the prompt is empty"):
         engine.add_request("e", {"prompt_token_ids": []})
+    small, _ = make_engine(max_num_seqs=2)
+    with pytest.raises(ValueError, match=r"n=3 completions are more than max_num_seqs \(2\)"):
+        small.add_request("n", {"prompt_token_ids": [1]}, SamplingParams(n=3))
     with pytest.raises(ValueError, match="preemption_mode must be one of"):
         make_engine(preemption_mode="later")
     with pytest.raises(ValueError, match="top_p must be in"):

@@ -200,13 +200,14 @@ class BlockSpaceManager:
         return len(self._cached_prefix(seq)) * self.block_size
 
     def can_allocate(self, group: SequenceGroup) -> str:
-        needed, taken_from_free = 0, set()
+        needed, hit_blocks, taken_from_free = 0, set(), set()
         for seq in group.get_seqs(SequenceStatus.WAITING):
             hits = self._cached_prefix(seq)
             needed += _blocks_for(seq.get_len(), self.block_size) - len(hits)
+            hit_blocks.update(hits)
             # An evictable hit leaves the free count when it is taken.
             taken_from_free.update(b for b in hits if self.device.is_evictable(b))
-        if needed > self.device.num_blocks - self.watermark_blocks:
+        if needed + len(hit_blocks) > self.device.num_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
         if self.device.get_num_free_blocks() - needed - len(taken_from_free) >= self.watermark_blocks:
             return AllocStatus.OK

@@ -96,6 +96,9 @@ class LLMEngine:
         params = copy.copy(params or SamplingParams())
         params.stop_token_ids = list(params.stop_token_ids)
         params._eos_token_ids = list(self.eos_token_ids)
+        if params.n > self.scheduler.max_num_seqs:
+            raise ValueError(f"LLMEngine.add_request({request_id!r}): n={params.n} completions are more than "
+                             f"max_num_seqs ({self.scheduler.max_num_seqs})")
         text, ids = self._prompt_tokens(prompt)
         self._check_prompt(request_id, ids)
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
@@ -137,8 +140,14 @@ class LLMEngine:
 
     # ---- one step ------------------------------------------------------
     def step(self) -> List[RequestOutput]:
+        if not self.has_unfinished_requests():
+            return []
         sched = self.scheduler.schedule()
         self._stats["steps"] += 1
+        if sched.is_empty() and not sched.ignored and not sched.preempted:
+            # Every admission rule refused and nothing runs: a bug, not a
+            # state to spin in.
+            raise RuntimeError(f"LLMEngine.step: nothing could be scheduled with {self.stats()}")
         self._move_blocks(sched)
         touched = list(sched.ignored)
         if sched.scheduled:
