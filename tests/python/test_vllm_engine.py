@@ -116,6 +116,16 @@ def test_prefix_cache_hit_reads_the_cached_blocks_unchanged(model):
     cached = [bm.device.lookup(k) for k in bm._prefix_keys(_seq(a), 2)]
     assert None not in cached
     before = {blk: [runner.read_block(layer, blk) for layer in range(runner.num_layers)] for blk in cached}
+    # They hold the prefix's K/V: what a fresh engine computes for the same prompt, bit for bit.
+    fresh = LLM(model, num_device_blocks=32)
+    fresh_blocks = []
+    real = fresh.model_runner.execute
+    fresh.model_runner.execute = lambda inp: (fresh_blocks.append(inp.block_tables[0][:2]), real(inp))[1]
+    fresh.generate({"prompt_token_ids": a}, SamplingParams(temperature=0.0, max_tokens=1))
+    for blk, fresh_blk in zip(cached, fresh_blocks[0]):
+        for layer in range(runner.num_layers):
+            for got, want in zip(before[blk][layer], fresh.model_runner.read_block(layer, fresh_blk)):
+                assert torch.equal(got, want)
     seen = []
     real_execute = runner.execute
 
