@@ -167,6 +167,7 @@ class BlockSpaceManager:
         self.block_tables: Dict[int, List[int]] = {}  # seq_id -> device blocks
         self.cpu_block_tables: Dict[int, List[int]] = {}  # seq_id -> cpu blocks (swapped)
         self._block_keys: Dict[int, List[tuple]] = {}  # seq_id -> content keys of its full computed blocks
+        self._key_memo: Dict[int, List[tuple]] = {}  # seq_id -> content keys of its full blocks so far
         # Prefix-cache statistics, in prompt tokens looked up / found.
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -176,11 +177,13 @@ class BlockSpaceManager:
         return (hash(parent_key) if parent_key is not None else None, tuple(tokens))
 
     def _prefix_keys(self, seq: Sequence, num_blocks: int) -> List[tuple]:
-        keys, parent, bs = [], None, self.block_size
-        for i in range(num_blocks):
-            parent = self._key(parent, [seq.token_at(p) for p in range(i * bs, (i + 1) * bs)])
-            keys.append(parent)
-        return keys
+        """Content keys of seq's first num_blocks full blocks. Memoised per
+        sequence (its tokens only grow, so a full block's key never changes):
+        a waiting sequence is looked up in every step until admitted."""
+        keys, bs = self._key_memo.setdefault(seq.seq_id, []), self.block_size
+        for i in range(len(keys), num_blocks):
+            keys.append(self._key(keys[-1] if keys else None, seq.token_slice(i * bs, (i + 1) * bs)))
+        return keys[:num_blocks]
 
     def _cached_prefix(self, seq: Sequence) -> List[int]:
         """The cached blocks of seq's longest cached prefix (without its last token)."""
@@ -277,9 +280,7 @@ class BlockSpaceManager:
             return
         keys, table = self._block_keys[seq.seq_id], self.block_tables[seq.seq_id]
         full = seq.num_computed_tokens // self.block_size
-        bs = self.block_size
-        for i in range(len(keys), full):
-            key = self._key(keys[-1] if keys else None, [seq.token_at(p) for p in range(i * bs, (i + 1) * bs)])
+        for i, key in enumerate(self._prefix_keys(seq, full)[len(keys):], start=len(keys)):
             keys.append(key)
             if self.device.lookup(key) != table[i]:
                 self.device.register(table[i], key)  # False when another block holds it: stays uncached
@@ -291,6 +292,7 @@ class BlockSpaceManager:
             self.device.incref(b)
         self.block_tables[child.seq_id] = table
         self._block_keys[child.seq_id] = list(self._block_keys.get(parent.seq_id, []))
+        self._key_memo[child.seq_id] = list(self._key_memo.get(parent.seq_id, []))
 
     def free(self, seq: Sequence):
         """Drop seq's blocks (device or CPU), tail first so that cached prefix
@@ -302,6 +304,7 @@ class BlockSpaceManager:
                 if pool is self.cpu and pool.ref_counts[b] == 0:
                     self.cpu_block_key[b] = None
         self._block_keys.pop(seq.seq_id, None)
+        self._key_memo.pop(seq.seq_id, None)
 
     def get_block_table(self, seq: Sequence) -> List[int]:
         return self.block_tables[seq.seq_id]

@@ -181,11 +181,10 @@ class LLMEngine:
 
         token_ids, positions, seq_index, tables, sample_rows = [], [], [], [], []
         for i, s in enumerate(sched.scheduled):
-            start = s.seq.num_computed_tokens
-            for p in range(start, start + s.num_new_tokens):
-                token_ids.append(s.seq.token_at(p))
-                positions.append(p)
-                seq_index.append(i)
+            start, end = s.seq.num_computed_tokens, s.seq.num_computed_tokens + s.num_new_tokens
+            token_ids += s.seq.token_slice(start, end)
+            positions += range(start, end)
+            seq_index += [i] * s.num_new_tokens
             tables.append(list(self.block_manager.get_block_table(s.seq)))
             if s.do_sample:
                 sample_rows.append(len(token_ids) - 1)

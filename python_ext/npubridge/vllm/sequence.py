@@ -65,6 +65,15 @@ class Sequence:
         n = len(self.prompt_token_ids)
         return self.prompt_token_ids[position] if position < n else self.output_token_ids[position - n]
 
+    def token_slice(self, start: int, end: int) -> List[int]:
+        """Tokens [start, end) without building the whole list."""
+        n = len(self.prompt_token_ids)
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n:end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n]
+
     def get_num_uncomputed_tokens(self) -> int:
         return self.get_len() - self.num_computed_tokens
 
