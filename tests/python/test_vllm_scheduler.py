@@ -339,3 +339,30 @@ def test_stop_strings_end_and_trim_the_text(include):
     c = out.outputs[0]
     assert c.token_ids == ref[:at + 2] and c.finish_reason == "stop" and c.stop_reason == stop
     assert c.text == (text[:at + 2] if include else text[:at])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_workloads_keep_accounting_cache_contents_and_outputs(seed):
+    import random
+
+    rng = random.Random(seed)
+    engine, runner = make_engine(block_size=rng.choice([2, 4, 8]), num_device_blocks=rng.randrange(24, 48),
+                                 num_cpu_blocks=rng.choice([0, 8, 64]), max_num_seqs=rng.randrange(2, 9),
+                                 max_num_batched_tokens=rng.choice([16, 64, 512]),
+                                 enable_chunked_prefill=rng.random() < 0.5,
+                                 enable_prefix_caching=rng.random() < 0.5,
+                                 preemption_mode=rng.choice([None, "swap", "recompute"]))
+    shared = [rng.randrange(4, VOCAB) for _ in range(12)]
+    prompts, params = [], []
+    for i in range(10):
+        n = rng.randrange(1, 14)
+        prompts.append((shared[:rng.randrange(0, 12)] + [rng.randrange(4, VOCAB) for _ in range(n)])[:14])
+        if rng.random() < 0.3:
+            params.append(SamplingParams(n=2, temperature=1.0, seed=i, max_tokens=rng.randrange(1, 10)))
+        else:
+            params.append(greedy(rng.randrange(1, 12)))
+    outs = run(engine, runner, prompts, params)
+    for out, p, sp in zip(outs, prompts, params):
+        assert len(out.outputs) == sp.n
+        if sp.greedy:
+            assert out.outputs[0].token_ids == reference_greedy(p, sp.max_tokens)

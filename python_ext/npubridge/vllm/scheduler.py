@@ -130,18 +130,15 @@ class Scheduler:
     def _is_decode(self, group: SequenceGroup) -> bool:
         return all(s.get_num_uncomputed_tokens() == 1 for s in group.get_seqs(SequenceStatus.RUNNING))
 
-    def _plan(self, group: SequenceGroup, budget: int, whole: bool) -> List[Tuple[Sequence, int]]:
-        """(seq, tokens) for the group's running sequences within `budget`;
-        with `whole`, all or nothing."""
+    def _plan(self, group: SequenceGroup, budget: int) -> List[Tuple[Sequence, int]]:
+        """(seq, tokens) for the group's running sequences within `budget`
+        (a decode is 1 token, a prefill as much of the rest as fits)."""
         items, left = [], budget
         for seq in group.get_seqs(SequenceStatus.RUNNING):
             k = min(seq.get_num_uncomputed_tokens(), left)
-            if k <= 0:
-                continue
-            items.append((seq, k))
-            left -= k
-        if whole and sum(k for _, k in items) < sum(s.get_num_uncomputed_tokens() for s, _ in items):
-            return []
+            if k > 0:
+                items.append((seq, k))
+                left -= k
         return items
 
     def _commit(self, out: SchedulerOutputs, group: SequenceGroup, items, budget):
@@ -158,7 +155,7 @@ class Scheduler:
         kept = []
         while queue:
             group = queue.pop(0)
-            items = self._plan(group, budget[0], whole=False)
+            items = self._plan(group, budget[0])
             fits = True
             while not self.block_manager.can_append_slots(items):
                 victim = max(queue + [group], key=lambda g: g.arrival_time)
@@ -189,7 +186,7 @@ class Scheduler:
             out.blocks_to_swap_in.extend(self.block_manager.swap_in(group))
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
-            items = self._plan(group, budget[0], whole=False)
+            items = self._plan(group, budget[0])
             assert self.block_manager.can_append_slots(items), "swap-in reserved a block per sequence"
             self._commit(out, group, items, budget)
             self.running.append(group)
@@ -218,7 +215,7 @@ class Scheduler:
                 group.num_cached_tokens = seqs[0].num_computed_tokens
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
-            self._commit(out, group, self._plan(group, budget[0], whole=False), budget)
+            self._commit(out, group, self._plan(group, budget[0]), budget)
             self.running.append(group)
         self.running.sort(key=lambda g: g.arrival_time)
 
