@@ -238,3 +238,20 @@ def test_text_prompts_with_a_tokenizer(model):
         assert c.token_ids == hf_greedy(model, out.prompt_token_ids, 6)
     with pytest.raises(ValueError, match="needs a tokenizer"):
         LLM(model, num_device_blocks=8).generate("text")
+
+
+def test_cache_sizing_from_bytes_and_its_errors(model):
+    from npubridge.vllm.model_runner import ModelRunner
+
+    block = ModelRunner.block_bytes(model.config, 16, torch.float32)
+    assert block == 2 * 2 * 16 * 2 * 16 * 4  # K and V, 2 layers, 16 tokens, 2 kv heads of 16, float32
+    llm = LLM(model, kv_cache_memory=10 * block + 5, swap_space=3 * block)
+    st = llm.llm_engine.stats()
+    assert st["num_device_blocks"] == 10 and st["num_cpu_blocks"] == 3
+    with pytest.raises(ValueError, match=f"the KV cache holds no block: kv_cache_memory 100 bytes, one block of 16 "
+                       f"tokens over all layers is {block} bytes"):
+        LLM(model, kv_cache_memory=100)
+    with pytest.raises(ValueError, match="give num_device_blocks or kv_cache_memory, not both"):
+        LLM(model, num_device_blocks=4, kv_cache_memory=1 << 20)
+    with pytest.raises(TypeError, match="not a name"):
+        LLM("meta-llama/Llama-2-7b-hf")
