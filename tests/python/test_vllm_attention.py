@@ -132,6 +132,7 @@ CASES = [  # lens, heads, kv heads, head size, block size, alibi
     ([1, 17, 100, 0], 4, 4, 64, 16, False),
     ([5, 64, 130], 8, 2, 128, 8, False),
     ([1, 33, 200], 4, 1, 64, 32, True),
+    ([3, 45], 2, 2, 32, 4, False),  # a block size without a compile-time loop
 ]
 
 
