@@ -194,7 +194,11 @@ void run_items(const Call& call, const PagedView& view, int64_t num_heads_per_it
   std::atomic<size_t> next{0};
   call.parallel_for(0, workers, 1, [&](int64_t, int64_t) {
     const int64_t G = num_heads_per_item, D = view.head_size;
-    std::vector<float> buf(static_cast<size_t>(attend_scratch_floats(view, longest) + G * (2 + D)));
+    // Kept per thread across calls: a fresh buffer of a long sequence's
+    // scores would be fresh pages, faulted in and zeroed on every call.
+    thread_local std::vector<float> buf;
+    const size_t need = static_cast<size_t>(attend_scratch_floats(view, longest) + G * (2 + D));
+    if (buf.size() < need) buf.resize(need);
     RangeStats stats{buf.data(), buf.data() + G, buf.data() + 2 * G};
     float* scratch = buf.data() + G * (2 + D);
     for (size_t i = next++; i < items.size(); i = next++) body(items[i], stats, scratch);

@@ -38,7 +38,11 @@ using plugin_kernels::BF16;
 using plugin_kernels::F16;
 using plugin_kernels::F32;
 
-constexpr int64_t kLanes = 16;  // the query pattern's width (x divides it)
+constexpr int64_t kLanes = 16;       // the query pattern's width (x divides it)
+constexpr int64_t kValueBlocks = 4;  // value blocks accumulated per pass
+// How far ahead the key pass prefetches: enough blocks to cover the memory
+// latency when a block's arithmetic is short (one query head, small heads).
+constexpr int64_t kPrefetchBytes = 32768;
 
 enum Isa : int { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
 int g_isa = kBaseline;
@@ -85,6 +89,71 @@ VLLM_INLINE void value_rows(float* __restrict a, const float* __restrict p, cons
     for (int64_t j = 0; j < b; ++j) a[d * b + j] += p[j] * v[d * b + j];
 }
 
+// Starts loading the next block of the range into the cache while this one
+// is computed: a sequence's blocks are scattered over the cache, so the
+// hardware prefetcher, which follows one address stream, stops at every
+// block boundary, and the loops would wait for memory at the start of each.
+template <typename E>
+VLLM_INLINE void prefetch_block(const E* base, const int32_t* table, int64_t b, int64_t b1, int64_t stride,
+                                int64_t kvh, int64_t block_elems) {
+  if (b >= b1) return;
+  const char* p = reinterpret_cast<const char*>(base + (table[b] * stride + kvh) * block_elems);
+  const int64_t bytes = block_elems * static_cast<int64_t>(sizeof(E));
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
+}
+
+// a[m] = sum_c qp[c][m % 16] * kb[c * BX + m] over a key block (Note
+// [Paged attention's loops]). With BX known at compile time the whole
+// block's lanes stay in registers across the chunks, so each key element
+// costs one load and one FMA; otherwise 16 lanes at a time.
+template <int64_t kBX>
+VLLM_INLINE void key_lanes(const float* __restrict qp, const float* __restrict kb, int64_t C, int64_t BX,
+                           float* __restrict a) {
+  if constexpr (kBX > 0) {
+    (void)BX;
+    float acc[kBX] = {};
+    for (int64_t c = 0; c < C; ++c) {
+#pragma GCC unroll 16
+      for (int64_t m = 0; m < kBX; m += kLanes)
+        for (int64_t l = 0; l < kLanes; ++l) acc[m + l] += qp[c * kLanes + l] * kb[c * kBX + m + l];
+    }
+    for (int64_t m = 0; m < kBX; ++m) a[m] = acc[m];
+  } else {
+    int64_t m = 0;
+    for (; m + kLanes <= BX; m += kLanes) {
+      float lanes[kLanes] = {};
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t l = 0; l < kLanes; ++l) lanes[l] += qp[c * kLanes + l] * kb[c * BX + m + l];
+      for (int64_t l = 0; l < kLanes; ++l) a[m + l] = lanes[l];
+    }
+    for (; m < BX; ++m) {
+      float sum = 0;
+      for (int64_t c = 0; c < C; ++c) sum += qp[c * kLanes + m % kLanes] * kb[c * BX + m];
+      a[m] = sum;
+    }
+  }
+}
+
+// The value rows of four full blocks at once, a[d][j] += sum_i p_i[j] *
+// v_i[d][j]: one load and store of the accumulator per four FMAs.
+template <int64_t kB>
+VLLM_INLINE void value_rows4(float* __restrict a, const float* __restrict p, const float* const* vs,
+                             int64_t D, int64_t B) {
+  const int64_t b = kB > 0 ? kB : B;
+  const float* __restrict v0 = vs[0];
+  const float* __restrict v1 = vs[1];
+  const float* __restrict v2 = vs[2];
+  const float* __restrict v3 = vs[3];
+  const float* p0 = p;
+  const float* p1 = p + b;
+  const float* p2 = p + 2 * b;
+  const float* p3 = p + 3 * b;
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t j = 0; j < b; ++j)
+      a[d * b + j] +=
+          (p0[j] * v0[d * b + j] + p1[j] * v1[d * b + j]) + (p2[j] * v2[d * b + j] + p3[j] * v3[d * b + j]);
+}
+
 struct Layout {
   int64_t G, D, B, x, C, BX, n;
   float *qpat, *kacc, *scores, *vacc, *kconv, *vconv;
@@ -129,23 +198,30 @@ VLLM_INLINE void attend_impl(const PagedView& v, const typename S::E* q, int64_t
   const int32_t* table = v.block_tables + seq * v.max_blocks;
   const int64_t b0 = t0 / B, b1 = (t1 + B - 1) / B;
 
-  // Scores, block by block.
+  // Scores, block by block, the key blocks about kPrefetchBytes ahead in flight.
+  const int64_t ahead = std::max<int64_t>(1, kPrefetchBytes / (D * B * static_cast<int64_t>(sizeof(E))));
   for (int64_t b = b0; b < b1; ++b) {
     const int64_t block = table[b];
+    if (b == b0)
+      for (int64_t i = 1; i < ahead; ++i)
+        prefetch_block(kcache, table, b + i, b1, v.num_kv_heads, kvh, D * B);
+    prefetch_block(kcache, table, b + ahead, b1, v.num_kv_heads, kvh, D * B);
     const float* kb =
         block_as_float<S, kIsa>(kcache + (block * v.num_kv_heads + kvh) * D * B, L.kconv, D * B);
     const int64_t j0 = std::max<int64_t>(t0 - b * B, 0), j1 = std::min<int64_t>(t1 - b * B, B);
     for (int64_t g = 0; g < G; ++g) {
-      float* __restrict a = L.kacc + g * BX;
-      std::fill(a, a + BX, 0.0f);
-      for (int64_t c = 0; c < C; ++c) {
-        const float* __restrict p = L.qpat + (g * C + c) * kLanes;
-        const float* __restrict k = kb + c * BX;
-        int64_t m = 0;
-        for (; m + kLanes <= BX; m += kLanes)
-          for (int64_t l = 0; l < kLanes; ++l) a[m + l] += p[l] * k[m + l];
-        for (; m < BX; ++m) a[m] += p[m % kLanes] * k[m];
-      }
+      float* a = L.kacc + g * BX;
+      const float* qp = L.qpat + g * C * kLanes;
+      if (BX == 64)
+        key_lanes<64>(qp, kb, C, BX, a);
+      else if (BX == 128)
+        key_lanes<128>(qp, kb, C, BX, a);
+      else if (BX == 32)
+        key_lanes<32>(qp, kb, C, BX, a);
+      else if (BX == 256)
+        key_lanes<256>(qp, kb, C, BX, a);
+      else
+        key_lanes<0>(qp, kb, C, BX, a);
       const float slope = v.alibi_slopes != nullptr ? v.alibi_slopes[kvh * G + g] : 0.0f;
       float* s = L.scores + g * n + (b * B - t0);
       for (int64_t j = j0; j < j1; ++j) {
@@ -171,7 +247,31 @@ VLLM_INLINE void attend_impl(const PagedView& v, const typename S::E* q, int64_t
   // Values, block by block, lane-wise per dimension.
   std::fill(L.vacc, L.vacc + G * D * B, 0.0f);
   for (int64_t b = b0; b < b1; ++b) {
+    // Four full blocks at once where the range has them.
+    if (b * B >= t0 && (b + kValueBlocks) * B <= t1) {
+      const float* vs[kValueBlocks];
+      for (int64_t i = 0; i < kValueBlocks; ++i) {
+        prefetch_block(vcache, table, b + kValueBlocks + i, b1, v.num_kv_heads, kvh, D * B);
+        vs[i] = block_as_float<S, kIsa>(vcache + (table[b + i] * v.num_kv_heads + kvh) * D * B,
+                                        L.vconv + i * D * B, D * B);
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        float* a = L.vacc + g * D * B;
+        const float* p = L.scores + g * n + (b * B - t0);
+        if (B == 16)
+          value_rows4<16>(a, p, vs, D, B);
+        else if (B == 32)
+          value_rows4<32>(a, p, vs, D, B);
+        else if (B == 8)
+          value_rows4<8>(a, p, vs, D, B);
+        else
+          value_rows4<0>(a, p, vs, D, B);
+      }
+      b += kValueBlocks - 1;
+      continue;
+    }
     const int64_t block = table[b];
+    prefetch_block(vcache, table, b + 1, b1, v.num_kv_heads, kvh, D * B);
     const float* vb =
         block_as_float<S, kIsa>(vcache + (block * v.num_kv_heads + kvh) * D * B, L.vconv, D * B);
     const int64_t j0 = std::max<int64_t>(t0 - b * B, 0), j1 = std::min<int64_t>(t1 - b * B, B);
@@ -225,7 +325,7 @@ VLLM_ATTEND_VARIANT(attend_baseline, kBaseline, )
 
 int64_t attend_scratch_floats(const PagedView& v, int64_t tokens) {
   const int64_t G = v.group, D = v.head_size, B = v.block_size, x = std::max<int64_t>(v.x, 1);
-  return G * (D / x) * kLanes + G * B * x + G * tokens + G * D * B + 2 * D * B;
+  return G * (D / x) * kLanes + G * B * x + G * tokens + G * D * B + (1 + kValueBlocks) * D * B;
 }
 
 void attend_range(const PagedView& v, const void* q, int64_t seq, int64_t kv_head, int64_t seq_len,

@@ -45,8 +45,10 @@ def record(name, **fields):
             verdicts.append(f"{base} {measured:.3g} (target {op} {bound}) {'pass' if ok else 'MISS'}")
             fields[base + "_ok"] = ok
     shown = {k: v for k, v in fields.items() if k != "name" and not k.endswith(("_target", "_ok"))}
-    extra = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items())
-    print(f"{name}\n    {extra}" + "".join(f"\n    {v}" for v in verdicts), flush=True)
+    short = {k: v for k, v in shown.items() if not isinstance(v, (list, str)) or isinstance(v, str) and len(v) < 40}
+    extra = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in short.items())
+    long = "".join(f"\n    {k}: {v}" for k, v in shown.items() if isinstance(v, str) and len(v) >= 40)
+    print(f"{name}{long}\n    {extra}" + "".join(f"\n    {v}" for v in verdicts), flush=True)
     results.append(fields)
 
 
@@ -66,6 +68,12 @@ FULL_MODEL = dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=4, 
 QUICK_MODEL = dict(hidden_size=256, intermediate_size=704, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, vocab_size=4000)
 MAX_MODEL_LEN = 1024  # the model's context: what a contiguous cache reserves per sequence
+
+
+MODEL_CHOICE = ("20M parameters: the projections (not Python per step) dominate a step of dozens of sequences "
+                "for both the engine and generate(), as they do for real models, while 64 requests still finish "
+                "in minutes on 2 cores; a smaller model measures interpreter overhead, a larger one only waits")
+MODEL_CHOICE_QUICK = ("quick: 3.5M parameters, where per-step Python overhead weighs; a smoke test, not the figure")
 
 
 def make_model(quick):
@@ -198,68 +206,100 @@ def bench_parallel_sampling(quick, model):
 
 
 def bench_kernels(quick):
+    """The attention kernels' figures, measured by npubridge.vllm._bench_kernels
+    (median of interleaved runs; one line per case, the target on the worst)."""
     try:
         from npubridge.vllm import _bench_kernels
+        why = None
     except ImportError as e:
         _bench_kernels, why = None, f"npubridge.vllm._bench_kernels not importable ({e})"
-    for fn, name, key, target in (("decode_vs_sdpa", "decode attention, paged kernel vs SDPA over a contiguous cache",
-                                   "time_ratio", ("<=", 1.25)),
-                                  ("v2_vs_v1", "paged_attention v2 vs v1 at 16k context, 4 sequences", "speedup",
-                                   (">=", 1.2))):
+    sections = (("decode_vs_sdpa", "decode attention, paged kernel vs SDPA over a contiguous cache", "worst_ratio",
+                 ("<=", 1.25), "ratio"),
+                ("v2_vs_v1", "paged_attention v2 vs v1 at 16k context, 4 sequences", "worst_target_speedup",
+                 (">=", 1.2), "speedup"))
+    for fn, name, key, target, case_key in sections:
         if _bench_kernels is None or not hasattr(_bench_kernels, fn):
-            missing(name, why if _bench_kernels is None else f"npubridge.vllm._bench_kernels has no {fn}")
+            missing(name, why or f"npubridge.vllm._bench_kernels has no {fn}")
             continue
-        fields = dict(getattr(_bench_kernels, fn)(quick))
+        got = dict(getattr(_bench_kernels, fn)(quick))
+        cases = got.pop("cases", [])
+        fields = {k: v for k, v in got.items() if k not in ("name", "met") and not k.startswith("target_")}
+        fields["cases"] = cases
         if key in fields:
             fields[key + "_target"] = target
         else:
             fields["note"] = f"no '{key}' among the fields returned; target {target} not judged"
-        record(fields.pop("name", name), **fields)
+        record(f"{name} ({got.get('name', fn)})", **fields)
+        for c in cases:
+            ms = "  ".join(f"{k}={v:.3g}" for k, v in c.items() if k.endswith("_ms"))
+            print(f"    case: {c.get('num_seqs')} seqs x {c.get('context')} tokens, {c.get('num_heads')}/"
+                  f"{c.get('num_kv_heads')} heads, head {c.get('head_size')}, {c.get('dtype')}: {ms}  "
+                  f"{case_key}={c.get(case_key, float('nan')):.3g}" + ("  (target case)" if c.get("target_case") else ""))
 
 
 # --- throughput ------------------------------------------------------------------
 
 
-def hf_static_batches(model, reqs, batch_size):
-    """transformers generate() in static batches of arrival order: prompts
-    left-padded to the batch's longest, every sequence generating the
-    batch's longest output (fixed lengths: min = max new tokens)."""
+def hf_static_batch(model, batch):
+    """transformers generate() on one static batch: prompts left-padded to
+    the batch's longest, every sequence generating the batch's longest
+    output (fixed lengths: min = max new tokens, no eos)."""
     pad = 0
-    for i in range(0, len(reqs), batch_size):
-        batch = reqs[i:i + batch_size]
-        width = max(len(p) for p, _ in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for r, (p, _) in enumerate(batch):
-            ids[r, width - len(p):] = torch.tensor(p)
-            mask[r, width - len(p):] = 1
-        new = max(n for _, n in batch)
-        with torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                           do_sample=False, pad_token_id=pad, eos_token_id=None)
+    width = max(len(p) for p, _ in batch)
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, (p, _) in enumerate(batch):
+        ids[r, width - len(p):] = torch.tensor(p)
+        mask[r, width - len(p):] = 1
+    new = max(n for _, n in batch)
+    with torch.no_grad():
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                       pad_token_id=pad, eos_token_id=None)
+
+
+def best_of(reps, fn):
+    """The shortest of `reps` runs: the machine is shared, and interference
+    only ever adds time."""
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+# transformers' static batch: 16 sequences, the fastest of 8, 16, 32 and 64
+# tried on this (shared, noisy) machine; 64 pads every prompt to ~512 and
+# runs every sequence to ~256 tokens, and was several times slower.
+HF_BATCH = 16
 
 
 def bench_throughput(quick, model):
     from npubridge.vllm import LLM
 
-    num, prompts, outputs = (16, (32, 128), (16, 64)) if quick else (64, (32, 512), (16, 256))
+    num, prompts, outputs = (32, (32, 256), (16, 128)) if quick else (64, (32, 512), (16, 256))
+    reps = 1 if quick else 2
     reqs = workload(num, prompts, outputs, model.config.vocab_size, seed=4)
     generated = sum(n for _, n in reqs)
     llm = LLM(model, num_device_blocks=sum(-(-(len(p) + n) // 16) for p, n in reqs) + 16, max_num_seqs=num)
-    t = time.perf_counter()
-    outs = llm.generate([{"prompt_token_ids": p} for p, _ in reqs], [greedy(n) for _, n in reqs])
-    engine_s = time.perf_counter() - t
-    assert sum(len(o.outputs[0].token_ids) for o in outs) == generated
-    batch = 16 if quick else 16
-    t = time.perf_counter()
-    hf_static_batches(model, reqs, batch)
-    hf_s = time.perf_counter() - t
-    st = llm.llm_engine.stats()
+
+    def engine_run():
+        outs = llm.generate([{"prompt_token_ids": p} for p, _ in reqs], [greedy(n) for _, n in reqs])
+        assert sum(len(o.outputs[0].token_ids) for o in outs) == generated
+
+    steps_before = llm.llm_engine.stats()["steps"]
+    engine_s = best_of(reps, engine_run)
+    steps = (llm.llm_engine.stats()["steps"] - steps_before) // reps
+    # Each batch timed on its own (best of reps), so one disturbed batch
+    # does not count for the whole run.
+    hf_s = sum(best_of(reps, lambda b=reqs[i:i + HF_BATCH]: hf_static_batch(model, b))
+               for i in range(0, num, HF_BATCH))
     record(f"engine throughput, {num} requests (prompts {prompts[0]}-{prompts[1]}, outputs {outputs[0]}-{outputs[1]}),"
            f" greedy, fixed lengths",
-           model=describe(model), engine_tokens_per_s=generated / engine_s, engine_s=engine_s,
-           hf_static_batch=batch, hf_tokens_per_s=generated / hf_s, hf_s=hf_s, speedup=hf_s / engine_s,
-           speedup_target=(">=", 2.0), engine_steps=st["steps"], generated_tokens=generated,
+           model=describe(model), model_choice=MODEL_CHOICE_QUICK if quick else MODEL_CHOICE,
+           engine_tokens_per_s=generated / engine_s, engine_s=engine_s,
+           hf_static_batch=HF_BATCH, hf_tokens_per_s=generated / hf_s, hf_s=hf_s, speedup=hf_s / engine_s,
+           speedup_target=(">=", 2.0), engine_steps=steps, generated_tokens=generated, best_of=reps,
            threads=torch.get_num_threads())
 
 

@@ -367,6 +367,7 @@ def _paged_cases():
     yield "GQA 8/2 block 8", [5, 64, 200], 8, 2, 128, 8, False
     yield "MQA alibi block 32", [1, 31, 32, 33, 300], 4, 1, 64, 32, True
     yield "GQA 6/3 head 80, a seq_len 0", [0, 7, 48], 6, 3, 80, 16, False
+    yield "block 4 (no compile-time loop)", [3, 45], 2, 2, 32, 4, False
 
 
 def _paged_errors(dtype):
