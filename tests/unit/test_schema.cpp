@@ -212,3 +212,20 @@ TEST(Schema, FuzzNeverCrashes) {
   EXPECT_GT(parsed, 0);
   EXPECT_GT(rejected, 0);
 }
+
+// vllm_like::rotary_embedding writes an optional tensor (key may be None).
+TEST(Schema, ParsesAWrittenOptionalTensor) {
+  const char* text =
+      "vllm_like::rotary_embedding(Tensor positions, Tensor(a!) query, Tensor(b!)? key, int head_size, "
+      "Tensor cos_sin_cache, bool is_neox) -> ()";
+  Schema s = parse_schema(text);
+  ASSERT_EQ(s.arguments.size(), 6u);
+  const Argument& key = s.arguments[2];
+  EXPECT_TRUE(key.type.optional);
+  EXPECT_EQ(key.type.base, BaseType::kTensor);
+  ASSERT_TRUE(key.alias);
+  EXPECT_TRUE(key.is_write());
+  EXPECT_EQ(key.alias->set, "b");
+  EXPECT_TRUE(s.returns.empty());
+  EXPECT_EQ(s.to_string(), text);
+}

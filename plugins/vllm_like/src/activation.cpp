@@ -1,10 +1,13 @@
-// vllm_like's activation ops: silu_and_mul (SwiGLU's gate) and its GELU
-// variants, as vLLM's csrc/activation_kernels.cu defines them.
-#include "ops.h"
-
+// vllm_like's gated activations, as vLLM's csrc/activation_kernels.cu
+// defines them: out[..., i] = act(input[..., i]) * input[..., d + i] for
+// i < d = input.size(-1) / 2, with act silu, erf GELU or tanh GELU.
+// float32, float16 and bfloat16, computed in float32 and rounded once.
 #include <algorithm>
 #include <cmath>
 #include <vector>
+
+#include "loops.h"
+#include "ops.h"
 
 namespace vllm_like {
 
@@ -13,11 +16,9 @@ namespace {
 using npub::sdk::Call;
 using npub::sdk::TensorRef;
 
-// vllm_like::silu_and_mul(Tensor(a!) out, Tensor input) -> ()
-// out[..., d] = silu(input[..., :d]) * input[..., d:]
-// The checks on metadata alone; also the op's meta function (it writes only
-// `out`, so there is nothing to declare).
-void silu_and_mul_meta(Call& call) {
+// The checks on metadata alone, shared by the three ops; also their meta
+// function (they write only `out`, so there is nothing to declare).
+void act_and_mul_meta(Call& call) {
   TensorRef out = call.tensor(0), in = call.tensor(1);
   if (in.dim() < 1 || in.size(-1) % 2 != 0)
     call.fail(NPUB_ERR_INVALID_ARGUMENT,
@@ -33,36 +34,83 @@ void silu_and_mul_meta(Call& call) {
                                              npub::sdk::dtype_name(out.dtype()));
 }
 
-void silu_and_mul(Call& call) {
+// The activations, in float32.
+struct Silu {
+  static VLLM_LIKE_INLINE float apply(float x) { return x * plugin_kernels::sigmoid(x); }
+};
+// x * Phi(x) with Phi(x) = erfc(-x / sqrt 2) / 2: unlike 1 + erf(x / sqrt 2)
+// it does not cancel for negative x, so the result keeps its relative
+// accuracy where it is small. (A libm call: this loop stays scalar.)
+struct GeluErf {
+  static VLLM_LIKE_INLINE float apply(float x) { return 0.5f * x * std::erfc(-x * 0.70710678118654752f); }
+};
+// 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), computed as
+// x * sigmoid(2u) (the same function: 1 + tanh(u) = 2 sigmoid(2u)), which
+// neither cancels nor calls libm.
+struct GeluTanh {
+  static VLLM_LIKE_INLINE float apply(float x) {
+    const float u2 = 1.5957691216057308f * (x + 0.044715f * x * x * x);  // 2 sqrt(2 / pi) (...)
+    return x * plugin_kernels::sigmoid(u2);
+  }
+};
+
+template <typename S, typename A>
+VLLM_LIKE_INLINE void act_and_mul_rows(const typename S::E* __restrict in, typename S::E* __restrict out,
+                                       int64_t d, int64_t r0, int64_t r1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const typename S::E* __restrict x = in + r * 2 * d;
+    const typename S::E* __restrict y = x + d;
+    typename S::E* __restrict o = out + r * d;
+    for (int64_t i = 0; i < d; ++i) o[i] = S::store(A::apply(S::load(x[i])) * S::load(y[i]));
+  }
+}
+template <typename S, typename A>
+VLLM_LIKE_AVX2 void act_and_mul_rows_avx2(const typename S::E* in, typename S::E* out, int64_t d, int64_t r0,
+                                          int64_t r1) {
+  act_and_mul_rows<S, A>(in, out, d, r0, r1);
+}
+template <typename S, typename A>
+void act_and_mul_rows_generic(const typename S::E* in, typename S::E* out, int64_t d, int64_t r0,
+                              int64_t r1) {
+  act_and_mul_rows<S, A>(in, out, d, r0, r1);
+}
+
+template <typename A>
+void act_and_mul(Call& call) {
   TensorRef out = call.tensor(0), in = call.tensor(1);
-  if (!in.is(npub::sdk::kFloat32) || !out.is(npub::sdk::kFloat32))
-    call.fail(NPUB_ERR_UNSUPPORTED, "expected float32 out and input");
-  silu_and_mul_meta(call);
+  act_and_mul_meta(call);
   const int64_t d = in.size(-1) / 2;
   const int64_t rows = d == 0 ? 0 : out.numel() / d;
-  const float* pi = in.data<float>();
-  float* po = out.data<float>();
-  call.parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)), [&](int64_t b, int64_t e) {
-    for (int64_t r = b; r < e; ++r) {
-      const float* x = pi + r * 2 * d;
-      float* y = po + r * d;
-      for (int64_t i = 0; i < d; ++i) {
-        const float g = x[i];
-        y[i] = g / (1.0f + std::exp(-g)) * x[d + i];
-      }
-    }
-  });
+  plugin_kernels::with_float_types(
+      call, in.dtype(),
+      [&](auto tag) {
+        using S = decltype(tag);
+        const typename S::E* pi = plugin_kernels::elements<S>(in);
+        typename S::E* po = plugin_kernels::elements<S>(out);
+        auto rows_fn = has_avx2_fma() ? &act_and_mul_rows_avx2<S, A> : &act_and_mul_rows_generic<S, A>;
+        call.parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)),
+                          [&](int64_t b, int64_t e) { rows_fn(pi, po, d, b, e); });
+      },
+      /*with_f64=*/false);
 }
 
 }  // namespace
 
 void register_activation(npub::sdk::Registrar& r) {
+  using namespace npub::sdk;
+  const auto dtypes = {kFloat32, kFloat16, kBFloat16};
   r.def("vllm_like::silu_and_mul(Tensor(a!) out, Tensor input) -> ()");
-  r.kernel("vllm_like::silu_and_mul", &silu_and_mul)
-      .dtypes({npub::sdk::kFloat32})
+  r.kernel("vllm_like::silu_and_mul", &act_and_mul<Silu>).dtypes(dtypes).contiguous_only().opt_level(2);
+  r.meta<&act_and_mul_meta>("vllm_like::silu_and_mul");
+  r.def("vllm_like::gelu_and_mul(Tensor(a!) out, Tensor input) -> ()");
+  r.kernel("vllm_like::gelu_and_mul", &act_and_mul<GeluErf>).dtypes(dtypes).contiguous_only().opt_level(2);
+  r.meta<&act_and_mul_meta>("vllm_like::gelu_and_mul");
+  r.def("vllm_like::gelu_tanh_and_mul(Tensor(a!) out, Tensor input) -> ()");
+  r.kernel("vllm_like::gelu_tanh_and_mul", &act_and_mul<GeluTanh>)
+      .dtypes(dtypes)
       .contiguous_only()
       .opt_level(2);
-  r.meta<&silu_and_mul_meta>("vllm_like::silu_and_mul");
+  r.meta<&act_and_mul_meta>("vllm_like::gelu_tanh_and_mul");
 }
 
 }  // namespace vllm_like

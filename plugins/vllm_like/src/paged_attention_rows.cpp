@@ -1,0 +1,355 @@
+// Paged attention's inner loops (paged_attention_rows.h).
+//
+// Note [Paged attention's loops]
+// The legacy cache layout decides the loop shapes. A key block of one KV
+// head is [head_size/x, block_size, x]: for each chunk c of x dimensions,
+// block_size * x contiguous elements whose dimension repeats with period x.
+// The scores are therefore accumulated lane-wise, acc[j*x + i] +=
+// q[c*x + i] * K[c][j][i], against a 16-lane pattern of the query
+// (q[c*x + l % x]; x divides 16), which is plain contiguous FMA work; the x
+// lanes of a token are added up once per block. A value block is
+// [head_size, block_size]: acc[d*B + j] += p[j] * V[d][j], contiguous again,
+// and the block_size lanes of a dimension are added up once per range. The
+// query heads of a GQA group share each block's K and V while it is in L1.
+// Tokens of a block beyond the range (the tail of a sequence's last block,
+// or of a partition) are never read as values: vLLM zeroes them for the same
+// reason, a free slot's contents are arbitrary (NaN included).
+//
+// The loops are written once (always-inline templates) and compiled three
+// times: AVX-512, AVX2+FMA (with F16C for float16 caches) and baseline
+// x86-64, chosen once at registration from the CPU and NPUB_VLLM_MAX_ISA.
+#include "paged_attention_rows.h"
+
+#include <plugin_kernels/float_access.h>
+#include <plugin_kernels/isa_cap.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace vllm_like {
+
+namespace {
+
+using plugin_kernels::BF16;
+using plugin_kernels::F16;
+using plugin_kernels::F32;
+
+constexpr int64_t kLanes = 16;       // the query pattern's width (x divides it)
+constexpr int64_t kValueBlocks = 4;  // value blocks accumulated per pass
+// How far ahead the key pass prefetches: enough blocks to cover the memory
+// latency when a block's arithmetic is short (one query head, small heads).
+constexpr int64_t kPrefetchBytes = 32768;
+
+enum Isa : int { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
+int g_isa = kBaseline;
+
+#define VLLM_INLINE inline __attribute__((always_inline))
+
+__attribute__((target("avx2,f16c"))) void f16_to_f32_avx2(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; ++i) dst[i] = _cvtsh_ss(src[i]);
+}
+
+// A block's n elements as float: float32 in place, the half types through
+// `buf`.
+template <typename S, int kIsa>
+VLLM_INLINE const float* block_as_float(const typename S::E* src, float* buf, int64_t n) {
+  if constexpr (std::is_same_v<S, F32>) {
+    (void)buf;
+    (void)n;
+    return src;
+  } else if constexpr (std::is_same_v<S, BF16>) {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
+      std::memcpy(buf + i, &bits, sizeof bits);
+    }
+    return buf;
+  } else {
+    if constexpr (kIsa >= kAvx2)
+      f16_to_f32_avx2(src, buf, n);
+    else
+      for (int64_t i = 0; i < n; ++i) buf[i] = S::load(src[i]);
+    return buf;
+  }
+}
+
+// a[j] += p[j] * v[j] over one dimension's row of a value block, j in
+// [j0, j1); a compile-time block size for the common ones.
+template <int64_t kB>
+VLLM_INLINE void value_rows(float* __restrict a, const float* __restrict p, const float* __restrict v,
+                            int64_t D, int64_t B) {
+  const int64_t b = kB > 0 ? kB : B;
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t j = 0; j < b; ++j) a[d * b + j] += p[j] * v[d * b + j];
+}
+
+// Starts loading the next block of the range into the cache while this one
+// is computed: a sequence's blocks are scattered over the cache, so the
+// hardware prefetcher, which follows one address stream, stops at every
+// block boundary, and the loops would wait for memory at the start of each.
+template <typename E>
+VLLM_INLINE void prefetch_block(const E* base, const int32_t* table, int64_t b, int64_t b1, int64_t stride,
+                                int64_t kvh, int64_t block_elems) {
+  if (b >= b1) return;
+  const char* p = reinterpret_cast<const char*>(base + (table[b] * stride + kvh) * block_elems);
+  const int64_t bytes = block_elems * static_cast<int64_t>(sizeof(E));
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 2);
+}
+
+// a[m] = sum_c qp[c][m % 16] * kb[c * BX + m] over a key block (Note
+// [Paged attention's loops]). With BX known at compile time the whole
+// block's lanes stay in registers across the chunks, so each key element
+// costs one load and one FMA; otherwise 16 lanes at a time.
+template <int64_t kBX>
+VLLM_INLINE void key_lanes(const float* __restrict qp, const float* __restrict kb, int64_t C, int64_t BX,
+                           float* __restrict a) {
+  if constexpr (kBX > 0) {
+    (void)BX;
+    float acc[kBX] = {};
+    for (int64_t c = 0; c < C; ++c) {
+#pragma GCC unroll 16
+      for (int64_t m = 0; m < kBX; m += kLanes)
+        for (int64_t l = 0; l < kLanes; ++l) acc[m + l] += qp[c * kLanes + l] * kb[c * kBX + m + l];
+    }
+    for (int64_t m = 0; m < kBX; ++m) a[m] = acc[m];
+  } else {
+    int64_t m = 0;
+    for (; m + kLanes <= BX; m += kLanes) {
+      float lanes[kLanes] = {};
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t l = 0; l < kLanes; ++l) lanes[l] += qp[c * kLanes + l] * kb[c * BX + m + l];
+      for (int64_t l = 0; l < kLanes; ++l) a[m + l] = lanes[l];
+    }
+    for (; m < BX; ++m) {
+      float sum = 0;
+      for (int64_t c = 0; c < C; ++c) sum += qp[c * kLanes + m % kLanes] * kb[c * BX + m];
+      a[m] = sum;
+    }
+  }
+}
+
+// The value rows of four full blocks at once, a[d][j] += sum_i p_i[j] *
+// v_i[d][j]: one load and store of the accumulator per four FMAs.
+template <int64_t kB>
+VLLM_INLINE void value_rows4(float* __restrict a, const float* __restrict p, const float* const* vs,
+                             int64_t D, int64_t B) {
+  const int64_t b = kB > 0 ? kB : B;
+  const float* __restrict v0 = vs[0];
+  const float* __restrict v1 = vs[1];
+  const float* __restrict v2 = vs[2];
+  const float* __restrict v3 = vs[3];
+  const float* p0 = p;
+  const float* p1 = p + b;
+  const float* p2 = p + 2 * b;
+  const float* p3 = p + 3 * b;
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t j = 0; j < b; ++j)
+      a[d * b + j] +=
+          (p0[j] * v0[d * b + j] + p1[j] * v1[d * b + j]) + (p2[j] * v2[d * b + j] + p3[j] * v3[d * b + j]);
+}
+
+struct Layout {
+  int64_t G, D, B, x, C, BX, n;
+  float *qpat, *kacc, *scores, *vacc, *kconv, *vconv;
+};
+
+VLLM_INLINE Layout layout_of(const PagedView& v, int64_t n, float* scratch) {
+  Layout l;
+  l.G = v.group;
+  l.D = v.head_size;
+  l.B = v.block_size;
+  l.x = v.x;
+  l.C = l.D / l.x;
+  l.BX = l.B * l.x;
+  l.n = n;
+  l.qpat = scratch;
+  l.kacc = l.qpat + l.G * l.C * kLanes;
+  l.scores = l.kacc + l.G * l.BX;
+  l.vacc = l.scores + l.G * n;
+  l.kconv = l.vacc + l.G * l.D * l.B;
+  l.vconv = l.kconv + l.D * l.B;
+  return l;
+}
+
+template <typename S, int kIsa>
+VLLM_INLINE void attend_impl(const PagedView& v, const typename S::E* q, int64_t seq, int64_t kvh,
+                             int64_t seq_len, int64_t t0, int64_t t1, const RangeStats& out, float* scratch) {
+  using E = typename S::E;
+  const Layout L = layout_of(v, t1 - t0, scratch);
+  const int64_t G = L.G, D = L.D, B = L.B, x = L.x, C = L.C, BX = L.BX, n = L.n;
+  for (int64_t g = 0; g < G; ++g) {
+    out.max[g] = -std::numeric_limits<float>::infinity();
+    out.sum[g] = 0;
+  }
+  std::fill(out.acc, out.acc + G * D, 0.0f);
+  if (n <= 0) return;
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t l = 0; l < kLanes; ++l)
+        L.qpat[(g * C + c) * kLanes + l] = S::load(q[g * D + c * x + l % x]);
+  const E* kcache = static_cast<const E*>(v.key_cache);
+  const E* vcache = static_cast<const E*>(v.value_cache);
+  const int32_t* table = v.block_tables + seq * v.max_blocks;
+  const int64_t b0 = t0 / B, b1 = (t1 + B - 1) / B;
+
+  // Scores, block by block, the key blocks about kPrefetchBytes ahead in flight.
+  const int64_t ahead = std::max<int64_t>(1, kPrefetchBytes / (D * B * static_cast<int64_t>(sizeof(E))));
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t block = table[b];
+    if (b == b0)
+      for (int64_t i = 1; i < ahead; ++i)
+        prefetch_block(kcache, table, b + i, b1, v.num_kv_heads, kvh, D * B);
+    prefetch_block(kcache, table, b + ahead, b1, v.num_kv_heads, kvh, D * B);
+    const float* kb =
+        block_as_float<S, kIsa>(kcache + (block * v.num_kv_heads + kvh) * D * B, L.kconv, D * B);
+    const int64_t j0 = std::max<int64_t>(t0 - b * B, 0), j1 = std::min<int64_t>(t1 - b * B, B);
+    for (int64_t g = 0; g < G; ++g) {
+      float* a = L.kacc + g * BX;
+      const float* qp = L.qpat + g * C * kLanes;
+      if (BX == 64)
+        key_lanes<64>(qp, kb, C, BX, a);
+      else if (BX == 128)
+        key_lanes<128>(qp, kb, C, BX, a);
+      else if (BX == 32)
+        key_lanes<32>(qp, kb, C, BX, a);
+      else if (BX == 256)
+        key_lanes<256>(qp, kb, C, BX, a);
+      else
+        key_lanes<0>(qp, kb, C, BX, a);
+      const float slope = v.alibi_slopes != nullptr ? v.alibi_slopes[kvh * G + g] : 0.0f;
+      float* s = L.scores + g * n + (b * B - t0);
+      for (int64_t j = j0; j < j1; ++j) {
+        float dot = 0;
+        for (int64_t i = 0; i < x; ++i) dot += a[j * x + i];
+        float sc = v.scale * dot;
+        if (slope != 0.0f) sc += slope * static_cast<float>(b * B + j - (seq_len - 1));
+        s[j] = sc;
+      }
+    }
+  }
+
+  // Softmax numerators and their sums.
+  for (int64_t g = 0; g < G; ++g) {
+    float* s = L.scores + g * n;
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < n; ++t) mx = std::max(mx, s[t]);
+    for (int64_t t = 0; t < n; ++t) s[t] = plugin_kernels::exp_nonpositive(s[t] - mx);
+    out.max[g] = mx;
+    out.sum[g] = plugin_kernels::blocked_sum<float>(n, [&](int64_t t) { return s[t]; });
+  }
+
+  // Values, block by block, lane-wise per dimension.
+  std::fill(L.vacc, L.vacc + G * D * B, 0.0f);
+  for (int64_t b = b0; b < b1; ++b) {
+    // Four full blocks at once where the range has them.
+    if (b * B >= t0 && (b + kValueBlocks) * B <= t1) {
+      const float* vs[kValueBlocks];
+      for (int64_t i = 0; i < kValueBlocks; ++i) {
+        prefetch_block(vcache, table, b + kValueBlocks + i, b1, v.num_kv_heads, kvh, D * B);
+        vs[i] = block_as_float<S, kIsa>(vcache + (table[b + i] * v.num_kv_heads + kvh) * D * B,
+                                        L.vconv + i * D * B, D * B);
+      }
+      for (int64_t g = 0; g < G; ++g) {
+        float* a = L.vacc + g * D * B;
+        const float* p = L.scores + g * n + (b * B - t0);
+        if (B == 16)
+          value_rows4<16>(a, p, vs, D, B);
+        else if (B == 32)
+          value_rows4<32>(a, p, vs, D, B);
+        else if (B == 8)
+          value_rows4<8>(a, p, vs, D, B);
+        else
+          value_rows4<0>(a, p, vs, D, B);
+      }
+      b += kValueBlocks - 1;
+      continue;
+    }
+    const int64_t block = table[b];
+    prefetch_block(vcache, table, b + 1, b1, v.num_kv_heads, kvh, D * B);
+    const float* vb =
+        block_as_float<S, kIsa>(vcache + (block * v.num_kv_heads + kvh) * D * B, L.vconv, D * B);
+    const int64_t j0 = std::max<int64_t>(t0 - b * B, 0), j1 = std::min<int64_t>(t1 - b * B, B);
+    for (int64_t g = 0; g < G; ++g) {
+      float* a = L.vacc + g * D * B;
+      const float* p = L.scores + g * n + (b * B - t0);
+      if (j0 == 0 && j1 == B) {
+        if (B == 16)
+          value_rows<16>(a, p, vb, D, B);
+        else if (B == 32)
+          value_rows<32>(a, p, vb, D, B);
+        else if (B == 8)
+          value_rows<8>(a, p, vb, D, B);
+        else
+          value_rows<0>(a, p, vb, D, B);
+      } else {
+        for (int64_t d = 0; d < D; ++d)
+          for (int64_t j = j0; j < j1; ++j) a[d * B + j] += p[j] * vb[d * B + j];
+      }
+    }
+  }
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t d = 0; d < D; ++d) {
+      const float* a = L.vacc + (g * D + d) * B;
+      float sum = 0;
+      for (int64_t j = 0; j < B; ++j) sum += a[j];
+      out.acc[g * D + d] = sum;
+    }
+}
+
+// One variant per instruction set; explicit dtype branches rather than a
+// lambda, which would not inherit the function's target attribute.
+#define VLLM_ATTEND_VARIANT(name, isa, attr)                                                               \
+  attr void name(const PagedView& v, const void* q, int64_t seq, int64_t kvh, int64_t seq_len, int64_t t0, \
+                 int64_t t1, const RangeStats& out, float* scratch) {                                      \
+    if (npub::sdk::same_dtype(v.dtype, npub::sdk::kFloat32))                                               \
+      attend_impl<F32, isa>(v, static_cast<const float*>(q), seq, kvh, seq_len, t0, t1, out, scratch);     \
+    else if (npub::sdk::same_dtype(v.dtype, npub::sdk::kFloat16))                                          \
+      attend_impl<F16, isa>(v, static_cast<const uint16_t*>(q), seq, kvh, seq_len, t0, t1, out, scratch);  \
+    else                                                                                                   \
+      attend_impl<BF16, isa>(v, static_cast<const uint16_t*>(q), seq, kvh, seq_len, t0, t1, out, scratch); \
+  }
+
+VLLM_ATTEND_VARIANT(
+    attend_avx512, kAvx512,
+    __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,prefer-vector-width=512"))))
+VLLM_ATTEND_VARIANT(attend_avx2, kAvx2, __attribute__((target("avx2,fma,f16c"))))
+VLLM_ATTEND_VARIANT(attend_baseline, kBaseline, )
+
+}  // namespace
+
+int64_t attend_scratch_floats(const PagedView& v, int64_t tokens) {
+  const int64_t G = v.group, D = v.head_size, B = v.block_size, x = std::max<int64_t>(v.x, 1);
+  return G * (D / x) * kLanes + G * B * x + G * tokens + G * D * B + (1 + kValueBlocks) * D * B;
+}
+
+void attend_range(const PagedView& v, const void* q, int64_t seq, int64_t kv_head, int64_t seq_len,
+                  int64_t t0, int64_t t1, const RangeStats& out, float* scratch) {
+  if (g_isa == kAvx512)
+    attend_avx512(v, q, seq, kv_head, seq_len, t0, t1, out, scratch);
+  else if (g_isa == kAvx2)
+    attend_avx2(v, q, seq, kv_head, seq_len, t0, t1, out, scratch);
+  else
+    attend_baseline(v, q, seq, kv_head, seq_len, t0, t1, out, scratch);
+}
+
+void configure_attention_isa() {
+  const plugin_kernels::IsaCap cap = plugin_kernels::isa_cap_from_environment("NPUB_VLLM_MAX_ISA");
+  const bool avx2 =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  if (avx512 && cap >= plugin_kernels::IsaCap::kAvx512)
+    g_isa = kAvx512;
+  else if (avx2 && cap >= plugin_kernels::IsaCap::kAvx2)
+    g_isa = kAvx2;
+  else
+    g_isa = kBaseline;
+}
+
+}  // namespace vllm_like

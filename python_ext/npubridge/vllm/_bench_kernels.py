@@ -1,0 +1,182 @@
+"""Kernel benchmarks of vllm_like's paged attention, for the engine bench
+(npubridge.vllm.bench) and on their own:
+
+    python3 -m npubridge.vllm._bench_kernels [--quick]
+
+decode_vs_sdpa: paged_attention_v1 over a paged cache (shuffled blocks) on
+the npu against torch.nn.functional.scaled_dot_product_attention over
+contiguous K/V of the same lengths on CPU tensors. The npu is simulated on
+this CPU, so PyTorch's own CPU attention on the same cores is the reference
+a user would otherwise run; it gets its best case: contiguous caches (no
+block table to follow), one batched call, equal lengths (no mask) and
+GQA without expanded K/V (enable_gqa). Both sides compute the same decode
+step: one query token per sequence against all its cached tokens.
+
+v2_vs_v1: paged_attention_v2 against v1 at long context with few
+sequences (4 sequences of 16k tokens by default), where vLLM picks v2.
+
+Times are medians of interleaved runs (A, B, A, B, ...), so that the load
+of a shared machine falls on both alike; ratios are time(ours) / time(ref)
+for decode_vs_sdpa and time(v1) / time(v2) (speed-up) for v2_vs_v1.
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from . import _custom_ops as ops
+
+
+def _median_pair(fa, fb, reps):
+    # One warm-up each, then interleaved timed runs: medians of A and of B.
+    fa()
+    fb()
+    ta, tb = [], []
+    for _ in range(reps):
+        for f, ts in ((fa, ta), (fb, tb)):
+            t = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t)
+    return statistics.median(ta), statistics.median(tb)
+
+
+def _paged_from_contiguous(k, v, block_size, device):
+    """The paged legacy-layout caches holding contiguous k, v [S, KVH, L, D]
+    (blocks shuffled), with their block table."""
+    s, kvh, length, d = k.shape
+    x = ops.kv_cache_x(k.dtype)
+    per_seq = (length + block_size - 1) // block_size
+    num_blocks = s * per_seq
+    ids = torch.randperm(num_blocks).reshape(s, per_seq)
+    pad = per_seq * block_size - length
+    kp = F.pad(k, (0, 0, 0, pad)).reshape(s, kvh, per_seq, block_size, d // x, x)
+    vp = F.pad(v, (0, 0, 0, pad)).reshape(s, kvh, per_seq, block_size, d)
+    key_cache = torch.empty(num_blocks, kvh, d // x, block_size, x, dtype=k.dtype)
+    value_cache = torch.empty(num_blocks, kvh, d, block_size, dtype=k.dtype)
+    key_cache[ids.reshape(-1)] = kp.permute(0, 2, 1, 4, 3, 5).reshape(num_blocks, kvh, d // x, block_size, x)
+    value_cache[ids.reshape(-1)] = vp.permute(0, 2, 1, 4, 3).reshape(num_blocks, kvh, d, block_size)
+    return key_cache.to(device), value_cache.to(device), ids.int().to(device)
+
+
+def _problem(num_seqs, num_heads, num_kv_heads, head_size, length, dtype, block_size, device):
+    torch.manual_seed(0)
+    q = torch.randn(num_seqs, num_heads, head_size, dtype=dtype)
+    k = torch.randn(num_seqs, num_kv_heads, length, head_size, dtype=dtype)
+    v = torch.randn(num_seqs, num_kv_heads, length, head_size, dtype=dtype)
+    key_cache, value_cache, tables = _paged_from_contiguous(k, v, block_size, device)
+    lens = torch.full((num_seqs, ), length, dtype=torch.int32, device=device)
+    return q, k, v, key_cache, value_cache, tables, lens
+
+
+def _device_threads():
+    import npubridge
+    return npubridge.npu.get_device_properties().multi_processor_count  # the device's compute threads
+
+
+def _sync(device):
+    if device != "cpu":
+        import npubridge
+        npubridge.npu.synchronize()
+
+
+def decode_vs_sdpa(quick=False, device="npu"):
+    """paged_attention_v1 (npu) against CPU SDPA over contiguous K/V: per case
+    the two median times and ratio = paged / sdpa (target <= 1.25), and the
+    largest difference of the results (float32 reference)."""
+    cases = [(8, 32, 8, 128, 1024, torch.float32), (8, 32, 8, 128, 4096, torch.float32),
+             (8, 32, 8, 128, 4096, torch.bfloat16), (16, 32, 32, 64, 2048, torch.float32)]
+    if quick:
+        cases = [(4, 16, 4, 128, 1024, torch.float32), (4, 16, 4, 128, 1024, torch.bfloat16)]
+    reps = 5 if quick else 11
+    results = []
+    for s, h, kvh, d, length, dtype in cases:
+        q, k, v, key_cache, value_cache, tables, lens = _problem(s, h, kvh, d, length, dtype, 16, device)
+        qn, out = q.to(device), torch.empty(s, h, d, dtype=dtype, device=device)
+        scale = d ** -0.5
+        q4 = q.unsqueeze(2)
+
+        def paged():
+            ops.paged_attention_v1(out, qn, key_cache, value_cache, kvh, scale, tables, lens, 16, length, None,
+                                   "auto")
+            _sync(device)
+
+        def sdpa():
+            return F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=kvh != h)
+
+        t_paged, t_sdpa = _median_pair(paged, sdpa, reps)
+        diff = (out.cpu().float() - sdpa().squeeze(2).float()).abs().max().item()
+        results.append(dict(num_seqs=s, num_heads=h, num_kv_heads=kvh, head_size=d, context=length,
+                            dtype=str(dtype).replace("torch.", ""), block_size=16, paged_v1_ms=t_paged * 1e3,
+                            sdpa_ms=t_sdpa * 1e3, ratio=t_paged / t_sdpa, max_abs_diff=diff))
+    worst = max(r["ratio"] for r in results)
+    return dict(name="paged_attention_v1 vs CPU SDPA (contiguous K/V)", target_ratio=1.25, worst_ratio=worst,
+                met=worst <= 1.25, torch_threads=torch.get_num_threads(), device_threads=_device_threads(),
+                cases=results)
+
+
+def v2_vs_v1(quick=False, device="npu"):
+    """paged_attention_v2 against v1, 4 sequences of 16k tokens (quick: 4k):
+    median times and speedup = time(v1) / time(v2) (target >= 1.2)."""
+    # The target cases (4 sequences of 16k), then two with fewer (sequence,
+    # KV head) items than the device has threads or not a multiple of them,
+    # where v1 cannot keep every core busy and v2's partitions can.
+    cases = [(4, 32, 8, 128, 16384, torch.float32), (4, 32, 8, 128, 16384, torch.bfloat16),
+             (1, 8, 1, 128, 16384, torch.float32), (3, 8, 1, 128, 16384, torch.float32)]
+    targets = 2
+    if quick:
+        cases, targets = [(4, 16, 4, 128, 4096, torch.float32), (1, 8, 1, 128, 4096, torch.float32)], 1
+    reps = 5 if quick else 9
+    results = []
+    for s, h, kvh, d, length, dtype in cases:
+        q, k, v, key_cache, value_cache, tables, lens = _problem(s, h, kvh, d, length, dtype, 16, device)
+        del k, v
+        qn = q.to(device)
+        out1 = torch.empty(s, h, d, dtype=dtype, device=device)
+        out2 = torch.empty_like(out1)
+        parts = (length + ops.PARTITION_SIZE - 1) // ops.PARTITION_SIZE
+        exp_sums = torch.empty(s, h, parts, dtype=torch.float32, device=device)
+        max_logits = torch.empty_like(exp_sums)
+        tmp_out = torch.empty(s, h, parts, d, dtype=dtype, device=device)
+        scale = d ** -0.5
+
+        def v1():
+            ops.paged_attention_v1(out1, qn, key_cache, value_cache, kvh, scale, tables, lens, 16, length, None,
+                                   "auto")
+            _sync(device)
+
+        def v2():
+            ops.paged_attention_v2(out2, exp_sums, max_logits, tmp_out, qn, key_cache, value_cache, kvh, scale,
+                                   tables, lens, 16, length, None, "auto")
+            _sync(device)
+
+        t1, t2 = _median_pair(v1, v2, reps)
+        diff = (out1.cpu().float() - out2.cpu().float()).abs().max().item()
+        results.append(dict(num_seqs=s, num_heads=h, num_kv_heads=kvh, head_size=d, context=length,
+                            dtype=str(dtype).replace("torch.", ""), v1_ms=t1 * 1e3, v2_ms=t2 * 1e3,
+                            speedup=t1 / t2, max_abs_diff_v1_v2=diff,
+                            vllm_picks="v1" if ops.use_v1(length, s, h) else "v2"))
+    for i, r in enumerate(results):
+        r["target_case"] = i < targets
+    worst = min(r["speedup"] for r in results[:targets])
+    return dict(name="paged_attention_v2 vs v1 (few sequences, long context)", target_speedup=1.2,
+                worst_target_speedup=worst, met=worst >= 1.2, device_threads=_device_threads(), cases=results)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--only", choices=["sdpa", "v2"])
+    a = p.parse_args(argv)
+    out = {}
+    if a.only != "v2":
+        out["decode_vs_sdpa"] = decode_vs_sdpa(a.quick)
+    if a.only != "sdpa":
+        out["v2_vs_v1"] = v2_vs_v1(a.quick)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
