@@ -205,7 +205,8 @@ def _cache(max_position, rot_dim, dtype):
 
 def _rotary_exact(x, positions, head_size, cache, is_neox):
     """From the formula, in float64, head by head and pair by pair; returns
-    (the expected values, their error bound's |x c| + |y s| per element)."""
+    (the expected values, and per element the |x c| + |y s| (|y c| + |x s|) that bounds the float32 products
+    and difference's roundings)."""
     rot_dim = cache.shape[1]
     half = rot_dim // 2
     h = x.double().reshape(positions.numel(), -1, head_size).clone()
@@ -216,7 +217,8 @@ def _rotary_exact(x, positions, head_size, cache, is_neox):
         xi, yi = (idx, idx + half) if is_neox else (2 * idx, 2 * idx + 1)
         a, b = h[t][:, xi].clone(), h[t][:, yi].clone()
         h[t][:, xi], h[t][:, yi] = a * c - b * s, b * c + a * s
-        scale[t][:, xi] = scale[t][:, yi] = a.abs() * c.abs() + b.abs() * s.abs()
+        scale[t][:, xi] = a.abs() * c.abs() + b.abs() * s.abs()
+        scale[t][:, yi] = b.abs() * c.abs() + a.abs() * s.abs()
     return h.reshape(x.shape), scale.reshape(x.shape)
 
 
