@@ -324,4 +324,3 @@ def test_norm_and_activation_opcheck():
                      (ops.gelu_tanh_and_mul, (torch.empty(4, 4).npu(), x))):
         r = torch.library.opcheck(op.default, args, test_utils=utils)
         assert set(r.values()) == {"SUCCESS"}, (op, r)
-    assert math.isfinite(float(x.sum()))
