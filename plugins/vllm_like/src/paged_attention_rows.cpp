@@ -156,9 +156,55 @@ VLLM_INLINE void value_rows4(float* __restrict a, const float* __restrict p, con
                       (p2[j] * R::load(v2[d * b + j]) + p3[j] * R::load(v3[d * b + j]));
 }
 
+// out[j] = the sum of token j's x lanes of a key block's accumulator, for
+// its B tokens. With x known at compile time the sums run across tokens as
+// vector adds (in an explicit order: nothing for the compiler to
+// reassociate).
+template <int64_t kX>
+VLLM_INLINE void token_sums(const float* __restrict a, int64_t B, float* __restrict out, int64_t x = kX) {
+  if constexpr (kX == 4) {
+    (void)x;
+    for (int64_t j = 0; j < B; ++j) out[j] = (a[4 * j] + a[4 * j + 1]) + (a[4 * j + 2] + a[4 * j + 3]);
+  } else if constexpr (kX == 8) {
+    (void)x;
+    for (int64_t j = 0; j < B; ++j)
+      out[j] = ((a[8 * j] + a[8 * j + 1]) + (a[8 * j + 2] + a[8 * j + 3])) +
+               ((a[8 * j + 4] + a[8 * j + 5]) + (a[8 * j + 6] + a[8 * j + 7]));
+  } else {
+    for (int64_t j = 0; j < B; ++j) {
+      float sum = 0;
+      for (int64_t i = 0; i < x; ++i) sum += a[j * x + i];
+      out[j] = sum;
+    }
+  }
+}
+
+// o[d] = sum_j a[d * B + j], the value accumulator's lanes of each
+// dimension, by halving (vector adds for the first halves) for the
+// compile-time block sizes. Overwrites a.
+template <int64_t kB>
+VLLM_INLINE void row_sums(float* __restrict a, int64_t D, float* __restrict o, int64_t B) {
+  if constexpr (kB > 0) {
+    (void)B;
+    for (int64_t d = 0; d < D; ++d) {
+      float* r = a + d * kB;
+#pragma GCC unroll 8
+      for (int64_t w = kB / 2; w >= 1; w /= 2)
+        for (int64_t j = 0; j < w; ++j) r[j] += r[j + w];
+      o[d] = r[0];
+    }
+  } else {
+    for (int64_t d = 0; d < D; ++d) {
+      float sum = 0;
+      for (int64_t j = 0; j < B; ++j) sum += a[d * B + j];
+      o[d] = sum;
+    }
+  }
+}
+
 struct Layout {
   int64_t G, D, B, x, C, BX, n;
-  float *qpat, *kacc, *scores, *vacc, *kconv, *vconv;
+  float *qpat, *kacc, *dots, *scores, *vacc, *kconv, *vconv;
 };
 
 VLLM_INLINE Layout layout_of(const PagedView& v, int64_t n, float* scratch) {
@@ -172,7 +218,8 @@ VLLM_INLINE Layout layout_of(const PagedView& v, int64_t n, float* scratch) {
   l.n = n;
   l.qpat = scratch;
   l.kacc = l.qpat + l.G * l.C * kLanes;
-  l.scores = l.kacc + l.G * l.BX;
+  l.dots = l.kacc + l.G * l.BX;
+  l.scores = l.dots + l.B;
   l.vacc = l.scores + l.G * n;
   l.kconv = l.vacc + l.G * l.D * l.B;
   l.vconv = l.kconv + l.D * l.B;
@@ -227,15 +274,22 @@ VLLM_INLINE void attend_impl(const PagedView& v, const typename S::E* q, int64_t
         key_lanes<0, R>(qp, kb, C, BX, a);
       const float slope = v.alibi_slopes != nullptr ? v.alibi_slopes[kvh * G + g] : 0.0f;
       float* s = L.scores + g * n + (b * B - t0);
-      for (int64_t j = j0; j < j1; ++j) {
-        float dot = 0;
-        for (int64_t i = 0; i < x; ++i) dot += a[j * x + i];
-        float sc = v.scale * dot;
-        if (slope != 0.0f) sc += slope * static_cast<float>(b * B + j - (seq_len - 1));
-        s[j] = sc;
-      }
+      float* dots = L.dots;
+      if (x == 4)
+        token_sums<4>(a, B, dots);
+      else if (x == 8)
+        token_sums<8>(a, B, dots);
+      else
+        token_sums<0>(a, B, dots, x);
+      const float pos0 = static_cast<float>(b * B - (seq_len - 1));
+      for (int64_t j = j0; j < j1; ++j) s[j] = v.scale * dots[j] + slope * (pos0 + static_cast<float>(j));
     }
   }
+
+  // The first value blocks start loading while the softmax runs (in a
+  // partition, a pass is short enough for a cold start to show).
+  for (int64_t i = 0; i < 2 * kValueBlocks; ++i)
+    prefetch_block(vcache, table, b0 + i, b1, v.num_kv_heads, kvh, D * B);
 
   // Softmax numerators and their sums.
   for (int64_t g = 0; g < G; ++g) {
@@ -295,13 +349,18 @@ VLLM_INLINE void attend_impl(const PagedView& v, const typename S::E* q, int64_t
       }
     }
   }
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t d = 0; d < D; ++d) {
-      const float* a = L.vacc + (g * D + d) * B;
-      float sum = 0;
-      for (int64_t j = 0; j < B; ++j) sum += a[j];
-      out.acc[g * D + d] = sum;
-    }
+  for (int64_t g = 0; g < G; ++g) {
+    float* a = L.vacc + g * D * B;
+    float* o = out.acc + g * D;
+    if (B == 16)
+      row_sums<16>(a, D, o, B);
+    else if (B == 32)
+      row_sums<32>(a, D, o, B);
+    else if (B == 8)
+      row_sums<8>(a, D, o, B);
+    else
+      row_sums<0>(a, D, o, B);
+  }
 }
 
 // One variant per instruction set; explicit dtype branches rather than a
@@ -327,7 +386,7 @@ VLLM_ATTEND_VARIANT(attend_baseline, kBaseline, )
 
 int64_t attend_scratch_floats(const PagedView& v, int64_t tokens) {
   const int64_t G = v.group, D = v.head_size, B = v.block_size, x = std::max<int64_t>(v.x, 1);
-  return G * (D / x) * kLanes + G * B * x + G * tokens + G * D * B + (1 + kValueBlocks) * D * B;
+  return G * (D / x) * kLanes + G * B * x + B + G * tokens + G * D * B + (1 + kValueBlocks) * D * B;
 }
 
 void attend_range(const PagedView& v, const void* q, int64_t seq, int64_t kv_head, int64_t seq_len,
