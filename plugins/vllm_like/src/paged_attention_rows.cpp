@@ -240,10 +240,15 @@ VLLM_INLINE void attend_impl(const PagedView& v, const typename S::E* q, int64_t
   }
   std::fill(out.acc, out.acc + G * D, 0.0f);
   if (n <= 0) return;
+  // The query pattern, each element converted once (x is 4 or 8: a mask,
+  // not a division, picks the lane's dimension; a range of v2 is short
+  // enough for either to show).
   for (int64_t g = 0; g < G; ++g)
-    for (int64_t c = 0; c < C; ++c)
-      for (int64_t l = 0; l < kLanes; ++l)
-        L.qpat[(g * C + c) * kLanes + l] = S::load(q[g * D + c * x + l % x]);
+    for (int64_t c = 0; c < C; ++c) {
+      float qx[kLanes];
+      for (int64_t i = 0; i < x; ++i) qx[i] = S::load(q[g * D + c * x + i]);
+      for (int64_t l = 0; l < kLanes; ++l) L.qpat[(g * C + c) * kLanes + l] = qx[l & (x - 1)];
+    }
   const E* kcache = static_cast<const E*>(v.key_cache);
   const E* vcache = static_cast<const E*>(v.value_cache);
   const int32_t* table = v.block_tables + seq * v.max_blocks;
