@@ -14,6 +14,17 @@ step: one query token per sequence against all its cached tokens.
 
 v2_vs_v1: paged_attention_v2 against v1 at long context with few
 sequences (4 sequences of 16k tokens by default), where vLLM picks v2.
+What v2 buys on a GPU is parallelism: v1 has one thread block per (sequence,
+head), too few to fill the device when sequences are few. On this device
+(2 compute threads) v1 runs one work item per (sequence, KV head) and
+already has 4 x 8 = 32 equal items for 2 threads, and both versions read
+each cached K and V element exactly once, so a partition's smaller working
+set (its scores stay in L1; v1's 16k scores per head go out to L3 between
+its passes) saves little; each partition also pays its own start-up and
+reductions. v2 can win only where v1 has fewer (sequence, KV head) items
+than threads, or a count they do not divide: the two extra cases measure
+that (1 and 3 sequences with one KV head), and they need the second core
+free.
 
 Times are medians of interleaved runs (A, B, A, B, ...), so that the load
 of a shared machine falls on both alike; ratios are time(ours) / time(ref)
