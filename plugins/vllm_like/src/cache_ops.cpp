@@ -183,6 +183,9 @@ std::vector<TensorRef> check_copy_blocks(const Call& call) {
 
 void copy_blocks_meta(Call& call) { check_copy_blocks(call); }
 
+// The pairs are copied in parallel, as vLLM's kernel copies them: a block
+// that is one pair's destination and another's source (which vLLM's
+// copy-on-write mappings never produce) gets either order.
 void copy_blocks(Call& call) {
   const std::vector<TensorRef> caches = check_copy_blocks(call);
   const TensorRef m = call.tensor(2);
