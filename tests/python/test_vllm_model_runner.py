@@ -279,6 +279,10 @@ def test_bad_input_is_refused_by_name(models):
         runner.execute(ModelInput([1, 2], [7, 8], [0, 0], [[3]], [1]))
     with pytest.raises(IndexError, match="seq_index"):
         runner.execute(ModelInput([1], [0], [1], [[3]], [0]))
+    with pytest.raises(IndexError, match=r"block_tables\[0\]\[1\] = 4 is outside the 4 device blocks"):
+        runner.execute(ModelInput([1, 2], [7, 8], [0, 0], [[3, 4]], [1]))
+    with pytest.raises(IndexError, match=r"positions\[0\] = 1024 is outside \[0, 1024\)"):
+        runner.execute(ModelInput([1], [1024], [0], [[3]], [0]))
     with pytest.raises(IndexError, match="token ids"):
         runner.execute(ModelInput([256], [0], [0], [[3]], [0]))
     with pytest.raises(IndexError, match="copy_blocks"):

@@ -191,21 +191,31 @@ class ModelRunner:
         if not (len(inp.positions) == len(inp.seq_index) == n):
             raise ValueError(f"ModelInput: token_ids, positions and seq_index must have one entry per token, "
                              f"found {n}, {len(inp.positions)}, {len(inp.seq_index)}")
-        width = max((len(t) for t in inp.block_tables), default=0)
-        for i, (pos, s) in enumerate(zip(inp.positions, inp.seq_index)):
-            if not 0 <= s < len(inp.block_tables):
-                raise IndexError(f"ModelInput: seq_index[{i}] = {s} is outside the {len(inp.block_tables)} block tables")
-            if not 0 <= pos < self.max_position:
-                raise IndexError(f"ModelInput: positions[{i}] = {pos} is outside [0, {self.max_position}) "
-                                 f"(max_position_embeddings)")
-            if pos // self.block_size >= len(inp.block_tables[s]):
-                raise IndexError(f"ModelInput: positions[{i}] = {pos} needs block {pos // self.block_size} of "
-                                 f"sequence {s}, whose block table has {len(inp.block_tables[s])}")
-        tables = torch.zeros(len(inp.block_tables), max(width, 1), dtype=torch.int64)
+        lens = torch.tensor([len(t) for t in inp.block_tables], dtype=torch.int64)
+        tables = torch.zeros(len(inp.block_tables), max(int(lens.max()) if len(lens) else 0, 1), dtype=torch.int64)
         for s, table in enumerate(inp.block_tables):
             tables[s, :len(table)] = torch.tensor(table, dtype=torch.int64)
+        # A bad block id would become a negative slot (skipped as padding by
+        # reshape_and_cache) or another sequence's block: refuse it here.
+        bad = ((tables < 0) | (tables >= self.num_device_blocks)) & (torch.arange(tables.shape[1]) < lens[:, None])
+        if bad.any():
+            s, j = (int(v) for v in bad.nonzero()[0])
+            raise IndexError(f"ModelInput: block_tables[{s}][{j}] = {inp.block_tables[s][j]} is outside the "
+                             f"{self.num_device_blocks} device blocks")
         pos = torch.tensor(inp.positions, dtype=torch.int64)
         seq = torch.tensor(inp.seq_index, dtype=torch.int64)
+        for name, values, bound, what in (("seq_index", seq, len(inp.block_tables), "block tables"),
+                                          ("positions", pos, self.max_position, "max_position_embeddings")):
+            wrong = ((values < 0) | (values >= bound)).nonzero()
+            if len(wrong):
+                i = int(wrong[0])
+                raise IndexError(f"ModelInput: {name}[{i}] = {int(values[i])} is outside [0, {bound}) ({what})")
+        short = (pos // self.block_size >= lens[seq]).nonzero()
+        if len(short):
+            i = int(short[0])
+            s = int(seq[i])
+            raise IndexError(f"ModelInput: positions[{i}] = {int(pos[i])} needs block {int(pos[i]) // self.block_size} "
+                             f"of sequence {s}, whose block table has {int(lens[s])}")
         rows = tables[seq]
         slots = rows.gather(1, (pos // self.block_size)[:, None])[:, 0] * self.block_size + pos % self.block_size
         return (rows.to(torch.int32).to(self.device), (pos + 1).to(torch.int32).to(self.device),
