@@ -234,7 +234,8 @@ def bench_kernels(quick):
             ms = "  ".join(f"{k}={v:.3g}" for k, v in c.items() if k.endswith("_ms"))
             print(f"    case: {c.get('num_seqs')} seqs x {c.get('context')} tokens, {c.get('num_heads')}/"
                   f"{c.get('num_kv_heads')} heads, head {c.get('head_size')}, {c.get('dtype')}: {ms}  "
-                  f"{case_key}={c.get(case_key, float('nan')):.3g}" + ("  (target case)" if c.get("target_case") else ""))
+                  f"{case_key}={c.get(case_key, float('nan')):.3g}" +
+                  ("  (target case)" if c.get("target_case") else ""))
 
 
 # --- throughput ------------------------------------------------------------------
