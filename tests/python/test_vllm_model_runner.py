@@ -216,8 +216,10 @@ def test_long_decode_takes_paged_attention_v2(models):
     seq = torch.randint(0, 256, (600, ), generator=g).tolist()
     table = Blocks(80, seed=8).take(blocks_for(601))
     step(runner, [(seq, 0, table)])  # 600 queries x 4 heads > 512: v1
+    assert runner.attention_calls == {"v1": runner.num_layers, "v2": 0}
     seq.append(11)
     logits = step(runner, [(seq[-1:], 600, table)])[0][0]  # one query over two partitions: v2
+    assert runner.attention_calls == {"v1": runner.num_layers, "v2": runner.num_layers}
     ref = Reference(reference, seq)
     assert_within(logits, ref.logits[-1], ref.logit_bound[-1], "decode at 601 tokens")
 

@@ -22,14 +22,9 @@ from typing import List
 
 import torch
 
-__all__ = ["ModelInput", "ModelRunner"]
+from . import _custom_ops
 
-# vLLM's paged_attention_v2 partition size, and its rule for choosing v1:
-# one pass when the context fits one partition or there are enough
-# (sequence, head) pairs to keep the device busy without splitting.
-_PARTITION_SIZE = 512
-_V1_MAX_SEQ_LEN = 8192
-_V1_MIN_PARALLELISM = 512
+__all__ = ["ModelInput", "ModelRunner"]
 
 _COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _OPS = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "reshape_and_cache", "paged_attention_v1",
@@ -108,6 +103,7 @@ class ModelRunner:
         self.scale = self.head_size**-0.5  # LlamaAttention.scaling
         self.max_position = config.max_position_embeddings
         self._ops = {name: _op(name) for name in _OPS}
+        self.attention_calls = {"v1": 0, "v2": 0}  # paged attention calls by version (all layers)
         self._load_weights(model)
         self.cos_sin_cache = self._cos_sin_cache(model)
         self.key_caches, self.value_caches = self._allocate_caches(num_device_blocks, self.device)
@@ -225,11 +221,13 @@ class ModelRunner:
         ops = self._ops
         num_seqs = query.shape[0]
         out = torch.empty_like(query)
-        partitions = (max_seq_len + _PARTITION_SIZE - 1) // _PARTITION_SIZE
-        if max_seq_len <= _V1_MAX_SEQ_LEN and (partitions == 1 or num_seqs * self.num_heads > _V1_MIN_PARALLELISM):
+        partitions = (max_seq_len + _custom_ops.PARTITION_SIZE - 1) // _custom_ops.PARTITION_SIZE
+        if _custom_ops.use_v1(max_seq_len, num_seqs, self.num_heads):  # vLLM's choice
+            self.attention_calls["v1"] += 1
             ops["paged_attention_v1"](out, query, key_cache, value_cache, self.num_kv_heads, self.scale, block_rows,
                                       seq_lens, self.block_size, max_seq_len, None, "auto")
         else:
+            self.attention_calls["v2"] += 1
             stats_shape = (num_seqs, self.num_heads, partitions)
             exp_sums = torch.empty(stats_shape, dtype=torch.float32, device=self.device)
             max_logits = torch.empty(stats_shape, dtype=torch.float32, device=self.device)
@@ -316,8 +314,6 @@ class ModelRunner:
         if not pairs:
             return
         self._check_blocks(what, pairs, src_blocks, dst_blocks)
-        from . import _custom_ops
-
         mapping = torch.tensor(pairs, dtype=torch.int64)  # on the CPU, as vLLM passes it
         for src, dst in zip(src_caches, dst_caches):
             _custom_ops.swap_blocks(src, dst, mapping)
