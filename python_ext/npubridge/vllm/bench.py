@@ -7,7 +7,8 @@ figure is printed with its target and whether it was met.
   paged against contiguous. These run the engine's own scheduler and block
   manager with a stand-in model runner that computes nothing: with fixed
   output lengths (ignore_eos) the tokens do not change what is allocated,
-  so the accounting is the real run's, without its compute.
+  so the accounting is the real run's, without its compute (checked: the
+  per-step figures of 16 requests with preemptions were identical).
 - parallel sampling n = 4 with the prompt's blocks shared, against 4
   separate requests of the same prompt: peak KV blocks, on the real model.
 - decode attention, paged kernel against scaled_dot_product_attention over
