@@ -11,6 +11,7 @@ of terms summed along the chain, times the magnitude of the last reduction
 (|W| @ |x| of the final projection, from the float64 reference). A wrong
 position, block, slot or sequence length moves a logit by far more (the test
 weights are scaled up so that attention is sharp, not near uniform).
+float16 / bfloat16 runners add each value's roundings to the dtype.
 """
 import random
 
@@ -69,9 +70,11 @@ class Reference:
         self.keys = [layer.keys[0].transpose(0, 1) for layer in cache.layers]  # [L, kv_heads, head_size]
         self.values = [layer.values[0].transpose(0, 1) for layer in cache.layers]
         n, L = cfg.num_hidden_layers, len(ids)
-        logit_scale = out.hidden_states[-1][0].abs() @ model.lm_head.weight.abs().t()
-        self.logit_bound = gamma(chain_terms(cfg, n, L) + cfg.hidden_size) * logit_scale + 1e-7
-        self.k_bound, self.v_bound = [], []
+        # Magnitudes of the last reduction of each value (|W| @ |x|), and
+        # the float32 chain's bounds on them.
+        self.logit_mag = out.hidden_states[-1][0].abs() @ model.lm_head.weight.abs().t()
+        self.logit_bound = gamma(chain_terms(cfg, n, L) + cfg.hidden_size) * self.logit_mag + 1e-7
+        self.k_mag, self.v_mag, self.k_bound, self.v_bound = [], [], [], []
         kv, hd = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
         for i, layer in enumerate(model.model.layers):
             g = gamma(chain_terms(cfg, i, L) + cfg.hidden_size)
@@ -79,6 +82,8 @@ class Reference:
             mk = (x @ layer.self_attn.k_proj.weight.abs().t()).view(L, kv, hd)
             mv = (x @ layer.self_attn.v_proj.weight.abs().t()).view(L, kv, hd)
             mk = mk + torch.cat([mk[..., hd // 2:], mk[..., :hd // 2]], -1)  # rotate-half mixes pairs
+            self.k_mag.append(mk)
+            self.v_mag.append(mv)
             self.k_bound.append(g * mk + 1e-7)
             self.v_bound.append(g * mv + 1e-7)
 
@@ -211,8 +216,10 @@ def test_long_decode_takes_paged_attention_v2(models):
     seq = torch.randint(0, 256, (600, ), generator=g).tolist()
     table = Blocks(80, seed=8).take(blocks_for(601))
     step(runner, [(seq, 0, table)])  # 600 queries x 4 heads > 512: v1
+    assert runner.attention_calls == {"v1": runner.num_layers, "v2": 0}
     seq.append(11)
     logits = step(runner, [(seq[-1:], 600, table)])[0][0]  # one query over two partitions: v2
+    assert runner.attention_calls == {"v1": runner.num_layers, "v2": runner.num_layers}
     ref = Reference(reference, seq)
     assert_within(logits, ref.logits[-1], ref.logit_bound[-1], "decode at 601 tokens")
 
@@ -274,8 +281,49 @@ def test_bad_input_is_refused_by_name(models):
         runner.execute(ModelInput([1, 2], [7, 8], [0, 0], [[3]], [1]))
     with pytest.raises(IndexError, match="seq_index"):
         runner.execute(ModelInput([1], [0], [1], [[3]], [0]))
+    with pytest.raises(IndexError, match=r"block_tables\[0\]\[1\] = 4 is outside the 4 device blocks"):
+        runner.execute(ModelInput([1, 2], [7, 8], [0, 0], [[3, 4]], [1]))
+    with pytest.raises(IndexError, match=r"positions\[0\] = 1024 is outside \[0, 1024\)"):
+        runner.execute(ModelInput([1], [1024], [0], [[3]], [0]))
     with pytest.raises(IndexError, match="token ids"):
         runner.execute(ModelInput([256], [0], [0], [[3]], [0]))
     with pytest.raises(IndexError, match="copy_blocks"):
         runner.copy_blocks([(0, 4)])
     assert runner.execute(ModelInput([], [], [], [], [])).shape == (0, 256)
+
+
+# Roundings to the compute dtype along one layer of the chain (norm, qkv,
+# rope, attention output, o_proj, residual add, norm, gate_up, activation,
+# down, residual add) and after the last (final norm, logits).
+ROUNDINGS_PER_LAYER, ROUNDINGS_AFTER = 11, 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_caches_and_logits(models, dtype):
+    """16-bit caches use x = 8 in the key layout (float32: 4): the cache
+    contents and logits of a prefill and a decode, within each value's
+    roundings to the dtype (u = 2^-11 / 2^-8) on top of the float32 bound."""
+    model, reference = models
+    runner = ModelRunner(model, block_size=BLOCK, num_device_blocks=12, dtype=dtype)
+    assert runner.key_caches[0].shape[-1] == 8 and runner.key_caches[0].dtype == dtype
+    u = 2.0**-11 if dtype == torch.float16 else 2.0**-8
+    g = torch.Generator().manual_seed(10)
+    seq = torch.randint(0, 256, (19, ), generator=g).tolist()
+    table = Blocks(12, seed=11).take(blocks_for(20))
+    step(runner, [(seq, 0, table)])
+    seq.append(5)
+    logits = step(runner, [(seq[-1:], 19, table)])[0][0]
+    ref = Reference(reference, seq)
+    layers = runner.num_layers
+    bound = ref.logit_bound[-1] + (ROUNDINGS_PER_LAYER * layers + ROUNDINGS_AFTER) * u * ref.logit_mag[-1]
+    assert_within(logits, ref.logits[-1], bound, f"{dtype} decode logits")
+    for layer in range(layers):
+        extra = (ROUNDINGS_PER_LAYER * layer + 3) * u  # earlier layers', then this one's norm, projection, rope
+        for b, block in enumerate(table):
+            lo, hi = b * BLOCK, min((b + 1) * BLOCK, len(seq))
+            k, v = runner.read_block(layer, block)
+            assert k.dtype == v.dtype == dtype
+            assert_within(k[:hi - lo], ref.keys[layer][lo:hi],
+                          ref.k_bound[layer][lo:hi] + extra * ref.k_mag[layer][lo:hi], f"{dtype} K layer {layer}")
+            assert_within(v[:hi - lo], ref.values[layer][lo:hi],
+                          ref.v_bound[layer][lo:hi] + extra * ref.v_mag[layer][lo:hi], f"{dtype} V layer {layer}")

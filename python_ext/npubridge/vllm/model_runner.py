@@ -22,14 +22,9 @@ from typing import List
 
 import torch
 
-__all__ = ["ModelInput", "ModelRunner"]
+from . import _custom_ops
 
-# vLLM's paged_attention_v2 partition size, and its rule for choosing v1:
-# one pass when the context fits one partition or there are enough
-# (sequence, head) pairs to keep the device busy without splitting.
-_PARTITION_SIZE = 512
-_V1_MAX_SEQ_LEN = 8192
-_V1_MIN_PARALLELISM = 512
+__all__ = ["ModelInput", "ModelRunner"]
 
 _COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _OPS = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "reshape_and_cache", "paged_attention_v1",
@@ -108,6 +103,7 @@ class ModelRunner:
         self.scale = self.head_size**-0.5  # LlamaAttention.scaling
         self.max_position = config.max_position_embeddings
         self._ops = {name: _op(name) for name in _OPS}
+        self.attention_calls = {"v1": 0, "v2": 0}  # paged attention calls by version (all layers)
         self._load_weights(model)
         self.cos_sin_cache = self._cos_sin_cache(model)
         self.key_caches, self.value_caches = self._allocate_caches(num_device_blocks, self.device)
@@ -191,21 +187,31 @@ class ModelRunner:
         if not (len(inp.positions) == len(inp.seq_index) == n):
             raise ValueError(f"ModelInput: token_ids, positions and seq_index must have one entry per token, "
                              f"found {n}, {len(inp.positions)}, {len(inp.seq_index)}")
-        width = max((len(t) for t in inp.block_tables), default=0)
-        for i, (pos, s) in enumerate(zip(inp.positions, inp.seq_index)):
-            if not 0 <= s < len(inp.block_tables):
-                raise IndexError(f"ModelInput: seq_index[{i}] = {s} is outside the {len(inp.block_tables)} block tables")
-            if not 0 <= pos < self.max_position:
-                raise IndexError(f"ModelInput: positions[{i}] = {pos} is outside [0, {self.max_position}) "
-                                 f"(max_position_embeddings)")
-            if pos // self.block_size >= len(inp.block_tables[s]):
-                raise IndexError(f"ModelInput: positions[{i}] = {pos} needs block {pos // self.block_size} of "
-                                 f"sequence {s}, whose block table has {len(inp.block_tables[s])}")
-        tables = torch.zeros(len(inp.block_tables), max(width, 1), dtype=torch.int64)
+        lens = torch.tensor([len(t) for t in inp.block_tables], dtype=torch.int64)
+        tables = torch.zeros(len(inp.block_tables), max(int(lens.max()) if len(lens) else 0, 1), dtype=torch.int64)
         for s, table in enumerate(inp.block_tables):
             tables[s, :len(table)] = torch.tensor(table, dtype=torch.int64)
+        # A bad block id would become a negative slot (skipped as padding by
+        # reshape_and_cache) or another sequence's block: refuse it here.
+        bad = ((tables < 0) | (tables >= self.num_device_blocks)) & (torch.arange(tables.shape[1]) < lens[:, None])
+        if bad.any():
+            s, j = (int(v) for v in bad.nonzero()[0])
+            raise IndexError(f"ModelInput: block_tables[{s}][{j}] = {inp.block_tables[s][j]} is outside the "
+                             f"{self.num_device_blocks} device blocks")
         pos = torch.tensor(inp.positions, dtype=torch.int64)
         seq = torch.tensor(inp.seq_index, dtype=torch.int64)
+        for name, values, bound, what in (("seq_index", seq, len(inp.block_tables), "block tables"),
+                                          ("positions", pos, self.max_position, "max_position_embeddings")):
+            wrong = ((values < 0) | (values >= bound)).nonzero()
+            if len(wrong):
+                i = int(wrong[0])
+                raise IndexError(f"ModelInput: {name}[{i}] = {int(values[i])} is outside [0, {bound}) ({what})")
+        short = (pos // self.block_size >= lens[seq]).nonzero()
+        if len(short):
+            i = int(short[0])
+            s = int(seq[i])
+            raise IndexError(f"ModelInput: positions[{i}] = {int(pos[i])} needs block {int(pos[i]) // self.block_size} "
+                             f"of sequence {s}, whose block table has {int(lens[s])}")
         rows = tables[seq]
         slots = rows.gather(1, (pos // self.block_size)[:, None])[:, 0] * self.block_size + pos % self.block_size
         return (rows.to(torch.int32).to(self.device), (pos + 1).to(torch.int32).to(self.device),
@@ -215,11 +221,13 @@ class ModelRunner:
         ops = self._ops
         num_seqs = query.shape[0]
         out = torch.empty_like(query)
-        partitions = (max_seq_len + _PARTITION_SIZE - 1) // _PARTITION_SIZE
-        if max_seq_len <= _V1_MAX_SEQ_LEN and (partitions == 1 or num_seqs * self.num_heads > _V1_MIN_PARALLELISM):
+        partitions = (max_seq_len + _custom_ops.PARTITION_SIZE - 1) // _custom_ops.PARTITION_SIZE
+        if _custom_ops.use_v1(max_seq_len, num_seqs, self.num_heads):  # vLLM's choice
+            self.attention_calls["v1"] += 1
             ops["paged_attention_v1"](out, query, key_cache, value_cache, self.num_kv_heads, self.scale, block_rows,
                                       seq_lens, self.block_size, max_seq_len, None, "auto")
         else:
+            self.attention_calls["v2"] += 1
             stats_shape = (num_seqs, self.num_heads, partitions)
             exp_sums = torch.empty(stats_shape, dtype=torch.float32, device=self.device)
             max_logits = torch.empty(stats_shape, dtype=torch.float32, device=self.device)
@@ -306,8 +314,6 @@ class ModelRunner:
         if not pairs:
             return
         self._check_blocks(what, pairs, src_blocks, dst_blocks)
-        from . import _custom_ops
-
         mapping = torch.tensor(pairs, dtype=torch.int64)  # on the CPU, as vLLM passes it
         for src, dst in zip(src_caches, dst_caches):
             _custom_ops.swap_blocks(src, dst, mapping)
