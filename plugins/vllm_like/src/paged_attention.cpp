@@ -317,7 +317,6 @@ void paged_attention(Call& call) {
 }  // namespace
 
 void register_paged_attention(npub::sdk::Registrar& r) {
-  configure_attention_isa();
   const std::string common =
       "Tensor query, Tensor key_cache, Tensor value_cache, int num_kv_heads, float scale, Tensor "
       "block_tables, "

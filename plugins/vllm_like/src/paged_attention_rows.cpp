@@ -17,11 +17,12 @@
 //
 // The loops are written once (always-inline templates) and compiled three
 // times: AVX-512, AVX2+FMA (with F16C for float16 caches) and baseline
-// x86-64, chosen once at registration from the CPU and NPUB_VLLM_MAX_ISA.
+// x86-64, chosen by the plugin's level (isa.h: the CPU and NPUB_VLLM_MAX_ISA).
 #include "paged_attention_rows.h"
 
+#include "isa.h"
+
 #include <plugin_kernels/float_access.h>
-#include <plugin_kernels/isa_cap.h>
 
 #include <immintrin.h>
 
@@ -45,9 +46,6 @@ constexpr int64_t kValueBlocks = 4;  // value blocks accumulated per pass
 // latency when a block's arithmetic is short (one query head, small heads).
 constexpr int64_t kPrefetchBytes = 32768;
 
-enum Isa : int { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
-int g_isa = kBaseline;
-
 #define VLLM_INLINE inline __attribute__((always_inline))
 
 __attribute__((target("avx2,f16c"))) void f16_to_f32_avx2(const uint16_t* src, float* dst, int64_t n) {
@@ -66,14 +64,14 @@ using ReadAs = std::conditional_t<std::is_same_v<S, BF16>, BF16, F32>;
 
 // A block's n elements as the loops read them (ReadAs<S>): in place, or
 // for float16 converted into `buf`.
-template <typename S, int kIsa>
+template <typename S, Isa kIsa>
 VLLM_INLINE const typename ReadAs<S>::E* block_view(const typename S::E* src, float* buf, int64_t n) {
   if constexpr (!std::is_same_v<S, F16>) {
     (void)buf;
     (void)n;
     return src;
   } else {
-    if constexpr (kIsa >= kAvx2)
+    if constexpr (kIsa >= Isa::kAvx2)
       f16_to_f32_avx2(src, buf, n);
     else
       for (int64_t i = 0; i < n; ++i) buf[i] = S::load(src[i]);
@@ -226,7 +224,7 @@ VLLM_INLINE Layout layout_of(const PagedView& v, int64_t n, float* scratch) {
   return l;
 }
 
-template <typename S, int kIsa>
+template <typename S, Isa kIsa>
 VLLM_INLINE void attend_impl(const PagedView& v, const typename S::E* q, int64_t seq, int64_t kvh,
                              int64_t seq_len, int64_t t0, int64_t t1, const RangeStats& out, float* scratch) {
   using E = typename S::E;
@@ -382,10 +380,10 @@ VLLM_INLINE void attend_impl(const PagedView& v, const typename S::E* q, int64_t
   }
 
 VLLM_ATTEND_VARIANT(
-    attend_avx512, kAvx512,
+    attend_avx512, Isa::kAvx512,
     __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,prefer-vector-width=512"))))
-VLLM_ATTEND_VARIANT(attend_avx2, kAvx2, __attribute__((target("avx2,fma,f16c"))))
-VLLM_ATTEND_VARIANT(attend_baseline, kBaseline, )
+VLLM_ATTEND_VARIANT(attend_avx2, Isa::kAvx2, __attribute__((target("avx2,fma,f16c"))))
+VLLM_ATTEND_VARIANT(attend_baseline, Isa::kBaseline, )
 
 }  // namespace
 
@@ -396,26 +394,12 @@ int64_t attend_scratch_floats(const PagedView& v, int64_t tokens) {
 
 void attend_range(const PagedView& v, const void* q, int64_t seq, int64_t kv_head, int64_t seq_len,
                   int64_t t0, int64_t t1, const RangeStats& out, float* scratch) {
-  if (g_isa == kAvx512)
+  if (isa() == Isa::kAvx512)
     attend_avx512(v, q, seq, kv_head, seq_len, t0, t1, out, scratch);
-  else if (g_isa == kAvx2)
+  else if (isa() == Isa::kAvx2)
     attend_avx2(v, q, seq, kv_head, seq_len, t0, t1, out, scratch);
   else
     attend_baseline(v, q, seq, kv_head, seq_len, t0, t1, out, scratch);
-}
-
-void configure_attention_isa() {
-  const plugin_kernels::IsaCap cap = plugin_kernels::isa_cap_from_environment("NPUB_VLLM_MAX_ISA");
-  const bool avx2 =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  if (avx512 && cap >= plugin_kernels::IsaCap::kAvx512)
-    g_isa = kAvx512;
-  else if (avx2 && cap >= plugin_kernels::IsaCap::kAvx2)
-    g_isa = kAvx2;
-  else
-    g_isa = kBaseline;
 }
 
 }  // namespace vllm_like

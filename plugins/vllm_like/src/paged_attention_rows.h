@@ -44,8 +44,4 @@ int64_t attend_scratch_floats(const PagedView& v, int64_t tokens);
 void attend_range(const PagedView& v, const void* q, int64_t seq, int64_t kv_head, int64_t seq_len,
                   int64_t t0, int64_t t1, const RangeStats& out, float* scratch);
 
-// Which instruction set the loops run with (NPUB_VLLM_MAX_ISA caps it;
-// read once at registration).
-void configure_attention_isa();
-
 }  // namespace vllm_like
