@@ -30,6 +30,32 @@ __all__ = ["LLMEngine"]
 PromptType = Union[str, Dict, List[int]]
 
 
+def _mix64(x: int) -> int:
+    # splitmix64's finaliser: nearby (seed, completion, position) triples give unrelated seeds.
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+def _seeded_generators(group: SequenceGroup, seq: Sequence):
+    """For a seeded request, one generator per sample of this step, seeded by
+    (seed, completion index, output position) alone. One stream per request
+    would hand its draws out in whatever order the completions happen to be
+    sampled, and chunked prefill, preemption (swap or recompute) and the batch
+    change that order; a draw keyed by what it draws for is the same in every
+    schedule. Unforked: the prompt's sample for each of the n completions."""
+    seed = group.sampling_params.seed
+    if seed is None:
+        return None
+    position = len(seq.output_token_ids)
+    indices = [seq.index] if group.forked else range(group.sampling_params.n)
+    return [
+        torch.Generator().manual_seed(_mix64(_mix64(_mix64(seed & 0xFFFFFFFFFFFFFFFF) ^ i) ^ position) >> 1)
+        for i in indices
+    ]
+
+
 class LLMEngine:
     """The engine over a model runner (npubridge.vllm.model_runner.ModelRunner's
     interface: execute, copy_blocks, swap_out, swap_in) that owns
@@ -203,7 +229,8 @@ class LLMEngine:
             self.block_manager.mark_computed(s.seq)
         requests = [
             SampleRequest(s.group.sampling_params, s.group.generator,
-                          1 if s.group.forked else s.group.sampling_params.n, len(s.seq.output_token_ids))
+                          1 if s.group.forked else s.group.sampling_params.n, len(s.seq.output_token_ids),
+                          _seeded_generators(s.group, s.seq))
             for s in sampling
         ]
         for s, samples in zip(sampling, sample(logits, requests, self.generator)):

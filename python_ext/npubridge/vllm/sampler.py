@@ -26,6 +26,10 @@ class SampleRequest:
     generator: Optional[torch.Generator]  # None: the engine's generator
     num_samples: int = 1
     num_output_tokens: int = 0  # the completion's length so far (for min_tokens)
+    # One generator per sample, each drawn from once (the engine's seeded
+    # requests: a fresh generator per completion and output position, so a
+    # draw never depends on how many draws came before it); overrides generator.
+    generators: Optional[List[torch.Generator]] = None
 
 
 def _filter_top_k_top_p(x: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
@@ -62,8 +66,12 @@ def _sample_row(row: torch.Tensor, req: SampleRequest, engine_generator: torch.G
         return [(token, logprob)] * req.num_samples
     x = _filter_top_k_top_p(row / params.temperature, params.top_k, params.top_p)
     logprobs = torch.log_softmax(x, dim=0)
+    probs = logprobs.exp()
+    if req.generators is not None:
+        tokens = [int(torch.multinomial(probs, 1, generator=g)) for g in req.generators]
+        return [(t, float(logprobs[t])) for t in tokens]
     generator = req.generator if req.generator is not None else engine_generator
-    tokens = torch.multinomial(logprobs.exp(), req.num_samples, replacement=True, generator=generator)
+    tokens = torch.multinomial(probs, req.num_samples, replacement=True, generator=generator)
     return [(int(t), float(logprobs[t])) for t in tokens]
 
 
