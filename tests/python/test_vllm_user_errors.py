@@ -68,3 +68,59 @@ def test_seeded_outputs_do_not_depend_on_chunking_or_preemption(model):
     assert alone[0] == want[0]
     # The n completions differ from each other (independent draws, not one copied).
     assert len({tuple(t) for t in want[2]}) > 1
+
+
+# ---- 1. only models the runner computes ----------------------------------------------------------------------------
+
+
+def tiny(cls_name, config_name, **kw):
+    torch.manual_seed(0)
+    config = getattr(transformers, config_name)(**llama_config(**kw))
+    return getattr(transformers, cls_name)(config).eval()
+
+
+@pytest.mark.parametrize("cls, config, kw, message", [
+    ("GPT2LMHeadModel", "GPT2Config", None, "model class GPT2LMHeadModel is not supported"),
+    ("LlamaModel", "LlamaConfig", {}, "model class LlamaModel is not supported"),
+    ("GemmaForCausalLM", "GemmaConfig", dict(hidden_act="silu", head_dim=16), "GemmaForCausalLM is not supported"),
+    ("MistralForCausalLM", "MistralConfig", dict(sliding_window=16), "sliding_window=16"),
+    ("Qwen2ForCausalLM", "Qwen2Config", dict(use_sliding_window=True, sliding_window=16, max_window_layers=1),
+     "sliding_attention"),
+    ("LlamaForCausalLM", "LlamaConfig", dict(hidden_act="gelu"), "hidden_act='gelu'"),
+    ("LlamaForCausalLM", "LlamaConfig", dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "'dynamic'"),
+])
+def test_unsupported_models_are_refused_up_front(cls, config, kw, message):
+    if kw is None:
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=64, n_layer=1, n_head=4,
+                                                                     vocab_size=VOCAB)).eval()
+    else:
+        model = tiny(cls, config, **kw)
+    with pytest.raises(ValueError, match="supported") as e:
+        LLM(model, num_device_blocks=8)
+    assert message in str(e.value)
+    if cls != "GPT2LMHeadModel":
+        from npubridge.vllm.model_runner import ModelRunner
+        with pytest.raises(ValueError, match="ModelRunner: .*supported"):
+            ModelRunner(model, num_device_blocks=8)
+
+
+def test_mistral_without_a_window_in_effect_is_accepted():
+    # MistralConfig's default window (4096) is beyond max_position_embeddings (256): full attention.
+    LLM(tiny("MistralForCausalLM", "MistralConfig"), num_device_blocks=8)
+
+
+def test_qwen2_with_qkv_bias_matches_transformers_greedy():
+    model = tiny("Qwen2ForCausalLM", "Qwen2Config")
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+    with torch.no_grad():  # the qkv biases matter (random, not transformers' zeros)
+        for layer in model.model.layers:
+            for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                p.bias.normal_(0, 0.5)
+    llm = LLM(model, block_size=8, num_device_blocks=32)
+    for p in prompts([5, 19]):
+        got = llm.generate([p], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))[0].outputs[0].token_ids
+        ids = torch.tensor([p["prompt_token_ids"]])
+        want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, min_new_tokens=10,
+                              do_sample=False, pad_token_id=0)[0, ids.shape[1]:].tolist()
+        assert got == want

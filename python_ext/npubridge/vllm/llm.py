@@ -49,7 +49,10 @@ class LLM:
         if isinstance(model, str):
             raise TypeError("npubridge.vllm.LLM: pass a transformers LlamaForCausalLM object, not a name "
                             f"({model!r}); nothing is downloaded")
+        from .model_check import check_model
         from .model_runner import ModelRunner  # here: needs the vllm_like plugin's ops
+
+        check_model(model, "LLM")
 
         config = model.config
         if max_model_len is None:

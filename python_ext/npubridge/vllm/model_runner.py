@@ -23,6 +23,7 @@ from typing import List
 import torch
 
 from . import _custom_ops
+from .model_check import check_model
 
 __all__ = ["ModelInput", "ModelRunner"]
 
@@ -80,6 +81,7 @@ class ModelRunner:
     """
 
     def __init__(self, model, *, block_size=16, num_device_blocks, num_cpu_blocks=0, device="npu", dtype=None):
+        check_model(model, "ModelRunner")
         config = model.config
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"ModelRunner: hidden_act must be 'silu' (Llama's SwiGLU), found {config.hidden_act!r}")
