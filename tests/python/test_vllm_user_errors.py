@@ -124,3 +124,40 @@ def test_qwen2_with_qkv_bias_matches_transformers_greedy():
         want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, min_new_tokens=10,
                               do_sample=False, pad_token_id=0)[0, ids.shape[1]:].tolist()
         assert got == want
+
+
+# ---- 3. and 6. LLM() arguments -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:0", "nonsense"])
+def test_a_non_npu_device_is_refused(model, device):
+    with pytest.raises(ValueError, match=f"device must be an npu device .*found '{device}'"):
+        LLM(model, device=device, num_device_blocks=8)
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(block_size=0), ValueError, "block_size must be an int >= 1.*found 0"),
+    (dict(block_size=2.5), ValueError, "block_size must be an int >= 1.*found 2.5"),
+    (dict(max_model_len=0), ValueError, "max_model_len must be an int >= 2.*found 0"),
+    (dict(preemption_mode="swap"), ValueError, "preemption_mode='swap' needs swap space"),
+    (dict(dtype="float8"), ValueError, "dtype must be a torch.dtype or one of .*found 'float8'"),
+    (dict(gpu_memory_utilization=0.9), TypeError, "gpu_memory_utilization.*kv_cache_memory.*supports .*block_size"),
+    (dict(tensor_parallel_size=2, enforce_eager=True), TypeError, "enforce_eager, tensor_parallel_size"),
+])
+def test_bad_llm_options_are_refused(model, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        LLM(model, num_device_blocks=8, **kwargs)
+
+
+def test_a_swap_space_below_one_block_warns_that_the_unit_is_bytes(model):
+    with pytest.warns(UserWarning, match="swap_space=4 bytes is less than one KV block.*not vLLM's GiB"):
+        LLM(model, num_device_blocks=8, swap_space=4)
+
+
+@pytest.mark.parametrize("name, dtype", [("float16", torch.float16), ("bfloat16", torch.bfloat16),
+                                         ("float32", torch.float32), ("auto", torch.float32)])
+def test_dtype_strings_as_in_vllm(model, name, dtype):
+    llm = LLM(model, num_device_blocks=8, dtype=name)
+    assert llm.model_runner.dtype == dtype
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0, max_tokens=2))
+    assert len(out[0].outputs[0].token_ids) == 2

@@ -12,7 +12,10 @@ free GPU memory), and the swap space ``num_cpu_blocks`` blocks or
 ``swap_space`` bytes (vLLM: GiB, default 4; here default none, so
 preemption recomputes unless swap space is given).
 """
+import warnings
 from typing import List, Optional, Sequence, Union
+
+import torch
 
 from .engine import LLMEngine
 from .outputs import RequestOutput
@@ -38,6 +41,60 @@ def _num_blocks(what_blocks, blocks, what_bytes, nbytes, block_bytes, default=No
     return int(nbytes // block_bytes)
 
 
+_DTYPES = {
+    "auto": None, "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "float": torch.float32,
+    "fp32": torch.float32
+}
+_OPTIONS = ("tokenizer", "block_size", "num_device_blocks", "kv_cache_memory", "num_cpu_blocks", "swap_space",
+            "max_num_seqs", "max_num_batched_tokens", "max_model_len", "enable_prefix_caching",
+            "enable_chunked_prefill", "preemption_mode", "seed", "device", "dtype")
+# vLLM options without a meaning here, and what to use instead.
+_VLLM_HINTS = {
+    "gpu_memory_utilization": "size the KV cache with num_device_blocks or kv_cache_memory (bytes)",
+    "tensor_parallel_size": "npubridge.vllm runs on one npu device",
+    "pipeline_parallel_size": "npubridge.vllm runs on one npu device",
+    "enforce_eager": "npubridge.vllm always runs eagerly",
+}
+
+
+def _resolve_dtype(dtype):
+    """vLLM's dtype strings ("auto", "float16", "bfloat16", "float32", ...) or a torch.dtype."""
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPES:
+        return _DTYPES[dtype.lower()]
+    raise ValueError(f"LLM: dtype must be a torch.dtype or one of {sorted(_DTYPES)}, found {dtype!r}")
+
+
+def _check_options(block_size, max_model_len, device, unknown):
+    if unknown:
+        hints = "; ".join(f"{k}: {_VLLM_HINTS[k]}" for k in unknown if k in _VLLM_HINTS)
+        raise TypeError(f"LLM: unsupported option(s) {', '.join(sorted(unknown))}"
+                        f"{' (' + hints + ')' if hints else ''}; npubridge.vllm.LLM supports {', '.join(_OPTIONS)}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"LLM: block_size must be an int >= 1 (tokens per KV block), found {block_size!r}")
+    if max_model_len is not None and (isinstance(max_model_len, bool) or not isinstance(max_model_len, int)
+                                      or max_model_len < 2):
+        raise ValueError(f"LLM: max_model_len must be an int >= 2 (a prompt token and a generated one) or None, "
+                         f"found {max_model_len!r}")
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        kind = None
+    if kind != "npu":
+        raise ValueError(f"LLM: device must be an npu device (\"npu\" or \"npu:N\"), found {device!r}")
+
+
+def _check_swap(preemption_mode, swap_space, cpu_blocks, block_bytes):
+    if swap_space and cpu_blocks == 0:
+        warnings.warn(f"LLM: swap_space={swap_space} bytes is less than one KV block ({block_bytes} bytes): no swap "
+                      f"space (the unit is bytes, not vLLM's GiB)", stacklevel=3)
+    if preemption_mode == "swap" and cpu_blocks == 0:
+        raise ValueError("LLM: preemption_mode='swap' needs swap space: give num_cpu_blocks >= 1 or swap_space "
+                         f"(bytes) of at least one KV block ({block_bytes} bytes)")
+
+
 class LLM:
 
     def __init__(self, model, tokenizer=None, *, block_size: int = 16, num_device_blocks: Optional[int] = None,
@@ -45,10 +102,12 @@ class LLM:
                  swap_space: Optional[int] = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: Optional[int] = None, max_model_len: Optional[int] = None,
                  enable_prefix_caching: bool = False, enable_chunked_prefill: bool = False,
-                 preemption_mode: Optional[str] = None, seed: int = 0, device: str = "npu", dtype=None):
+                 preemption_mode: Optional[str] = None, seed: int = 0, device: str = "npu", dtype=None, **unknown):
         if isinstance(model, str):
             raise TypeError("npubridge.vllm.LLM: pass a transformers LlamaForCausalLM object, not a name "
                             f"({model!r}); nothing is downloaded")
+        _check_options(block_size, max_model_len, device, unknown)
+        dtype = _resolve_dtype(dtype)
         from .model_check import check_model
         from .model_runner import ModelRunner  # here: needs the vllm_like plugin's ops
 
@@ -70,6 +129,7 @@ class LLM:
             raise ValueError(f"LLM: the KV cache holds no block: kv_cache_memory {kv_cache_memory} bytes, one block "
                              f"of {block_size} tokens over all layers is {block_bytes} bytes")
         cpu_blocks = _num_blocks("num_cpu_blocks", num_cpu_blocks, "swap_space", swap_space, block_bytes, 0)
+        _check_swap(preemption_mode, swap_space, cpu_blocks, block_bytes)
         runner_kwargs = {} if dtype is None else {"dtype": dtype}
         self.model_runner = ModelRunner(model, block_size=block_size, num_device_blocks=device_blocks,
                                         num_cpu_blocks=cpu_blocks, device=device, **runner_kwargs)
@@ -97,6 +157,7 @@ class LLM:
         ``prompts``: one prompt or a list; a prompt is ``{"prompt_token_ids": [...]}``
         or, with a tokenizer, a string (or ``{"prompt": str}``).
         ``sampling_params``: one for all prompts, or one per prompt.
+        ``use_tqdm`` is accepted for vLLM compatibility and ignored (no progress bar).
         """
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
