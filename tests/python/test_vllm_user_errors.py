@@ -161,3 +161,32 @@ def test_dtype_strings_as_in_vllm(model, name, dtype):
     assert llm.model_runner.dtype == dtype
     out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(temperature=0, max_tokens=2))
     assert len(out[0].outputs[0].token_ids) == 2
+
+
+# ---- 4. SamplingParams --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(temperature=float("inf")), ValueError, "temperature must be a finite number >= 0, found inf"),
+    (dict(temperature="0.5"), TypeError, "temperature must be a number, found '0.5' \\(str\\)"),
+    (dict(max_tokens=2.5), TypeError, "max_tokens must be an int or None, found 2.5"),
+    (dict(n=True), TypeError, "n must be an int, found True"),
+    (dict(seed=2**70), ValueError, "seed must be in \\[-2\\*\\*63, 2\\*\\*64\\)"),
+    (dict(seed=1.5), TypeError, "seed must be an int or None, found 1.5"),
+    (dict(stop_token_ids=["a"]), TypeError, "stop_token_ids\\[0\\] must be an int \\(a token id\\), found 'a'"),
+    (dict(stop_token_ids=[3, -1]), ValueError, "stop_token_ids\\[1\\] must be a token id >= 0, found -1"),
+    (dict(stop_token_ids=7), TypeError, "stop_token_ids must be a list of ints, found 7"),
+    (dict(stop=[1]), TypeError, "stop must be a str or a list of str"),
+])
+def test_bad_sampling_params_name_the_argument(kwargs, error, message):
+    with pytest.raises(error, match="SamplingParams: " + message):
+        SamplingParams(**kwargs)
+
+
+def test_a_dict_as_sampling_params_is_a_type_error(model):
+    llm = LLM(model, num_device_blocks=8)
+    with pytest.raises(TypeError, match="sampling_params must be a SamplingParams .*found dict.*SamplingParams\\(\\*\\*d"):
+        llm.generate([{"prompt_token_ids": [5, 6]}], {"temperature": 0})
+    with pytest.raises(TypeError, match="sampling_params\\[1\\] must be a SamplingParams"):
+        llm.generate([{"prompt_token_ids": [5, 6]}] * 2, [SamplingParams(), 0.5])
+    assert not llm.llm_engine.has_unfinished_requests()

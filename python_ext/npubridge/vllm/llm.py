@@ -95,6 +95,14 @@ def _check_swap(preemption_mode, swap_space, cpu_blocks, block_bytes):
                          f"(bytes) of at least one KV block ({block_bytes} bytes)")
 
 
+def _check_params(params):
+    for i, p in enumerate(params):
+        if not isinstance(p, SamplingParams):
+            raise TypeError(f"LLM.generate: sampling_params{'' if len(params) == 1 else f'[{i}]'} must be a "
+                            f"SamplingParams (or a list of them), found {type(p).__name__}"
+                            f"{' (use SamplingParams(**d))' if isinstance(p, dict) else ''}")
+
+
 class LLM:
 
     def __init__(self, model, tokenizer=None, *, block_size: int = 16, num_device_blocks: Optional[int] = None,
@@ -168,6 +176,7 @@ class LLM:
             prompts)
         if len(params) != len(prompts):
             raise ValueError(f"LLM.generate: {len(params)} sampling_params for {len(prompts)} prompts")
+        _check_params(params)
         engine = self.llm_engine
         ids = []
         try:

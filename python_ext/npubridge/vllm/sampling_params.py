@@ -4,6 +4,8 @@ A temperature below _SAMPLING_EPS means greedy (exact argmax), as in vLLM;
 top_k <= 0 (vLLM's -1) and top_p == 1 switch those filters off. Bad values
 raise ValueError naming the argument, the expected range and the value found.
 """
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import List, Optional, Union
 
@@ -11,6 +13,54 @@ __all__ = ["SamplingParams"]
 
 # vLLM's threshold below which a temperature counts as greedy.
 _SAMPLING_EPS = 1e-5
+
+
+# torch.Generator.manual_seed's range.
+_SEED_RANGE = (-(1 << 63), (1 << 64) - 1)
+
+
+def _check_types(p: "SamplingParams"):
+    """Types and finiteness, before __post_init__ converts anything: a clear
+    error naming the argument instead of a TypeError from a comparison or an
+    int() later, and no silent truncation (max_tokens=2.5)."""
+
+    def bad(name, expected, found, error=TypeError):
+        raise error(f"SamplingParams: {name} must be {expected}, found {found!r} ({type(found).__name__})")
+
+    def is_int(v):
+        return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+    def is_real(v):
+        return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+    for name in ("n", "top_k", "min_tokens"):
+        if not is_int(getattr(p, name)):
+            bad(name, "an int", getattr(p, name))
+    if p.max_tokens is not None and not is_int(p.max_tokens):
+        bad("max_tokens", "an int or None", p.max_tokens)
+    for name in ("temperature", "top_p"):
+        if not is_real(getattr(p, name)):
+            bad(name, "a number", getattr(p, name))
+    if math.isinf(p.temperature):
+        bad("temperature", "a finite number >= 0", p.temperature, ValueError)
+    if p.seed is not None:
+        if not is_int(p.seed):
+            bad("seed", "an int or None", p.seed)
+        if not _SEED_RANGE[0] <= p.seed <= _SEED_RANGE[1]:
+            bad("seed", f"in [-2**63, 2**64) (a 64-bit generator seed)", p.seed, ValueError)
+    stop = p.stop
+    if stop is not None and not isinstance(stop, str) and (not isinstance(stop, (list, tuple)) or
+                                                           not all(isinstance(s, str) for s in stop)):
+        bad("stop", "a str or a list of str", stop)
+    ids = p.stop_token_ids
+    if ids is not None:
+        if not isinstance(ids, (list, tuple)):
+            bad("stop_token_ids", "a list of ints", ids)
+        for i, t in enumerate(ids):
+            if not is_int(t):
+                bad(f"stop_token_ids[{i}]", "an int (a token id)", t)
+            if t < 0:
+                bad(f"stop_token_ids[{i}]", "a token id >= 0", t, ValueError)
 
 
 @dataclass
@@ -32,6 +82,7 @@ class SamplingParams:
     _eos_token_ids: List[int] = field(default_factory=list, repr=False)
 
     def __post_init__(self):
+        _check_types(self)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
