@@ -190,3 +190,39 @@ def test_a_dict_as_sampling_params_is_a_type_error(model):
     with pytest.raises(TypeError, match="sampling_params\\[1\\] must be a SamplingParams"):
         llm.generate([{"prompt_token_ids": [5, 6]}] * 2, [SamplingParams(), 0.5])
     assert not llm.llm_engine.has_unfinished_requests()
+
+
+# ---- 5. prompts ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ({"prompt_token_ids": [3, 4.7, True]}, "prompt token ids must be ints, found 4.7 \\(float\\) at "
+     "prompt_token_ids\\[1\\]"),
+    ({"prompt_token_ids": [3, 4, True]}, "found True \\(bool\\) at prompt_token_ids\\[2\\]"),
+    ({"prompt_token_ids": "abc"}, "\\['prompt_token_ids'\\] must be a list of ints, found str"),
+    ({"prompt_token_ids": [[3, 4]]}, "found \\[3, 4\\] \\(list\\) at prompt_token_ids\\[0\\]"),
+    ({"prompt_token_ids": ["3"]}, "found '3' \\(str\\) at prompt_token_ids\\[0\\]"),
+])
+def test_bad_prompt_token_ids_name_the_prompt_and_element(model, prompt, message):
+    llm = LLM(model, num_device_blocks=8)
+    with pytest.raises(TypeError, match="LLM.generate: prompts\\[1\\].*" + message):
+        llm.generate([{"prompt_token_ids": [5, 6]}, prompt], SamplingParams(max_tokens=2))
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_engine_add_request_checks_token_ids_too(model):
+    engine = LLM(model, num_device_blocks=8).llm_engine
+    with pytest.raises(TypeError, match="add_request\\('r'\\): prompt token ids must be ints, found 3.0"):
+        engine.add_request("r", {"prompt_token_ids": [3.0]})
+
+
+@pytest.mark.parametrize("prompts", [None, 5, object()])
+def test_generate_of_no_prompts_is_a_type_error(model, prompts):
+    with pytest.raises(TypeError, match="LLM.generate: prompts must be a prompt or a list of prompts"):
+        LLM(model, num_device_blocks=8).generate(prompts)
+
+
+def test_stop_token_ids_beyond_the_vocab_are_refused(model):
+    llm = LLM(model, num_device_blocks=8)
+    with pytest.raises(ValueError, match=f"stop_token_ids must be in \\[0, {VOCAB}\\).*found \\[{VOCAB}\\]"):
+        llm.generate([{"prompt_token_ids": [5, 6]}], SamplingParams(stop_token_ids=[3, VOCAB]))

@@ -13,6 +13,7 @@ they first write to it.
 """
 import copy
 import itertools
+import numbers
 import time
 from typing import Dict, List, Optional, Union
 
@@ -28,6 +29,15 @@ from .sequence import Sequence, SequenceGroup, SequenceStatus
 __all__ = ["LLMEngine"]
 
 PromptType = Union[str, Dict, List[int]]
+
+
+def check_token_ids(where: str, ids):
+    """Token ids must be ints (a float or bool would be truncated silently,
+    a str or a list would fail in a comparison)."""
+    for i, t in enumerate(ids):
+        if not isinstance(t, numbers.Integral) or isinstance(t, bool):
+            raise TypeError(f"{where}: prompt token ids must be ints, found {t!r} ({type(t).__name__}) at "
+                            f"prompt_token_ids[{i}]")
 
 
 def _mix64(x: int) -> int:
@@ -127,14 +137,22 @@ class LLMEngine:
                              f"max_num_seqs ({self.scheduler.max_num_seqs})")
         text, ids = self._prompt_tokens(prompt)
         self._check_prompt(request_id, ids)
+        self._check_stop_token_ids(request_id, params)
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         seq = Sequence(next(self._seq_ids), ids)
         group = SequenceGroup(request_id, [seq], params, text, arrival_time or time.monotonic(), generator)
         self._groups[request_id] = group
         self.scheduler.add_seq_group(group)
 
+    def _check_stop_token_ids(self, request_id, params):
+        bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"LLMEngine.add_request({request_id!r}): stop_token_ids must be in [0, {self.vocab_size}) "
+                             f"(the model's vocab), found {bad[:5]}")
+
     def _check_prompt(self, request_id, ids):
         where = f"LLMEngine.add_request({request_id!r})"
+        check_token_ids(where, ids)
         if not ids:
             raise ValueError(f"{where}: the prompt is empty")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]

@@ -95,6 +95,18 @@ def _check_swap(preemption_mode, swap_space, cpu_blocks, block_bytes):
                          f"(bytes) of at least one KV block ({block_bytes} bytes)")
 
 
+def _check_prompt(index, prompt):
+    """A prompt's token ids, by its index in the call (the engine checks the rest)."""
+    from .engine import check_token_ids
+
+    ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else prompt
+    if isinstance(prompt, dict) and "prompt_token_ids" in prompt and not isinstance(ids, (list, tuple)):
+        raise TypeError(f"LLM.generate: prompts[{index}]['prompt_token_ids'] must be a list of ints, found "
+                        f"{type(ids).__name__}")
+    if isinstance(ids, (list, tuple)):
+        check_token_ids(f"LLM.generate: prompts[{index}]", ids)
+
+
 def _check_params(params):
     for i, p in enumerate(params):
         if not isinstance(p, SamplingParams):
@@ -167,6 +179,9 @@ class LLM:
         ``sampling_params``: one for all prompts, or one per prompt.
         ``use_tqdm`` is accepted for vLLM compatibility and ignored (no progress bar).
         """
+        if prompts is None or not isinstance(prompts, (str, dict, list, tuple)):
+            raise TypeError(f"LLM.generate: prompts must be a prompt or a list of prompts (a str, "
+                            f"{{'prompt_token_ids': [...]}} or {{'prompt': str}}), found {type(prompts).__name__}")
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -183,6 +198,7 @@ class LLM:
             for prompt, p in zip(prompts, params):
                 rid = str(self._request_counter)
                 self._request_counter += 1
+                _check_prompt(len(ids), prompt)
                 engine.add_request(rid, prompt, p)
                 ids.append(rid)
             done = {}
