@@ -226,3 +226,54 @@ def test_stop_token_ids_beyond_the_vocab_are_refused(model):
     llm = LLM(model, num_device_blocks=8)
     with pytest.raises(ValueError, match=f"stop_token_ids must be in \\[0, {VOCAB}\\).*found \\[{VOCAB}\\]"):
         llm.generate([{"prompt_token_ids": [5, 6]}], SamplingParams(stop_token_ids=[3, VOCAB]))
+
+
+# ---- 7. raw cache ops ----------------------------------------------------------------------------------------------
+
+
+def legacy_caches(num_blocks=4, kv_heads=2, head_size=8, block_size=8, layers=2):
+    from npubridge.vllm import _custom_ops
+    kshape, vshape = _custom_ops.legacy_cache_shapes(num_blocks, kv_heads, head_size, block_size, torch.float32)
+    return ([torch.randn(kshape).to("npu") for _ in range(layers)],
+            [torch.randn(vshape).to("npu") for _ in range(layers)])
+
+
+def test_copy_blocks_refuses_empty_lists_and_overlapping_caches():
+    from npubridge.vllm import _custom_ops
+    with pytest.raises(RuntimeError, match="copy_blocks: key_caches, value_caches: expected one cache per layer but "
+                       "found lists of 0 and 0"):
+        _custom_ops.copy_blocks([], [], [(0, 3)])
+    keys, values = legacy_caches()
+    with pytest.raises(RuntimeError, match="value_caches\\[1\\] and key_caches\\[0\\] overlap|key_caches\\[0\\] and "
+                       "value_caches\\[1\\] overlap"):
+        _custom_ops.copy_blocks(keys, [values[0], keys[0]], [(0, 3)])
+    # Per-layer views of one allocation do not overlap: accepted, and copied.
+    whole = torch.randn((2, ) + tuple(keys[0].shape)).to("npu")
+    _custom_ops.copy_blocks([whole[0], whole[1]], values, [(0, 3)])
+    assert torch.equal(whole[1, 3].cpu(), whole[1, 0].cpu())
+
+
+def test_copy_blocks_kernel_refuses_caches_that_disagree():
+    keys, values = legacy_caches()
+    mapping = torch.tensor([[0, 3]]).to("npu")
+    # A value cache with another block size than the key cache's (16 tokens, not 8).
+    wrong_value = torch.zeros(4, 2, 8, 16).to("npu")
+    with pytest.raises(RuntimeError, match="value_caches\\[0\\]: expected the dtype and the block size .* of "
+                       "key_caches\\[0\\] \\(float32 \\[4, 2, 2, 8, 4\\]\\) but found float32 \\[4, 2, 8, 16\\]"):
+        torch.ops.vllm_like.copy_blocks([keys[0]], [wrong_value], mapping)
+    with pytest.raises(RuntimeError, match="key_caches\\[1\\]: expected key_caches\\[0\\]'s dtype and shape"):
+        torch.ops.vllm_like.copy_blocks([keys[0], keys[1][:, :1].contiguous()], values, mapping)
+    # A dtype mismatch is refused by the dispatcher (one dispatch dtype per call), naming the list.
+    with pytest.raises(RuntimeError, match="'value_caches' to be float32 .* but found float16"):
+        torch.ops.vllm_like.copy_blocks(keys, [values[0], values[1].half()], mapping)
+    # Empty lists never reach the kernel (the dispatch dtype would be block_mapping's int64): _custom_ops refuses them.
+
+
+def test_swap_blocks_of_0d_tensors_asks_for_a_block_dimension():
+    from npubridge.vllm import _custom_ops
+    msg = "swap_blocks: src, dst: expected caches with a block dimension \\(dim 0\\) but found shapes \\[\\] and \\[\\]"
+    with pytest.raises(RuntimeError, match=msg):
+        _custom_ops.swap_blocks(torch.tensor(1.0), torch.tensor(2.0), [(0, 0)])
+    with pytest.raises(RuntimeError, match=msg):
+        torch.ops.vllm_like.swap_blocks(torch.tensor(1.0).to("npu"), torch.tensor(2.0).to("npu"),
+                                        torch.zeros(1, 2, dtype=torch.int64).to("npu"))

@@ -160,6 +160,33 @@ std::string indexed(const char* name, size_t i) {
   return s;
 }
 
+// As vLLM's copy_blocks requires: every layer's key cache has key_caches[0]'s
+// shape and dtype, every value cache value_caches[0]'s, and a value block holds
+// as many elements as a key block (the legacy and the flash layouts both do),
+// so one block id names the same tokens in every cache.
+void check_same_layout(const Call& call, const std::vector<TensorRef>& keys,
+                       const std::vector<TensorRef>& values, size_t i) {
+  const auto describe = [](const TensorRef& t) {
+    return std::string(npub::sdk::dtype_name(t.dtype())) + " " + Call::shape_str(t.sizes());
+  };
+  for (const auto* list : {&keys, &values}) {
+    const char* name = list == &keys ? "key_caches" : "value_caches";
+    const TensorRef &first = (*list)[0], &t = (*list)[i];
+    if (t.dtype().code != first.dtype().code || t.dtype().bits != first.dtype().bits ||
+        t.sizes() != first.sizes())
+      call.fail(NPUB_ERR_INVALID_ARGUMENT, indexed(name, i) + ": expected " + name +
+                                               "[0]'s dtype and shape (" + describe(first) +
+                                               "), as every layer's cache has, but found " + describe(t));
+  }
+  const TensorRef &k = keys[i], &v = values[i];
+  if (v.dtype().code != k.dtype().code || v.dtype().bits != k.dtype().bits ||
+      block_bytes(v) != block_bytes(k))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              indexed("value_caches", i) +
+                  ": expected the dtype and the block size (elements per block) of " +
+                  indexed("key_caches", i) + " (" + describe(k) + ") but found " + describe(v));
+}
+
 // vllm_like::copy_blocks(Tensor(a!)[] key_caches, Tensor(b!)[] value_caches, Tensor block_mapping) -> ()
 std::vector<TensorRef> check_copy_blocks(const Call& call) {
   const std::vector<TensorRef> keys = call.tensor_list(0), values = call.tensor_list(1);
@@ -167,6 +194,9 @@ std::vector<TensorRef> check_copy_blocks(const Call& call) {
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "value_caches: expected one per key cache (" +
                                              std::to_string(keys.size()) + ") but found " +
                                              std::to_string(values.size()));
+  if (keys.empty())
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "key_caches, value_caches: expected one cache per layer but found empty lists");
   check_block_mapping(call, call.tensor(2));
   std::vector<TensorRef> caches;
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -175,6 +205,7 @@ std::vector<TensorRef> check_copy_blocks(const Call& call) {
                 indexed("key_caches", i) + ", " + indexed("value_caches", i) +
                     ": expected caches of the same number of blocks (dim 0) but found " +
                     Call::shape_str(keys[i].sizes()) + " and " + Call::shape_str(values[i].sizes()));
+    check_same_layout(call, keys, values, i);
     caches.push_back(keys[i]);
     caches.push_back(values[i]);
   }
@@ -217,7 +248,11 @@ void check_swap_blocks(const Call& call) {
   const TensorRef src = call.tensor(0), dst = call.tensor(1);
   expect_dtype(call, dst, "dst", src.dtype());
   std::vector<int64_t> s = src.sizes(), d = dst.sizes();
-  if (s.empty() || s.size() != d.size() || !std::equal(s.begin() + 1, s.end(), d.begin() + 1))
+  if (s.empty() || d.empty())
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "src, dst: expected caches with a block dimension (dim 0) but found shapes " +
+                  Call::shape_str(s) + " and " + Call::shape_str(d));
+  if (s.size() != d.size() || !std::equal(s.begin() + 1, s.end(), d.begin() + 1))
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "dst: expected blocks (dims after the first) of src's shape " +
                                              Call::shape_str(s) + " but found " + Call::shape_str(d));
   check_block_mapping(call, call.tensor(2));

@@ -141,10 +141,34 @@ def _mapping(block_mapping: Mapping, op: str) -> torch.Tensor:
     return m
 
 
+def _check_cache_lists(key_caches, value_caches):
+    """Errors the kernel cannot word (or never sees): no layers at all (the
+    call would be routed by block_mapping's device, the CPU), and one tensor
+    in two places, which the dispatcher reports as an alias of two written
+    arguments without saying which."""
+    key_caches, value_caches = list(key_caches), list(value_caches)
+    if not key_caches or not value_caches:
+        raise RuntimeError(f"{PLUGIN}::copy_blocks: key_caches, value_caches: expected one cache per layer but found "
+                           f"lists of {len(key_caches)} and {len(value_caches)}")
+    spans = []
+    for name, caches in (("key_caches", key_caches), ("value_caches", value_caches)):
+        for i, t in enumerate(caches):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{PLUGIN}::copy_blocks: {name}[{i}]: expected a Tensor but found {type(t).__name__}")
+            if t.numel():  # the caches are contiguous (the kernel's requirement): one byte range each
+                spans.append((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), f"{name}[{i}]"))
+    spans.sort()
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        if start < end:
+            raise RuntimeError(f"{PLUGIN}::copy_blocks: {a} and {b} overlap in memory: expected a distinct cache "
+                               f"per layer and per key/value")
+
+
 def copy_blocks(key_caches, value_caches, block_mapping: Mapping) -> None:
     """Copies block src to block dst of every layer's key and value cache."""
     m = _mapping(block_mapping, "copy_blocks")
-    device = key_caches[0].device if len(key_caches) else m.device
+    _check_cache_lists(key_caches, value_caches)
+    device = key_caches[0].device
     _op("copy_blocks")(list(key_caches), list(value_caches), m.to(device))
 
 
@@ -170,7 +194,10 @@ def swap_blocks(src: torch.Tensor, dst: torch.Tensor, block_mapping: Mapping) ->
     scatters with the kernel. Every id is checked before anything is copied.
     """
     m = _mapping(block_mapping, "swap_blocks")
-    if src.dtype != dst.dtype or src.dim() == 0 or src.shape[1:] != dst.shape[1:]:
+    if src.dim() == 0 or dst.dim() == 0:
+        raise RuntimeError(f"{PLUGIN}::swap_blocks: src, dst: expected caches with a block dimension (dim 0) but "
+                           f"found shapes {list(src.shape)} and {list(dst.shape)}")
+    if src.dtype != dst.dtype or src.shape[1:] != dst.shape[1:]:
         raise RuntimeError(f"{PLUGIN}::swap_blocks: dst: expected blocks of src's dtype and shape ({src.dtype} "
                            f"{list(src.shape)}, dims after the first) but found {dst.dtype} {list(dst.shape)}")
     _check_ids(m[:, 0], src.shape[0], 0, "source")
