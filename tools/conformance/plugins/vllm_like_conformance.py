@@ -519,6 +519,13 @@ def _check_mapping(block_mapping, src_blocks, dst_blocks):
 def copy_blocks(key_caches, value_caches, block_mapping):
     if len(key_caches) != len(value_caches):
         raise ValueError("key_caches, value_caches: expected as many")
+    # vLLM's layout rule: every key cache like key_caches[0], every value cache
+    # like value_caches[0], and a value block as many elements as a key block.
+    for caches in (key_caches, value_caches):
+        if any(c.shape != caches[0].shape for c in caches):
+            raise ValueError("caches of one list: expected one shape for every layer")
+    if key_caches and key_caches[0][0].numel() != value_caches[0][0].numel():
+        raise ValueError("value_caches: expected the key caches' block size")
     out = []
     for c in list(key_caches) + list(value_caches):
         _check_mapping(block_mapping, c.shape[0], c.shape[0])
@@ -542,10 +549,16 @@ def copy_blocks_samples(dtype):
     yield testing.Sample(keys, values, torch.tensor([[-1, 3]]), name="negative source (error)")
     yield testing.Sample(keys, values, torch.tensor([0, 3]), name="block_mapping 1-d (error)")
     yield testing.Sample(keys, values[:2], mapping, name="fewer value caches (error)")
+    yield testing.Sample(keys, [torch.randn(8, 2, 64, 8, dtype=dtype) for _ in range(3)], mapping,
+                         name="value block size differs from the key's (error)")
+    yield testing.Sample(keys[:2] + [torch.randn(8, 1, 64 // x, 16, x, dtype=dtype)], values, mapping,
+                         name="one layer's key cache of another shape (error)")
 
 
 @testing.reference("vllm_like::swap_blocks")
 def swap_blocks(src, dst, block_mapping):
+    if src.dim() == 0 or dst.dim() == 0:
+        raise ValueError("src, dst: expected a block dimension")
     if src.dtype != dst.dtype or src.shape[1:] != dst.shape[1:]:
         raise ValueError("dst: expected blocks of src's shape and dtype")
     _check_mapping(block_mapping, src.shape[0], dst.shape[0])
@@ -565,3 +578,5 @@ def swap_blocks_samples(dtype):
     yield testing.Sample(src, dst, torch.tensor([[6, 0]]), name="source out of range (error)")
     yield testing.Sample(src, dst, torch.tensor([[0, 10]]), name="destination out of range (error)")
     yield testing.Sample(src, dst[:, :1], torch.tensor([[0, 0]]), name="block shapes differ (error)")
+    yield testing.Sample(torch.tensor(1.0, dtype=dtype), torch.tensor(2.0, dtype=dtype), torch.tensor([[0, 0]]),
+                         name="0-d caches (error)")
