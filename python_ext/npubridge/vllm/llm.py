@@ -10,7 +10,11 @@ sized by hand: ``model`` is a model object, not a name; the KV cache is
 ``num_device_blocks`` blocks or ``kv_cache_memory`` bytes (vLLM measures
 free GPU memory), and the swap space ``num_cpu_blocks`` blocks or
 ``swap_space`` bytes (vLLM: GiB, default 4; here default none, so
-preemption recomputes unless swap space is given).
+preemption recomputes unless swap space is given; a swap_space below one
+block warns). Options with no meaning here (gpu_memory_utilization,
+tensor_parallel_size, enforce_eager, ...) are a TypeError that says what to
+use; dtype takes vLLM's strings ("auto", "float16", "bfloat16", "float32").
+The model must be one the runner computes exactly (model_check.py).
 """
 import warnings
 from typing import List, Optional, Sequence, Union

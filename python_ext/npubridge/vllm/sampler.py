@@ -5,9 +5,11 @@ vLLM's order: min_tokens masks the stop tokens (eos unless ignore_eos, and
 stop_token_ids) while the completion is shorter; then either greedy, exactly
 torch.argmax (ties to the lowest index), or temperature scaling, top-k and
 top-p (on the sorted distribution, always keeping the most likely token) and
-a draw with torch.multinomial from the request's own torch.Generator when it
-has a seed (so it reproduces whatever else is in the batch), else from the
-engine's. A row may give several samples: the prompt of an n > 1 request is
+a draw with torch.multinomial. A seeded request's draws come from generators
+the engine makes per completion and output position (SampleRequest.generators),
+so they reproduce whatever else is in the batch and however the request is
+chunked, preempted, swapped or recomputed; an unseeded one draws from the
+engine's generator. A row may give several samples: the prompt of an n > 1 request is
 sampled n times, once per completion.
 """
 from dataclasses import dataclass
