@@ -113,6 +113,54 @@ def test_fork_shares_blocks_and_copy_on_write_copies_the_partial_last_block():
     assert bm.get_num_free_device_blocks() == 16
 
 
+def test_copy_on_write_is_counted_per_shared_block_not_per_sequence():
+    # n=3 forks of a 6-token prompt share a half-filled block: the group's
+    # next decode makes 2 copies (the last holder writes in place), so it
+    # fits exactly in the 2 free blocks of a 4-block pool.
+    bm = BlockSpaceManager(4, 4, watermark=0.0)
+    g = admit(bm, group_of(list(range(6)), n=3))
+    for _ in range(2):
+        fork(bm, g)
+    for s in g.seqs:
+        s.append_token(9)
+    items = [(s, 1) for s in g.seqs]
+    assert bm.get_num_free_device_blocks() == 2
+    assert bm.num_blocks_to_append(items) == 2
+    assert bm.can_append_slots(items)
+    assert sum(bm.append_slots(s, 1) is not None for s in g.seqs) == 2
+    assert bm.get_num_free_device_blocks() == 0
+    bm.check_invariants()
+    # Only some holders writing: each of them copies (min(k, refcount - 1)).
+    bm2 = BlockSpaceManager(4, 8, watermark=0.0)
+    g2 = admit(bm2, group_of(list(range(6)), n=3))
+    for _ in range(2):
+        fork(bm2, g2)
+    for s in g2.seqs[:2]:
+        s.append_token(9)
+    assert bm2.num_blocks_to_append([(s, 1) for s in g2.seqs[:2]]) == 2
+
+
+def test_swap_in_reserves_copies_per_shared_block():
+    # 3 forks of a 6-token prompt swapped out before their first decode: 2
+    # distinct blocks, and the decode copies the shared half block twice, so
+    # swap-in needs 4 blocks (not 2 + one per sequence = 5, which a 4-block
+    # pool would call NEVER).
+    bm = BlockSpaceManager(4, 4, num_cpu_blocks=4, watermark=0.0)
+    g = admit(bm, group_of(list(range(6)), n=3))
+    for _ in range(2):
+        fork(bm, g)
+    for s in g.seqs:
+        s.append_token(9)
+    bm.swap_out(g)
+    for s in g.seqs:
+        s.status = SequenceStatus.SWAPPED
+    assert bm.can_swap_in(g) == AllocStatus.OK
+    bm.swap_in(g)
+    for s in g.seqs:
+        s.status = SequenceStatus.RUNNING
+    assert bm.can_append_slots([(s, 1) for s in g.seqs])
+
+
 def test_fork_at_a_block_boundary_copies_nothing():
     bm = BlockSpaceManager(4, 16)
     g = admit(bm, group_of(list(range(8))))

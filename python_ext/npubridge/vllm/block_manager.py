@@ -250,8 +250,26 @@ class BlockSpaceManager:
         cow = idx < len(table) and self.device.ref_counts[table[idx]] > 1
         return new + int(cow), cow
 
+    def _blocks_to_write(self, tables: Dict[int, List[int]], ref_counts: List[int], seqs_and_tokens) -> int:
+        """Blocks that writing (seq, tokens) for all of seqs_and_tokens takes
+        from the pool, counted as committing them one after another does: new
+        tail blocks, plus per distinct shared block written by k of the
+        sequences min(k, refcount - 1) copies (each writer but the last holder
+        copies; the last one writes in place, its count being down to one)."""
+        new, writers = 0, {}
+        for seq, k in seqs_and_tokens:
+            if k <= 0:
+                continue
+            table = tables[seq.seq_id]
+            first = seq.num_computed_tokens
+            new += max(0, _blocks_for(first + k, self.block_size) - len(table))
+            idx = first // self.block_size
+            if idx < len(table) and ref_counts[table[idx]] > 1:
+                writers[table[idx]] = writers.get(table[idx], 0) + 1
+        return new + sum(min(k, ref_counts[b] - 1) for b, k in writers.items())
+
     def num_blocks_to_append(self, seqs_and_tokens) -> int:
-        return sum(self._slots_needed(s, k)[0] for s, k in seqs_and_tokens)
+        return self._blocks_to_write(self.block_tables, self.device.ref_counts, seqs_and_tokens)
 
     def can_append_slots(self, seqs_and_tokens) -> bool:
         return self.num_blocks_to_append(seqs_and_tokens) <= self.device.get_num_free_blocks()
@@ -335,8 +353,11 @@ class BlockSpaceManager:
 
     def can_swap_in(self, group: SequenceGroup) -> str:
         seqs = group.get_seqs(SequenceStatus.SWAPPED)
-        # Its blocks plus one per sequence for the token it computes next.
-        needed = self._distinct(self.cpu_block_tables, seqs) + len(seqs)
+        # Its blocks plus what its next tokens take (new tail blocks and
+        # copy-on-write copies), counted on the CPU tables: swap_in keeps
+        # their sharing, so the device counts will be the same.
+        needed = self._distinct(self.cpu_block_tables, seqs) + self._blocks_to_write(
+            self.cpu_block_tables, self.cpu.ref_counts, [(s, s.get_num_uncomputed_tokens()) for s in seqs])
         if needed > self.device.num_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
         if self.device.get_num_free_blocks() - needed >= self.watermark_blocks:

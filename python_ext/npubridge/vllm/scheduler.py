@@ -187,7 +187,7 @@ class Scheduler:
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
             items = self._plan(group, budget[0])
-            assert self.block_manager.can_append_slots(items), "swap-in reserved a block per sequence"
+            assert self.block_manager.can_append_slots(items), "can_swap_in reserved the blocks of the next tokens"
             self._commit(out, group, items, budget)
             self.running.append(group)
         self.running.sort(key=lambda g: g.arrival_time)
