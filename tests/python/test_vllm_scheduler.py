@@ -366,3 +366,40 @@ def test_random_workloads_keep_accounting_cache_contents_and_outputs(seed):
         assert len(out.outputs) == sp.n
         if sp.greedy:
             assert out.outputs[0].token_ids == reference_greedy(p, sp.max_tokens)
+
+
+def test_a_forked_group_is_preempted_by_swap_even_in_recompute_mode():
+    # vLLM v0: recompute would prefill each fork's prompt again, n times the
+    # prompt's blocks; a group with several running sequences swaps.
+    engine, runner = make_engine(num_device_blocks=8, num_cpu_blocks=16, preemption_mode="recompute")
+    prompts = [PROMPTS[0], PROMPTS[6]]
+    params = [greedy(ignore_eos=True), SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=12, ignore_eos=True)]
+    outs = run(engine, runner, prompts, params)
+    st = engine.stats()
+    assert st["num_preemptions_swap"] > 0 and st["num_preemptions_recompute"] == 0 and st["num_ignored"] == 0
+    assert all(len(c.token_ids) == 12 and c.finish_reason == "length" for o in outs for c in o.outputs)
+
+
+def test_a_forked_group_without_swap_space_is_finished_with_a_warning_not_truncated_silently(caplog):
+    # 3 forks of a 6-token prompt fill the 4-block pool after their first
+    # decode; they outgrow it and nothing can be swapped.
+    engine, runner = make_engine(num_device_blocks=4)
+    with caplog.at_level("WARNING", logger="npubridge.vllm"):
+        out = run(engine, runner, [PROMPTS[0][:4] + [9, 9]],
+                  [SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=6, ignore_eos=True)])[0]
+    assert [c.finish_reason for c in out.outputs] == ["abort"] * 3
+    # Positions 6 and 7 fit the copied half blocks (copy-on-write counted
+    # right); position 8 needs a fourth block per fork.
+    assert all(len(c.token_ids) == 3 for c in out.outputs)
+    assert engine.stats()["num_ignored"] == 1
+    assert "request '0' finished unserved" in caplog.text and "swap" in caplog.text
+
+
+def test_a_request_that_can_never_fit_is_reported_as_ignored(caplog):
+    engine, runner = make_engine(num_device_blocks=4)
+    with caplog.at_level("WARNING", logger="npubridge.vllm"):
+        # The prompt fits (add_request checks one sequence); its 4 forks'
+        # first decode needs 3 copies of the shared last block, which do not.
+        out = run(engine, runner, [PROMPTS[1][:13]], [SamplingParams(n=4, max_tokens=3, ignore_eos=True)])[0]
+    assert {c.finish_reason for c in out.outputs} == {"abort"}
+    assert engine.stats()["num_ignored"] == 1 and "finished unserved" in caplog.text

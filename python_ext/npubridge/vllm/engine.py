@@ -266,4 +266,5 @@ class LLMEngine:
             prefix_cache_hit_rate=bm.prefix_hits / bm.prefix_queries if bm.prefix_queries else 0.0,
             num_preemptions_swap=sched.num_preemptions["swap"],
             num_preemptions_recompute=sched.num_preemptions["recompute"],
+            num_ignored=sched.num_ignored,  # requests finished unserved for want of KV blocks ("abort")
         )

@@ -10,7 +10,14 @@ or preempted by recompute), ``running`` (holding device blocks) and
    yet scheduled in this step is preempted, and the group itself when it is
    the last one: by swap (its blocks copied to the CPU) when the CPU pool can
    hold them and the mode allows, else by recompute (blocks dropped, the
-   group back at the front of ``waiting``, its tokens prefilled again).
+   group back at the front of ``waiting``, its tokens prefilled again). A
+   group with more than one running sequence (forked, n > 1) is preempted by
+   swap only, as in vLLM v0: recompute would prefill each fork's prompt
+   separately, n times the blocks of the shared prompt, which the pool
+   admitted once. When it cannot be swapped it is finished as ignored.
+   Ignored groups (finish_reason "abort", SequenceStatus.FINISHED_IGNORED)
+   are logged as a warning and counted in ``num_ignored``: a request is
+   never truncated silently.
 2. Swapped groups come back in, unless this step preempted (memory is short).
 3. Waiting groups are admitted only when nothing is swapped and nothing was
    preempted, so old work finishes before new work takes its memory.
@@ -21,12 +28,15 @@ computed. A prompt is scheduled whole unless chunked prefill is on; a
 sequence rebuilt by recompute that is longer than the token budget is
 chunked either way (it could never run otherwise).
 """
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 from .block_manager import AllocStatus, BlockSpaceManager
 from .sequence import Sequence, SequenceGroup, SequenceStatus
+
+logger = logging.getLogger("npubridge.vllm")
 
 __all__ = ["Scheduler", "SchedulerOutputs", "ScheduledSeq", "PREEMPTION_MODES"]
 
@@ -52,7 +62,7 @@ class SchedulerOutputs:
     blocks_to_swap_in: List[Tuple[int, int]] = field(default_factory=list)  # (cpu, device)
     blocks_to_copy: List[Tuple[int, int]] = field(default_factory=list)  # (src, dst) device blocks
     preempted: List[Tuple[SequenceGroup, str]] = field(default_factory=list)  # (group, "swap"|"recompute")
-    ignored: List[SequenceGroup] = field(default_factory=list)  # can never fit the device pool
+    ignored: List[SequenceGroup] = field(default_factory=list)  # finished unserved: cannot fit the device pool
 
     @property
     def num_batched_tokens(self) -> int:
@@ -83,6 +93,7 @@ class Scheduler:
         self.running: List[SequenceGroup] = []
         self.swapped: List[SequenceGroup] = []
         self.num_preemptions = {"swap": 0, "recompute": 0}
+        self.num_ignored = 0  # groups finished for want of KV blocks
 
     # ---- queues --------------------------------------------------------
     def add_seq_group(self, group: SequenceGroup):
@@ -176,7 +187,7 @@ class Scheduler:
             status = self.block_manager.can_swap_in(group)
             if status == AllocStatus.NEVER:
                 self.swapped.pop(0)
-                self._ignore(group, out)
+                self._ignore(group, out, "its swapped blocks and next tokens need more blocks than the device pool has")
                 continue
             seqs = group.get_seqs(SequenceStatus.SWAPPED)
             if (status == AllocStatus.LATER or self._seats() + group.max_num_running_seqs() > self.max_num_seqs
@@ -199,7 +210,7 @@ class Scheduler:
             status = bm.can_allocate(group)
             if status == AllocStatus.NEVER:
                 self.waiting.popleft()
-                self._ignore(group, out)
+                self._ignore(group, out, "its tokens need more blocks than the device pool has")
                 continue
             if status == AllocStatus.LATER or self._seats() + group.max_num_running_seqs() > self.max_num_seqs:
                 break
@@ -222,13 +233,19 @@ class Scheduler:
     # ---- preemption ----------------------------------------------------
     def _preempt(self, group: SequenceGroup, out: SchedulerOutputs):
         mode = self.preemption_mode
-        if mode != "recompute" and self.block_manager.can_swap_out(group):
+        forked = len(group.get_seqs(SequenceStatus.RUNNING)) > 1
+        if (mode != "recompute" or forked) and self.block_manager.can_swap_out(group):
             out.blocks_to_swap_out.extend(self.block_manager.swap_out(group))
             for seq in group.get_seqs(SequenceStatus.RUNNING):
                 seq.status = SequenceStatus.SWAPPED
             self.swapped.append(group)
             self.swapped.sort(key=lambda g: g.arrival_time)
             mode = "swap"
+        elif forked:
+            self._ignore(group, out, "it has several running sequences (n > 1), which are preempted by swap only, "
+                         "and the CPU swap space cannot hold them (give swap_space / num_cpu_blocks, or more KV "
+                         "cache memory)")
+            return
         else:
             # Also the fallback of "swap" when the CPU pool is full: the
             # output stays right, the work is done again.
@@ -240,10 +257,13 @@ class Scheduler:
         self.num_preemptions[mode] += 1
         out.preempted.append((group, mode))
 
-    def _ignore(self, group: SequenceGroup, out: SchedulerOutputs):
-        # More blocks than the device pool holds (vLLM's FINISHED_IGNORED,
-        # reported with finish_reason "length").
+    def _ignore(self, group: SequenceGroup, out: SchedulerOutputs, why: str):
+        # vLLM's FINISHED_IGNORED: the request cannot be served with this KV
+        # cache. Finished as "abort" with a warning, never silently.
+        logger.warning("npubridge.vllm: request %r finished unserved (finish_reason 'abort'): %s", group.request_id,
+                       why)
         for seq in group.unfinished_seqs():
             self.block_manager.free(seq)
-            seq.status = SequenceStatus.FINISHED_LENGTH_CAPPED
+            seq.status = SequenceStatus.FINISHED_IGNORED
+        self.num_ignored += 1
         out.ignored.append(group)
