@@ -320,6 +320,28 @@ def test_bad_requests_are_refused_by_name():
         SamplingParams(top_p=0)
 
 
+def test_stop_strings_without_a_tokenizer_are_refused():
+    # They would never match (no text is decoded): refused, not ignored.
+    engine, _ = make_engine()
+    with pytest.raises(ValueError, match=r"stop strings \['ab'\] need a tokenizer"):
+        engine.add_request("s", {"prompt_token_ids": [1, 2]}, SamplingParams(stop="ab"))
+    assert not engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=float("nan")), dict(top_p=float("nan")),
+                                dict(temperature=-1.0)])
+def test_sampling_params_refuse_nan_and_negative_values(kw):
+    name = next(iter(kw))
+    with pytest.raises(ValueError, match=f"{name} must be"):
+        SamplingParams(**kw)
+
+
+def test_greedy_with_several_completions_is_refused_as_in_vllm():
+    with pytest.raises(ValueError, match="n must be 1 with greedy sampling"):
+        SamplingParams(n=2, temperature=0.0)
+    SamplingParams(n=2, temperature=0.5)  # sampled: fine
+
+
 class LetterTokenizer:
     """One letter per token id (transformers' decode signature)."""
 

@@ -99,6 +99,9 @@ class LLMEngine:
         if params.n > self.scheduler.max_num_seqs:
             raise ValueError(f"LLMEngine.add_request({request_id!r}): n={params.n} completions are more than "
                              f"max_num_seqs ({self.scheduler.max_num_seqs})")
+        if params.stop and self.tokenizer is None:
+            raise ValueError(f"LLMEngine.add_request({request_id!r}): stop strings {params.stop} need a tokenizer "
+                             f"to detokenise the output (pass tokenizer= to LLM), or use stop_token_ids")
         text, ids = self._prompt_tokens(prompt)
         self._check_prompt(request_id, ids)
         generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
@@ -233,7 +236,7 @@ class LLMEngine:
                 status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, token
             elif not params.ignore_eos and token in params._eos_token_ids:
                 status = SequenceStatus.FINISHED_STOPPED
-            elif params.stop and self.tokenizer is not None:
+            elif params.stop:  # add_request refuses stop strings without a tokenizer
                 for stop in params.stop:
                     at = seq.text.find(stop)
                     if at >= 0:
