@@ -255,3 +255,17 @@ def test_cache_sizing_from_bytes_and_its_errors(model):
         LLM(model, num_device_blocks=4, kv_cache_memory=1 << 20)
     with pytest.raises(TypeError, match="not a name"):
         LLM("meta-llama/Llama-2-7b-hf")
+
+
+def test_a_flat_token_id_list_is_one_prompt(model):
+    llm = LLM(model, num_device_blocks=16)
+    p = PROMPTS[1]
+    ref = llm.generate({"prompt_token_ids": p}, SamplingParams(temperature=0, max_tokens=3))
+    for outs in (llm.generate(p, SamplingParams(temperature=0, max_tokens=3)),
+                 llm.generate(prompt_token_ids=p, sampling_params=SamplingParams(temperature=0, max_tokens=3)),
+                 llm.generate(prompt_token_ids=[p], sampling_params=SamplingParams(temperature=0, max_tokens=3))):
+        assert len(outs) == 1 and outs[0].prompt_token_ids == p
+        assert outs[0].outputs[0].token_ids == ref[0].outputs[0].token_ids
+    assert len(llm.generate([p, PROMPTS[0]], SamplingParams(temperature=0, max_tokens=1))) == 2
+    with pytest.raises(ValueError, match="not both"):
+        llm.generate(p, prompt_token_ids=p)

@@ -38,6 +38,11 @@ def _num_blocks(what_blocks, blocks, what_bytes, nbytes, block_bytes, default=No
     return int(nbytes // block_bytes)
 
 
+def _is_token_ids(prompt) -> bool:
+    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+
+
 class LLM:
 
     def __init__(self, model, tokenizer=None, *, block_size: int = 16, num_device_blocks: Optional[int] = None,
@@ -87,15 +92,25 @@ class LLM:
     def get_tokenizer(self):
         return self.tokenizer
 
-    def generate(self, prompts, sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-                 use_tqdm: bool = False) -> List[RequestOutput]:
+    def generate(self, prompts=None, sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 prompt_token_ids: Optional[List] = None, use_tqdm: bool = False) -> List[RequestOutput]:
         """Run every prompt to completion; one RequestOutput per prompt, in order.
 
-        ``prompts``: one prompt or a list; a prompt is ``{"prompt_token_ids": [...]}``
-        or, with a tokenizer, a string (or ``{"prompt": str}``).
+        ``prompts``: one prompt or a list; a prompt is ``{"prompt_token_ids": [...]}``,
+        a list of token ids, or, with a tokenizer, a string (or ``{"prompt": str}``).
+        A flat list of ints is ONE prompt (``generate([1, 2, 3])``), as vLLM's
+        token-id prompt; a list of such lists is several.
+        ``prompt_token_ids``: vLLM's older keyword, one list of ids or a list of
+        them, instead of ``prompts``.
         ``sampling_params``: one for all prompts, or one per prompt.
         """
-        if isinstance(prompts, (str, dict)):
+        if prompt_token_ids is not None:
+            if prompts is not None:
+                raise ValueError("LLM.generate: give prompts or prompt_token_ids, not both")
+            prompts = prompt_token_ids
+        if prompts is None:
+            raise ValueError("LLM.generate: no prompts (give prompts or prompt_token_ids)")
+        if isinstance(prompts, (str, dict)) or _is_token_ids(prompts):
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:
