@@ -194,6 +194,22 @@ def test_prefix_cache_hits_full_blocks_only_and_keeps_the_last_token_computed():
     assert bm.prefix_hits == 8 + 12 and bm.prefix_queries == 12 + 12 + 14 + 13
 
 
+def test_prefix_cache_keys_do_not_chain_through_a_64_bit_hash(monkeypatch):
+    # Chaining keys through hash() made a 64-bit collision a false hit:
+    # another prefix's K/V read silently. Simulate a collision of every
+    # hash() in the module; keys must not depend on it.
+    from npubridge.vllm import block_manager
+
+    monkeypatch.setattr(block_manager, "hash", lambda _: 0, raising=False)
+    bm = BlockSpaceManager(4, 16, enable_prefix_caching=True)
+    a, a2, c, d = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]
+    admit(bm, group_of(a + c + [0]))  # caches A and A+C
+    admit(bm, group_of(a2 + d + [0]))  # caches A2 and A2+D
+    probe = group_of(a2 + c + [0]).seqs[0]
+    assert bm.num_cached_prefix_tokens(probe) == 4  # A2 only: C after A2 is not C after A
+    assert len(bm._key(None, a)) == 32  # a SHA-256 digest
+
+
 def test_prefix_cache_registers_blocks_filled_by_decode():
     bm = BlockSpaceManager(4, 32, enable_prefix_caching=True)
     a = admit(bm, group_of([5, 6, 7]))

@@ -14,8 +14,9 @@ table[p // block_size].
   and the pair (old, new) goes into the step's blocks_to_copy, which the
   model runner copies before the step's forward writes the new token.
 - Prefix caching: a FULL block whose tokens are all computed is registered
-  under its content key (parent block's hash, its token ids), so the key
-  names the whole prefix up to the block's end. A new sequence takes the
+  under its content key (SHA-256 of the parent block's key and its token
+  ids), so the key names the whole prefix up to the block's end. A new
+  sequence takes the
   cached blocks of its longest cached prefix instead of computing them; at
   least the last prompt token is always computed (its logits are needed),
   so a prompt hits at most (len - 1) // block_size blocks. A cached block
@@ -32,6 +33,8 @@ Accounting is exact: in each pool every block is in exactly one of free,
 evictable-cached or used, and a used block's count equals the number of
 tables holding it. check_invariants() verifies all of it.
 """
+import array
+import hashlib
 from collections import OrderedDict, deque
 from typing import Dict, List, Optional, Tuple
 
@@ -65,8 +68,8 @@ class BlockAllocator:
         self.ref_counts = [0] * num_blocks
         self._free = deque(range(num_blocks))  # free and holding no cached content
         self._evictable: "OrderedDict[int, None]" = OrderedDict()  # free but cached, oldest first
-        self.block_key: List[Optional[tuple]] = [None] * num_blocks  # content key of a cached block
-        self._cached: Dict[tuple, int] = {}  # content key -> block
+        self.block_key: List[Optional[bytes]] = [None] * num_blocks  # content key of a cached block
+        self._cached: Dict[bytes, int] = {}  # content key -> block
         self.num_evictions = 0
 
     def get_num_free_blocks(self) -> int:
@@ -104,13 +107,13 @@ class BlockAllocator:
             else:
                 self._free.append(block)
 
-    def lookup(self, key: tuple) -> Optional[int]:
+    def lookup(self, key: bytes) -> Optional[int]:
         return self._cached.get(key)
 
     def is_evictable(self, block: int) -> bool:
         return block in self._evictable
 
-    def register(self, block: int, key: tuple) -> bool:
+    def register(self, block: int, key: bytes) -> bool:
         """Cache `block` (in use, full, computed) under `key`; False when the
         key is cached already (another block holds the same prefix)."""
         if not self.enable_caching or key in self._cached:
@@ -162,21 +165,29 @@ class BlockSpaceManager:
         # The CPU pool holds swapped blocks only; their content keys travel
         # with them (cpu_block_key) so a swap-in can re-register them.
         self.cpu = BlockAllocator("cpu", num_cpu_blocks)
-        self.cpu_block_key: List[Optional[tuple]] = [None] * num_cpu_blocks
+        self.cpu_block_key: List[Optional[bytes]] = [None] * num_cpu_blocks
         self.watermark_blocks = int(watermark * num_device_blocks)
         self.block_tables: Dict[int, List[int]] = {}  # seq_id -> device blocks
         self.cpu_block_tables: Dict[int, List[int]] = {}  # seq_id -> cpu blocks (swapped)
-        self._block_keys: Dict[int, List[tuple]] = {}  # seq_id -> content keys of its full computed blocks
-        self._key_memo: Dict[int, List[tuple]] = {}  # seq_id -> content keys of its full blocks so far
+        self._block_keys: Dict[int, List[bytes]] = {}  # seq_id -> content keys of its full computed blocks
+        self._key_memo: Dict[int, List[bytes]] = {}  # seq_id -> content keys of its full blocks so far
         # Prefix-cache statistics, in prompt tokens looked up / found.
         self.prefix_queries = 0
         self.prefix_hits = 0
 
     # ---- content keys ------------------------------------------------
-    def _key(self, parent_key: Optional[tuple], tokens) -> tuple:
-        return (hash(parent_key) if parent_key is not None else None, tuple(tokens))
+    @staticmethod
+    def _key(parent_key: Optional[bytes], tokens) -> bytes:
+        """SHA-256 over the parent block's key and the block's token ids, so a
+        key names the whole prefix. Collision resistant, unlike chaining
+        Python's 64-bit hash(): a collision would be a false hit, another
+        prefix's K/V read silently. (The root's input is shorter than any
+        child's, 8 bytes per token against 32 + 8 per token: no ambiguity.)"""
+        h = hashlib.sha256(parent_key or b"")
+        h.update(array.array("q", tokens).tobytes())
+        return h.digest()
 
-    def _prefix_keys(self, seq: Sequence, num_blocks: int) -> List[tuple]:
+    def _prefix_keys(self, seq: Sequence, num_blocks: int) -> List[bytes]:
         """Content keys of seq's first num_blocks full blocks. Memoised per
         sequence (its tokens only grow, so a full block's key never changes):
         a waiting sequence is looked up in every step until admitted."""
