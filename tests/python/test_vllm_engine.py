@@ -269,3 +269,17 @@ def test_a_flat_token_id_list_is_one_prompt(model):
     assert len(llm.generate([p, PROMPTS[0]], SamplingParams(temperature=0, max_tokens=1))) == 2
     with pytest.raises(ValueError, match="not both"):
         llm.generate(p, prompt_token_ids=p)
+
+
+def test_cache_sizing_uses_the_dtype_the_runner_computes_in(model):
+    # A float64 model runs (and caches) in float32: its byte budget is sized
+    # with float32 blocks, not float64 ones (which gave half the blocks).
+    import copy
+
+    from npubridge.vllm.model_runner import ModelRunner
+
+    block = ModelRunner.block_bytes(model.config, 16, torch.float32)
+    llm = LLM(copy.deepcopy(model).double(), kv_cache_memory=10 * block)
+    assert llm.model_runner.dtype == torch.float32
+    assert llm.llm_engine.stats()["num_device_blocks"] == 10
+    assert llm.model_runner.key_caches[0].shape[0] == 10

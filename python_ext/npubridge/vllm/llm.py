@@ -62,7 +62,9 @@ class LLM:
         if max_model_len > config.max_position_embeddings:
             raise ValueError(f"LLM: max_model_len ({max_model_len}) is above the model's max_position_embeddings "
                              f"({config.max_position_embeddings})")
-        block_bytes = ModelRunner.block_bytes(config, block_size, dtype or model.dtype)
+        # The runner's own rule (a float64 model computes and caches in float32).
+        dtype = ModelRunner.compute_dtype(model, dtype)
+        block_bytes = ModelRunner.block_bytes(config, block_size, dtype)
         max_useful = max_num_seqs * -(-max_model_len // block_size)
         device_blocks = _num_blocks("num_device_blocks", num_device_blocks, "kv_cache_memory", kv_cache_memory,
                                     block_bytes)
@@ -72,9 +74,8 @@ class LLM:
             raise ValueError(f"LLM: the KV cache holds no block: kv_cache_memory {kv_cache_memory} bytes, one block "
                              f"of {block_size} tokens over all layers is {block_bytes} bytes")
         cpu_blocks = _num_blocks("num_cpu_blocks", num_cpu_blocks, "swap_space", swap_space, block_bytes, 0)
-        runner_kwargs = {} if dtype is None else {"dtype": dtype}
         self.model_runner = ModelRunner(model, block_size=block_size, num_device_blocks=device_blocks,
-                                        num_cpu_blocks=cpu_blocks, device=device, **runner_kwargs)
+                                        num_cpu_blocks=cpu_blocks, device=device, dtype=dtype)
         gen_config = getattr(model, "generation_config", None)
         eos = getattr(gen_config, "eos_token_id", None)
         if eos is None:

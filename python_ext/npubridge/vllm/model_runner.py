@@ -86,10 +86,7 @@ class ModelRunner:
         if block_size <= 0 or num_device_blocks <= 0 or num_cpu_blocks < 0:
             raise ValueError(f"ModelRunner: expected block_size > 0, num_device_blocks > 0, num_cpu_blocks >= 0 "
                              f"but found {block_size}, {num_device_blocks}, {num_cpu_blocks}")
-        model_dtype = next(model.parameters()).dtype
-        self.dtype = dtype or (model_dtype if model_dtype in _COMPUTE_DTYPES else torch.float32)
-        if self.dtype not in _COMPUTE_DTYPES:
-            raise ValueError(f"ModelRunner: dtype must be float32, float16 or bfloat16, found {self.dtype}")
+        self.dtype = self.compute_dtype(model, dtype)
         self.config = config
         self.device = torch.device(device)
         self.block_size = block_size
@@ -108,6 +105,19 @@ class ModelRunner:
         self.cos_sin_cache = self._cos_sin_cache(model)
         self.key_caches, self.value_caches = self._allocate_caches(num_device_blocks, self.device)
         self.cpu_key_caches, self.cpu_value_caches = self._allocate_caches(num_cpu_blocks, torch.device("cpu"))
+
+    @staticmethod
+    def compute_dtype(model, dtype=None) -> torch.dtype:
+        """The dtype of the runner's weights, activations and KV caches:
+        ``dtype`` when given, else the model's when the ops support it, else
+        float32 (a float64 model). The one rule, also for sizing the cache
+        from a byte budget (LLM)."""
+        if dtype is None:
+            model_dtype = next(model.parameters()).dtype
+            dtype = model_dtype if model_dtype in _COMPUTE_DTYPES else torch.float32
+        if dtype not in _COMPUTE_DTYPES:
+            raise ValueError(f"ModelRunner: dtype must be float32, float16 or bfloat16, found {dtype}")
+        return dtype
 
     # --- setup -----------------------------------------------------------------
 
