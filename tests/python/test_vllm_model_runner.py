@@ -289,6 +289,8 @@ def test_bad_input_is_refused_by_name(models):
         runner.execute(ModelInput([256], [0], [0], [[3]], [0]))
     with pytest.raises(IndexError, match="copy_blocks"):
         runner.copy_blocks([(0, 4)])
+    with pytest.raises(IndexError, match=r"swap_blocks: block_mapping\[0\]\[1\]: destination block 0 is out of range"):
+        runner.swap_out([(0, 0)])  # no CPU blocks
     assert runner.execute(ModelInput([], [], [], [], [])).shape == (0, 256)
 
 
@@ -327,3 +329,30 @@ def test_half_precision_caches_and_logits(models, dtype):
                           ref.k_bound[layer][lo:hi] + extra * ref.k_mag[layer][lo:hi], f"{dtype} K layer {layer}")
             assert_within(v[:hi - lo], ref.values[layer][lo:hi],
                           ref.v_bound[layer][lo:hi] + extra * ref.v_mag[layer][lo:hi], f"{dtype} V layer {layer}")
+
+
+def test_attention_ops_and_layout_come_from_custom_ops(models, monkeypatch):
+    """One implementation each: the runner's attention is
+    _custom_ops.paged_attention (v1/v2 choice and v2's buffers), its ops come
+    from _custom_ops._op, and the cache shapes (x = 16 / element size, checked
+    against head_size) from _custom_ops.legacy_cache_shapes."""
+    from npubridge.vllm import _custom_ops
+
+    model, _ = models
+    versions = []
+    original = _custom_ops.paged_attention
+
+    def spy(*args, **kwargs):
+        versions.append(original(*args, **kwargs))
+        return versions[-1]
+
+    monkeypatch.setattr(_custom_ops, "paged_attention", spy)
+    runner = ModelRunner(model, block_size=BLOCK, num_device_blocks=4)
+    runner.execute(ModelInput([1, 2], [0, 1], [0, 0], [[3]], [1]))
+    assert versions == ["v1"] * runner.num_layers and runner.attention_calls["v1"] == runner.num_layers
+    with pytest.raises(RuntimeError, match=r"vllm_like::no_such_op is not available: the loaded vllm_like plugin "
+                       r"\(.*\) has no such op"):
+        _custom_ops._op("no_such_op")
+    cfg = transformers.LlamaConfig(hidden_size=24, num_attention_heads=4, num_hidden_layers=1)  # head_size 6
+    with pytest.raises(ValueError, match="head_size: expected a multiple of x = 16 / element_size = 8"):
+        ModelRunner.block_bytes(cfg, 16, torch.float16)
