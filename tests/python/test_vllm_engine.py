@@ -283,3 +283,13 @@ def test_cache_sizing_uses_the_dtype_the_runner_computes_in(model):
     assert llm.model_runner.dtype == torch.float32
     assert llm.llm_engine.stats()["num_device_blocks"] == 10
     assert llm.model_runner.key_caches[0].shape[0] == 10
+
+
+def test_forks_that_fit_exactly_are_not_preempted(model):
+    # 3 forks of a 6-token prompt in a 4-block pool: the first decode makes 2
+    # copies of the shared half block (not 3), which fit exactly.
+    llm = LLM(model, block_size=4, num_device_blocks=4)
+    out = llm.generate({"prompt_token_ids": PROMPTS[1][:6]}, SamplingParams(n=3, temperature=1.0, seed=2, max_tokens=2, ignore_eos=True))
+    st = llm.llm_engine.stats()
+    assert st["num_preemptions_swap"] == st["num_preemptions_recompute"] == st.get("num_ignored", 0) == 0
+    assert [(len(c.token_ids), c.finish_reason) for c in out[0].outputs] == [(2, "length")] * 3
