@@ -171,6 +171,7 @@ class BlockSpaceManager:
         self.cpu_block_tables: Dict[int, List[int]] = {}  # seq_id -> cpu blocks (swapped)
         self._block_keys: Dict[int, List[bytes]] = {}  # seq_id -> content keys of its full computed blocks
         self._key_memo: Dict[int, List[bytes]] = {}  # seq_id -> content keys of its full blocks so far
+        self._shared_with: Dict[int, Tuple[Sequence, int]] = {}  # see shared_prefix_of()
         # Prefix-cache statistics, in prompt tokens looked up / found.
         self.prefix_queries = 0
         self.prefix_hits = 0
@@ -213,9 +214,29 @@ class BlockSpaceManager:
         """Tokens of seq the prefix cache would serve now."""
         return len(self._cached_prefix(seq)) * self.block_size
 
+    def _shared_blocks(self, group: SequenceGroup, seqs: List[Sequence]) -> int:
+        """Blocks of the first waiting sequence that the others share: a
+        forked group back from recompute has several waiting sequences with
+        one prompt, whose full blocks are prefilled once and shared again, as
+        the forks shared them (its partly filled last block is each fork's
+        own: they wrote their first outputs into it)."""
+        return len(group.prompt_token_ids) // self.block_size if len(seqs) > 1 else 0
+
+    def num_tokens_to_compute(self, group: SequenceGroup) -> int:
+        """Tokens the group's waiting sequences compute once allocated."""
+        seqs = group.get_seqs(SequenceStatus.WAITING)
+        shared = self._shared_blocks(group, seqs) * self.block_size
+        return sum(s.get_len() - (shared if i and shared else self.num_cached_prefix_tokens(s))
+                   for i, s in enumerate(seqs))
+
     def can_allocate(self, group: SequenceGroup) -> str:
+        seqs = group.get_seqs(SequenceStatus.WAITING)
+        shared = self._shared_blocks(group, seqs)
         needed, hit_blocks, taken_from_free = 0, set(), set()
-        for seq in group.get_seqs(SequenceStatus.WAITING):
+        for i, seq in enumerate(seqs):
+            if i and shared:
+                needed += _blocks_for(seq.get_len(), self.block_size) - shared
+                continue
             hits = self._cached_prefix(seq)
             needed += _blocks_for(seq.get_len(), self.block_size) - len(hits)
             hit_blocks.update(hits)
@@ -231,16 +252,35 @@ class BlockSpaceManager:
         """Block tables for the group's waiting sequences, covering all their
         tokens; a prefix-cache hit sets num_computed_tokens past the hit. All
         hits are taken before any fresh block, so that no fresh allocation
-        evicts a block another of the group's sequences was counted to hit."""
+        evicts a block another of the group's sequences was counted to hit.
+        The sequences after the first of a recomputed forked group take its
+        first _shared_blocks() blocks and start computing after them: their
+        num_computed_tokens counts those blocks at once, while the first
+        sequence may still be computing them (chunked prefill). Until it has,
+        shared_prefix_of() says so and the scheduler holds them back; they
+        run in the step that computes the blocks' last token at the earliest
+        (a step writes all its K/V before any attention reads them)."""
         seqs = group.get_seqs(SequenceStatus.WAITING)
+        shared = self._shared_blocks(group, seqs)
         tables = []
-        for seq in seqs:
+        for i, seq in enumerate(seqs):
             assert seq.seq_id not in self.block_tables, f"{seq} already has blocks"
-            hits = self._cached_prefix(seq)
+            hits = [] if i and shared else self._cached_prefix(seq)
             for b in hits:
                 self.device.incref(b)
             tables.append(hits)
-        for seq, table in zip(seqs, tables):
+        for i, (seq, table) in enumerate(zip(seqs, tables)):
+            if i and shared:
+                for b in tables[0][:shared]:
+                    self.device.incref(b)
+                table.extend(tables[0][:shared])
+                table.extend(self.device.allocate()
+                             for _ in range(_blocks_for(seq.get_len(), self.block_size) - shared))
+                self.block_tables[seq.seq_id] = table
+                self._block_keys[seq.seq_id] = self._prefix_keys(seq, shared) if self.enable_prefix_caching else []
+                seq.num_computed_tokens = shared * self.block_size
+                self._shared_with[seq.seq_id] = (seqs[0], seq.num_computed_tokens)
+                continue
             num_hits = len(table)
             table.extend(self.device.allocate()
                          for _ in range(_blocks_for(seq.get_len(), self.block_size) - num_hits))
@@ -251,6 +291,22 @@ class BlockSpaceManager:
                 self.prefix_queries += seq.get_len()
                 self.prefix_hits += seq.num_computed_tokens
 
+    def _fills_shared(self, seq: Sequence, idx: int) -> bool:
+        """seq is the first sequence of a recomputed group and block idx one
+        it shares with the others before computing it: written in place, for
+        them too (no copy-on-write)."""
+        return any(lead is seq and idx * self.block_size < tokens for lead, tokens in self._shared_with.values())
+
+    def shared_prefix_of(self, seq: Sequence) -> Optional[Tuple[Sequence, int]]:
+        """(first sequence, tokens) when seq's first `tokens` positions are
+        blocks the first sequence of its recomputed group has not computed
+        yet; None once it has (or for any other sequence)."""
+        entry = self._shared_with.get(seq.seq_id)
+        if entry is not None and entry[0].num_computed_tokens >= entry[1]:
+            del self._shared_with[seq.seq_id]
+            return None
+        return entry
+
     # ---- growth of running sequences -----------------------------------
     def _slots_needed(self, seq: Sequence, num_new_tokens: int) -> Tuple[int, bool]:
         """(new blocks, whether the first written block must be copied)."""
@@ -258,7 +314,7 @@ class BlockSpaceManager:
         first, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens
         new = max(0, _blocks_for(end, self.block_size) - len(table))
         idx = first // self.block_size
-        cow = idx < len(table) and self.device.ref_counts[table[idx]] > 1
+        cow = idx < len(table) and self.device.ref_counts[table[idx]] > 1 and not self._fills_shared(seq, idx)
         return new + int(cow), cow
 
     def _blocks_to_write(self, tables: Dict[int, List[int]], ref_counts: List[int], seqs_and_tokens) -> int:
@@ -275,7 +331,7 @@ class BlockSpaceManager:
             first = seq.num_computed_tokens
             new += max(0, _blocks_for(first + k, self.block_size) - len(table))
             idx = first // self.block_size
-            if idx < len(table) and ref_counts[table[idx]] > 1:
+            if idx < len(table) and ref_counts[table[idx]] > 1 and not self._fills_shared(seq, idx):
                 writers[table[idx]] = writers.get(table[idx], 0) + 1
         return new + sum(min(k, ref_counts[b] - 1) for b, k in writers.items())
 
@@ -334,6 +390,7 @@ class BlockSpaceManager:
                     self.cpu_block_key[b] = None
         self._block_keys.pop(seq.seq_id, None)
         self._key_memo.pop(seq.seq_id, None)
+        self._shared_with.pop(seq.seq_id, None)
 
     def get_block_table(self, seq: Sequence) -> List[int]:
         return self.block_tables[seq.seq_id]

@@ -12,9 +12,10 @@ or preempted by recompute), ``running`` (holding device blocks) and
    hold them and the mode allows, else by recompute (blocks dropped, the
    group back at the front of ``waiting``, its tokens prefilled again). A
    group with more than one running sequence (forked, n > 1) is preempted by
-   swap only, as in vLLM v0: recompute would prefill each fork's prompt
-   separately, n times the blocks of the shared prompt, which the pool
-   admitted once. When it cannot be swapped it is finished as ignored.
+   swap whatever the mode, as in vLLM v0; when the CPU pool cannot hold it,
+   by recompute that prefills the shared prompt once and shares its full
+   blocks among the forks again (vLLM v0 aborts there; recomputing each
+   fork's prompt separately would need n times the prompt's blocks).
    Ignored groups (finish_reason "abort", SequenceStatus.FINISHED_IGNORED)
    are logged as a warning and counted in ``num_ignored``: a request is
    never truncated silently.
@@ -144,12 +145,16 @@ class Scheduler:
     def _plan(self, group: SequenceGroup, budget: int) -> List[Tuple[Sequence, int]]:
         """(seq, tokens) for the group's running sequences within `budget`
         (a decode is 1 token, a prefill as much of the rest as fits)."""
-        items, left = [], budget
+        items, left, end = [], budget, {}
         for seq in group.get_seqs(SequenceStatus.RUNNING):
+            lead = self.block_manager.shared_prefix_of(seq)
+            if lead is not None and end.get(lead[0].seq_id, lead[0].num_computed_tokens) < lead[1]:
+                continue  # its first blocks are the recomputing leader's, not computed by the end of this step
             k = min(seq.get_num_uncomputed_tokens(), left)
             if k > 0:
                 items.append((seq, k))
                 left -= k
+                end[seq.seq_id] = seq.num_computed_tokens + k
         return items
 
     def _commit(self, out: SchedulerOutputs, group: SequenceGroup, items, budget):
@@ -215,7 +220,7 @@ class Scheduler:
             if status == AllocStatus.LATER or self._seats() + group.max_num_running_seqs() > self.max_num_seqs:
                 break
             seqs = group.get_seqs(SequenceStatus.WAITING)
-            todo = sum(s.get_len() - bm.num_cached_prefix_tokens(s) for s in seqs)
+            todo = bm.num_tokens_to_compute(group)
             chunk = self.enable_chunked_prefill or todo > self.max_num_batched_tokens
             if budget[0] <= 0 or (not chunk and todo > budget[0]):
                 break
@@ -241,14 +246,11 @@ class Scheduler:
             self.swapped.append(group)
             self.swapped.sort(key=lambda g: g.arrival_time)
             mode = "swap"
-        elif forked:
-            self._ignore(group, out, "it has several running sequences (n > 1), which are preempted by swap only, "
-                         "and the CPU swap space cannot hold them (give swap_space / num_cpu_blocks, or more KV "
-                         "cache memory)")
-            return
         else:
             # Also the fallback of "swap" when the CPU pool is full: the
-            # output stays right, the work is done again.
+            # output stays right, the work is done again. A forked group's
+            # prompt is prefilled once and its full blocks shared again
+            # (BlockSpaceManager.allocate).
             for seq in group.get_seqs(SequenceStatus.RUNNING):
                 self.block_manager.free(seq)
                 seq.reset_for_recompute()
