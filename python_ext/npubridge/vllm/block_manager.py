@@ -475,6 +475,12 @@ class BlockSpaceManager:
         assert not set(self.block_tables) & set(self.cpu_block_tables), "a sequence has device and CPU blocks"
         for b in range(self.cpu.num_blocks):
             assert self.cpu.ref_counts[b] > 0 or self.cpu_block_key[b] is None, f"free CPU block {b} keeps a key"
+        for seq_id, (lead, tokens) in self._shared_with.items():
+            mine = self.block_tables.get(seq_id, self.cpu_block_tables.get(seq_id))
+            theirs = self.block_tables.get(lead.seq_id, self.cpu_block_tables.get(lead.seq_id))
+            n = tokens // self.block_size
+            assert mine is not None and theirs is not None and mine[:n] == theirs[:n], (
+                f"seq {seq_id}: does not share its first {n} blocks with seq {lead.seq_id}, which computes them")
         for seq_id, keys in self._block_keys.items():
             table = self.block_tables.get(seq_id, self.cpu_block_tables.get(seq_id))
             assert table is not None and len(keys) <= len(table), f"seq {seq_id}: more content keys than blocks"
