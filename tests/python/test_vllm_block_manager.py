@@ -113,6 +113,54 @@ def test_fork_shares_blocks_and_copy_on_write_copies_the_partial_last_block():
     assert bm.get_num_free_device_blocks() == 16
 
 
+def test_copy_on_write_is_counted_per_shared_block_not_per_sequence():
+    # n=3 forks of a 6-token prompt share a half-filled block: the group's
+    # next decode makes 2 copies (the last holder writes in place), so it
+    # fits exactly in the 2 free blocks of a 4-block pool.
+    bm = BlockSpaceManager(4, 4, watermark=0.0)
+    g = admit(bm, group_of(list(range(6)), n=3))
+    for _ in range(2):
+        fork(bm, g)
+    for s in g.seqs:
+        s.append_token(9)
+    items = [(s, 1) for s in g.seqs]
+    assert bm.get_num_free_device_blocks() == 2
+    assert bm.num_blocks_to_append(items) == 2
+    assert bm.can_append_slots(items)
+    assert sum(bm.append_slots(s, 1) is not None for s in g.seqs) == 2
+    assert bm.get_num_free_device_blocks() == 0
+    bm.check_invariants()
+    # Only some holders writing: each of them copies (min(k, refcount - 1)).
+    bm2 = BlockSpaceManager(4, 8, watermark=0.0)
+    g2 = admit(bm2, group_of(list(range(6)), n=3))
+    for _ in range(2):
+        fork(bm2, g2)
+    for s in g2.seqs[:2]:
+        s.append_token(9)
+    assert bm2.num_blocks_to_append([(s, 1) for s in g2.seqs[:2]]) == 2
+
+
+def test_swap_in_reserves_copies_per_shared_block():
+    # 3 forks of a 6-token prompt swapped out before their first decode: 2
+    # distinct blocks, and the decode copies the shared half block twice, so
+    # swap-in needs 4 blocks (not 2 + one per sequence = 5, which a 4-block
+    # pool would call NEVER).
+    bm = BlockSpaceManager(4, 4, num_cpu_blocks=4, watermark=0.0)
+    g = admit(bm, group_of(list(range(6)), n=3))
+    for _ in range(2):
+        fork(bm, g)
+    for s in g.seqs:
+        s.append_token(9)
+    bm.swap_out(g)
+    for s in g.seqs:
+        s.status = SequenceStatus.SWAPPED
+    assert bm.can_swap_in(g) == AllocStatus.OK
+    bm.swap_in(g)
+    for s in g.seqs:
+        s.status = SequenceStatus.RUNNING
+    assert bm.can_append_slots([(s, 1) for s in g.seqs])
+
+
 def test_fork_at_a_block_boundary_copies_nothing():
     bm = BlockSpaceManager(4, 16)
     g = admit(bm, group_of(list(range(8))))
@@ -144,6 +192,22 @@ def test_prefix_cache_hits_full_blocks_only_and_keeps_the_last_token_computed():
     assert d.seqs[0].num_computed_tokens == 0
     bm.check_invariants()
     assert bm.prefix_hits == 8 + 12 and bm.prefix_queries == 12 + 12 + 14 + 13
+
+
+def test_prefix_cache_keys_do_not_chain_through_a_64_bit_hash(monkeypatch):
+    # Chaining keys through hash() made a 64-bit collision a false hit:
+    # another prefix's K/V read silently. Simulate a collision of every
+    # hash() in the module; keys must not depend on it.
+    from npubridge.vllm import block_manager
+
+    monkeypatch.setattr(block_manager, "hash", lambda _: 0, raising=False)
+    bm = BlockSpaceManager(4, 16, enable_prefix_caching=True)
+    a, a2, c, d = [1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]
+    admit(bm, group_of(a + c + [0]))  # caches A and A+C
+    admit(bm, group_of(a2 + d + [0]))  # caches A2 and A2+D
+    probe = group_of(a2 + c + [0]).seqs[0]
+    assert bm.num_cached_prefix_tokens(probe) == 4  # A2 only: C after A2 is not C after A
+    assert len(bm._key(None, a)) == 32  # a SHA-256 digest
 
 
 def test_prefix_cache_registers_blocks_filled_by_decode():

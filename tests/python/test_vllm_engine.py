@@ -255,3 +255,41 @@ def test_cache_sizing_from_bytes_and_its_errors(model):
         LLM(model, num_device_blocks=4, kv_cache_memory=1 << 20)
     with pytest.raises(TypeError, match="not a name"):
         LLM("meta-llama/Llama-2-7b-hf")
+
+
+def test_a_flat_token_id_list_is_one_prompt(model):
+    llm = LLM(model, num_device_blocks=16)
+    p = PROMPTS[1]
+    ref = llm.generate({"prompt_token_ids": p}, SamplingParams(temperature=0, max_tokens=3))
+    for outs in (llm.generate(p, SamplingParams(temperature=0, max_tokens=3)),
+                 llm.generate(prompt_token_ids=p, sampling_params=SamplingParams(temperature=0, max_tokens=3)),
+                 llm.generate(prompt_token_ids=[p], sampling_params=SamplingParams(temperature=0, max_tokens=3))):
+        assert len(outs) == 1 and outs[0].prompt_token_ids == p
+        assert outs[0].outputs[0].token_ids == ref[0].outputs[0].token_ids
+    assert len(llm.generate([p, PROMPTS[0]], SamplingParams(temperature=0, max_tokens=1))) == 2
+    with pytest.raises(ValueError, match="not both"):
+        llm.generate(p, prompt_token_ids=p)
+
+
+def test_cache_sizing_uses_the_dtype_the_runner_computes_in(model):
+    # A float64 model runs (and caches) in float32: its byte budget is sized
+    # with float32 blocks, not float64 ones (which gave half the blocks).
+    import copy
+
+    from npubridge.vllm.model_runner import ModelRunner
+
+    block = ModelRunner.block_bytes(model.config, 16, torch.float32)
+    llm = LLM(copy.deepcopy(model).double(), kv_cache_memory=10 * block)
+    assert llm.model_runner.dtype == torch.float32
+    assert llm.llm_engine.stats()["num_device_blocks"] == 10
+    assert llm.model_runner.key_caches[0].shape[0] == 10
+
+
+def test_forks_that_fit_exactly_are_not_preempted(model):
+    # 3 forks of a 6-token prompt in a 4-block pool: the first decode makes 2
+    # copies of the shared half block (not 3), which fit exactly.
+    llm = LLM(model, block_size=4, num_device_blocks=4)
+    out = llm.generate({"prompt_token_ids": PROMPTS[1][:6]}, SamplingParams(n=3, temperature=1.0, seed=2, max_tokens=2, ignore_eos=True))
+    st = llm.llm_engine.stats()
+    assert st["num_preemptions_swap"] == st["num_preemptions_recompute"] == st.get("num_ignored", 0) == 0
+    assert [(len(c.token_ids), c.finish_reason) for c in out[0].outputs] == [(2, "length")] * 3

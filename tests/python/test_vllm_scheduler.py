@@ -89,7 +89,11 @@ def check_cache_contents(engine, runner):
     for group in engine.scheduler.running:
         for seq in group.unfinished_seqs():
             table = bm.get_block_table(seq)
-            for p in range(seq.num_computed_tokens):
+            # A recomputed fork counts the blocks it shares with its group's
+            # first sequence as computed while that one is still computing
+            # them (and is held back until then): checked on the first.
+            lead = bm.shared_prefix_of(seq)
+            for p in range(lead[1] if lead else 0, seq.num_computed_tokens):
                 tok, pos = runner.read_block(0, table[p // bs])
                 assert (int(tok[p % bs]), int(pos[p % bs])) == (seq.token_at(p), p), f"{seq} at position {p}"
 
@@ -320,6 +324,28 @@ def test_bad_requests_are_refused_by_name():
         SamplingParams(top_p=0)
 
 
+def test_stop_strings_without_a_tokenizer_are_refused():
+    # They would never match (no text is decoded): refused, not ignored.
+    engine, _ = make_engine()
+    with pytest.raises(ValueError, match=r"stop strings \['ab'\] need a tokenizer"):
+        engine.add_request("s", {"prompt_token_ids": [1, 2]}, SamplingParams(stop="ab"))
+    assert not engine.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=float("nan")), dict(top_p=float("nan")),
+                                dict(temperature=-1.0)])
+def test_sampling_params_refuse_nan_and_negative_values(kw):
+    name = next(iter(kw))
+    with pytest.raises(ValueError, match=f"{name} must be"):
+        SamplingParams(**kw)
+
+
+def test_greedy_with_several_completions_is_refused_as_in_vllm():
+    with pytest.raises(ValueError, match="n must be 1 with greedy sampling"):
+        SamplingParams(n=2, temperature=0.0)
+    SamplingParams(n=2, temperature=0.5)  # sampled: fine
+
+
 class LetterTokenizer:
     """One letter per token id (transformers' decode signature)."""
 
@@ -341,7 +367,7 @@ def test_stop_strings_end_and_trim_the_text(include):
     assert c.text == (text[:at + 2] if include else text[:at])
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(40))
 def test_random_workloads_keep_accounting_cache_contents_and_outputs(seed):
     import random
 
@@ -366,3 +392,73 @@ def test_random_workloads_keep_accounting_cache_contents_and_outputs(seed):
         assert len(out.outputs) == sp.n
         if sp.greedy:
             assert out.outputs[0].token_ids == reference_greedy(p, sp.max_tokens)
+
+
+def test_a_forked_group_is_preempted_by_swap_even_in_recompute_mode():
+    # vLLM v0: recompute would prefill each fork's prompt again, n times the
+    # prompt's blocks; a group with several running sequences swaps.
+    engine, runner = make_engine(num_device_blocks=8, num_cpu_blocks=16, preemption_mode="recompute")
+    prompts = [PROMPTS[0], PROMPTS[6]]
+    params = [greedy(ignore_eos=True), SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=12, ignore_eos=True)]
+    outs = run(engine, runner, prompts, params)
+    st = engine.stats()
+    assert st["num_preemptions_swap"] > 0 and st["num_preemptions_recompute"] == 0 and st["num_ignored"] == 0
+    assert all(len(c.token_ids) == 12 and c.finish_reason == "length" for o in outs for c in o.outputs)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_forked_group_without_swap_space_recomputes_its_prompt_once_and_shares_it(chunked):
+    # B (n=2, later) is the victim; no swap space, so it is recomputed: the
+    # prompt's full blocks are prefilled once and shared by both forks
+    # again (before: each fork re-prefilled its prompt, and the group could
+    # then need more blocks than the pool and was truncated as "length").
+    kw = dict(enable_chunked_prefill=True, max_num_batched_tokens=4, max_num_seqs=4) if chunked else {}
+    prompts = [PROMPTS[1], PROMPTS[3]]  # 17 and 9 tokens: B's 2 full prompt blocks are shared
+    params = [greedy(ignore_eos=True), SamplingParams(n=2, temperature=1.0, seed=7, max_tokens=12, ignore_eos=True)]
+    free, _ = make_engine(num_device_blocks=64, **kw)
+    want = run(free, _, prompts, params)
+    engine, runner = make_engine(num_device_blocks=14, **kw)
+    readmitted = []
+    allocate = engine.block_manager.allocate
+
+    def spy(group):
+        allocate(group)
+        if len(group.seqs) > 1:
+            readmitted.append([list(engine.block_manager.get_block_table(s)) for s in group.seqs])
+
+    engine.block_manager.allocate = spy
+    got = run(engine, runner, prompts, params)  # checks every running sequence's cache contents each step
+    assert engine.stats()["num_preemptions_recompute"] > 0 and engine.stats()["num_ignored"] == 0
+    assert readmitted and all(t[0][:2] == t[1][:2] and t[0][2:] != t[1][2:] for t in readmitted)
+    assert got[0].outputs[0].token_ids == want[0].outputs[0].token_ids  # greedy
+    # B's forks share one seeded generator: its draws come in the same order
+    # as unpressured only when both forks sample in the same steps, which
+    # chunked recompute does not keep (the first finishes its chunks first).
+    if not chunked:
+        assert [c.token_ids for c in got[1].outputs] == [c.token_ids for c in want[1].outputs]
+    assert all(len(c.token_ids) == 12 and c.finish_reason == "length" for o in got for c in o.outputs)
+
+
+def test_a_forked_group_that_outgrows_the_pool_is_finished_with_a_warning_not_truncated_silently(caplog):
+    # 3 forks of a 6-token prompt fill the 4-block pool after their first
+    # decode; they outgrow it: recomputed, they need 7 blocks.
+    engine, runner = make_engine(num_device_blocks=4)
+    with caplog.at_level("WARNING", logger="npubridge.vllm"):
+        out = run(engine, runner, [PROMPTS[0][:4] + [9, 9]],
+                  [SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=6, ignore_eos=True)])[0]
+    assert [c.finish_reason for c in out.outputs] == ["abort"] * 3
+    # Positions 6 and 7 fit the copied half blocks (copy-on-write counted
+    # right); position 8 needs a fourth block per fork.
+    assert all(len(c.token_ids) == 3 for c in out.outputs)
+    assert engine.stats()["num_ignored"] == 1
+    assert "request '0' finished unserved" in caplog.text and "more blocks than the device pool has" in caplog.text
+
+
+def test_a_request_that_can_never_fit_is_reported_as_ignored(caplog):
+    engine, runner = make_engine(num_device_blocks=4)
+    with caplog.at_level("WARNING", logger="npubridge.vllm"):
+        # The prompt fits (add_request checks one sequence); its 4 forks'
+        # first decode needs 3 copies of the shared last block, which do not.
+        out = run(engine, runner, [PROMPTS[1][:13]], [SamplingParams(n=4, max_tokens=3, ignore_eos=True)])[0]
+    assert {c.finish_reason for c in out.outputs} == {"abort"}
+    assert engine.stats()["num_ignored"] == 1 and "finished unserved" in caplog.text

@@ -32,14 +32,18 @@ PARTITION_SIZE = 512  # paged_attention_v2's partition (vLLM's _PARTITION_SIZE)
 
 
 def _op(name):
-    ns = getattr(torch.ops, PLUGIN)
+    """torch.ops.vllm_like.<name> (the overload packet), or an error saying
+    whether the plugin is missing or lacks the op. The one lookup of the
+    package (the model runner takes its ops from here)."""
     try:
-        return getattr(ns, name)
+        return getattr(getattr(torch.ops, PLUGIN), name)
     except (AttributeError, RuntimeError):
-        raise RuntimeError(
-            f"{PLUGIN}::{name} is not available: the {PLUGIN} plugin is not loaded (it loads at `import npubridge` "
-            f"from npubridge's plugin directory; NPUB_PLUGIN_PATH=/path/to/libnpub_{PLUGIN}.so names it). "
-            f"npubridge.load_failures(): {npubridge.load_failures()}") from None
+        loaded = [p for p in npubridge.plugins() if p["name"] == PLUGIN]
+        why = (f"the loaded {PLUGIN} plugin ({loaded[0]['path']}) has no such op" if loaded else
+               f"the {PLUGIN} plugin is not loaded (it loads at `import npubridge` from npubridge's plugin "
+               f"directory; NPUB_PLUGIN_PATH=/path/to/libnpub_{PLUGIN}.so names it); npubridge.load_failures(): "
+               f"{npubridge.load_failures()}")
+        raise RuntimeError(f"{PLUGIN}::{name} is not available: {why}") from None
 
 
 def _scale(v):
@@ -48,8 +52,9 @@ def _scale(v):
 
 
 def kv_cache_x(dtype: torch.dtype) -> int:
-    """x of the legacy key cache: 16 bytes of one key per innermost row."""
-    return 16 // torch.empty((), dtype=dtype).element_size()
+    """x of the legacy key cache: 16 bytes of one key per innermost row (the
+    one place it is computed)."""
+    return 16 // dtype.itemsize
 
 
 def legacy_cache_shapes(num_blocks, num_kv_heads, head_size, block_size, dtype) -> Tuple[Tuple[int, ...], ...]:

@@ -14,8 +14,9 @@ table[p // block_size].
   and the pair (old, new) goes into the step's blocks_to_copy, which the
   model runner copies before the step's forward writes the new token.
 - Prefix caching: a FULL block whose tokens are all computed is registered
-  under its content key (parent block's hash, its token ids), so the key
-  names the whole prefix up to the block's end. A new sequence takes the
+  under its content key (SHA-256 of the parent block's key and its token
+  ids), so the key names the whole prefix up to the block's end. A new
+  sequence takes the
   cached blocks of its longest cached prefix instead of computing them; at
   least the last prompt token is always computed (its logits are needed),
   so a prompt hits at most (len - 1) // block_size blocks. A cached block
@@ -32,6 +33,8 @@ Accounting is exact: in each pool every block is in exactly one of free,
 evictable-cached or used, and a used block's count equals the number of
 tables holding it. check_invariants() verifies all of it.
 """
+import array
+import hashlib
 from collections import OrderedDict, deque
 from typing import Dict, List, Optional, Tuple
 
@@ -65,8 +68,8 @@ class BlockAllocator:
         self.ref_counts = [0] * num_blocks
         self._free = deque(range(num_blocks))  # free and holding no cached content
         self._evictable: "OrderedDict[int, None]" = OrderedDict()  # free but cached, oldest first
-        self.block_key: List[Optional[tuple]] = [None] * num_blocks  # content key of a cached block
-        self._cached: Dict[tuple, int] = {}  # content key -> block
+        self.block_key: List[Optional[bytes]] = [None] * num_blocks  # content key of a cached block
+        self._cached: Dict[bytes, int] = {}  # content key -> block
         self.num_evictions = 0
 
     def get_num_free_blocks(self) -> int:
@@ -104,13 +107,13 @@ class BlockAllocator:
             else:
                 self._free.append(block)
 
-    def lookup(self, key: tuple) -> Optional[int]:
+    def lookup(self, key: bytes) -> Optional[int]:
         return self._cached.get(key)
 
     def is_evictable(self, block: int) -> bool:
         return block in self._evictable
 
-    def register(self, block: int, key: tuple) -> bool:
+    def register(self, block: int, key: bytes) -> bool:
         """Cache `block` (in use, full, computed) under `key`; False when the
         key is cached already (another block holds the same prefix)."""
         if not self.enable_caching or key in self._cached:
@@ -162,21 +165,30 @@ class BlockSpaceManager:
         # The CPU pool holds swapped blocks only; their content keys travel
         # with them (cpu_block_key) so a swap-in can re-register them.
         self.cpu = BlockAllocator("cpu", num_cpu_blocks)
-        self.cpu_block_key: List[Optional[tuple]] = [None] * num_cpu_blocks
+        self.cpu_block_key: List[Optional[bytes]] = [None] * num_cpu_blocks
         self.watermark_blocks = int(watermark * num_device_blocks)
         self.block_tables: Dict[int, List[int]] = {}  # seq_id -> device blocks
         self.cpu_block_tables: Dict[int, List[int]] = {}  # seq_id -> cpu blocks (swapped)
-        self._block_keys: Dict[int, List[tuple]] = {}  # seq_id -> content keys of its full computed blocks
-        self._key_memo: Dict[int, List[tuple]] = {}  # seq_id -> content keys of its full blocks so far
+        self._block_keys: Dict[int, List[bytes]] = {}  # seq_id -> content keys of its full computed blocks
+        self._key_memo: Dict[int, List[bytes]] = {}  # seq_id -> content keys of its full blocks so far
+        self._shared_with: Dict[int, Tuple[Sequence, int]] = {}  # see shared_prefix_of()
         # Prefix-cache statistics, in prompt tokens looked up / found.
         self.prefix_queries = 0
         self.prefix_hits = 0
 
     # ---- content keys ------------------------------------------------
-    def _key(self, parent_key: Optional[tuple], tokens) -> tuple:
-        return (hash(parent_key) if parent_key is not None else None, tuple(tokens))
+    @staticmethod
+    def _key(parent_key: Optional[bytes], tokens) -> bytes:
+        """SHA-256 over the parent block's key and the block's token ids, so a
+        key names the whole prefix. Collision resistant, unlike chaining
+        Python's 64-bit hash(): a collision would be a false hit, another
+        prefix's K/V read silently. (The root's input is shorter than any
+        child's, 8 bytes per token against 32 + 8 per token: no ambiguity.)"""
+        h = hashlib.sha256(parent_key or b"")
+        h.update(array.array("q", tokens).tobytes())
+        return h.digest()
 
-    def _prefix_keys(self, seq: Sequence, num_blocks: int) -> List[tuple]:
+    def _prefix_keys(self, seq: Sequence, num_blocks: int) -> List[bytes]:
         """Content keys of seq's first num_blocks full blocks. Memoised per
         sequence (its tokens only grow, so a full block's key never changes):
         a waiting sequence is looked up in every step until admitted."""
@@ -202,9 +214,29 @@ class BlockSpaceManager:
         """Tokens of seq the prefix cache would serve now."""
         return len(self._cached_prefix(seq)) * self.block_size
 
+    def _shared_blocks(self, group: SequenceGroup, seqs: List[Sequence]) -> int:
+        """Blocks of the first waiting sequence that the others share: a
+        forked group back from recompute has several waiting sequences with
+        one prompt, whose full blocks are prefilled once and shared again, as
+        the forks shared them (its partly filled last block is each fork's
+        own: they wrote their first outputs into it)."""
+        return len(group.prompt_token_ids) // self.block_size if len(seqs) > 1 else 0
+
+    def num_tokens_to_compute(self, group: SequenceGroup) -> int:
+        """Tokens the group's waiting sequences compute once allocated."""
+        seqs = group.get_seqs(SequenceStatus.WAITING)
+        shared = self._shared_blocks(group, seqs) * self.block_size
+        return sum(s.get_len() - (shared if i and shared else self.num_cached_prefix_tokens(s))
+                   for i, s in enumerate(seqs))
+
     def can_allocate(self, group: SequenceGroup) -> str:
+        seqs = group.get_seqs(SequenceStatus.WAITING)
+        shared = self._shared_blocks(group, seqs)
         needed, hit_blocks, taken_from_free = 0, set(), set()
-        for seq in group.get_seqs(SequenceStatus.WAITING):
+        for i, seq in enumerate(seqs):
+            if i and shared:
+                needed += _blocks_for(seq.get_len(), self.block_size) - shared
+                continue
             hits = self._cached_prefix(seq)
             needed += _blocks_for(seq.get_len(), self.block_size) - len(hits)
             hit_blocks.update(hits)
@@ -220,16 +252,35 @@ class BlockSpaceManager:
         """Block tables for the group's waiting sequences, covering all their
         tokens; a prefix-cache hit sets num_computed_tokens past the hit. All
         hits are taken before any fresh block, so that no fresh allocation
-        evicts a block another of the group's sequences was counted to hit."""
+        evicts a block another of the group's sequences was counted to hit.
+        The sequences after the first of a recomputed forked group take its
+        first _shared_blocks() blocks and start computing after them: their
+        num_computed_tokens counts those blocks at once, while the first
+        sequence may still be computing them (chunked prefill). Until it has,
+        shared_prefix_of() says so and the scheduler holds them back; they
+        run in the step that computes the blocks' last token at the earliest
+        (a step writes all its K/V before any attention reads them)."""
         seqs = group.get_seqs(SequenceStatus.WAITING)
+        shared = self._shared_blocks(group, seqs)
         tables = []
-        for seq in seqs:
+        for i, seq in enumerate(seqs):
             assert seq.seq_id not in self.block_tables, f"{seq} already has blocks"
-            hits = self._cached_prefix(seq)
+            hits = [] if i and shared else self._cached_prefix(seq)
             for b in hits:
                 self.device.incref(b)
             tables.append(hits)
-        for seq, table in zip(seqs, tables):
+        for i, (seq, table) in enumerate(zip(seqs, tables)):
+            if i and shared:
+                for b in tables[0][:shared]:
+                    self.device.incref(b)
+                table.extend(tables[0][:shared])
+                table.extend(self.device.allocate()
+                             for _ in range(_blocks_for(seq.get_len(), self.block_size) - shared))
+                self.block_tables[seq.seq_id] = table
+                self._block_keys[seq.seq_id] = self._prefix_keys(seq, shared) if self.enable_prefix_caching else []
+                seq.num_computed_tokens = shared * self.block_size
+                self._shared_with[seq.seq_id] = (seqs[0], seq.num_computed_tokens)
+                continue
             num_hits = len(table)
             table.extend(self.device.allocate()
                          for _ in range(_blocks_for(seq.get_len(), self.block_size) - num_hits))
@@ -240,6 +291,22 @@ class BlockSpaceManager:
                 self.prefix_queries += seq.get_len()
                 self.prefix_hits += seq.num_computed_tokens
 
+    def _fills_shared(self, seq: Sequence, idx: int) -> bool:
+        """seq is the first sequence of a recomputed group and block idx one
+        it shares with the others before computing it: written in place, for
+        them too (no copy-on-write)."""
+        return any(lead is seq and idx * self.block_size < tokens for lead, tokens in self._shared_with.values())
+
+    def shared_prefix_of(self, seq: Sequence) -> Optional[Tuple[Sequence, int]]:
+        """(first sequence, tokens) when seq's first `tokens` positions are
+        blocks the first sequence of its recomputed group has not computed
+        yet; None once it has (or for any other sequence)."""
+        entry = self._shared_with.get(seq.seq_id)
+        if entry is not None and entry[0].num_computed_tokens >= entry[1]:
+            del self._shared_with[seq.seq_id]
+            return None
+        return entry
+
     # ---- growth of running sequences -----------------------------------
     def _slots_needed(self, seq: Sequence, num_new_tokens: int) -> Tuple[int, bool]:
         """(new blocks, whether the first written block must be copied)."""
@@ -247,11 +314,29 @@ class BlockSpaceManager:
         first, end = seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens
         new = max(0, _blocks_for(end, self.block_size) - len(table))
         idx = first // self.block_size
-        cow = idx < len(table) and self.device.ref_counts[table[idx]] > 1
+        cow = idx < len(table) and self.device.ref_counts[table[idx]] > 1 and not self._fills_shared(seq, idx)
         return new + int(cow), cow
 
+    def _blocks_to_write(self, tables: Dict[int, List[int]], ref_counts: List[int], seqs_and_tokens) -> int:
+        """Blocks that writing (seq, tokens) for all of seqs_and_tokens takes
+        from the pool, counted as committing them one after another does: new
+        tail blocks, plus per distinct shared block written by k of the
+        sequences min(k, refcount - 1) copies (each writer but the last holder
+        copies; the last one writes in place, its count being down to one)."""
+        new, writers = 0, {}
+        for seq, k in seqs_and_tokens:
+            if k <= 0:
+                continue
+            table = tables[seq.seq_id]
+            first = seq.num_computed_tokens
+            new += max(0, _blocks_for(first + k, self.block_size) - len(table))
+            idx = first // self.block_size
+            if idx < len(table) and ref_counts[table[idx]] > 1 and not self._fills_shared(seq, idx):
+                writers[table[idx]] = writers.get(table[idx], 0) + 1
+        return new + sum(min(k, ref_counts[b] - 1) for b, k in writers.items())
+
     def num_blocks_to_append(self, seqs_and_tokens) -> int:
-        return sum(self._slots_needed(s, k)[0] for s, k in seqs_and_tokens)
+        return self._blocks_to_write(self.block_tables, self.device.ref_counts, seqs_and_tokens)
 
     def can_append_slots(self, seqs_and_tokens) -> bool:
         return self.num_blocks_to_append(seqs_and_tokens) <= self.device.get_num_free_blocks()
@@ -305,6 +390,7 @@ class BlockSpaceManager:
                     self.cpu_block_key[b] = None
         self._block_keys.pop(seq.seq_id, None)
         self._key_memo.pop(seq.seq_id, None)
+        self._shared_with.pop(seq.seq_id, None)
 
     def get_block_table(self, seq: Sequence) -> List[int]:
         return self.block_tables[seq.seq_id]
@@ -335,8 +421,11 @@ class BlockSpaceManager:
 
     def can_swap_in(self, group: SequenceGroup) -> str:
         seqs = group.get_seqs(SequenceStatus.SWAPPED)
-        # Its blocks plus one per sequence for the token it computes next.
-        needed = self._distinct(self.cpu_block_tables, seqs) + len(seqs)
+        # Its blocks plus what its next tokens take (new tail blocks and
+        # copy-on-write copies), counted on the CPU tables: swap_in keeps
+        # their sharing, so the device counts will be the same.
+        needed = self._distinct(self.cpu_block_tables, seqs) + self._blocks_to_write(
+            self.cpu_block_tables, self.cpu.ref_counts, [(s, s.get_num_uncomputed_tokens()) for s in seqs])
         if needed > self.device.num_blocks - self.watermark_blocks:
             return AllocStatus.NEVER
         if self.device.get_num_free_blocks() - needed >= self.watermark_blocks:
@@ -386,6 +475,12 @@ class BlockSpaceManager:
         assert not set(self.block_tables) & set(self.cpu_block_tables), "a sequence has device and CPU blocks"
         for b in range(self.cpu.num_blocks):
             assert self.cpu.ref_counts[b] > 0 or self.cpu_block_key[b] is None, f"free CPU block {b} keeps a key"
+        for seq_id, (lead, tokens) in self._shared_with.items():
+            mine = self.block_tables.get(seq_id, self.cpu_block_tables.get(seq_id))
+            theirs = self.block_tables.get(lead.seq_id, self.cpu_block_tables.get(lead.seq_id))
+            n = tokens // self.block_size
+            assert mine is not None and theirs is not None and mine[:n] == theirs[:n], (
+                f"seq {seq_id}: does not share its first {n} blocks with seq {lead.seq_id}, which computes them")
         for seq_id, keys in self._block_keys.items():
             table = self.block_tables.get(seq_id, self.cpu_block_tables.get(seq_id))
             assert table is not None and len(keys) <= len(table), f"seq {seq_id}: more content keys than blocks"

@@ -135,6 +135,9 @@ class LLMEngine:
         if params.n > self.scheduler.max_num_seqs:
             raise ValueError(f"LLMEngine.add_request({request_id!r}): n={params.n} completions are more than "
                              f"max_num_seqs ({self.scheduler.max_num_seqs})")
+        if params.stop and self.tokenizer is None:
+            raise ValueError(f"LLMEngine.add_request({request_id!r}): stop strings {params.stop} need a tokenizer "
+                             f"to detokenise the output (pass tokenizer= to LLM), or use stop_token_ids")
         text, ids = self._prompt_tokens(prompt)
         self._check_prompt(request_id, ids)
         self._check_stop_token_ids(request_id, params)
@@ -278,7 +281,7 @@ class LLMEngine:
                 status, seq.stop_reason = SequenceStatus.FINISHED_STOPPED, token
             elif not params.ignore_eos and token in params._eos_token_ids:
                 status = SequenceStatus.FINISHED_STOPPED
-            elif params.stop and self.tokenizer is not None:
+            elif params.stop:  # add_request refuses stop strings without a tokenizer
                 for stop in params.stop:
                     at = seq.text.find(stop)
                     if at >= 0:
@@ -311,4 +314,5 @@ class LLMEngine:
             prefix_cache_hit_rate=bm.prefix_hits / bm.prefix_queries if bm.prefix_queries else 0.0,
             num_preemptions_swap=sched.num_preemptions["swap"],
             num_preemptions_recompute=sched.num_preemptions["recompute"],
+            num_ignored=sched.num_ignored,  # requests finished unserved for want of KV blocks ("abort")
         )

@@ -119,6 +119,11 @@ def _check_params(params):
                             f"{' (use SamplingParams(**d))' if isinstance(p, dict) else ''}")
 
 
+def _is_token_ids(prompt) -> bool:
+    return isinstance(prompt, (list, tuple)) and len(prompt) > 0 and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+
+
 class LLM:
 
     def __init__(self, model, tokenizer=None, *, block_size: int = 16, num_device_blocks: Optional[int] = None,
@@ -143,7 +148,9 @@ class LLM:
         if max_model_len > config.max_position_embeddings:
             raise ValueError(f"LLM: max_model_len ({max_model_len}) is above the model's max_position_embeddings "
                              f"({config.max_position_embeddings})")
-        block_bytes = ModelRunner.block_bytes(config, block_size, dtype or model.dtype)
+        # The runner's own rule (a float64 model computes and caches in float32).
+        dtype = ModelRunner.compute_dtype(model, dtype)
+        block_bytes = ModelRunner.block_bytes(config, block_size, dtype)
         max_useful = max_num_seqs * -(-max_model_len // block_size)
         device_blocks = _num_blocks("num_device_blocks", num_device_blocks, "kv_cache_memory", kv_cache_memory,
                                     block_bytes)
@@ -154,9 +161,8 @@ class LLM:
                              f"of {block_size} tokens over all layers is {block_bytes} bytes")
         cpu_blocks = _num_blocks("num_cpu_blocks", num_cpu_blocks, "swap_space", swap_space, block_bytes, 0)
         _check_swap(preemption_mode, swap_space, cpu_blocks, block_bytes)
-        runner_kwargs = {} if dtype is None else {"dtype": dtype}
         self.model_runner = ModelRunner(model, block_size=block_size, num_device_blocks=device_blocks,
-                                        num_cpu_blocks=cpu_blocks, device=device, **runner_kwargs)
+                                        num_cpu_blocks=cpu_blocks, device=device, dtype=dtype)
         gen_config = getattr(model, "generation_config", None)
         eos = getattr(gen_config, "eos_token_id", None)
         if eos is None:
@@ -174,19 +180,27 @@ class LLM:
     def get_tokenizer(self):
         return self.tokenizer
 
-    def generate(self, prompts, sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-                 use_tqdm: bool = False) -> List[RequestOutput]:
+    def generate(self, prompts=None, sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 prompt_token_ids: Optional[List] = None, use_tqdm: bool = False) -> List[RequestOutput]:
         """Run every prompt to completion; one RequestOutput per prompt, in order.
 
-        ``prompts``: one prompt or a list; a prompt is ``{"prompt_token_ids": [...]}``
-        or, with a tokenizer, a string (or ``{"prompt": str}``).
+        ``prompts``: one prompt or a list; a prompt is ``{"prompt_token_ids": [...]}``,
+        a list of token ids, or, with a tokenizer, a string (or ``{"prompt": str}``).
+        A flat list of ints is ONE prompt (``generate([1, 2, 3])``), as vLLM's
+        token-id prompt; a list of such lists is several.
+        ``prompt_token_ids``: vLLM's older keyword, one list of ids or a list of
+        them, instead of ``prompts``.
         ``sampling_params``: one for all prompts, or one per prompt.
         ``use_tqdm`` is accepted for vLLM compatibility and ignored (no progress bar).
         """
+        if prompt_token_ids is not None:
+            if prompts is not None:
+                raise ValueError("LLM.generate: give prompts or prompt_token_ids, not both")
+            prompts = prompt_token_ids
         if prompts is None or not isinstance(prompts, (str, dict, list, tuple)):
-            raise TypeError(f"LLM.generate: prompts must be a prompt or a list of prompts (a str, "
-                            f"{{'prompt_token_ids': [...]}} or {{'prompt': str}}), found {type(prompts).__name__}")
-        if isinstance(prompts, (str, dict)):
+            raise TypeError(f"LLM.generate: prompts must be a prompt or a list of prompts (a str, a list of token "
+                            f"ids, {{'prompt_token_ids': [...]}} or {{'prompt': str}}), found {type(prompts).__name__}")
+        if isinstance(prompts, (str, dict)) or _is_token_ids(prompts):
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:

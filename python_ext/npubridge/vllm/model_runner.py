@@ -17,6 +17,7 @@ chunk of a prompt, a prompt whose first blocks are already cached (prefix
 caching) and a decode token all take the same path, and one step may mix
 them freely.
 """
+import math
 from dataclasses import dataclass
 from typing import List
 
@@ -28,8 +29,9 @@ from .model_check import check_model
 __all__ = ["ModelInput", "ModelRunner"]
 
 _COMPUTE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Looked up at construction, so that a plugin without them fails there.
 _OPS = ("rms_norm", "fused_add_rms_norm", "rotary_embedding", "reshape_and_cache", "paged_attention_v1",
-        "paged_attention_v2", "silu_and_mul", "copy_blocks")
+        "paged_attention_v2", "silu_and_mul", "copy_blocks", "swap_blocks")
 
 
 @dataclass
@@ -39,20 +41,6 @@ class ModelInput:
     seq_index: List[int]  # per token: index of its sequence in block_tables
     block_tables: List[List[int]]  # per sequence scheduled this step: its device block ids (covering all positions)
     sample_rows: List[int]  # indices into token_ids whose logits are wanted (each sampling sequence's last token)
-
-
-def _op(name):
-    """torch.ops.vllm_like.<name>, or an error saying what is missing."""
-    try:
-        return getattr(torch.ops.vllm_like, name).default
-    except (AttributeError, RuntimeError):
-        import npubridge
-
-        loaded = [p for p in npubridge.plugins() if p["name"] == "vllm_like"]
-        why = (f"the loaded vllm_like plugin ({loaded[0]['path']}) has no such op" if loaded else
-               "the vllm_like plugin is not loaded (" + ("; ".join(npubridge.load_failures()) or
-                                                        "libnpub_vllm_like.so not found") + ")")
-        raise RuntimeError(f"npubridge.vllm.ModelRunner needs vllm_like::{name}: {why}") from None
 
 
 def _kv_heads_and_head_size(config):
@@ -88,10 +76,7 @@ class ModelRunner:
         if block_size <= 0 or num_device_blocks <= 0 or num_cpu_blocks < 0:
             raise ValueError(f"ModelRunner: expected block_size > 0, num_device_blocks > 0, num_cpu_blocks >= 0 "
                              f"but found {block_size}, {num_device_blocks}, {num_cpu_blocks}")
-        model_dtype = next(model.parameters()).dtype
-        self.dtype = dtype or (model_dtype if model_dtype in _COMPUTE_DTYPES else torch.float32)
-        if self.dtype not in _COMPUTE_DTYPES:
-            raise ValueError(f"ModelRunner: dtype must be float32, float16 or bfloat16, found {self.dtype}")
+        self.dtype = self.compute_dtype(model, dtype)
         self.config = config
         self.device = torch.device(device)
         self.block_size = block_size
@@ -104,12 +89,25 @@ class ModelRunner:
         self.eps = float(config.rms_norm_eps)
         self.scale = self.head_size**-0.5  # LlamaAttention.scaling
         self.max_position = config.max_position_embeddings
-        self._ops = {name: _op(name) for name in _OPS}
+        self._ops = {name: _custom_ops._op(name).default for name in _OPS}
         self.attention_calls = {"v1": 0, "v2": 0}  # paged attention calls by version (all layers)
         self._load_weights(model)
         self.cos_sin_cache = self._cos_sin_cache(model)
         self.key_caches, self.value_caches = self._allocate_caches(num_device_blocks, self.device)
         self.cpu_key_caches, self.cpu_value_caches = self._allocate_caches(num_cpu_blocks, torch.device("cpu"))
+
+    @staticmethod
+    def compute_dtype(model, dtype=None) -> torch.dtype:
+        """The dtype of the runner's weights, activations and KV caches:
+        ``dtype`` when given, else the model's when the ops support it, else
+        float32 (a float64 model). The one rule, also for sizing the cache
+        from a byte budget (LLM)."""
+        if dtype is None:
+            model_dtype = next(model.parameters()).dtype
+            dtype = model_dtype if model_dtype in _COMPUTE_DTYPES else torch.float32
+        if dtype not in _COMPUTE_DTYPES:
+            raise ValueError(f"ModelRunner: dtype must be float32, float16 or bfloat16, found {dtype}")
+        return dtype
 
     # --- setup -----------------------------------------------------------------
 
@@ -163,22 +161,19 @@ class ModelRunner:
         return self._to_device(cache)
 
     def _allocate_caches(self, num_blocks, device):
-        x = 16 // torch.empty((), dtype=self.dtype).element_size()
-        kshape = (num_blocks, self.num_kv_heads, self.head_size // x, self.block_size, x)
-        vshape = (num_blocks, self.num_kv_heads, self.head_size, self.block_size)
-        if self.head_size % x != 0:
-            raise ValueError(f"ModelRunner: head_size {self.head_size} is not a multiple of {x} (16 bytes of "
-                             f"{self.dtype}), which the legacy KV-cache layout needs")
+        kshape, vshape = _custom_ops.legacy_cache_shapes(num_blocks, self.num_kv_heads, self.head_size,
+                                                         self.block_size, self.dtype)
         keys = [torch.zeros(kshape, dtype=self.dtype, device=device) for _ in range(self.num_layers)]
         values = [torch.zeros(vshape, dtype=self.dtype, device=device) for _ in range(self.num_layers)]
         return keys, values
 
     @staticmethod
     def block_bytes(config, block_size, dtype) -> int:
-        """One block's K and V bytes over all layers."""
+        """One block's K and V bytes over all layers (the caches' shapes, so
+        a head_size the layout cannot hold is refused here too)."""
         kv_heads, head_size = _kv_heads_and_head_size(config)
-        element = torch.empty((), dtype=dtype).element_size()
-        return 2 * config.num_hidden_layers * block_size * kv_heads * head_size * element
+        kshape, vshape = _custom_ops.legacy_cache_shapes(1, kv_heads, head_size, block_size, dtype)
+        return config.num_hidden_layers * (math.prod(kshape) + math.prod(vshape)) * dtype.itemsize
 
     # --- one step --------------------------------------------------------------
 
@@ -220,23 +215,10 @@ class ModelRunner:
                 slots.to(self.device), pos.to(self.device), int(pos.max()) + 1)
 
     def _attention(self, query, key_cache, value_cache, block_rows, seq_lens, max_seq_len):
-        ops = self._ops
-        num_seqs = query.shape[0]
         out = torch.empty_like(query)
-        partitions = (max_seq_len + _custom_ops.PARTITION_SIZE - 1) // _custom_ops.PARTITION_SIZE
-        if _custom_ops.use_v1(max_seq_len, num_seqs, self.num_heads):  # vLLM's choice
-            self.attention_calls["v1"] += 1
-            ops["paged_attention_v1"](out, query, key_cache, value_cache, self.num_kv_heads, self.scale, block_rows,
-                                      seq_lens, self.block_size, max_seq_len, None, "auto")
-        else:
-            self.attention_calls["v2"] += 1
-            stats_shape = (num_seqs, self.num_heads, partitions)
-            exp_sums = torch.empty(stats_shape, dtype=torch.float32, device=self.device)
-            max_logits = torch.empty(stats_shape, dtype=torch.float32, device=self.device)
-            tmp_out = torch.empty(stats_shape + (self.head_size,), dtype=self.dtype, device=self.device)
-            ops["paged_attention_v2"](out, exp_sums, max_logits, tmp_out, query, key_cache, value_cache,
-                                      self.num_kv_heads, self.scale, block_rows, seq_lens, self.block_size,
-                                      max_seq_len, None, "auto")
+        version = _custom_ops.paged_attention(out, query, key_cache, value_cache, self.num_kv_heads, self.scale,
+                                              block_rows, seq_lens, self.block_size, max_seq_len)
+        self.attention_calls[version] += 1
         return out
 
     @staticmethod
@@ -295,40 +277,31 @@ class ModelRunner:
 
     # --- cache management ------------------------------------------------------
 
-    def _check_blocks(self, what, pairs, src_blocks, dst_blocks):
-        for src, dst in pairs:
-            if not (0 <= src < src_blocks and 0 <= dst < dst_blocks):
-                raise IndexError(f"ModelRunner.{what}: block pair ({src}, {dst}) outside [0, {src_blocks}) x "
-                                 f"[0, {dst_blocks})")
-
     def copy_blocks(self, pairs):
         """Copy device blocks src -> dst in every layer's K and V cache
         (copy-on-write when sequences that shared a block diverge)."""
         pairs = list(pairs)
         if not pairs:
             return
-        self._check_blocks("copy_blocks", pairs, self.num_device_blocks, self.num_device_blocks)
-        mapping = torch.tensor(pairs, dtype=torch.int64).to(self.device)
-        self._ops["copy_blocks"](self.key_caches, self.value_caches, mapping)
+        # The kernel checks every id (IndexError naming the cache and pair).
+        _custom_ops.copy_blocks(self.key_caches, self.value_caches, pairs)
 
-    def _swap(self, what, pairs, src_caches, dst_caches, src_blocks, dst_blocks):
+    def _swap(self, pairs, src_caches, dst_caches):
         pairs = list(pairs)
         if not pairs:
             return
-        self._check_blocks(what, pairs, src_blocks, dst_blocks)
+        # _custom_ops.swap_blocks checks every id before copying anything.
         mapping = torch.tensor(pairs, dtype=torch.int64)  # on the CPU, as vLLM passes it
         for src, dst in zip(src_caches, dst_caches):
             _custom_ops.swap_blocks(src, dst, mapping)
 
     def swap_out(self, pairs):
         """[(device block, cpu block)]: copy device blocks to the CPU caches."""
-        self._swap("swap_out", pairs, self.key_caches + self.value_caches,
-                   self.cpu_key_caches + self.cpu_value_caches, self.num_device_blocks, self.num_cpu_blocks)
+        self._swap(pairs, self.key_caches + self.value_caches, self.cpu_key_caches + self.cpu_value_caches)
 
     def swap_in(self, pairs):
         """[(cpu block, device block)]: copy CPU blocks back to the device."""
-        self._swap("swap_in", pairs, self.cpu_key_caches + self.cpu_value_caches,
-                   self.key_caches + self.value_caches, self.num_cpu_blocks, self.num_device_blocks)
+        self._swap(pairs, self.cpu_key_caches + self.cpu_value_caches, self.key_caches + self.value_caches)
 
     def read_block(self, layer, block, on="npu"):
         """One block's K and V of one layer as CPU tensors [block_size,

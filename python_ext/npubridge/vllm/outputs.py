@@ -14,7 +14,10 @@ class CompletionOutput:
     token_ids: List[int]
     cumulative_logprob: Optional[float]
     logprobs: None = None
-    finish_reason: Optional[str] = None  # "stop", "length", "abort", None while running
+    # "stop", "length", "abort" (aborted by the caller, or finished by the
+    # scheduler because the KV cache cannot hold the request: see the
+    # engine's num_ignored stat and its logged warning), None while running.
+    finish_reason: Optional[str] = None
     stop_reason: Union[int, str, None] = None  # the stop token id or stop string, None for eos / length
 
     def finished(self) -> bool:

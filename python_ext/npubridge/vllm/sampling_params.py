@@ -2,7 +2,10 @@
 
 A temperature below _SAMPLING_EPS means greedy (exact argmax), as in vLLM;
 top_k <= 0 (vLLM's -1) and top_p == 1 switch those filters off. Bad values
-raise ValueError naming the argument, the expected range and the value found.
+(NaN included: the range checks are written so that NaN fails them) raise
+ValueError naming the argument, the expected range and the value found.
+Greedy with n > 1 is refused, as vLLM v0 does (best_of must be 1 when using
+greedy sampling): the n completions would be the same.
 """
 import math
 import numbers
@@ -95,10 +98,12 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or self.n < 1:
             bad("n", "an int >= 1", self.n)
-        if self.temperature < 0:
-            bad("temperature", ">= 0", self.temperature)
+        if not self.temperature >= 0:
+            bad("temperature", ">= 0 (not NaN)", self.temperature)
         if not 0 < self.top_p <= 1:
-            bad("top_p", "in (0, 1]", self.top_p)
+            bad("top_p", "in (0, 1] (not NaN)", self.top_p)
+        if self.greedy and self.n > 1:
+            bad("n", "1 with greedy sampling (temperature 0: all n completions would be equal)", self.n)
         if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k not in (0, -1)):
             bad("top_k", "-1 or 0 (off) or an int >= 1", self.top_k)
         if self.max_tokens is not None and self.max_tokens < 1:

@@ -10,7 +10,15 @@ or preempted by recompute), ``running`` (holding device blocks) and
    yet scheduled in this step is preempted, and the group itself when it is
    the last one: by swap (its blocks copied to the CPU) when the CPU pool can
    hold them and the mode allows, else by recompute (blocks dropped, the
-   group back at the front of ``waiting``, its tokens prefilled again).
+   group back at the front of ``waiting``, its tokens prefilled again). A
+   group with more than one running sequence (forked, n > 1) is preempted by
+   swap whatever the mode, as in vLLM v0; when the CPU pool cannot hold it,
+   by recompute that prefills the shared prompt once and shares its full
+   blocks among the forks again (vLLM v0 aborts there; recomputing each
+   fork's prompt separately would need n times the prompt's blocks).
+   Ignored groups (finish_reason "abort", SequenceStatus.FINISHED_IGNORED)
+   are logged as a warning and counted in ``num_ignored``: a request is
+   never truncated silently.
 2. Swapped groups come back in, unless this step preempted (memory is short).
 3. Waiting groups are admitted only when nothing is swapped and nothing was
    preempted, so old work finishes before new work takes its memory.
@@ -21,12 +29,15 @@ computed. A prompt is scheduled whole unless chunked prefill is on; a
 sequence rebuilt by recompute that is longer than the token budget is
 chunked either way (it could never run otherwise).
 """
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 from .block_manager import AllocStatus, BlockSpaceManager
 from .sequence import Sequence, SequenceGroup, SequenceStatus
+
+logger = logging.getLogger("npubridge.vllm")
 
 __all__ = ["Scheduler", "SchedulerOutputs", "ScheduledSeq", "PREEMPTION_MODES"]
 
@@ -52,7 +63,7 @@ class SchedulerOutputs:
     blocks_to_swap_in: List[Tuple[int, int]] = field(default_factory=list)  # (cpu, device)
     blocks_to_copy: List[Tuple[int, int]] = field(default_factory=list)  # (src, dst) device blocks
     preempted: List[Tuple[SequenceGroup, str]] = field(default_factory=list)  # (group, "swap"|"recompute")
-    ignored: List[SequenceGroup] = field(default_factory=list)  # can never fit the device pool
+    ignored: List[SequenceGroup] = field(default_factory=list)  # finished unserved: cannot fit the device pool
 
     @property
     def num_batched_tokens(self) -> int:
@@ -83,6 +94,7 @@ class Scheduler:
         self.running: List[SequenceGroup] = []
         self.swapped: List[SequenceGroup] = []
         self.num_preemptions = {"swap": 0, "recompute": 0}
+        self.num_ignored = 0  # groups finished for want of KV blocks
 
     # ---- queues --------------------------------------------------------
     def add_seq_group(self, group: SequenceGroup):
@@ -133,12 +145,16 @@ class Scheduler:
     def _plan(self, group: SequenceGroup, budget: int) -> List[Tuple[Sequence, int]]:
         """(seq, tokens) for the group's running sequences within `budget`
         (a decode is 1 token, a prefill as much of the rest as fits)."""
-        items, left = [], budget
+        items, left, end = [], budget, {}
         for seq in group.get_seqs(SequenceStatus.RUNNING):
+            lead = self.block_manager.shared_prefix_of(seq)
+            if lead is not None and end.get(lead[0].seq_id, lead[0].num_computed_tokens) < lead[1]:
+                continue  # its first blocks are the recomputing leader's, not computed by the end of this step
             k = min(seq.get_num_uncomputed_tokens(), left)
             if k > 0:
                 items.append((seq, k))
                 left -= k
+                end[seq.seq_id] = seq.num_computed_tokens + k
         return items
 
     def _commit(self, out: SchedulerOutputs, group: SequenceGroup, items, budget):
@@ -176,7 +192,7 @@ class Scheduler:
             status = self.block_manager.can_swap_in(group)
             if status == AllocStatus.NEVER:
                 self.swapped.pop(0)
-                self._ignore(group, out)
+                self._ignore(group, out, "its swapped blocks and next tokens need more blocks than the device pool has")
                 continue
             seqs = group.get_seqs(SequenceStatus.SWAPPED)
             if (status == AllocStatus.LATER or self._seats() + group.max_num_running_seqs() > self.max_num_seqs
@@ -187,7 +203,7 @@ class Scheduler:
             for seq in seqs:
                 seq.status = SequenceStatus.RUNNING
             items = self._plan(group, budget[0])
-            assert self.block_manager.can_append_slots(items), "swap-in reserved a block per sequence"
+            assert self.block_manager.can_append_slots(items), "can_swap_in reserved the blocks of the next tokens"
             self._commit(out, group, items, budget)
             self.running.append(group)
         self.running.sort(key=lambda g: g.arrival_time)
@@ -199,12 +215,12 @@ class Scheduler:
             status = bm.can_allocate(group)
             if status == AllocStatus.NEVER:
                 self.waiting.popleft()
-                self._ignore(group, out)
+                self._ignore(group, out, "its tokens need more blocks than the device pool has")
                 continue
             if status == AllocStatus.LATER or self._seats() + group.max_num_running_seqs() > self.max_num_seqs:
                 break
             seqs = group.get_seqs(SequenceStatus.WAITING)
-            todo = sum(s.get_len() - bm.num_cached_prefix_tokens(s) for s in seqs)
+            todo = bm.num_tokens_to_compute(group)
             chunk = self.enable_chunked_prefill or todo > self.max_num_batched_tokens
             if budget[0] <= 0 or (not chunk and todo > budget[0]):
                 break
@@ -222,7 +238,8 @@ class Scheduler:
     # ---- preemption ----------------------------------------------------
     def _preempt(self, group: SequenceGroup, out: SchedulerOutputs):
         mode = self.preemption_mode
-        if mode != "recompute" and self.block_manager.can_swap_out(group):
+        forked = len(group.get_seqs(SequenceStatus.RUNNING)) > 1
+        if (mode != "recompute" or forked) and self.block_manager.can_swap_out(group):
             out.blocks_to_swap_out.extend(self.block_manager.swap_out(group))
             for seq in group.get_seqs(SequenceStatus.RUNNING):
                 seq.status = SequenceStatus.SWAPPED
@@ -231,7 +248,9 @@ class Scheduler:
             mode = "swap"
         else:
             # Also the fallback of "swap" when the CPU pool is full: the
-            # output stays right, the work is done again.
+            # output stays right, the work is done again. A forked group's
+            # prompt is prefilled once and its full blocks shared again
+            # (BlockSpaceManager.allocate).
             for seq in group.get_seqs(SequenceStatus.RUNNING):
                 self.block_manager.free(seq)
                 seq.reset_for_recompute()
@@ -240,10 +259,13 @@ class Scheduler:
         self.num_preemptions[mode] += 1
         out.preempted.append((group, mode))
 
-    def _ignore(self, group: SequenceGroup, out: SchedulerOutputs):
-        # More blocks than the device pool holds (vLLM's FINISHED_IGNORED,
-        # reported with finish_reason "length").
+    def _ignore(self, group: SequenceGroup, out: SchedulerOutputs, why: str):
+        # vLLM's FINISHED_IGNORED: the request cannot be served with this KV
+        # cache. Finished as "abort" with a warning, never silently.
+        logger.warning("npubridge.vllm: request %r finished unserved (finish_reason 'abort'): %s", group.request_id,
+                       why)
         for seq in group.unfinished_seqs():
             self.block_manager.free(seq)
-            seq.status = SequenceStatus.FINISHED_LENGTH_CAPPED
+            seq.status = SequenceStatus.FINISHED_IGNORED
+        self.num_ignored += 1
         out.ignored.append(group)

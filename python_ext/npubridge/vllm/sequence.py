@@ -24,6 +24,10 @@ class SequenceStatus(enum.Enum):
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH_CAPPED = "finished_length_capped"
     FINISHED_ABORTED = "finished_aborted"
+    # Finished by the scheduler for want of KV blocks (vLLM's FINISHED_IGNORED):
+    # reported as "abort", not "length", so that a truncation is never
+    # mistaken for reaching max_tokens.
+    FINISHED_IGNORED = "finished_ignored"
 
     @property
     def finished(self) -> bool:
@@ -34,7 +38,8 @@ class SequenceStatus(enum.Enum):
         return {
             SequenceStatus.FINISHED_STOPPED: "stop",
             SequenceStatus.FINISHED_LENGTH_CAPPED: "length",
-            SequenceStatus.FINISHED_ABORTED: "abort"
+            SequenceStatus.FINISHED_ABORTED: "abort",
+            SequenceStatus.FINISHED_IGNORED: "abort"
         }.get(self)
 
 
