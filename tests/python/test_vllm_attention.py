@@ -4,7 +4,9 @@ contiguous K/V the paged cache holds (GQA, alibi, block sizes 8/16/32,
 lengths 0, 1 and across partitions, shuffled blocks), with error bounds
 derived from the float32 computation; v2's partition statistics; errors by
 message."""
-import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -260,3 +262,14 @@ def test_v2_refuses_too_few_partitions():
                        r"max_num_partitions\] with max_num_partitions >= ceil\(max_seq_len / 512\) = 2"):
         ops.paged_attention_v2(out, es[:, :, :1], ml[:, :, :1], tmp[:, :, :1], q.float().to("npu"), kc, vc, 2, 0.1,
                                tables, lens_t, 16, 700, None, "auto")
+
+
+def test_a_bad_isa_cap_rejects_vllm_like_only():
+    code = "import torch, npubridge; print([p['name'] for p in npubridge.plugins()]); print(npubridge.load_failures())"
+    env = dict(os.environ, NPUB_VLLM_MAX_ISA="sse9", NPUB_LOG_LEVEL="error")
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    names, failures = r.stdout.strip().splitlines()
+    assert "vllm_like" not in names and "mindspeed_like" in names
+    assert "NPUB_VLLM_MAX_ISA: expected one of baseline, avx2, avx512 (or unset) but found 'sse9'" in failures

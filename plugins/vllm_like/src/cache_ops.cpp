@@ -136,10 +136,12 @@ void check_block_mapping(const Call& call, const TensorRef& m) {
 void check_pairs(const Call& call, const int64_t* pairs, int64_t n, int64_t src_blocks, int64_t dst_blocks,
                  const std::string& src_name, const std::string& dst_name) {
   for (int64_t i = 0; i < n; ++i) {
-    check_block_id(call, pairs[2 * i], src_blocks,
-                   "block_mapping[" + std::to_string(i) + "][0]: source block of " + src_name);
-    check_block_id(call, pairs[2 * i + 1], dst_blocks,
-                   "block_mapping[" + std::to_string(i) + "][1]: destination block of " + dst_name);
+    check_block_id(call, pairs[2 * i], src_blocks, [&] {
+      return "block_mapping[" + std::to_string(i) + "][0]: source block of " + src_name;
+    });
+    check_block_id(call, pairs[2 * i + 1], dst_blocks, [&] {
+      return "block_mapping[" + std::to_string(i) + "][1]: destination block of " + dst_name;
+    });
   }
 }
 
@@ -181,6 +183,9 @@ std::vector<TensorRef> check_copy_blocks(const Call& call) {
 
 void copy_blocks_meta(Call& call) { check_copy_blocks(call); }
 
+// The pairs are copied in parallel, as vLLM's kernel copies them: a block
+// that is one pair's destination and another's source (which vLLM's
+// copy-on-write mappings never produce) gets either order.
 void copy_blocks(Call& call) {
   const std::vector<TensorRef> caches = check_copy_blocks(call);
   const TensorRef m = call.tensor(2);

@@ -81,11 +81,10 @@ void check_kv_cache_dtype(const Call& call, int32_t dtype_index, int32_t k_scale
                   ", " + std::to_string(vs));
 }
 
-void check_block_id(const Call& call, int64_t id, int64_t num_blocks, const std::string& what) {
-  if (id < 0 || id >= num_blocks)
-    call.fail(NPUB_ERR_INDEX, what + " " + std::to_string(id) + " is out of range for " +
-                                  std::to_string(num_blocks) + " cache blocks (expected 0 <= id < " +
-                                  std::to_string(num_blocks) + ")");
+void fail_block_id(const Call& call, int64_t id, int64_t num_blocks, const std::string& what) {
+  call.fail(NPUB_ERR_INDEX, what + " " + std::to_string(id) + " is out of range for " +
+                                std::to_string(num_blocks) + " cache blocks (expected 0 <= id < " +
+                                std::to_string(num_blocks) + ")");
 }
 
 }  // namespace vllm_like

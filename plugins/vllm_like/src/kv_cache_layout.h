@@ -57,7 +57,13 @@ void expect_dtype(const npub::sdk::Call& call, const npub::sdk::TensorRef& t, co
 void expect_dim(const npub::sdk::Call& call, const npub::sdk::TensorRef& t, const char* name, int32_t dim);
 
 // A block id's range check (NPUB_ERR_INDEX): "<what> <id> is out of range
-// for <num_blocks> cache blocks".
-void check_block_id(const npub::sdk::Call& call, int64_t id, int64_t num_blocks, const std::string& what);
+// for <num_blocks> cache blocks". `what()` names the id; it is called only
+// on a failure, so that the check costs no string per block.
+[[noreturn]] void fail_block_id(const npub::sdk::Call& call, int64_t id, int64_t num_blocks,
+                                const std::string& what);
+template <typename What>
+inline void check_block_id(const npub::sdk::Call& call, int64_t id, int64_t num_blocks, What&& what) {
+  if (id < 0 || id >= num_blocks) fail_block_id(call, id, num_blocks, what());
+}
 
 }  // namespace vllm_like

@@ -159,8 +159,9 @@ std::vector<int64_t> check_tables(const Call& call, const PagedProblem& p, int32
               "]: expected 0 <= seq_len <= min(max_blocks_per_seq * block_size = " + std::to_string(MB * B) +
               ", max_seq_len = " + std::to_string(p.max_seq_len) + ") but found " + std::to_string(len));
     for (int64_t b = 0; b < (len + B - 1) / B; ++b)
-      check_block_id(call, tables[s * MB + b], p.cache.num_blocks,
-                     "block_tables[" + std::to_string(s) + "][" + std::to_string(b) + "]: block id");
+      check_block_id(call, tables[s * MB + b], p.cache.num_blocks, [&] {
+        return "block_tables[" + std::to_string(s) + "][" + std::to_string(b) + "]: block id";
+      });
     out[static_cast<size_t>(s)] = len;
   }
   return out;

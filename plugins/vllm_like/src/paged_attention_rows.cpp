@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace vllm_like {
 
@@ -56,20 +57,21 @@ __attribute__((target("avx2,f16c"))) void f16_to_f32_avx2(const uint16_t* src, f
   for (; i < n; ++i) dst[i] = _cvtsh_ss(src[i]);
 }
 
-// A block's n elements as float: float32 in place, the half types through
-// `buf`.
+// How the loops read a cache block: bfloat16 and float32 as stored (a
+// bfloat16 widens with a shift, in the loop); float16 through a converted
+// float copy, since its conversion takes F16C instructions the baseline
+// variant lacks.
+template <typename S>
+using ReadAs = std::conditional_t<std::is_same_v<S, BF16>, BF16, F32>;
+
+// A block's n elements as the loops read them (ReadAs<S>): in place, or
+// for float16 converted into `buf`.
 template <typename S, int kIsa>
-VLLM_INLINE const float* block_as_float(const typename S::E* src, float* buf, int64_t n) {
-  if constexpr (std::is_same_v<S, F32>) {
+VLLM_INLINE const typename ReadAs<S>::E* block_view(const typename S::E* src, float* buf, int64_t n) {
+  if constexpr (!std::is_same_v<S, F16>) {
     (void)buf;
     (void)n;
     return src;
-  } else if constexpr (std::is_same_v<S, BF16>) {
-    for (int64_t i = 0; i < n; ++i) {
-      const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
-      std::memcpy(buf + i, &bits, sizeof bits);
-    }
-    return buf;
   } else {
     if constexpr (kIsa >= kAvx2)
       f16_to_f32_avx2(src, buf, n);
@@ -81,12 +83,12 @@ VLLM_INLINE const float* block_as_float(const typename S::E* src, float* buf, in
 
 // a[j] += p[j] * v[j] over one dimension's row of a value block, j in
 // [j0, j1); a compile-time block size for the common ones.
-template <int64_t kB>
-VLLM_INLINE void value_rows(float* __restrict a, const float* __restrict p, const float* __restrict v,
+template <int64_t kB, typename R>
+VLLM_INLINE void value_rows(float* __restrict a, const float* __restrict p, const typename R::E* __restrict v,
                             int64_t D, int64_t B) {
   const int64_t b = kB > 0 ? kB : B;
   for (int64_t d = 0; d < D; ++d)
-    for (int64_t j = 0; j < b; ++j) a[d * b + j] += p[j] * v[d * b + j];
+    for (int64_t j = 0; j < b; ++j) a[d * b + j] += p[j] * R::load(v[d * b + j]);
 }
 
 // Starts loading the next block of the range into the cache while this one
@@ -106,16 +108,16 @@ VLLM_INLINE void prefetch_block(const E* base, const int32_t* table, int64_t b, 
 // [Paged attention's loops]). With BX known at compile time the whole
 // block's lanes stay in registers across the chunks, so each key element
 // costs one load and one FMA; otherwise 16 lanes at a time.
-template <int64_t kBX>
-VLLM_INLINE void key_lanes(const float* __restrict qp, const float* __restrict kb, int64_t C, int64_t BX,
-                           float* __restrict a) {
+template <int64_t kBX, typename R>
+VLLM_INLINE void key_lanes(const float* __restrict qp, const typename R::E* __restrict kb, int64_t C,
+                           int64_t BX, float* __restrict a) {
   if constexpr (kBX > 0) {
     (void)BX;
     float acc[kBX] = {};
     for (int64_t c = 0; c < C; ++c) {
 #pragma GCC unroll 16
       for (int64_t m = 0; m < kBX; m += kLanes)
-        for (int64_t l = 0; l < kLanes; ++l) acc[m + l] += qp[c * kLanes + l] * kb[c * kBX + m + l];
+        for (int64_t l = 0; l < kLanes; ++l) acc[m + l] += qp[c * kLanes + l] * R::load(kb[c * kBX + m + l]);
     }
     for (int64_t m = 0; m < kBX; ++m) a[m] = acc[m];
   } else {
@@ -123,12 +125,12 @@ VLLM_INLINE void key_lanes(const float* __restrict qp, const float* __restrict k
     for (; m + kLanes <= BX; m += kLanes) {
       float lanes[kLanes] = {};
       for (int64_t c = 0; c < C; ++c)
-        for (int64_t l = 0; l < kLanes; ++l) lanes[l] += qp[c * kLanes + l] * kb[c * BX + m + l];
+        for (int64_t l = 0; l < kLanes; ++l) lanes[l] += qp[c * kLanes + l] * R::load(kb[c * BX + m + l]);
       for (int64_t l = 0; l < kLanes; ++l) a[m + l] = lanes[l];
     }
     for (; m < BX; ++m) {
       float sum = 0;
-      for (int64_t c = 0; c < C; ++c) sum += qp[c * kLanes + m % kLanes] * kb[c * BX + m];
+      for (int64_t c = 0; c < C; ++c) sum += qp[c * kLanes + m % kLanes] * R::load(kb[c * BX + m]);
       a[m] = sum;
     }
   }
@@ -136,27 +138,73 @@ VLLM_INLINE void key_lanes(const float* __restrict qp, const float* __restrict k
 
 // The value rows of four full blocks at once, a[d][j] += sum_i p_i[j] *
 // v_i[d][j]: one load and store of the accumulator per four FMAs.
-template <int64_t kB>
-VLLM_INLINE void value_rows4(float* __restrict a, const float* __restrict p, const float* const* vs,
+template <int64_t kB, typename R>
+VLLM_INLINE void value_rows4(float* __restrict a, const float* __restrict p, const typename R::E* const* vs,
                              int64_t D, int64_t B) {
   const int64_t b = kB > 0 ? kB : B;
-  const float* __restrict v0 = vs[0];
-  const float* __restrict v1 = vs[1];
-  const float* __restrict v2 = vs[2];
-  const float* __restrict v3 = vs[3];
+  const typename R::E* __restrict v0 = vs[0];
+  const typename R::E* __restrict v1 = vs[1];
+  const typename R::E* __restrict v2 = vs[2];
+  const typename R::E* __restrict v3 = vs[3];
   const float* p0 = p;
   const float* p1 = p + b;
   const float* p2 = p + 2 * b;
   const float* p3 = p + 3 * b;
   for (int64_t d = 0; d < D; ++d)
     for (int64_t j = 0; j < b; ++j)
-      a[d * b + j] +=
-          (p0[j] * v0[d * b + j] + p1[j] * v1[d * b + j]) + (p2[j] * v2[d * b + j] + p3[j] * v3[d * b + j]);
+      a[d * b + j] += (p0[j] * R::load(v0[d * b + j]) + p1[j] * R::load(v1[d * b + j])) +
+                      (p2[j] * R::load(v2[d * b + j]) + p3[j] * R::load(v3[d * b + j]));
+}
+
+// out[j] = the sum of token j's x lanes of a key block's accumulator, for
+// its B tokens. With x known at compile time the sums run across tokens as
+// vector adds (in an explicit order: nothing for the compiler to
+// reassociate).
+template <int64_t kX>
+VLLM_INLINE void token_sums(const float* __restrict a, int64_t B, float* __restrict out, int64_t x = kX) {
+  if constexpr (kX == 4) {
+    (void)x;
+    for (int64_t j = 0; j < B; ++j) out[j] = (a[4 * j] + a[4 * j + 1]) + (a[4 * j + 2] + a[4 * j + 3]);
+  } else if constexpr (kX == 8) {
+    (void)x;
+    for (int64_t j = 0; j < B; ++j)
+      out[j] = ((a[8 * j] + a[8 * j + 1]) + (a[8 * j + 2] + a[8 * j + 3])) +
+               ((a[8 * j + 4] + a[8 * j + 5]) + (a[8 * j + 6] + a[8 * j + 7]));
+  } else {
+    for (int64_t j = 0; j < B; ++j) {
+      float sum = 0;
+      for (int64_t i = 0; i < x; ++i) sum += a[j * x + i];
+      out[j] = sum;
+    }
+  }
+}
+
+// o[d] = sum_j a[d * B + j], the value accumulator's lanes of each
+// dimension, by halving (vector adds for the first halves) for the
+// compile-time block sizes. Overwrites a.
+template <int64_t kB>
+VLLM_INLINE void row_sums(float* __restrict a, int64_t D, float* __restrict o, int64_t B) {
+  if constexpr (kB > 0) {
+    (void)B;
+    for (int64_t d = 0; d < D; ++d) {
+      float* r = a + d * kB;
+#pragma GCC unroll 8
+      for (int64_t w = kB / 2; w >= 1; w /= 2)
+        for (int64_t j = 0; j < w; ++j) r[j] += r[j + w];
+      o[d] = r[0];
+    }
+  } else {
+    for (int64_t d = 0; d < D; ++d) {
+      float sum = 0;
+      for (int64_t j = 0; j < B; ++j) sum += a[d * B + j];
+      o[d] = sum;
+    }
+  }
 }
 
 struct Layout {
   int64_t G, D, B, x, C, BX, n;
-  float *qpat, *kacc, *scores, *vacc, *kconv, *vconv;
+  float *qpat, *kacc, *dots, *scores, *vacc, *kconv, *vconv;
 };
 
 VLLM_INLINE Layout layout_of(const PagedView& v, int64_t n, float* scratch) {
@@ -170,7 +218,8 @@ VLLM_INLINE Layout layout_of(const PagedView& v, int64_t n, float* scratch) {
   l.n = n;
   l.qpat = scratch;
   l.kacc = l.qpat + l.G * l.C * kLanes;
-  l.scores = l.kacc + l.G * l.BX;
+  l.dots = l.kacc + l.G * l.BX;
+  l.scores = l.dots + l.B;
   l.vacc = l.scores + l.G * n;
   l.kconv = l.vacc + l.G * l.D * l.B;
   l.vconv = l.kconv + l.D * l.B;
@@ -181,6 +230,8 @@ template <typename S, int kIsa>
 VLLM_INLINE void attend_impl(const PagedView& v, const typename S::E* q, int64_t seq, int64_t kvh,
                              int64_t seq_len, int64_t t0, int64_t t1, const RangeStats& out, float* scratch) {
   using E = typename S::E;
+  using R = ReadAs<S>;
+  using RE = typename R::E;
   const Layout L = layout_of(v, t1 - t0, scratch);
   const int64_t G = L.G, D = L.D, B = L.B, x = L.x, C = L.C, BX = L.BX, n = L.n;
   for (int64_t g = 0; g < G; ++g) {
@@ -189,10 +240,15 @@ VLLM_INLINE void attend_impl(const PagedView& v, const typename S::E* q, int64_t
   }
   std::fill(out.acc, out.acc + G * D, 0.0f);
   if (n <= 0) return;
+  // The query pattern, each element converted once (x is 4 or 8: a mask,
+  // not a division, picks the lane's dimension; a range of v2 is short
+  // enough for either to show).
   for (int64_t g = 0; g < G; ++g)
-    for (int64_t c = 0; c < C; ++c)
-      for (int64_t l = 0; l < kLanes; ++l)
-        L.qpat[(g * C + c) * kLanes + l] = S::load(q[g * D + c * x + l % x]);
+    for (int64_t c = 0; c < C; ++c) {
+      float qx[kLanes];
+      for (int64_t i = 0; i < x; ++i) qx[i] = S::load(q[g * D + c * x + i]);
+      for (int64_t l = 0; l < kLanes; ++l) L.qpat[(g * C + c) * kLanes + l] = qx[l & (x - 1)];
+    }
   const E* kcache = static_cast<const E*>(v.key_cache);
   const E* vcache = static_cast<const E*>(v.value_cache);
   const int32_t* table = v.block_tables + seq * v.max_blocks;
@@ -206,33 +262,39 @@ VLLM_INLINE void attend_impl(const PagedView& v, const typename S::E* q, int64_t
       for (int64_t i = 1; i < ahead; ++i)
         prefetch_block(kcache, table, b + i, b1, v.num_kv_heads, kvh, D * B);
     prefetch_block(kcache, table, b + ahead, b1, v.num_kv_heads, kvh, D * B);
-    const float* kb =
-        block_as_float<S, kIsa>(kcache + (block * v.num_kv_heads + kvh) * D * B, L.kconv, D * B);
+    const RE* kb = block_view<S, kIsa>(kcache + (block * v.num_kv_heads + kvh) * D * B, L.kconv, D * B);
     const int64_t j0 = std::max<int64_t>(t0 - b * B, 0), j1 = std::min<int64_t>(t1 - b * B, B);
     for (int64_t g = 0; g < G; ++g) {
       float* a = L.kacc + g * BX;
       const float* qp = L.qpat + g * C * kLanes;
       if (BX == 64)
-        key_lanes<64>(qp, kb, C, BX, a);
+        key_lanes<64, R>(qp, kb, C, BX, a);
       else if (BX == 128)
-        key_lanes<128>(qp, kb, C, BX, a);
+        key_lanes<128, R>(qp, kb, C, BX, a);
       else if (BX == 32)
-        key_lanes<32>(qp, kb, C, BX, a);
+        key_lanes<32, R>(qp, kb, C, BX, a);
       else if (BX == 256)
-        key_lanes<256>(qp, kb, C, BX, a);
+        key_lanes<256, R>(qp, kb, C, BX, a);
       else
-        key_lanes<0>(qp, kb, C, BX, a);
+        key_lanes<0, R>(qp, kb, C, BX, a);
       const float slope = v.alibi_slopes != nullptr ? v.alibi_slopes[kvh * G + g] : 0.0f;
       float* s = L.scores + g * n + (b * B - t0);
-      for (int64_t j = j0; j < j1; ++j) {
-        float dot = 0;
-        for (int64_t i = 0; i < x; ++i) dot += a[j * x + i];
-        float sc = v.scale * dot;
-        if (slope != 0.0f) sc += slope * static_cast<float>(b * B + j - (seq_len - 1));
-        s[j] = sc;
-      }
+      float* dots = L.dots;
+      if (x == 4)
+        token_sums<4>(a, B, dots);
+      else if (x == 8)
+        token_sums<8>(a, B, dots);
+      else
+        token_sums<0>(a, B, dots, x);
+      const float pos0 = static_cast<float>(b * B - (seq_len - 1));
+      for (int64_t j = j0; j < j1; ++j) s[j] = v.scale * dots[j] + slope * (pos0 + static_cast<float>(j));
     }
   }
+
+  // The first value blocks start loading while the softmax runs (in a
+  // partition, a pass is short enough for a cold start to show).
+  for (int64_t i = 0; i < 2 * kValueBlocks; ++i)
+    prefetch_block(vcache, table, b0 + i, b1, v.num_kv_heads, kvh, D * B);
 
   // Softmax numerators and their sums.
   for (int64_t g = 0; g < G; ++g) {
@@ -249,57 +311,61 @@ VLLM_INLINE void attend_impl(const PagedView& v, const typename S::E* q, int64_t
   for (int64_t b = b0; b < b1; ++b) {
     // Four full blocks at once where the range has them.
     if (b * B >= t0 && (b + kValueBlocks) * B <= t1) {
-      const float* vs[kValueBlocks];
+      const RE* vs[kValueBlocks];
       for (int64_t i = 0; i < kValueBlocks; ++i) {
         prefetch_block(vcache, table, b + kValueBlocks + i, b1, v.num_kv_heads, kvh, D * B);
-        vs[i] = block_as_float<S, kIsa>(vcache + (table[b + i] * v.num_kv_heads + kvh) * D * B,
-                                        L.vconv + i * D * B, D * B);
+        vs[i] = block_view<S, kIsa>(vcache + (table[b + i] * v.num_kv_heads + kvh) * D * B,
+                                    L.vconv + i * D * B, D * B);
       }
       for (int64_t g = 0; g < G; ++g) {
         float* a = L.vacc + g * D * B;
         const float* p = L.scores + g * n + (b * B - t0);
         if (B == 16)
-          value_rows4<16>(a, p, vs, D, B);
+          value_rows4<16, R>(a, p, vs, D, B);
         else if (B == 32)
-          value_rows4<32>(a, p, vs, D, B);
+          value_rows4<32, R>(a, p, vs, D, B);
         else if (B == 8)
-          value_rows4<8>(a, p, vs, D, B);
+          value_rows4<8, R>(a, p, vs, D, B);
         else
-          value_rows4<0>(a, p, vs, D, B);
+          value_rows4<0, R>(a, p, vs, D, B);
       }
       b += kValueBlocks - 1;
       continue;
     }
     const int64_t block = table[b];
     prefetch_block(vcache, table, b + 1, b1, v.num_kv_heads, kvh, D * B);
-    const float* vb =
-        block_as_float<S, kIsa>(vcache + (block * v.num_kv_heads + kvh) * D * B, L.vconv, D * B);
+    const RE* vb = block_view<S, kIsa>(vcache + (block * v.num_kv_heads + kvh) * D * B, L.vconv, D * B);
     const int64_t j0 = std::max<int64_t>(t0 - b * B, 0), j1 = std::min<int64_t>(t1 - b * B, B);
     for (int64_t g = 0; g < G; ++g) {
       float* a = L.vacc + g * D * B;
       const float* p = L.scores + g * n + (b * B - t0);
       if (j0 == 0 && j1 == B) {
         if (B == 16)
-          value_rows<16>(a, p, vb, D, B);
+          value_rows<16, R>(a, p, vb, D, B);
         else if (B == 32)
-          value_rows<32>(a, p, vb, D, B);
+          value_rows<32, R>(a, p, vb, D, B);
         else if (B == 8)
-          value_rows<8>(a, p, vb, D, B);
+          value_rows<8, R>(a, p, vb, D, B);
         else
-          value_rows<0>(a, p, vb, D, B);
+          value_rows<0, R>(a, p, vb, D, B);
       } else {
         for (int64_t d = 0; d < D; ++d)
-          for (int64_t j = j0; j < j1; ++j) a[d * B + j] += p[j] * vb[d * B + j];
+          for (int64_t j = j0; j < j1; ++j) a[d * B + j] += p[j] * R::load(vb[d * B + j]);
       }
     }
   }
-  for (int64_t g = 0; g < G; ++g)
-    for (int64_t d = 0; d < D; ++d) {
-      const float* a = L.vacc + (g * D + d) * B;
-      float sum = 0;
-      for (int64_t j = 0; j < B; ++j) sum += a[j];
-      out.acc[g * D + d] = sum;
-    }
+  for (int64_t g = 0; g < G; ++g) {
+    float* a = L.vacc + g * D * B;
+    float* o = out.acc + g * D;
+    if (B == 16)
+      row_sums<16>(a, D, o, B);
+    else if (B == 32)
+      row_sums<32>(a, D, o, B);
+    else if (B == 8)
+      row_sums<8>(a, D, o, B);
+    else
+      row_sums<0>(a, D, o, B);
+  }
 }
 
 // One variant per instruction set; explicit dtype branches rather than a
@@ -325,7 +391,7 @@ VLLM_ATTEND_VARIANT(attend_baseline, kBaseline, )
 
 int64_t attend_scratch_floats(const PagedView& v, int64_t tokens) {
   const int64_t G = v.group, D = v.head_size, B = v.block_size, x = std::max<int64_t>(v.x, 1);
-  return G * (D / x) * kLanes + G * B * x + G * tokens + G * D * B + (1 + kValueBlocks) * D * B;
+  return G * (D / x) * kLanes + G * B * x + B + G * tokens + G * D * B + (1 + kValueBlocks) * D * B;
 }
 
 void attend_range(const PagedView& v, const void* q, int64_t seq, int64_t kv_head, int64_t seq_len,
