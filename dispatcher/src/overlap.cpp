@@ -92,33 +92,42 @@ bool same_view(const DLTensor& a, const DLTensor& b) {
   return true;
 }
 
+// One dimension of two views with the same stride: an element of a at
+// index i and one of b at index j differ by k = i - j in [kmin, kmax] =
+// [-(size_b - 1), size_a - 1] steps of `stride`.
+struct StepRange {
+  int64_t stride, kmin, kmax;
+};
+
 // Whether element delta (in elements) is a difference of two index vectors
-// of one layout: sum k_i * stride_i with |k_i| <= size_i - 1. `dims` are
-// (stride, size) pairs, largest stride first; `rest[i]` bounds what the
-// dimensions after i can add. Each dimension tries the few k that leave a
-// remainder the rest can still reach (one or two for a layout whose
-// strides nest); beyond 64 candidates it answers "reachable".
-bool reachable(int64_t delta, const std::array<std::pair<int64_t, int64_t>, 64>& dims,
-               const std::array<int64_t, 65>& rest, int i, int n, int* budget) {
+// of the two views: sum k_i * stride_i with k_i in [kmin_i, kmax_i]. `dims`
+// are largest stride first; `rest[i]` bounds what the dimensions after i
+// can add. Each dimension tries the few k that leave a remainder the rest
+// can still reach (one or two for a layout whose strides nest); beyond 64
+// candidates it answers "reachable".
+bool reachable(int64_t delta, const std::array<StepRange, 64>& dims, const std::array<int64_t, 65>& rest,
+               int i, int n, int* budget) {
   if (i == n) return delta == 0;
-  const int64_t stride = dims[static_cast<size_t>(i)].first, m = dims[static_cast<size_t>(i)].second - 1;
+  const StepRange& d = dims[static_cast<size_t>(i)];
   const int64_t bound = rest[static_cast<size_t>(i + 1)];
-  // k with |delta - k * stride| <= bound, within [-m, m].
+  // k with |delta - k * stride| <= bound, within [kmin, kmax].
   auto floor_div = [](int64_t a, int64_t b) { return a / b - ((a % b != 0) && ((a < 0) != (b < 0))); };
-  int64_t lo = -floor_div(-(delta - bound), stride), hi = floor_div(delta + bound, stride);
-  lo = std::max(lo, -m);
-  hi = std::min(hi, m);
+  int64_t lo = -floor_div(-(delta - bound), d.stride), hi = floor_div(delta + bound, d.stride);
+  lo = std::max(lo, d.kmin);
+  hi = std::min(hi, d.kmax);
   for (int64_t k = lo; k <= hi; ++k) {
     if (--*budget < 0) return true;
-    if (reachable(delta - k * stride, dims, rest, i + 1, n, budget)) return true;
+    if (reachable(delta - k * d.stride, dims, rest, i + 1, n, budget)) return true;
   }
   return false;
 }
 
-// False when two views of one layout (same element size, shape and
-// positive strides) at different offsets provably share no element:
-// x[:, 0] and x[:, 1], x[::2] and x[1::2], out=buf[:, :d] beside buf[:, d:].
-// True otherwise (they may).
+// False when two views with the same element size and the same positive
+// strides (their sizes may differ) at different offsets provably share no
+// element: x[:, 0] and x[:, 1], x[::2] and x[1::2], out=buf[:, :d] beside
+// buf[:, d:], the query and key column slices of one qkv projection
+// (qkv[:, :q_size], qkv[:, q_size:q_size + kv_size]). True otherwise (they
+// may).
 bool may_share_an_element(const DLTensor& a, const DLTensor& b) {
   const int64_t es = element_size(dtype_of(a.dtype));
   if (a.ndim != b.ndim || a.dtype.bits != b.dtype.bits || a.dtype.lanes != b.dtype.lanes || es <= 0)
@@ -126,23 +135,25 @@ bool may_share_an_element(const DLTensor& a, const DLTensor& b) {
   const int64_t delta_bytes =
       (static_cast<const char*>(b.data) + b.byte_offset) - (static_cast<const char*>(a.data) + a.byte_offset);
   if (delta_bytes % es != 0) return true;
-  std::array<std::pair<int64_t, int64_t>, 64> dims;
+  std::array<StepRange, 64> dims;
   int n = 0;
   int64_t ca = 1, cb = 1;
   for (int d = a.ndim - 1; d >= 0; --d) {
     const int64_t sa = stride_of(a, d, ca), sb = stride_of(b, d, cb);
     ca *= a.shape[d];
     cb *= b.shape[d];
-    if (a.shape[d] != b.shape[d] || sa != sb || sa <= 0) return true;
-    if (a.shape[d] > 1) dims[static_cast<size_t>(n++)] = {sa, a.shape[d]};
+    if (a.shape[d] == 1 && b.shape[d] == 1) continue;  // k = 0 whatever the strides
+    if (sa != sb || sa <= 0) return true;
+    dims[static_cast<size_t>(n++)] = {sa, -(b.shape[d] - 1), a.shape[d] - 1};
   }
-  std::sort(dims.begin(), dims.begin() + n, [](const auto& x, const auto& y) { return x.first > y.first; });
+  std::sort(dims.begin(), dims.begin() + n,
+            [](const StepRange& x, const StepRange& y) { return x.stride > y.stride; });
   std::array<int64_t, 65> rest;
   rest[static_cast<size_t>(n)] = 0;
-  for (int i = n - 1; i >= 0; --i)
-    rest[static_cast<size_t>(i)] =
-        rest[static_cast<size_t>(i + 1)] +
-        (dims[static_cast<size_t>(i)].second - 1) * dims[static_cast<size_t>(i)].first;
+  for (int i = n - 1; i >= 0; --i) {
+    const StepRange& d = dims[static_cast<size_t>(i)];
+    rest[static_cast<size_t>(i)] = rest[static_cast<size_t>(i + 1)] + std::max(d.kmax, -d.kmin) * d.stride;
+  }
   int budget = 64;
   return reachable(delta_bytes / es, dims, rest, 0, n, &budget);
 }

@@ -22,8 +22,10 @@ namespace npub {
 //   on kernels that declare NPUB_KERNEL_ALIAS_SAFE (elementwise kernels
 //   are); no other kernel is eligible, so the call falls back;
 // - views whose memory ranges interleave but which provably share no
-//   element (one layout at offsets no index difference reaches: x[:, 0]
-//   and x[:, 1], x[::2] and x[1::2]) do not overlap;
+//   element (the same strides, at offsets no index difference reaches:
+//   x[:, 0] and x[:, 1], x[::2] and x[1::2], and column slices of different
+//   widths such as the query and key of one qkv projection, which vLLM's
+//   rotary_embedding writes in one call) do not overlap;
 // - any other overlap (strided views that may share elements, two written
 //   tensors sharing memory) is one ATen does not judge either: no kernel is
 //   eligible and the host framework's implementation serves it.

@@ -512,6 +512,24 @@ TEST_F(DispatcherTest, WrittenTensorsThatShareMemoryWithInputs) {
        {tensor_value(even.dl()), tensor_value(odd.dl()), int_value(1), tensor_value(even.dl())});
   expect_values(y, {3, 2, 7, 4});
   EXPECT_EQ(host.served.size(), served);
+  // Column slices of different widths of one matrix (qkv[:, 0:2] written,
+  // qkv[:, 2:3] read and broadcast, of a [2, 4]): interleaved, no shared
+  // element; the kernel serves them. Written qkv[:, 1:3] does share one
+  // with qkv[:, 2:3]: the fallback serves that.
+  Tensor qkv = f32({2, 4}, {1, 2, 3, 4, 5, 6, 7, 8});
+  Tensor q2 = qkv.as_strided({2, 2}, {4, 1}, 0), k1 = qkv.as_strided({2, 1}, {4, 1}, 2);
+  Tensor ones = f32({2, 2}, {1, 1, 1, 1});
+  call("aten::add.out",
+       {tensor_value(ones.dl()), tensor_value(k1.dl()), int_value(1), tensor_value(q2.dl())});
+  expect_values(qkv, {4, 4, 3, 4, 8, 8, 7, 8});
+  EXPECT_EQ(host.served.size(), served);
+  Tensor q12 = qkv.as_strided({2, 2}, {4, 1}, 1);
+  // (the test host's fallback takes equal shapes only: its refusal shows the call reached it)
+  EXPECT_EQ(error_of([&] {
+              call("aten::add.out",
+                   {tensor_value(ones.dl()), tensor_value(k1.dl()), int_value(1), tensor_value(q12.dl())});
+            }),
+            "reference host: same shapes only");
   // Strided views that do share elements (x[0:3:2] and x[2:5:2]) and are
   // not dense: a case ATen does not judge; no kernel, the fallback serves it.
   Tensor z = f32({5}, {1, 2, 3, 4, 5});

@@ -38,11 +38,35 @@ void act_and_mul_meta(Call& call) {
 struct Silu {
   static VLLM_LIKE_INLINE float apply(float x) { return x * plugin_kernels::sigmoid(x); }
 };
-// x * Phi(x) with Phi(x) = erfc(-x / sqrt 2) / 2: unlike 1 + erf(x / sqrt 2)
-// it does not cancel for negative x, so the result keeps its relative
-// accuracy where it is small. (A libm call: this loop stays scalar.)
+// x * Phi(x) with Phi(x) = erfc(z) / 2, z = -x / sqrt 2: unlike
+// 1 + erf(x / sqrt 2) it does not cancel for negative x, so the result keeps
+// its relative accuracy where it is small. erfc without libm (a libm call
+// keeps the loop scalar): erfc(a) = e^(-a^2) * R(a) for a = |z|, with
+// R(a) = e^(a^2) erfc(a) = t P(t), t = 1 / (1 + a / 2), P of degree 10
+// fitted here for relative error (3.4e-9 in exact arithmetic over a in
+// [0, 10], about 5 float32 ulps evaluated in float32); erfc(z) = 2 -
+// erfc(a) for z < 0. Below a = 9.34 e^(-a^2) is subnormal and flushes to 0
+// (exp_nonpositive), where x Phi(x) is below 1e-38 |x|.
 struct GeluErf {
-  static VLLM_LIKE_INLINE float apply(float x) { return 0.5f * x * std::erfc(-x * 0.70710678118654752f); }
+  static VLLM_LIKE_INLINE float apply(float x) {
+    const float z = -x * 0.70710678118654752f;
+    const float a = std::fabs(z);
+    const float t = 1.0f / (1.0f + 0.5f * a);
+    float p = 0.035374365746974945f;
+    p = p * t - 0.18870006501674652f;
+    p = p * t + 0.37534254789352417f;
+    p = p * t - 0.28047487139701843f;
+    p = p * t - 0.030664704740047455f;
+    p = p * t + 0.04091827571392059f;
+    p = p * t + 0.05253898724913597f;
+    p = p * t + 0.18624983727931976f;
+    p = p * t + 0.2450636476278305f;
+    p = p * t + 0.28226396441459656f;
+    p = p * t + 0.2820880115032196f;
+    const float e = plugin_kernels::exp_nonpositive(-a * a) * (t * p);
+    const float erfc = z >= 0.0f ? e : 2.0f - e;
+    return 0.5f * x * erfc;
+  }
 };
 // 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), computed as
 // x * sigmoid(2u) (the same function: 1 + tanh(u) = 2 sigmoid(2u)), which

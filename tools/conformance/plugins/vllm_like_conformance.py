@@ -48,9 +48,13 @@ def _act_and_mul_samples(dtype):
     yield testing.Sample(torch.empty(4, 2, dtype=dtype), torch.randn(4, 5, dtype=dtype), name="odd last dim (error)")
 
 
-testing.reference("vllm_like::gelu_and_mul")(_act_and_mul(F.gelu))
+# x Phi(x) through erfc, not F.gelu's 0.5 x (1 + erf(x / sqrt 2)), which cancels to 0 below x = -8.3 even in
+# the float64 run
+testing.reference("vllm_like::gelu_and_mul")(_act_and_mul(lambda x: 0.5 * x * torch.special.erfc(-x * 0.5 ** 0.5)))
 testing.samples("vllm_like::gelu_and_mul")(_act_and_mul_samples)
-testing.reference("vllm_like::gelu_tanh_and_mul")(_act_and_mul(lambda x: F.gelu(x, approximate="tanh")))
+# 0.5 x (1 + tanh(u)) as x sigmoid(2u), the same function without the cancellation for negative x
+testing.reference("vllm_like::gelu_tanh_and_mul")(
+    _act_and_mul(lambda x: x * torch.sigmoid(1.5957691216057308 * (x + 0.044715 * x ** 3))))
 testing.samples("vllm_like::gelu_tanh_and_mul")(_act_and_mul_samples)
 
 _NORM_SHAPES = ((4, 16), (2, 3, 64), (5, 7), (0, 8), (64, 2048))
