@@ -1,4 +1,4 @@
-"""npubridge.vllm's speed and memory figures (issue #16), in one run; each
+"""npubridge.vllm's speed and memory figures, all measured in one run; each
 figure is printed with its target and whether it was met.
 
 - KV memory utilisation (live tokens / allocated token slots) on a
@@ -333,8 +333,9 @@ def bench_throughput(quick, model):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller model and workload (a smoke test)")
+    parser = argparse.ArgumentParser(prog="python3 -m npubridge.vllm.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a smaller model and workload: a smoke test, under ~2 minutes")
     parser.add_argument("--json", metavar="PATH", help="write the figures to this JSON file")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
