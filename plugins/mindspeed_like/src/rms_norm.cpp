@@ -103,12 +103,7 @@ template <typename S>
 MINDSPEED_LIKE_INLINE typename S::T normalise_row(const typename S::E* __restrict x,
                                                   const typename S::E* __restrict g,
                                                   typename S::E* __restrict y, int64_t n, double eps) {
-  using T = typename S::T;
-  const T ss = blocked_sum<T>(n, [&](int64_t i) {
-    const T v = S::load(x[i]);
-    return v * v;
-  });
-  const T inv = static_cast<T>(1.0 / std::sqrt(static_cast<double>(ss) / static_cast<double>(n) + eps));
+  const typename S::T inv = plugin_kernels::inverse_rms<S>(x, n, eps);
   for (int64_t i = 0; i < n; ++i) y[i] = S::store(S::load(x[i]) * inv * S::load(g[i]));
   return inv;
 }

@@ -75,12 +75,7 @@ struct NormArgs {
 template <typename S>
 VLLM_LIKE_INLINE void normalise_row(const typename S::E* h, const typename S::E* __restrict w,
                                     typename S::E* out, int64_t n, double eps) {
-  using T = typename S::T;
-  const T ss = plugin_kernels::blocked_sum<T>(n, [&](int64_t i) {
-    const T v = S::load(h[i]);
-    return v * v;
-  });
-  const T inv = static_cast<T>(1.0 / std::sqrt(static_cast<double>(ss) / static_cast<double>(n) + eps));
+  const typename S::T inv = plugin_kernels::inverse_rms<S>(h, n, eps);
   for (int64_t i = 0; i < n; ++i) out[i] = S::store(S::load(S::store(S::load(h[i]) * inv)) * S::load(w[i]));
 }
 

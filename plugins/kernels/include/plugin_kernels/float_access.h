@@ -85,6 +85,19 @@ PLUGIN_KERNELS_INLINE T blocked_sum(int64_t n, F&& f) {
   return acc[0];
 }
 
+// 1 / sqrt(mean(x^2) + eps) of a row of n elements of element struct S
+// (RMSNorm's rstd): the squares summed in S::T by blocked_sum, the mean,
+// the epsilon and the square root in double, rounded once to S::T.
+template <typename S>
+PLUGIN_KERNELS_INLINE typename S::T inverse_rms(const typename S::E* x, int64_t n, double eps) {
+  using T = typename S::T;
+  const T ss = blocked_sum<T>(n, [&](int64_t i) {
+    const T v = S::load(x[i]);
+    return v * v;
+  });
+  return static_cast<T>(1.0 / std::sqrt(static_cast<double>(ss) / static_cast<double>(n) + eps));
+}
+
 // exp(x) for float without a libm call (std::exp keeps a loop scalar), for
 // x <= 0 (what sigmoid's exp(-|x|) takes): x = n ln2 + r, |r| <= ln2 / 2,
 // ln2 split in two for the reduction; e^r by its degree-6 Taylor polynomial
