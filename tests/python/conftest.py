@@ -1,3 +1,7 @@
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -50,3 +54,14 @@ def assert_same_outcome(name, case, equal_nan=False):
     else:
         assert npu[0] is cpu[0], f"{name}: the cpu raised {cpu}, the npu gave {npu}"
         assert cpu[1] in npu[1], f"{name}: {npu[1]!r} does not carry ATen's {cpu[1]!r}"
+
+
+def plugins_loaded_with(**env):
+    """(names of the loaded plugins, npubridge.load_failures() as text) of a
+    fresh Python that imports npubridge with `env` added to the environment."""
+    code = "import torch, npubridge; print([p['name'] for p in npubridge.plugins()]); print(npubridge.load_failures())"
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", code],
+                       env=dict(os.environ, NPUB_LOG_LEVEL="error", **env), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    names, failures = r.stdout.strip().splitlines()
+    return names, failures

@@ -2,15 +2,13 @@
 in float64 through each op's derivative, AdamW against torch.optim.AdamW, and
 the ops' error messages verbatim. Their samples against ATen references are
 in tools/conformance/plugins/mindspeed_like_conformance.py."""
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import npubridge
+from conftest import plugins_loaded_with
 
 ops = torch.ops.mindspeed_like
 PREFIX = "op 'mindspeed_like::{op}' failed in the kernel of plugin 'mindspeed_like': mindspeed_like::{op}: "
@@ -298,11 +296,6 @@ def test_written_arguments_get_their_versions_bumped():
 # --- NPUB_MINDSPEED_MAX_ISA ---
 
 def test_a_bad_isa_cap_rejects_mindspeed_like_only():
-    code = "import torch, npubridge; print([p['name'] for p in npubridge.plugins()]); print(npubridge.load_failures())"
-    env = dict(os.environ, NPUB_MINDSPEED_MAX_ISA="sse9", NPUB_LOG_LEVEL="error")
-    r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    names, failures = r.stdout.strip().splitlines()
+    names, failures = plugins_loaded_with(NPUB_MINDSPEED_MAX_ISA="sse9")
     assert "mindspeed_like" not in names and "cann_like" in names
     assert "NPUB_MINDSPEED_MAX_ISA: expected one of baseline, avx2, avx512 (or unset) but found 'sse9'" in failures

@@ -4,14 +4,12 @@ contiguous K/V the paged cache holds (GQA, alibi, block sizes 8/16/32,
 lengths 0, 1 and across partitions, shuffled blocks), with error bounds
 derived from the float32 computation; v2's partition statistics; errors by
 message."""
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import npubridge
+from conftest import plugins_loaded_with
 from npubridge.vllm import _custom_ops as ops
 
 pytestmark = pytest.mark.skipif(not any(p["name"] == "vllm_like" for p in npubridge.plugins()),
@@ -284,11 +282,6 @@ def test_v2_refuses_too_few_partitions():
 
 
 def test_a_bad_isa_cap_rejects_vllm_like_only():
-    code = "import torch, npubridge; print([p['name'] for p in npubridge.plugins()]); print(npubridge.load_failures())"
-    env = dict(os.environ, NPUB_VLLM_MAX_ISA="sse9", NPUB_LOG_LEVEL="error")
-    r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    names, failures = r.stdout.strip().splitlines()
+    names, failures = plugins_loaded_with(NPUB_VLLM_MAX_ISA="sse9")
     assert "vllm_like" not in names and "mindspeed_like" in names
     assert "NPUB_VLLM_MAX_ISA: expected one of baseline, avx2, avx512 (or unset) but found 'sse9'" in failures
