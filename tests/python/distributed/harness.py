@@ -20,6 +20,8 @@ the suite. `expect_exit={rank: code}` marks ranks that are meant to die
 """
 import multiprocessing as mp
 import os
+import pickle
+import queue as queue_module
 import socket
 import sys
 import time
@@ -48,7 +50,9 @@ def _rank_main(fn, rank, world_size, port, env, args, queue):
         torch.set_num_threads(1)
         import npubridge  # noqa: F401
         value = fn(rank, world_size, *args)
-        queue.put((rank, "ok", value))
+        # Plain pickle copies tensors' data: the queue's own pickler would
+        # send them through shared memory, which dies with this process.
+        queue.put((rank, "ok", pickle.dumps(value)))
     except BaseException:  # noqa: BLE001  (reported to the parent)
         queue.put((rank, "raised", traceback.format_exc()))
     finally:
@@ -75,8 +79,8 @@ def run_ranks(fn, world_size=2, timeout=120.0, env=None, args=(), expect_exit=No
     while len(outcome) < world_size and time.monotonic() < deadline:
         try:
             rank, kind, value = queue.get(timeout=0.2)
-            outcome[rank] = (kind, value)
-        except Exception:  # noqa: BLE001  (queue.Empty)
+            outcome[rank] = (kind, pickle.loads(value) if kind == "ok" else value)
+        except queue_module.Empty:
             pass
         for r, p in enumerate(procs):
             if r not in outcome and p.exitcode is not None and queue.empty():
