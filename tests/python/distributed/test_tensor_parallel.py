@@ -85,6 +85,19 @@ def _body(rank, world_size):
         "b2.grad": _check("b2.grad", tp[2].bias.grad.full_tensor(), ref[2].bias.grad,
                           2 * _gamma(batch) * gc.abs().sum(0)),
     }
+    # DTensor's redistributions are torch.ops._c10d_functional collectives
+    # on the group of the mesh; on npu int64 tensors they are exact: a sum
+    # of 0..n-1 plus the rank, each rank's block, each rank's sum of blocks.
+    import torch.distributed._functional_collectives as funcol
+    t = torch.arange(6, dtype=torch.int64, device=dev) + rank
+    s = funcol.all_reduce(t, "sum", mesh)
+    gathered = funcol.all_gather_tensor(t, 0, mesh)
+    scattered = funcol.reduce_scatter_tensor(torch.arange(4, dtype=torch.int64, device=dev) * (rank + 1), "sum", 0, mesh)
+    base = torch.arange(6, dtype=torch.int64)
+    assert torch.equal(s.cpu(), 2 * base + 1) and s.device == dev
+    assert torch.equal(gathered.cpu(), torch.cat([base, base + 1]))
+    assert torch.equal(scattered.cpu(), 3 * torch.arange(4, dtype=torch.int64)[2 * rank:2 * rank + 2])
+
     # Every rank ends with the same replicated output and input gradient.
     for t in (y_tp.detach(), x_tp.grad):
         gathered = [torch.empty_like(t) for _ in range(world_size)]
