@@ -91,8 +91,12 @@ std::string CollectiveEngine::broken_reason() const {
 
 std::exception_ptr CollectiveEngine::transport_error(const Job& job, const char* stage,
                                                      std::exception_ptr cause) {
+  std::string why = what_of(std::move(cause));
+  // gloo says "Operation timed out!", and nothing of whom it waited for.
+  if (why.find("timed out") != std::string::npos || why.find("Timed out") != std::string::npos)
+    why = c10::str("no answer within the group's timeout of ", timeout().count(), " ms (", why, ")");
   const std::string msg = c10::str("npu backend: ", job.what, " failed ", stage, " on rank ", rank_, " of ",
-                                   size_, " (peer ", job.peers, "): ", what_of(std::move(cause)));
+                                   size_, " (peer ", job.peers, "): ", why);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_.empty()) broken_ = msg;
