@@ -151,8 +151,8 @@ def test_foreach_ops_of_the_optimizers_equal_the_cpu(dtype):
                 assert_judged(g, h, w, name)
     # _foreach_maximum_ (AdamW's amsgrad) and _foreach_norm (clip_grad_norm_)
     # reach clamp_min.Tensor and linalg_vector_norm, which the plugins do
-    # not serve: the CPU fallback runs them (correct, as checked here, and no
-    # slower on the simulated device than a kernel: its memory is host memory).
+    # not serve: the CPU fallback runs them (correct, as checked here; the
+    # cost is a copy of each tensor to the host, once per step).
     # Gradient clipping's norm: a sum, whose order may differ; a float32
     # sum of n squares in any order is within n * eps of the exact one
     # (relative, all terms positive), the bf16 ones are summed in float32.
