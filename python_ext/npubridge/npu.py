@@ -236,12 +236,22 @@ class Stream(torch.Stream):
     (the one torch.Stream(device="npu") draws from); priority is accepted
     and ignored (the simulated streams have none)."""
 
-    def __new__(cls, device=None, priority: int = 0, _stream_id=None, **kwargs):
+    def __new__(cls, device=None, priority: int = 0, _stream_id=None, *, stream_id=None, device_index=None,
+                device_type=None):
+        # stream_id/device_index/device_type: an existing stream, as
+        # torch.Stream and torch.cuda.Stream take them back (torch.compile
+        # rebuilds the streams it traced that way).
+        if stream_id is not None:
+            if device_type is not None and device_type != _NPU_DEVICE_TYPE:
+                raise ValueError(f"torch.npu.Stream: expected device_type {_NPU_DEVICE_TYPE} (npu) but found "
+                                 f"{device_type}")
+            index = _checked_index(device_index if device_index is not None else device, "torch.npu.Stream")
+            return super().__new__(cls, stream_id=stream_id, device_index=index, device_type=_NPU_DEVICE_TYPE)
         index = _index(device)
         stream_id = _C.stream_new(index) if _stream_id is None else _stream_id
         return super().__new__(cls, stream_id=stream_id, device_index=index, device_type=_NPU_DEVICE_TYPE)
 
-    def __init__(self, device=None, priority: int = 0, _stream_id=None, **kwargs):
+    def __init__(self, *args, **kwargs):
         pass
 
     def record_event(self, event=None):

@@ -176,6 +176,12 @@ def test_npu_streams_and_events_are_torch_streams_and_events():
         start.elapsed_time(3)
     with pytest.raises(RuntimeError, match="enable_timing"):
         torch.npu.Event().elapsed_time(end)
+    # An existing stream, by the fields torch.Stream reports (how
+    # torch.compile rebuilds the streams it traced).
+    again = torch.npu.Stream(stream_id=side.stream_id, device_index=side.device_index, device_type=side.device_type)
+    assert again == side and isinstance(again, torch.npu.Stream)
+    with pytest.raises(ValueError, match="torch.npu.Stream: expected device_type 20 \\(npu\\) but found 1"):
+        torch.npu.Stream(stream_id=1, device_index=0, device_type=1)
     # A stream of the second device, made by either API, is that device's.
     s1 = torch.npu.Stream("npu:1")
     assert s1.device == torch.device("npu:1")
