@@ -140,6 +140,7 @@ def test_npu_streams_and_events_are_torch_streams_and_events():
     # torch.accelerator.current_stream() (and the reverse); DDP uses
     # torch.Stream(). Both spellings must be the same objects to torch.
     A = torch.accelerator
+    assert torch.get_device_module("npu") is torch.npu  # what FSDP2 and DeviceMesh look up
     side = torch.npu.Stream(priority=-1)
     assert isinstance(side, torch.Stream) and isinstance(torch.npu.Event(), torch.Event)
     assert torch.npu.current_stream() == A.current_stream() == torch.npu.default_stream()
