@@ -49,14 +49,14 @@ def _equal_across_ranks(t, world_size):
     return all(torch.equal(gathered[0].cpu(), g.cpu()) for g in gathered)
 
 
-def _body(rank, world_size, check_no_sync):
+def _body(rank, world_size, check_no_sync, backend):
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.npu.set_device(int(os.environ["LOCAL_RANK"]) % torch.npu.device_count())
     dev = torch.device("npu", torch.npu.current_device())
-    dist.init_process_group("npu")
+    dist.init_process_group(backend)
     torch.manual_seed(0)  # the same data and initial weights on every rank
     x, y = torch.randn(BATCH, 16), torch.randint(0, 4, (BATCH,))
     init = _make_model().state_dict()
@@ -78,7 +78,8 @@ def _body(rank, world_size, check_no_sync):
     assert all(grads_equal), grads_equal
     # The buckets DDP rebuilt after the first step (in backward order).
     log = ddp._get_ddp_logging_data()
-    result = {"device": str(dev), "buckets": [int(b) for b in log["rebuilt_bucket_sizes"].split(",")],
+    result = {"device": str(dev), "backend": dist.get_backend(),
+              "buckets": [int(b) for b in log["rebuilt_bucket_sizes"].split(",")],
               "buckets_reduced": log.get("num_buckets_reduced")}
 
     no_sync_grad = None
@@ -125,12 +126,15 @@ def _check(results, world_size, check_no_sync):
 
 
 def test_ddp_with_a_device_per_rank_trains_to_the_full_batch_weights():
-    results = run_ranks(_body, world_size=2, timeout=120, env={"NPUB_SIM_DEVICES": "2"}, args=(True,))
-    assert [r["device"] for r in results] == ["npu:0", "npu:1"]
+    results = run_ranks(_body, world_size=2, timeout=120, env={"NPUB_SIM_DEVICES": "2"}, args=(True, "npu"))
+    assert [r["device"] for r in results] == ["npu:0", "npu:1"] and results[0]["backend"] == "npu"
     _check(results, 2, True)
 
 
 def test_ddp_with_two_ranks_on_one_shared_device():
-    results = run_ranks(_body, world_size=2, timeout=120, env={"NPUB_SIM_DEVICES": "1"}, args=(False,))
+    # (and the other spelling of the backend, CPU tensors over gloo beside it)
+    results = run_ranks(_body, world_size=2, timeout=120, env={"NPUB_SIM_DEVICES": "1"},
+                        args=(False, "cpu:gloo,npu:npu"))
     assert [r["device"] for r in results] == ["npu:0", "npu:0"]
+    assert results[0]["backend"] == "cpu:gloo,npu:npu"
     _check(results, 2, False)
