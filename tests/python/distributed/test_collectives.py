@@ -247,6 +247,13 @@ def _check_p2p_and_async(rank, world):
     w2.wait()
     w1.wait()
     _same(t, torch.full((4,), 12.0), "two async all_reduce on one tensor")
+    # Overlapping views of one buffer are ordered too; disjoint ones need not be.
+    buf = torch.ones(8, device=NPU)
+    ws = [dist.all_reduce(buf[0:4], async_op=True), dist.all_reduce(buf[2:6], async_op=True),
+          dist.all_reduce(buf[6:8], async_op=True)]
+    for w in ws:
+        w.wait()
+    _same(buf, torch.tensor([2.0, 2, 4, 4, 2, 2, 2, 2]), "async all_reduce on overlapping views")
     # Coalesced fast paths (_coalescing_manager): all_gather_into_tensor and
     # reduce_scatter_tensor on lists.
     a, b = _values(rank, (3,), torch.float32, 43).to(NPU), _values(rank, (2,), torch.float32, 44).to(NPU)
