@@ -3,6 +3,7 @@
 // statistics and settings, the precision check and the registry's ops, for
 // the npubridge package. The only file of npubridge._C that includes
 // <torch/extension.h>.
+#include <torch/csrc/Event.h>
 #include <torch/extension.h>
 
 #include <npubridge/dispatcher/runtime.h>
@@ -20,7 +21,6 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <sstream>
 #include <string>
 
@@ -30,18 +30,6 @@
 
 namespace py = pybind11;
 using namespace npub;
-
-namespace {
-std::mutex g_events_mu;
-std::map<int64_t, sim::Event> g_events;
-int64_t g_next_event = 1;
-sim::Event& event_at(int64_t id) {
-  std::lock_guard<std::mutex> lock(g_events_mu);
-  auto it = g_events.find(id);
-  if (it == g_events.end()) throw py::value_error("unknown npu event " + std::to_string(id));
-  return it->second;
-}
-}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "npubridge: PyTorch on the simulated NPU through acceleration-library plugins";
@@ -76,7 +64,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_rng_state", [](int d, uint64_t seed, uint64_t offset) {
     Runtime::global().devices().at(d).set_philox_state({seed, offset});
   });
-  // Streams (by id within their device) and events (by id).
+  // Streams, by id within their device.
   // torch.npu.Stream() draws from the pool torch.Stream(device="npu") uses.
   m.def("stream_new", [](int d) { return Runtime::global().devices().at(d).pooled_stream().id(); });
   m.def("stream_synchronize", [](int d, int id) {
@@ -89,29 +77,20 @@ PYBIND11_MODULE(_C, m) {
     dev.set_current_stream(dev.stream(id));
   });
   m.def("current_stream", [](int d) { return Runtime::global().devices().at(d).current_stream().id(); });
-  m.def("stream_wait_event", [](int d, int id, int64_t ev) {
-    Runtime::global().devices().at(d).stream(id).wait_event(event_at(ev));
+  // torch.npu.Event.elapsed_time: torch.Event's own refuses a subclass
+  // (it compares the exact type), so torch.npu.Event, a torch.Event, times
+  // its c10::Event here; the events themselves are the device guard's
+  // (runtime/guard.cpp).
+  m.def("event_elapsed_ms", [](py::handle start, py::handle end) {
+    for (py::handle e : {start, end}) {
+      if (!THPEvent_Check(e.ptr())) {
+        throw py::type_error(std::string("torch.npu.Event.elapsed_time: expected a torch.Event but found ") +
+                             Py_TYPE(e.ptr())->tp_name);
+      }
+    }
+    return reinterpret_cast<THPEvent*>(start.ptr())
+        ->event.elapsedTime(reinterpret_cast<THPEvent*>(end.ptr())->event);
   });
-  m.def("event_new", [] {
-    std::lock_guard<std::mutex> lock(g_events_mu);
-    const int64_t id = g_next_event++;
-    g_events.emplace(id, sim::Event());
-    return id;
-  });
-  m.def("event_destroy", [](int64_t id) {
-    std::lock_guard<std::mutex> lock(g_events_mu);
-    g_events.erase(id);
-  });
-  m.def("event_record",
-        [](int64_t ev, int d, int id) { event_at(ev).record(Runtime::global().devices().at(d).stream(id)); });
-  m.def("event_query", [](int64_t ev) { return event_at(ev).query(); });
-  m.def("event_synchronize", [](int64_t ev) {
-    sim::Event& e = event_at(ev);
-    py::gil_scoped_release nogil;
-    e.synchronize();
-  });
-  m.def("event_elapsed_ms",
-        [](int64_t start, int64_t end) { return event_at(start).elapsed_ms(event_at(end)); });
   m.def("memory_stats", [](int d) {
     const auto s = Runtime::global().devices().at(d).allocator().stats();
     py::dict r;

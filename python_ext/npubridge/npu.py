@@ -200,70 +200,65 @@ def seed_all() -> None:
         _C.manual_seed(i, first.initial_seed())
 
 
-class Event:
-    """A marker in an npu stream (record, query, synchronize, elapsed_time)."""
+# c10's number for PrivateUse1, the device type of npu streams and events.
+_NPU_DEVICE_TYPE = 20
+
+
+class Event(torch.Event):
+    """A marker in an npu stream (record, query, synchronize, wait,
+    elapsed_time). A torch.Event, as torch.cuda.Event is: torch.Stream and
+    torch.accelerator.current_stream() take it (FSDP2 waits torch.npu
+    events on torch.accelerator streams and the reverse), and its methods are
+    the device guard's (python_ext/csrc/runtime/guard.cpp), whose events
+    are the simulator's."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        return super().__new__(cls, device="npu", enable_timing=enable_timing, blocking=blocking,
+                               interprocess=interprocess)
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        self.event_id = _C.event_new()
         self.enable_timing = enable_timing
 
-    def record(self, stream=None):
-        stream = stream if stream is not None else current_stream()
-        _C.event_record(self.event_id, stream.device_index, stream.stream_id)
-
-    def query(self) -> bool:
-        return _C.event_query(self.event_id)
-
-    def synchronize(self) -> None:
-        _C.event_synchronize(self.event_id)
-
-    def wait(self, stream=None) -> None:
-        (stream if stream is not None else current_stream()).wait_event(self)
-
     def elapsed_time(self, end_event) -> float:
-        return _C.event_elapsed_ms(self.event_id, end_event.event_id)
+        # torch.Event.elapsed_time takes only an exact torch.Event.
+        return _C.event_elapsed_ms(self, end_event)
 
-    def __del__(self):
-        try:
-            _C.event_destroy(self.event_id)
-        except Exception:  # interpreter shutdown
-            pass
+    def __repr__(self):
+        return f"<torch.npu.Event {self.event_id:#x}>"
 
 
-class Stream:
+class Stream(torch.Stream):
     """An npu stream: work on it runs in order; `with torch.npu.stream(s)`
-    makes it the current stream that kernels are ordered on."""
+    (or `with s`) makes it the current stream that kernels are ordered on.
+    A torch.Stream, as torch.cuda.Stream is, so that torch.Stream,
+    torch.Event and torch.accelerator take it and equal streams compare
+    equal whichever API made them. New streams come from the device's pool
+    (the one torch.Stream(device="npu") draws from); priority is accepted
+    and ignored (the simulated streams have none)."""
 
-    def __init__(self, device=None, priority: int = 0, _stream_id=None):
-        self.device_index = _index(device)
-        self.stream_id = _C.stream_new(self.device_index) if _stream_id is None else _stream_id
+    def __new__(cls, device=None, priority: int = 0, _stream_id=None, *, stream_id=None, device_index=None,
+                device_type=None):
+        # stream_id/device_index/device_type: an existing stream, as
+        # torch.Stream and torch.cuda.Stream take them back (torch.compile
+        # rebuilds the streams it traced that way).
+        if stream_id is not None:
+            if device_type is not None and device_type != _NPU_DEVICE_TYPE:
+                raise ValueError(f"torch.npu.Stream: expected device_type {_NPU_DEVICE_TYPE} (npu) but found "
+                                 f"{device_type}")
+            index = _checked_index(device_index if device_index is not None else device, "torch.npu.Stream")
+            return super().__new__(cls, stream_id=stream_id, device_index=index, device_type=_NPU_DEVICE_TYPE)
+        index = _index(device)
+        stream_id = _C.stream_new(index) if _stream_id is None else _stream_id
+        return super().__new__(cls, stream_id=stream_id, device_index=index, device_type=_NPU_DEVICE_TYPE)
 
-    @property
-    def device(self):
-        return torch.device("npu", self.device_index)
-
-    def synchronize(self) -> None:
-        _C.stream_synchronize(self.device_index, self.stream_id)
-
-    def query(self) -> bool:
-        return _C.stream_query(self.device_index, self.stream_id)
-
-    def wait_event(self, event) -> None:
-        _C.stream_wait_event(self.device_index, self.stream_id, event.event_id)
-
-    def wait_stream(self, stream) -> None:
-        self.wait_event(stream.record_event())
+    def __init__(self, *args, **kwargs):
+        pass
 
     def record_event(self, event=None):
+        # A torch.npu.Event, as torch.cuda.Stream's is a torch.cuda.Event.
         event = event if event is not None else Event()
         event.record(self)
         return event
-
-    def __eq__(self, other):
-        return isinstance(other, Stream) and (self.device_index, self.stream_id) == (other.device_index, other.stream_id)
-
-    def __hash__(self):
-        return hash((self.device_index, self.stream_id))
 
     def __repr__(self):
         return f"<torch.npu.Stream device=npu:{self.device_index} id={self.stream_id}>"
@@ -297,6 +292,12 @@ def stream(stream: Stream):
 
 def get_amp_supported_dtype():
     return [torch.float16, torch.bfloat16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """As torch.cuda.is_bf16_supported (libraries ask it before choosing a
+    bf16 mixed-precision policy): the kernels take bf16 natively."""
+    return is_available()
 
 
 def _is_in_bad_fork() -> bool:

@@ -1,7 +1,8 @@
 """torch.npu's device calls as torch.cuda has them: init, is_initialized,
 get_device_properties / get_device_capability (the simulated device's
 capacity and compute threads), torch.accelerator.get_device_capability,
-and the seeding functions."""
+the seeding functions, and torch.npu.Stream/Event as torch.Stream/Event
+(what DDP and FSDP2 mix)."""
 import os
 import subprocess
 import sys
@@ -132,3 +133,63 @@ def test_seed_and_seed_all_draw_a_fresh_seed_as_torch_cuda():
     a = _draws("npu:0")
     torch.npu.manual_seed(s)
     assert torch.equal(a, _draws("npu:0"))
+
+
+def test_npu_streams_and_events_are_torch_streams_and_events():
+    # FSDP2 makes torch.npu.Stream()/Event() and waits them on
+    # torch.accelerator.current_stream() (and the reverse); DDP uses
+    # torch.Stream(). Both spellings must be the same objects to torch.
+    A = torch.accelerator
+    assert torch.get_device_module("npu") is torch.npu  # what FSDP2 and DeviceMesh look up
+    side = torch.npu.Stream(priority=-1)
+    assert isinstance(side, torch.Stream) and isinstance(torch.npu.Event(), torch.Event)
+    assert torch.npu.current_stream() == A.current_stream() == torch.npu.default_stream()
+    assert hash(torch.npu.current_stream()) == hash(A.current_stream())
+    with torch.npu.stream(side):
+        assert A.current_stream() == side and torch.npu.current_stream() == side
+    with torch.Stream(device="npu") as other:
+        assert torch.npu.current_stream() == other
+    assert A.current_stream().stream_id == 0
+    # Ordering through the mixed APIs: a product on the side stream, the
+    # default stream waiting a torch.npu.Event through torch.accelerator, and
+    # a torch.npu stream waiting a torch.accelerator stream.
+    a = torch.randn(256, 256, device="npu")
+    side.wait_stream(A.current_stream())
+    with torch.npu.stream(side):
+        start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
+        start.record()
+        b = a @ a
+        end.record()
+        done = side.record_event()
+    assert isinstance(done, torch.npu.Event)
+    A.current_stream().wait_event(done)
+    c = b + 1
+    torch.npu.current_stream().wait_stream(A.current_stream())
+    assert torch.equal(c.cpu(), (b.cpu() + 1))
+    end.synchronize()
+    assert end.query() and start.elapsed_time(end) > 0
+    # torch.Event.elapsed_time takes only its exact type; torch.npu's takes both.
+    t = torch.Event(device="npu", enable_timing=True)
+    t.record()
+    t.synchronize()
+    assert start.elapsed_time(t) >= start.elapsed_time(end)
+    with pytest.raises(TypeError, match="elapsed_time: expected a torch.Event but found int"):
+        start.elapsed_time(3)
+    with pytest.raises(RuntimeError, match="enable_timing"):
+        torch.npu.Event().elapsed_time(end)
+    # An existing stream, by the fields torch.Stream reports (how
+    # torch.compile rebuilds the streams it traced).
+    again = torch.npu.Stream(stream_id=side.stream_id, device_index=side.device_index, device_type=side.device_type)
+    assert again == side and isinstance(again, torch.npu.Stream)
+    with pytest.raises(ValueError, match="torch.npu.Stream: expected device_type 20 \\(npu\\) but found 1"):
+        torch.npu.Stream(stream_id=1, device_index=0, device_type=1)
+    # A stream of the second device, made by either API, is that device's.
+    s1 = torch.npu.Stream("npu:1")
+    assert s1.device == torch.device("npu:1")
+    with torch.npu.device(1), torch.npu.stream(s1):
+        assert A.current_stream(1) == s1
+        assert torch.ones(2, device="npu").device == torch.device("npu:1")
+
+
+def test_is_bf16_supported_as_torch_cuda():
+    assert torch.npu.is_bf16_supported() and torch.npu.is_bf16_supported(including_emulation=False)
