@@ -28,12 +28,12 @@ TARGET_RATIO = 0.8  # npu busbw / gloo busbw, from 1 MB up (issue #17)
 TARGET_FROM = 1 << 20
 FULL_SIZES = [1 << k for k in range(10, 29, 2)]  # 1 KB, 4 KB, ..., 256 MB
 QUICK_SIZES = [4 << 10, 1 << 20, 4 << 20]
-HIDDEN, DEPTH, GLOBAL_BATCH, BUCKET_MB = 1024, 3, 256, 4
+HIDDEN, DEPTH, GLOBAL_BATCH, BUCKET_MB = 1024, 3, 512, 4
 
 
 def wide_model(hidden=HIDDEN, depth=DEPTH):
     """train_demo.py's Linear(16, h) - LayerNorm - GELU - Linear(h, 4), widened to h = 1024 with
-    `depth` Linear(h, h) - LayerNorm - GELU blocks in the middle, so that the gradients (~12.7 MB)
+    `depth` Linear(h, h) - LayerNorm - GELU blocks in the middle, so that the gradients (12.1 MB)
     fill several DDP buckets and their allreduce takes visible time."""
     import torch
     layers = [torch.nn.Linear(16, hidden), torch.nn.LayerNorm(hidden), torch.nn.GELU()]
@@ -92,7 +92,7 @@ def _reps_per_sample(nbytes):
 def _iters(nbytes, quick):
     if quick:
         return 3
-    return 15 if nbytes <= (1 << 20) else 9 if nbytes <= (16 << 20) else 5
+    return 21 if nbytes <= (1 << 20) else 11 if nbytes <= (16 << 20) else 5
 
 
 def bench_allreduce(r, sizes, quick):
@@ -199,7 +199,7 @@ def bench_ddp(r, device, quick):
     torch = r.torch
     one = _Trainer(r, device, GLOBAL_BATCH, ddp=False) if r.rank == 0 else None
     two = _Trainer(r, device, GLOBAL_BATCH // WORLD, ddp=True)
-    warm, iters = (2, 3) if quick else (3, 12)
+    warm, iters = (2, 3) if quick else (3, 15)
     comm = []
     variants = {
         "ddp": two.step,
