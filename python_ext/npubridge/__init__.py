@@ -51,6 +51,8 @@ _sdpa.install()
 sdpa_stats = _sdpa.sdpa_stats
 reset_sdpa_stats = _sdpa.reset_sdpa_stats
 
+from . import distributed  # noqa: E402,F401  (registers the torch.distributed backend "npu")
+
 
 def _quiesce_at_exit():
     # PyTorch's autograd engine runs npu backward passes on a device thread

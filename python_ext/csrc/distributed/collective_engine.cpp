@@ -1,0 +1,271 @@
+// The launcher and completer threads of one npu process group
+// (collective_engine.h).
+#include "distributed/collective_engine.h"
+
+#include <c10/util/Exception.h>
+
+#include "runtime/npu_runtime.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+namespace npub::dist {
+
+namespace {
+
+bool check_enabled() {
+  const char* v = std::getenv("NPUB_DIST_CHECK");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+std::string what_of(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(std::move(e));
+  } catch (const c10::Error& err) {
+    return err.what_without_backtrace();
+  } catch (const std::exception& err) {
+    return err.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+}  // namespace
+
+CollectiveEngine::CollectiveEngine(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size,
+                                   std::chrono::milliseconds timeout)
+    : gloo_(std::move(gloo)), rank_(rank), size_(size), check_(check_enabled()), timeout_(timeout) {
+  launcher_ = std::thread([this] { run_launcher(); });
+  completer_ = std::thread([this] { run_completer(); });
+}
+
+CollectiveEngine::~CollectiveEngine() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  launch_cv_.notify_all();
+  launcher_.join();
+  completer_.join();
+}
+
+void CollectiveEngine::submit(std::unique_ptr<Job> job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_.empty()) {
+      C10_THROW_ERROR(DistBackendError,
+                      c10::str("npu backend: ", job->what,
+                               ": the process group is unusable after an earlier failure: ", broken_));
+    }
+    pending_.push_back(std::shared_ptr<Job>(std::move(job)));
+  }
+  launch_cv_.notify_one();
+}
+
+sim::Stream& CollectiveEngine::stream(int device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = streams_.find(device);
+  if (it != streams_.end()) return *it->second;
+  // A stream of its own, not one of the device's pool, which user streams
+  // share: the launcher synchronises it after every staging copy.
+  sim::Stream* s = &torch_backend::rt().devices().at(device).create_stream();
+  streams_.emplace(device, s);
+  return *s;
+}
+
+void CollectiveEngine::set_timeout(std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(mu_);
+  timeout_ = timeout;
+}
+
+std::chrono::milliseconds CollectiveEngine::timeout() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return timeout_;
+}
+
+std::string CollectiveEngine::broken_reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return broken_;
+}
+
+std::exception_ptr CollectiveEngine::transport_error(const Job& job, const char* stage,
+                                                     std::exception_ptr cause) {
+  const std::string msg = c10::str("npu backend: ", job.what, " failed ", stage, " on rank ", rank_, " of ",
+                                   size_, " (peer ", job.peers, "): ", what_of(std::move(cause)));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_.empty()) broken_ = msg;
+  }
+  try {
+    C10_THROW_ERROR(DistBackendError, msg);
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+// Note [A collective reads after the previous ones wrote]
+// Collectives are staged in issue order but complete later, so a collective
+// whose input is the output of one still in flight (two all_reduce calls on
+// one tensor with async_op=True, as NCCL allows on its single stream) would
+// copy the input to the host before the first result landed. The launcher
+// waits for such writers first; collectives on other tensors (DDP's
+// buckets) keep overlapping.
+void CollectiveEngine::wait_for_writers(const Job& job) {
+  std::unique_lock<std::mutex> lock(mu_);
+  writers_cv_.wait(lock, [&] {
+    for (const void* r : job.reads)
+      if (in_flight_writes_.count(r) != 0) return false;
+    return true;
+  });
+}
+
+void CollectiveEngine::run_launcher() {
+  for (;;) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      launch_cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+      if (pending_.empty()) break;
+      job = std::move(pending_.front());
+      pending_.pop_front();
+    }
+    launch(job);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    launcher_done_ = true;
+  }
+  complete_cv_.notify_all();
+}
+
+void CollectiveEngine::launch(const std::shared_ptr<Job>& job) {
+  auto hand_over = [&](Launched item) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      launched_.push_back(std::move(item));
+    }
+    complete_cv_.notify_one();
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!broken_.empty()) {
+      std::exception_ptr e;
+      try {
+        C10_THROW_ERROR(DistBackendError,
+                        c10::str("npu backend: ", job->what,
+                                 ": the process group is unusable after an earlier failure: ", broken_));
+      } catch (...) {
+        e = std::current_exception();
+      }
+      launched_.push_back(Launched{job, 0, {}, e});
+      complete_cv_.notify_one();
+      return;
+    }
+  }
+  const char* stage = "checking the ranks' signatures";
+  size_t i = 0;
+  try {
+    sim::Stream* s = job->device >= 0 ? &stream(job->device) : nullptr;
+    if (s != nullptr) s->wait_event(job->ready);
+    if (check_ && job->signature) {
+      const std::string mismatch = check_signatures(*gloo_, *job->signature, rank_, size_, timeout());
+      if (!mismatch.empty()) {
+        // Every rank sees the same gathered signatures and fails this
+        // collective alike before any data moved: the group stays usable.
+        std::exception_ptr e;
+        try {
+          TORCH_CHECK(false, mismatch);
+        } catch (...) {
+          e = std::current_exception();
+        }
+        hand_over(Launched{job, 0, {}, e});
+        return;
+      }
+    }
+    wait_for_writers(*job);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const void* w : job->writes) in_flight_writes_.insert(w);
+      job->writes_registered = true;
+    }
+    for (; i < job->steps.size(); ++i) {
+      Step& step = job->steps[i];
+      if (step.to_host) {
+        stage = "copying to the host";
+        step.to_host(*s);
+        s->synchronize();
+      }
+      stage = "starting gloo";
+      GlooWorks works = step.launch ? step.launch() : GlooWorks{};
+      hand_over(Launched{job, i, std::move(works), nullptr});
+    }
+  } catch (...) {
+    hand_over(Launched{job, i, {}, transport_error(*job, stage, std::current_exception())});
+  }
+}
+
+void CollectiveEngine::run_completer() {
+  for (;;) {
+    Launched item;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      complete_cv_.wait(lock, [&] { return !launched_.empty() || launcher_done_; });
+      if (launched_.empty()) break;
+      item = std::move(launched_.front());
+      launched_.pop_front();
+    }
+    const std::shared_ptr<Job>& job = item.job;
+    if (job->failed) continue;  // an earlier step of it failed
+    if (item.error) {
+      finish(job, item.error);
+      continue;
+    }
+    const char* stage = "in gloo";
+    try {
+      const std::chrono::milliseconds limit = timeout();
+      for (auto& w : item.works) w->wait(limit);
+      sim::Stream* s = job->device >= 0 ? &stream(job->device) : nullptr;
+      Step& step = job->steps[item.step];
+      if (step.to_device) {
+        stage = "copying back to the device";
+        step.to_device(*s);
+      }
+      if (item.step + 1 == job->steps.size()) {
+        stage = "copying back to the device";
+        int source = -1;
+        if (job->source_rank) source = job->source_rank(item.works);
+        if (s != nullptr) {
+          s->synchronize();
+          // The future records its event on this thread's current stream
+          // (Note [The future of an npu collective carries its device]).
+          torch_backend::rt().devices().set_current_device(job->device);
+          torch_backend::rt().devices().at(job->device).set_current_stream(*s);
+        }
+        job->work->complete(s, source);
+        finish(job, nullptr);
+      }
+    } catch (...) {
+      finish(job, transport_error(*job, stage, std::current_exception()));
+    }
+  }
+}
+
+void CollectiveEngine::finish(const std::shared_ptr<Job>& job, std::exception_ptr error) {
+  if (job->writes_registered) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const void* w : job->writes) in_flight_writes_.erase(in_flight_writes_.find(w));
+    }
+    job->writes_registered = false;
+    writers_cv_.notify_all();
+  }
+  if (error) {
+    job->failed = true;
+    // gloo may still hold the buffers of a collective that failed.
+    for (auto& lease : job->staging) lease.discard();
+    job->work->fail(std::move(error));
+  }
+}
+
+}  // namespace npub::dist

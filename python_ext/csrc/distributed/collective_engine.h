@@ -1,0 +1,130 @@
+// The per-group engine of the npu backend: a FIFO of issued collectives run
+// by a launcher and a completer thread on a collective stream of the device,
+// with gloo underneath (the design: docs/architecture.md, "Distributed
+// backend").
+//
+//   caller    checks arguments, records an event on its current stream,
+//             pushes a Job, returns the Work (never blocks on the transport)
+//   launcher  collective stream waits the caller's event; signature check;
+//             per step: device->host copies into pinned staging, wait for
+//             them, start the gloo collective; hand the step to the completer
+//   completer per step, in order: wait for gloo (it honours the group's
+//             timeout), host->device copies; after the last step, synchronise
+//             the stream, record the done event, complete the Work
+//
+// A large allreduce or broadcast is split into steps (chunks), so that the
+// staging copies of chunk k+1 run while gloo carries chunk k.
+//
+// Issue order is kept on every rank, which is what gloo needs to match the
+// ranks' collectives. The first failure breaks the group: later collectives
+// fail at once with a message that names it (a mismatch found by the
+// signature check does not: every rank found it before any data moved).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <npubridge/device_sim/stream.h>
+
+#include "distributed/fingerprint.h"
+#include "distributed/staging.h"
+#include "distributed/work_npu.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace npub::dist {
+
+using GlooWorks = std::vector<c10::intrusive_ptr<c10d::Work>>;
+
+// One pipelined piece of a collective.
+struct Step {
+  std::function<void(sim::Stream&)> to_host;    // launcher: queue D2H copies (may be empty)
+  std::function<GlooWorks()> launch;            // launcher: start gloo on the staging
+  std::function<void(sim::Stream&)> to_device;  // completer: queue H2D copies (may be empty)
+};
+
+struct Job {
+  c10::intrusive_ptr<WorkNPU> work;
+  std::string what;                    // "allreduce #7" for messages
+  std::string peers;                   // "rank 1", "ranks 1, 2", for messages
+  std::optional<Signature> signature;  // none for send/recv
+  int device = -1;                     // npu index, -1: no tensors
+  sim::Event ready;                    // recorded on the caller's stream at issue
+  std::vector<Step> steps;
+  std::vector<at::Tensor> keep_alive;
+  std::vector<StagingLease> staging;
+  // Storages the job reads and writes, for the order between in-flight
+  // collectives (Note [A collective reads after the previous ones wrote]).
+  std::vector<const void*> reads, writes;
+  // recv from any source: the sender's rank, from the last step's gloo work.
+  std::function<int(const GlooWorks&)> source_rank;
+  // Set by the engine.
+  bool writes_registered = false;
+  bool failed = false;
+};
+
+// What Job::reads and Job::writes hold for a tensor.
+inline const void* storage_key(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
+
+class CollectiveEngine {
+ public:
+  CollectiveEngine(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size,
+                   std::chrono::milliseconds timeout);
+  ~CollectiveEngine();  // lets queued jobs finish, then joins the threads
+
+  // Throws DistBackendError at once when the group is broken.
+  void submit(std::unique_ptr<Job> job);
+  // The collective stream of npu `device` (made at first use, fixed for the
+  // group).
+  sim::Stream& stream(int device);
+  std::shared_ptr<StagingPool> staging() { return staging_; }
+  c10d::Backend& gloo() { return *gloo_; }
+  void set_timeout(std::chrono::milliseconds timeout);
+  std::chrono::milliseconds timeout() const;
+  // "" while the group works.
+  std::string broken_reason() const;
+
+ private:
+  struct Launched {
+    std::shared_ptr<Job> job;
+    size_t step = 0;
+    GlooWorks works;
+    std::exception_ptr error;  // a launch failure, delivered in order
+  };
+  void run_launcher();
+  void run_completer();
+  void launch(const std::shared_ptr<Job>& job);
+  void finish(const std::shared_ptr<Job>& job, std::exception_ptr error);
+  std::exception_ptr transport_error(const Job& job, const char* stage, std::exception_ptr cause);
+  void wait_for_writers(const Job& job);
+
+  const c10::intrusive_ptr<c10d::Backend> gloo_;
+  const int rank_, size_;
+  const bool check_;
+  std::shared_ptr<StagingPool> staging_ = std::make_shared<StagingPool>();
+
+  mutable std::mutex mu_;
+  std::condition_variable launch_cv_, complete_cv_, writers_cv_;
+  std::chrono::milliseconds timeout_;
+  std::deque<std::shared_ptr<Job>> pending_;  // issued, not launched
+  std::deque<Launched> launched_;             // launched steps, FIFO
+  std::multiset<const void*> in_flight_writes_;
+  std::map<int, sim::Stream*> streams_;
+  std::string broken_;
+  bool stopping_ = false;
+  bool launcher_done_ = false;
+  std::thread launcher_, completer_;
+};
+
+}  // namespace npub::dist

@@ -1,0 +1,44 @@
+// The signature check of the npu backend: before each collective, every
+// rank's description of it (collective, sequence number, dtype, shapes,
+// root, reduce op, alltoall split sizes) is gathered over gloo and compared,
+// so that ranks that disagree get a clear error naming the ranks and both
+// signatures on every rank instead of a hang or garbage in gloo.
+// NPUB_DIST_CHECK=0 turns it off (it costs one small allgather per
+// collective).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace npub::dist {
+
+struct Signature {
+  std::string op;  // "allreduce"; one of kSignatureOps (fingerprint.cpp)
+  uint64_t seq = 0;
+  at::ScalarType dtype = at::ScalarType::Undefined;
+  int64_t root = -1;
+  int reduce_op = -1;  // c10d::ReduceOp::RedOpType, -1 when none
+  // Shapes every rank must pass alike (per collective: process_group_npu.cpp).
+  std::vector<std::vector<int64_t>> shapes;
+  // alltoall: elements this rank sends to / receives from each rank; rank
+  // j's recv[i] must equal rank i's send[j]. Empty for other collectives.
+  std::vector<int64_t> send_counts, recv_counts;
+};
+
+// "allreduce(torch.float32 [4, 8], op SUM)"
+std::string describe(const Signature& s);
+std::string dtype_name(at::ScalarType t);     // "torch.float32"
+std::string reduce_op_name(int red_op_type);  // "SUM"
+
+// Gathers every rank's signature through `gloo`; returns "" when they agree,
+// else the message naming the collective, its number, the ranks and their
+// signatures. Transport failures propagate as gloo's exceptions.
+std::string check_signatures(c10d::Backend& gloo, const Signature& mine, int rank, int size,
+                             std::chrono::milliseconds timeout);
+
+}  // namespace npub::dist

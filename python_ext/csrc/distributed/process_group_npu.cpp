@@ -1,0 +1,367 @@
+// The npu backend: set-up, jobs, coalescing, and the reducing collectives
+// (allreduce, broadcast, reduce, barrier, send/recv); the gathering and
+// scattering ones are in collectives_gather.cpp.
+#include "distributed/process_group_npu.h"
+
+#include <c10/util/Exception.h>
+
+#include "distributed/arg_checks.h"
+#include "runtime/npu_runtime.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+namespace npub::dist {
+
+namespace {
+
+// Chunks of a pipelined allreduce or broadcast (NPUB_DIST_CHUNK_BYTES to
+// tune; the figures are in the commit that chose the default).
+int64_t chunk_bytes_from_env() {
+  const char* v = std::getenv("NPUB_DIST_CHUNK_BYTES");
+  if (v == nullptr || *v == '\0') return int64_t{4} << 20;
+  char* end = nullptr;
+  const long long n = std::strtoll(v, &end, 10);
+  TORCH_CHECK_VALUE(end != nullptr && *end == '\0' && n > 0,
+                    "NPUB_DIST_CHUNK_BYTES must be a positive number of bytes, found '", v, "'");
+  return static_cast<int64_t>(n);
+}
+
+std::string other_ranks(int rank, int size) {
+  std::string s = size == 2 ? "rank " : "ranks ";
+  for (int r = 0, n = 0; r < size; ++r) {
+    if (r == rank) continue;
+    s += (n++ ? ", " : "") + std::to_string(r);
+  }
+  return size == 1 ? "none" : s;
+}
+
+}  // namespace
+
+ProcessGroupNPU::ProcessGroupNPU(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size,
+                                 std::chrono::milliseconds timeout)
+    : c10d::Backend(rank, size),
+      gloo_(std::move(gloo)),
+      engine_(std::make_unique<CollectiveEngine>(gloo_, rank, size, timeout)),
+      chunk_bytes_(chunk_bytes_from_env()) {
+  TORCH_CHECK_VALUE(gloo_, "npu backend: needs a gloo backend to carry its data");
+}
+
+ProcessGroupNPU::~ProcessGroupNPU() = default;
+
+void ProcessGroupNPU::setTimeout(std::chrono::milliseconds timeout) {
+  engine_->set_timeout(timeout);
+  gloo_->setTimeout(timeout);
+}
+
+std::unique_ptr<Job> ProcessGroupNPU::new_job(c10d::OpType type, const char* op, int device,
+                                              std::vector<at::Tensor> outputs, int peer) {
+  auto job = std::make_unique<Job>();
+  const bool p2p =
+      type == c10d::OpType::SEND || type == c10d::OpType::RECV || type == c10d::OpType::RECVANYSOURCE;
+  const uint64_t seq = p2p ? ++p2p_seq_ : ++seq_;
+  job->what = c10::str(op, " #", seq);
+  job->peers = peer >= 0 ? "rank " + std::to_string(peer)
+                         : (peer == -2 ? "any rank" : other_ranks(getRank(), getSize()));
+  job->device = device;
+  job->work = c10::make_intrusive<WorkNPU>(getRank(), type, job->what, seq, device, std::move(outputs));
+  // The collective reads its inputs after the work the caller queued so far.
+  if (device >= 0) job->ready.record(torch_backend::rt().devices().at(device).current_stream());
+  return job;
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::submit(std::unique_ptr<Job> job) {
+  c10::intrusive_ptr<WorkNPU> work = job->work;
+  engine_->submit(std::move(job));
+  if (coalescing_) coalesced_.push_back(work);
+  return work;
+}
+
+at::Tensor ProcessGroupNPU::stage(Job& job, at::ScalarType dtype, int64_t numel) {
+  job.staging.push_back(engine_->staging()->acquire(static_cast<size_t>(numel) * c10::elementSize(dtype)));
+  return job.staging.back().as(dtype, numel);
+}
+
+Signature ProcessGroupNPU::signature(const char* op, at::ScalarType dtype,
+                                     std::vector<std::vector<int64_t>> shapes, int64_t root,
+                                     int reduce_op) const {
+  Signature s;
+  s.op = op;
+  s.seq = seq_;
+  s.dtype = dtype;
+  s.shapes = std::move(shapes);
+  s.root = root;
+  s.reduce_op = reduce_op;
+  return s;
+}
+
+int64_t ProcessGroupNPU::chunk_elements(const at::Tensor& t) const {
+  return std::max<int64_t>(1, chunk_bytes_ / static_cast<int64_t>(t.element_size()));
+}
+
+namespace {
+
+// The elements [offset, offset + len) of `t` when it is contiguous (a chunk),
+// else all of `t` (the copy engine walks its strides in one piece).
+at::Tensor piece(const at::Tensor& t, int64_t offset, int64_t len) {
+  return t.is_contiguous() ? t.view({-1}).narrow(0, offset, len) : t;
+}
+
+}  // namespace
+
+// Note [Pipelined chunks]
+// A contiguous tensor larger than a chunk is reduced chunk by chunk, each a
+// gloo collective of its own: the launcher copies chunk k+1 to the host
+// while gloo carries chunk k and the completer copies chunk k-1 back. Every
+// rank cuts the same chunks (same shapes: the signature check), so the gloo
+// calls match across ranks.
+void ProcessGroupNPU::add_allreduce(Job& job, const at::Tensor& t, const c10d::ReduceOp& op) {
+  const int64_t n = t.numel();
+  job.keep_alive.push_back(t);
+  job.reads.push_back(storage_key(t));
+  job.writes.push_back(storage_key(t));
+  if (n == 0) {
+    job.steps.emplace_back();  // nothing to carry; still completes in order
+    return;
+  }
+  const at::Tensor host = stage(job, t.scalar_type(), n);
+  const int64_t chunk = t.is_contiguous() ? chunk_elements(t) : n;
+  for (int64_t offset = 0; offset < n; offset += chunk) {
+    const int64_t len = std::min(chunk, n - offset);
+    at::Tensor h = host.narrow(0, offset, len);
+    at::Tensor d = piece(t, offset, len);
+    Step step;
+    step.to_host = [h, d](sim::Stream& s) { queue_to_host(s, h, d); };
+    step.launch = [gloo = gloo_, h, op] {
+      std::vector<at::Tensor> v{h};
+      c10d::AllreduceOptions o;
+      o.reduceOp = op;
+      return GlooWorks{gloo->allreduce(v, o)};
+    };
+    step.to_device = [h, d](sim::Stream& s) { queue_to_device(s, d, h); };
+    job.steps.push_back(std::move(step));
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::allreduce(std::vector<at::Tensor>& tensors,
+                                                          const c10d::AllreduceOptions& opts) {
+  const char* op = "allreduce";
+  check_count(op, "tensors", tensors.size(), 1);
+  TORCH_CHECK_VALUE(!opts.sparseIndices.has_value(),
+                    "npu backend: allreduce: sparse tensors are not supported");
+  int device = -1;
+  check_output(op, "tensor", tensors[0], device);
+  check_reduce_op(op, opts.reduceOp, tensors[0].scalar_type());
+  auto job = new_job(c10d::OpType::ALLREDUCE, op, device, tensors);
+  job->signature = signature(op, tensors[0].scalar_type(), {tensors[0].sizes().vec()}, -1, opts.reduceOp.op_);
+  add_allreduce(*job, tensors[0], opts.reduceOp);
+  return submit(std::move(job));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  const char* op = "allreduce_coalesced";
+  TORCH_CHECK_VALUE(!tensors.empty(), "npu backend: allreduce_coalesced: needs at least one tensor");
+  int device = -1;
+  std::vector<std::vector<int64_t>> shapes;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const std::string arg = "tensors[" + std::to_string(i) + "]";
+    check_output(op, arg, tensors[i], device);
+    check_same_dtype(op, arg, tensors[i], tensors[0].scalar_type());
+    shapes.push_back(tensors[i].sizes().vec());
+  }
+  check_reduce_op(op, opts.reduceOp, tensors[0].scalar_type());
+  auto job = new_job(c10d::OpType::ALLREDUCE_COALESCED, op, device, tensors);
+  job->signature = signature(op, tensors[0].scalar_type(), std::move(shapes), -1, opts.reduceOp.op_);
+  for (const at::Tensor& t : tensors) add_allreduce(*job, t, opts.reduceOp);
+  return submit(std::move(job));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::broadcast(std::vector<at::Tensor>& tensors,
+                                                          const c10d::BroadcastOptions& opts) {
+  const char* op = "broadcast";
+  check_count(op, "tensors", tensors.size(), 1);
+  check_rank(op, "src", opts.rootRank, getSize());
+  TORCH_CHECK_VALUE(opts.rootTensor == 0,
+                    "npu backend: broadcast: rootTensor must be 0 (one tensor per rank), found ",
+                    opts.rootTensor);
+  int device = -1;
+  const at::Tensor t = tensors[0];
+  check_output(op, "tensor", t, device);
+  auto job = new_job(c10d::OpType::BROADCAST, op, device, tensors);
+  job->signature = signature(op, t.scalar_type(), {t.sizes().vec()}, opts.rootRank);
+  const bool root = opts.rootRank == getRank();
+  job->keep_alive.push_back(t);
+  (root ? job->reads : job->writes).push_back(storage_key(t));
+  const int64_t n = t.numel();
+  if (n == 0) job->steps.emplace_back();
+  const at::Tensor host = n > 0 ? stage(*job, t.scalar_type(), n) : at::Tensor();
+  const int64_t chunk = t.is_contiguous() ? chunk_elements(t) : std::max<int64_t>(n, 1);
+  for (int64_t offset = 0; offset < n; offset += chunk) {
+    const int64_t len = std::min(chunk, n - offset);
+    at::Tensor h = host.narrow(0, offset, len);
+    at::Tensor d = piece(t, offset, len);
+    Step step;
+    if (root) step.to_host = [h, d](sim::Stream& s) { queue_to_host(s, h, d); };
+    step.launch = [gloo = gloo_, h, root_rank = opts.rootRank] {
+      std::vector<at::Tensor> v{h};
+      c10d::BroadcastOptions o;
+      o.rootRank = root_rank;
+      return GlooWorks{gloo->broadcast(v, o)};
+    };
+    if (!root) step.to_device = [h, d](sim::Stream& s) { queue_to_device(s, d, h); };
+    job->steps.push_back(std::move(step));
+  }
+  return submit(std::move(job));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::reduce(std::vector<at::Tensor>& tensors,
+                                                       const c10d::ReduceOptions& opts) {
+  const char* op = "reduce";
+  check_count(op, "tensors", tensors.size(), 1);
+  check_rank(op, "dst", opts.rootRank, getSize());
+  int device = -1;
+  const at::Tensor t = tensors[0];
+  check_output(op, "tensor", t, device);
+  check_reduce_op(op, opts.reduceOp, t.scalar_type());
+  auto job = new_job(c10d::OpType::REDUCE, op, device, tensors);
+  job->signature = signature(op, t.scalar_type(), {t.sizes().vec()}, opts.rootRank, opts.reduceOp.op_);
+  const bool root = opts.rootRank == getRank();
+  job->keep_alive.push_back(t);
+  job->reads.push_back(storage_key(t));
+  if (root) job->writes.push_back(storage_key(t));
+  Step step;
+  if (t.numel() > 0) {
+    at::Tensor h = stage(*job, t.scalar_type(), t.numel());
+    step.to_host = [h, t](sim::Stream& s) { queue_to_host(s, h, t); };
+    step.launch = [gloo = gloo_, h, opts] {
+      std::vector<at::Tensor> v{h};
+      c10d::ReduceOptions o;
+      o.reduceOp = opts.reduceOp;
+      o.rootRank = opts.rootRank;
+      return GlooWorks{gloo->reduce(v, o)};
+    };
+    // Only the destination receives the result (other ranks' tensors are
+    // left as they were).
+    if (root) step.to_device = [h, t](sim::Stream& s) { queue_to_device(s, t, h); };
+  }
+  job->steps.push_back(std::move(step));
+  return submit(std::move(job));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::barrier(const c10d::BarrierOptions&) {
+  const char* op = "barrier";
+  // No tensors: ordered after every collective issued before it (FIFO), it
+  // completes when all ranks reached it.
+  auto job = new_job(c10d::OpType::BARRIER, op, -1, {});
+  job->signature = signature(op, at::ScalarType::Undefined, {});
+  Step step;
+  step.launch = [gloo = gloo_] { return GlooWorks{gloo->barrier(c10d::BarrierOptions())}; };
+  job->steps.push_back(std::move(step));
+  return submit(std::move(job));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::send(std::vector<at::Tensor>& tensors, int dst_rank,
+                                                     int tag) {
+  const char* op = "send";
+  check_count(op, "tensors", tensors.size(), 1);
+  check_rank(op, "dst", dst_rank, getSize());
+  int device = -1;
+  const at::Tensor t = tensors[0];
+  check_input(op, "tensor", t, device);
+  auto job = new_job(c10d::OpType::SEND, op, device, tensors, dst_rank);
+  job->keep_alive.push_back(t);
+  job->reads.push_back(storage_key(t));
+  Step step;
+  at::Tensor h = stage(*job, t.scalar_type(), t.numel());
+  step.to_host = [h, t](sim::Stream& s) { queue_to_host(s, h, t); };
+  step.launch = [gloo = gloo_, h, dst_rank, tag] {
+    std::vector<at::Tensor> v{h};
+    return GlooWorks{gloo->send(v, dst_rank, tag)};
+  };
+  job->steps.push_back(std::move(step));
+  return submit(std::move(job));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::recv(std::vector<at::Tensor>& tensors, int src_rank,
+                                                     int tag) {
+  const char* op = "recv";
+  check_count(op, "tensors", tensors.size(), 1);
+  check_rank(op, "src", src_rank, getSize());
+  int device = -1;
+  const at::Tensor t = tensors[0];
+  check_output(op, "tensor", t, device);
+  auto job = new_job(c10d::OpType::RECV, op, device, tensors, src_rank);
+  job->keep_alive.push_back(t);
+  job->writes.push_back(storage_key(t));
+  Step step;
+  at::Tensor h = stage(*job, t.scalar_type(), t.numel());
+  step.launch = [gloo = gloo_, h, src_rank, tag] {
+    std::vector<at::Tensor> v{h};
+    return GlooWorks{gloo->recv(v, src_rank, tag)};
+  };
+  step.to_device = [h, t](sim::Stream& s) { queue_to_device(s, t, h); };
+  job->steps.push_back(std::move(step));
+  job->source_rank = [src_rank](const GlooWorks&) { return src_rank; };
+  return submit(std::move(job));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const char* op = "recv";
+  check_count(op, "tensors", tensors.size(), 1);
+  int device = -1;
+  const at::Tensor t = tensors[0];
+  check_output(op, "tensor", t, device);
+  auto job = new_job(c10d::OpType::RECVANYSOURCE, op, device, tensors, -2);
+  job->keep_alive.push_back(t);
+  job->writes.push_back(storage_key(t));
+  Step step;
+  at::Tensor h = stage(*job, t.scalar_type(), t.numel());
+  step.launch = [gloo = gloo_, h, tag] {
+    std::vector<at::Tensor> v{h};
+    return GlooWorks{gloo->recvAnysource(v, tag)};
+  };
+  step.to_device = [h, t](sim::Stream& s) { queue_to_device(s, t, h); };
+  job->steps.push_back(std::move(step));
+  job->source_rank = [](const GlooWorks& works) { return works.empty() ? -1 : works[0]->sourceRank(); };
+  return submit(std::move(job));
+}
+
+void ProcessGroupNPU::startCoalescing() {
+  TORCH_CHECK(!coalescing_,
+              "npu backend: startCoalescing: already coalescing (endCoalescing was not called)");
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::endCoalescing() {
+  TORCH_CHECK(coalescing_, "npu backend: endCoalescing without startCoalescing");
+  coalescing_ = false;
+  std::vector<c10::intrusive_ptr<WorkNPU>> members = std::move(coalesced_);
+  coalesced_.clear();
+  int device = -1;
+  std::vector<at::Tensor> outputs;
+  for (const auto& w : members) {
+    for (const at::Tensor& t : w->result()) {
+      outputs.push_back(t);
+      if (device < 0 && t.defined()) device = t.device().index();
+    }
+  }
+  // A job of no steps after the members: the engine completes in issue
+  // order, so it completes after all of them; its Work rethrows theirs.
+  auto job = std::make_unique<Job>();
+  job->what = "coalesced collectives";
+  job->peers = other_ranks(getRank(), getSize());
+  job->device = device;
+  job->work =
+      c10::make_intrusive<WorkNPU>(getRank(), c10d::OpType::COALESCED, job->what, seq_, device, outputs);
+  job->work->set_members(std::move(members));
+  job->steps.emplace_back();
+  c10::intrusive_ptr<WorkNPU> work = job->work;
+  engine_->submit(std::move(job));
+  return work;
+}
+
+}  // namespace npub::dist

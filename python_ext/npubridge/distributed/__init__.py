@@ -1,0 +1,46 @@
+"""The torch.distributed backend "npu" (the role of HCCL on Ascend).
+
+Registered when npubridge is imported, for the npu device type, so that
+
+    dist.init_process_group("npu")               # npu tensors only
+    dist.init_process_group("cpu:gloo,npu:npu")  # CPU tensors over gloo too
+    dist.init_process_group()                    # the default for npu devices
+
+work, and `dist.get_backend()` reports "npu". The creator builds a real
+ProcessGroupGloo of the same ranks on the group's store (under the prefix
+"npu_gloo/", apart from any "cpu:gloo" group of the same ranks) and wraps it
+in the C++ backend `npubridge._C_dist.ProcessGroupNPU`, which stages npu
+tensors through pinned host memory on a collective stream of the device and
+lets gloo carry them (python_ext/csrc/distributed/).
+
+NPUB_DIST_CHECK=0 turns off the check that all ranks call the same
+collective with the same dtypes and shapes (one small allgather per
+collective); NPUB_DIST_CHUNK_BYTES sets the chunk of pipelined allreduce and
+broadcast (default 4 MiB).
+"""
+import torch.distributed as _dist
+
+BACKEND_NAME = "npu"
+
+
+def _create_npu_backend(store, rank, size, timeout):
+    """torch.distributed's creator for "npu": `(store, rank, size, timeout)`,
+    the store already prefixed for this group by torch.distributed."""
+    from torch.distributed import PrefixStore
+    from torch.distributed.distributed_c10d import ProcessGroupGloo
+
+    from .. import _C_dist
+
+    gloo = ProcessGroupGloo(PrefixStore("npu_gloo/", store), rank, size, timeout)
+    return _C_dist.ProcessGroupNPU(gloo, rank, size, timeout)
+
+
+def _register():
+    if not _dist.is_available():
+        return
+    if BACKEND_NAME.upper() in _dist.Backend._plugins:
+        return  # a re-import (importlib.reload)
+    _dist.Backend.register_backend(BACKEND_NAME, _create_npu_backend, devices=["npu"])
+
+
+_register()
