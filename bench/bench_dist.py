@@ -60,6 +60,16 @@ class _Ranks:
         self.torch, self.dist, self.rank, self.have_npu = torch, dist, rank, have_npu
         self.ctrl = dist.new_group(backend="gloo")
         self.device = f"npu:{torch.npu.current_device()}" if have_npu else "cpu"
+        self.nocheck = None
+        if have_npu:
+            # NPUB_DIST_CHECK is read when a group's backend is built.
+            saved = os.environ.get("NPUB_DIST_CHECK")
+            os.environ["NPUB_DIST_CHECK"] = "0"
+            self.nocheck = dist.new_group(backend="npu")
+            if saved is None:
+                del os.environ["NPUB_DIST_CHECK"]
+            else:
+                os.environ["NPUB_DIST_CHECK"] = saved
 
     def sync(self, device):
         if device != "cpu":
@@ -96,31 +106,36 @@ def _iters(nbytes, quick):
 
 
 def bench_allreduce(r, sizes, quick):
+    """Per size: Gloo on CPU tensors (the default group's cpu:gloo), the npu backend on npu tensors
+    (the default group's npu:npu, as users get it), and the npu backend on a group made with
+    NPUB_DIST_CHECK=0 (no cross-rank signature check: what that check costs)."""
     torch, dist = r.torch, r.dist
-    backends = [("gloo", "cpu")] + ([("npu", r.device)] if r.have_npu else [])
+    backends = [("gloo", "cpu", None)]
+    if r.have_npu:
+        backends += [("npu", r.device, None), ("npu_nocheck", r.device, r.nocheck)]
     rows = []
     for nbytes in sizes:
         n = nbytes // 4
-        bufs = {name: torch.zeros(n, device=dev) for name, dev in backends}
+        bufs = {name: torch.zeros(n, device=dev) for name, dev, _ in backends}
         reps, iters = _reps_per_sample(nbytes), _iters(nbytes, quick)
 
-        def run(name):
+        def run(name, group):
             for _ in range(reps):
-                dist.all_reduce(bufs[name])
-        samples = {name: [] for name, _ in backends}
-        for name, dev in backends:  # warm-up: first-call set-up, staging buffers
-            r.timed(lambda: run(name), dev)
+                dist.all_reduce(bufs[name], group=group)
+        samples = {name: [] for name, _, _ in backends}
+        for name, dev, group in backends:  # warm-up: first-call set-up, staging buffers
+            r.timed(lambda: run(name, group), dev)
         for it in range(iters):
-            # Interleaved, and the order flips every sample, so that neither side always runs
-            # right after the other (caches, the scheduler) or always first.
-            order = backends if it % 2 == 0 else backends[::-1]
-            for name, dev in order:
-                samples[name].append(r.timed(lambda: run(name), dev) / reps)
+            # Interleaved, and the order turns every sample, so that no side always runs right
+            # after the same other one (caches, the scheduler) or always first.
+            k = it % len(backends)
+            for name, dev, group in backends[k:] + backends[:k]:
+                samples[name].append(r.timed(lambda: run(name, group), dev) / reps)
         row = {"bytes": nbytes, "reps_per_sample": reps, "samples": iters}
-        for name, dev in backends:
+        for name, dev, group in backends:
             # Correctness on the side: rank + 1 summed over the ranks is exact in fp32.
             bufs[name].fill_(r.rank + 1)
-            dist.all_reduce(bufs[name])
+            dist.all_reduce(bufs[name], group=group)
             got = bufs[name][[0, n // 2, n - 1]].cpu().tolist()
             want = WORLD * (WORLD + 1) / 2
             if got != [want] * 3:
@@ -130,6 +145,7 @@ def bench_allreduce(r, sizes, quick):
             row[f"{name}_busbw_GBps"] = 2 * (WORLD - 1) / WORLD * nbytes / t / 1e9
         if r.have_npu:
             row["ratio"] = row["npu_busbw_GBps"] / row["gloo_busbw_GBps"]
+            row["ratio_nocheck"] = row["npu_nocheck_busbw_GBps"] / row["gloo_busbw_GBps"]
             row["target"] = TARGET_RATIO if nbytes >= TARGET_FROM else None
             row["verdict"] = ("pass" if row["ratio"] >= TARGET_RATIO else "miss") if row["target"] else "n/a"
         rows.append(row)
@@ -277,15 +293,19 @@ def _print_table(res):
           f"median of the slowest rank's time per sample")
     if not res["have_npu_backend"]:
         print("the npu backend is not built/registered: Gloo on CPU tensors only")
-    print("\nallreduce (busbw = 2(n-1)/n * bytes / time)")
-    print(f"{'size':>8} {'gloo us':>10} {'gloo GB/s':>10} {'npu us':>10} {'npu GB/s':>9} {'npu/gloo':>9}  target")
+    print("\nallreduce (busbw = 2(n-1)/n * bytes / time): gloo = Gloo on CPU tensors; npu = the npu backend on npu"
+          "\ntensors (the default group, with its cross-rank signature check); no-check = a group made with"
+          " NPUB_DIST_CHECK=0")
+    print(f"{'size':>8} {'gloo us':>10} {'gloo GB/s':>10} {'npu us':>10} {'npu GB/s':>9} {'npu/gloo':>9}  "
+          f"{'target':16} {'no-check us':>11} {'npu/gloo':>9}")
     for row in res["allreduce"]:
         b = row["bytes"]
         size = f"{b >> 20} MB" if b >= 1 << 20 else f"{b >> 10} KB"
         line = f"{size:>8} {row['gloo_us']:10.1f} {row['gloo_busbw_GBps']:10.3f}"
         if "npu_us" in row:
             tgt = f">= {row['target']}: {row['verdict']}" if row["target"] else "-"
-            line += f" {row['npu_us']:10.1f} {row['npu_busbw_GBps']:9.3f} {row['ratio']:9.2f}  {tgt}"
+            line += (f" {row['npu_us']:10.1f} {row['npu_busbw_GBps']:9.3f} {row['ratio']:9.2f}  {tgt:16}"
+                     f" {row['npu_nocheck_us']:11.1f} {row['ratio_nocheck']:9.2f}")
         print(line)
     for d in res["ddp"]:
         print(f"\nDDP step, {d['backend']} on {d['device']}: wide_model(hidden {HIDDEN}, {DEPTH} hidden blocks), "
@@ -310,7 +330,8 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a few sizes, few iterations (smoke run)")
     args = ap.parse_args()
     # Inherited by the spawned ranks, read at their imports.
-    os.environ.update({"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "NPUB_SIM_THREADS": "1"})
+    os.environ.update({"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "NPUB_SIM_THREADS": "1",
+                       "TORCH_CPP_LOG_LEVEL": "ERROR"})  # DDP warns that it times only CPU and CUDA
     import torch.multiprocessing as mp
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -326,7 +347,8 @@ def main():
                      "target": f"npu/gloo busbw >= {TARGET_RATIO} from {TARGET_FROM >> 20} MB",
                      "model": f"wide_model(hidden={HIDDEN}, depth={DEPTH}), AdamW, global batch {GLOBAL_BATCH}",
                      "baseline": "no_sync() backward, then one allreduce of all gradients flattened, then step",
-                     "wall_s": None}
+                     "NPUB_DIST_CHECK": os.environ.get("NPUB_DIST_CHECK"),
+                     "NPUB_DIST_CHUNK_BYTES": os.environ.get("NPUB_DIST_CHUNK_BYTES"), "wall_s": None}
     res["config"]["wall_s"] = round(time.perf_counter() - t0, 1)
     _print_table(res)
     print(f"\n({res['config']['wall_s']} s)")

@@ -7,13 +7,15 @@ the data, checked against one process training on the whole batch on the CPU.
 import os
 import sys
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DistributedSampler, TensorDataset
+# DDP's logger would say, once per rank, that it times only CPU and CUDA devices (read at import).
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torch.utils.data import DistributedSampler, TensorDataset  # noqa: E402
 
-import npubridge  # noqa: F401  (the npu device and the "npu" backend)
+import npubridge  # noqa: F401,E402  (the npu device and the "npu" backend)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_demo import make_model  # noqa: E402  (the same model)
@@ -55,7 +57,7 @@ def main():
     torch.set_num_threads(1)  # one compute thread per process: the ranks share the machine's cores
     torch.npu.set_device(local_rank % torch.npu.device_count())
     device = torch.device("npu", torch.npu.current_device())
-    dist.init_process_group("npu")
+    dist.init_process_group("npu", device_id=device)  # the rank's device, for barrier()
 
     x, y = data()
     # DistributedSampler's split (no shuffle): rank r takes samples r, r + world, ...; with equal
