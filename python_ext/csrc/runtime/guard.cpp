@@ -53,6 +53,11 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   // New streams come from the device's pool (Device::pooled_stream), the
   // same one torch.npu.Stream() draws from.
   c10::Stream getNewStream(c10::Device d, int) const override { return to_c10(device_of(d).pooled_stream()); }
+  // What c10::ivalue::Future runs its then() callbacks on (the futures of
+  // the npu distributed backend carry their device: DDP's comm hooks).
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool) const override {
+    return to_c10(device_of(d).pooled_stream());
+  }
   c10::Stream exchangeStream(c10::Stream s) const override {
     sim::Device& dev = device_of(s.device());
     const c10::Stream old = to_c10(dev.current_stream());
