@@ -91,8 +91,12 @@ std::string CollectiveEngine::broken_reason() const {
 
 std::exception_ptr CollectiveEngine::transport_error(const Job& job, const char* stage,
                                                      std::exception_ptr cause) {
+  std::string why = what_of(std::move(cause));
+  // gloo says "Operation timed out!", and nothing of whom it waited for.
+  if (why.find("timed out") != std::string::npos || why.find("Timed out") != std::string::npos)
+    why = c10::str("no answer within the group's timeout of ", timeout().count(), " ms (", why, ")");
   const std::string msg = c10::str("npu backend: ", job.what, " failed ", stage, " on rank ", rank_, " of ",
-                                   size_, " (peer ", job.peers, "): ", what_of(std::move(cause)));
+                                   size_, " (peer ", job.peers, "): ", why);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (broken_.empty()) broken_ = msg;
@@ -168,21 +172,8 @@ void CollectiveEngine::launch(const std::shared_ptr<Job>& job) {
   try {
     sim::Stream* s = job->device >= 0 ? &stream(job->device) : nullptr;
     if (s != nullptr) s->wait_event(job->ready);
-    if (check_ && job->signature) {
-      const std::string mismatch = check_signatures(*gloo_, *job->signature, rank_, size_, timeout());
-      if (!mismatch.empty()) {
-        // Every rank sees the same gathered signatures and fails this
-        // collective alike before any data moved: the group stays usable.
-        std::exception_ptr e;
-        try {
-          TORCH_CHECK(false, mismatch);
-        } catch (...) {
-          e = std::current_exception();
-        }
-        hand_over(Launched{job, 0, {}, e});
-        return;
-      }
-    }
+    std::optional<SignatureCheck> check;
+    if (check_ && job->signature) check.emplace(*gloo_, *job->signature, rank_, size_);
     wait_for_writers(*job);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -195,6 +186,24 @@ void CollectiveEngine::launch(const std::shared_ptr<Job>& job) {
         stage = "copying to the host";
         step.to_host(*s);
         s->synchronize();
+      }
+      if (check) {
+        // After the first staging copies, which overlapped the exchange.
+        stage = "checking the ranks' signatures";
+        const std::string mismatch = check->verdict(timeout());
+        check.reset();
+        if (!mismatch.empty()) {
+          // Every rank sees the same gathered signatures and fails this
+          // collective alike before any data moved: the group stays usable.
+          std::exception_ptr e;
+          try {
+            TORCH_CHECK(false, mismatch);
+          } catch (...) {
+            e = std::current_exception();
+          }
+          hand_over(Launched{job, 0, {}, e});
+          return;
+        }
       }
       stage = "starting gloo";
       GlooWorks works = step.launch ? step.launch() : GlooWorks{};

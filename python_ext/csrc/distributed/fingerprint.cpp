@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <utility>
 
 namespace npub::dist {
 
@@ -184,17 +185,23 @@ std::string describe(const Signature& s) {
   return os.str();
 }
 
-std::string check_signatures(c10d::Backend& gloo, const Signature& mine, int rank, int size,
-                             std::chrono::milliseconds timeout) {
-  const std::vector<int64_t> words = encode(mine, size);
-  const int64_t n = static_cast<int64_t>(words.size());
+SignatureCheck::SignatureCheck(c10d::Backend& gloo, Signature mine, int rank, int size)
+    : mine_(std::move(mine)), rank_(rank), size_(size), words_(encode(mine_, size)) {
+  const int64_t n = static_cast<int64_t>(words_.size());
   at::Tensor in = at::empty({n}, at::kLong);
-  std::copy(words.begin(), words.end(), in.data_ptr<int64_t>());
-  std::vector<std::vector<at::Tensor>> out(1);
-  for (int r = 0; r < size; ++r) out[0].push_back(at::zeros({n}, at::kLong));
+  std::copy(words_.begin(), words_.end(), in.data_ptr<int64_t>());
+  gathered_.resize(1);
+  for (int r = 0; r < size; ++r) gathered_[0].push_back(at::zeros({n}, at::kLong));
   std::vector<at::Tensor> ins{in};
-  gloo.allgather(out, ins)->wait(timeout);
+  work_ = gloo.allgather(gathered_, ins);
+}
 
+std::string SignatureCheck::verdict(std::chrono::milliseconds timeout) {
+  work_->wait(timeout);
+  const std::vector<int64_t>& words = words_;
+  const Signature& mine = mine_;
+  const int rank = rank_, size = size_;
+  const auto& out = gathered_;
   std::vector<int> disagree;
   for (int r = 0; r < size; ++r) {
     const int64_t* w = out[0][r].data_ptr<int64_t>();

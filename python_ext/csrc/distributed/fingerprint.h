@@ -35,10 +35,22 @@ std::string describe(const Signature& s);
 std::string dtype_name(at::ScalarType t);     // "torch.float32"
 std::string reduce_op_name(int red_op_type);  // "SUM"
 
-// Gathers every rank's signature through `gloo`; returns "" when they agree,
-// else the message naming the collective, its number, the ranks and their
-// signatures. Transport failures propagate as gloo's exceptions.
-std::string check_signatures(c10d::Backend& gloo, const Signature& mine, int rank, int size,
-                             std::chrono::milliseconds timeout);
+// One exchange of signatures through `gloo`: the constructor starts the
+// allgather (so that it overlaps the staging copies), verdict() waits for it
+// and returns "" when all ranks agree, else the message naming the
+// collective, its number, the ranks and their signatures. Transport
+// failures propagate from verdict() as gloo's exceptions.
+class SignatureCheck {
+ public:
+  SignatureCheck(c10d::Backend& gloo, Signature mine, int rank, int size);
+  std::string verdict(std::chrono::milliseconds timeout);
+
+ private:
+  const Signature mine_;
+  const int rank_, size_;
+  std::vector<int64_t> words_;
+  std::vector<std::vector<at::Tensor>> gathered_;
+  c10::intrusive_ptr<c10d::Work> work_;
+};
 
 }  // namespace npub::dist

@@ -74,7 +74,9 @@ std::unique_ptr<Job> ProcessGroupNPU::new_job(c10d::OpType type, const char* op,
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::submit(std::unique_ptr<Job> job) {
   c10::intrusive_ptr<WorkNPU> work = job->work;
+  if (job->signature) job->signature->seq = work->getSequencenumber();
   engine_->submit(std::move(job));
+  std::lock_guard<std::mutex> lock(coalescing_mu_);
   if (coalescing_) coalesced_.push_back(work);
   return work;
 }
@@ -89,7 +91,6 @@ Signature ProcessGroupNPU::signature(const char* op, at::ScalarType dtype,
                                      int reduce_op) const {
   Signature s;
   s.op = op;
-  s.seq = seq_;
   s.dtype = dtype;
   s.shapes = std::move(shapes);
   s.root = root;
@@ -330,6 +331,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::recvAnysource(std::vector<at::Te
 }
 
 void ProcessGroupNPU::startCoalescing() {
+  std::lock_guard<std::mutex> lock(coalescing_mu_);
   TORCH_CHECK(!coalescing_,
               "npu backend: startCoalescing: already coalescing (endCoalescing was not called)");
   coalescing_ = true;
@@ -337,10 +339,14 @@ void ProcessGroupNPU::startCoalescing() {
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::endCoalescing() {
-  TORCH_CHECK(coalescing_, "npu backend: endCoalescing without startCoalescing");
-  coalescing_ = false;
-  std::vector<c10::intrusive_ptr<WorkNPU>> members = std::move(coalesced_);
-  coalesced_.clear();
+  std::vector<c10::intrusive_ptr<WorkNPU>> members;
+  {
+    std::lock_guard<std::mutex> lock(coalescing_mu_);
+    TORCH_CHECK(coalescing_, "npu backend: endCoalescing without startCoalescing");
+    coalescing_ = false;
+    members = std::move(coalesced_);
+    coalesced_.clear();
+  }
   int device = -1;
   std::vector<at::Tensor> outputs;
   for (const auto& w : members) {
@@ -355,8 +361,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::endCoalescing() {
   job->what = "coalesced collectives";
   job->peers = other_ranks(getRank(), getSize());
   job->device = device;
-  job->work =
-      c10::make_intrusive<WorkNPU>(getRank(), c10d::OpType::COALESCED, job->what, seq_, device, outputs);
+  job->work = c10::make_intrusive<WorkNPU>(getRank(), c10d::OpType::COALESCED, job->what, seq_.load(), device,
+                                           outputs);
   job->work->set_members(std::move(members));
   job->steps.emplace_back();
   c10::intrusive_ptr<WorkNPU> work = job->work;

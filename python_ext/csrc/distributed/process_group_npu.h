@@ -14,9 +14,11 @@
 
 #include "distributed/collective_engine.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,14 @@ class ProcessGroupNPU final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> gloo() const { return gloo_; }
   // The message of the failure that broke the group; "" while it works.
   std::string broken_reason() const { return engine_->broken_reason(); }
+
+  // Collectives are numbered from 0 on every rank as they are issued (the
+  // number in messages and in the signature check).
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
+  c10d::ErrorType getError() override {
+    return broken_reason().empty() ? c10d::ErrorType::SUCCESS : c10d::ErrorType::COMM_ERROR;
+  }
 
   // Collectives issued between start and end complete with the Work that
   // endCoalescing returns (batch_isend_irecv, _coalescing_manager).
@@ -103,10 +113,13 @@ class ProcessGroupNPU final : public c10d::Backend {
 
   const c10::intrusive_ptr<c10d::Backend> gloo_;
   std::unique_ptr<CollectiveEngine> engine_;
-  uint64_t seq_ = 0;      // collectives issued (the number in messages)
-  uint64_t p2p_seq_ = 0;  // sends and receives issued
-  bool coalescing_ = false;
-  std::vector<c10::intrusive_ptr<WorkNPU>> coalesced_;
+  // Atomic: DDP and FSDP issue from autograd's device threads too (the
+  // ranks must still issue in one order, as c10d requires).
+  std::atomic<uint64_t> seq_{0};      // collectives issued (the number in messages)
+  std::atomic<uint64_t> p2p_seq_{0};  // sends and receives issued
+  std::mutex coalescing_mu_;
+  bool coalescing_ = false;                             // under coalescing_mu_
+  std::vector<c10::intrusive_ptr<WorkNPU>> coalesced_;  // under coalescing_mu_
   const int64_t chunk_bytes_;
 };
 
