@@ -265,7 +265,7 @@ def bench_ddp(r, device, quick):
     return res
 
 
-def _rank_main(rank, port, quick, out_path):
+def _rank_main(rank, port, quick, sizes, ddp, out_path):
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     import warnings
@@ -280,10 +280,10 @@ def _rank_main(rank, port, quick, out_path):
     dist.init_process_group("cpu:gloo,npu:npu" if have_npu else "gloo", init_method="env://",
                             timeout=datetime.timedelta(seconds=120))
     r = _Ranks(rank, have_npu)
-    out = {"allreduce": bench_allreduce(r, QUICK_SIZES if quick else FULL_SIZES, quick), "ddp": []}
-    if have_npu:
+    out = {"allreduce": bench_allreduce(r, sizes or (QUICK_SIZES if quick else FULL_SIZES), quick), "ddp": []}
+    if have_npu and ddp:
         out["ddp"].append(bench_ddp(r, r.device, quick))
-    if not quick or not have_npu:
+    if ddp and (not quick or not have_npu):
         out["ddp"].append(bench_ddp(r, "cpu", quick))  # the same on CPU tensors with Gloo, for reference
     dist.destroy_process_group()
     if rank == 0:
@@ -331,10 +331,25 @@ def _print_table(res):
               f"  DDP's exposed communication {d['ddp_exposed_comm_ms']:.1f} ms (DDP - compute only)")
 
 
+def _parse_sizes(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    out = []
+    for item in text.split(","):
+        item = item.strip().upper().removesuffix("B")
+        n = int(item[:-1]) * units[item[-1]] if item and item[-1] in units else int(item)
+        if n < 4 or n % 4:
+            raise argparse.ArgumentTypeError(f"--sizes: {item}: expected a multiple of 4 bytes (fp32)")
+        out.append(n)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out", nargs="?", default="dist.json", help="JSON file to write")
     ap.add_argument("--quick", action="store_true", help="a few sizes, few iterations (smoke run)")
+    ap.add_argument("--sizes", type=_parse_sizes, default=None,
+                    help="allreduce sizes instead of the default ones, e.g. 64K,1M,256M")
+    ap.add_argument("--no-ddp", dest="ddp", action="store_false", help="allreduce only")
     args = ap.parse_args()
     # Inherited by the spawned ranks, read at their imports.
     os.environ.update({"GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "NPUB_SIM_THREADS": "1",
@@ -343,7 +358,7 @@ def main():
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         part = os.path.join(tmp, "rank0.json")
-        mp.start_processes(_rank_main, args=(_free_port(), args.quick, part), nprocs=WORLD, join=True,
+        mp.start_processes(_rank_main, args=(_free_port(), args.quick, args.sizes, args.ddp, part), nprocs=WORLD, join=True,
                            start_method="spawn")
         with open(part) as f:
             res = json.load(f)
