@@ -6,6 +6,7 @@
 
 #include "runtime/npu_runtime.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -110,16 +111,18 @@ std::exception_ptr CollectiveEngine::transport_error(const Job& job, const char*
 
 // Note [A collective reads after the previous ones wrote]
 // Collectives are staged in issue order but complete later, so a collective
-// whose input is the output of one still in flight (two all_reduce calls on
-// one tensor with async_op=True, as NCCL allows on its single stream) would
-// copy the input to the host before the first result landed. The launcher
-// waits for such writers first; collectives on other tensors (DDP's
-// buckets) keep overlapping.
+// whose input overlaps the output of one still in flight (two all_reduce
+// calls on one tensor with async_op=True, as NCCL allows on its single
+// stream) would copy the input to the host before the first result landed.
+// The launcher waits for such writers first. Overlap is by bytes
+// (memory_span), so collectives on other tensors or on disjoint views of
+// one buffer (DDP's buckets, FSDP's shards) keep overlapping.
 void CollectiveEngine::wait_for_writers(const Job& job) {
   std::unique_lock<std::mutex> lock(mu_);
   writers_cv_.wait(lock, [&] {
-    for (const void* r : job.reads)
-      if (in_flight_writes_.count(r) != 0) return false;
+    for (const MemSpan& r : job.reads)
+      for (const MemSpan& w : in_flight_writes_)
+        if (r.overlaps(w)) return false;
     return true;
   });
 }
@@ -177,7 +180,7 @@ void CollectiveEngine::launch(const std::shared_ptr<Job>& job) {
     wait_for_writers(*job);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (const void* w : job->writes) in_flight_writes_.insert(w);
+      in_flight_writes_.insert(in_flight_writes_.end(), job->writes.begin(), job->writes.end());
       job->writes_registered = true;
     }
     for (; i < job->steps.size(); ++i) {
@@ -264,7 +267,8 @@ void CollectiveEngine::finish(const std::shared_ptr<Job>& job, std::exception_pt
   if (job->writes_registered) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (const void* w : job->writes) in_flight_writes_.erase(in_flight_writes_.find(w));
+      for (const MemSpan& w : job->writes)
+        in_flight_writes_.erase(std::find(in_flight_writes_.begin(), in_flight_writes_.end(), w));
     }
     job->writes_registered = false;
     writers_cv_.notify_all();

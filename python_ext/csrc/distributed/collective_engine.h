@@ -32,13 +32,13 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,6 +46,28 @@
 namespace npub::dist {
 
 using GlooWorks = std::vector<c10::intrusive_ptr<c10d::Work>>;
+
+// The bytes a tensor's elements occupy: views of one buffer that do not
+// overlap (DDP's bucket views, FSDP's shards of a flat parameter) do not
+// order their collectives against each other.
+struct MemSpan {
+  uintptr_t begin = 0, end = 0;  // [begin, end); empty for an empty tensor
+  bool overlaps(const MemSpan& o) const { return begin < o.end && o.begin < end; }
+  bool operator==(const MemSpan& o) const { return begin == o.begin && end == o.end; }
+};
+
+inline MemSpan memory_span(const at::Tensor& t) {
+  if (t.numel() == 0) return {};
+  int64_t low = 0, high = 0;  // element offsets from data_ptr
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    const int64_t extent = (t.size(d) - 1) * t.stride(d);
+    (extent < 0 ? low : high) += extent;
+  }
+  const auto base = reinterpret_cast<uintptr_t>(t.data_ptr());
+  const auto elem = static_cast<int64_t>(t.element_size());
+  return {static_cast<uintptr_t>(static_cast<int64_t>(base) + low * elem),
+          static_cast<uintptr_t>(static_cast<int64_t>(base) + (high + 1) * elem)};
+}
 
 // One pipelined piece of a collective.
 struct Step {
@@ -64,18 +86,15 @@ struct Job {
   std::vector<Step> steps;
   std::vector<at::Tensor> keep_alive;
   std::vector<StagingLease> staging;
-  // Storages the job reads and writes, for the order between in-flight
+  // Memory the job reads and writes, for the order between in-flight
   // collectives (Note [A collective reads after the previous ones wrote]).
-  std::vector<const void*> reads, writes;
+  std::vector<MemSpan> reads, writes;
   // recv from any source: the sender's rank, from the last step's gloo work.
   std::function<int(const GlooWorks&)> source_rank;
   // Set by the engine.
   bool writes_registered = false;
   bool failed = false;
 };
-
-// What Job::reads and Job::writes hold for a tensor.
-inline const void* storage_key(const at::Tensor& t) { return t.storage().unsafeGetStorageImpl(); }
 
 class CollectiveEngine {
  public:
@@ -119,7 +138,7 @@ class CollectiveEngine {
   std::chrono::milliseconds timeout_;
   std::deque<std::shared_ptr<Job>> pending_;  // issued, not launched
   std::deque<Launched> launched_;             // launched steps, FIFO
-  std::multiset<const void*> in_flight_writes_;
+  std::vector<MemSpan> in_flight_writes_;
   std::map<int, sim::Stream*> streams_;
   std::string broken_;
   bool stopping_ = false;

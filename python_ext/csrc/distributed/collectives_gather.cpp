@@ -50,11 +50,11 @@ int64_t total_numel(const std::vector<at::Tensor>& ts) {
 void keep(Job& job, const std::vector<at::Tensor>& reads, const std::vector<at::Tensor>& writes) {
   for (const at::Tensor& t : reads) {
     job.keep_alive.push_back(t);
-    job.reads.push_back(storage_key(t));
+    job.reads.push_back(memory_span(t));
   }
   for (const at::Tensor& t : writes) {
     job.keep_alive.push_back(t);
-    job.writes.push_back(storage_key(t));
+    job.writes.push_back(memory_span(t));
   }
 }
 

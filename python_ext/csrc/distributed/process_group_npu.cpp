@@ -18,7 +18,9 @@ namespace npub::dist {
 namespace {
 
 // Chunks of a pipelined allreduce or broadcast (NPUB_DIST_CHUNK_BYTES to
-// tune; the figures are in the commit that chose the default).
+// tune). 4 MiB: smaller chunks pay gloo's per-call cost more often, larger
+// ones leave less of the staging copies hidden behind gloo (the figures
+// are in the commit that chose it).
 int64_t chunk_bytes_from_env() {
   const char* v = std::getenv("NPUB_DIST_CHUNK_BYTES");
   if (v == nullptr || *v == '\0') return int64_t{4} << 20;
@@ -121,8 +123,8 @@ at::Tensor piece(const at::Tensor& t, int64_t offset, int64_t len) {
 void ProcessGroupNPU::add_allreduce(Job& job, const at::Tensor& t, const c10d::ReduceOp& op) {
   const int64_t n = t.numel();
   job.keep_alive.push_back(t);
-  job.reads.push_back(storage_key(t));
-  job.writes.push_back(storage_key(t));
+  job.reads.push_back(memory_span(t));
+  job.writes.push_back(memory_span(t));
   if (n == 0) {
     job.steps.emplace_back();  // nothing to carry; still completes in order
     return;
@@ -195,7 +197,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::broadcast(std::vector<at::Tensor
   job->signature = signature(op, t.scalar_type(), {t.sizes().vec()}, opts.rootRank);
   const bool root = opts.rootRank == getRank();
   job->keep_alive.push_back(t);
-  (root ? job->reads : job->writes).push_back(storage_key(t));
+  (root ? job->reads : job->writes).push_back(memory_span(t));
   const int64_t n = t.numel();
   if (n == 0) job->steps.emplace_back();
   const at::Tensor host = n > 0 ? stage(*job, t.scalar_type(), n) : at::Tensor();
@@ -231,8 +233,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::reduce(std::vector<at::Tensor>& 
   job->signature = signature(op, t.scalar_type(), {t.sizes().vec()}, opts.rootRank, opts.reduceOp.op_);
   const bool root = opts.rootRank == getRank();
   job->keep_alive.push_back(t);
-  job->reads.push_back(storage_key(t));
-  if (root) job->writes.push_back(storage_key(t));
+  job->reads.push_back(memory_span(t));
+  if (root) job->writes.push_back(memory_span(t));
   Step step;
   if (t.numel() > 0) {
     at::Tensor h = stage(*job, t.scalar_type(), t.numel());
@@ -274,7 +276,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::send(std::vector<at::Tensor>& te
   check_input(op, "tensor", t, device);
   auto job = new_job(c10d::OpType::SEND, op, device, tensors, dst_rank);
   job->keep_alive.push_back(t);
-  job->reads.push_back(storage_key(t));
+  job->reads.push_back(memory_span(t));
   Step step;
   at::Tensor h = stage(*job, t.scalar_type(), t.numel());
   step.to_host = [h, t](sim::Stream& s) { queue_to_host(s, h, t); };
@@ -296,7 +298,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::recv(std::vector<at::Tensor>& te
   check_output(op, "tensor", t, device);
   auto job = new_job(c10d::OpType::RECV, op, device, tensors, src_rank);
   job->keep_alive.push_back(t);
-  job->writes.push_back(storage_key(t));
+  job->writes.push_back(memory_span(t));
   Step step;
   at::Tensor h = stage(*job, t.scalar_type(), t.numel());
   step.launch = [gloo = gloo_, h, src_rank, tag] {
@@ -317,7 +319,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::recvAnysource(std::vector<at::Te
   check_output(op, "tensor", t, device);
   auto job = new_job(c10d::OpType::RECVANYSOURCE, op, device, tensors, -2);
   job->keep_alive.push_back(t);
-  job->writes.push_back(storage_key(t));
+  job->writes.push_back(memory_span(t));
   Step step;
   at::Tensor h = stage(*job, t.scalar_type(), t.numel());
   step.launch = [gloo = gloo_, h, tag] {

@@ -247,6 +247,13 @@ def _check_p2p_and_async(rank, world):
     w2.wait()
     w1.wait()
     _same(t, torch.full((4,), 12.0), "two async all_reduce on one tensor")
+    # Overlapping views of one buffer are ordered too; disjoint ones need not be.
+    buf = torch.ones(8, device=NPU)
+    ws = [dist.all_reduce(buf[0:4], async_op=True), dist.all_reduce(buf[2:6], async_op=True),
+          dist.all_reduce(buf[6:8], async_op=True)]
+    for w in ws:
+        w.wait()
+    _same(buf, torch.tensor([2.0, 2, 4, 4, 2, 2, 2, 2]), "async all_reduce on overlapping views")
     # Coalesced fast paths (_coalescing_manager): all_gather_into_tensor and
     # reduce_scatter_tensor on lists.
     a, b = _values(rank, (3,), torch.float32, 43).to(NPU), _values(rank, (2,), torch.float32, 44).to(NPU)
@@ -265,6 +272,12 @@ def _check_p2p_and_async(rank, world):
     cm.wait()
     _same(ra, (torch.arange(4.0) * 2 + 1)[2 * rank:2 * rank + 2], "coalesced reduce_scatter_tensor")
     _same(rb, (torch.arange(6.0) * 3)[3 * rank:3 * rank + 3], "coalesced reduce_scatter_tensor (2)")
+    # all_gather_coalesced (lists of outputs per input; one dtype, as torch requires).
+    outs = [[torch.empty(2, 2, device=NPU) for _ in range(world)], [torch.empty(3, device=NPU) for _ in range(world)]]
+    dist.all_gather_coalesced(outs, [_values(rank, (2, 2), torch.float32, 45).to(NPU), _values(rank, (3,), torch.float32, 46).to(NPU)])
+    for r in range(world):
+        _same(outs[0][r], _values(r, (2, 2), torch.float32, 45), f"all_gather_coalesced [0][{r}]")
+        _same(outs[1][r], _values(r, (3,), torch.float32, 46), f"all_gather_coalesced [1][{r}]")
     dist.barrier()
 
 
