@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: ./scripts/bench.sh core|cann|torch|mindspeed|vllm [--quick]
+# Benchmarks: ./scripts/bench.sh core|cann|torch|mindspeed|vllm|dist [--quick]
 # Prints the results and writes bench/results/<suite>.json.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 suite="${1:-core}"
@@ -29,8 +29,12 @@ case "$suite" in
     (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error \
        python3 -m npubridge.vllm.bench --json "$NPUB_ROOT/bench/results/vllm.json" "${@:2}")
     ;;
+  dist)
+    (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error GLOO_SOCKET_IFNAME=lo \
+       python3 "$NPUB_ROOT/bench/bench_dist.py" "$NPUB_ROOT/bench/results/dist.json" "${@:2}")
+    ;;
   *)
-    echo "bench.sh: unknown suite '$suite' (known: core, cann, torch, mindspeed, vllm)" >&2
+    echo "bench.sh: unknown suite '$suite' (known: core, cann, torch, mindspeed, vllm, dist)" >&2
     exit 2
     ;;
 esac
