@@ -85,8 +85,30 @@ void swap_in_cpu_generators(const c10::OperatorHandle& op, torch::jit::Stack* st
 // - The fused LSTM/GRU cells (and backwards) that RNN.cpp calls for
 //   accelerators run composed of CPU ops, as ATen's CPU cells compute
 //   (rnn_cells.h).
+//
+// Note [native_batch_norm writes what its schema hides]
+// aten::native_batch_norm updates running_mean and running_var in place in
+// training, but its schema marks neither as written, so ATen's CPU fallback,
+// which copies back only the arguments a schema marks, updated CPU copies
+// and dropped them: an npu BatchNorm's running statistics never moved, and
+// eval() was silently wrong. The same call runs as
+// _native_batch_norm_legit, the op ATen made for this with the same
+// arguments and returns and the writes marked, whenever both statistics
+// are given.
 const c10::OperatorHandle& cpu_op_for(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string& name = op.schema().operator_name().name;
+  if (name == "aten::native_batch_norm" && op.schema().overload_name().empty()) {
+    const size_t first = stack->size() - op.schema().arguments().size();
+    const c10::IValue& running_mean = (*stack)[first + 3];
+    const c10::IValue& running_var = (*stack)[first + 4];
+    if (running_mean.isTensor() && running_mean.toTensor().defined() && running_var.isTensor() &&
+        running_var.toTensor().defined()) {
+      static const c10::OperatorHandle legit =
+          c10::Dispatcher::singleton().findSchemaOrThrow("aten::_native_batch_norm_legit", "");
+      return legit;
+    }
+    return op;
+  }
   if (name == "aten::convolution_overrideable") {
     static const c10::OperatorHandle conv =
         c10::Dispatcher::singleton().findSchemaOrThrow("aten::convolution", "");
