@@ -27,10 +27,19 @@ import torch.multiprocessing.reductions as _reductions
 _QUEUE_FEEDER_THREAD = "QueueFeederThread"
 
 
+def _device(obj) -> torch.device:
+    """The device of a tensor or storage; a TypedStorage's through its
+    untyped storage (its own `.device` warns that TypedStorage is
+    deprecated, in every DataLoader worker that sends a batch)."""
+    if isinstance(obj, torch.TypedStorage):
+        return obj._untyped_storage.device
+    return obj.device
+
+
 def _message(obj, reducer) -> str:
     kind = "tensor" if isinstance(obj, torch.Tensor) else "storage"
     return (f"npubridge: npu tensors cannot be shared between processes yet (torch.multiprocessing's "
-            f"{reducer} was given a {kind} on {obj.device}); move it to the CPU first (tensor.cpu()), send "
+            f"{reducer} was given a {kind} on {_device(obj)}); move it to the CPU first (tensor.cpu()), send "
             f"that, and move it to the npu in the receiving process")
 
 
@@ -42,7 +51,7 @@ def _raise_not_shared(message: str):
 
 def _refusing(reducer):
     def reduce(obj):
-        if obj.device.type != "npu":
+        if _device(obj).type != "npu":
             return reducer(obj)
         message = _message(obj, f"{reducer.__module__}.{reducer.__name__}")
         if threading.current_thread().name == _QUEUE_FEEDER_THREAD:
