@@ -369,13 +369,21 @@ def _body(rank, world):
 
 
 def _body_npu_only(rank, world):
-    # Each rank on its own device (npu:0, npu:1), the group "npu" alone.
+    # Each rank on its own device (npu:0, npu:1), the group "npu" alone,
+    # chosen by torch from the device_id (the README's alternative to naming
+    # the backend; a bare init_process_group() leaves DDP without a default
+    # backend in torch 2.13).
     torch.npu.set_device(rank)
-    dist.init_process_group("npu", timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(device_id=torch.device(NPU, rank), timeout=datetime.timedelta(seconds=60))
     assert dist.get_backend() == "npu"
     t = torch.full((3,), float(rank), device=f"npu:{rank}")
     dist.all_reduce(t)
     _same(t, torch.full((3,), 1.0), "all_reduce on npu:<rank>")
+    # DDP finds the group's default backend (its constructor asks for it).
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1).to(t.device))
+    ddp(torch.full((1, 2), float(rank), device=t.device)).sum().backward()
+    # d(w.x + b)/dw = x, averaged over the ranks' x = (0, 0) and (1, 1): exact.
+    _same(ddp.module.weight.grad, torch.full((1, 2), 0.5), "DDP gradient on a device_id group")
     dist.barrier()
     return t.device.index
 
