@@ -70,6 +70,14 @@ void check_reduce_op(const char* op, const c10d::ReduceOp& reduce_op, at::Scalar
                         ": ReduceOp.AVG needs a floating-point tensor, found ", dtype_name(dtype),
                         " (gloo averages floating-point tensors only; reduce with SUM and divide)");
       return;
+    case c10d::ReduceOp::PREMUL_SUM:
+      TORCH_CHECK_VALUE(at::isFloatingType(dtype), "npu backend: ", op,
+                        ": ReduceOp.PREMUL_SUM needs a floating-point tensor, found ", dtype_name(dtype),
+                        " (as NCCL's premul sum)");
+      TORCH_CHECK_VALUE(reduce_op.supplement_, "npu backend: ", op,
+                        ": ReduceOp.PREMUL_SUM has no factor (make it with "
+                        "torch.distributed._make_nccl_premul_sum(factor))");
+      return;
     case c10d::ReduceOp::BAND:
     case c10d::ReduceOp::BOR:
     case c10d::ReduceOp::BXOR:
@@ -80,7 +88,7 @@ void check_reduce_op(const char* op, const c10d::ReduceOp& reduce_op, at::Scalar
     default:
       TORCH_CHECK_VALUE(
           false, "npu backend: ", op, ": ReduceOp.", reduce_op_name(reduce_op.op_),
-          " is not supported (the gloo transport has SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR)");
+          " is not supported (supported: SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM)");
   }
 }
 

@@ -79,7 +79,7 @@ void ProcessGroupNPU::add_allgather(Job& job, const at::Tensor& input,
 }
 
 void ProcessGroupNPU::add_reduce_scatter(Job& job, const at::Tensor& output,
-                                         const std::vector<at::Tensor>& inputs, const c10d::ReduceOp& op) {
+                                         const std::vector<at::Tensor>& inputs, const GlooReduce& op) {
   keep(job, inputs, {output});
   const int64_t n = output.numel();
   Step step;
@@ -88,9 +88,10 @@ void ProcessGroupNPU::add_reduce_scatter(Job& job, const at::Tensor& output,
     at::Tensor out = stage(job, output.scalar_type(), n);
     step.to_host = [in, inputs](sim::Stream& s) { from_pieces(s, in, inputs); };
     step.launch = [gloo = gloo_, in, out, op] {
+      op.premultiply(in);
       at::Tensor i = in, o = out;
       c10d::ReduceScatterOptions opts;
-      opts.reduceOp = op;
+      opts.reduceOp = op.op;
       return GlooWorks{gloo->_reduce_scatter_base(o, i, opts)};
     };
     step.to_device = [out, output](sim::Stream& s) { queue_to_device(s, output, out); };
@@ -308,7 +309,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::reduce_scatter(std::vector<at::T
   }
   auto job = new_job(c10d::OpType::REDUCE_SCATTER, op, device, {output});
   job->signature = signature(op, output.scalar_type(), {output.sizes().vec()}, -1, opts.reduceOp.op_);
-  add_reduce_scatter(*job, output, inputs[0], opts.reduceOp);
+  add_reduce_scatter(*job, output, inputs[0], gloo_reduce(op, opts.reduceOp, output.scalar_type()));
   return submit(std::move(job));
 }
 
@@ -323,7 +324,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::_reduce_scatter_base(at::Tensor&
   check_reduce_op(op, opts.reduceOp, output.scalar_type());
   auto job = new_job(c10d::OpType::_REDUCE_SCATTER_BASE, op, device, {output});
   job->signature = signature(op, output.scalar_type(), {output.sizes().vec()}, -1, opts.reduceOp.op_);
-  add_reduce_scatter(*job, output, {input}, opts.reduceOp);
+  add_reduce_scatter(*job, output, {input}, gloo_reduce(op, opts.reduceOp, output.scalar_type()));
   return submit(std::move(job));
 }
 
@@ -346,10 +347,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::reduce_scatter_tensor_coalesced(
     shapes.push_back(outputs[i].sizes().vec());
   }
   check_reduce_op(op, opts.reduceOp, outputs[0].scalar_type());
+  const GlooReduce reduce_op = gloo_reduce(op, opts.reduceOp, outputs[0].scalar_type());
   auto job = new_job(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, op, device, outputs);
   job->signature = signature(op, outputs[0].scalar_type(), std::move(shapes), -1, opts.reduceOp.op_);
-  for (size_t i = 0; i < outputs.size(); ++i)
-    add_reduce_scatter(*job, outputs[i], {inputs[i]}, opts.reduceOp);
+  for (size_t i = 0; i < outputs.size(); ++i) add_reduce_scatter(*job, outputs[i], {inputs[i]}, reduce_op);
   return submit(std::move(job));
 }
 

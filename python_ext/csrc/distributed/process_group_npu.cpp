@@ -3,6 +3,7 @@
 // scattering ones are in collectives_gather.cpp.
 #include "distributed/process_group_npu.h"
 
+#include <ATen/ops/scalar_tensor.h>
 #include <c10/util/Exception.h>
 
 #include "distributed/arg_checks.h"
@@ -104,6 +105,38 @@ int64_t ProcessGroupNPU::chunk_elements(const at::Tensor& t) const {
   return std::max<int64_t>(1, chunk_bytes_ / static_cast<int64_t>(t.element_size()));
 }
 
+// Note [PREMUL_SUM over gloo]
+// NCCL's premul sum multiplies each rank's input by the factor in the
+// tensor's dtype (the factor converted to it: T(double_factor), or a
+// one-element tensor of that dtype), then sums. Here the multiply runs on the
+// staged host copy (the caller's input is left as it was, as with NCCL), in
+// the collective's dtype, and gloo sums. The factor is read on the caller's
+// thread at issue: a factor tensor on the npu device is copied to the host
+// then, after the work queued before on the caller's stream (NCCL reads it
+// when the collective runs, which is after that work too).
+GlooReduce gloo_reduce(const char* op, const c10d::ReduceOp& reduce_op, at::ScalarType dtype) {
+  if (reduce_op.op_ != c10d::ReduceOp::PREMUL_SUM) return GlooReduce{reduce_op, at::Tensor()};
+  // The supplement of a PREMUL_SUM is always this type (torch makes it in
+  // makePreMulSum); ProcessGroupNCCL downcasts it the same way.
+  const auto* s = static_cast<const c10d::PreMulSumSupplement*>(reduce_op.supplement_.get());
+  const at::TensorOptions cpu = at::TensorOptions().device(at::kCPU).dtype(dtype);
+  at::Tensor factor;
+  if (s->tensor_factor.defined()) {
+    const at::Tensor& f = s->tensor_factor;
+    TORCH_CHECK_VALUE(f.device().is_cpu() || f.device().is_privateuseone(), "npu backend: ", op,
+                      ": the factor of ReduceOp.PREMUL_SUM must be a CPU or npu tensor, found one on ",
+                      f.device());
+    TORCH_CHECK_TYPE(!f.is_complex(), "npu backend: ", op,
+                     ": the factor of ReduceOp.PREMUL_SUM must be real, found dtype ",
+                     dtype_name(f.scalar_type()));
+    // A copy: the caller may change its tensor after the call returns.
+    factor = f.to(cpu, /*non_blocking=*/false, /*copy=*/true).reshape({});
+  } else {
+    factor = at::scalar_tensor(s->double_factor, cpu);
+  }
+  return GlooReduce{c10d::ReduceOp(c10d::ReduceOp::SUM), std::move(factor)};
+}
+
 namespace {
 
 // The elements [offset, offset + len) of `t` when it is contiguous (a chunk),
@@ -120,7 +153,7 @@ at::Tensor piece(const at::Tensor& t, int64_t offset, int64_t len) {
 // while gloo carries chunk k and the completer copies chunk k-1 back. Every
 // rank cuts the same chunks (same shapes: the signature check), so the gloo
 // calls match across ranks.
-void ProcessGroupNPU::add_allreduce(Job& job, const at::Tensor& t, const c10d::ReduceOp& op) {
+void ProcessGroupNPU::add_allreduce(Job& job, const at::Tensor& t, const GlooReduce& op) {
   const int64_t n = t.numel();
   job.keep_alive.push_back(t);
   job.reads.push_back(memory_span(t));
@@ -138,9 +171,10 @@ void ProcessGroupNPU::add_allreduce(Job& job, const at::Tensor& t, const c10d::R
     Step step;
     step.to_host = [h, d](sim::Stream& s) { queue_to_host(s, h, d); };
     step.launch = [gloo = gloo_, h, op] {
+      op.premultiply(h);
       std::vector<at::Tensor> v{h};
       c10d::AllreduceOptions o;
-      o.reduceOp = op;
+      o.reduceOp = op.op;
       return GlooWorks{gloo->allreduce(v, o)};
     };
     step.to_device = [h, d](sim::Stream& s) { queue_to_device(s, d, h); };
@@ -157,9 +191,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::allreduce(std::vector<at::Tensor
   int device = -1;
   check_output(op, "tensor", tensors[0], device);
   check_reduce_op(op, opts.reduceOp, tensors[0].scalar_type());
+  const GlooReduce reduce_op = gloo_reduce(op, opts.reduceOp, tensors[0].scalar_type());
   auto job = new_job(c10d::OpType::ALLREDUCE, op, device, tensors);
   job->signature = signature(op, tensors[0].scalar_type(), {tensors[0].sizes().vec()}, -1, opts.reduceOp.op_);
-  add_allreduce(*job, tensors[0], opts.reduceOp);
+  add_allreduce(*job, tensors[0], reduce_op);
   return submit(std::move(job));
 }
 
@@ -176,9 +211,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::allreduce_coalesced(
     shapes.push_back(tensors[i].sizes().vec());
   }
   check_reduce_op(op, opts.reduceOp, tensors[0].scalar_type());
+  const GlooReduce reduce_op = gloo_reduce(op, opts.reduceOp, tensors[0].scalar_type());
   auto job = new_job(c10d::OpType::ALLREDUCE_COALESCED, op, device, tensors);
   job->signature = signature(op, tensors[0].scalar_type(), std::move(shapes), -1, opts.reduceOp.op_);
-  for (const at::Tensor& t : tensors) add_allreduce(*job, t, opts.reduceOp);
+  for (const at::Tensor& t : tensors) add_allreduce(*job, t, reduce_op);
   return submit(std::move(job));
 }
 
@@ -229,6 +265,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::reduce(std::vector<at::Tensor>& 
   const at::Tensor t = tensors[0];
   check_output(op, "tensor", t, device);
   check_reduce_op(op, opts.reduceOp, t.scalar_type());
+  const GlooReduce reduce_op = gloo_reduce(op, opts.reduceOp, t.scalar_type());
   auto job = new_job(c10d::OpType::REDUCE, op, device, tensors);
   job->signature = signature(op, t.scalar_type(), {t.sizes().vec()}, opts.rootRank, opts.reduceOp.op_);
   const bool root = opts.rootRank == getRank();
@@ -239,11 +276,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::reduce(std::vector<at::Tensor>& 
   if (t.numel() > 0) {
     at::Tensor h = stage(*job, t.scalar_type(), t.numel());
     step.to_host = [h, t](sim::Stream& s) { queue_to_host(s, h, t); };
-    step.launch = [gloo = gloo_, h, opts] {
+    step.launch = [gloo = gloo_, h, reduce_op, root_rank = opts.rootRank] {
+      reduce_op.premultiply(h);
       std::vector<at::Tensor> v{h};
       c10d::ReduceOptions o;
-      o.reduceOp = opts.reduceOp;
-      o.rootRank = opts.rootRank;
+      o.reduceOp = reduce_op.op;
+      o.rootRank = root_rank;
       return GlooWorks{gloo->reduce(v, o)};
     };
     // Only the destination receives the result (other ranks' tensors are

@@ -24,6 +24,21 @@
 
 namespace npub::dist {
 
+// A reduce op as gloo runs it. Gloo has no ReduceOp.PREMUL_SUM (NCCL's
+// "multiply each rank's input by a factor, then sum", which FSDP2 uses for a
+// gradient divide factor): it becomes SUM of the staged inputs, each
+// multiplied by the factor first (Note [PREMUL_SUM over gloo]).
+struct GlooReduce {
+  c10d::ReduceOp op;  // what gloo is asked for
+  at::Tensor factor;  // PREMUL_SUM: a 0-d CPU tensor of the collective's dtype; else undefined
+  // On the launcher thread, after the device -> host copy of `staged`.
+  void premultiply(const at::Tensor& staged) const {
+    if (factor.defined()) staged.mul_(factor);
+  }
+};
+// On the caller's thread, after check_reduce_op.
+GlooReduce gloo_reduce(const char* op, const c10d::ReduceOp& reduce_op, at::ScalarType dtype);
+
 class ProcessGroupNPU final : public c10d::Backend {
  public:
   // `gloo` is a ProcessGroupGloo of the same ranks (held as a plain
@@ -101,12 +116,12 @@ class ProcessGroupNPU final : public c10d::Backend {
                                int peer = -1);
   c10::intrusive_ptr<c10d::Work> submit(std::unique_ptr<Job> job);
   at::Tensor stage(Job& job, at::ScalarType dtype, int64_t numel);
-  void add_allreduce(Job& job, const at::Tensor& t, const c10d::ReduceOp& op);
+  void add_allreduce(Job& job, const at::Tensor& t, const GlooReduce& op);
   // `outputs` / `inputs`: the consecutive pieces of the gathered whole (one
   // tensor of size x numel, or one per rank).
   void add_allgather(Job& job, const at::Tensor& input, const std::vector<at::Tensor>& outputs);
   void add_reduce_scatter(Job& job, const at::Tensor& output, const std::vector<at::Tensor>& inputs,
-                          const c10d::ReduceOp& op);
+                          const GlooReduce& op);
   Signature signature(const char* op, at::ScalarType dtype, std::vector<std::vector<int64_t>> shapes,
                       int64_t root = -1, int reduce_op = -1) const;
   int64_t chunk_elements(const at::Tensor& t) const;

@@ -4,9 +4,13 @@ Registered when npubridge is imported, for the npu device type, so that
 
     dist.init_process_group("npu")               # npu tensors only
     dist.init_process_group("cpu:gloo,npu:npu")  # CPU tensors over gloo too
-    dist.init_process_group()                    # the default for npu devices
+    dist.init_process_group(device_id=torch.device("npu", i))  # "npu", the default for npu
 
-work, and `dist.get_backend()` reports "npu". The creator builds a real
+work. (`dist.init_process_group()` with neither a backend nor a device_id
+uses this backend for npu tensors too, but torch 2.13 then sets the group's
+default backend type to gloo, which it never creates: DDP fails with "Could
+not find backend type 1". The creator has no hold on that; the README says
+to name the backend.) The creator builds a real
 ProcessGroupGloo of the same ranks on the group's store (under the prefix
 "npu_gloo/", apart from any "cpu:gloo" group of the same ranks) and wraps it
 in the C++ backend `npubridge._C_dist.ProcessGroupNPU`, which stages npu

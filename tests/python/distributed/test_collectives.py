@@ -165,6 +165,77 @@ def _check_reduce_scatter(rank, world):
     _same(out, whole[2 * rank:2 * rank + 2].contiguous(), "reduce_scatter_tensor MAX of a transposed view")
 
 
+def _check_premul_sum(rank, world):
+    """ReduceOp.PREMUL_SUM (NCCL's: each rank's input times the factor, then
+    SUM; FSDP2 uses it for a gradient divide factor) against Gloo SUM of the
+    pre-multiplied CPU tensors. Exact equality: the backend multiplies the
+    staged copy by the factor rounded to the tensor's dtype, in that dtype, as
+    the reference does here; one IEEE multiply, correctly rounded (for
+    fp16/bf16 the float product of two such values is exact, then rounded
+    once), so both sides sum the same values with the same gloo SUM."""
+    def premul(x, f):
+        return x * torch.tensor(f, dtype=x.dtype)  # the factor in the dtype, as NCCL's T(factor)
+
+    def gloo_sum(x):
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    third = 1.0 / 3.0  # not exact in any dtype: rounding the factor to the dtype matters
+    for dtype in [torch.float32, torch.bfloat16, torch.float16, torch.float64]:
+        for shape in [(13,), (2, 3), (0,)]:
+            x = _values(rank, shape, dtype, 50)
+            t = x.to(NPU)
+            dist.all_reduce(t, op=dist._make_nccl_premul_sum(third))
+            _same(t, gloo_sum(premul(x, third)), f"all_reduce PREMUL_SUM {dtype} {shape}")
+        # reduce_scatter_tensor (FSDP2's path, ReduceOp.PREMUL_SUM(f) spelling); the input is left as it was.
+        whole = _values(rank, (2 * world,), dtype, 51)
+        inp, out = whole.to(NPU), torch.empty(2, dtype=dtype, device=NPU)
+        dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.PREMUL_SUM(0.1))
+        _same(out, gloo_sum(premul(whole, 0.1))[2 * rank:2 * rank + 2], f"reduce_scatter_tensor PREMUL_SUM {dtype}")
+        _same(inp, whole, f"reduce_scatter_tensor PREMUL_SUM {dtype}: input unchanged")
+    # Factor tensors (one element, on npu or on the CPU), several chunks, the other reducing collectives.
+    x = _values(rank, (6,), torch.float32, 52)
+    for factor in [torch.tensor(0.3, device=NPU), torch.tensor([0.7])]:
+        t = x.to(NPU)
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor))
+        _same(t, gloo_sum(premul(x, factor.item())), f"all_reduce PREMUL_SUM factor tensor on {factor.device}")
+    n = (6 << 20) // 4 + 3  # more than one pipelined chunk
+    x = _values(rank, (n,), torch.float32, 53)
+    t = x.to(NPU)
+    dist.all_reduce(t, op=dist._make_nccl_premul_sum(third))
+    _same(t, gloo_sum(premul(x, third)), "all_reduce PREMUL_SUM 6 MiB")
+    xs = [_values(rank * world + j, (3,), torch.bfloat16, 54) for j in range(world)]
+    out = torch.empty(3, dtype=torch.bfloat16, device=NPU)
+    dist.reduce_scatter(out, [v.to(NPU) for v in xs], op=dist._make_nccl_premul_sum(third))
+    _same(out, gloo_sum(premul(torch.cat(xs), third))[3 * rank:3 * rank + 3], "reduce_scatter PREMUL_SUM")
+    ia, ib = _values(rank, (4,), torch.float32, 55), _values(rank, (6,), torch.float32, 56)
+    ra, rb = torch.empty(2, device=NPU), torch.empty(3, device=NPU)
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.reduce_scatter_tensor(ra, ia.to(NPU), op=dist._make_nccl_premul_sum(0.25))
+        dist.reduce_scatter_tensor(rb, ib.to(NPU), op=dist._make_nccl_premul_sum(0.25))
+    cm.wait()
+    _same(ra, gloo_sum(premul(ia, 0.25))[2 * rank:2 * rank + 2], "coalesced reduce_scatter_tensor PREMUL_SUM")
+    _same(rb, gloo_sum(premul(ib, 0.25))[3 * rank:3 * rank + 3], "coalesced reduce_scatter_tensor PREMUL_SUM (2)")
+    a, b = _values(rank, (5,), torch.float16, 57), _values(rank, (2, 2), torch.float16, 58)
+    ta, tb = a.to(NPU), b.to(NPU)
+    dist.all_reduce_coalesced([ta, tb], op=dist._make_nccl_premul_sum(third))
+    _same(ta, gloo_sum(premul(a, third)), "all_reduce_coalesced PREMUL_SUM")
+    _same(tb, gloo_sum(premul(b, third)), "all_reduce_coalesced PREMUL_SUM (2)")
+    for root in range(world):
+        x = _values(rank, (7,), torch.float32, 59)
+        t = x.to(NPU)
+        dist.reduce(t, dst=root, op=dist._make_nccl_premul_sum(third))
+        want = gloo_sum(premul(x, third))  # on every rank (a collective)
+        _same(t, want if rank == root else x, f"reduce PREMUL_SUM dst={root}")
+    # Integer tensors: a named error on the caller's thread (NCCL's premul sum is for floats here too).
+    try:
+        dist.all_reduce(torch.ones(2, dtype=torch.int64, device=NPU), op=dist._make_nccl_premul_sum(2.0))
+        raise AssertionError("all_reduce PREMUL_SUM on int64 did not raise")
+    except ValueError as e:
+        assert "allreduce" in str(e) and "PREMUL_SUM needs a floating-point tensor" in str(e) and "torch.int64" in str(e), e
+
+
 def _check_alltoall(rank, world):
     # Even split, then uneven: 7 elements over 2 ranks with different splits.
     for dtype in [torch.float32, torch.int64, torch.bfloat16]:
@@ -291,19 +362,28 @@ def _body(rank, world):
     _check_allreduce(rank, world)
     _check_copies(rank, world)
     _check_reduce_scatter(rank, world)
+    _check_premul_sum(rank, world)
     _check_alltoall(rank, world)
     _check_p2p_and_async(rank, world)
     return "ok"
 
 
 def _body_npu_only(rank, world):
-    # Each rank on its own device (npu:0, npu:1), the group "npu" alone.
+    # Each rank on its own device (npu:0, npu:1), the group "npu" alone,
+    # chosen by torch from the device_id (the README's alternative to naming
+    # the backend; a bare init_process_group() leaves DDP without a default
+    # backend in torch 2.13).
     torch.npu.set_device(rank)
-    dist.init_process_group("npu", timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(device_id=torch.device(NPU, rank), timeout=datetime.timedelta(seconds=60))
     assert dist.get_backend() == "npu"
     t = torch.full((3,), float(rank), device=f"npu:{rank}")
     dist.all_reduce(t)
     _same(t, torch.full((3,), 1.0), "all_reduce on npu:<rank>")
+    # DDP finds the group's default backend (its constructor asks for it).
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1).to(t.device))
+    ddp(torch.full((1, 2), float(rank), device=t.device)).sum().backward()
+    # d(w.x + b)/dw = x, averaged over the ranks' x = (0, 0) and (1, 1): exact.
+    _same(ddp.module.weight.grad, torch.full((1, 2), 0.5), "DDP gradient on a device_id group")
     dist.barrier()
     return t.device.index
 

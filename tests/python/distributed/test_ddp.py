@@ -80,7 +80,10 @@ def _body(rank, world_size, check_no_sync, backend):
     log = ddp._get_ddp_logging_data()
     result = {"device": str(dev), "backend": dist.get_backend(),
               "buckets": [int(b) for b in log["rebuilt_bucket_sizes"].split(",")],
-              "buckets_reduced": log.get("num_buckets_reduced")}
+              "buckets_reduced": log.get("num_buckets_reduced"),
+              # Device times (ns) from npubridge's c10d Timer for npu modules.
+              "times": {k: log.get(k, 0) for k in ("avg_forward_compute_time", "avg_backward_compute_time",
+                                                   "avg_backward_comm_time")}}
 
     no_sync_grad = None
     if check_no_sync:
@@ -115,8 +118,15 @@ def _body(rank, world_size, check_no_sync, backend):
     return result
 
 
-def _check(results, world_size, check_no_sync):
+TIME_STATS_WARNING = "Time stats are currently only collected for CPU and CUDA devices"
+
+
+def _check(results, world_size, check_no_sync, stderr):
     r0 = results[0]
+    # DDP found a Timer for npu (npubridge/_C_dist's): no warning, and times
+    # (no timing assertion beyond "measured": each is a positive duration).
+    assert TIME_STATS_WARNING not in stderr
+    assert all(t > 0 for r in results for t in r["times"].values()), [r["times"] for r in results]
     assert len(r0["buckets"]) >= 3, r0["buckets"]
     assert r0["weight_error"] <= 1e-5, r0
     if check_no_sync:
@@ -125,16 +135,17 @@ def _check(results, world_size, check_no_sync):
     print(results)
 
 
-def test_ddp_with_a_device_per_rank_trains_to_the_full_batch_weights():
+# capfd: the ranks write c10's warnings to the stderr they inherit.
+def test_ddp_with_a_device_per_rank_trains_to_the_full_batch_weights(capfd):
     results = run_ranks(_body, world_size=2, timeout=120, env={"NPUB_SIM_DEVICES": "2"}, args=(True, "npu"))
     assert [r["device"] for r in results] == ["npu:0", "npu:1"] and results[0]["backend"] == "npu"
-    _check(results, 2, True)
+    _check(results, 2, True, capfd.readouterr().err)
 
 
-def test_ddp_with_two_ranks_on_one_shared_device():
+def test_ddp_with_two_ranks_on_one_shared_device(capfd):
     # (and the other spelling of the backend, CPU tensors over gloo beside it)
     results = run_ranks(_body, world_size=2, timeout=120, env={"NPUB_SIM_DEVICES": "1"},
                         args=(False, "cpu:gloo,npu:npu"))
     assert [r["device"] for r in results] == ["npu:0", "npu:0"]
     assert results[0]["backend"] == "cpu:gloo,npu:npu"
-    _check(results, 2, False)
+    _check(results, 2, False, capfd.readouterr().err)

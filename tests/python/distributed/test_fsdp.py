@@ -122,6 +122,34 @@ def _train_mixed_reference(master, compute, halves):
     return torch.stack(losses).tolist()
 
 
+def _check_gradient_divide_factor(rank, world_size, mesh, dev):
+    """set_gradient_divide_factor(3) makes FSDP2 reduce-scatter the fp32
+    gradients with ReduceOp.PREMUL_SUM(1/3): each rank's shard must be
+    fl(g_0 * f) + fl(g_1 * f), f = fl32(1/3), with g_r the gradient of rank
+    r's batch on the unsharded model (the same ops on the same all-gathered
+    values, so bit for bit the same here): exact equality."""
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(2)
+    plain = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4)).to(dev)
+    sharded = torch.nn.Sequential(torch.nn.Linear(8, 6), torch.nn.ReLU(), torch.nn.Linear(6, 4)).to(dev)
+    sharded.load_state_dict(plain.state_dict())
+    sharded = fully_shard(sharded, mesh=mesh)
+    sharded.set_gradient_divide_factor(3.0)
+    xs = [torch.randn(5, 8, generator=torch.Generator().manual_seed(r)).to(dev) for r in range(world_size)]
+    sharded(xs[rank]).square().sum().backward()
+    f = torch.tensor(1 / 3.0, dtype=torch.float32)
+    want = [torch.zeros(p.shape) for p in plain.parameters()]
+    for x in xs:
+        plain.zero_grad()
+        plain(x).square().sum().backward()
+        for w, p in zip(want, plain.parameters()):
+            w += p.grad.cpu() * f
+    for (name, p), w in zip(sharded.named_parameters(), want):
+        rows = w.shape[0] // world_size
+        got = p.grad.to_local().cpu()
+        assert torch.equal(got, w[rank * rows:(rank + 1) * rows]), f"{name}: gradient with divide factor 3"
+
+
 def _body(rank, world_size, ckpt_dir):
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -142,6 +170,7 @@ def _body(rank, world_size, ckpt_dir):
     half = BATCH // world_size
     halves = [ids[r * half:(r + 1) * half].to(dev) for r in range(world_size)]
     result = {}
+    _check_gradient_divide_factor(rank, world_size, mesh, dev)
 
     model = _shard(_llama(init, dev), mesh)
     w = model.model.layers[0].mlp.up_proj.weight
