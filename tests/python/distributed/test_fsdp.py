@@ -68,9 +68,8 @@ def _shard(model, mesh, **kw):
     return fully_shard(model, mesh=mesh, **kw)
 
 
-def _train_fsdp(model, ids, world_size):
-    """Per-rank half batch; returns the full-batch losses (mean of halves)."""
-    import torch.distributed as dist
+def _train(model, ids):
+    """STEPS AdamW steps on `ids`; the losses as a tensor."""
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = []
     for _ in range(STEPS):
@@ -79,21 +78,19 @@ def _train_fsdp(model, ids, world_size):
         opt.step()
         opt.zero_grad()
         losses.append(loss.detach().float())
-    losses = torch.stack(losses)
+    return torch.stack(losses)
+
+
+def _train_fsdp(model, ids, world_size):
+    """Per-rank half batch; returns the full-batch losses (mean of halves)."""
+    import torch.distributed as dist
+    losses = _train(model, ids)
     dist.all_reduce(losses)  # the halves' sum; /world_size below
     return (losses / world_size).tolist()
 
 
 def _train_reference(model, ids):
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses = []
-    for _ in range(STEPS):
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.detach().float())
-    return torch.stack(losses).tolist()
+    return _train(model, ids).tolist()
 
 
 def _train_mixed_reference(master, compute, halves):
