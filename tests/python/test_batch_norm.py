@@ -242,3 +242,30 @@ def test_batch_norm_backward_elemt(shape, dtype, affine):
                                          sum_dy_xmu.to("npu"), count.to("npu"))
     assert gi.dtype == dtype and gi.device.type == "npu"
     assert_judged(gi, f(x.float(), dy.float()).to(dtype), f(x.double(), dy.double()), "grad_input")
+
+
+def test_out_overloads_write_their_outs():
+    x = _sample((4, 8, 5, 5), torch.float16)
+    mean, invstd = torch.empty(0, device="npu"), torch.empty(0, device="npu")
+    ret = torch.ops.aten.batch_norm_stats.out(x.to("npu"), _EPS, out0=mean, out1=invstd)
+    assert ret[0] is mean and ret[1] is invstd and mean.shape == (8,)
+    want = torch.batch_norm_stats(x.to("npu"), _EPS)
+    assert torch.equal(mean.cpu(), want[0].cpu()) and torch.equal(invstd.cpu(), want[1].cpu())
+    y = torch.empty(0, dtype=torch.float16, device="npu")
+    torch.ops.aten.batch_norm_elemt.out(x.to("npu"), None, None, mean, invstd, _EPS, out=y)
+    assert torch.equal(y.cpu(), torch.batch_norm_elemt(x.to("npu"), None, None, mean, invstd, _EPS).cpu())
+    # (refused before it runs, by the check of out arguments' dtypes)
+    with pytest.raises(RuntimeError, match=r"out tensor to have dtype float, but got c10::Half"):
+        torch.ops.aten.batch_norm_stats.out(x.to("npu"), _EPS, out0=torch.empty(0, dtype=torch.float16, device="npu"),
+                                            out1=invstd)
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"aten::batch_norm_stats: argument 'input' must be \(N, C, \*\) with at "
+                                           r"least 2 dims, got a 1-dim tensor of shape \[5\]"):
+        torch.batch_norm_stats(torch.randn(5, device="npu"), _EPS)
+    m = torch.zeros(2, 3, device="npu")
+    with pytest.raises(RuntimeError, match=r"batch_norm_gather_stats_with_counts: argument 'counts' must hold 2 "
+                                           r"counts \(one per row of 'mean'\), got 3"):
+        torch.batch_norm_gather_stats_with_counts(torch.randn(4, 3, device="npu"), m, m + 1, None, None, 0.1, _EPS,
+                                                  torch.ones(3, device="npu"))

@@ -185,13 +185,16 @@ at::Tensor backward_elemt(const std::string& op, const at::Tensor& grad_out, con
   return like_input((grad_out.to(acc) - mean_dy - xmu * proj) * scale, input);
 }
 
-// The call of an op: its arguments from the stack, its returns onto it.
+// The call of an op: its arguments from the stack, its returns onto it. An
+// .out overload computes the functional one (its leading arguments are the
+// same) and resizes and copies the results into the out tensors it returns.
 void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string& name = op.schema().operator_name().name;
   const size_t nargs = op.schema().arguments().size();
   TORCH_INTERNAL_ASSERT(stack->size() >= nargs, "npubridge: ", name, ": the stack lacks its arguments");
   const std::vector<c10::IValue> a(stack->end() - static_cast<std::ptrdiff_t>(nargs), stack->end());
   stack->resize(stack->size() - nargs);
+  const size_t nouts = op.schema().overload_name() == "out" ? op.schema().returns().size() : 0;
   std::vector<at::Tensor> out;
   if (name == "aten::batch_norm_stats") {
     out = stats(name, on_cpu(a[0]), a[1].toDouble());
@@ -213,14 +216,27 @@ void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     out = {backward_elemt(name, on_cpu(a[0]), on_cpu(a[1]), on_cpu(a[2]), on_cpu(a[3]), on_cpu(a[4]),
                           on_cpu(a[5]), on_cpu(a[6]), on_cpu(a[7]))};
   }
-  for (auto& t : out) stack->emplace_back(std::move(t));
+  if (nouts == 0) {
+    for (auto& t : out) stack->emplace_back(std::move(t));
+    return;
+  }
+  TORCH_INTERNAL_ASSERT(out.size() == nouts, "npubridge: ", name, ": ", out.size(), " results for ", nouts,
+                        " outs");
+  for (size_t i = 0; i < nouts; ++i) {
+    at::Tensor dst = a[nargs - nouts + i].toTensor();
+    TORCH_CHECK(dst.scalar_type() == out[i].scalar_type(), "npubridge: ", name, ".out: out argument ", i,
+                " must have dtype ", out[i].scalar_type(), ", got ", dst.scalar_type());
+    dst.resize_(out[i].sizes());
+    dst.copy_(out[i]);
+    stack->emplace_back(std::move(dst));
+  }
 }
 
 }  // namespace sync_bn
 }  // namespace
 
 bool is_sync_batch_norm_op(const c10::OperatorName& name) {
-  if (!name.overload_name.empty()) return false;
+  if (!name.overload_name.empty() && name.overload_name != "out") return false;
   return name.name == "aten::batch_norm_stats" || name.name == "aten::batch_norm_gather_stats" ||
          name.name == "aten::batch_norm_gather_stats_with_counts" || name.name == "aten::batch_norm_elemt" ||
          name.name == "aten::batch_norm_backward_reduce" || name.name == "aten::batch_norm_backward_elemt";

@@ -13,7 +13,7 @@
 
 namespace npub::torch_backend {
 
-// Whether `name` is one of SyncBatchNorm's ops (the functional overloads).
+// Whether `name` is one of SyncBatchNorm's ops (functional or .out).
 bool is_sync_batch_norm_op(const c10::OperatorName& name);
 
 // Runs SyncBatchNorm's op `op` on the CPU: pops its arguments from `stack`
