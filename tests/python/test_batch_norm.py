@@ -269,3 +269,16 @@ def test_bad_input_is_a_clear_error():
                                            r"counts \(one per row of 'mean'\), got 3"):
         torch.batch_norm_gather_stats_with_counts(torch.randn(4, 3, device="npu"), m, m + 1, None, None, 0.1, _EPS,
                                                   torch.ones(3, device="npu"))
+
+
+def test_batch_norm_update_stats_writes_the_running_stats():
+    # ATen's CPU kernel runs on copies; the new statistics come back into
+    # the npu tensors (the schema hides the writes): exactly the CPU's.
+    x = _sample((8, 3, 4), torch.float32)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    want = torch.batch_norm_update_stats(x, rm, rv, 0.3)
+    rm_npu, rv_npu = torch.zeros(3, device="npu"), torch.ones(3, device="npu")
+    got = torch.batch_norm_update_stats(x.to("npu"), rm_npu, rv_npu, 0.3)
+    assert not torch.equal(rm, torch.zeros(3))
+    for g, w in zip(got + (rm_npu, rv_npu), want + (rm, rv)):
+        assert g.device.type == "npu" and torch.equal(g.cpu(), w)

@@ -99,6 +99,8 @@ void swap_in_cpu_generators(const c10::OperatorHandle& op, torch::jit::Stack* st
 // _native_batch_norm_legit, the op ATen made for this with the same
 // arguments and returns and the writes marked, whenever both statistics
 // are given.
+// batch_norm_update_stats and SyncBatchNorm's gather ops hide the same
+// writes; they run in sync_batch_norm.cpp, which copies them back.
 const c10::OperatorHandle& cpu_op_for(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string& name = op.schema().operator_name().name;
   if (name == "aten::native_batch_norm" && op.schema().overload_name().empty()) {

@@ -9,6 +9,7 @@
 #include <ATen/AccumulateType.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/batch_norm_update_stats.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/sqrt.h>
 #include <ATen/ops/var_mean.h>
@@ -77,7 +78,8 @@ std::vector<at::Tensor> stats(const std::string& op, const at::Tensor& input, do
 
 // Note [The gather ops write what their schema hides]
 // batch_norm_gather_stats(_with_counts) update running_mean and running_var
-// in place (CUDA writes them), but the schema marks neither as written, so
+// in place (CUDA writes them), and so does batch_norm_update_stats (which
+// the CPU implements), but the schemas mark neither as written, so
 // computing on CPU copies would drop the update, as Note [native_batch_norm
 // writes what its schema hides] in fallback.cpp found for BatchNorm: the new
 // statistics are copied back into the tensors given, on whatever device.
@@ -207,6 +209,15 @@ void run(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const at::Tensor counts = at::full(world, a[7].toInt(), at::TensorOptions().dtype(at::kLong));
     out = gather_stats(name, on_cpu(a[0]), mean_all, on_cpu(a[2]), given(a[3]), given(a[4]), a[5].toDouble(),
                        a[6].toDouble(), counts);
+  } else if (name == "aten::batch_norm_update_stats") {
+    // The CPU has this one; it joins for the same hidden writes: its CPU
+    // kernel on copies, whose new statistics go back into the tensors given.
+    const at::Tensor rm = given(a[1]), rv = given(a[2]);
+    const at::Tensor rm_cpu = on_cpu(a[1]), rv_cpu = on_cpu(a[2]);
+    const auto r = at::batch_norm_update_stats(on_cpu(a[0]), rm_cpu, rv_cpu, a[3].toDouble());
+    if (rm.defined()) rm.copy_(rm_cpu);
+    if (rv.defined()) rv.copy_(rv_cpu);
+    out = {std::get<0>(r), std::get<1>(r)};
   } else if (name == "aten::batch_norm_elemt") {
     out = {elemt(name, on_cpu(a[0]), on_cpu(a[1]), on_cpu(a[2]), on_cpu(a[3]), on_cpu(a[4]))};
   } else if (name == "aten::batch_norm_backward_reduce") {
@@ -239,7 +250,8 @@ bool is_sync_batch_norm_op(const c10::OperatorName& name) {
   if (!name.overload_name.empty() && name.overload_name != "out") return false;
   return name.name == "aten::batch_norm_stats" || name.name == "aten::batch_norm_gather_stats" ||
          name.name == "aten::batch_norm_gather_stats_with_counts" || name.name == "aten::batch_norm_elemt" ||
-         name.name == "aten::batch_norm_backward_reduce" || name.name == "aten::batch_norm_backward_elemt";
+         name.name == "aten::batch_norm_backward_reduce" || name.name == "aten::batch_norm_backward_elemt" ||
+         name.name == "aten::batch_norm_update_stats";
 }
 
 void run_sync_batch_norm_op_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {

@@ -13,7 +13,10 @@
 
 namespace npub::torch_backend {
 
-// Whether `name` is one of SyncBatchNorm's ops (functional or .out).
+// Whether `name` is one of SyncBatchNorm's ops (functional or .out), or
+// batch_norm_update_stats, which the CPU has but whose running statistics
+// its fallback would drop (Note [The gather ops write what their schema
+// hides]).
 bool is_sync_batch_norm_op(const c10::OperatorName& name);
 
 // Runs SyncBatchNorm's op `op` on the CPU: pops its arguments from `stack`
