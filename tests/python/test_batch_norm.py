@@ -56,3 +56,229 @@ def test_untracked_and_eval_only_leave_no_stats():
     e = torch.nn.BatchNorm1d(4).to("npu").eval()
     e(x.to("npu"))
     assert torch.equal(e.running_mean.cpu(), torch.zeros(4)) and torch.equal(e.running_var.cpu(), torch.ones(4))
+
+
+# SyncBatchNorm's ops (Note [Ops the CPU lacks], python_ext/csrc/aten/
+# sync_batch_norm.cpp), each on npu against plain torch ops on the CPU: the
+# same formula in float32 (calibration) and float64 (reference). Half and
+# bfloat16 inputs accumulate in float32, as CUDA does: their statistics come
+# back in float32, their elementwise results in the input's dtype.
+_SHAPES = [(16, 6), (8, 6, 5), (4, 8, 5, 5), (2, 3, 4, 4, 4)]
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+_EPS = 1e-5
+
+
+def _dims(x):
+    return [0] + list(range(2, x.dim()))
+
+
+def _bc(v, x):  # a per-channel vector shaped to broadcast over x
+    return v.reshape([1, -1] + [1] * (x.dim() - 2))
+
+
+def _ref_stats(x, eps=_EPS):  # (mean, invstd, unbiased var) of x, in x's dtype
+    mean = x.mean(_dims(x))
+    var = x.var(_dims(x), unbiased=False)
+    return mean, (var + eps).rsqrt(), x.var(_dims(x), unbiased=True)
+
+
+def _sample(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g) * 3 + 1).to(dtype)  # rounded to dtype once
+
+
+@pytest.mark.parametrize("dtype", _DTYPES)
+@pytest.mark.parametrize("shape", _SHAPES)
+def test_batch_norm_stats(shape, dtype):
+    x = _sample(shape, dtype)
+    mean, invstd = torch.batch_norm_stats(x.to("npu"), _EPS)
+    assert mean.device.type == "npu" and mean.dtype == invstd.dtype == torch.float32
+    assert_judged(mean, _ref_stats(x.float())[0], _ref_stats(x.double())[0], "mean")
+    assert_judged(invstd, _ref_stats(x.float())[1], _ref_stats(x.double())[1], "invstd")
+
+
+def test_batch_norm_stats_channels_last_and_eps_zero():
+    x = _sample((4, 8, 5, 5), torch.float32).contiguous(memory_format=torch.channels_last)
+    mean, invstd = torch.batch_norm_stats(x.to("npu"), _EPS)
+    assert_judged(mean, _ref_stats(x)[0], _ref_stats(x.double())[0], "channels_last mean")
+    assert_judged(invstd, _ref_stats(x)[1], _ref_stats(x.double())[1], "channels_last invstd")
+    # A constant channel with eps = 0 has invstd 0 (CUDA's InvStd), not inf.
+    c = torch.ones(4, 2, 3)
+    c[:, 1] = torch.arange(12.).reshape(4, 3)
+    _, invstd = torch.batch_norm_stats(c.to("npu"), 0.0)
+    assert invstd.cpu()[0] == 0 and torch.isfinite(invstd.cpu()).all()
+
+
+def _ranks_stats(x, sizes):
+    """Per-rank (mean, invstd) rows of the chunks of x's batch of `sizes`
+    (a zero-size rank gets zeros, as SyncBatchNorm sends for an empty
+    input), in float32, and the counts (values per channel)."""
+    means, invstds, off = [], [], 0
+    for n in sizes:
+        part = x[off:off + n].float()
+        off += n
+        m, s, _ = _ref_stats(part) if n else (torch.zeros(x.shape[1]),) * 3
+        means.append(m)
+        invstds.append(s)
+    per_sample = x[0, 0].numel()
+    return torch.stack(means), torch.stack(invstds), torch.tensor(sizes, dtype=torch.float32) * per_sample
+
+
+@pytest.mark.parametrize("dtype", _DTYPES)
+@pytest.mark.parametrize("shape, sizes", [((16, 6), [3, 13]), ((8, 6, 5), [5, 0, 3]), ((4, 8, 5, 5), [2, 2])])
+def test_batch_norm_gather_stats_with_counts(shape, sizes, dtype):
+    x = _sample(shape, dtype)
+    mean_all, invstd_all, counts = _ranks_stats(x, sizes)
+    momentum = 0.1
+    rm0 = torch.linspace(-1, 1, shape[1])
+    rv0 = torch.linspace(0.5, 2, shape[1])
+    rm, rv = rm0.to("npu"), rv0.to("npu")
+    mean, invstd = torch.batch_norm_gather_stats_with_counts(
+        x.to("npu"), mean_all.to("npu"), invstd_all.to("npu"), rm, rv, momentum, _EPS, counts.to("npu"))
+    assert mean.dtype == invstd.dtype == torch.float32 and mean.device.type == "npu"
+    assert_judged(mean, _ref_stats(x.float())[0], _ref_stats(x.double())[0], "global mean")
+    assert_judged(invstd, _ref_stats(x.float())[1], _ref_stats(x.double())[1], "global invstd")
+    # The running statistics moved in the npu tensors given (the schema
+    # does not mark them written).
+    assert not torch.equal(rm.cpu(), rm0) and not torch.equal(rv.cpu(), rv0), "running stats never moved"
+    for got, r0, k, what in ((rm, rm0, 0, "running_mean"), (rv, rv0, 2, "running_var")):
+        assert_judged(got, (1 - momentum) * r0 + momentum * _ref_stats(x.float())[k],
+                      (1 - momentum) * r0.double() + momentum * _ref_stats(x.double())[k], what)
+    # Without running statistics: the same global statistics.
+    m2, s2 = torch.batch_norm_gather_stats_with_counts(
+        x.to("npu"), mean_all.to("npu"), invstd_all.to("npu"), None, None, momentum, _EPS, counts.to("npu"))
+    assert torch.equal(m2.cpu(), mean.cpu()) and torch.equal(s2.cpu(), invstd.cpu())
+
+
+def test_batch_norm_gather_stats_equal_counts_and_half_running_stats():
+    x = _sample((12, 4, 3), torch.float16)
+    mean_all, invstd_all, _ = _ranks_stats(x, [4, 4, 4])
+    rm, rv = torch.zeros(4, dtype=torch.float16, device="npu"), torch.ones(4, dtype=torch.float16, device="npu")
+    mean, invstd = torch.batch_norm_gather_stats(
+        x.to("npu"), mean_all.to("npu"), invstd_all.to("npu"), rm, rv, 0.5, _EPS, 4 * 3)  # values per channel
+    assert_judged(mean, _ref_stats(x.float())[0], _ref_stats(x.double())[0], "global mean")
+    assert_judged(invstd, _ref_stats(x.float())[1], _ref_stats(x.double())[1], "global invstd")
+    assert rm.dtype == torch.float16
+    assert_judged(rm, (0.5 * _ref_stats(x.float())[0]).half(), 0.5 * _ref_stats(x.double())[0], "running_mean")
+    assert_judged(rv, (0.5 + 0.5 * _ref_stats(x.float())[2]).half(), 0.5 + 0.5 * _ref_stats(x.double())[2],
+                  "running_var")
+
+
+def _affine(c):
+    return torch.linspace(0.5, 1.5, c), torch.linspace(-0.3, 0.3, c)
+
+
+@pytest.mark.parametrize("dtype", _DTYPES)
+@pytest.mark.parametrize("shape", _SHAPES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_elemt(shape, dtype, affine):
+    x = _sample(shape, dtype)
+    mean, invstd, _ = _ref_stats(x.float())
+    w, b = _affine(shape[1]) if affine else (None, None)
+
+    def f(x):
+        y = (x - _bc(mean.to(x.dtype), x)) * _bc(invstd.to(x.dtype), x)
+        return y * _bc(w.to(x.dtype), x) + _bc(b.to(x.dtype), x) if affine else y
+
+    npu = (lambda t: None if t is None else t.to("npu"))
+    y = torch.batch_norm_elemt(x.to("npu"), npu(w), npu(b), mean.to("npu"), invstd.to("npu"), _EPS)
+    assert y.dtype == dtype and y.device.type == "npu"
+    assert_judged(y, f(x.float()).to(dtype), f(x.double()), "batch_norm_elemt")
+
+
+def _grads(shape, dtype):
+    x, dy = _sample(shape, dtype, seed=0), _sample(shape, dtype, seed=1)
+    mean, invstd, _ = _ref_stats(x.float())
+    return x, dy, mean, invstd
+
+
+@pytest.mark.parametrize("dtype", _DTYPES)
+@pytest.mark.parametrize("shape", _SHAPES)
+def test_batch_norm_backward_reduce(shape, dtype):
+    x, dy, mean, invstd = _grads(shape, dtype)
+    w, _ = _affine(shape[1])
+
+    def f(x, dy):
+        sum_dy = dy.sum(_dims(x))
+        sum_dy_xmu = (dy * (x - _bc(mean.to(x.dtype), x))).sum(_dims(x))
+        return sum_dy, sum_dy_xmu, sum_dy_xmu * invstd.to(x.dtype)
+
+    got = torch.batch_norm_backward_reduce(dy.to("npu"), x.to("npu"), mean.to("npu"), invstd.to("npu"),
+                                           w.to("npu"), True, True, True)
+    host, wide = f(x.float(), dy.float()), f(x.double(), dy.double())
+    for g, h, wd, what in zip(got, host + (host[0],), wide + (wide[0],),
+                              ("sum_dy", "sum_dy_xmu", "grad_weight", "grad_bias")):
+        assert g.dtype == torch.float32
+        assert_judged(g, h, wd, what)
+    # Only what is asked for.
+    none = torch.batch_norm_backward_reduce(dy.to("npu"), x.to("npu"), mean.to("npu"), invstd.to("npu"),
+                                            None, True, False, False)
+    assert none[0] is not None and none[2] is None and none[3] is None
+    assert torch.equal(none[0].cpu(), got[0].cpu())
+
+
+@pytest.mark.parametrize("dtype", _DTYPES)
+@pytest.mark.parametrize("shape", _SHAPES)
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_backward_elemt(shape, dtype, affine):
+    x, dy, mean, invstd = _grads(shape, dtype)
+    w = _affine(shape[1])[0] if affine else None
+    # Global sums over a "world" twice this batch: the other rank's part is
+    # this one's sums again, with a count of 2 * the local one split 3:1.
+    local = x.numel() // shape[1]
+    sum_dy = 2 * dy.float().sum(_dims(x))
+    sum_dy_xmu = 2 * (dy.float() * (x.float() - _bc(mean, x))).sum(_dims(x))
+    count = torch.tensor([local + local // 2, local - local // 2], dtype=torch.int32)
+
+    def f(x, dy):
+        d = x.dtype
+        n = 2 * local
+        is_ = _bc(invstd.to(d), x)
+        g = (dy - _bc(sum_dy.to(d), x) / n - (x - _bc(mean.to(d), x)) * is_ * is_ * _bc(sum_dy_xmu.to(d), x) / n) * is_
+        return g * _bc(w.to(d), x) if affine else g
+
+    gi = torch.batch_norm_backward_elemt(dy.to("npu"), x.to("npu"), mean.to("npu"), invstd.to("npu"),
+                                         None if w is None else w.to("npu"), sum_dy.to("npu"),
+                                         sum_dy_xmu.to("npu"), count.to("npu"))
+    assert gi.dtype == dtype and gi.device.type == "npu"
+    assert_judged(gi, f(x.float(), dy.float()).to(dtype), f(x.double(), dy.double()), "grad_input")
+
+
+def test_out_overloads_write_their_outs():
+    x = _sample((4, 8, 5, 5), torch.float16)
+    mean, invstd = torch.empty(0, device="npu"), torch.empty(0, device="npu")
+    ret = torch.ops.aten.batch_norm_stats.out(x.to("npu"), _EPS, out0=mean, out1=invstd)
+    assert ret[0] is mean and ret[1] is invstd and mean.shape == (8,)
+    want = torch.batch_norm_stats(x.to("npu"), _EPS)
+    assert torch.equal(mean.cpu(), want[0].cpu()) and torch.equal(invstd.cpu(), want[1].cpu())
+    y = torch.empty(0, dtype=torch.float16, device="npu")
+    torch.ops.aten.batch_norm_elemt.out(x.to("npu"), None, None, mean, invstd, _EPS, out=y)
+    assert torch.equal(y.cpu(), torch.batch_norm_elemt(x.to("npu"), None, None, mean, invstd, _EPS).cpu())
+    # (refused before it runs, by the check of out arguments' dtypes)
+    with pytest.raises(RuntimeError, match=r"out tensor to have dtype float, but got c10::Half"):
+        torch.ops.aten.batch_norm_stats.out(x.to("npu"), _EPS, out0=torch.empty(0, dtype=torch.float16, device="npu"),
+                                            out1=invstd)
+
+
+def test_bad_input_is_a_clear_error():
+    with pytest.raises(RuntimeError, match=r"aten::batch_norm_stats: argument 'input' must be \(N, C, \*\) with at "
+                                           r"least 2 dims, got a 1-dim tensor of shape \[5\]"):
+        torch.batch_norm_stats(torch.randn(5, device="npu"), _EPS)
+    m = torch.zeros(2, 3, device="npu")
+    with pytest.raises(RuntimeError, match=r"batch_norm_gather_stats_with_counts: argument 'counts' must hold 2 "
+                                           r"counts \(one per row of 'mean'\), got 3"):
+        torch.batch_norm_gather_stats_with_counts(torch.randn(4, 3, device="npu"), m, m + 1, None, None, 0.1, _EPS,
+                                                  torch.ones(3, device="npu"))
+
+
+def test_batch_norm_update_stats_writes_the_running_stats():
+    # ATen's CPU kernel runs on copies; the new statistics come back into
+    # the npu tensors (the schema hides the writes): exactly the CPU's.
+    x = _sample((8, 3, 4), torch.float32)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    want = torch.batch_norm_update_stats(x, rm, rv, 0.3)
+    rm_npu, rv_npu = torch.zeros(3, device="npu"), torch.ones(3, device="npu")
+    got = torch.batch_norm_update_stats(x.to("npu"), rm_npu, rv_npu, 0.3)
+    assert not torch.equal(rm, torch.zeros(3))
+    for g, w in zip(got + (rm_npu, rv_npu), want + (rm, rv)):
+        assert g.device.type == "npu" and torch.equal(g.cpu(), w)

@@ -10,6 +10,7 @@
 #include "aten/aliased_fallback.h"
 #include "aten/boxing.h"
 #include "aten/rnn_cells.h"
+#include "aten/sync_batch_norm.h"
 #include "runtime/generator.h"
 #include "runtime/npu_runtime.h"
 
@@ -85,6 +86,9 @@ void swap_in_cpu_generators(const c10::OperatorHandle& op, torch::jit::Stack* st
 // - The fused LSTM/GRU cells (and backwards) that RNN.cpp calls for
 //   accelerators run composed of CPU ops, as ATen's CPU cells compute
 //   (rnn_cells.h).
+// - SyncBatchNorm's ops (batch_norm_stats, batch_norm_gather_stats(_with_
+//   counts), batch_norm_elemt, batch_norm_backward_reduce/_elemt) run
+//   composed of CPU ops with CUDA's math (sync_batch_norm.h).
 //
 // Note [native_batch_norm writes what its schema hides]
 // aten::native_batch_norm updates running_mean and running_var in place in
@@ -95,6 +99,8 @@ void swap_in_cpu_generators(const c10::OperatorHandle& op, torch::jit::Stack* st
 // _native_batch_norm_legit, the op ATen made for this with the same
 // arguments and returns and the writes marked, whenever both statistics
 // are given.
+// batch_norm_update_stats and SyncBatchNorm's gather ops hide the same
+// writes; they run in sync_batch_norm.cpp, which copies them back.
 const c10::OperatorHandle& cpu_op_for(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string& name = op.schema().operator_name().name;
   if (name == "aten::native_batch_norm" && op.schema().overload_name().empty()) {
@@ -173,6 +179,8 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   swap_in_cpu_generators(op, stack, npu ? npu->index() : current_index());
   if (is_fused_rnn_cell(op.schema().operator_name())) {
     run_fused_rnn_cell_on_cpu(op, stack);
+  } else if (is_sync_batch_norm_op(op.schema().operator_name())) {
+    run_sync_batch_norm_op_on_cpu(op, stack);
   } else {
     const c10::OperatorHandle& cpu_op = cpu_op_for(op, stack);
     if (npu && needs_aliased_cpu_run(cpu_op, *stack))
@@ -214,7 +222,8 @@ void torch_fallback(const reg::OpEntry& entry, const NpubValue*, int32_t, NpubVa
   TORCH_CHECK(op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
                   op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
                   op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
-                  is_fused_rnn_cell(op.schema().operator_name()),
+                  is_fused_rnn_cell(op.schema().operator_name()) ||
+                  is_sync_batch_norm_op(op.schema().operator_name()),
               "npubridge: op '", full_name(op.schema().operator_name()),
               "' cannot run on the npu: ", Dispatcher::fallback_reason(),
               "; and PyTorch has no CPU implementation of it to fall back to");
