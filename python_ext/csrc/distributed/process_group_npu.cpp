@@ -106,20 +106,32 @@ int64_t ProcessGroupNPU::chunk_elements(const at::Tensor& t) const {
 
 namespace {
 
-// The elements [offset, offset + len) of `t` when it is contiguous (a chunk),
-// else all of `t` (the copy engine walks its strides in one piece).
-at::Tensor piece(const at::Tensor& t, int64_t offset, int64_t len) {
-  return t.is_contiguous() ? t.view({-1}).narrow(0, offset, len) : t;
+// One chunk of a pipelined collective on `t`, staged in `host` (contiguous,
+// t.numel() elements). The chunk plan depends only on the element count and
+// the chunk size, never on `t`'s layout, so every rank cuts the same gloo
+// calls (Note [Pipelined chunks]). A contiguous `t` copies chunk by chunk; a
+// strided one crosses whole (the copy engine walks its strides in one
+// piece): in with the first chunk, out with the last.
+struct ChunkCopies {
+  std::function<void(sim::Stream&)> to_host, to_device;
+};
+
+ChunkCopies chunk_copies(const at::Tensor& t, const at::Tensor& host, int64_t offset, int64_t len) {
+  const int64_t n = t.numel();
+  if (t.is_contiguous()) {
+    at::Tensor h = host.narrow(0, offset, len);
+    at::Tensor d = t.view({-1}).narrow(0, offset, len);
+    return {[h, d](sim::Stream& s) { queue_to_host(s, h, d); },
+            [h, d](sim::Stream& s) { queue_to_device(s, d, h); }};
+  }
+  ChunkCopies c;
+  if (offset == 0) c.to_host = [host, t](sim::Stream& s) { queue_to_host(s, host, t); };
+  if (offset + len == n) c.to_device = [host, t](sim::Stream& s) { queue_to_device(s, t, host); };
+  return c;
 }
 
 }  // namespace
 
-// Note [Pipelined chunks]
-// A contiguous tensor larger than a chunk is reduced chunk by chunk, each a
-// gloo collective of its own: the launcher copies chunk k+1 to the host
-// while gloo carries chunk k and the completer copies chunk k-1 back. Every
-// rank cuts the same chunks (same shapes: the signature check), so the gloo
-// calls match across ranks.
 void ProcessGroupNPU::add_allreduce(Job& job, const at::Tensor& t, const c10d::ReduceOp& op) {
   const int64_t n = t.numel();
   job.keep_alive.push_back(t);
@@ -130,20 +142,20 @@ void ProcessGroupNPU::add_allreduce(Job& job, const at::Tensor& t, const c10d::R
     return;
   }
   const at::Tensor host = stage(job, t.scalar_type(), n);
-  const int64_t chunk = t.is_contiguous() ? chunk_elements(t) : n;
+  const int64_t chunk = chunk_elements(t);
   for (int64_t offset = 0; offset < n; offset += chunk) {
     const int64_t len = std::min(chunk, n - offset);
     at::Tensor h = host.narrow(0, offset, len);
-    at::Tensor d = piece(t, offset, len);
+    ChunkCopies copies = chunk_copies(t, host, offset, len);
     Step step;
-    step.to_host = [h, d](sim::Stream& s) { queue_to_host(s, h, d); };
+    step.to_host = std::move(copies.to_host);
     step.launch = [gloo = gloo_, h, op] {
       std::vector<at::Tensor> v{h};
       c10d::AllreduceOptions o;
       o.reduceOp = op;
       return GlooWorks{gloo->allreduce(v, o)};
     };
-    step.to_device = [h, d](sim::Stream& s) { queue_to_device(s, d, h); };
+    step.to_device = std::move(copies.to_device);
     job.steps.push_back(std::move(step));
   }
 }
@@ -159,6 +171,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::allreduce(std::vector<at::Tensor
   check_reduce_op(op, opts.reduceOp, tensors[0].scalar_type());
   auto job = new_job(c10d::OpType::ALLREDUCE, op, device, tensors);
   job->signature = signature(op, tensors[0].scalar_type(), {tensors[0].sizes().vec()}, -1, opts.reduceOp.op_);
+  job->signature->chunk_bytes = chunk_bytes_;
   add_allreduce(*job, tensors[0], opts.reduceOp);
   return submit(std::move(job));
 }
@@ -178,6 +191,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::allreduce_coalesced(
   check_reduce_op(op, opts.reduceOp, tensors[0].scalar_type());
   auto job = new_job(c10d::OpType::ALLREDUCE_COALESCED, op, device, tensors);
   job->signature = signature(op, tensors[0].scalar_type(), std::move(shapes), -1, opts.reduceOp.op_);
+  job->signature->chunk_bytes = chunk_bytes_;
   for (const at::Tensor& t : tensors) add_allreduce(*job, t, opts.reduceOp);
   return submit(std::move(job));
 }
@@ -195,26 +209,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::broadcast(std::vector<at::Tensor
   check_output(op, "tensor", t, device);
   auto job = new_job(c10d::OpType::BROADCAST, op, device, tensors);
   job->signature = signature(op, t.scalar_type(), {t.sizes().vec()}, opts.rootRank);
+  job->signature->chunk_bytes = chunk_bytes_;
   const bool root = opts.rootRank == getRank();
   job->keep_alive.push_back(t);
   (root ? job->reads : job->writes).push_back(memory_span(t));
   const int64_t n = t.numel();
   if (n == 0) job->steps.emplace_back();
   const at::Tensor host = n > 0 ? stage(*job, t.scalar_type(), n) : at::Tensor();
-  const int64_t chunk = t.is_contiguous() ? chunk_elements(t) : std::max<int64_t>(n, 1);
+  const int64_t chunk = chunk_elements(t);
   for (int64_t offset = 0; offset < n; offset += chunk) {
     const int64_t len = std::min(chunk, n - offset);
     at::Tensor h = host.narrow(0, offset, len);
-    at::Tensor d = piece(t, offset, len);
+    ChunkCopies copies = chunk_copies(t, host, offset, len);
     Step step;
-    if (root) step.to_host = [h, d](sim::Stream& s) { queue_to_host(s, h, d); };
+    if (root) step.to_host = std::move(copies.to_host);
     step.launch = [gloo = gloo_, h, root_rank = opts.rootRank] {
       std::vector<at::Tensor> v{h};
       c10d::BroadcastOptions o;
       o.rootRank = root_rank;
       return GlooWorks{gloo->broadcast(v, o)};
     };
-    if (!root) step.to_device = [h, d](sim::Stream& s) { queue_to_device(s, d, h); };
+    if (!root) step.to_device = std::move(copies.to_device);
     job->steps.push_back(std::move(step));
   }
   return submit(std::move(job));

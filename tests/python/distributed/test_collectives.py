@@ -281,6 +281,31 @@ def _check_p2p_and_async(rank, world):
     dist.barrier()
 
 
+def _check_chunks_whatever_the_layout(rank, world):
+    """allreduce and broadcast above one chunk, rank 0 passing a contiguous
+    tensor and rank 1 a transposed view of the same shape: the chunks are
+    element ranges of the flattened data on every rank, so the gloo calls
+    pair up (exact: sums of small integers, copies)."""
+    os.environ["NPUB_DIST_CHUNK_BYTES"] = "4096"  # read when the group is made
+    group = dist.new_group(backend="npu")
+    del os.environ["NPUB_DIST_CHUNK_BYTES"]
+    n = 64  # 64 x 64 float32: 4 chunks of 4096 bytes
+    want = [torch.arange(n * n, dtype=torch.float32).reshape(n, n) + 1000 * r for r in range(world)]
+
+    def layout(x):
+        return x.to(NPU) if rank == 0 else x.t().contiguous().to(NPU).t()
+
+    t = layout(want[rank])
+    assert t.is_contiguous() == (rank == 0)
+    dist.all_reduce(t, group=group)
+    _same(t, sum(want), "all_reduce above one chunk, contiguous on rank 0, transposed view on rank 1")
+    for src in range(world):
+        t = layout(want[rank] if rank == src else torch.zeros(n, n))
+        dist.broadcast(t, src, group=group)
+        _same(t, want[src], f"broadcast above one chunk, mixed layouts, src={src}")
+    dist.destroy_process_group(group)
+
+
 def _body(rank, world):
     torch.npu.set_device(0)
     dist.init_process_group("cpu:gloo,npu:npu", timeout=datetime.timedelta(seconds=60))
@@ -293,6 +318,7 @@ def _body(rank, world):
     _check_reduce_scatter(rank, world)
     _check_alltoall(rank, world)
     _check_p2p_and_async(rank, world)
+    _check_chunks_whatever_the_layout(rank, world)
     return "ok"
 
 

@@ -72,6 +72,16 @@ def _bad_arguments_and_mismatches(rank, world):
     y = torch.full((2,), float(rank), device=NPU)
     dist.all_reduce(y)
     assert y.cpu().tolist() == [1.0, 1.0]
+    # Ranks with different NPUB_DIST_CHUNK_BYTES would cut different gloo
+    # calls: the chunk size is part of the signature.
+    os.environ["NPUB_DIST_CHUNK_BYTES"] = "4096" if rank == 0 else "8192"
+    group = dist.new_group(backend="npu")
+    del os.environ["NPUB_DIST_CHUNK_BYTES"]
+    _raises(RuntimeError, lambda: dist.all_reduce(torch.ones(4096, device=NPU), group=group),
+            "allreduce #1: the ranks disagree", "chunks of 4096 bytes", "chunks of 8192 bytes")
+    _raises(RuntimeError, lambda: dist.broadcast(torch.ones(4096, device=NPU), 0, group=group),
+            "broadcast #2: the ranks disagree", "chunks of 4096 bytes", "chunks of 8192 bytes")
+    dist.destroy_process_group(group)
     return msg
 
 
