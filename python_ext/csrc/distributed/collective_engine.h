@@ -11,6 +11,8 @@
 //   completer per step, in order: wait for gloo (it honours the group's
 //             timeout), host->device copies; after the last step, synchronise
 //             the stream, record the done event, complete the Work
+//   callback  complete the Work's future (its then() callbacks run there),
+//             in order (Note [Future callbacks never run on the completer])
 //
 // A large allreduce or broadcast is split into steps (chunks), so that the
 // staging copies of chunk k+1 run while gloo carries chunk k.
@@ -127,6 +129,9 @@ class CollectiveEngine {
   void finish(const std::shared_ptr<Job>& job, std::exception_ptr error);
   std::exception_ptr transport_error(const Job& job, const char* stage, std::exception_ptr cause);
   void wait_for_writers(const Job& job);
+  // Hands a completed (or failed) Work's future to the callback threads.
+  void settle_later(const c10::intrusive_ptr<WorkNPU>& work, int device, sim::Stream* stream);
+  void run_callbacks();
 
   const c10::intrusive_ptr<c10d::Backend> gloo_;
   const int rank_, size_;
@@ -144,6 +149,22 @@ class CollectiveEngine {
   bool stopping_ = false;
   bool launcher_done_ = false;
   std::thread launcher_, completer_;
+
+  // Futures to complete, in the completer's order (cb_mu_).
+  struct Settle {
+    c10::intrusive_ptr<WorkNPU> work;
+    int device = -1;
+    sim::Stream* stream = nullptr;
+    uint64_t ticket = 0;
+  };
+  std::mutex cb_mu_;
+  std::condition_variable cb_cv_;
+  std::deque<Settle> settles_;
+  uint64_t next_ticket_ = 0;  // tickets handed out
+  uint64_t started_ = 0;      // futures [0, started_) completed
+  size_t idle_callback_threads_ = 0;
+  bool callbacks_stopping_ = false;
+  std::vector<std::thread> callback_threads_;
 };
 
 }  // namespace npub::dist

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -43,9 +44,17 @@ class WorkNPU final : public c10d::Work {
 
   // The completer's side. complete() records the done event on `stream` (the
   // collective stream, already synchronised: the data is on the device) and
-  // completes the future; fail() sets the error on both.
+  // completes the Work (what wait() and isCompleted() look at); fail() sets
+  // its error. Neither touches the future, whose callbacks may wait for
+  // later collectives of the group: settle_future() completes it (or sets
+  // the Work's error on it) afterwards, on a callback thread of the engine
+  // (Note [Future callbacks never run on the completer]).
   void complete(sim::Stream* stream, int source_rank = -1);
   void fail(std::exception_ptr error);
+  void settle_future();
+  // Called (once or more) when settle_future() has completed the future,
+  // before the user's callbacks run; set before settle_future().
+  void set_settle_started(std::function<void()> fn) { settle_started_ = std::move(fn); }
 
   const std::string& what() const { return what_; }
   // endCoalescing's Work: wait() also rethrows the first error of these.
@@ -60,6 +69,7 @@ class WorkNPU final : public c10d::Work {
   sim::Event done_;
   int source_rank_ = -1;
   std::vector<c10::intrusive_ptr<WorkNPU>> members_;
+  std::function<void()> settle_started_;
 };
 
 }  // namespace npub::dist

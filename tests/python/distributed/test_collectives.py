@@ -306,6 +306,49 @@ def _check_chunks_whatever_the_layout(rank, world):
     dist.destroy_process_group(group)
 
 
+def _check_callbacks_may_wait_for_collectives(rank, world):
+    """then() callbacks that wait for another collective of the group (a
+    synchronous all_reduce; an async one's future, as PowerSGD does) and DDP
+    with the PowerSGD hook, against the same DDP on CPU tensors (gloo)."""
+    a, b, c = (torch.full((4,), float(rank + 1), device=NPU) for _ in range(3))
+    fut = dist.all_reduce(a, async_op=True).get_future()
+    got = fut.then(lambda f: (dist.all_reduce(b), b)[1]).wait()
+    _same(got, torch.full((4,), 3.0), "sync all_reduce inside then()")
+    fut = dist.all_reduce(a, async_op=True).get_future()
+    got = fut.then(lambda f: dist.all_reduce(c, async_op=True).get_future().wait()[0]).wait()
+    _same(got, torch.full((4,), 3.0), "async all_reduce waited inside then()")
+    _same(a, torch.full((4,), 6.0), "all_reduce before the then()")
+
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    weights = {}
+    for dev in ["cpu", NPU]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to(dev)
+        ddp = DDP(model)
+        ddp.register_comm_hook(PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=0,
+                                             use_error_feedback=False, warm_start=False), powerSGD_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(3):
+            x, y = torch.randn(6, 8, generator=g), torch.randn(6, 2, generator=g)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x.to(dev)), y.to(dev)).backward()
+            opt.step()
+        weights[dev] = torch.cat([p.detach().cpu().reshape(-1) for p in model.parameters()])
+    # Ranks agree exactly (compared over gloo on CPU tensors, not the backend
+    # under test).
+    gathered = [torch.empty_like(weights[NPU]) for _ in range(world)]
+    dist.all_gather(gathered, weights[NPU])
+    assert all(torch.equal(gathered[0], w) for w in gathered), "PowerSGD DDP: ranks' weights differ"
+    # npu vs CPU: the same float32 computation with other kernels (matmuls
+    # of <= 8 terms, PowerSGD's Gram-Schmidt on 8-vectors): a few ulps per
+    # op, ~1e-6 relative after 3 steps of lr 0.1 on weights of size ~0.3;
+    # 1e-4 leaves room and still catches a missing or stale gradient (~1e-2).
+    diff = (weights[NPU] - weights["cpu"]).abs().max().item()
+    assert diff < 1e-4, f"PowerSGD DDP on npu vs on CPU (gloo): max weight difference {diff}"
+
+
 def _body(rank, world):
     torch.npu.set_device(0)
     dist.init_process_group("cpu:gloo,npu:npu", timeout=datetime.timedelta(seconds=60))
@@ -319,6 +362,7 @@ def _body(rank, world):
     _check_alltoall(rank, world)
     _check_p2p_and_async(rank, world)
     _check_chunks_whatever_the_layout(rank, world)
+    _check_callbacks_may_wait_for_collectives(rank, world)
     return "ok"
 
 
