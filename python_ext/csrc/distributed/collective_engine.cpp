@@ -313,6 +313,12 @@ void CollectiveEngine::run_completer() {
         int source = -1;
         if (job->source_rank) source = job->source_rank(item.works);
         if (s != nullptr) s->synchronize();
+        if (std::exception_ptr e = job->work->first_member_error()) {
+          // endCoalescing's Work: its members completed before it (FIFO);
+          // its future must carry their failure, not succeed.
+          finish(job, e);
+          continue;
+        }
         job->work->complete(s, source);
         finish(job, nullptr);
         settle_later(job->work, job->device, s);

@@ -88,13 +88,18 @@ bool WorkNPU::wait(std::chrono::milliseconds timeout) {
     }
     if (exception_) std::rethrow_exception(exception_);
   }
-  for (const auto& member : members_)
-    if (std::exception_ptr e = member->exception()) std::rethrow_exception(e);
+  if (std::exception_ptr e = first_member_error()) std::rethrow_exception(e);
   synchronize();
   return true;
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkNPU::getFuture() { return future_; }
+
+std::exception_ptr WorkNPU::first_member_error() const {
+  for (const auto& member : members_)
+    if (std::exception_ptr e = member->exception()) return e;
+  return nullptr;
+}
 
 void WorkNPU::complete(sim::Stream* stream, int source_rank) {
   if (stream != nullptr) done_.record(*stream);

@@ -59,6 +59,9 @@ class WorkNPU final : public c10d::Work {
   const std::string& what() const { return what_; }
   // endCoalescing's Work: wait() also rethrows the first error of these.
   void set_members(std::vector<c10::intrusive_ptr<WorkNPU>> members) { members_ = std::move(members); }
+  // The first member's error (members complete before their coalesced Work:
+  // issue order), or null.
+  std::exception_ptr first_member_error() const;
 
  private:
   const std::string what_;  // "allreduce #7" for messages

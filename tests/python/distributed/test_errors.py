@@ -72,6 +72,13 @@ def _bad_arguments_and_mismatches(rank, world):
     y = torch.full((2,), float(rank), device=NPU)
     dist.all_reduce(y)
     assert y.cpu().tolist() == [1.0, 1.0]
+    # A coalesced group whose member fails: its Work's future carries the
+    # member's error too, not only wait().
+    a = torch.ones(4 if rank == 0 else 5, device=NPU)
+    with dist._coalescing_manager(device=torch.device(NPU, 0), async_ops=True) as cm:
+        dist.all_gather_into_tensor(torch.empty(2 * a.numel(), device=NPU), a)
+    _raises(RuntimeError, lambda: cm.works[0].get_future().wait(), "allgather_into_tensor_coalesced", "the ranks disagree")
+    _raises(RuntimeError, cm.wait, "allgather_into_tensor_coalesced", "the ranks disagree")
     # Ranks with different NPUB_DIST_CHUNK_BYTES would cut different gloo
     # calls: the chunk size is part of the signature.
     os.environ["NPUB_DIST_CHUNK_BYTES"] = "4096" if rank == 0 else "8192"
