@@ -211,6 +211,13 @@ def _check_p2p_and_async(rank, world):
     for r in reqs:
         r.wait()
     _same(recv, _values(peer, (4,), torch.int64, 41), "batch_isend_irecv")
+    # A double buffer: receive into one half of a tensor while sending the
+    # other half, the receive listed first (disjoint views do not order).
+    buf = torch.zeros(8, device=NPU)
+    buf[:4] = rank + 1
+    for r in dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf[4:], peer), dist.P2POp(dist.isend, buf[:4], peer)]):
+        r.wait()
+    _same(buf, torch.tensor([rank + 1.0] * 4 + [peer + 1.0] * 4), "batch_isend_irecv on halves of one buffer")
     # recv from any source.
     if rank == 0:
         t = torch.empty(3, device=NPU)
