@@ -26,6 +26,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <npubridge/device_sim/fork_guard.h>
 #include <npubridge/device_sim/stream.h>
 
 #include "distributed/fingerprint.h"
@@ -102,7 +103,9 @@ class CollectiveEngine {
  public:
   CollectiveEngine(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size,
                    std::chrono::milliseconds timeout);
-  ~CollectiveEngine();  // lets queued jobs finish, then joins the threads
+  // Lets queued jobs finish, then joins the threads. Never run in a forked
+  // child (~ProcessGroupNPU leaks the engine there).
+  ~CollectiveEngine();
 
   // Throws DistBackendError at once when the group is broken.
   void submit(std::unique_ptr<Job> job);
@@ -115,6 +118,12 @@ class CollectiveEngine {
   std::chrono::milliseconds timeout() const;
   // "" while the group works.
   std::string broken_reason() const;
+  // In a process forked after the group was made: the forked-child error
+  // naming `what` ("allreduce #3"); the group's threads are the parent's.
+  void check_not_forked(const std::string& what) const {
+    fork_guard_.check([&] { return "npu backend: " + what; });
+  }
+  bool in_forked_child() const noexcept { return fork_guard_.in_forked_child(); }
 
  private:
   struct Launched {
@@ -134,6 +143,7 @@ class CollectiveEngine {
   void run_callbacks();
 
   const c10::intrusive_ptr<c10d::Backend> gloo_;
+  const sim::ForkGuard fork_guard_;
   const int rank_, size_;
   const bool check_;
   std::shared_ptr<StagingPool> staging_ = std::make_shared<StagingPool>();

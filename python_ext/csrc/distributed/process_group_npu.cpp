@@ -51,7 +51,16 @@ ProcessGroupNPU::ProcessGroupNPU(c10::intrusive_ptr<c10d::Backend> gloo, int ran
   TORCH_CHECK_VALUE(gloo_, "npu backend: needs a gloo backend to carry its data");
 }
 
-ProcessGroupNPU::~ProcessGroupNPU() = default;
+ProcessGroupNPU::~ProcessGroupNPU() {
+  // In a process forked after the group was made, the engine's threads and
+  // gloo's are the parent's (fork copies one thread): joining them crashes,
+  // and their locks and condition variables may be in any state. Leak both
+  // there, as device_sim leaves its inherited devices alone (fork_guard.h).
+  if (engine_->in_forked_child()) {
+    (void)engine_.release();
+    c10::raw::intrusive_ptr::incref(gloo_.get());
+  }
+}
 
 void ProcessGroupNPU::setTimeout(std::chrono::milliseconds timeout) {
   engine_->set_timeout(timeout);
@@ -68,6 +77,7 @@ std::unique_ptr<Job> ProcessGroupNPU::new_job(c10d::OpType type, const char* op,
   job->peers = peer >= 0 ? "rank " + std::to_string(peer)
                          : (peer == -2 ? "any rank" : other_ranks(getRank(), getSize()));
   job->device = device;
+  engine_->check_not_forked(job->what);
   job->work = c10::make_intrusive<WorkNPU>(getRank(), type, job->what, seq, device, std::move(outputs));
   // The collective reads its inputs after the work the caller queued so far.
   if (device >= 0) job->ready.record(torch_backend::rt().devices().at(device).current_stream());
@@ -378,6 +388,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::endCoalescing() {
   job->what = "coalesced collectives";
   job->peers = other_ranks(getRank(), getSize());
   job->device = device;
+  engine_->check_not_forked(job->what);
   job->work = c10::make_intrusive<WorkNPU>(getRank(), c10d::OpType::COALESCED, job->what, seq_.load(), device,
                                            outputs);
   job->work->set_members(std::move(members));

@@ -89,6 +89,29 @@ def _bad_arguments_and_mismatches(rank, world):
     _raises(RuntimeError, lambda: dist.broadcast(torch.ones(4096, device=NPU), 0, group=group),
             "broadcast #2: the ranks disagree", "chunks of 4096 bytes", "chunks of 8192 bytes")
     dist.destroy_process_group(group)
+    # A process forked after the group was made: a collective there is a
+    # clear error, and dropping the group (as its exit does) neither crashes
+    # nor hangs on the parent's threads.
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            dist.all_reduce(torch.ones(2, device=NPU))
+            code = 10
+        except RuntimeError as e:
+            if "forked subprocess" not in str(e):
+                code = 11
+        dist.destroy_process_group()
+        import gc
+        gc.collect()
+        os._exit(code)
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and done[1] == 0, f"forked child: wait status {done[1] if done[0] else 'still running after 30 s'}"
     return msg
 
 
