@@ -74,7 +74,23 @@ std::vector<at::Tensor> WorkNPU::result() { return outputs_; }
 
 void WorkNPU::synchronize() {
   if (device_ < 0) return;
-  torch_backend::rt().devices().at(device_).current_stream().wait_event(done_);
+  sim::Stream& current = torch_backend::rt().devices().at(device_).current_stream();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!completed_) {
+      // done_ is recorded only at completion (the collective is driven by
+      // the host), so a wait on it now would order nothing. Without
+      // blocking the host, hold the caller's stream until the Work
+      // completed: the completer completes it once the data is on the
+      // device (or failed; wait() reports the error).
+      current.enqueue([self = c10::intrusive_ptr<WorkNPU>::reclaim_copy(this)] {
+        std::unique_lock<std::mutex> l(self->mutex_);
+        self->cv_.wait(l, [&] { return self->completed_; });
+      });
+      return;
+    }
+  }
+  current.wait_event(done_);
 }
 
 bool WorkNPU::wait(std::chrono::milliseconds timeout) {

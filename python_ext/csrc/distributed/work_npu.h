@@ -33,7 +33,8 @@ class WorkNPU final : public c10d::Work {
   int sourceRank() const override;
   std::vector<at::Tensor> result() override;
   // Makes the caller's current stream wait for the collective's device work
-  // (the "done" event); does not block the host.
+  // (the "done" event, or, before completion, a stream task that waits for
+  // it); does not block the host.
   void synchronize() override;
   // Blocks the host until the collective completed (or `timeout`, when not
   // kNoTimeout, passed: a DistBackendError naming the collective), rethrows

@@ -234,15 +234,21 @@ def _check_p2p_and_async(rank, world):
     if rank == 0:
         work = dist.all_reduce(t, async_op=True)
         assert not work.is_completed(), "all_reduce(async_op=True) completed before the peer joined"
+        # synchronize() before completion (rank 1 has not joined yet): work
+        # queued after it on the caller's stream sees the result.
+        work.synchronize()
         store.set("async_go", "1")
+        seen = t * 1
     else:
         store.wait(["async_go"])
         work = dist.all_reduce(t, async_op=True)
+        seen = t * 0 + 3
     fut = work.get_future()
     doubled = fut.then(lambda f: f.value()[0] * 2)
     work.wait()
     assert work.is_completed() and work.is_success()
     _same(t, torch.full((5,), 3.0), "async all_reduce")
+    _same(seen, torch.full((5,), 3.0), "stream work queued after Work.synchronize()")
     _same(doubled.wait(), torch.full((5,), 6.0), "future.then of an all_reduce")
     _same(fut.wait()[0], torch.full((5,), 3.0), "future value")
     # Two async collectives on one tensor keep issue order (the second reads
