@@ -195,7 +195,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::allreduce_coalesced(
   for (size_t i = 0; i < tensors.size(); ++i) {
     const std::string arg = "tensors[" + std::to_string(i) + "]";
     check_output(op, arg, tensors[i], device);
-    check_same_dtype(op, arg, tensors[i], tensors[0].scalar_type());
+    check_same_dtype(op, arg, tensors[i], tensors[0].scalar_type(), "tensors[0]");
     shapes.push_back(tensors[i].sizes().vec());
   }
   check_reduce_op(op, opts.reduceOp, tensors[0].scalar_type());

@@ -46,6 +46,13 @@ def _bad_arguments_and_mismatches(rank, world):
             "output_tensor must have 8 elements")
     _raises(ValueError, lambda: dist.all_to_all_single(torch.empty(4, device=NPU), x, [1, 1], [2, 2]),
             "all_to_all_single: output split sizes sum to 2, but its dim 0 is 4")
+    # A dtype that differs from another output's (the message names it).
+    def mixed_coalesced():
+        with dist._coalescing_manager():
+            dist.reduce_scatter_tensor(torch.empty(2, device=NPU), torch.ones(4, device=NPU))
+            dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.float64, device=NPU),
+                                       torch.ones(4, dtype=torch.float64, device=NPU))
+    _raises(TypeError, mixed_coalesced, "reduce_scatter_tensor_coalesced: outputs[1] must have dtype torch.float32 like outputs[0], found torch.float64")
     # Nothing above reached the transport: the group still works.
     dist.all_reduce(x)
     assert x.cpu().tolist() == [2.0] * 4
