@@ -94,6 +94,9 @@ struct Job {
   std::vector<MemSpan> reads, writes;
   // recv from any source: the sender's rank, from the last step's gloo work.
   std::function<int(const GlooWorks&)> source_rank;
+  // Held from taking the sequence number to the push into the FIFO
+  // (ProcessGroupNPU::new_job/submit): numbers follow the FIFO's order.
+  std::unique_lock<std::mutex> issue_lock;
   // Set by the engine.
   bool writes_registered = false;
   bool failed = false;

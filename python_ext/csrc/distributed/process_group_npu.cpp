@@ -70,6 +70,7 @@ void ProcessGroupNPU::setTimeout(std::chrono::milliseconds timeout) {
 std::unique_ptr<Job> ProcessGroupNPU::new_job(c10d::OpType type, const char* op, int device,
                                               std::vector<at::Tensor> outputs, int peer) {
   auto job = std::make_unique<Job>();
+  job->issue_lock = std::unique_lock<std::mutex>(issue_mu_);  // released by submit()
   const bool p2p =
       type == c10d::OpType::SEND || type == c10d::OpType::RECV || type == c10d::OpType::RECVANYSOURCE;
   const uint64_t seq = p2p ? ++p2p_seq_ : ++seq_;
@@ -85,6 +86,7 @@ std::unique_ptr<Job> ProcessGroupNPU::new_job(c10d::OpType type, const char* op,
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::submit(std::unique_ptr<Job> job) {
+  std::unique_lock<std::mutex> issued = std::move(job->issue_lock);
   c10::intrusive_ptr<WorkNPU> work = job->work;
   if (job->signature) job->signature->seq = work->getSequencenumber();
   engine_->submit(std::move(job));
@@ -385,6 +387,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::endCoalescing() {
   // A job of no steps after the members: the engine completes in issue
   // order, so it completes after all of them; its Work rethrows theirs.
   auto job = std::make_unique<Job>();
+  std::lock_guard<std::mutex> issued(issue_mu_);
   job->what = "coalesced collectives";
   job->peers = other_ranks(getRank(), getSize());
   job->device = device;
