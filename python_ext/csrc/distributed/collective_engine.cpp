@@ -341,6 +341,15 @@ void CollectiveEngine::finish(const std::shared_ptr<Job>& job, std::exception_pt
   }
   if (error) {
     job->failed = true;
+    // The copies back of earlier chunks may still be queued on the
+    // collective stream, reading staging and device memory that the job
+    // keeps alive: let them run before the job can go.
+    if (job->device >= 0) {
+      try {
+        stream(job->device).synchronize();
+      } catch (...) {  // a device error is reported by the device; the job fails anyway
+      }
+    }
     // gloo may still hold the buffers of a collective that failed.
     for (auto& lease : job->staging) lease.discard();
     job->work->fail(std::move(error));
