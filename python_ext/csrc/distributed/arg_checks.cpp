@@ -92,9 +92,10 @@ void check_reduce_op(const char* op, const c10d::ReduceOp& reduce_op, at::Scalar
   }
 }
 
-void check_same_dtype(const char* op, const std::string& arg, const at::Tensor& t, at::ScalarType expected) {
+void check_same_dtype(const char* op, const std::string& arg, const at::Tensor& t, at::ScalarType expected,
+                      const std::string& like) {
   TORCH_CHECK_TYPE(t.scalar_type() == expected, "npu backend: ", op, ": ", arg, " must have dtype ",
-                   dtype_name(expected), " like the input, found ", dtype_name(t.scalar_type()));
+                   dtype_name(expected), " like ", like, ", found ", dtype_name(t.scalar_type()));
 }
 
 void check_numel(const char* op, const std::string& arg, const at::Tensor& t, int64_t expected,

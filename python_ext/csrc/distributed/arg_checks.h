@@ -19,7 +19,9 @@ void check_input(const char* op, const std::string& arg, const at::Tensor& t, in
 void check_output(const char* op, const std::string& arg, const at::Tensor& t, int& device);
 // The reduce op is one gloo applies to `dtype`.
 void check_reduce_op(const char* op, const c10d::ReduceOp& reduce_op, at::ScalarType dtype);
-void check_same_dtype(const char* op, const std::string& arg, const at::Tensor& t, at::ScalarType expected);
+// `like` names the tensor whose dtype `expected` is ("the input", "outputs[0]").
+void check_same_dtype(const char* op, const std::string& arg, const at::Tensor& t, at::ScalarType expected,
+                      const std::string& like = "the input");
 void check_numel(const char* op, const std::string& arg, const at::Tensor& t, int64_t expected,
                  const char* why);
 void check_rank(const char* op, const char* arg, int64_t rank, int size);

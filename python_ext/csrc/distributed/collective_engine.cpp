@@ -49,6 +49,71 @@ CollectiveEngine::~CollectiveEngine() {
   launch_cv_.notify_all();
   launcher_.join();
   completer_.join();
+  {
+    std::lock_guard<std::mutex> lock(cb_mu_);
+    callbacks_stopping_ = true;
+  }
+  cb_cv_.notify_all();
+  for (auto& t : callback_threads_) t.join();
+}
+
+// Note [Future callbacks never run on the completer]
+// c10's Future runs then() and done callbacks inline in markCompleted. A
+// callback may wait for a later collective of the group (DDP's PowerSGD
+// hook waits an all_reduce's future inside a then(); a synchronous
+// all_reduce in a callback waits its Work): were it run on the completer,
+// the only thread that finishes that collective would be the one waiting.
+// So the completer completes the Work only (wait() and isCompleted() look at
+// nothing else) and queues its future here. Futures complete in the
+// completer's order: the callback thread that takes future k completes it
+// once future k-1 completed (its first callback, registered by WorkNPU,
+// signals that before any user callback runs). A callback that blocks keeps
+// its thread; the next future then gets a new thread, so a callback waiting
+// for a later future of the group is never waiting for itself.
+void CollectiveEngine::settle_later(const c10::intrusive_ptr<WorkNPU>& work, int device,
+                                    sim::Stream* stream) {
+  bool spawn = false;
+  {
+    std::lock_guard<std::mutex> lock(cb_mu_);
+    const uint64_t ticket = next_ticket_++;
+    work->set_settle_started([this, ticket] {
+      {
+        std::lock_guard<std::mutex> l(cb_mu_);
+        started_ = std::max(started_, ticket + 1);
+      }
+      cb_cv_.notify_all();
+    });
+    settles_.push_back(Settle{work, device, stream, ticket});
+    spawn = idle_callback_threads_ == 0;
+    if (spawn) {
+      ++idle_callback_threads_;  // counted from now: a burst spawns one
+      callback_threads_.emplace_back([this] { run_callbacks(); });
+    }
+  }
+  if (!spawn) cb_cv_.notify_all();
+}
+
+void CollectiveEngine::run_callbacks() {
+  std::unique_lock<std::mutex> lock(cb_mu_);
+  for (;;) {  // idle (counted in idle_callback_threads_) at the top
+    cb_cv_.wait(lock, [&] { return callbacks_stopping_ || !settles_.empty(); });
+    if (settles_.empty()) return;
+    --idle_callback_threads_;
+    Settle item = std::move(settles_.front());
+    settles_.pop_front();
+    cb_cv_.wait(lock, [&] { return started_ >= item.ticket; });
+    lock.unlock();
+    if (item.stream != nullptr) {
+      // The future records its event on this thread's current stream
+      // (Note [The future of an npu collective carries its device]).
+      torch_backend::rt().devices().set_current_device(item.device);
+      torch_backend::rt().devices().at(item.device).set_current_stream(*item.stream);
+    }
+    item.work->settle_future();
+    item.work.reset();  // may be the last reference: outside the lock
+    lock.lock();
+    ++idle_callback_threads_;
+  }
 }
 
 void CollectiveEngine::submit(std::unique_ptr<Job> job) {
@@ -247,15 +312,16 @@ void CollectiveEngine::run_completer() {
         stage = "copying back to the device";
         int source = -1;
         if (job->source_rank) source = job->source_rank(item.works);
-        if (s != nullptr) {
-          s->synchronize();
-          // The future records its event on this thread's current stream
-          // (Note [The future of an npu collective carries its device]).
-          torch_backend::rt().devices().set_current_device(job->device);
-          torch_backend::rt().devices().at(job->device).set_current_stream(*s);
+        if (s != nullptr) s->synchronize();
+        if (std::exception_ptr e = job->work->first_member_error()) {
+          // endCoalescing's Work: its members completed before it (FIFO);
+          // its future must carry their failure, not succeed.
+          finish(job, e);
+          continue;
         }
         job->work->complete(s, source);
         finish(job, nullptr);
+        settle_later(job->work, job->device, s);
       }
     } catch (...) {
       finish(job, transport_error(*job, stage, std::current_exception()));
@@ -275,9 +341,20 @@ void CollectiveEngine::finish(const std::shared_ptr<Job>& job, std::exception_pt
   }
   if (error) {
     job->failed = true;
+    // The copies back of earlier chunks may still be queued on the
+    // collective stream, reading staging and device memory that the job
+    // keeps alive: let them run before the job can go.
+    if (job->device >= 0) {
+      try {
+        stream(job->device).synchronize();
+      } catch (...) {  // a device error is reported by the device; the job fails anyway
+      }
+    }
     // gloo may still hold the buffers of a collective that failed.
     for (auto& lease : job->staging) lease.discard();
     job->work->fail(std::move(error));
+    sim::Stream* s = job->device >= 0 ? &stream(job->device) : nullptr;
+    settle_later(job->work, job->device, s);
   }
 }
 

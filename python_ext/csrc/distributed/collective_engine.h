@@ -11,6 +11,8 @@
 //   completer per step, in order: wait for gloo (it honours the group's
 //             timeout), host->device copies; after the last step, synchronise
 //             the stream, record the done event, complete the Work
+//   callback  complete the Work's future (its then() callbacks run there),
+//             in order (Note [Future callbacks never run on the completer])
 //
 // A large allreduce or broadcast is split into steps (chunks), so that the
 // staging copies of chunk k+1 run while gloo carries chunk k.
@@ -24,6 +26,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <npubridge/device_sim/fork_guard.h>
 #include <npubridge/device_sim/stream.h>
 
 #include "distributed/fingerprint.h"
@@ -91,6 +94,9 @@ struct Job {
   std::vector<MemSpan> reads, writes;
   // recv from any source: the sender's rank, from the last step's gloo work.
   std::function<int(const GlooWorks&)> source_rank;
+  // Held from taking the sequence number to the push into the FIFO
+  // (ProcessGroupNPU::new_job/submit): numbers follow the FIFO's order.
+  std::unique_lock<std::mutex> issue_lock;
   // Set by the engine.
   bool writes_registered = false;
   bool failed = false;
@@ -100,7 +106,9 @@ class CollectiveEngine {
  public:
   CollectiveEngine(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size,
                    std::chrono::milliseconds timeout);
-  ~CollectiveEngine();  // lets queued jobs finish, then joins the threads
+  // Lets queued jobs finish, then joins the threads. Never run in a forked
+  // child (~ProcessGroupNPU leaks the engine there).
+  ~CollectiveEngine();
 
   // Throws DistBackendError at once when the group is broken.
   void submit(std::unique_ptr<Job> job);
@@ -113,6 +121,12 @@ class CollectiveEngine {
   std::chrono::milliseconds timeout() const;
   // "" while the group works.
   std::string broken_reason() const;
+  // In a process forked after the group was made: the forked-child error
+  // naming `what` ("allreduce #3"); the group's threads are the parent's.
+  void check_not_forked(const std::string& what) const {
+    fork_guard_.check([&] { return "npu backend: " + what; });
+  }
+  bool in_forked_child() const noexcept { return fork_guard_.in_forked_child(); }
 
  private:
   struct Launched {
@@ -127,8 +141,12 @@ class CollectiveEngine {
   void finish(const std::shared_ptr<Job>& job, std::exception_ptr error);
   std::exception_ptr transport_error(const Job& job, const char* stage, std::exception_ptr cause);
   void wait_for_writers(const Job& job);
+  // Hands a completed (or failed) Work's future to the callback threads.
+  void settle_later(const c10::intrusive_ptr<WorkNPU>& work, int device, sim::Stream* stream);
+  void run_callbacks();
 
   const c10::intrusive_ptr<c10d::Backend> gloo_;
+  const sim::ForkGuard fork_guard_;
   const int rank_, size_;
   const bool check_;
   std::shared_ptr<StagingPool> staging_ = std::make_shared<StagingPool>();
@@ -144,6 +162,22 @@ class CollectiveEngine {
   bool stopping_ = false;
   bool launcher_done_ = false;
   std::thread launcher_, completer_;
+
+  // Futures to complete, in the completer's order (cb_mu_).
+  struct Settle {
+    c10::intrusive_ptr<WorkNPU> work;
+    int device = -1;
+    sim::Stream* stream = nullptr;
+    uint64_t ticket = 0;
+  };
+  std::mutex cb_mu_;
+  std::condition_variable cb_cv_;
+  std::deque<Settle> settles_;
+  uint64_t next_ticket_ = 0;  // tickets handed out
+  uint64_t started_ = 0;      // futures [0, started_) completed
+  size_t idle_callback_threads_ = 0;
+  bool callbacks_stopping_ = false;
+  std::vector<std::thread> callback_threads_;
 };
 
 }  // namespace npub::dist

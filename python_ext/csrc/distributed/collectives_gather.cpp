@@ -146,12 +146,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::allgather_coalesced(
   std::vector<at::Tensor> results;
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_input(op, item("input_list", i), inputs[i], device);
-    check_same_dtype(op, item("input_list", i), inputs[i], inputs[0].scalar_type());
+    check_same_dtype(op, item("input_list", i), inputs[i], inputs[0].scalar_type(), "input_list[0]");
     check_count(op, item("output_lists", i).c_str(), outputs[i].size(), static_cast<size_t>(getSize()));
     for (size_t j = 0; j < outputs[i].size(); ++j) {
       const std::string arg = item("output_lists", i, j);
       check_output(op, arg, outputs[i][j], device);
-      check_same_dtype(op, arg, outputs[i][j], inputs[i].scalar_type());
+      check_same_dtype(op, arg, outputs[i][j], inputs[i].scalar_type(), item("input_list", i));
       check_numel(op, arg, outputs[i][j], inputs[i].numel(), "one per rank, each the size of its input");
       results.push_back(outputs[i][j]);
     }
@@ -173,9 +173,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::allgather_into_tensor_coalesced(
   std::vector<std::vector<int64_t>> shapes;
   for (size_t i = 0; i < inputs.size(); ++i) {
     check_input(op, item("inputs", i), inputs[i], device);
-    check_same_dtype(op, item("inputs", i), inputs[i], inputs[0].scalar_type());
+    check_same_dtype(op, item("inputs", i), inputs[i], inputs[0].scalar_type(), "inputs[0]");
     check_output(op, item("outputs", i), outputs[i], device);
-    check_same_dtype(op, item("outputs", i), outputs[i], inputs[i].scalar_type());
+    check_same_dtype(op, item("outputs", i), outputs[i], inputs[i].scalar_type(), item("inputs", i));
     check_numel(op, item("outputs", i), outputs[i], inputs[i].numel() * getSize(),
                 "world size x its input's");
     shapes.push_back(inputs[i].sizes().vec());
@@ -255,7 +255,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::scatter(std::vector<at::Tensor>&
     for (size_t j = 0; j < inputs[0].size(); ++j) {
       const std::string arg = item("scatter_list", j);
       check_input(op, arg, inputs[0][j], device);
-      check_same_dtype(op, arg, inputs[0][j], output.scalar_type());
+      check_same_dtype(op, arg, inputs[0][j], output.scalar_type(), "the output");
       check_numel(op, arg, inputs[0][j], output.numel(), "one per rank, each the size of the output");
     }
     ins = inputs[0];
@@ -304,7 +304,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::reduce_scatter(std::vector<at::T
   for (size_t j = 0; j < inputs[0].size(); ++j) {
     const std::string arg = item("input_list", j);
     check_input(op, arg, inputs[0][j], device);
-    check_same_dtype(op, arg, inputs[0][j], output.scalar_type());
+    check_same_dtype(op, arg, inputs[0][j], output.scalar_type(), "the output");
     check_numel(op, arg, inputs[0][j], output.numel(), "one per rank, each the size of the output");
   }
   auto job = new_job(c10d::OpType::REDUCE_SCATTER, op, device, {output});
@@ -340,8 +340,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::reduce_scatter_tensor_coalesced(
   for (size_t i = 0; i < outputs.size(); ++i) {
     check_input(op, item("inputs", i), inputs[i], device);
     check_output(op, item("outputs", i), outputs[i], device);
-    check_same_dtype(op, item("outputs", i), outputs[i], outputs[0].scalar_type());
-    check_same_dtype(op, item("inputs", i), inputs[i], outputs[i].scalar_type());
+    check_same_dtype(op, item("outputs", i), outputs[i], outputs[0].scalar_type(), "outputs[0]");
+    check_same_dtype(op, item("inputs", i), inputs[i], outputs[i].scalar_type(), item("outputs", i));
     check_numel(op, item("inputs", i), inputs[i], outputs[i].numel() * getSize(),
                 "world size x its output's");
     shapes.push_back(outputs[i].sizes().vec());
@@ -435,9 +435,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::alltoall(std::vector<at::Tensor>
   std::vector<int64_t> in_counts, out_counts;
   for (size_t j = 0; j < size; ++j) {
     check_input(op, item("input_tensor_list", j), inputs[j], device);
-    check_same_dtype(op, item("input_tensor_list", j), inputs[j], inputs[0].scalar_type());
+    check_same_dtype(op, item("input_tensor_list", j), inputs[j], inputs[0].scalar_type(),
+                     "input_tensor_list[0]");
     check_output(op, item("output_tensor_list", j), outputs[j], device);
-    check_same_dtype(op, item("output_tensor_list", j), outputs[j], inputs[0].scalar_type());
+    check_same_dtype(op, item("output_tensor_list", j), outputs[j], inputs[0].scalar_type(),
+                     "input_tensor_list[0]");
     in_counts.push_back(inputs[j].numel());
     out_counts.push_back(outputs[j].numel());
   }

@@ -35,9 +35,9 @@ constexpr const char* kSignatureOps[] = {
     "barrier",
 };
 constexpr int64_t kMagic = 0x6e707562;  // "npub"
-// Words: magic, op, seq, dtype, root, reduce op, shape hash, shape count;
-// then the shapes (ndim, dims..., truncated), then the alltoall counts.
-constexpr size_t kHeader = 8;
+// Words: magic, op, seq, dtype, root, reduce op, shape hash, shape count,
+// chunk bytes; then the shapes (ndim, dims..., truncated), then the alltoall counts.
+constexpr size_t kHeader = 9;
 constexpr size_t kShapeWords = 40;
 
 int64_t op_code(const std::string& op) {
@@ -69,6 +69,7 @@ std::vector<int64_t> encode(const Signature& s, int size) {
   w[5] = s.reduce_op;
   w[6] = shapes_hash(s.shapes);
   w[7] = static_cast<int64_t>(s.shapes.size());
+  w[8] = s.chunk_bytes;
   size_t at = kHeader;
   for (const auto& shape : s.shapes) {
     if (at + 1 + shape.size() > kHeader + kShapeWords) break;
@@ -87,6 +88,7 @@ Signature decode(const int64_t* w, int size, bool* truncated) {
   s.dtype = static_cast<at::ScalarType>(w[3]);
   s.root = w[4];
   s.reduce_op = static_cast<int>(w[5]);
+  s.chunk_bytes = w[8];
   size_t at = kHeader;
   for (int64_t i = 0; i < w[7]; ++i) {
     if (at >= kHeader + kShapeWords || w[at] < 0) {
@@ -168,7 +170,7 @@ std::string reduce_op_name(int red_op_type) {
   }
 }
 
-std::string describe(const Signature& s) {
+std::string describe(const Signature& s, bool show_chunks) {
   std::ostringstream os;
   os << s.op << " #" << s.seq << "(";
   const char* sep = "";
@@ -179,6 +181,8 @@ std::string describe(const Signature& s) {
   for (size_t i = 0; i < s.shapes.size(); ++i) os << (i ? ", " : sep) << join(s.shapes[i]);
   if (s.reduce_op >= 0) os << ", op " << reduce_op_name(s.reduce_op);
   if (s.root >= 0) os << ", root " << s.root;
+  if (show_chunks && s.chunk_bytes >= 0)
+    os << ", chunks of " << s.chunk_bytes << " bytes (NPUB_DIST_CHUNK_BYTES)";
   if (!s.send_counts.empty())
     os << ", send counts " << join(s.send_counts) << ", recv counts " << join(s.recv_counts);
   os << ")";
@@ -214,13 +218,18 @@ std::string SignatureCheck::verdict(std::chrono::milliseconds timeout) {
     if (!same) disagree.push_back(r);
   }
   if (disagree.empty()) return {};
+  // The chunk size only when it is what differs (the usual messages stay short).
+  bool chunks_differ = false;
+  for (int r : disagree) chunks_differ |= out[0][r].data_ptr<int64_t>()[8] != words[8];
   std::ostringstream os;
   os << "npu backend: " << mine.op << " #" << mine.seq << ": the ranks disagree on the collective "
-     << "(its arguments must match across ranks); rank " << rank << " (this rank) called " << describe(mine);
+     << "(its arguments must match across ranks); rank " << rank << " (this rank) called "
+     << describe(mine, chunks_differ);
   for (int r : disagree) {
     bool truncated = false;
     const Signature theirs = decode(out[0][r].data_ptr<int64_t>(), size, &truncated);
-    os << "; rank " << r << " called " << describe(theirs) << (truncated ? " (shapes cut short)" : "");
+    os << "; rank " << r << " called " << describe(theirs, chunks_differ)
+       << (truncated ? " (shapes cut short)" : "");
   }
   return os.str();
 }

@@ -23,6 +23,10 @@ struct Signature {
   at::ScalarType dtype = at::ScalarType::Undefined;
   int64_t root = -1;
   int reduce_op = -1;  // c10d::ReduceOp::RedOpType, -1 when none
+  // allreduce/broadcast: the bytes of one pipelined chunk
+  // (NPUB_DIST_CHUNK_BYTES): ranks that cut different chunks would pair
+  // unrelated gloo calls. -1 for the others.
+  int64_t chunk_bytes = -1;
   // Shapes every rank must pass alike (per collective: process_group_npu.cpp).
   std::vector<std::vector<int64_t>> shapes;
   // alltoall: elements this rank sends to / receives from each rank; rank
@@ -30,8 +34,9 @@ struct Signature {
   std::vector<int64_t> send_counts, recv_counts;
 };
 
-// "allreduce(torch.float32 [4, 8], op SUM)"
-std::string describe(const Signature& s);
+// "allreduce(torch.float32 [4, 8], op SUM)"; with `show_chunks`, the chunk
+// size too.
+std::string describe(const Signature& s, bool show_chunks = false);
 std::string dtype_name(at::ScalarType t);     // "torch.float32"
 std::string reduce_op_name(int red_op_type);  // "SUM"
 

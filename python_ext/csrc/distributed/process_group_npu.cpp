@@ -52,7 +52,16 @@ ProcessGroupNPU::ProcessGroupNPU(c10::intrusive_ptr<c10d::Backend> gloo, int ran
   TORCH_CHECK_VALUE(gloo_, "npu backend: needs a gloo backend to carry its data");
 }
 
-ProcessGroupNPU::~ProcessGroupNPU() = default;
+ProcessGroupNPU::~ProcessGroupNPU() {
+  // In a process forked after the group was made, the engine's threads and
+  // gloo's are the parent's (fork copies one thread): joining them crashes,
+  // and their locks and condition variables may be in any state. Leak both
+  // there, as device_sim leaves its inherited devices alone (fork_guard.h).
+  if (engine_->in_forked_child()) {
+    (void)engine_.release();
+    c10::raw::intrusive_ptr::incref(gloo_.get());
+  }
+}
 
 void ProcessGroupNPU::setTimeout(std::chrono::milliseconds timeout) {
   engine_->set_timeout(timeout);
@@ -62,6 +71,7 @@ void ProcessGroupNPU::setTimeout(std::chrono::milliseconds timeout) {
 std::unique_ptr<Job> ProcessGroupNPU::new_job(c10d::OpType type, const char* op, int device,
                                               std::vector<at::Tensor> outputs, int peer) {
   auto job = std::make_unique<Job>();
+  job->issue_lock = std::unique_lock<std::mutex>(issue_mu_);  // released by submit()
   const bool p2p =
       type == c10d::OpType::SEND || type == c10d::OpType::RECV || type == c10d::OpType::RECVANYSOURCE;
   const uint64_t seq = p2p ? ++p2p_seq_ : ++seq_;
@@ -69,6 +79,7 @@ std::unique_ptr<Job> ProcessGroupNPU::new_job(c10d::OpType type, const char* op,
   job->peers = peer >= 0 ? "rank " + std::to_string(peer)
                          : (peer == -2 ? "any rank" : other_ranks(getRank(), getSize()));
   job->device = device;
+  engine_->check_not_forked(job->what);
   job->work = c10::make_intrusive<WorkNPU>(getRank(), type, job->what, seq, device, std::move(outputs));
   // The collective reads its inputs after the work the caller queued so far.
   if (device >= 0) job->ready.record(torch_backend::rt().devices().at(device).current_stream());
@@ -76,6 +87,7 @@ std::unique_ptr<Job> ProcessGroupNPU::new_job(c10d::OpType type, const char* op,
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::submit(std::unique_ptr<Job> job) {
+  std::unique_lock<std::mutex> issued = std::move(job->issue_lock);
   c10::intrusive_ptr<WorkNPU> work = job->work;
   if (job->signature) job->signature->seq = work->getSequencenumber();
   engine_->submit(std::move(job));
@@ -139,20 +151,32 @@ GlooReduce gloo_reduce(const char* op, const c10d::ReduceOp& reduce_op, at::Scal
 
 namespace {
 
-// The elements [offset, offset + len) of `t` when it is contiguous (a chunk),
-// else all of `t` (the copy engine walks its strides in one piece).
-at::Tensor piece(const at::Tensor& t, int64_t offset, int64_t len) {
-  return t.is_contiguous() ? t.view({-1}).narrow(0, offset, len) : t;
+// One chunk of a pipelined collective on `t`, staged in `host` (contiguous,
+// t.numel() elements). The chunk plan depends only on the element count and
+// the chunk size, never on `t`'s layout, so every rank cuts the same gloo
+// calls (Note [Pipelined chunks]). A contiguous `t` copies chunk by chunk; a
+// strided one crosses whole (the copy engine walks its strides in one
+// piece): in with the first chunk, out with the last.
+struct ChunkCopies {
+  std::function<void(sim::Stream&)> to_host, to_device;
+};
+
+ChunkCopies chunk_copies(const at::Tensor& t, const at::Tensor& host, int64_t offset, int64_t len) {
+  const int64_t n = t.numel();
+  if (t.is_contiguous()) {
+    at::Tensor h = host.narrow(0, offset, len);
+    at::Tensor d = t.view({-1}).narrow(0, offset, len);
+    return {[h, d](sim::Stream& s) { queue_to_host(s, h, d); },
+            [h, d](sim::Stream& s) { queue_to_device(s, d, h); }};
+  }
+  ChunkCopies c;
+  if (offset == 0) c.to_host = [host, t](sim::Stream& s) { queue_to_host(s, host, t); };
+  if (offset + len == n) c.to_device = [host, t](sim::Stream& s) { queue_to_device(s, t, host); };
+  return c;
 }
 
 }  // namespace
 
-// Note [Pipelined chunks]
-// A contiguous tensor larger than a chunk is reduced chunk by chunk, each a
-// gloo collective of its own: the launcher copies chunk k+1 to the host
-// while gloo carries chunk k and the completer copies chunk k-1 back. Every
-// rank cuts the same chunks (same shapes: the signature check), so the gloo
-// calls match across ranks.
 void ProcessGroupNPU::add_allreduce(Job& job, const at::Tensor& t, const GlooReduce& op) {
   const int64_t n = t.numel();
   job.keep_alive.push_back(t);
@@ -163,13 +187,13 @@ void ProcessGroupNPU::add_allreduce(Job& job, const at::Tensor& t, const GlooRed
     return;
   }
   const at::Tensor host = stage(job, t.scalar_type(), n);
-  const int64_t chunk = t.is_contiguous() ? chunk_elements(t) : n;
+  const int64_t chunk = chunk_elements(t);
   for (int64_t offset = 0; offset < n; offset += chunk) {
     const int64_t len = std::min(chunk, n - offset);
     at::Tensor h = host.narrow(0, offset, len);
-    at::Tensor d = piece(t, offset, len);
+    ChunkCopies copies = chunk_copies(t, host, offset, len);
     Step step;
-    step.to_host = [h, d](sim::Stream& s) { queue_to_host(s, h, d); };
+    step.to_host = std::move(copies.to_host);
     step.launch = [gloo = gloo_, h, op] {
       op.premultiply(h);
       std::vector<at::Tensor> v{h};
@@ -177,7 +201,7 @@ void ProcessGroupNPU::add_allreduce(Job& job, const at::Tensor& t, const GlooRed
       o.reduceOp = op.op;
       return GlooWorks{gloo->allreduce(v, o)};
     };
-    step.to_device = [h, d](sim::Stream& s) { queue_to_device(s, d, h); };
+    step.to_device = std::move(copies.to_device);
     job.steps.push_back(std::move(step));
   }
 }
@@ -194,6 +218,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::allreduce(std::vector<at::Tensor
   const GlooReduce reduce_op = gloo_reduce(op, opts.reduceOp, tensors[0].scalar_type());
   auto job = new_job(c10d::OpType::ALLREDUCE, op, device, tensors);
   job->signature = signature(op, tensors[0].scalar_type(), {tensors[0].sizes().vec()}, -1, opts.reduceOp.op_);
+  job->signature->chunk_bytes = chunk_bytes_;
   add_allreduce(*job, tensors[0], reduce_op);
   return submit(std::move(job));
 }
@@ -207,13 +232,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::allreduce_coalesced(
   for (size_t i = 0; i < tensors.size(); ++i) {
     const std::string arg = "tensors[" + std::to_string(i) + "]";
     check_output(op, arg, tensors[i], device);
-    check_same_dtype(op, arg, tensors[i], tensors[0].scalar_type());
+    check_same_dtype(op, arg, tensors[i], tensors[0].scalar_type(), "tensors[0]");
     shapes.push_back(tensors[i].sizes().vec());
   }
   check_reduce_op(op, opts.reduceOp, tensors[0].scalar_type());
   const GlooReduce reduce_op = gloo_reduce(op, opts.reduceOp, tensors[0].scalar_type());
   auto job = new_job(c10d::OpType::ALLREDUCE_COALESCED, op, device, tensors);
   job->signature = signature(op, tensors[0].scalar_type(), std::move(shapes), -1, opts.reduceOp.op_);
+  job->signature->chunk_bytes = chunk_bytes_;
   for (const at::Tensor& t : tensors) add_allreduce(*job, t, reduce_op);
   return submit(std::move(job));
 }
@@ -231,26 +257,27 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::broadcast(std::vector<at::Tensor
   check_output(op, "tensor", t, device);
   auto job = new_job(c10d::OpType::BROADCAST, op, device, tensors);
   job->signature = signature(op, t.scalar_type(), {t.sizes().vec()}, opts.rootRank);
+  job->signature->chunk_bytes = chunk_bytes_;
   const bool root = opts.rootRank == getRank();
   job->keep_alive.push_back(t);
   (root ? job->reads : job->writes).push_back(memory_span(t));
   const int64_t n = t.numel();
   if (n == 0) job->steps.emplace_back();
   const at::Tensor host = n > 0 ? stage(*job, t.scalar_type(), n) : at::Tensor();
-  const int64_t chunk = t.is_contiguous() ? chunk_elements(t) : std::max<int64_t>(n, 1);
+  const int64_t chunk = chunk_elements(t);
   for (int64_t offset = 0; offset < n; offset += chunk) {
     const int64_t len = std::min(chunk, n - offset);
     at::Tensor h = host.narrow(0, offset, len);
-    at::Tensor d = piece(t, offset, len);
+    ChunkCopies copies = chunk_copies(t, host, offset, len);
     Step step;
-    if (root) step.to_host = [h, d](sim::Stream& s) { queue_to_host(s, h, d); };
+    if (root) step.to_host = std::move(copies.to_host);
     step.launch = [gloo = gloo_, h, root_rank = opts.rootRank] {
       std::vector<at::Tensor> v{h};
       c10d::BroadcastOptions o;
       o.rootRank = root_rank;
       return GlooWorks{gloo->broadcast(v, o)};
     };
-    if (!root) step.to_device = [h, d](sim::Stream& s) { queue_to_device(s, d, h); };
+    if (!root) step.to_device = std::move(copies.to_device);
     job->steps.push_back(std::move(step));
   }
   return submit(std::move(job));
@@ -398,9 +425,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::endCoalescing() {
   // A job of no steps after the members: the engine completes in issue
   // order, so it completes after all of them; its Work rethrows theirs.
   auto job = std::make_unique<Job>();
+  std::lock_guard<std::mutex> issued(issue_mu_);
   job->what = "coalesced collectives";
   job->peers = other_ranks(getRank(), getSize());
   job->device = device;
+  engine_->check_not_forked(job->what);
   job->work = c10::make_intrusive<WorkNPU>(getRank(), c10d::OpType::COALESCED, job->what, seq_.load(), device,
                                            outputs);
   job->work->set_members(std::move(members));

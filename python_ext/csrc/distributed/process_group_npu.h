@@ -132,6 +132,9 @@ class ProcessGroupNPU final : public c10d::Backend {
   // ranks must still issue in one order, as c10d requires).
   std::atomic<uint64_t> seq_{0};      // collectives issued (the number in messages)
   std::atomic<uint64_t> p2p_seq_{0};  // sends and receives issued
+  // Two threads issuing at once (DDP's and FSDP's autograd threads) would
+  // otherwise push #n+1 before #n, and the signatures carry the number.
+  std::mutex issue_mu_;
   std::mutex coalescing_mu_;
   bool coalescing_ = false;                             // under coalescing_mu_
   std::vector<c10::intrusive_ptr<WorkNPU>> coalesced_;  // under coalescing_mu_

@@ -39,7 +39,14 @@ WorkNPU::WorkNPU(int rank, c10d::OpType type, std::string what, uint64_t seq, in
       device_(device),
       outputs_(std::move(outputs)),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                       devices_of(device))) {}
+                                                       devices_of(device))) {
+  // Registered before any user's then(), so it runs first when the future
+  // completes: the engine starts the next future only after this one
+  // completed (Note [Future callbacks never run on the completer]).
+  future_->addCallback([this](c10::ivalue::Future&) {
+    if (settle_started_) settle_started_();
+  });
+}
 
 bool WorkNPU::isCompleted() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -67,7 +74,23 @@ std::vector<at::Tensor> WorkNPU::result() { return outputs_; }
 
 void WorkNPU::synchronize() {
   if (device_ < 0) return;
-  torch_backend::rt().devices().at(device_).current_stream().wait_event(done_);
+  sim::Stream& current = torch_backend::rt().devices().at(device_).current_stream();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!completed_) {
+      // done_ is recorded only at completion (the collective is driven by
+      // the host), so a wait on it now would order nothing. Without
+      // blocking the host, hold the caller's stream until the Work
+      // completed: the completer completes it once the data is on the
+      // device (or failed; wait() reports the error).
+      current.enqueue([self = c10::intrusive_ptr<WorkNPU>::reclaim_copy(this)] {
+        std::unique_lock<std::mutex> l(self->mutex_);
+        self->cv_.wait(l, [&] { return self->completed_; });
+      });
+      return;
+    }
+  }
+  current.wait_event(done_);
 }
 
 bool WorkNPU::wait(std::chrono::milliseconds timeout) {
@@ -81,42 +104,62 @@ bool WorkNPU::wait(std::chrono::milliseconds timeout) {
     }
     if (exception_) std::rethrow_exception(exception_);
   }
-  for (const auto& member : members_)
-    if (std::exception_ptr e = member->exception()) std::rethrow_exception(e);
+  if (std::exception_ptr e = first_member_error()) std::rethrow_exception(e);
   synchronize();
   return true;
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkNPU::getFuture() { return future_; }
 
+std::exception_ptr WorkNPU::first_member_error() const {
+  for (const auto& member : members_)
+    if (std::exception_ptr e = member->exception()) return e;
+  return nullptr;
+}
+
 void WorkNPU::complete(sim::Stream* stream, int source_rank) {
   if (stream != nullptr) done_.record(*stream);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     source_rank_ = source_rank;
-  }
-  // The future first: a thread woken by wait() may drop the last reference
-  // to the Work but never to the future it holds.
-  try {
-    future_->markCompleted(c10::IValue(outputs_));
-  } catch (...) {
-    if (!future_->completed()) future_->setError(std::current_exception());
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
     completed_ = true;
   }
   cv_.notify_all();
 }
 
 void WorkNPU::fail(std::exception_ptr error) {
-  if (!future_->completed()) future_->setError(error);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     exception_ = std::move(error);
     completed_ = true;
   }
   cv_.notify_all();
+}
+
+void WorkNPU::settle_future() {
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_INTERNAL_ASSERT(completed_, "npu backend: ", what_,
+                          ": its future settled before the Work completed");
+    error = exception_;
+  }
+  struct Started {  // also when markCompleted throws before any callback ran
+    std::function<void()>& fn;
+    ~Started() {
+      if (fn) fn();
+    }
+  } started{settle_started_};
+  if (future_->completed()) return;
+  if (error) {
+    future_->setError(error);
+    return;
+  }
+  try {
+    future_->markCompleted(c10::IValue(outputs_));
+  } catch (...) {
+    if (!future_->completed()) future_->setError(std::current_exception());
+  }
 }
 
 }  // namespace npub::dist

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,7 +33,8 @@ class WorkNPU final : public c10d::Work {
   int sourceRank() const override;
   std::vector<at::Tensor> result() override;
   // Makes the caller's current stream wait for the collective's device work
-  // (the "done" event); does not block the host.
+  // (the "done" event, or, before completion, a stream task that waits for
+  // it); does not block the host.
   void synchronize() override;
   // Blocks the host until the collective completed (or `timeout`, when not
   // kNoTimeout, passed: a DistBackendError naming the collective), rethrows
@@ -43,13 +45,24 @@ class WorkNPU final : public c10d::Work {
 
   // The completer's side. complete() records the done event on `stream` (the
   // collective stream, already synchronised: the data is on the device) and
-  // completes the future; fail() sets the error on both.
+  // completes the Work (what wait() and isCompleted() look at); fail() sets
+  // its error. Neither touches the future, whose callbacks may wait for
+  // later collectives of the group: settle_future() completes it (or sets
+  // the Work's error on it) afterwards, on a callback thread of the engine
+  // (Note [Future callbacks never run on the completer]).
   void complete(sim::Stream* stream, int source_rank = -1);
   void fail(std::exception_ptr error);
+  void settle_future();
+  // Called (once or more) when settle_future() has completed the future,
+  // before the user's callbacks run; set before settle_future().
+  void set_settle_started(std::function<void()> fn) { settle_started_ = std::move(fn); }
 
   const std::string& what() const { return what_; }
   // endCoalescing's Work: wait() also rethrows the first error of these.
   void set_members(std::vector<c10::intrusive_ptr<WorkNPU>> members) { members_ = std::move(members); }
+  // The first member's error (members complete before their coalesced Work:
+  // issue order), or null.
+  std::exception_ptr first_member_error() const;
 
  private:
   const std::string what_;  // "allreduce #7" for messages
@@ -60,6 +73,7 @@ class WorkNPU final : public c10d::Work {
   sim::Event done_;
   int source_rank_ = -1;
   std::vector<c10::intrusive_ptr<WorkNPU>> members_;
+  std::function<void()> settle_started_;
 };
 
 }  // namespace npub::dist

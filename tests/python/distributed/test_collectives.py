@@ -282,6 +282,13 @@ def _check_p2p_and_async(rank, world):
     for r in reqs:
         r.wait()
     _same(recv, _values(peer, (4,), torch.int64, 41), "batch_isend_irecv")
+    # A double buffer: receive into one half of a tensor while sending the
+    # other half, the receive listed first (disjoint views do not order).
+    buf = torch.zeros(8, device=NPU)
+    buf[:4] = rank + 1
+    for r in dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf[4:], peer), dist.P2POp(dist.isend, buf[:4], peer)]):
+        r.wait()
+    _same(buf, torch.tensor([rank + 1.0] * 4 + [peer + 1.0] * 4), "batch_isend_irecv on halves of one buffer")
     # recv from any source.
     if rank == 0:
         t = torch.empty(3, device=NPU)
@@ -298,15 +305,21 @@ def _check_p2p_and_async(rank, world):
     if rank == 0:
         work = dist.all_reduce(t, async_op=True)
         assert not work.is_completed(), "all_reduce(async_op=True) completed before the peer joined"
+        # synchronize() before completion (rank 1 has not joined yet): work
+        # queued after it on the caller's stream sees the result.
+        work.synchronize()
         store.set("async_go", "1")
+        seen = t * 1
     else:
         store.wait(["async_go"])
         work = dist.all_reduce(t, async_op=True)
+        seen = t * 0 + 3
     fut = work.get_future()
     doubled = fut.then(lambda f: f.value()[0] * 2)
     work.wait()
     assert work.is_completed() and work.is_success()
     _same(t, torch.full((5,), 3.0), "async all_reduce")
+    _same(seen, torch.full((5,), 3.0), "stream work queued after Work.synchronize()")
     _same(doubled.wait(), torch.full((5,), 6.0), "future.then of an all_reduce")
     _same(fut.wait()[0], torch.full((5,), 3.0), "future value")
     # Two async collectives on one tensor keep issue order (the second reads
@@ -352,6 +365,74 @@ def _check_p2p_and_async(rank, world):
     dist.barrier()
 
 
+def _check_chunks_whatever_the_layout(rank, world):
+    """allreduce and broadcast above one chunk, rank 0 passing a contiguous
+    tensor and rank 1 a transposed view of the same shape: the chunks are
+    element ranges of the flattened data on every rank, so the gloo calls
+    pair up (exact: sums of small integers, copies)."""
+    os.environ["NPUB_DIST_CHUNK_BYTES"] = "4096"  # read when the group is made
+    group = dist.new_group(backend="npu")
+    del os.environ["NPUB_DIST_CHUNK_BYTES"]
+    n = 64  # 64 x 64 float32: 4 chunks of 4096 bytes
+    want = [torch.arange(n * n, dtype=torch.float32).reshape(n, n) + 1000 * r for r in range(world)]
+
+    def layout(x):
+        return x.to(NPU) if rank == 0 else x.t().contiguous().to(NPU).t()
+
+    t = layout(want[rank])
+    assert t.is_contiguous() == (rank == 0)
+    dist.all_reduce(t, group=group)
+    _same(t, sum(want), "all_reduce above one chunk, contiguous on rank 0, transposed view on rank 1")
+    for src in range(world):
+        t = layout(want[rank] if rank == src else torch.zeros(n, n))
+        dist.broadcast(t, src, group=group)
+        _same(t, want[src], f"broadcast above one chunk, mixed layouts, src={src}")
+    dist.destroy_process_group(group)
+
+
+def _check_callbacks_may_wait_for_collectives(rank, world):
+    """then() callbacks that wait for another collective of the group (a
+    synchronous all_reduce; an async one's future, as PowerSGD does) and DDP
+    with the PowerSGD hook, against the same DDP on CPU tensors (gloo)."""
+    a, b, c = (torch.full((4,), float(rank + 1), device=NPU) for _ in range(3))
+    fut = dist.all_reduce(a, async_op=True).get_future()
+    got = fut.then(lambda f: (dist.all_reduce(b), b)[1]).wait()
+    _same(got, torch.full((4,), 3.0), "sync all_reduce inside then()")
+    fut = dist.all_reduce(a, async_op=True).get_future()
+    got = fut.then(lambda f: dist.all_reduce(c, async_op=True).get_future().wait()[0]).wait()
+    _same(got, torch.full((4,), 3.0), "async all_reduce waited inside then()")
+    _same(a, torch.full((4,), 6.0), "all_reduce before the then()")
+
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState, powerSGD_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    weights = {}
+    for dev in ["cpu", NPU]:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to(dev)
+        ddp = DDP(model)
+        ddp.register_comm_hook(PowerSGDState(None, matrix_approximation_rank=1, start_powerSGD_iter=0,
+                                             use_error_feedback=False, warm_start=False), powerSGD_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(3):
+            x, y = torch.randn(6, 8, generator=g), torch.randn(6, 2, generator=g)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x.to(dev)), y.to(dev)).backward()
+            opt.step()
+        weights[dev] = torch.cat([p.detach().cpu().reshape(-1) for p in model.parameters()])
+    # Ranks agree exactly (compared over gloo on CPU tensors, not the backend
+    # under test).
+    gathered = [torch.empty_like(weights[NPU]) for _ in range(world)]
+    dist.all_gather(gathered, weights[NPU])
+    assert all(torch.equal(gathered[0], w) for w in gathered), "PowerSGD DDP: ranks' weights differ"
+    # npu vs CPU: the same float32 computation with other kernels (matmuls
+    # of <= 8 terms, PowerSGD's Gram-Schmidt on 8-vectors): a few ulps per
+    # op, ~1e-6 relative after 3 steps of lr 0.1 on weights of size ~0.3;
+    # 1e-4 leaves room and still catches a missing or stale gradient (~1e-2).
+    diff = (weights[NPU] - weights["cpu"]).abs().max().item()
+    assert diff < 1e-4, f"PowerSGD DDP on npu vs on CPU (gloo): max weight difference {diff}"
+
+
 def _body(rank, world):
     torch.npu.set_device(0)
     dist.init_process_group("cpu:gloo,npu:npu", timeout=datetime.timedelta(seconds=60))
@@ -365,6 +446,8 @@ def _body(rank, world):
     _check_premul_sum(rank, world)
     _check_alltoall(rank, world)
     _check_p2p_and_async(rank, world)
+    _check_chunks_whatever_the_layout(rank, world)
+    _check_callbacks_may_wait_for_collectives(rank, world)
     return "ok"
 
 

@@ -46,6 +46,13 @@ def _bad_arguments_and_mismatches(rank, world):
             "output_tensor must have 8 elements")
     _raises(ValueError, lambda: dist.all_to_all_single(torch.empty(4, device=NPU), x, [1, 1], [2, 2]),
             "all_to_all_single: output split sizes sum to 2, but its dim 0 is 4")
+    # A dtype that differs from another output's (the message names it).
+    def mixed_coalesced():
+        with dist._coalescing_manager():
+            dist.reduce_scatter_tensor(torch.empty(2, device=NPU), torch.ones(4, device=NPU))
+            dist.reduce_scatter_tensor(torch.empty(2, dtype=torch.float64, device=NPU),
+                                       torch.ones(4, dtype=torch.float64, device=NPU))
+    _raises(TypeError, mixed_coalesced, "reduce_scatter_tensor_coalesced: outputs[1] must have dtype torch.float32 like outputs[0], found torch.float64")
     # Nothing above reached the transport: the group still works.
     dist.all_reduce(x)
     assert x.cpu().tolist() == [2.0] * 4
@@ -72,6 +79,46 @@ def _bad_arguments_and_mismatches(rank, world):
     y = torch.full((2,), float(rank), device=NPU)
     dist.all_reduce(y)
     assert y.cpu().tolist() == [1.0, 1.0]
+    # A coalesced group whose member fails: its Work's future carries the
+    # member's error too, not only wait().
+    a = torch.ones(4 if rank == 0 else 5, device=NPU)
+    with dist._coalescing_manager(device=torch.device(NPU, 0), async_ops=True) as cm:
+        dist.all_gather_into_tensor(torch.empty(2 * a.numel(), device=NPU), a)
+    _raises(RuntimeError, lambda: cm.works[0].get_future().wait(), "allgather_into_tensor_coalesced", "the ranks disagree")
+    _raises(RuntimeError, cm.wait, "allgather_into_tensor_coalesced", "the ranks disagree")
+    # Ranks with different NPUB_DIST_CHUNK_BYTES would cut different gloo
+    # calls: the chunk size is part of the signature.
+    os.environ["NPUB_DIST_CHUNK_BYTES"] = "4096" if rank == 0 else "8192"
+    group = dist.new_group(backend="npu")
+    del os.environ["NPUB_DIST_CHUNK_BYTES"]
+    _raises(RuntimeError, lambda: dist.all_reduce(torch.ones(4096, device=NPU), group=group),
+            "allreduce #1: the ranks disagree", "chunks of 4096 bytes", "chunks of 8192 bytes")
+    _raises(RuntimeError, lambda: dist.broadcast(torch.ones(4096, device=NPU), 0, group=group),
+            "broadcast #2: the ranks disagree", "chunks of 4096 bytes", "chunks of 8192 bytes")
+    dist.destroy_process_group(group)
+    # A process forked after the group was made: a collective there is a
+    # clear error, and dropping the group (as its exit does) neither crashes
+    # nor hangs on the parent's threads.
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            dist.all_reduce(torch.ones(2, device=NPU))
+            code = 10
+        except RuntimeError as e:
+            if "forked subprocess" not in str(e):
+                code = 11
+        dist.destroy_process_group()
+        import gc
+        gc.collect()
+        os._exit(code)
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert done[0] == pid and done[1] == 0, f"forked child: wait status {done[1] if done[0] else 'still running after 30 s'}"
     return msg
 
 
