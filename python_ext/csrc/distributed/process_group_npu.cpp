@@ -353,48 +353,47 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::send(std::vector<at::Tensor>& te
   return submit(std::move(job));
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::recv(std::vector<at::Tensor>& tensors, int src_rank,
-                                                     int tag) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::submit_recv(
+    std::vector<at::Tensor>& tensors, c10d::OpType type, int peer,
+    std::function<GlooWorks(at::Tensor)> launch, std::function<int(const GlooWorks&)> source_rank) {
   const char* op = "recv";
   check_count(op, "tensors", tensors.size(), 1);
-  check_rank(op, "src", src_rank, getSize());
   int device = -1;
   const at::Tensor t = tensors[0];
   check_output(op, "tensor", t, device);
-  auto job = new_job(c10d::OpType::RECV, op, device, tensors, src_rank);
+  auto job = new_job(type, op, device, tensors, peer);
   job->keep_alive.push_back(t);
   job->writes.push_back(memory_span(t));
   Step step;
   at::Tensor h = stage(*job, t.scalar_type(), t.numel());
-  step.launch = [gloo = gloo_, h, src_rank, tag] {
-    std::vector<at::Tensor> v{h};
-    return GlooWorks{gloo->recv(v, src_rank, tag)};
-  };
+  step.launch = [launch = std::move(launch), h] { return launch(h); };
   step.to_device = [h, t](sim::Stream& s) { queue_to_device(s, t, h); };
   job->steps.push_back(std::move(step));
-  job->source_rank = [src_rank](const GlooWorks&) { return src_rank; };
+  job->source_rank = std::move(source_rank);
   return submit(std::move(job));
 }
 
+c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::recv(std::vector<at::Tensor>& tensors, int src_rank,
+                                                     int tag) {
+  check_count("recv", "tensors", tensors.size(), 1);  // first, as for every collective
+  check_rank("recv", "src", src_rank, getSize());
+  return submit_recv(
+      tensors, c10d::OpType::RECV, src_rank,
+      [gloo = gloo_, src_rank, tag](at::Tensor h) {
+        std::vector<at::Tensor> v{h};
+        return GlooWorks{gloo->recv(v, src_rank, tag)};
+      },
+      [src_rank](const GlooWorks&) { return src_rank; });
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupNPU::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  const char* op = "recv";
-  check_count(op, "tensors", tensors.size(), 1);
-  int device = -1;
-  const at::Tensor t = tensors[0];
-  check_output(op, "tensor", t, device);
-  auto job = new_job(c10d::OpType::RECVANYSOURCE, op, device, tensors, -2);
-  job->keep_alive.push_back(t);
-  job->writes.push_back(memory_span(t));
-  Step step;
-  at::Tensor h = stage(*job, t.scalar_type(), t.numel());
-  step.launch = [gloo = gloo_, h, tag] {
-    std::vector<at::Tensor> v{h};
-    return GlooWorks{gloo->recvAnysource(v, tag)};
-  };
-  step.to_device = [h, t](sim::Stream& s) { queue_to_device(s, t, h); };
-  job->steps.push_back(std::move(step));
-  job->source_rank = [](const GlooWorks& works) { return works.empty() ? -1 : works[0]->sourceRank(); };
-  return submit(std::move(job));
+  return submit_recv(
+      tensors, c10d::OpType::RECVANYSOURCE, -2,
+      [gloo = gloo_, tag](at::Tensor h) {
+        std::vector<at::Tensor> v{h};
+        return GlooWorks{gloo->recvAnysource(v, tag)};
+      },
+      [](const GlooWorks& works) { return works.empty() ? -1 : works[0]->sourceRank(); });
 }
 
 void ProcessGroupNPU::startCoalescing() {

@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -125,6 +126,11 @@ class ProcessGroupNPU final : public c10d::Backend {
   Signature signature(const char* op, at::ScalarType dtype, std::vector<std::vector<int64_t>> shapes,
                       int64_t root = -1, int reduce_op = -1) const;
   int64_t chunk_elements(const at::Tensor& t) const;
+  // recv and recvAnysource: `tensors[0]` staged, `launch(staging)` starts
+  // gloo's receive into it, `source_rank` names the sender for the Work.
+  c10::intrusive_ptr<c10d::Work> submit_recv(std::vector<at::Tensor>& tensors, c10d::OpType type, int peer,
+                                             std::function<GlooWorks(at::Tensor)> launch,
+                                             std::function<int(const GlooWorks&)> source_rank);
 
   const c10::intrusive_ptr<c10d::Backend> gloo_;
   std::unique_ptr<CollectiveEngine> engine_;
