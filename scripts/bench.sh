@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: ./scripts/bench.sh core|cann|torch|mindspeed|vllm|dist [--quick]
+# Benchmarks: ./scripts/bench.sh core|cann|torch|mindspeed|vllm|dist|graph [--quick]
 # Prints the results and writes bench/results/<suite>.json.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 suite="${1:-core}"
@@ -33,8 +33,12 @@ case "$suite" in
     (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error GLOO_SOCKET_IFNAME=lo \
        python3 "$NPUB_ROOT/bench/bench_dist.py" "$NPUB_ROOT/bench/results/dist.json" "${@:2}")
     ;;
+  graph)
+    (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error \
+       python3 "$NPUB_ROOT/bench/bench_graph.py" "$NPUB_ROOT/bench/results/graph.json" "${@:2}")
+    ;;
   *)
-    echo "bench.sh: unknown suite '$suite' (known: core, cann, torch, mindspeed, vllm, dist)" >&2
+    echo "bench.sh: unknown suite '$suite' (known: core, cann, torch, mindspeed, vllm, dist, graph)" >&2
     exit 2
     ;;
 esac
