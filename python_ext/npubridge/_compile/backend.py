@@ -1,0 +1,197 @@
+"""The Dynamo backend "npu": Dynamo graph -> pre-dispatch ATen graph ->
+fusion rewrite -> AOTAutograd (forward/backward split) -> npubridge's
+lowering of each graph to plugin kernels.
+
+Note [What runs where]: Dynamo captures the Python-level graph and guards it
+(a new shape fails a guard and comes back here: a recompile); code it
+cannot capture runs eagerly between graphs (a graph break, counted by
+Dynamo). AOTAutograd traces forward and backward to ATen graphs and
+partitions them; ``min_cut_rematerialization_partition`` chooses what the
+forward saves for the backward by a min cut, recomputing cheap ops instead
+of saving their outputs, which lowers the training step's peak memory. Each
+of those graphs goes to ``lowering.lower`` (helper B2's compiler: resolved
+kernels, planned memory, the C++ loop); a node it cannot serve on a plugin
+kernel runs through PyTorch's own implementation there and is reported.
+
+Note [A failed stage compiles less, never wrongly]: when the pre-dispatch
+trace or the rewrite raises, the graph is compiled without patterns (the
+reason is in the report); the backend never returns a graph it has not
+checked, and never swallows an error of the model itself.
+"""
+import sys
+import time
+
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.utils import counters
+
+from . import patterns as _patterns
+from . import predispatch
+
+_DEFAULTS = {"patterns": True, "partition": "min_cut"}
+
+
+class GraphRecord:
+    """What the backend did with one Dynamo graph (one entry of compile_report)."""
+
+    def __init__(self, index, dynamo_gm, example_inputs):
+        self.index = index
+        self.dynamo_nodes = sum(1 for n in dynamo_gm.graph.nodes if n.op == "call_function"
+                                or n.op == "call_method" or n.op == "call_module")
+        self.input_shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else t for t in example_inputs]
+        self.patterns = {"fired": {}, "skipped": {}}
+        self.predispatch_error = None
+        self.compiled = {}  # "forward" | "backward" | "inference" -> lowering's Compiled
+        self.reduce_overhead = None  # why CUDA-graph-style replay is (not) used
+        self.compile_seconds = 0.0
+        self.graph_breaks = {}
+
+
+def _find_owner():
+    """The object torch.compile made for this model's backend (its
+    _TorchCompileWrapper, or npubridge.compile's NpuBackend): records are
+    kept on it so that compile_report(model) finds them."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if type(owner).__name__ in ("_TorchCompileWrapper", "NpuBackend"):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+_orphans = []  # records of a backend called outside torch.compile (directly, tests)
+
+
+def _records_of(owner):
+    if owner is None:
+        return _orphans
+    if not hasattr(owner, "_npu_records"):
+        owner._npu_records = []
+    return owner._npu_records
+
+
+class PythonProgram:
+    """Stand-in for lowering.lower where this build has none: runs the ATen
+    graph through FX's Python interpreter (each node an eager npu op)."""
+
+    def __init__(self, gm):
+        self.gm = gm
+
+    def __call__(self, *args):
+        return self.gm(*args)
+
+    def summary(self):
+        nodes = [{"name": n.name, "target": str(n.target), "kind": "eager", "plugin": None, "kernel_op": None,
+                  "dtype_conversion": None, "reason": "no lowering in this build: the node runs as an eager op"}
+                 for n in self.gm.graph.nodes if n.op == "call_function"]
+        return {"nodes": nodes, "fallbacks": 0, "planned_bytes": None, "eager_bytes": None,
+                "intermediates_bytes": None, "output_bytes": None}
+
+
+def _lower(gm, example_inputs):
+    try:
+        from . import lowering
+    except ImportError:
+        return PythonProgram(gm)
+    return lowering.lower(gm, example_inputs)
+
+
+def _graph_compiler(record, kind, mode):
+    def compile_graph(gm, example_inputs):
+        start = time.perf_counter()
+        compiled = _lower(gm, example_inputs)
+        record.compiled[kind] = compiled
+        if mode == "reduce-overhead":
+            compiled = _maybe_graphed(record, kind, compiled, example_inputs)
+        record.compile_seconds += time.perf_counter() - start
+        return _boxed(compiled)
+
+    return compile_graph
+
+
+def _boxed(fn):
+    """AOTAutograd's calling convention: one list of arguments (so that its
+    runtime can release the inputs it owns as soon as the graph read them)."""
+    if getattr(fn, "_boxed_call", False):
+        return fn
+
+    def run(args):
+        return fn(*args)
+
+    run._boxed_call = True
+    run.program = fn
+    return run
+
+
+def _maybe_graphed(record, kind, compiled, example_inputs):
+    if kind != "inference":
+        record.reduce_overhead = "not used: training graphs run the normal program (replay is for inference)"
+        return compiled
+    try:
+        from .. import _graphs
+    except ImportError:
+        _graphs = None
+    if _graphs is None or not hasattr(_graphs, "graphed_callable"):
+        record.reduce_overhead = "not used: this build has no npubridge._graphs.graphed_callable"
+        return compiled
+    record.reduce_overhead = "replayed (npubridge._graphs.graphed_callable)"
+    return _graphs.graphed_callable(compiled, example_inputs)
+
+
+def npu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None, **kwargs):
+    """The backend torch.compile calls with each Dynamo graph."""
+    opts = dict(_DEFAULTS)
+    opts.update(options or {})
+    opts.update(kwargs)
+    unknown = set(opts) - set(_DEFAULTS)
+    if unknown:
+        raise ValueError(f"torch.compile(backend='npu'): unknown option(s) {sorted(unknown)}; "
+                         f"expected {sorted(_DEFAULTS)}")
+    records = _records_of(_find_owner())
+    record = GraphRecord(len(records), gm, example_inputs)
+    records.append(record)
+    start = time.perf_counter()
+    target = gm
+    if opts["patterns"] is not False:
+        try:
+            traced = predispatch.trace(gm, example_inputs)
+            traced.meta.update(gm.meta)
+            record.patterns = _patterns.rewrite(traced, opts["patterns"])
+            target = traced
+        except Exception as err:  # noqa: BLE001 - Note [A failed stage compiles less, never wrongly]
+            record.predispatch_error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    record.graph_breaks = dict(counters["graph_break"])
+    record.compile_seconds += time.perf_counter() - start
+    partition = {}
+    if opts["partition"] == "min_cut":
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        partition["partition_fn"] = min_cut_rematerialization_partition
+    aot = aot_autograd(fw_compiler=_graph_compiler(record, "forward", mode),
+                       bw_compiler=_graph_compiler(record, "backward", mode),
+                       inference_compiler=_graph_compiler(record, "inference", mode),
+                       keep_inference_input_mutations=True, **partition)
+    start = time.perf_counter()
+    compiled = aot(target, example_inputs)
+    record.compile_seconds += time.perf_counter() - start
+    return compiled
+
+
+class NpuBackend:
+    """The backend object of one ``npubridge.compile`` call (holds its records)."""
+
+    def __init__(self, mode=None, options=None):
+        self.mode, self.options = mode, dict(options or {})
+        self._npu_records = []
+
+    def __call__(self, gm, example_inputs):
+        return npu_backend(gm, example_inputs, mode=self.mode, options=self.options)
+
+
+def register():
+    """Registers "npu" with Dynamo (once; import npubridge calls it)."""
+    from torch._dynamo.backends.registry import _BACKENDS
+
+    if "npu" not in _BACKENDS:
+        torch._dynamo.register_backend(npu_backend, name="npu")
