@@ -22,6 +22,8 @@ as the norm). A pattern dict lists these under "outputs" ([{"name": "s",
 ``=> %s <- [2]`` after the replacement). Such a node may have users outside
 the match; every other node but the last may not.
 """
+import contextlib
+import logging
 import operator
 
 import torch
@@ -82,13 +84,22 @@ def _builtin_patterns():
     add_rms = _call("mindspeed_like::npu_add_rms_norm", _v("a"), _v("b"), _v("gamma"), _cap("eps"))
     add_front = [_node("s", "aten::add.Tensor", _v("a"), _v("b"))]
     add_front_to = add_front + [_node("x", "aten::to.dtype", _v("s"), _cap("dt0"))]
+    # In bfloat16 HF casts the input up (x = h.to(float32)) and the norm back
+    # down before gamma: the cast-in variants take h itself.
+    cast_in = [_node("x", "aten::to.dtype", _v("h"), _cap("dt0"))]
+    rms_h = _call("mindspeed_like::npu_rms_norm", _v("h"), _v("gamma"), _cap("eps"))
     return [
+        # The residual sum feeds the next layer's residual too: an extra
+        # output (Note [Extra outputs]); float32 graphs use the cast's value,
+        # bfloat16 ones the sum's.
+        _pattern("add_rms_norm", add_front + _rms_core("s"), add_rms, priority=2, outputs=[{"name": "s", "ret": 2}]),
+        _pattern("add_rms_norm_to", add_front_to + _rms_core(to=True), add_rms, priority=2,
+                 outputs=[{"name": "x", "ret": 2}]),
+        _pattern("add_rms_norm_cast", add_front_to + _rms_core(to=True), add_rms, priority=2,
+                 outputs=[{"name": "s", "ret": 2}]),
+        _pattern("rms_norm_cast", cast_in + _rms_core(to=True), rms_h, priority=1),
         _pattern("rms_norm", _rms_core(), rms),
         _pattern("rms_norm_to", _rms_core(to=True), rms),
-        # The residual sum feeds the next layer's residual too: an extra output.
-        _pattern("add_rms_norm", add_front + _rms_core("s"), add_rms, priority=1, outputs=[{"name": "s", "ret": 2}]),
-        _pattern("add_rms_norm_to", add_front_to + _rms_core(to=True), add_rms, priority=1,
-                 outputs=[{"name": "x", "ret": 2}]),
         _pattern("swiglu", [_node("g", "aten::silu", _v("a")), _node("y", "aten::mul.Tensor", _v("g"), _v("b"))],
                  _call("mindspeed_like::npu_swiglu", _call("aten::cat", {"kind": "list", "items": [_v("a"), _v("b")]},
                                                            _c(-1)), _c(-1))),
@@ -98,7 +109,23 @@ def _builtin_patterns():
                   _node("y", "aten::relu", _v("c"))],
                  _call("cann_like::conv2d_bias_relu", _v("x"), _v("w"), _v("bias"), _cap("stride"), _cap("padding"),
                        _cap("dilation"), _cap("groups"))),
+        # SDPA -> flash attention. A boolean mask (True = attend) becomes
+        # torch_npu's (True = masked out) through where(mask, False, True),
+        # which also rejects a float (additive) mask in its meta check.
+        _pattern("sdpa", [_node("y", "aten::scaled_dot_product_attention", _v("q"), _v("k"), _v("v"), _v("mask"),
+                                _c(0.0), _c(False), _cap("scale"))],
+                 _fa(_call("aten::where.Scalar", _v("mask"), _c(False), _c(True)), 0)),
+        _pattern("sdpa_causal", [_node("y", "aten::scaled_dot_product_attention", _v("q"), _v("k"), _v("v"), _c(None),
+                                       _c(0.0), _c(True), _cap("scale"))],
+                 _fa(_c(None), 2)),
     ]
+
+
+def _fa(mask, sparse_mode):
+    """npu_fusion_attention in BNSD layout (what _sdpa.py calls eagerly)."""
+    return _call("mindspeed_like::npu_fusion_attention", _v("q"), _v("k"), _v("v"), {"kind": "size", "name": "q",
+                 "dim": 1}, _c("BNSD"), _c(None), _c(None), mask, _cap("scale"), _c(1.0), _c(2147483647),
+                 _c(2147483647), _c(0), _c(None), _c(None), _c(None), _c(sparse_mode))
 
 
 _host_patterns = []
@@ -250,6 +277,20 @@ def _npu_dtypes():
     return table
 
 
+@contextlib.contextmanager
+def _quiet_fake_tensor_log():
+    """A meta function rejecting a candidate is an expected outcome (the
+    match is skipped with its message): keep FakeTensorMode from logging
+    it as an error."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def _val(x):
     return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
 
@@ -284,7 +325,7 @@ class _Rewriter:
             if self.training and any(t.requires_grad for t in tensors) and call["op"] not in self.derivatives:
                 raise _Skip(f"{call['op']} has no derivative formula and the graph is trained")
         try:
-            with self.fake_mode:
+            with self.fake_mode, _quiet_fake_tensor_log():
                 out = op(*args)
         except Exception as err:  # noqa: BLE001 - the meta function rejecting the call is a reason to skip
             raise _Skip(f"{call['op']} rejects the matched values: {str(err).splitlines()[0]}") from None
