@@ -49,15 +49,17 @@ class GraphRecord:
 
 def _find_owner():
     """The object torch.compile made for this model's backend (its
-    _TorchCompileWrapper, or npubridge.compile's NpuBackend): records are
-    kept on it so that compile_report(model) finds them."""
-    frame = sys._getframe(1)
+    _TorchCompileWrapper, which wraps npubridge.compile's NpuBackend too):
+    records are kept on it so that compile_report(model) finds them."""
+    frame, found = sys._getframe(1), None
     while frame is not None:
         owner = frame.f_locals.get("self")
-        if type(owner).__name__ in ("_TorchCompileWrapper", "NpuBackend"):
+        if type(owner).__name__ == "_TorchCompileWrapper":
             return owner
+        if found is None and isinstance(owner, NpuBackend):
+            found = owner
         frame = frame.f_back
-    return None
+    return found
 
 
 _orphans = []  # records of a backend called outside torch.compile (directly, tests)
@@ -157,7 +159,8 @@ def npu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=Non
         try:
             traced = predispatch.trace(gm, example_inputs)
             traced.meta.update(gm.meta)
-            record.patterns = _patterns.rewrite(traced, opts["patterns"])
+            record.patterns = _patterns.rewrite(traced, opts["patterns"], [
+                isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs])
             target = traced
         except Exception as err:  # noqa: BLE001 - Note [A failed stage compiles less, never wrongly]
             record.predispatch_error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"

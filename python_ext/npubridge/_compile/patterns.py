@@ -295,8 +295,22 @@ def _val(x):
     return x.meta.get("val") if isinstance(x, torch.fx.Node) else x
 
 
+def _grad_nodes(gm, requires_grad):
+    """The nodes whose value autograd records: reached from an input that
+    requires grad (the traced metas do not carry requires_grad)."""
+    marked = set()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n, rg in zip(placeholders, requires_grad):
+        if rg:
+            marked.add(n)
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and any(a in marked for a in n.all_input_nodes):
+            marked.add(n)
+    return marked
+
+
 class _Rewriter:
-    def __init__(self, gm):
+    def __init__(self, gm, requires_grad):
         self.gm = gm
         self.graph = gm.graph
         vals = [n.meta.get("val") for n in self.graph.nodes]
@@ -304,7 +318,7 @@ class _Rewriter:
         self.kernels = _npu_dtypes()
         self.derivatives = {d["op"] for d in _C.derivatives()}
         self.erased = set()
-        self.training = any(isinstance(v, torch.Tensor) and v.requires_grad for v in vals)
+        self.grad_nodes = _grad_nodes(gm, requires_grad) if torch.is_grad_enabled() else set()
 
     def _check_call(self, call, bind):
         """Fake-run a replacement CALL on the bound values' metas: the fake
@@ -322,7 +336,8 @@ class _Rewriter:
                 raise _Skip(f"{call['op']} has no npu kernel for {dtype} (takes {', '.join(sorted(taken))})")
             if _C.optim_level() < 2:
                 raise _Skip("the optimisation level is below 2 (fused ops off)")
-            if self.training and any(t.requires_grad for t in tensors) and call["op"] not in self.derivatives:
+            if any(n in self.grad_nodes for n in bind.values() if isinstance(n, torch.fx.Node)) \
+                    and call["op"] not in self.derivatives:
                 raise _Skip(f"{call['op']} has no derivative formula and the graph is trained")
         try:
             with self.fake_mode, _quiet_fake_tensor_log():
@@ -368,7 +383,9 @@ class _Rewriter:
         node = self.graph.call_function(op, tuple(self._emit(a, bind) for a in call["args"]))
         with self.fake_mode:
             node.meta["val"] = op(*[_val_tree(a) for a in node.args])
-        return _Returns(self.graph, node)
+        if any(a in self.grad_nodes for a in node.all_input_nodes):
+            self.grad_nodes.add(node)  # and its getitems (_Returns)
+        return _Returns(self.graph, node, self.grad_nodes)
 
     def try_rewrite(self, pattern, bind, nodes):
         """Rewrites one match; returns None, or the reason it was skipped."""
@@ -425,8 +442,8 @@ class _Returns:
     """Return k of a call node: the node itself for a single return, else a
     getitem node (made once)."""
 
-    def __init__(self, graph, node):
-        self.graph, self.node, self.items = graph, node, {}
+    def __init__(self, graph, node, grad_nodes):
+        self.graph, self.node, self.items, self.grad_nodes = graph, node, {}, grad_nodes
 
     def __getitem__(self, k):
         if not isinstance(self.node.meta["val"], (tuple, list)):
@@ -434,19 +451,22 @@ class _Returns:
         if k not in self.items:  # inside the caller's inserting_before: after the call node
             item = self.graph.call_function(operator.getitem, (self.node, k))
             item.meta["val"] = self.node.meta["val"][k]
+            if self.node in self.grad_nodes:
+                self.grad_nodes.add(item)
             self.items[k] = item
         return self.items[k]
 
 
-def rewrite(gm, enabled=True):
+def rewrite(gm, enabled=True, requires_grad=()):
     """Rewrites every match of the patterns in ``gm`` (in place).
+    ``requires_grad``: per placeholder, whether its input requires grad.
 
     ``enabled``: True (all), False (none) or a collection of pattern names.
     Returns {"fired": {name: count}, "skipped": {name: {reason: count}}}."""
     result = {"fired": {}, "skipped": {}}
     if enabled is False:
         return result
-    rw = _Rewriter(gm)
+    rw = _Rewriter(gm, requires_grad)
     for pattern in all_patterns():
         if enabled is not True and pattern["name"] not in enabled:
             continue
