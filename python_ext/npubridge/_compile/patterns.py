@@ -416,7 +416,8 @@ class _Rewriter:
         # is before every user of a replaced value.
         order = {n: i for i, n in enumerate(self.graph.nodes)}
         inputs = [v for v in bind.values() if isinstance(v, torch.fx.Node)]
-        anchor = max(inputs, key=order.__getitem__)
+        first = min(matched, key=order.__getitem__)
+        anchor = max(inputs, key=order.__getitem__) if inputs else first.prev
         outside_users = [u for node, _ in want for u in node.users if u not in matched]
         if outside_users and min(order[u] for u in outside_users) <= order[anchor]:
             return "a user of a replaced value comes before the replacement's inputs"
