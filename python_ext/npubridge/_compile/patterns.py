@@ -17,12 +17,21 @@ which is always right.
 
 Note [Extra outputs]: a fused op can also replace a value of the match
 besides the last node's (npu_add_rms_norm returns the residual sum as well
-as the norm). A pattern dict lists these under "outputs" ([{"name": "s",
-"ret": 2}]: return 2 replaces the value bound to %s; in the text form a line
-``=> %s <- [2]`` after the replacement). Such a node may have users outside
-the match; every other node but the last may not.
+as the norm). A pattern dict lists these under "extra_outputs" ([{"name":
+"s", "ret": 2}]: return 2 replaces the value bound to %s; in the text form a
+line ``=> %s <- [2]`` after the replacement). Such a node may have users
+outside the match; every other node but the last may not, except:
+
+Note [No-op casts are looked through]: pre-dispatch tracing keeps
+``aten.to.dtype`` calls that change nothing (HF's RMSNorm casts to float32
+in float32 models), and later code then uses the cast's value where the
+model used the source (the same tensor object). A matched cast whose input
+and output have the same dtype and shape may keep outside users when its
+source is a pattern input or output: they are redirected to the source
+(or the source's replacement), which is the same value.
 """
 import contextlib
+import functools
 import logging
 import operator
 
@@ -53,72 +62,25 @@ def _call(op, *args, ret=0):
     return {"kind": "call", "op": op, "args": list(args), "ret": ret}
 
 
-def _node(out, op, *args):
-    return {"out": out, "op": op, "args": list(args)}
+def _node(out, op, *args, ret=0):
+    return {"out": out, "op": op, "args": list(args), "ret": ret}
 
 
-def _rms_core(x="x", to=False):
-    """HF LlamaRMSNorm / T5LayerNorm as the pre-dispatch graph spells it:
-    x.pow(2).mean(-1, keepdim=True), + eps, rsqrt, x * r, (.to(dtype)), * gamma."""
-    nodes = [_node("sq", "aten::pow.Tensor_Scalar", _v(x), _c(2)),
-             _node("ms", "aten::mean.dim", _v("sq"), _c([-1]), _c(True)),
-             _node("var", "aten::add.Tensor", _v("ms"), _cap("eps")),
-             _node("r", "aten::rsqrt", _v("var")),
-             _node("n", "aten::mul.Tensor", _v(x), _v("r"))]
-    if to:  # HF upcasts to float32 and casts back: a .to() between the norm and gamma
-        nodes.append(_node("t", "aten::to.dtype", _v("n"), _cap("dt")))
-    nodes.append(_node("y", "aten::mul.Tensor", _v("gamma"), _v("t" if to else "n")))
+def _rms_core(x="x", cast_in=False):
+    """HF LlamaRMSNorm as the pre-dispatch graph spells it: (x = h.to(f32)),
+    x.pow(2).mean(-1, keepdim=True), + eps, rsqrt, x * r, .to(dtype), * gamma."""
+    nodes = [_node("x", "aten::to.dtype", _v("h"), _cap("dt0"))] if cast_in else []
+    nodes += [_node("sq", "aten::pow.Tensor_Scalar", _v(x), _c(2)),
+              _node("ms", "aten::mean.dim", _v("sq"), _c([-1]), _c(True)),
+              _node("var", "aten::add.Tensor", _v("ms"), _cap("eps")),
+              _node("r", "aten::rsqrt", _v("var")),
+              _node("n", "aten::mul.Tensor", _v(x), _v("r"))]
     return nodes
 
 
-def _pattern(name, nodes, replacement, priority=0, outputs=()):
+def _pattern(name, nodes, replacement, priority=0, extra_outputs=()):
     return {"name": name, "plugin": "", "priority": priority, "text": "", "nodes": nodes,
-            "replacement": replacement, "outputs": list(outputs)}
-
-
-def _builtin_patterns():
-    """The standard patterns in the parsed form, used until the C++ table
-    (``_C._fusion_patterns``) provides them, and the variants real graphs
-    need (a .to() inside the norm; the residual add in front)."""
-    rms = _call("mindspeed_like::npu_rms_norm", _v("x"), _v("gamma"), _cap("eps"))
-    add_rms = _call("mindspeed_like::npu_add_rms_norm", _v("a"), _v("b"), _v("gamma"), _cap("eps"))
-    add_front = [_node("s", "aten::add.Tensor", _v("a"), _v("b"))]
-    add_front_to = add_front + [_node("x", "aten::to.dtype", _v("s"), _cap("dt0"))]
-    # In bfloat16 HF casts the input up (x = h.to(float32)) and the norm back
-    # down before gamma: the cast-in variants take h itself.
-    cast_in = [_node("x", "aten::to.dtype", _v("h"), _cap("dt0"))]
-    rms_h = _call("mindspeed_like::npu_rms_norm", _v("h"), _v("gamma"), _cap("eps"))
-    return [
-        # The residual sum feeds the next layer's residual too: an extra
-        # output (Note [Extra outputs]); float32 graphs use the cast's value,
-        # bfloat16 ones the sum's.
-        _pattern("add_rms_norm", add_front + _rms_core("s"), add_rms, priority=2, outputs=[{"name": "s", "ret": 2}]),
-        _pattern("add_rms_norm_to", add_front_to + _rms_core(to=True), add_rms, priority=2,
-                 outputs=[{"name": "x", "ret": 2}]),
-        _pattern("add_rms_norm_cast", add_front_to + _rms_core(to=True), add_rms, priority=2,
-                 outputs=[{"name": "s", "ret": 2}]),
-        _pattern("rms_norm_cast", cast_in + _rms_core(to=True), rms_h, priority=1),
-        _pattern("rms_norm", _rms_core(), rms),
-        _pattern("rms_norm_to", _rms_core(to=True), rms),
-        _pattern("swiglu", [_node("g", "aten::silu", _v("a")), _node("y", "aten::mul.Tensor", _v("g"), _v("b"))],
-                 _call("mindspeed_like::npu_swiglu", _call("aten::cat", {"kind": "list", "items": [_v("a"), _v("b")]},
-                                                           _c(-1)), _c(-1))),
-        _pattern("conv2d_bias_relu",
-                 [_node("c", "aten::conv2d", _v("x"), _v("w"), _v("bias"), _cap("stride"), _cap("padding"),
-                        _cap("dilation"), _cap("groups")),
-                  _node("y", "aten::relu", _v("c"))],
-                 _call("cann_like::conv2d_bias_relu", _v("x"), _v("w"), _v("bias"), _cap("stride"), _cap("padding"),
-                       _cap("dilation"), _cap("groups"))),
-        # SDPA -> flash attention. A boolean mask (True = attend) becomes
-        # torch_npu's (True = masked out) through where(mask, False, True),
-        # which also rejects a float (additive) mask in its meta check.
-        _pattern("sdpa", [_node("y", "aten::scaled_dot_product_attention", _v("q"), _v("k"), _v("v"), _v("mask"),
-                                _c(0.0), _c(False), _cap("scale"))],
-                 _fa(_call("aten::where.Scalar", _v("mask"), _c(False), _c(True)), 0)),
-        _pattern("sdpa_causal", [_node("y", "aten::scaled_dot_product_attention", _v("q"), _v("k"), _v("v"), _c(None),
-                                       _c(0.0), _c(True), _cap("scale"))],
-                 _fa(_c(None), 2)),
-    ]
+            "replacement": replacement, "extra_outputs": list(extra_outputs)}
 
 
 def _fa(mask, sparse_mode):
@@ -128,7 +90,62 @@ def _fa(mask, sparse_mode):
                  _c(2147483647), _c(0), _c(None), _c(None), _c(None), _c(sparse_mode))
 
 
-_host_patterns = []
+def _sdpa_node(mask, causal):
+    return _node("o", "aten::scaled_dot_product_attention", _v("q"), _v("k"), _v("v"), mask, _c(0.0), _c(causal),
+                 _cap("scale"))
+
+
+def _standard_patterns():
+    """The in-tree plugins' patterns (plugins/*/src/fusion_patterns.cpp) in
+    the parsed form, for a build whose C++ table (``_C._fusion_patterns``)
+    is not there; the table, when there, is the source."""
+    rms = _call("mindspeed_like::npu_rms_norm", _v("x"), _v("gamma"), _cap("eps"), ret=0)
+    add_rms = _call("mindspeed_like::npu_add_rms_norm", _v("x1"), _v("x2"), _v("gamma"), _cap("eps"), ret=0)
+    fused = _node("n", "mindspeed_like::npu_rms_norm", _v("sc"), _v("gamma"), _cap("eps"), ret=0)
+    conv = [_node("c", "aten::conv2d", _v("x"), _v("w"), _v("b"), _cap("stride"), _cap("padding"),
+                  _cap("dilation"), _cap("groups"))]
+    conv_relu = _call("cann_like::conv2d_bias_relu", _v("x"), _v("w"), _v("b"), _cap("stride"), _cap("padding"),
+                      _cap("dilation"), _cap("groups"))
+    return [
+        _pattern("rms_norm_cast", _rms_core() + [_node("nc", "aten::to.dtype", _v("n"), _cap("dtype")),
+                                                 _node("y", "aten::mul.Tensor", _v("gamma"), _v("nc"))], rms, 21),
+        _pattern("rms_norm", _rms_core() + [_node("y", "aten::mul.Tensor", _v("gamma"), _v("n"))], rms, 20),
+        _pattern("add_rms_norm_cast", [_node("s", "aten::add.Tensor", _v("x1"), _v("x2")),
+                                       _node("sc", "aten::to.dtype", _v("s"), _cap("dtype")), fused],
+                 add_rms, 11, [{"name": "s", "ret": 2}]),
+        _pattern("add_rms_norm", [_node("s", "aten::add.Tensor", _v("x1"), _v("x2")), dict(fused, args=[
+            _v("s"), _v("gamma"), _cap("eps")])], add_rms, 10, [{"name": "s", "ret": 2}]),
+        _pattern("swiglu", [_node("s", "aten::silu", _v("a")), _node("y", "aten::mul.Tensor", _v("s"), _v("b"))],
+                 _call("mindspeed_like::npu_swiglu", _call("aten::cat", {"kind": "list", "items": [_v("a"), _v("b")]},
+                                                           _c(-1)), _c(-1)), 10),
+        _pattern("conv2d_bias_relu", conv + [_node("y", "aten::relu", _v("c"))], conv_relu, 10),
+        _pattern("conv2d_bias_relu_inplace", conv + [_node("y", "aten::relu_", _v("c"))], conv_relu, 10),
+        _pattern("sdpa_causal", [_sdpa_node(_c(None), True)], dict(_fa(_c(None), 2), ret=0), 10),
+        _pattern("sdpa", [_sdpa_node(_c(None), False)], dict(_fa(_c(None), 0), ret=0), 10),
+    ]
+
+
+def _host_builtin_patterns():
+    """Patterns npubridge adds to any table, for graphs the standard ones miss.
+
+    ``rms_norm_upcast``: HF's RMSNorm casts its input to float32 first; in
+    bfloat16 the fused op must take the bfloat16 input itself (the cast is
+    inside the match), and in float32 the no-op cast is looked through
+    (Note [No-op casts are looked through]). Tried before rms_norm_cast.
+    ``sdpa_bool_mask``: HF passes a boolean mask (True = attend); the kernel
+    takes the opposite (True = masked out), so the mask goes through
+    where(mask, False, True), whose meta check also rejects a float
+    (additive) mask: such a match is skipped. AOTAutograd would otherwise
+    decompose SDPA into the math path: the eager backend choice of _sdpa.py
+    does not happen in a compiled graph."""
+    rms_h = _call("mindspeed_like::npu_rms_norm", _v("h"), _v("gamma"), _cap("eps"), ret=0)
+    not_mask = _call("aten::where.Scalar", _v("mask"), _c(False), _c(True))
+    return [
+        _pattern("rms_norm_upcast", _rms_core(cast_in=True) + [_node("nc", "aten::to.dtype", _v("n"), _cap("dtype")),
+                                                              _node("y", "aten::mul.Tensor", _v("gamma"), _v("nc"))],
+                 rms_h, 22),
+        _pattern("sdpa_bool_mask", [_sdpa_node(_v("mask"), False)], dict(_fa(not_mask, 0), ret=0), 10),
+    ]
 
 
 def register(text):
@@ -143,9 +160,9 @@ def all_patterns():
     """The patterns in the order they are tried: higher priority first, then
     registration order; a pattern of the C++ table shadows a builtin one of
     the same name."""
-    table = list(_C._fusion_patterns()) if hasattr(_C, "_fusion_patterns") else []
+    table = list(_C._fusion_patterns()) if hasattr(_C, "_fusion_patterns") else _standard_patterns()
     names = {p["name"] for p in table}
-    merged = table + [p for p in _builtin_patterns() + _host_patterns if p["name"] not in names]
+    merged = table + [p for p in _host_builtin_patterns() if p["name"] not in names]
     return [p for _, p in sorted(enumerate(merged), key=lambda ip: (-ip[1].get("priority", 0), ip[0]))]
 
 
@@ -153,6 +170,32 @@ def all_patterns():
 
 def _op_name(target):
     return target.name() if isinstance(target, torch._ops.OpOverload) else None
+
+
+def _value_op(node):
+    """The op whose value the node is (a getitem's: its call's)."""
+    if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+        return _op_name(node.args[0].target)
+    return _op_name(node.target) if node.op == "call_function" else None
+
+
+@functools.lru_cache(maxsize=None)
+def _multi_return(op):
+    try:
+        return len(_resolve_op(op)._schema.returns) > 1
+    except _Skip:
+        return False
+
+
+_CASTS = ("aten::to.dtype", "aten::_to_copy")
+
+
+def _is_noop_cast(node):
+    if _op_name(node.target) not in _CASTS or not isinstance(node.args[0], torch.fx.Node):
+        return False
+    a, b = node.args[0].meta.get("val"), node.meta.get("val")
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+            and a.shape == b.shape and a.device == b.device)
 
 
 def _full_args(node):
@@ -199,12 +242,19 @@ class _Matcher:
         return None
 
     def _node(self, pnode, node, bind, nodes):
-        if not isinstance(node, torch.fx.Node) or node.op != "call_function" or _op_name(node.target) != pnode["op"]:
-            return
         if pnode["out"] in nodes:
             if nodes[pnode["out"]] is node:
                 yield bind, nodes
             return
+        item = node
+        if _multi_return(pnode["op"]):  # the line's value is return `ret`: an FX getitem of the call
+            if not (isinstance(node, torch.fx.Node) and node.target is operator.getitem
+                    and node.args[1] == pnode.get("ret", 0)):
+                return
+            node = node.args[0]
+        if not isinstance(node, torch.fx.Node) or node.op != "call_function" or _op_name(node.target) != pnode["op"]:
+            return
+        extra = {pnode["out"] + "#call": node} if item is not node else {}
         full, schema_args = _full_args(node)
         pargs = pnode["args"]
         if len(pargs) > len(full):
@@ -218,7 +268,7 @@ class _Matcher:
             orders.append([1, 0] + list(range(2, len(pargs))))
         for order in orders:
             values = [full[i][0] for i in order]
-            yield from self._args(pargs, values, dict(bind), {**nodes, pnode["out"]: node})
+            yield from self._args(pargs, values, dict(bind), {**nodes, pnode["out"]: item, **extra})
 
     def _args(self, pargs, values, bind, nodes):
         if not pargs:
@@ -390,20 +440,27 @@ class _Rewriter:
     def try_rewrite(self, pattern, bind, nodes):
         """Rewrites one match; returns None, or the reason it was skipped."""
         last = nodes[pattern["nodes"][-1]["out"]]
-        extra = [(nodes.get(o["name"]), o["ret"]) for o in pattern.get("outputs", [])]
+        extra = [(nodes.get(o["name"]), o["ret"]) for o in pattern.get("extra_outputs", [])]
         if any(n is None for n, _ in extra):
             return f"pattern {pattern['name']}: an extra output is not a node of the pattern"
-        outputs = {last} | {n for n, _ in extra}
+        want = [(last, pattern["replacement"].get("ret", 0))] + extra
+        outputs = {n for n, _ in want}
         matched = set(nodes.values())
-        for n in matched - outputs:
+        order = {n: i for i, n in enumerate(self.graph.nodes)}
+        inputs = {v for v in bind.values() if isinstance(v, torch.fx.Node)}
+        looked_through = {}  # Note [No-op casts are looked through]: cast -> its source
+        for n in sorted(matched - outputs, key=order.__getitem__):
             outside = [u for u in n.users if u not in matched]
-            if outside:
+            if not outside:
+                continue
+            source = n.args[0] if _is_noop_cast(n) else None
+            if source is None or not (source in inputs or source in outputs):
                 return f"{n.name} has users outside the match ({outside[0].name})"
+            looked_through[n] = source
         try:
             out = self._check_call(pattern["replacement"], bind)
         except _Skip as why:
             return str(why)
-        want = [(last, pattern["replacement"].get("ret", 0))] + extra
         for node, ret in want:
             got = out[ret] if isinstance(out, (tuple, list)) else out
             have = node.meta.get("val")
@@ -414,18 +471,20 @@ class _Rewriter:
                         f"{node.name} is {have.dtype}{list(have.shape)}")
         # Insert after the last input the replacement reads, and only if that
         # is before every user of a replaced value.
-        order = {n: i for i, n in enumerate(self.graph.nodes)}
-        inputs = [v for v in bind.values() if isinstance(v, torch.fx.Node)]
         first = min(matched, key=order.__getitem__)
         anchor = max(inputs, key=order.__getitem__) if inputs else first.prev
-        outside_users = [u for node, _ in want for u in node.users if u not in matched]
+        replaced = outputs | {c for c, src in looked_through.items() if src in outputs}
+        outside_users = [u for node in replaced for u in node.users if u not in matched]
         if outside_users and min(order[u] for u in outside_users) <= order[anchor]:
             return "a user of a replaced value comes before the replacement's inputs"
-        call = dict(pattern["replacement"])
+        ret_of = dict(want)
         with self.graph.inserting_before(anchor.next):  # nodes keep the order they are made in
-            returns = self._emit_call(call, bind)
+            returns = self._emit_call(pattern["replacement"], bind)
             for node, ret in want:
                 node.replace_all_uses_with(returns[ret])
+            for cast, source in looked_through.items():
+                new = returns[ret_of[source]] if source in outputs else source
+                cast.replace_all_uses_with(new, delete_user_cb=lambda u: u not in matched)
         for n in sorted(matched, key=order.__getitem__, reverse=True):
             if not n.users:
                 self.graph.erase_node(n)
@@ -474,7 +533,7 @@ def rewrite(gm, enabled=True, requires_grad=()):
         matcher = _Matcher(pattern)
         last_op = pattern["nodes"][-1]["op"]
         for node in list(gm.graph.nodes):
-            if node in rw.erased or _op_name(getattr(node, "target", None)) != last_op:
+            if node in rw.erased or _value_op(node) != last_op:
                 continue
             found = matcher.match(node)
             if found is None:

@@ -74,7 +74,8 @@ def block():
 
 
 def test_block_fires_add_rms_norm_and_swiglu(block):
-    assert _fired(block["fused"][0]) == {"add_rms_norm": 1, "swiglu": 1}
+    # rms_norm first, then add_rms_norm over the fused norm (its priority is lower).
+    assert _fired(block["fused"][0]) == {"rms_norm": 1, "add_rms_norm": 1, "swiglu": 1}
     assert _fired(block["unfused"][0]) == {}
 
 
@@ -158,7 +159,7 @@ def test_sdpa_with_a_boolean_mask_becomes_flash_attention():
     mask = torch.rand(2, 1, 5, 5) > 0.3
     mask[..., 0] = True  # every row sees a key
     compiled, out = _compile_run(_Attention(), q.npu(), k.npu(), v.npu(), mask.npu())
-    assert _fired(compiled) == {"sdpa": 1}
+    assert _fired(compiled) == {"sdpa_bool_mask": 1}
     ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask, scale=0.3)
     # softmax over 5 keys and a 5-term weighted sum in float32: within
     # ~16 roundings of the largest |value| (|P| <= 1, the sums are short).
@@ -173,7 +174,7 @@ def test_sdpa_with_an_additive_mask_stays_unfused():
     mask = torch.randn(1, 1, 4, 4).npu()
     compiled, out = _compile_run(_Attention(), q, k, v, mask)
     assert _fired(compiled) == {}
-    (why,) = _skipped(compiled)["sdpa"]
+    (why,) = _skipped(compiled)["sdpa_bool_mask"]
     assert "aten::where.Scalar rejects the matched values" in why and "bool" in why
     with torch.no_grad():
         assert torch.equal(out.cpu(), _Attention()(q, k, v, mask).cpu())
