@@ -29,6 +29,9 @@ from . import patterns as _patterns
 from . import predispatch
 
 _DEFAULTS = {"patterns": True, "partition": "min_cut"}
+# torch.compile's modes; only reduce-overhead changes anything here (the
+# autotuning ones are Inductor's).
+_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 class GraphRecord:
@@ -141,15 +144,35 @@ def _maybe_graphed(record, kind, compiled, example_inputs):
     return _graphs.graphed_callable(compiled, example_inputs)
 
 
-def npu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None, **kwargs):
-    """The backend torch.compile calls with each Dynamo graph."""
+def check_options(mode, options):
+    """The options with their defaults; ValueError naming a bad one."""
     opts = dict(_DEFAULTS)
     opts.update(options or {})
-    opts.update(kwargs)
     unknown = set(opts) - set(_DEFAULTS)
+    if opts.get("partition") not in ("min_cut", "default"):
+        raise ValueError(f"torch.compile(backend='npu'): expected options['partition'] to be 'min_cut' or "
+                         f"'default' but found {opts.get('partition')!r}")
     if unknown:
         raise ValueError(f"torch.compile(backend='npu'): unknown option(s) {sorted(unknown)}; "
                          f"expected {sorted(_DEFAULTS)}")
+    chosen = opts["patterns"]
+    if not isinstance(chosen, bool):
+        if isinstance(chosen, str) or not all(isinstance(n, str) for n in chosen):
+            raise ValueError(f"torch.compile(backend='npu'): expected options['patterns'] to be True, False or a "
+                             f"list of pattern names but found {chosen!r}")
+        known = {p["name"] for p in _patterns.all_patterns()}
+        if set(chosen) - known:
+            raise ValueError(f"torch.compile(backend='npu'): unknown pattern(s) {sorted(set(chosen) - known)} in "
+                             f"options['patterns']; the patterns are {sorted(known)}")
+    if mode not in _MODES:
+        raise ValueError(f"torch.compile(backend='npu'): expected mode to be one of {sorted(m for m in _MODES if m)} "
+                         f"or None but found {mode!r}")
+    return opts
+
+
+def npu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None, **kwargs):
+    """The backend torch.compile calls with each Dynamo graph."""
+    opts = check_options(mode, {**(options or {}), **kwargs})
     records = _records_of(_find_owner())
     record = GraphRecord(len(records), gm, example_inputs)
     records.append(record)
@@ -185,6 +208,7 @@ class NpuBackend:
     """The backend object of one ``npubridge.compile`` call (holds its records)."""
 
     def __init__(self, mode=None, options=None):
+        check_options(mode, options)  # at npubridge.compile, not at the first call
         self.mode, self.options = mode, dict(options or {})
         self._npu_records = []
 

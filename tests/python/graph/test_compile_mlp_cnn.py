@@ -203,3 +203,18 @@ def test_reduce_overhead_mode_is_reported_and_right(mlp):
     assert torch.equal(got.cpu(), want.cpu()) and torch.equal(got2.cpu(), want.cpu())
     (graph,) = npubridge.compile_report(compiled)["graphs"]
     assert graph["reduce_overhead"].startswith(("replayed", "not used: this build has no"))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"mode": "fast"}, "expected mode to be one of ['default', 'max-autotune', 'max-autotune-no-cudagraphs', "
+                       "'reduce-overhead'] or None but found 'fast'"),
+    ({"options": {"bogus": 1}}, "unknown option(s) ['bogus']; expected ['partition', 'patterns']"),
+    ({"options": {"partition": "x"}}, "expected options['partition'] to be 'min_cut' or 'default' but found 'x'"),
+    ({"options": {"patterns": ["rms_nrom"]}}, "unknown pattern(s) ['rms_nrom'] in options['patterns']"),
+    ({"options": {"patterns": "rms_norm"}}, "expected options['patterns'] to be True, False or a list of pattern "
+                                            "names but found 'rms_norm'"),
+])
+def test_bad_compile_arguments_are_named(kwargs, message):
+    with pytest.raises(ValueError) as err:
+        npubridge.compile(torch.nn.Linear(2, 2), **kwargs)
+    assert message in str(err.value)
