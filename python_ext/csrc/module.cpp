@@ -31,6 +31,10 @@
 namespace py = pybind11;
 using namespace npub;
 
+namespace npub::torch_backend {
+void bind_fusion_patterns(py::module& m);  // graph/fusion_pattern_bindings.cpp
+}  // namespace npub::torch_backend
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "npubridge: PyTorch on the simulated NPU through acceleration-library plugins";
   m.def("_init", &npub::torch_backend::init);
@@ -359,4 +363,5 @@ PYBIND11_MODULE(_C, m) {
     }
     return out;
   });
+  npub::torch_backend::bind_fusion_patterns(m);
 }

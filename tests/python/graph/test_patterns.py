@@ -1,12 +1,183 @@
-"""Fusion patterns in the compiler (B1's part): each rewrite checked
-numerically against the unfused subgraph (the same graph compiled with
-patterns off) and float64 CPU; the matcher's rules (commutative operands,
-users outside the match, dtype and meta checks) with the skip reasons."""
+"""Fusion patterns as data (docs/graph-mode.md, "Fusion patterns").
+
+The table and its parsed form (npubridge._C._fusion_patterns): the in-tree
+plugins' patterns, a third-party plugin's pattern contributed through the C
+ABI (tests/plugins/fusion_plugin.cpp, ABI 1.5), host registration from
+Python and its errors. A plugin loads only at start-up (NPUB_PLUGIN_PATH)
+and a registered pattern stays for the process, so those checks run in one
+child process of their own; the parse errors change nothing and run here.
+
+Then the patterns in the compiler: each rewrite checked numerically against
+the unfused subgraph (the same graph compiled with patterns off) and float64
+CPU; the matcher's rules (commutative operands, users outside the match,
+dtype and meta checks) with the skip reasons; the third-party plugin's
+pattern used by torch.compile(backend="npu")."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 import npubridge
+from npubridge import _C
+
+# CMake passes the path (tests/CMakeLists.txt, NPUB_PY_ENV); run by hand
+# from a build tree, the plugin sits beside the staged package.
+_BUILD = pathlib.Path(npubridge.__file__).resolve().parents[2]
+FUSION_PLUGIN = os.environ.get("NPUB_TEST_FUSION_PLUGIN",
+                               str(_BUILD / "tests" / "plugins_fusion" / "libnpub_test_fusion.so"))
+
+
+def _by_name():
+    return {p["name"]: p for p in _C._fusion_patterns()}
+
+
+def test_in_tree_plugins_list_the_standard_patterns():
+    ps = _by_name()
+    expected = {"conv2d_bias_relu": "cann_like", "conv2d_bias_relu_inplace": "cann_like",
+                "rms_norm": "mindspeed_like", "rms_norm_cast": "mindspeed_like",
+                "add_rms_norm": "mindspeed_like", "add_rms_norm_cast": "mindspeed_like",
+                "swiglu": "mindspeed_like", "sdpa": "mindspeed_like", "sdpa_causal": "mindspeed_like"}
+    assert {n: ps[n]["plugin"] for n in expected if n in ps} == expected
+    # The cast variants are tried before the plain ones, add_rms_norm after rms_norm.
+    assert ps["rms_norm_cast"]["priority"] > ps["rms_norm"]["priority"] > ps["add_rms_norm_cast"]["priority"] \
+        > ps["add_rms_norm"]["priority"]
+
+
+def test_the_parsed_form_of_rms_norm():
+    p = _by_name()["rms_norm"]
+    assert [(n["out"], n["op"]) for n in p["nodes"]] == [
+        ("sq", "aten::pow.Tensor_Scalar"), ("var", "aten::mean.dim"), ("ve", "aten::add.Tensor"),
+        ("r", "aten::rsqrt"), ("n", "aten::mul.Tensor"), ("y", "aten::mul.Tensor")]
+    assert p["nodes"][0]["args"] == [{"kind": "value", "name": "x"}, {"kind": "const", "value": 2}]
+    assert p["nodes"][1]["args"][1:] == [{"kind": "const", "value": [-1]}, {"kind": "const", "value": True}]
+    assert p["nodes"][2]["args"][1] == {"kind": "capture", "name": "eps"}
+    assert all(n["ret"] == 0 for n in p["nodes"])
+    assert p["replacement"] == {"kind": "call", "op": "mindspeed_like::npu_rms_norm", "ret": 0,
+                                "args": [{"kind": "value", "name": "x"}, {"kind": "value", "name": "gamma"},
+                                         {"kind": "capture", "name": "eps"}]}
+    assert p["extra_outputs"] == []
+    assert p["text"].startswith("pattern rms_norm priority 20\n") and p["text"].endswith("end\n")
+
+
+def test_multi_output_nested_call_and_size_arguments():
+    ps = _by_name()
+    add = ps["add_rms_norm"]
+    assert add["nodes"][1]["op"] == "mindspeed_like::npu_rms_norm" and add["nodes"][1]["ret"] == 0
+    assert add["replacement"]["op"] == "mindspeed_like::npu_add_rms_norm"
+    assert add["extra_outputs"] == [{"name": "s", "ret": 2}]
+    cat = ps["swiglu"]["replacement"]["args"][0]
+    assert cat == {"kind": "call", "op": "aten::cat", "ret": 0,
+                   "args": [{"kind": "list", "items": [{"kind": "value", "name": "a"},
+                                                       {"kind": "value", "name": "b"}]},
+                            {"kind": "const", "value": -1}]}
+    sdpa = ps["sdpa_causal"]
+    assert sdpa["nodes"][0]["args"][3:] == [{"kind": "const", "value": None}, {"kind": "const", "value": 0.0},
+                                            {"kind": "const", "value": True}, {"kind": "capture", "name": "scale"}]
+    fa = sdpa["replacement"]["args"]
+    assert fa[3] == {"kind": "size", "name": "q", "dim": 1}
+    assert fa[4] == {"kind": "const", "value": "BNSD"}
+    assert fa[-1] == {"kind": "const", "value": 2}  # sparse_mode 2: causal
+
+
+@pytest.mark.parametrize("text,message", [
+    ("pattern p\n  %a = aten::relu(%x\n  => cann_like::conv2d_bias_relu(%a, %a, %a)\nend\n",
+     "fusion pattern text, line 2, pattern 'p': expected ',' or ')' in the argument list at the end of the line"),
+    ("pattern p\n  %a = aten::relu(%x)\n  => nowhere::fused(%a)\nend\n",
+     "fusion pattern text, line 3, pattern 'p': the replacement op 'nowhere::fused' is not defined (define it "
+     "before its pattern)"),
+    ("pattern p\n  %a = aten::relu(%x)\n  => mindspeed_like::npu_swiglu(%a, -1, 3)\nend\n",
+     "fusion pattern text, line 3, pattern 'p': the replacement op 'mindspeed_like::npu_swiglu' takes 1 to 2 "
+     "arguments but the pattern passes 3"),
+    ("pattern p\n  %a = aten::relu(%x)\n  => mindspeed_like::npu_swiglu(%b)\nend\n",
+     "fusion pattern text, line 3, pattern 'p': the replacement uses '%b', which the subgraph does not bind"),
+    ("pattern p\n  %a = aten::relu(%x)\n  => mindspeed_like::npu_swiglu(%a)\n",
+     "fusion pattern text, line 3, pattern 'p': missing 'end' of the pattern that starts at line 1"),
+    ("pattern swiglu\n  %a = aten::relu(%x)\n  => mindspeed_like::npu_swiglu(%a)\nend\n",
+     "fusion pattern 'swiglu' is already registered (by plugin 'mindspeed_like')"),
+])
+def test_bad_host_patterns_raise_value_errors_naming_the_line_and_pattern(text, message):
+    before = _C._fusion_patterns()
+    with pytest.raises(ValueError) as e:
+        _C._register_fusion_pattern(text)
+    assert str(e.value) == message
+    assert _C._fusion_patterns() == before  # nothing added
+
+
+# --- in a child process: the third-party plugin and host registration ---
+
+_CHILD = """
+import json, torch, npubridge
+from npubridge import _C
+out = {}
+out["testfuse"] = [p for p in _C._fusion_patterns() if p["plugin"] == "testfuse"]
+out["registered"] = _C._register_fusion_pattern('''
+# a host pattern: two in one text
+pattern host_relu_swiglu priority 3
+  %r = aten::relu(%a)
+  %y = aten::mul.Tensor(%r, %b)
+  => mindspeed_like::npu_swiglu(aten::cat([%a, %b], -1), -1)
+end
+pattern host_gelu_mul_tanh
+  %g = aten::gelu(%a, "tanh")
+  %y = aten::mul.Tensor(%b, %g)
+  => testfuse::gelu_mul(%a, %b)
+end
+''')
+out["after"] = [(p["name"], p["plugin"]) for p in _C._fusion_patterns()]
+try:
+    _C._register_fusion_pattern("pattern host_relu_swiglu\\n %a = aten::relu(%x)\\n => testfuse::gelu_mul(%a, %a)\\nend")
+except ValueError as e:
+    out["again"] = str(e)
+a = torch.randn(4, 6, dtype=torch.float64)
+b = torch.randn(4, 6, dtype=torch.float64)
+y = torch.ops.testfuse.gelu_mul(a.to("npu"), b.to("npu")).cpu()
+out["max_err"] = (y - torch.nn.functional.gelu(a) * b).abs().max().item()
+out["meta"] = list(torch.ops.testfuse.gelu_mul(a.to("meta"), b.to("meta")).shape)
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def child():
+    assert os.path.isfile(FUSION_PLUGIN), f"NPUB_TEST_FUSION_PLUGIN={FUSION_PLUGIN}: no such file"
+    env = dict(os.environ, NPUB_PLUGIN_PATH=FUSION_PLUGIN, NPUB_LOG_LEVEL="error")
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(_CHILD)], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("RESULT"))
+    return json.loads(line[len("RESULT"):])
+
+
+def test_a_third_party_plugin_contributes_its_pattern_through_the_abi(child):
+    [p] = child["testfuse"]
+    assert p["name"] == "testfuse_gelu_mul" and p["priority"] == 5
+    assert [n["op"] for n in p["nodes"]] == ["aten::gelu", "aten::mul.Tensor"]
+    assert p["replacement"] == {"kind": "call", "op": "testfuse::gelu_mul", "ret": 0,
+                                "args": [{"kind": "value", "name": "a"}, {"kind": "value", "name": "b"}]}
+    # Its fused op is the plugin's own, with a meta function: float64 erf
+    # and one product against PyTorch's, a few ulp of values below ~10.
+    assert child["max_err"] < 1e-13
+    assert child["meta"] == [4, 6]
+
+
+def test_host_patterns_register_from_python_after_the_plugins(child):
+    names = [p["name"] for p in child["registered"]]
+    assert names == ["host_relu_swiglu", "host_gelu_mul_tanh"]
+    assert child["registered"][0]["priority"] == 3
+    assert child["registered"][1]["nodes"][0]["args"][1] == {"kind": "const", "value": "tanh"}
+    # Registration order: the plugins' (at start-up), then the host's, with plugin "".
+    assert child["after"][-2:] == [["host_relu_swiglu", ""], ["host_gelu_mul_tanh", ""]]
+    assert ["testfuse_gelu_mul", "testfuse"] in child["after"]
+    assert child["again"] == "fusion pattern 'host_relu_swiglu' is already registered (by the host)"
+
+
+# --- the patterns in the compiler ---
 
 U32 = 2.0 ** -24  # float32 unit roundoff
 
