@@ -27,6 +27,7 @@ import operator
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from .. import _C
 from . import memory_plan
@@ -46,6 +47,21 @@ _FOLDABLE = {
     "aten::full", "aten::scalar_tensor", "aten::zeros", "aten::ones", "aten::arange",
     "aten::arange.start", "aten::arange.start_step",
 }
+
+
+# Note [Scalar overloads run as their Tensor overloads]
+# ATen implements add.Scalar, sub.Scalar, mul.Scalar and div.Scalar as the
+# Tensor overload with the scalar as a wrapped number (BinaryOps.cpp:
+# at::mul(self, wrapped_scalar_tensor(other))), which is how eager npu
+# reaches the plugin's .out kernel. The lowering takes the same route
+# directly: the same kernel, bit for bit, instead of a host step.
+_SCALAR_AS_TENSOR = {
+    "aten::add.Scalar": torch.ops.aten.add.Tensor, "aten::sub.Scalar": torch.ops.aten.sub.Tensor,
+    "aten::mul.Scalar": torch.ops.aten.mul.Tensor, "aten::div.Scalar": torch.ops.aten.div.Tensor,
+}
+# Ops that copy or convert their input: made once at lowering when every
+# tensor flowing in is a constant (lift_fresh_copy of a lifted constant).
+_FOLDABLE_ON_CONSTANTS = {"aten::lift_fresh_copy", "aten::_to_copy", "aten::clone"}
 
 
 def _name(op: torch._ops.OpOverload) -> str:
@@ -186,8 +202,8 @@ class _Lowering:
                 placeholders += 1
             elif node.op == "get_attr":
                 val = getattr(self.gm, node.target)
-                if not isinstance(val, torch.Tensor):
-                    raise _Refused(f"attribute '{node.target}' is not a tensor")
+                if not isinstance(val, torch.Tensor) or isinstance(val, FakeTensor):
+                    raise _Refused(f"attribute '{node.target}' is not a real tensor")
                 self._check_device(val, f"constant '{node.target}'")
                 self.slot_of[node] = self._slot("constant", 0, val, val)
                 self._row(node, "constant")
@@ -252,12 +268,21 @@ class _Lowering:
             return
         args = self._args(node)
         tensor_in = any(a[0] in ("slot", "slots") for a in args)
-        if name in _FOLDABLE and not tensor_in and node not in escaping and isinstance(val, torch.Tensor):
-            t = op(*node.args, **node.kwargs)
+        from_constants = name in _FOLDABLE_ON_CONSTANTS and all(
+            a[0] != "slot" or self.slots[a[1]]["kind"] == "constant" for a in args) and tensor_in
+        if ((name in _FOLDABLE and not tensor_in) or from_constants) and node not in escaping \
+                and isinstance(val, torch.Tensor):
+            # Made for real, outside the fake mode AOTAutograd compiles in.
+            with unset_fake_temporarily():
+                real = lambda v: self.slots[self.slot_of[v]]["tensor"] if isinstance(v, torch.fx.Node) else v  # noqa: E731
+                t = op(*[real(a) for a in node.args], **{k: real(v) for k, v in node.kwargs.items()})
             self._check_device(t, f"constant node '{node.name}'")
             self.slot_of[node] = self._slot("constant", 0, t, t)
             self._row(node, "constant")
             return
+        if name in _SCALAR_AS_TENSOR:
+            op = _SCALAR_AS_TENSOR[name]
+            name = _name(op)
         schema = op._schema
         if schema.is_mutable:
             # copy_ into a graph input (AOTAutograd's input mutations) and
@@ -432,7 +457,8 @@ def lower(gm: torch.fx.GraphModule, example_inputs, keep_arena: bool = False) ->
                 raise _Refused(f"graph output {n!r} is not a tensor the loop holds")
         lw.plan()
         device = lw.device if lw.device is not None else torch.npu.current_device()
-        program = _C._graph_program(device, lw.slots, lw.mem["planned_bytes"], lw.steps, outputs, keep_arena)
+        with unset_fake_temporarily():  # building boxes wrapped numbers on the npu, for real
+            program = _C._graph_program(device, lw.slots, lw.mem["planned_bytes"], lw.steps, outputs, keep_arena)
     except _Refused as e:
         nodes = [{"name": n.name, "target": str(n.target), "kind": "fallback", "plugin": "", "kernel_op": "",
                   "dtype_conversion": None, "reason": str(e)}
