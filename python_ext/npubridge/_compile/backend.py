@@ -120,9 +120,10 @@ def _boxed(fn):
     runtime can release the inputs it owns as soon as the graph read them)."""
     if getattr(fn, "_boxed_call", False):
         return fn
+    boxed = getattr(fn, "boxed", None)  # lowering's Compiled: empties the list
 
     def run(args):
-        return fn(*args)
+        return boxed(args) if boxed is not None else fn(*args)
 
     run._boxed_call = True
     run.program = fn
@@ -141,7 +142,26 @@ def _maybe_graphed(record, kind, compiled, example_inputs):
         record.reduce_overhead = "not used: this build has no npubridge._graphs.graphed_callable"
         return compiled
     record.reduce_overhead = "replayed (npubridge._graphs.graphed_callable)"
-    return _graphs.graphed_callable(compiled, example_inputs)
+    return _Replayed(compiled, _graphs.graphed_callable)
+
+
+class _Replayed:
+    """An inference graph replayed as a captured NPU graph. The capture
+    waits for the first call: the compiler's example inputs are fake
+    tensors, and capturing needs real static buffers (graphed_callable
+    warms up and captures on copies of the first call's inputs, then copies
+    each call's inputs in and returns clones of the outputs)."""
+
+    def __init__(self, compiled, graphed_callable):
+        self.compiled, self._graphed_callable, self.graphed = compiled, graphed_callable, None
+
+    def __call__(self, *args):
+        if self.graphed is None:
+            self.graphed = self._graphed_callable(self.compiled, list(args))
+        return self.graphed(*args)
+
+    def summary(self):
+        return self.compiled.summary()
 
 
 def check_options(mode, options):

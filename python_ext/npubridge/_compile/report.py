@@ -39,6 +39,7 @@ def _graph_part(compiled):
         elif n["kind"] == "fallback":
             fallbacks.append({"node": n["name"], "target": n["target"], "reason": n.get("reason")})
     return {"nodes": len(nodes), "kinds": kinds, "kernels": kernels, "fallbacks": fallbacks,
+            "lowered": summary.get("lowered"), "not_lowered_reason": summary.get("reason"),
             "planned_bytes": summary.get("planned_bytes"), "eager_bytes": summary.get("eager_bytes"),
             "summary": summary}
 
@@ -84,9 +85,11 @@ def format_report(d):
             kinds = ", ".join(f"{k} {v}" for k, v in sorted(p["kinds"].items()))
             lines.append(f"  {kind}: {p['nodes']} nodes ({kinds}); planned {_bytes(p['planned_bytes'])} "
                          f"vs eager {_bytes(p['eager_bytes'])}")
+            if p["lowered"] is False:
+                lines.append(f"    not lowered (runs as the FX graph): {p['not_lowered_reason']}")
             for k, v in sorted(p["kernels"].items()):
                 lines.append(f"    {k} x{v}")
-            for f in p["fallbacks"]:
+            for f in p["fallbacks"] if p["lowered"] is not False else []:
                 lines.append(f"    fallback {f['node']} ({f['target']}): {f['reason']}")
     if d["graph_breaks"]:
         lines.append("graph breaks (Dynamo, this process):")

@@ -349,3 +349,56 @@ def test_sdpa_with_an_additive_mask_stays_unfused():
     assert "aten::where.Scalar rejects the matched values" in why and "bool" in why
     with torch.no_grad():
         assert torch.equal(out.cpu(), _Attention()(q, k, v, mask).cpu())
+
+
+_COMPILE_CHILD = """
+import json, torch, npubridge
+import torch.nn.functional as F
+torch.manual_seed(0)
+
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8).double(), torch.nn.Linear(8, 8).double()
+    def forward(self, x):
+        return self.b(x) * F.gelu(self.a(x))  # the pattern's mul, operands swapped
+
+m = M().npu()
+x = torch.randn(4, 8, dtype=torch.float64)
+compiled = npubridge.compile(m)
+y = compiled(x.npu())
+y.sum().backward()
+grads = [p.grad.cpu() for p in m.parameters()]
+cpu = M()
+cpu.load_state_dict({k: v.cpu() for k, v in m.state_dict().items()})
+ref = cpu(x)
+ref.sum().backward()
+report = npubridge.compile_report(compiled)
+fw = report["graphs"][0]["parts"]["forward"]["summary"]["nodes"]
+bw = report["graphs"][0]["parts"]["backward"]["summary"]["nodes"]
+print("RESULT" + json.dumps({
+    "fired": report["patterns_fired"],
+    "fw": [(n["target"], n["kind"], n["plugin"]) for n in fw if "testfuse" in n["target"]],
+    "bw": [(n["target"], n["kind"], n["plugin"]) for n in bw if "testfuse" in n["target"]],
+    "err": (y.detach().cpu() - ref.detach()).abs().max().item(),
+    "grad_err": max((g - p.grad).abs().max().item() for g, p in zip(grads, cpu.parameters())),
+}))
+"""
+
+
+def test_the_compiler_uses_the_third_party_plugins_pattern():
+    # A child process: the plugin loads at start-up only (NPUB_PLUGIN_PATH).
+    assert os.path.isfile(FUSION_PLUGIN), f"NPUB_TEST_FUSION_PLUGIN={FUSION_PLUGIN}: no such file"
+    env = dict(os.environ, NPUB_PLUGIN_PATH=FUSION_PLUGIN, NPUB_LOG_LEVEL="error")
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(_COMPILE_CHILD)], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("RESULT"))[len("RESULT"):])
+    assert out["fired"] == {"testfuse_gelu_mul": 1}
+    # The forward runs the plugin's fused op, the backward its derivative.
+    assert [t for t, _, _ in out["fw"]] == ["testfuse.gelu_mul.default"]
+    assert [t for t, _, _ in out["bw"]] == ["testfuse.gelu_mul_backward.default"]
+    assert all(kind == "kernel" and plugin == "testfuse" for _, kind, plugin in out["fw"] + out["bw"])
+    # float64 throughout: erf, a product and 8-term sums, against PyTorch's
+    # float64 CPU ops: a few ulp of values of order 10.
+    assert out["err"] < 1e-13 and out["grad_err"] < 1e-12
