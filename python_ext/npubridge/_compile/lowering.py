@@ -122,6 +122,14 @@ def _host_reason(op) -> str:
     return f"no plugin serves {name}; runs through ATen ({how})"
 
 
+# Note [Copies as kernel steps]
+# A few ops ATen composes of an allocation and copies (_to_copy: empty and
+# copy_; slice_backward: zeros and copy_ into a slice) would be host steps,
+# though every piece is a plugin kernel. The lowering composes them the same
+# way from slots and kernel steps: the same kernels as eager, and their
+# outputs planned like any other.
+
+
 class _Lowering:
     def __init__(self, gm: torch.fx.GraphModule, example_inputs):
         self.gm = gm
@@ -304,6 +312,10 @@ class _Lowering:
         if len(vals) != len(schema.returns) or not all(
                 r.type.kind() == "TensorType" or str(r.type) == "Tensor" for r in schema.returns):
             return self._host_with_outputs(node, op, args, vals, escaping)
+        composed = self._composed(node, val, escaping)
+        if composed is not None:
+            self.slot_of[node] = composed
+            return
         target, via_out = None, False
         if name in self.direct:
             target = name
@@ -317,13 +329,49 @@ class _Lowering:
         self._kernel_step(node, op, target, args, outs, via_out)
         self.slot_of[node] = outs[0] if len(outs) == 1 else outs
 
-    def _kernel_step(self, node, op, target, args, outs, via_out):
+    def _kernel_step(self, node, op, target, args, outs, via_out, row=None):
         step = len(self.steps)
         self.steps.append({"node": node.name, "op": op._schema.name, "overload": op._schema.overload_name,
                            "target": target, "via_out": via_out, "args": args, "outs": outs})
-        self._note_access(args, outs)
-        row = self._row(node, "kernel")
+        self._note_access(args, outs, op)
+        if row is None:
+            row = self._row(node, "kernel")
         self.step_rows.append((row, step))
+        return row
+
+    def _composed(self, node, val, escaping):
+        """Nodes ATen composes of copies (Note [Copies as kernel steps]):
+        their parts as kernel steps; None when the node is not one."""
+        name = _name(node.target)
+        copy_ = torch.ops.aten.copy_.default
+        if "aten::copy_" not in self.direct or not isinstance(val, torch.Tensor):
+            return None
+        if name == "aten::_to_copy":
+            kw = dict(node.kwargs)
+            if set(kw) - {"dtype", "device", "layout", "memory_format", "non_blocking", "pin_memory"} \
+                    or kw.get("layout") not in (None, torch.strided) or kw.get("pin_memory") \
+                    or len(node.args) != 1 or self.slot_of.get(node.args[0]) is None:
+                return None
+            out = self._out_slot(node, val, escaping)
+            src = ("slot", self.slot_of[node.args[0]])
+            row = self._kernel_step(node, copy_, "aten::copy_", [("slot", out), src,
+                                                                 ("value", bool(kw.get("non_blocking", False)))],
+                                    [-1], False)
+            self.node_info[row]["reason"] = "lowered as its own output and copy_ (ATen's _to_copy)"
+            return out
+        if name == "aten::slice_backward" and "aten::zero_" in self.direct:
+            grad, sizes, dim, start, end, step = node.args
+            if self.slot_of.get(grad) is None:
+                return None
+            out = self._out_slot(node, val, escaping)
+            meta = torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="meta")
+            view = self._slot("view", out, torch.ops.aten.slice.Tensor(meta, dim, start, end, step))
+            row = self._kernel_step(node, torch.ops.aten.zero_.default, "aten::zero_", [("slot", out)], [-1], False)
+            self._kernel_step(node, copy_, "aten::copy_", [("slot", view), ("slot", self.slot_of[grad]),
+                                                           ("value", False)], [-1], False, row=row)
+            self.node_info[row]["reason"] = "lowered as zeros and copy_ into its slice (ATen's slice_backward)"
+            return out
+        return None
 
     def _out_slot(self, node, v, escaping):
         if not isinstance(v, torch.Tensor):
@@ -350,11 +398,16 @@ class _Lowering:
         step = len(self.steps)
         self.steps.append({"node": node.name, "op": op._schema.name, "overload": op._schema.overload_name,
                            "target": "", "via_out": False, "args": args, "outs": outs})
-        self._note_access(args, outs)
+        self._note_access(args, outs, op)
         row = self._row(node, kind, None if kind == "native" else _host_reason(op))
         self.step_rows.append((row, step))
 
-    def _note_access(self, args, outs):
+    def _note_access(self, args, outs, op=None):
+        # Arguments a step writes (Tensor(a!): copy_'s self) are written
+        # slots too: an arena slot's life starts at its first write.
+        written = [] if op is None else [
+            args[i][1] for i, a in enumerate(op._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write and i < len(args) and args[i][0] == "slot"]
         r = []
         for a in args:
             if a[0] == "slot":
@@ -362,7 +415,7 @@ class _Lowering:
             elif a[0] == "slots":
                 r.extend(s for s in a[1] if s >= 0)
         self.reads.append(r)
-        self.writes.append([o for o in outs if o >= 0])
+        self.writes.append([o for o in outs if o >= 0] + [self._root(w) for w in written])
 
     # -- memory ----------------------------------------------------------
     def _root(self, s):

@@ -291,6 +291,52 @@ def test_input_mutation_by_copy_():
     assert (n["kind"], n["kernel_op"]) == ("kernel", "aten::copy_")
 
 
+def test_a_kernel_that_declines_at_run_time_falls_back():
+    # cann_like's clone declines a result laid out other than contiguously;
+    # the step was resolved to it, and the decline sends the call to ATen,
+    # as on every path (Note [A decline falls back on every path]).
+    def f(x):
+        return (x.clone(memory_format=torch.channels_last) * 2,)
+
+    x = torch.randn(2, 3, 4, 5, device=DEV)
+    gm = make_fx(f, tracing_mode="fake")(x)
+    c = lower(gm, [x])
+    n = next(n for n in c.summary()["nodes"] if n["name"] == "clone")
+    assert (n["kind"], n["kernel_op"]) == ("kernel", "aten::clone")
+    npubridge._C.reset_stats()
+    out, ref = c(x)[0], gm(x)[0]
+    assert _same(out, ref) and out.stride() == ref.stride()
+    st = npubridge._C.stats()["aten::clone"]
+    assert st["calls"] == 2 and st["fallbacks"] == 2  # the lowered call and the eager one
+
+
+def test_copies_composed_of_kernel_steps():
+    # Note [Copies as kernel steps]: _to_copy and slice_backward (the
+    # backward of a slice) as allocation + zero_/copy_ kernel steps.
+    def f(x):
+        return (x[:, 1:5:2].to(torch.float64) * 2,)
+
+    x0 = torch.randn(3, 6, device=DEV)
+    summaries = []
+
+    def compiler(gm, example_inputs):
+        c = lower(gm, example_inputs)
+        summaries.append(c.summary())
+        return c
+
+    x = x0.clone().requires_grad_()
+    out = aot_function(f, fw_compiler=compiler, bw_compiler=compiler)(x)[0]
+    out.sum().backward()
+    xe = x0.clone().requires_grad_()
+    ref = f(xe)[0]
+    ref.sum().backward()
+    assert _same(out.detach(), ref.detach()) and _same(x.grad, xe.grad)
+    rows = {n["target"]: n for s in summaries for n in s["nodes"]}
+    for target in ("aten._to_copy.default", "aten.slice_backward.default"):
+        assert rows[target]["kind"] == "kernel" and rows[target]["kernel_op"] == "aten::copy_", rows[target]
+    assert all(s["fallbacks"] == 0 for s in summaries)
+
+
 def test_factory_without_inputs_is_a_constant():
     def f(x):
         return (x * torch.full((3,), 2.5, device=DEV) + torch.scalar_tensor(1.0, device=DEV),)
