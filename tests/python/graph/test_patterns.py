@@ -14,6 +14,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 import npubridge  # noqa: F401
 from npubridge import _C
@@ -167,3 +168,22 @@ def test_host_patterns_register_from_python_after_the_plugins(child):
     assert child["after"][-2:] == [["host_relu_swiglu", ""], ["host_gelu_mul_tanh", ""]]
     assert ["testfuse_gelu_mul", "testfuse"] in child["after"]
     assert child["again"] == "fusion pattern 'host_relu_swiglu' is already registered (by the host)"
+
+
+def test_conv2d_bias_relu_trains_through_its_backward():
+    # The rewrite target of conv2d_bias_relu must be differentiable
+    # (cann_like::conv2d_bias_relu_backward: relu's mask, then the
+    # convolution's backward). Against float64 PyTorch on the CPU: float32
+    # sums of 27 products (3 channels x 3x3) and of up to 2*4*4*7 terms for
+    # the weight and bias, all values O(10): 1e-5 absolute is ~100 ulp.
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 3, 7, 7), torch.randn(4, 3, 3, 3), torch.randn(4)
+    xs, ws, bs = [t.to("npu").requires_grad_() for t in (x, w, b)]
+    y = torch.ops.cann_like.conv2d_bias_relu(xs, ws, bs, [2, 1], [1, 1], [1, 1], 1)
+    g = torch.randn(y.shape)
+    y.backward(g.to("npu"))
+    xr, wr, br = [t.double().requires_grad_() for t in (x, w, b)]
+    yr = torch.relu(torch.nn.functional.conv2d(xr, wr, br, stride=[2, 1], padding=1))
+    yr.backward(g.double())
+    for got, ref in ((y, yr), (xs.grad, xr.grad), (ws.grad, wr.grad), (bs.grad, br.grad)):
+        torch.testing.assert_close(got.cpu().double(), ref.detach(), atol=1e-5, rtol=0)
