@@ -11,8 +11,10 @@
 
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/dispatcher.h>
+#include <npubridge/dispatcher/trace.h>
 #include <npubridge/support/error.h>
 
+#include <optional>
 #include <unordered_map>
 
 namespace npub {
@@ -77,6 +79,15 @@ void Dispatcher::run_staged(CallState& cs, const reg::Kernel& k, DType convert_f
     return tmp;
   };
 
+  // Slices of their own for the profiler (trace.h): the staging of the
+  // inputs, the kernel (invoke_kernel's), the copies back.
+  auto slice_name = [&](bool back) {
+    if (!converting) return std::string(back ? "contiguous: copy back" : "contiguous: staged copies");
+    const std::string half = dtype_name(convert_from);
+    return "convert: " + (back ? "float32->" + half : half + "->float32");
+  };
+  std::optional<trace::Scope> staging(std::in_place, trace::Kind::kConversion,
+                                      [&] { return slice_name(false); });
   std::vector<NpubValue> args(cs.args, cs.args + cs.num_args);
   std::vector<std::vector<DLTensor*>> lists;
   lists.reserve(static_cast<size_t>(cs.num_args));
@@ -106,8 +117,10 @@ void Dispatcher::run_staged(CallState& cs, const reg::Kernel& k, DType convert_f
     }
   }
 
+  staging.reset();
   ConvertingOutputs outs(*cs.outputs, dev, converting);
   invoke_kernel(devices_, cs, k, args.data(), rets.data(), &outs);
+  const trace::Scope back(trace::Kind::kConversion, [&] { return slice_name(true); });
 
   for (auto& [original, tmp] : write_back) sim::copy_tensor(*original, *tmp, &dev.compute());
   for (int32_t i = 0; i < cs.num_rets; ++i) {

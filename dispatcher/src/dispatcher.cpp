@@ -5,6 +5,7 @@
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/dispatcher.h>
 #include <npubridge/dispatcher/kernel_error.h>
+#include <npubridge/dispatcher/trace.h>
 #include <npubridge/support/env.h>
 #include <npubridge/support/error.h>
 #include <npubridge/support/shape.h>
@@ -571,6 +572,7 @@ void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs, con
   }
   const uint64_t empty_before = empty_returns(rets, cs.num_rets);
   NpubError* e = nullptr;
+  const trace::Scope slice(trace::Kind::kKernel, [&] { return k.plugin_name() + ": " + cs.op->name(); });
   try {
     e = k.fn(&ctx, args, cs.num_args, rets, cs.num_rets);
   } catch (const std::exception& ex) {
@@ -760,7 +762,10 @@ void Dispatcher::run_fallback(CallState& cs, const char* reason) {
     explicit Reason(const std::string& why) : outer(std::exchange(tls_fallback_reason, why)) {}
     ~Reason() { tls_fallback_reason = std::move(outer); }
   } scoped_reason(why);
-  fn(*cs.op, cs.args, cs.num_args, cs.rets, cs.num_rets, *cs.outputs);
+  {
+    const trace::Scope slice(trace::Kind::kFallback, [&] { return "fallback: " + cs.op->name(); });
+    fn(*cs.op, cs.args, cs.num_args, cs.rets, cs.num_rets, *cs.outputs);
+  }
   // Counted and reported once the host served it: a host with no
   // implementation of the op (a plugin's own op) raises its own error
   // instead, and nothing fell back.

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <npubridge/registry/fusion_pattern.h>
+#include <npubridge/registry/op_registry.h>
 #include <npubridge/registry/schema.h>
 
 #include <map>
@@ -208,4 +209,34 @@ TEST(FusionPattern, TableRefusesATakenName) {
   EXPECT_EQ(t.conflict(ps), "fusion pattern 'p' is already registered (by plugin 'one')");
   EXPECT_THROW(t.add(ps), FusionPatternError);
   EXPECT_EQ(t.entries().size(), 1u);
+}
+
+// Patterns commit with the rest of a plugin's batch (Registry::commit): a
+// taken name fails the whole batch, and its ops stay undefined.
+TEST(FusionPattern, ACommitWithATakenNameLeavesNothingBehind) {
+  Registry registry;
+  auto batch = [](const std::string& op) {
+    Registrations b;
+    b.defined_by = "plugin 'x'";
+    b.schemas.push_back(parse_schema(op + "(Tensor x) -> Tensor"));
+    b.fusion_patterns =
+        parse_fusion_patterns("pattern p\n %a = aten::relu(%x)\n => " + op + "(%a)\nend", "t");
+    b.fusion_patterns[0].plugin = "x";
+    return b;
+  };
+  registry.commit(batch("one::f"));
+  ASSERT_EQ(registry.fusion_patterns().size(), 1u);
+  try {
+    registry.commit(batch("two::f"));
+    FAIL() << "the second commit should fail";
+  } catch (const std::exception& e) {
+    EXPECT_EQ(std::string(e.what()), "fusion pattern 'p' is already registered (by plugin 'x')");
+  }
+  EXPECT_EQ(registry.find("two::f"), nullptr);
+  EXPECT_EQ(registry.fusion_patterns().size(), 1u);
+  // A replacement op neither defined nor in the batch fails it too.
+  Registrations b;
+  b.fusion_patterns = parse_fusion_patterns("pattern q\n %a = aten::relu(%x)\n => three::f(%a)\nend", "t");
+  EXPECT_THROW(registry.commit(std::move(b)), std::exception);
+  EXPECT_EQ(registry.fusion_patterns().size(), 1u);
 }

@@ -14,6 +14,7 @@
 #include "runtime/generator.h"
 #include "runtime/npu_runtime.h"
 
+#include <npubridge/dispatcher/trace.h>
 #include <npubridge/philox.hpp>
 
 #include <mutex>
@@ -236,9 +237,17 @@ void torch_fallback(const reg::OpEntry& entry, const NpubValue*, int32_t, NpubVa
   run_on_cpu(*tls_call->op, tls_call->stack);
 }
 
+// An op no plugin serves reaches these without the dispatcher: the profiler
+// slice the dispatcher's run_fallback makes for the others (trace.h).
+trace::Scope fallback_slice(const c10::OperatorHandle& op) {
+  return trace::Scope(trace::Kind::kFallback,
+                      [&] { return "fallback: " + full_name(op.schema().operator_name()); });
+}
+
 void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   refuse_quantized_arguments(op, *stack);  // before the fallback's warning: none happens
   note_fallback(op);
+  const trace::Scope slice = fallback_slice(op);
   run_on_cpu(op, stack);
 }
 
@@ -247,7 +256,10 @@ void cpu_decides(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     cpu_fallback_counted(op, stack);
     return;
   }
-  run_on_cpu(op, stack);
+  {
+    const trace::Scope slice = fallback_slice(op);
+    run_on_cpu(op, stack);
+  }
   note_fallback(op);
 }
 

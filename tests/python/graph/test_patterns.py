@@ -177,6 +177,123 @@ def test_host_patterns_register_from_python_after_the_plugins(child):
     assert child["again"] == "fusion pattern 'host_relu_swiglu' is already registered (by the host)"
 
 
+def test_conv2d_bias_relu_trains_through_its_backward():
+    # The rewrite target of conv2d_bias_relu must be differentiable
+    # (cann_like::conv2d_bias_relu_backward: relu's mask, then the
+    # convolution's backward). Against float64 PyTorch on the CPU: float32
+    # sums of 27 products (3 channels x 3x3) and of up to 2*4*4*7 terms for
+    # the weight and bias, all values O(10): 1e-5 absolute is ~100 ulp.
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 3, 7, 7), torch.randn(4, 3, 3, 3), torch.randn(4)
+    xs, ws, bs = [t.to("npu").requires_grad_() for t in (x, w, b)]
+    y = torch.ops.cann_like.conv2d_bias_relu(xs, ws, bs, [2, 1], [1, 1], [1, 1], 1)
+    g = torch.randn(y.shape)
+    y.backward(g.to("npu"))
+    xr, wr, br = [t.double().requires_grad_() for t in (x, w, b)]
+    yr = torch.relu(torch.nn.functional.conv2d(xr, wr, br, stride=[2, 1], padding=1))
+    yr.backward(g.double())
+    for got, ref in ((y, yr), (xs.grad, xr.grad), (ws.grad, wr.grad), (bs.grad, br.grad)):
+        torch.testing.assert_close(got.cpu().double(), ref.detach(), atol=1e-5, rtol=0)
+
+
+# --- each in-tree pattern's replacement computes its subgraph ---
+# An interpreter of the parsed form: the subgraph's lines run as ATen ops on
+# the CPU in float64 (PyTorch's own result), the replacement as the plugin's
+# fused op on the npu, in float64 where the kernel has it (rounding ~1e-16
+# relative: 1e-12 leaves room for the different summation orders of rows up
+# to 64 long) and float32 for cann_like's convolution (1e-5 absolute: ~100
+# ulp of O(10) sums of 27 products).
+
+def _op(name):
+    ns, rest = name.split("::")
+    base, _, overload = rest.partition(".")
+    return getattr(getattr(getattr(torch.ops, ns), base), overload or "default")
+
+
+def _call(name, args):
+    """Pattern arguments follow the schema's order, keyword-only ones too
+    (sdpa's `scale`): those are passed by name."""
+    op = _op(name)
+    schema = op._schema.arguments
+    pos = [v for v, s in zip(args, schema) if not s.kwarg_only]
+    kw = {s.name: v for v, s in zip(args, schema) if s.kwarg_only}
+    return op(*pos, **kw)
+
+
+def _arg(a, env, caps):
+    kind = a["kind"]
+    if kind == "value":
+        return env[a["name"]]
+    if kind == "capture":
+        return caps[a["name"]]
+    if kind == "const":
+        return a["value"]
+    if kind == "list":
+        return [_arg(x, env, caps) for x in a["items"]]
+    if kind == "size":
+        return env[a["name"]].size(a["dim"])
+    assert kind == "call", a
+    r = _call(a["op"], [_arg(x, env, caps) for x in a["args"]])
+    return r[a["ret"]] if isinstance(r, (tuple, list)) else r
+
+
+def _check_rewrite(name, inputs, caps, replacement_dtype=torch.float64, subgraph_device="cpu", atol=1e-12):
+    p = _by_name()[name]
+    env = {k: v.to(subgraph_device) for k, v in inputs.items()}
+    for n in p["nodes"]:
+        r = _call(n["op"], [_arg(x, env, caps) for x in n["args"]])
+        env[n["out"]] = r[n["ret"]] if isinstance(r, (tuple, list)) else r
+    rep_env = {k: v.to("npu", replacement_dtype) for k, v in inputs.items()}
+    rep_caps = {k: (replacement_dtype if isinstance(v, torch.dtype) else v) for k, v in caps.items()}
+    r = _call(p["replacement"]["op"], [_arg(x, rep_env, rep_caps) for x in p["replacement"]["args"]])
+    rets = r if isinstance(r, (tuple, list)) else [r]
+    pairs = [(rets[p["replacement"]["ret"]], env[p["nodes"][-1]["out"]])]
+    pairs += [(rets[e["ret"]], env[e["name"]]) for e in p["extra_outputs"]]
+    for got, ref in pairs:
+        assert got.shape == ref.shape
+        torch.testing.assert_close(got.cpu().double(), ref.cpu().double(), atol=atol, rtol=0)
+
+
+def _randn(*shape):
+    return torch.randn(*shape, dtype=torch.float64)
+
+
+def test_rms_norm_rewrites_compute_their_subgraphs():
+    torch.manual_seed(0)
+    x, g = _randn(3, 5, 64), _randn(64)
+    _check_rewrite("rms_norm", {"x": x, "gamma": g}, {"eps": 1e-6})
+    _check_rewrite("rms_norm_cast", {"x": x, "gamma": g}, {"eps": 1e-5, "dtype": torch.float64})
+
+
+def test_add_rms_norm_rewrites_compute_the_norm_and_the_sum():
+    # The subgraph holds the fused npu_rms_norm (the rms_norm rewrite's
+    # output): it runs on the npu too.
+    torch.manual_seed(0)
+    ins = {"x1": _randn(2, 7, 32), "x2": _randn(2, 7, 32), "gamma": _randn(32)}
+    _check_rewrite("add_rms_norm", ins, {"eps": 1e-6}, subgraph_device="npu")
+    _check_rewrite("add_rms_norm_cast", ins, {"eps": 1e-6, "dtype": torch.float64}, subgraph_device="npu")
+
+
+def test_swiglu_rewrite_computes_silu_times_b():
+    torch.manual_seed(0)
+    _check_rewrite("swiglu", {"a": _randn(4, 3, 48), "b": _randn(4, 3, 48)}, {})
+
+
+def test_sdpa_rewrites_compute_attention():
+    torch.manual_seed(0)
+    q, k, v = _randn(2, 4, 9, 16), _randn(2, 4, 9, 16), _randn(2, 4, 9, 16)
+    for name in ("sdpa", "sdpa_causal"):
+        _check_rewrite(name, {"q": q, "k": k, "v": v}, {"scale": 0.3})
+
+
+def test_conv2d_bias_relu_rewrites_compute_conv_then_relu():
+    torch.manual_seed(0)
+    ins = {"x": _randn(2, 3, 8, 8), "w": _randn(5, 3, 3, 3), "b": _randn(5)}
+    caps = {"stride": [1, 2], "padding": [1, 0], "dilation": [1, 1], "groups": 1}
+    for name in ("conv2d_bias_relu", "conv2d_bias_relu_inplace"):
+        _check_rewrite(name, ins, caps, replacement_dtype=torch.float32, atol=1e-5)
+
+
 # --- the patterns in the compiler ---
 
 U32 = 2.0 ** -24  # float32 unit roundoff
