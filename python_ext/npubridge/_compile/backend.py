@@ -142,7 +142,7 @@ def _maybe_graphed(record, kind, compiled, example_inputs):
         record.reduce_overhead = "not used: this build has no npubridge._graphs.graphed_callable"
         return compiled
     record.reduce_overhead = "replayed (npubridge._graphs.graphed_callable)"
-    return _Replayed(compiled, _graphs.graphed_callable)
+    return _Replayed(compiled, _graphs.graphed_callable, record)
 
 
 class _Replayed:
@@ -152,12 +152,18 @@ class _Replayed:
     warms up and captures on copies of the first call's inputs, then copies
     each call's inputs in and returns clones of the outputs)."""
 
-    def __init__(self, compiled, graphed_callable):
-        self.compiled, self._graphed_callable, self.graphed = compiled, graphed_callable, None
+    def __init__(self, compiled, graphed_callable, record):
+        self.compiled, self._graphed_callable, self.record = compiled, graphed_callable, record
+        self.graphed = None
 
     def __call__(self, *args):
         if self.graphed is None:
-            self.graphed = self._graphed_callable(self.compiled, list(args))
+            try:
+                self.graphed = self._graphed_callable(self.compiled, list(args))
+            except Exception as err:  # noqa: BLE001 - a graph that cannot be captured runs as the program
+                # (a host fallback, a sync inside the graph ...: the capture names it)
+                self.graphed = self.compiled
+                self.record.reduce_overhead = f"not used: the capture failed: {str(err).splitlines()[0]}"
         return self.graphed(*args)
 
     def summary(self):
