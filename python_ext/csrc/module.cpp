@@ -34,7 +34,7 @@ using namespace npub;
 namespace npub::torch_backend {
 void bind_fusion_patterns(py::module& m);  // graph/fusion_pattern_bindings.cpp
 void bind_graph(py::module& m);            // graph/graph_bindings.cpp
-void bind_npu_graph(py::module& m);  // runtime/npu_graph_bindings.cpp
+void bind_npu_graph(py::module& m);        // runtime/npu_graph_bindings.cpp
 }  // namespace npub::torch_backend
 
 PYBIND11_MODULE(_C, m) {
