@@ -85,8 +85,14 @@ class NpuSession final : public libkineto::IActivityProfilerSession {
       a.log(logger);
     }
   }
-  std::unique_ptr<libkineto::DeviceInfo> getDeviceInfo() override { return nullptr; }
-  std::vector<libkineto::ResourceInfo> getResourceInfos() override { return {}; }
+  // The track's name in Perfetto (kineto asks once per session: the first
+  // device's; the slices of others land on their own pid, unnamed).
+  std::unique_ptr<libkineto::DeviceInfo> getDeviceInfo() override {
+    return std::make_unique<libkineto::DeviceInfo>(libkineto::DeviceInfo{0, 0, "npu", "npu:0 (npubridge)"});
+  }
+  std::vector<libkineto::ResourceInfo> getResourceInfos() override {
+    return {libkineto::ResourceInfo{0, 0, 0, "kernels (inline, stream order)"}};
+  }
   std::unique_ptr<libkineto::CpuTraceBuffer> getTraceBuffer() override { return nullptr; }
 
  private:
