@@ -14,6 +14,7 @@
 #include "runtime/allocator.h"
 #include "runtime/npu_runtime.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace npub::torch_backend {
@@ -384,8 +385,9 @@ void Program::set_input_last_use(const std::vector<int64_t>& last_use) {
 }
 
 std::vector<at::Tensor> Program::run(std::vector<at::Tensor> inputs) {
-  TORCH_CHECK(!running_, "compiled graph: called again while it runs (a compiled graph is not reentrant)");
-  running_ = true;
+  TORCH_CHECK(
+      !running_.exchange(true),
+      "compiled graph: called again while it runs (a program's slots are its own: one run at a time)");
   struct Done {
     Program& p;
     ~Done() {

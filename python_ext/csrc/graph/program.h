@@ -12,6 +12,7 @@
 
 #include <npubridge/dispatcher/dispatcher.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -107,7 +108,7 @@ class Program {
   std::vector<std::vector<int64_t>> release_after_;    // per step: graph inputs read for the last time
   int64_t arena_bytes_;
   bool keep_arena_;
-  bool running_ = false;
+  std::atomic<bool> running_{false};
   c10::Storage arena_;
   std::vector<StepInfo> info_;
 };
