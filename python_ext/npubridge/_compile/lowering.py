@@ -59,6 +59,15 @@ _SCALAR_AS_TENSOR = {
     "aten::add.Scalar": torch.ops.aten.add.Tensor, "aten::sub.Scalar": torch.ops.aten.sub.Tensor,
     "aten::mul.Scalar": torch.ops.aten.mul.Tensor, "aten::div.Scalar": torch.ops.aten.div.Tensor,
 }
+# Note [The overrideable convolutions, lowered]
+# On a backend without a native convolution ATen sends aten.convolution to
+# convolution_overrideable (its backward to convolution_backward_overrideable,
+# whose schema lacks bias_sizes), which the plugins serve; the lowering takes
+# that route directly (argument indices kept, bias_sizes dropped).
+_CONV_ROUTES = {
+    "aten::convolution": (torch.ops.aten.convolution_overrideable.default, ()),
+    "aten::convolution_backward": (torch.ops.aten.convolution_backward_overrideable.default, (3,)),
+}
 # Ops that copy or convert their input: made once at lowering when every
 # tensor flowing in is a constant (lift_fresh_copy of a lifted constant).
 _FOLDABLE_ON_CONSTANTS = {"aten::lift_fresh_copy", "aten::_to_copy", "aten::clone"}
@@ -291,6 +300,10 @@ class _Lowering:
         if name in _SCALAR_AS_TENSOR:
             op = _SCALAR_AS_TENSOR[name]
             name = _name(op)
+        elif name in _CONV_ROUTES and _name(_CONV_ROUTES[name][0]) in self.direct:
+            op, dropped = _CONV_ROUTES[name]
+            name = _name(op)
+            args = [a for i, a in enumerate(args) if i not in dropped]
         schema = op._schema
         if schema.is_mutable:
             # copy_ into a graph input (AOTAutograd's input mutations) and

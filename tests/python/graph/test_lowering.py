@@ -374,6 +374,37 @@ def test_boxed_call_drops_each_input_after_its_last_use():
     assert boxed <= unboxed - mib + 1024 * 4, (boxed, unboxed)
 
 
+def test_convolution_forward_and_backward_on_the_overrideable_kernels():
+    # Note [The overrideable convolutions, lowered]: the route ATen takes on
+    # a backend without a native convolution, taken directly.
+    def f(x, w, b):
+        y = torch.nn.functional.conv2d(x, w, b, padding=1)
+        return (torch.nn.functional.max_pool2d(torch.relu(y), 2),)
+
+    summaries = []
+
+    def compiler(gm, example_inputs):
+        c = lower(gm, example_inputs)
+        summaries.append(c.summary())
+        return c.boxed_fn()
+
+    g = torch.Generator().manual_seed(11)
+    base = [torch.randn(2, 3, 8, 8, generator=g), torch.randn(4, 3, 3, 3, generator=g), torch.randn(4, generator=g)]
+    leaves = [t.to(DEV).requires_grad_() for t in base]
+    out = aot_function(f, fw_compiler=compiler, bw_compiler=compiler)(*leaves)[0]
+    out.sum().backward()
+    eager = [t.to(DEV).requires_grad_() for t in base]
+    ref = f(*eager)[0]
+    ref.sum().backward()
+    assert _same(out.detach(), ref.detach())
+    for a, e in zip(leaves, eager):
+        assert _same(a.grad, e.grad)
+    ops = {n["target"]: n["kernel_op"] for s in summaries for n in s["nodes"] if n["kind"] == "kernel"}
+    assert ops["aten.convolution.default"] == "aten::convolution_overrideable"
+    assert ops["aten.convolution_backward.default"] == "aten::convolution_backward_overrideable"
+    assert all(s["fallbacks"] == 0 for s in summaries), [s["nodes"] for s in summaries]
+
+
 def test_factory_without_inputs_is_a_constant():
     def f(x):
         return (x * torch.full((3,), 2.5, device=DEV) + torch.scalar_tensor(1.0, device=DEV),)
