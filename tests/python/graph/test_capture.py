@@ -202,3 +202,15 @@ def test_index_copy_kernel_matches_the_cpu():
     assert torch.equal(got, base.clone().index_copy_(2, idx, src))
     stats = npubridge.stats()
     assert stats["aten::index_copy.out"]["fallbacks"] == 0
+
+
+def test_a_resize_inside_a_capture_records_the_storage_copy():
+    x = torch.arange(4.0, device="npu")
+    g = torch.npu.NPUGraph()
+    with torch.npu.graph(g):
+        t = x * 2.0
+        t.resize_(1024)  # a new storage: the old bytes move at replay, after `x * 2` wrote them
+        head = t[:4] + 0.0
+    x.add_(1.0)
+    g.replay()
+    assert torch.equal(head.cpu(), (torch.arange(4.0) + 1) * 2)
