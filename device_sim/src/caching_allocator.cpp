@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -110,9 +111,91 @@ size_t CachingAllocator::segment_size_for(size_t rounded) {
   return (rounded + kRound - 1) / kRound * kRound;
 }
 
+namespace {
+// Note [Private pools]: the calling thread's routes, (allocator, pool id).
+// Empty on every thread that is not capturing: one test on the hot path.
+struct PoolRoute {
+  const CachingAllocator* allocator;
+  uint64_t pool;
+};
+thread_local std::vector<PoolRoute> tls_pool_routes;
+}  // namespace
+
+uint64_t CachingAllocator::new_pool_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
+
+void CachingAllocator::retain_pool(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++pool_holders_[id];
+}
+
+void CachingAllocator::release_pool(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pool_holders_.find(id);
+  if (it == pool_holders_.end())
+    throw Error(ErrorCode::kInvalidArgument, "npu:" + std::to_string(device_index_) +
+                                                 " caching allocator: release of private pool " +
+                                                 std::to_string(id) + ", which no graph holds");
+  if (--it->second > 0) return;
+  pool_holders_.erase(it);
+  const void* key = pool_key(id);
+  for (Pool* pool : {&small_pool_, &large_pool_}) {
+    for (auto b = pool->begin(); b != pool->end();) {
+      if ((*b)->stream == key && (*b)->prev == nullptr && (*b)->next == nullptr) {
+        Block* whole = *b;
+        b = pool->erase(b);
+        release_segment(whole);
+      } else {
+        ++b;
+      }
+    }
+  }
+}
+
+bool CachingAllocator::held_pool_key(const void* key) const {
+  if (!is_pool_key(key)) return false;
+  return pool_holders_.count(reinterpret_cast<uintptr_t>(key) & ~kPoolKeyBit) != 0;
+}
+
+void CachingAllocator::begin_pool_route(uint64_t id) {
+  for (const PoolRoute& r : tls_pool_routes)
+    if (r.allocator == this)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "npu:" + std::to_string(device_index_) +
+                      " caching allocator: this thread already allocates into private pool " +
+                      std::to_string(r.pool) + " (one capture per thread and device)");
+  tls_pool_routes.push_back({this, id});
+}
+
+void CachingAllocator::end_pool_route() {
+  for (auto it = tls_pool_routes.begin(); it != tls_pool_routes.end(); ++it)
+    if (it->allocator == this) {
+      tls_pool_routes.erase(it);
+      return;
+    }
+}
+
+size_t CachingAllocator::pool_reserved_bytes(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const void* key = pool_key(id);
+  size_t bytes = 0;
+  auto count = [&](const Block* b) {
+    if (b->stream == key && b->prev == nullptr) bytes += b->segment->size;
+  };
+  for (const Pool* pool : {&small_pool_, &large_pool_})
+    for (const Block* b : *pool) count(b);
+  for (const auto& entry : live_) count(entry.second);
+  return bytes;
+}
+
 void* CachingAllocator::allocate(size_t bytes, const void* stream) {
   fork_guard_.check([&] { return "npu:" + std::to_string(device_index_) + "'s caching allocator"; });
   if (bytes == 0) return nullptr;
+  if (!tls_pool_routes.empty())
+    for (const PoolRoute& r : tls_pool_routes)
+      if (r.allocator == this) stream = pool_key(r.pool);
   std::lock_guard<std::mutex> lock(mu_);
   if (bytes > limit_) throw_oom(bytes);
   const size_t size = round_size(bytes);
@@ -257,6 +340,12 @@ void CachingAllocator::free(void* ptr) {
       drop_block(n);
     }
   }
+  // Note [Private pools]: a block of a pool nobody holds any longer gives
+  // its segment back once the segment is free.
+  if (is_pool_key(b->stream) && b->prev == nullptr && b->next == nullptr && !held_pool_key(b->stream)) {
+    release_segment(b);
+    return;
+  }
   pool_insert(pool, b);
 }
 
@@ -265,7 +354,9 @@ size_t CachingAllocator::release_cached_segments() {
   for (Pool* pool : {&small_pool_, &large_pool_}) {
     for (auto it = pool->begin(); it != pool->end();) {
       Block* b = *it;
-      if (b->prev == nullptr && b->next == nullptr) {  // the whole segment is free
+      // The whole segment is free, and no graph's recorded work uses it
+      // (Note [Private pools]).
+      if (b->prev == nullptr && b->next == nullptr && !held_pool_key(b->stream)) {
         it = pool->erase(it);
         released += b->size;
         release_segment(b);

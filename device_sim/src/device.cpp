@@ -1,4 +1,5 @@
 #include <npubridge/device_sim/device.h>
+#include <npubridge/device_sim/graph_capture.h>
 #include <npubridge/support/env.h>
 #include <npubridge/support/error.h>
 
@@ -115,6 +116,9 @@ void Device::set_current_stream(Stream& stream) {
 
 void Device::synchronize() {
   fork_guard_.check([&] { return "npu:" + std::to_string(index_); });
+  if (capture_checks_needed())
+    check_capture_allows(*this, "synchronize of npu:" + std::to_string(index_),
+                         "the host would wait for work the capture records instead of running", true);
   std::vector<Stream*> all;
   {
     std::lock_guard<std::mutex> lock(streams_mu_);

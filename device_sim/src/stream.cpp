@@ -1,3 +1,4 @@
+#include <npubridge/device_sim/graph_capture.h>
 #include <npubridge/device_sim/stream.h>
 #include <npubridge/support/error.h>
 
@@ -99,6 +100,9 @@ void Stream::run_worker() {
 
 void Stream::synchronize() {
   fork_guard_.check([&] { return name(); });
+  if (capture_checks_needed())
+    check_capture_allows(device_index_, "synchronize of " + name(),
+                         "the host would wait for work the capture records instead of running", true);
   std::unique_lock<std::mutex> lock(mu_);
   idle_cv_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
   if (error_) {
@@ -154,6 +158,11 @@ bool Event::query() const {
 
 void Event::synchronize() const {
   state_->fork_guard.check([] { return std::string("an npu event"); });
+  if (capturing_graph_any() != nullptr) {
+    Graph& g = *capturing_graph_any();
+    if (g.mode() != CaptureMode::kRelaxed)
+      g.forbid("event synchronize", "the host would wait for work the capture records instead of running");
+  }
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->completed >= state_->recorded; });
 }

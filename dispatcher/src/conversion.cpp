@@ -9,10 +9,14 @@
 // dtype on the call's device; written ones (Tensor(a!)) are copied back.
 #include "call_state.h"
 
+#include <npubridge/device_sim/graph_capture.h>
+
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/dispatcher.h>
+#include <npubridge/dispatcher/trace.h>
 #include <npubridge/support/error.h>
 
+#include <optional>
 #include <unordered_map>
 
 namespace npub {
@@ -66,7 +70,7 @@ void Dispatcher::run_staged(CallState& cs, const reg::Kernel& k, DType convert_f
       const DType to = converting && from == convert_from ? DType::kFloat32 : from;
       temps.push_back(Tensor::empty(std::vector<int64_t>(t->shape, t->shape + t->ndim), to, &dev));
       tmp = temps.back().dl();
-      sim::copy_tensor(*tmp, *t, &dev.compute());
+      sim::engine_copy(&dev, *tmp, *t, "op '" + cs.op->name() + "' (staging)");
       staged.emplace(t, tmp);
     }
     if (written) {
@@ -77,6 +81,15 @@ void Dispatcher::run_staged(CallState& cs, const reg::Kernel& k, DType convert_f
     return tmp;
   };
 
+  // Slices of their own for the profiler (trace.h): the staging of the
+  // inputs, the kernel (invoke_kernel's), the copies back.
+  auto slice_name = [&](bool back) {
+    if (!converting) return std::string(back ? "contiguous: copy back" : "contiguous: staged copies");
+    const std::string half = dtype_name(convert_from);
+    return "convert: " + (back ? "float32->" + half : half + "->float32");
+  };
+  std::optional<trace::Scope> staging(std::in_place, trace::Kind::kConversion,
+                                      [&] { return slice_name(false); });
   std::vector<NpubValue> args(cs.args, cs.args + cs.num_args);
   std::vector<std::vector<DLTensor*>> lists;
   lists.reserve(static_cast<size_t>(cs.num_args));
@@ -106,10 +119,13 @@ void Dispatcher::run_staged(CallState& cs, const reg::Kernel& k, DType convert_f
     }
   }
 
+  staging.reset();
   ConvertingOutputs outs(*cs.outputs, dev, converting);
   invoke_kernel(devices_, cs, k, args.data(), rets.data(), &outs);
+  const trace::Scope back(trace::Kind::kConversion, [&] { return slice_name(true); });
 
-  for (auto& [original, tmp] : write_back) sim::copy_tensor(*original, *tmp, &dev.compute());
+  for (auto& [original, tmp] : write_back)
+    sim::engine_copy(&dev, *original, *tmp, "op '" + cs.op->name() + "' (write back)");
   for (int32_t i = 0; i < cs.num_rets; ++i) {
     const auto ui = static_cast<size_t>(i);
     if (alias[ui] >= 0 || (cs.rets[i].tag == NPUB_VALUE_TENSOR))
@@ -120,7 +136,7 @@ void Dispatcher::run_staged(CallState& cs, const reg::Kernel& k, DType convert_f
     DLTensor* src = tmp.dl();
     DLTensor* final_out =
         cs.outputs->allocate(ret_index, cs.device, src->ndim, src->shape, to_dl(convert_from));
-    sim::copy_tensor(*final_out, *src, &dev.compute());
+    sim::engine_copy(&dev, *final_out, *src, "op '" + cs.op->name() + "' (converted output)");
     cs.rets[ret_index].tag = NPUB_VALUE_TENSOR;
     cs.rets[ret_index].u.tensor = final_out;
   }

@@ -1,10 +1,12 @@
 #include "call_state.h"
+#include "captured_kernel.h"
 #include "host_api.h"
 #include "overlap.h"
 
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/dispatcher.h>
 #include <npubridge/dispatcher/kernel_error.h>
+#include <npubridge/dispatcher/trace.h>
 #include <npubridge/support/env.h>
 #include <npubridge/support/error.h>
 #include <npubridge/support/shape.h>
@@ -531,58 +533,33 @@ void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs, con
   const int index = cs.device.device_type == NPUB_DEVICE_NPU ? cs.device.device_id : devices.current_device();
   sim::Device& dev = devices.at(index);
   sim::Stream& stream = dev.current_stream();
+  KernelLaunch launch;
+  launch.kernel = &k;
+  launch.op_name = &cs.op->name();
+  launch.device = &dev;
+  launch.stream = &stream;
+  launch.generator = ScopedCallGenerator::current();
+  launch.dl_device = cs.device;
+  // Note [Capture records instead of running] (graph_capture.h).
+  if (sim::Graph* graph = sim::capturing_graph(dev)) {
+    capture_kernel(*graph, cs, launch, args, rets, outputs);
+    return;
+  }
   if (!stream.query()) stream.synchronize();
-  NpubCallContext ctx;
-  static const NpubHostApi* const host = host_api();
-  ctx.head = NpubContextHead{NPUB_CONTEXT_HEAD_STRUCT_SIZE, host, k.user_data, cs.op->name().c_str()};
-  ctx.kernel = &k;
-  ctx.device = &dev;
-  ctx.stream = &stream;
-  ctx.generator = ScopedCallGenerator::current();
-  ctx.dl_device = cs.device;
-  ctx.rets = rets;
-  ctx.num_rets = cs.num_rets;
-  ctx.outputs = outputs;
-  struct Cleanup {
-    NpubCallContext& c;
-    ~Cleanup() {
-      for (void* p : c.scratch) c.device->free(p);
-      if (c.workspace != nullptr) c.device->free(c.workspace);
+  struct Workspace {
+    sim::Device& dev;
+    void* ptr = nullptr;
+    ~Workspace() {
+      if (ptr != nullptr) dev.free(ptr);
     }
-  } cleanup{ctx};
-  auto fail = [&](int32_t code, const std::string& msg) {
-    throw KernelError(
-        static_cast<ErrorCode>(
-            code >= NPUB_ERR_INVALID_ARGUMENT && code <= NPUB_ERR_INDEX ? code : NPUB_ERR_INTERNAL),
-        "op '" + cs.op->name() + "' failed in the kernel of plugin '" + k.plugin_name() + "': " + msg);
-  };
-  if (k.workspace_size != nullptr) {
-    uint64_t bytes = 0;
-    NpubError* e = k.workspace_size(k.user_data, args, cs.num_args, &bytes);
-    if (e != nullptr) {
-      int32_t code = 0;
-      std::string msg = consume_error(e, &code);
-      fail(code, "workspace query: " + msg);
-    }
-    if (bytes > 0) {
-      ctx.workspace = dev.allocate(bytes);
-      ctx.workspace_bytes = bytes;
-    }
+  } workspace{dev};
+  if (const uint64_t bytes = query_workspace(launch, args, cs.num_args); bytes > 0) {
+    workspace.ptr = launch.workspace = dev.allocate(bytes);
+    launch.workspace_bytes = bytes;
   }
   const uint64_t empty_before = empty_returns(rets, cs.num_rets);
-  NpubError* e = nullptr;
-  try {
-    e = k.fn(&ctx, args, cs.num_args, rets, cs.num_rets);
-  } catch (const std::exception& ex) {
-    fail(NPUB_ERR_INTERNAL, std::string("a C++ exception crossed the C ABI: ") + ex.what());
-  } catch (...) {
-    fail(NPUB_ERR_INTERNAL, "a C++ exception crossed the C ABI");
-  }
-  if (e != nullptr) {
-    int32_t code = 0;
-    std::string msg = consume_error(e, &code);
-    fail(code, msg);
-  }
+  const trace::Scope slice(trace::Kind::kKernel, [&] { return k.plugin_name() + ": " + cs.op->name(); });
+  call_kernel_fn(launch, args, cs.num_args, rets, cs.num_rets, outputs);
   if (empty_before != 0) check_kernel_returns(cs, k, args, rets, empty_before);
   const_cast<reg::Kernel&>(k).calls.fetch_add(1, std::memory_order_relaxed);
 }
@@ -622,7 +599,8 @@ void Dispatcher::call(const OpHandle& handle, const NpubValue* args, int32_t num
     if (k == nullptr) {
       run_fallback(cs, nullptr);
     } else if (precision_enabled_.load(std::memory_order_relaxed) && has_fallback() &&
-               cs.overlap == Overlap::kNone) {  // the reference would read what the kernel wrote
+               cs.overlap == Overlap::kNone &&  // the reference would read what the kernel wrote
+               !sim::thread_is_capturing()) {   // a capture records: there is nothing to compare
       check_precision(cs, *k, convert_from);
     } else {
       run_kernel(cs, *k, convert_from);
@@ -741,6 +719,11 @@ const std::string& Dispatcher::fallback_reason() { return tls_fallback_reason; }
 
 void Dispatcher::run_fallback(CallState& cs, const char* reason) {
   const std::string why = reason != nullptr ? std::string(reason) : explain_no_kernel(*this, cs);
+  if (sim::capture_checks_needed() && cs.device.device_type == NPUB_DEVICE_NPU)
+    if (sim::Graph* graph = sim::capturing_graph(devices_.at(cs.device.device_id)))
+      graph->forbid("op '" + cs.op->name() + "'",
+                    "it would fall back to the host framework (" + why +
+                        "), which a replay cannot run; a capture runs plugin kernels only");
   if (fallback_mode_.load(std::memory_order_relaxed) == FallbackMode::kError)
     throw Error(ErrorCode::kUnsupported,
                 "op '" + cs.op->name() + "' is not supported on " + device_str(cs.device) + ": " + why +
@@ -760,7 +743,10 @@ void Dispatcher::run_fallback(CallState& cs, const char* reason) {
     explicit Reason(const std::string& why) : outer(std::exchange(tls_fallback_reason, why)) {}
     ~Reason() { tls_fallback_reason = std::move(outer); }
   } scoped_reason(why);
-  fn(*cs.op, cs.args, cs.num_args, cs.rets, cs.num_rets, *cs.outputs);
+  {
+    const trace::Scope slice(trace::Kind::kFallback, [&] { return "fallback: " + cs.op->name(); });
+    fn(*cs.op, cs.args, cs.num_args, cs.rets, cs.num_rets, *cs.outputs);
+  }
   // Counted and reported once the host served it: a host with no
   // implementation of the op (a plugin's own op) raises its own error
   // instead, and nothing fell back.
@@ -814,7 +800,8 @@ void Dispatcher::run_kernel(CallState& cs, const reg::Kernel& k, DType convert_f
     else
       invoke_kernel(devices_, cs, k, cs.args, cs.rets, cs.outputs);
   } catch (const Error& e) {
-    if (e.code() != ErrorCode::kUnsupported || !has_fallback()) throw;
+    if (e.code() != ErrorCode::kUnsupported || !has_fallback() || dynamic_cast<const sim::CaptureError*>(&e))
+      throw;
     saved.restore(cs.rets);
     run_fallback(cs, e.what());
   }

@@ -439,6 +439,33 @@ NpubError* define_derivative(NpubRegistrar* r, const char* op_name, const char* 
   return nullptr;
 }
 
+// Parses and checks fusion patterns (NpubHostApi.register_fusion_pattern,
+// ABI 1.5); they are staged and committed with the rest of the plugin.
+NpubError* register_fusion_pattern(NpubRegistrar* r, const char* text) {
+  if (r == nullptr)
+    return make_error(NPUB_ERR_INVALID_ARGUMENT, "register_fusion_pattern: registrar is NULL");
+  if (!r->open) return registration_error(r, "register_fusion_pattern called after initialize returned");
+  if (text == nullptr) return registration_error(r, "register_fusion_pattern: text is NULL");
+  const std::string origin =
+      "register_fusion_pattern (plugin '" + (r->plugin ? r->plugin->name : std::string("host")) + "')";
+  try {
+    std::vector<reg::FusionPattern> parsed = reg::parse_fusion_patterns(text, origin);
+    for (auto& p : parsed) {
+      reg::check_fusion_pattern(p, origin,
+                                [&](const std::string& op) { return staged_or_registered_schema(r, op); });
+      for (const auto& q : r->fusion_patterns)
+        if (q.name == p.name)
+          throw reg::FusionPatternError(origin + ", line " + std::to_string(p.line) + ", pattern '" + p.name +
+                                        "': the plugin registers a pattern of this name twice");
+      p.plugin = r->plugin ? r->plugin->name : "";
+    }
+    for (auto& p : parsed) r->fusion_patterns.push_back(std::move(p));
+  } catch (const reg::FusionPatternError& e) {
+    return registration_error(r, e.what());
+  }
+  return nullptr;
+}
+
 void* kernel_user_data(NpubCallContext* ctx) { return ctx->kernel->user_data; }
 int32_t device_index(NpubCallContext* ctx) { return ctx->dl_device.device_id; }
 NpubStream* current_stream(NpubCallContext* ctx) { return reinterpret_cast<NpubStream*>(ctx->stream); }
@@ -533,6 +560,7 @@ const NpubHostApi kHostApi = {
     &set_output_meta,
     &define_derivative,        // \since 1.2
     &register_meta_with_data,  // \since 1.4
+    &register_fusion_pattern,  // \since 1.5
 };
 
 }  // namespace

@@ -26,6 +26,7 @@ struct NpubRegistrar {
   std::vector<std::string> kernel_ops;                                     // op name of each staged kernel
   std::vector<std::pair<std::string, npub::reg::MetaFunction>> metas;      // \since 1.2 (plugin unset)
   std::vector<std::pair<std::string, npub::reg::Derivative>> derivatives;  // \since 1.2
+  std::vector<npub::reg::FusionPattern> fusion_patterns;                   // \since 1.5
   std::string first_error;                                                 // sticky: the plugin is rejected
   bool open = true;                                                        // false once initialize returned
 };

@@ -274,6 +274,7 @@ LoadResult PluginLoader::load(const std::string& path, bool from_directory) {
     batch.metas.back().second.plugin = record;
   }
   batch.derivatives = std::move(registrar.derivatives);
+  batch.fusion_patterns = std::move(registrar.fusion_patterns);
   const size_t num_schemas = batch.schemas.size(), num_kernels = batch.kernels.size();
   try {
     registry_.commit(std::move(batch));

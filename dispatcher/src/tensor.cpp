@@ -1,4 +1,5 @@
 #include <npubridge/device_sim/copy_engine.h>
+#include <npubridge/device_sim/graph_capture.h>
 #include <npubridge/dispatcher/tensor.h>
 #include <npubridge/support/error.h>
 #include <npubridge/support/shape.h>
@@ -79,6 +80,8 @@ Tensor Tensor::from_values(const std::vector<int64_t>& shape, DType dtype, const
     throw Error(ErrorCode::kInvalidArgument, "Tensor::from_values: expected " + std::to_string(t.numel()) +
                                                  " values for shape " + t.shape_string() + " but found " +
                                                  std::to_string(values.size()));
+  if (device != nullptr && sim::capture_checks_needed())
+    sim::check_capture_allows(*device, "Tensor::from_values", "a copy from host to device memory");
   sim::write_doubles(*t.dl(), values);
   return t;
 }
@@ -104,11 +107,16 @@ Tensor Tensor::as_strided(const std::vector<int64_t>& shape, const std::vector<i
 
 Tensor Tensor::to(sim::Device* device, DType dtype) const {
   Tensor out = empty(impl_->shape, dtype, device);
-  sim::copy_tensor(*out.dl(), impl_->dl, device != nullptr ? &device->compute() : nullptr);
+  sim::engine_copy(device != nullptr ? device : impl_->storage->device, *out.dl(), impl_->dl, "Tensor::to");
   return out;
 }
 
-std::vector<double> Tensor::to_doubles() const { return sim::read_doubles(impl_->dl); }
+std::vector<double> Tensor::to_doubles() const {
+  if (impl_->storage->device != nullptr && sim::capture_checks_needed())
+    sim::check_capture_allows(*impl_->storage->device, "Tensor::to_doubles",
+                              "a copy from device to host memory");
+  return sim::read_doubles(impl_->dl);
+}
 
 std::string Tensor::shape_string() const {
   return shape_str(impl_->shape.data(), static_cast<int>(impl_->shape.size()));

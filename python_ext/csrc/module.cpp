@@ -31,9 +31,17 @@
 namespace py = pybind11;
 using namespace npub;
 
+namespace npub::torch_backend {
+void bind_fusion_patterns(py::module& m);  // graph/fusion_pattern_bindings.cpp
+void bind_graph(py::module& m);            // graph/graph_bindings.cpp
+void bind_npu_graph(py::module& m);        // runtime/npu_graph_bindings.cpp
+}  // namespace npub::torch_backend
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "npubridge: PyTorch on the simulated NPU through acceleration-library plugins";
   m.def("_init", &npub::torch_backend::init);
+  npub::torch_backend::bind_graph(m);
+  npub::torch_backend::bind_npu_graph(m);
   // The npu's DLPack device type (npubridge/_dlpack.py).
   m.attr("DLPACK_DEVICE_TYPE") = static_cast<int>(NPUB_DEVICE_NPU);
   // Note [A forked child cannot use the npu] (device_sim/src/fork_guard.cpp):
@@ -359,4 +367,5 @@ PYBIND11_MODULE(_C, m) {
     }
     return out;
   });
+  npub::torch_backend::bind_fusion_patterns(m);
 }

@@ -52,6 +52,7 @@ sdpa_stats = _sdpa.sdpa_stats
 reset_sdpa_stats = _sdpa.reset_sdpa_stats
 
 from . import distributed  # noqa: E402,F401  (registers the torch.distributed backend "npu")
+from ._compile import compile, compile_report, register_fusion_pattern  # noqa: E402,F401  (Dynamo backend "npu")
 
 
 def _quiesce_at_exit():
@@ -80,7 +81,7 @@ torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module
 __all__ = [
     "plugins", "load_failures", "load_skipped", "stats", "reset_stats", "set_optim_level", "enable_plugin", "disable_plugin",
     "register_op", "unregister_op", "op_map", "precision_check", "precision_mismatches", "routed_ops",
-    "sdpa_stats", "reset_sdpa_stats",
+    "sdpa_stats", "reset_sdpa_stats", "compile", "compile_report", "register_fusion_pattern",
 ]
 
 

@@ -1,4 +1,4 @@
-"""python3 -m npubridge {plugins, ops [--plugin NAME], coverage, conformance} | --cmake-dir | --include-dir"""
+"""python3 -m npubridge {plugins, ops [--plugin NAME], coverage, conformance, graph} | --cmake-dir | --include-dir"""
 import argparse
 import os
 import sys
@@ -79,6 +79,9 @@ def main(argv=None) -> int:
     conf.add_argument("--report", default="", metavar="OUT.md")
     conf.add_argument("--json", default="", metavar="OUT.json")
     conf.add_argument("--max-samples", type=int, default=8, metavar="N", help="samples per op and dtype")
+    graph = sub.add_parser("graph", help="the fusion patterns torch.compile(backend='npu') tries, or --demo: "
+                           "one compiled training step of a small model and its compile report")
+    graph.add_argument("--demo", choices=["mlp", "llama"], default=None)
     args = parser.parse_args(argv)
     if args.cmake_dir or args.include_dir:
         from . import _author_kit
@@ -104,6 +107,10 @@ def main(argv=None) -> int:
         for name in sorted(routed["via_out"]):
             print(f"via-out  {name}")
         print("# every other ATen op falls back to the CPU")
+    elif args.command == "graph":
+        from ._compile import cli
+
+        return cli.main(args)
     elif args.command == "conformance" and args.plugin:
         return _plugin_conformance(args, argv)
     elif args.command == "conformance":

@@ -308,3 +308,16 @@ def _is_in_bad_fork() -> bool:
     CPU work is unaffected; device_count() still reports the devices, as
     torch.cuda.device_count() does in a bad fork."""
     return _init_error is None and _C._is_in_bad_fork()
+
+
+# Graph capture and replay (npubridge/_graphs.py); torch.accelerator.Graph
+# finds the same graph under the backend's renamed key.
+from ._graphs import (  # noqa: E402,F401
+    NPUGraph,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+    make_graphed_callables,
+)
+
+_C._register_graph_impl()

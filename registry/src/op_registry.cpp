@@ -232,6 +232,14 @@ void Registry::commit(Registrations batch) {
     }
     if (++derivatives_per_op[name] > 1) fail("op '" + name + "' is given two derivatives");
   }
+  if (const std::string c = fusion_patterns_.conflict(batch.fusion_patterns); !c.empty()) fail(c);
+  // A replacement's own ops must exist (checked while staging too); aten
+  // ops the registry lacks are PyTorch's (check_fusion_pattern).
+  std::function<void(const PatternArg&)> replacement_ops = [&](const PatternArg& a) {
+    if (a.kind == PatternArg::kCall && a.op.rfind("aten::", 0) != 0) known(a.op);
+    for (const auto& x : a.items) replacement_ops(x);
+  };
+  for (const auto& p : batch.fusion_patterns) replacement_ops(p.replacement);
 
   // 2. Apply; nothing below throws a conflict.
   for (const Schema& s : batch.schemas)
@@ -254,6 +262,16 @@ void Registry::commit(Registrations batch) {
     publish_list(op, dev, std::move(lists[op->name() + "#" + std::to_string(dev)]));
   for (auto& [name, m] : batch.metas) annotate_locked(find_locked(name), &m, nullptr);
   for (auto& [name, d] : batch.derivatives) annotate_locked(find_locked(name), nullptr, &d);
+  fusion_patterns_.add(std::move(batch.fusion_patterns));  // checked above
+}
+
+void Registry::add_fusion_patterns(std::vector<FusionPattern> patterns) {
+  std::lock_guard<std::mutex> lock(mu_);
+  try {
+    fusion_patterns_.add(std::move(patterns));
+  } catch (const FusionPatternError& e) {
+    throw Error(ErrorCode::kInvalidArgument, e.what());
+  }
 }
 
 void Registry::remove_plugin_kernels(const PluginRecord* plugin) {

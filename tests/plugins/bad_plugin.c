@@ -33,6 +33,8 @@
 #define MODE_META_UNDEFINED_OP 20
 #define MODE_CRASH_IN_INIT 21
 #define MODE_HANG_IN_INIT 22
+#define MODE_FUSION_PATTERN_SYNTAX 23
+#define MODE_FUSION_PATTERN_UNDEFINED_OP 24
 
 #ifndef BAD_MODE
 #error "BAD_MODE must be defined"
@@ -136,6 +138,18 @@ static NpubError* initialize(const NpubHostApi* host, NpubRegistrar* reg) {
       return host->define_derivative(reg, "bd::f", "self: bd::f_backward(grads[0], self, results[1])");
     case MODE_META_UNDEFINED_OP:
       return host->register_meta(reg, "nowhere::op", any_meta);
+    case MODE_FUSION_PATTERN_SYNTAX:
+      /* ABI 1.5: a malformed pattern rejects the plugin, and with it the
+       * op and kernel it registered first. */
+      if ((err = host->define_op(reg, "bfp::op(Tensor self) -> Tensor")) != NULL) return err;
+      d = make_desc("bfp::op");
+      if ((err = host->register_kernel(reg, &d)) != NULL) return err;
+      return host->register_fusion_pattern(reg,
+                                           "pattern fine\n  %a = aten::relu(%x)\n  => bfp::op(%a)\nend\n"
+                                           "pattern broken\n  %a = aten::relu(%x\n  => bfp::op(%a)\nend\n");
+    case MODE_FUSION_PATTERN_UNDEFINED_OP:
+      return host->register_fusion_pattern(reg,
+                                           "pattern p\n  %a = aten::relu(%x)\n  => nowhere::op(%a)\nend\n");
     case MODE_CRASH_IN_INIT:
       raise(SIGSEGV); /* as a wild pointer would */
       return NULL;

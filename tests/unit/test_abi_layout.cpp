@@ -48,9 +48,9 @@ NPUB_GOLDEN(NpubContextHead, user_data, 16);
 NPUB_GOLDEN(NpubContextHead, op_name, 24);
 
 // NpubHostApi grew in 1.1 (philox_reserve), 1.2 (register_meta,
-// set_output_meta, define_derivative) and 1.4 (register_meta_with_data);
-// the earlier parts are unchanged.
-static_assert(sizeof(NpubHostApi) == 176, "NpubHostApi v1.4 size");
+// set_output_meta, define_derivative), 1.4 (register_meta_with_data) and
+// 1.5 (register_fusion_pattern); the earlier parts are unchanged.
+static_assert(sizeof(NpubHostApi) == 184, "NpubHostApi v1.5 size");
 NPUB_GOLDEN(NpubHostApi, struct_size, 0);
 NPUB_GOLDEN(NpubHostApi, abi_major, 8);
 NPUB_GOLDEN(NpubHostApi, abi_minor, 12);
@@ -74,6 +74,7 @@ NPUB_GOLDEN(NpubHostApi, register_meta, 144);   // \since 1.2
 NPUB_GOLDEN(NpubHostApi, set_output_meta, 152);
 NPUB_GOLDEN(NpubHostApi, define_derivative, 160);
 NPUB_GOLDEN(NpubHostApi, register_meta_with_data, 168);  // \since 1.4
+NPUB_GOLDEN(NpubHostApi, register_fusion_pattern, 176);  // \since 1.5
 
 // The frozen per-version sizes readers check struct_size against.
 static_assert(NPUB_KERNEL_DESC_STRUCT_SIZE_1_0 == 84, "NpubKernelDesc 1.0 ends at min_opt_level");
@@ -81,6 +82,7 @@ static_assert(NPUB_HOST_API_STRUCT_SIZE_1_0 == 136, "NpubHostApi 1.0 ends at num
 static_assert(NPUB_HOST_API_STRUCT_SIZE_1_1 == 144, "NpubHostApi 1.1 ends at philox_reserve");
 static_assert(NPUB_HOST_API_STRUCT_SIZE_1_2 == 168, "NpubHostApi 1.2 ends at define_derivative");
 static_assert(NPUB_HOST_API_STRUCT_SIZE_1_4 == 176, "NpubHostApi 1.4 ends at register_meta_with_data");
+static_assert(NPUB_HOST_API_STRUCT_SIZE_1_5 == 184, "NpubHostApi 1.5 ends at register_fusion_pattern");
 static_assert(NPUB_KERNEL_DESC_STRUCT_SIZE_1_4 == 100, "NpubKernelDesc 1.4 ends at num_arg_dtypes");
 static_assert(NPUB_CONTEXT_HEAD_STRUCT_SIZE_1_4 == 32, "NpubContextHead 1.4 ends at op_name");
 static_assert(NPUB_PLUGIN_API_STRUCT_SIZE_1_0 == 48, "NpubPluginApi 1.0 ends at shutdown");
@@ -115,6 +117,6 @@ TEST(Abi, EnumValuesAreFixed) {
   EXPECT_EQ(NPUB_ARG_DTYPE_LISTED, 2);
   EXPECT_EQ(NPUB_DEVICE_NPU, kDLExtDev);
   EXPECT_EQ(NPUB_ABI_MAJOR, 1);
-  EXPECT_EQ(NPUB_ABI_MINOR, 4);
+  EXPECT_EQ(NPUB_ABI_MINOR, 5);
   EXPECT_STREQ(NPUB_PLUGIN_ENTRY_SYMBOL, "npub_plugin_init_v1");
 }

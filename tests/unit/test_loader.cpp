@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -47,6 +48,7 @@ TEST_P(BadPlugin, IsRejectedWithItsReasonAndTheHostKeepsWorking) {
   // Nothing of the rejected plugin stays registered.
   for (const reg::OpEntry* op : rt->registry().ops())
     for (const reg::Kernel* k : op->kernels(NPUB_DEVICE_NPU)) EXPECT_EQ(k->plugin_name(), "good_c");
+  EXPECT_TRUE(rt->registry().fusion_patterns().empty());  // a pattern staged before the error too
   ASSERT_EQ(rt->loader().plugins().size(), 1u);
   ASSERT_EQ(rt->loader().failures().size(), 1u);
   expect_host_still_works(*rt);
@@ -104,7 +106,13 @@ INSTANTIATE_TEST_SUITE_P(
                 "define_derivative for op 'bd::f' (\"self: bd::f_backward(grads[0], self, results[1])\"): "
                 "'results[1]' but the op has 1 returns"},
         BadCase{"npub_test_bad_meta_undefined_op",
-                "register_meta: op 'nowhere::op' is not defined; define its schema with define_op first"}),
+                "register_meta: op 'nowhere::op' is not defined; define its schema with define_op first"},
+        BadCase{"npub_test_bad_fusion_pattern_syntax",
+                "register_fusion_pattern (plugin 'bad_23'), line 6, pattern 'broken': expected ',' or ')' in "
+                "the argument list at the end of the line"},
+        BadCase{"npub_test_bad_fusion_pattern_undefined_op",
+                "register_fusion_pattern (plugin 'bad_24'), line 3, pattern 'p': the replacement op "
+                "'nowhere::op' is not defined (define it before its pattern)"}),
     [](const ::testing::TestParamInfo<BadCase>& info) {
       std::string name = info.param.file;
       name = name.substr(name.find_last_of('/') + 1);
@@ -228,6 +236,67 @@ TEST(Loader, OldMinorAndFuturePluginsBothLoad) {
   NpubValue fargs[] = {tensor_value(y.dl()), tensor_value(z.dl())};
   rt->dispatcher().call("future::copy", fargs, 2, rets, 1, nullptr);
   expect_values(z, {-1, 2, -3});
+}
+
+// ABI 1.5 appended register_fusion_pattern to NpubHostApi: a plugin built
+// against the 1.4 header (no such field) loads and runs as before, and one
+// built against 1.5 registers its pattern.
+TEST(Loader, AbiOneFourPluginLoadsOnAOneFiveHost) {
+  auto rt = make_runtime();
+  load_ok(*rt, test_plugin("npub_test_old_v1_4"));
+  EXPECT_EQ(rt->loader().plugin("old14")->abi_minor, 4u);
+  sim::Device* dev = &rt->devices().at(0);
+  Tensor x = Tensor::from_values({3}, DType::kFloat32, {1, -2, 3}, dev);
+  Tensor y = Tensor::empty({3}, DType::kFloat32, dev);
+  NpubValue args[] = {tensor_value(x.dl()), tensor_value(y.dl())};
+  NpubValue rets[1] = {};
+  rt->dispatcher().call("old14::twice", args, 2, rets, 1, nullptr);
+  expect_values(y, {2, -4, 6});
+  EXPECT_TRUE(rt->registry().fusion_patterns().empty());
+}
+
+TEST(Loader, AbiOneFivePluginRegistersAFusionPattern) {
+  auto rt = make_runtime();
+  load_ok(*rt, NPUB_TEST_FUSION_PLUGIN);
+  EXPECT_EQ(rt->loader().plugin("testfuse")->abi_minor, static_cast<uint32_t>(NPUB_ABI_MINOR));
+  const auto patterns = rt->registry().fusion_patterns();
+  ASSERT_EQ(patterns.size(), 1u);
+  EXPECT_EQ(patterns[0].name, "testfuse_gelu_mul");
+  EXPECT_EQ(patterns[0].plugin, "testfuse");
+  EXPECT_EQ(patterns[0].priority, 5);
+  ASSERT_EQ(patterns[0].nodes.size(), 2u);
+  EXPECT_EQ(patterns[0].nodes[0].op, "aten::gelu");
+  EXPECT_EQ(patterns[0].replacement.to_string(), "testfuse::gelu_mul(%a, %b)");
+  // The fused op runs: gelu(a) * b.
+  sim::Device* dev = &rt->devices().at(0);
+  Tensor a = Tensor::from_values({3}, DType::kFloat32, {-1, 0, 2}, dev);
+  Tensor b = Tensor::from_values({3}, DType::kFloat32, {3, 5, 0.5}, dev);
+  TensorOutputs outs(rt->devices());
+  NpubValue args[] = {tensor_value(a.dl()), tensor_value(b.dl())};
+  NpubValue rets[1] = {};
+  rt->dispatcher().call("testfuse::gelu_mul", args, 2, rets, 1, &outs);
+  auto gelu = [](double x) { return 0.5 * x * (1 + std::erf(x / std::sqrt(2.0))); };
+  // float32 evaluation of one erf and three products: a few ulp.
+  expect_values(outs[0], {gelu(-1) * 3, 0, gelu(2) * 0.5}, 1e-6);
+}
+
+TEST(Loader, InTreePluginsContributeTheStandardPatterns) {
+  auto rt = make_runtime();
+  load_ok(*rt, builtin_plugin("npub_cann_like"));
+  load_ok(*rt, builtin_plugin("npub_mindspeed_like"));
+  std::vector<std::string> names;
+  for (const auto& p : rt->registry().fusion_patterns()) names.push_back(p.plugin + ":" + p.name);
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "cann_like:conv2d_bias_relu", "cann_like:conv2d_bias_relu_inplace",
+                       "mindspeed_like:rms_norm_cast", "mindspeed_like:rms_norm",
+                       "mindspeed_like:add_rms_norm_cast", "mindspeed_like:add_rms_norm",
+                       "mindspeed_like:swiglu", "mindspeed_like:sdpa_causal", "mindspeed_like:sdpa"}));
+  // Every fused op a pattern rewrites to is differentiable.
+  for (const auto& p : rt->registry().fusion_patterns()) {
+    const reg::OpEntry* op = rt->registry().find(p.replacement.op);
+    ASSERT_NE(op, nullptr) << p.name;
+    EXPECT_NE(op->derivative(), nullptr) << p.replacement.op;
+  }
 }
 
 TEST(Loader, DefaultSearchOrderIsBuiltinThenPluginPath) {

@@ -47,7 +47,7 @@ extern "C" {
 /** Removing, retyping or reordering anything bumps the major version. */
 #define NPUB_ABI_MAJOR 1
 /** Appending a field or a function to a struct bumps the minor version. */
-#define NPUB_ABI_MINOR 4
+#define NPUB_ABI_MINOR 5
 
 /** The one symbol a plugin exports. Its name carries the major version. */
 #define NPUB_PLUGIN_ENTRY_SYMBOL "npub_plugin_init_v1"
@@ -523,6 +523,30 @@ typedef struct NpubHostApi {
    * valid until the plugin's `shutdown`. \since 1.4 */
   NpubError* (*register_meta_with_data)(NpubRegistrar* registrar, const char* op_name, NpubMetaFn fn,
                                         void* user_data);
+
+  /* --- \since 1.5 (check struct_size before use) --- */
+
+  /**
+   * Contributes fusion patterns: subgraphs a graph compiler (npubridge's
+   * torch.compile backend) rewrites to one of the plugin's fused ops. `text`
+   * holds one or more blocks (copied; the format is in docs/graph-mode.md,
+   * "Fusion patterns"):
+   *
+   *     pattern swiglu priority 10
+   *       %s = aten::silu(%a)
+   *       %y = aten::mul.Tensor(%s, %b)
+   *       => ns::fused_swiglu(%a, %b)
+   *     end
+   *
+   * Checked at once: the syntax, and every op of the replacement, which must
+   * be defined (by this plugin before the call, or already) and given an
+   * argument count its schema takes. Staged with the plugin's other
+   * registrations: a bad pattern rejects the plugin, with a message naming
+   * the pattern and its line. A graph compiler applies a pattern only where
+   * the replacement op has a kernel for the call and its meta function agrees
+   * with the matched output. Only from inside `initialize`. \since 1.5
+   */
+  NpubError* (*register_fusion_pattern)(NpubRegistrar* registrar, const char* text);
 } NpubHostApi;
 
 /* ------------------------------------------------------------------------ */
@@ -575,6 +599,7 @@ typedef const NpubPluginApi* (*NpubPluginInitFn)(void);
 #define NPUB_HOST_API_STRUCT_SIZE_1_1 NPUB_STRUCT_SIZE(NpubHostApi, philox_reserve)
 #define NPUB_HOST_API_STRUCT_SIZE_1_2 NPUB_STRUCT_SIZE(NpubHostApi, define_derivative)
 #define NPUB_HOST_API_STRUCT_SIZE_1_4 NPUB_STRUCT_SIZE(NpubHostApi, register_meta_with_data)
+#define NPUB_HOST_API_STRUCT_SIZE_1_5 NPUB_STRUCT_SIZE(NpubHostApi, register_fusion_pattern)
 /** NpubContextHead as ABI 1.4 defined it. */
 #define NPUB_CONTEXT_HEAD_STRUCT_SIZE_1_4 NPUB_STRUCT_SIZE(NpubContextHead, op_name)
 /** NpubPluginApi as ABI 1.0 defined it (unchanged through 1.3). */
@@ -584,7 +609,7 @@ typedef const NpubPluginApi* (*NpubPluginInitFn)(void);
  * current version's size, without tail padding (a reader must never take
  * padding for a field a later version appended there). */
 #define NPUB_KERNEL_DESC_STRUCT_SIZE NPUB_KERNEL_DESC_STRUCT_SIZE_1_4
-#define NPUB_HOST_API_STRUCT_SIZE NPUB_HOST_API_STRUCT_SIZE_1_4
+#define NPUB_HOST_API_STRUCT_SIZE NPUB_HOST_API_STRUCT_SIZE_1_5
 #define NPUB_CONTEXT_HEAD_STRUCT_SIZE NPUB_CONTEXT_HEAD_STRUCT_SIZE_1_4
 #define NPUB_PLUGIN_API_STRUCT_SIZE NPUB_PLUGIN_API_STRUCT_SIZE_1_0
 

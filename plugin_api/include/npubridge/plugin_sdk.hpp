@@ -693,6 +693,21 @@ class Registrar {
                 host_->struct_size >= offsetof(NpubHostApi, define_derivative) + sizeof(void*));
     check(host_->define_derivative(reg_, op, formula));
   }
+  // Contributes fusion patterns for a graph compiler (ABI 1.5); see
+  // NpubHostApi.register_fusion_pattern and docs/graph-mode.md. Call it
+  // after defining the ops its replacements use.
+  void fusion_pattern(const char* text) {
+    if (host_->struct_size < NPUB_HOST_API_STRUCT_SIZE_1_5 || host_->register_fusion_pattern == nullptr)
+      throw Error(NPUB_ERR_ABI,
+                  "register_fusion_pattern needs a host with plugin ABI 1.5; this one implements 1." +
+                      std::to_string(host_->abi_minor));
+    check(host_->register_fusion_pattern(reg_, text));
+  }
+  // Whether the host takes fusion patterns (ABI 1.5): a plugin that also
+  // loads into older hosts skips its patterns there.
+  bool has_fusion_patterns() const {
+    return host_->struct_size >= NPUB_HOST_API_STRUCT_SIZE_1_5 && host_->register_fusion_pattern != nullptr;
+  }
   KernelBuilder kernel(std::string op, KernelBody body) { return {this, std::move(op), body}; }
   // def(schema) and kernel(op, body) in one, the op being the schema's name
   // (the text before its '('):

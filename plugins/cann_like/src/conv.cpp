@@ -370,6 +370,47 @@ void conv2d_bias_relu(Call& call) {
   conv_forward(call, cc.g, x.data<float>(), wt.data<float>(), bias.data<float>(), out.data<float>(), true);
 }
 
+// cann_like::conv2d_bias_relu_backward(grad, result, input, weight, stride, padding, dilation, groups)
+//     -> (grad_input, grad_weight, grad_bias)
+// The derivative of conv2d_bias_relu: relu's mask from the forward's result
+// (as PyTorch's threshold_backward: `result <= 0 ? 0 : grad`), then the
+// convolution's backward. Declares the returns (also the meta function).
+ConvCall conv2d_bias_relu_backward_outputs(Call& call, TensorRef* gi, TensorRef* gw, TensorRef* gb) {
+  TensorRef go = call.tensor(0), res = call.tensor(1), x = call.tensor(2), wt = call.tensor(3);
+  if (x.dim() != 4)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "input: expected a 4-d (N, C, H, W) tensor but found a " + std::to_string(x.dim()) + "-d one");
+  const ConvCall cc = conv_geometry(call, x, wt, call.int_list(4), call.int_list(5), call.int_list(6), false,
+                                    {0}, call.int_arg(7));
+  check_out(call, go, cc.out_shape, "grad");
+  check_out(call, res, cc.out_shape, "result");
+  *gi = call.output(0, x.sizes(), x.dtype());
+  *gw = call.output(1, wt.sizes(), wt.dtype());
+  *gb = call.output(2, {cc.g.oc}, x.dtype());
+  return cc;
+}
+
+void conv2d_bias_relu_backward_meta(Call& call) {
+  TensorRef gi, gw, gb;
+  conv2d_bias_relu_backward_outputs(call, &gi, &gw, &gb);
+}
+
+void conv2d_bias_relu_backward(Call& call) {
+  TensorRef go = call.tensor(0), res = call.tensor(1), x = call.tensor(2), wt = call.tensor(3);
+  require_f32(call, {{go, "grad"}, {res, "result"}, {x, "input"}, {wt, "weight"}});
+  TensorRef gi, gw, gb;
+  const ConvCall cc = conv2d_bias_relu_backward_outputs(call, &gi, &gw, &gb);
+  const int64_t n = go.numel();
+  std::vector<float> masked(static_cast<size_t>(n));
+  const float *gp = go.data<float>(), *rp = res.data<float>();
+  call.parallel_for(0, n, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) masked[static_cast<size_t>(i)] = rp[i] <= 0.0f ? 0.0f : gp[i];
+  });
+  conv_input_grad(call, cc.g, masked.data(), wt.data<float>(), gi.data<float>());
+  conv_weight_grad(call, cc.g, x.data<float>(), masked.data(), gw.data<float>());
+  channel_sums(masked.data(), cc.g.n, cc.g.oc, plane_of(cc.out_shape), gb.data<float>());
+}
+
 // aten::convolution_backward_overrideable(grad_output, input, weight, stride, padding,
 //     dilation, transposed, output_padding, groups, bool[3] output_mask)
 //     -> (grad_input, grad_weight, grad_bias)
@@ -426,6 +467,21 @@ void register_conv(npub::sdk::Registrar& r) {
       .contiguous_only()
       .opt_level(2);
   r.meta<&conv2d_bias_relu_meta>("cann_like::conv2d_bias_relu");
+  r.op("cann_like::conv2d_bias_relu_backward(Tensor grad, Tensor result, Tensor input, Tensor weight, int[2] "
+       "stride=1, int[2] padding=0, int[2] dilation=1, int groups=1) -> (Tensor grad_input, Tensor "
+       "grad_weight, "
+       "Tensor grad_bias)",
+       &conv2d_bias_relu_backward)
+      .dtypes({kFloat32})
+      .contiguous_only()
+      .opt_level(2);
+  r.meta<&conv2d_bias_relu_backward_meta>("cann_like::conv2d_bias_relu_backward");
+  // Training through the fused op (a graph compiler's conv2d + relu rewrite,
+  // plugins/cann_like/src/fusion_patterns.cpp) takes the plugin's backward.
+  r.derivative(
+      "cann_like::conv2d_bias_relu",
+      "input, weight, bias: cann_like::conv2d_bias_relu_backward(grad, result, input, weight, stride, "
+      "padding, dilation, groups)");
 }
 
 }  // namespace cann_like

@@ -20,5 +20,6 @@ void register_conv(npub::sdk::Registrar& r);
 void register_pooling(npub::sdk::Registrar& r);
 void register_random(npub::sdk::Registrar& r);
 void register_rnn(npub::sdk::Registrar& r);
+void register_fusion_patterns(npub::sdk::Registrar& r);  // ABI 1.5 fusion patterns (fusion_patterns.cpp)
 
 }  // namespace cann_like

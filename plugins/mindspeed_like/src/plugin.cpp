@@ -16,6 +16,7 @@ void init(npub::sdk::Registrar& r) {
   mindspeed_like::register_rotary(r);
   mindspeed_like::register_matmul_add(r);
   mindspeed_like::register_attention(r);
+  mindspeed_like::register_fusion_patterns(r);  // last: the patterns name the ops above
 }
 
 }  // namespace

@@ -1,6 +1,10 @@
 // A call's IValues as NpubValues (see boxing.h).
 #include "aten/boxing.h"
 
+#include <npubridge/device_sim/graph_capture.h>
+
+#include "runtime/npu_graph.h"
+
 namespace npub::torch_backend {
 
 size_t count_tensors(c10::ArrayRef<c10::IValue> args) {
@@ -22,7 +26,9 @@ NpubValue box(const c10::IValue& v, Boxed& b, c10::DeviceIndex device, bool meta
       return &b.views.back().dl;
     }
     if (t.device().is_cpu() && t.dim() == 0) {
-      t = t.to(at::Device(c10::DeviceType::PrivateUse1, device));
+      // Note [Captured constants] (runtime/npu_graph.h).
+      t = sim::thread_is_capturing() ? capture_constant(t, device)
+                                     : t.to(at::Device(c10::DeviceType::PrivateUse1, device));
       b.keep.push_back(t);
     }
     TORCH_INTERNAL_ASSERT(b.views.size() < b.views.capacity(), "npubridge: tensor views were not reserved");

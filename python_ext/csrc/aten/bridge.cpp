@@ -4,6 +4,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <npubridge/device_sim/graph_capture.h>
 #include <npubridge/dispatcher/kernel_error.h>
 #include <npubridge/support/error.h>
 
@@ -49,7 +50,12 @@ namespace {
 // Runs `target` (an op of the registry) on the given IValue arguments and
 // leaves its results on `stack` (which must not hold the arguments; null:
 // the caller needs no results).
-void run_on_dispatcher(const OpHandle& target, c10::ArrayRef<c10::IValue> args, torch::jit::Stack* stack) {
+//
+// `preallocated`: tensors for the returns, made by the caller (Note [A
+// capture allocates results up front]); undefined ones the kernel
+// allocates.
+void run_on_dispatcher(const OpHandle& target, c10::ArrayRef<c10::IValue> args, torch::jit::Stack* stack,
+                       const std::vector<at::Tensor>* preallocated = nullptr) {
   const c10::DeviceIndex device = call_device(args);
   c10::OptionalDeviceGuard guard;
   if (device != current_index()) guard.reset_device(at::Device(c10::DeviceType::PrivateUse1, device));
@@ -71,6 +77,15 @@ void run_on_dispatcher(const OpHandle& target, c10::ArrayRef<c10::IValue> args, 
     rets = rets_big.data();
   }
   for (size_t i = 0; i < returns.size(); ++i) rets[i] = none_value();
+  std::vector<DLView> ret_views;
+  if (preallocated != nullptr) {
+    ret_views.reserve(preallocated->size());
+    for (size_t i = 0; i < preallocated->size() && i < returns.size(); ++i)
+      if ((*preallocated)[i].defined() && target.op->return_alias()[i] < 0) {
+        ret_views.emplace_back((*preallocated)[i]);
+        rets[i] = tensor_value(&ret_views.back().dl);
+      }
+  }
   TorchOutputs outs;
   call_dispatcher(target, b.values.data(), static_cast<int32_t>(b.values.size()), rets,
                   static_cast<int32_t>(returns.size()), &outs);
@@ -81,6 +96,8 @@ void run_on_dispatcher(const OpHandle& target, c10::ArrayRef<c10::IValue> args, 
       stack->push_back(args[static_cast<size_t>(alias[i])]);
     } else if (const at::Tensor* t = outs.find(static_cast<int32_t>(i))) {
       stack->push_back(*t);
+    } else if (preallocated != nullptr && i < preallocated->size() && (*preallocated)[i].defined()) {
+      stack->push_back((*preallocated)[i]);
     } else if (rets[i].tag == NPUB_VALUE_INT) {
       stack->push_back(rets[i].u.i);
     } else if (rets[i].tag == NPUB_VALUE_DOUBLE) {
@@ -207,8 +224,22 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
   // Only this call's kernel failure may send it to the CPU below (an error
   // raised before the dispatcher runs leaves the flag of an earlier call).
   tls_kernel_failed = false;
+  // Note [A capture allocates results up front]: a direct route's kernel
+  // allocates its results itself, which a capture cannot let it do (it
+  // records the kernel, it does not run it): the results are made here from
+  // ATen's meta kernel, in the graph's pool, and handed to the kernel as
+  // its return tensors. Without a meta kernel the dispatcher refuses the
+  // call as data-dependent.
+  std::vector<at::Tensor> preallocated;
+  if (route_ == Route::kDirect && !has_out_ && sim::thread_is_capturing()) {
+    if (const auto specs = output_specs(op, c10::ArrayRef<c10::IValue>(args.data(), n))) {
+      const c10::DeviceIndex device = call_device(args);
+      for (const OutputSpec& spec : *specs) preallocated.push_back(empty_like_spec(spec, device));
+    }
+  }
   try {
-    run_on_dispatcher(target, args, route_ == Route::kDirect ? &results : nullptr);
+    run_on_dispatcher(target, args, route_ == Route::kDirect ? &results : nullptr,
+                      preallocated.empty() ? nullptr : &preallocated);
   } catch (const c10::OutOfMemoryError&) {
     throw;
   } catch (const c10::Error&) {

@@ -2,6 +2,8 @@
 // fallback for PrivateUse1, registered when the module loads.
 #include "aten/fallback.h"
 
+#include <npubridge/device_sim/graph_capture.h>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/native/CPUFallback.h>
 #include <c10/util/Exception.h>
@@ -14,6 +16,7 @@
 #include "runtime/generator.h"
 #include "runtime/npu_runtime.h"
 
+#include <npubridge/dispatcher/trace.h>
 #include <npubridge/philox.hpp>
 
 #include <mutex>
@@ -165,6 +168,13 @@ void refuse_quantized_arguments(const c10::OperatorHandle& op, const torch::jit:
 
 // ATen's CPU fallback for the call on `stack`.
 void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (sim::capture_checks_needed())
+    if (sim::Graph* g = sim::capturing_graph(rt().devices().current_device()))
+      rethrow_as_torch([&] {
+        g->forbid("op '" + full_name(op.schema().operator_name()) + "'",
+                  "no plugin kernel serves it and it would run on the CPU fallback, which a replay cannot "
+                  "run; a capture runs plugin kernels only");
+      });
   refuse_quantized_arguments(op, *stack);
   // PyTorch's cpu_fallback returns outputs to the first tensor argument's
   // device; when that is a CPU scalar (1 - x is sub(1, x)), the outputs
@@ -236,9 +246,17 @@ void torch_fallback(const reg::OpEntry& entry, const NpubValue*, int32_t, NpubVa
   run_on_cpu(*tls_call->op, tls_call->stack);
 }
 
+// An op no plugin serves reaches these without the dispatcher: the profiler
+// slice the dispatcher's run_fallback makes for the others (trace.h).
+trace::Scope fallback_slice(const c10::OperatorHandle& op) {
+  return trace::Scope(trace::Kind::kFallback,
+                      [&] { return "fallback: " + full_name(op.schema().operator_name()); });
+}
+
 void cpu_fallback_counted(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   refuse_quantized_arguments(op, *stack);  // before the fallback's warning: none happens
   note_fallback(op);
+  const trace::Scope slice = fallback_slice(op);
   run_on_cpu(op, stack);
 }
 
@@ -247,7 +265,10 @@ void cpu_decides(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     cpu_fallback_counted(op, stack);
     return;
   }
-  run_on_cpu(op, stack);
+  {
+    const trace::Scope slice = fallback_slice(op);
+    run_on_cpu(op, stack);
+  }
   note_fallback(op);
 }
 

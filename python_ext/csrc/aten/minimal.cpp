@@ -18,6 +18,7 @@
 #include <torch/library.h>
 
 #include <npubridge/device_sim/copy_engine.h>
+#include <npubridge/device_sim/graph_capture.h>
 
 #include "aten/boxing.h"
 #include "runtime/allocator.h"
@@ -160,6 +161,22 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   at::Tensor src = self.sizes().equals(dst.sizes()) ? self
                    : self.numel() == dst.numel()    ? self.reshape(dst.sizes())
                                                     : self.expand_as(dst);
+  // Note [Capture records instead of running]: inside a capture a copy
+  // between npu tensors is recorded, one with the host refused.
+  if (sim::capture_checks_needed()) {
+    sim::Device& npu = rt().devices().at((dst.is_privateuseone() ? dst : self).device().index());
+    const bool host_side = !self.is_privateuseone() || !dst.is_privateuseone();
+    if (sim::capturing_graph(npu) != nullptr || host_side) {
+      rethrow_as_torch([&] {
+        sim::engine_copy(&npu, DLView(dst).dl, DLView(src).dl,
+                         host_side ? (dst.is_privateuseone()
+                                          ? "a copy from cpu to npu (aten::copy_, .to(\"npu\"))"
+                                          : "a copy from npu to cpu (aten::copy_, .cpu(), .to(\"cpu\"))")
+                                   : "aten::copy_");
+      });
+      return dst;
+    }
+  }
   if (self.is_privateuseone()) rt().devices().at(self.device().index()).synchronize();
   sim::copy_tensor(DLView(dst).dl, DLView(src).dl);
   return dst;
@@ -173,6 +190,13 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 }
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
+  if (sim::capture_checks_needed())
+    rethrow_as_torch([&] {
+      sim::check_capture_allows(rt().devices().at(self.device().index()),
+                                "aten::_local_scalar_dense (.item())",
+                                "reading a value back to the host needs the result of work the capture "
+                                "records instead of running");
+    });
   at::Tensor cpu = at::empty({}, self.options().device(at::kCPU));
   copy_from(self, cpu, false);
   return cpu.item();

@@ -7,6 +7,8 @@
 #include <c10/core/Scalar.h>
 #include <c10/util/Exception.h>
 
+#include <npubridge/device_sim/graph_capture.h>
+
 #include "aten/boxing.h"
 #include "aten/fallback.h"
 #include "aten/meta_cache.h"
@@ -54,8 +56,11 @@ class UnboxedBridge {
     constexpr size_t kArgs = sizeof...(Args);
     const c10::DeviceIndex device = current_index();
     // A forked child's call goes to the boxed bridge, which raises.
+    // A capture's call goes to the boxed bridge, which allocates a direct
+    // route's results before the call (Note [A capture allocates results
+    // up front], bridge.cpp).
     if (g_precision_on.load(std::memory_order_relaxed) || rt().devices().in_forked_child() ||
-        !(servable(args, device) && ...))
+        sim::thread_is_capturing() || !(servable(args, device) && ...))
       return false;
     const Route route = boxed_->route();
     // A kernel's own results are contiguous: a strided input's call goes to

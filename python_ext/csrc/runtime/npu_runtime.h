@@ -3,6 +3,9 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/util/Exception.h>
+
+#include <npubridge/support/error.h>
 
 #include <npubridge/dispatcher/runtime.h>
 
@@ -17,6 +20,17 @@ inline Runtime& rt() { return Runtime::global(); }
 // import lock that the fork left held.
 inline void check_not_in_bad_fork(const char* op) {
   if (rt().devices().in_forked_child()) sim::throw_forked_child(op);
+}
+
+// Runs `fn`, turning npubridge's error into PyTorch's (RuntimeError in
+// Python) with the same message.
+template <typename Fn>
+void rethrow_as_torch(Fn&& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    TORCH_CHECK(false, e.what());
+  }
 }
 
 inline c10::DeviceIndex current_index() {

@@ -23,6 +23,21 @@
 // already reserved frees nothing: later requests that need a new segment
 // fail until memory is freed, as with CUDA.
 //
+// Note [Private pools]: a graph capture (graph_capture.h) allocates from a
+// private pool, as CUDA graphs do: while a thread routes its allocations
+// to pool P (begin_pool_route), every allocation of that thread on this
+// device is served from P's segments, whatever the stream. A pool is one
+// more stream key (Note [Blocks are stream-ordered]): its blocks are reused
+// only by allocations routed to it, so a block freed during a capture is
+// reused later in the same capture (the replay runs the work in the same
+// order, so the reuse is as safe as in eager mode), and never by eager
+// work. While a graph holds the pool (retain_pool), its segments are kept
+// even when fully free (empty_cache skips them): the recorded work reads
+// and writes them at every replay. When the last holder lets go
+// (release_pool), the free segments go back to the OS, and a block still
+// live then (a static output the user still holds) takes its segment back
+// when it is freed. Pools are per device; ids are unique in the process.
+//
 // In a process forked after the allocator was made, allocate() throws and
 // free() leaves the block alone (Note [A forked child cannot use the npu],
 // fork_guard.cpp).
@@ -110,6 +125,21 @@ class CachingAllocator {
   // True when [ptr, ptr + bytes) lies inside one live block.
   bool contains(const void* ptr, size_t bytes) const;
 
+  // Note [Private pools]. A new pool id, unique in the process (no memory
+  // until an allocation is routed to it; graph_pool_handle).
+  static uint64_t new_pool_id();
+  // A graph holds pool `id` (creating its state at the first holder).
+  void retain_pool(uint64_t id);
+  // Lets go of `id`; the last holder's release returns its free segments.
+  // Throws npub::Error for a pool nobody holds.
+  void release_pool(uint64_t id);
+  // Routes the calling thread's allocations on this allocator to pool `id`
+  // until end_pool_route (one route per thread and allocator).
+  void begin_pool_route(uint64_t id);
+  void end_pool_route();
+  // Bytes of the segments pool `id` holds (0 for a pool nobody holds).
+  size_t pool_reserved_bytes(uint64_t id) const;
+
   static constexpr size_t kMinBlock = 512;
   static constexpr size_t kSmallRequest = 1 << 20;  // <= goes to the small pool
   static constexpr size_t kSmallSegment = 2 << 20;
@@ -146,6 +176,12 @@ class CachingAllocator {
   static size_t round_size(size_t bytes);
   static size_t segment_size_for(size_t rounded);
   Block* find_free_block(Pool& pool, size_t size, const void* stream);
+  // Note [Private pools]: a pool's stream key has the top bit set (kernel
+  // space on every 64-bit Linux), which no Stream's user-space address has.
+  static constexpr uintptr_t kPoolKeyBit = uintptr_t{1} << 63;
+  static const void* pool_key(uint64_t id) { return reinterpret_cast<const void*>(kPoolKeyBit | id); }
+  static bool is_pool_key(const void* key) { return (reinterpret_cast<uintptr_t>(key) & kPoolKeyBit) != 0; }
+  bool held_pool_key(const void* key) const;      // caller holds mu_
   static void* map_segment(size_t segment_size);  // null when the OS refuses
   Block* new_segment(size_t segment_size, bool small, const void* stream);
   void release_segment(Block* block);
@@ -172,6 +208,7 @@ class CachingAllocator {
   Pool small_pool_;
   Pool large_pool_;
   LiveMap live_;
+  std::unordered_map<uint64_t, int> pool_holders_;  // under mu_: pool id -> holders
   AllocatorStats stats_;
   static constexpr size_t kMaxSpares = 256;
   std::vector<Pool::node_type> spare_pool_nodes_;

@@ -131,6 +131,29 @@ class ScopedCallGenerator {
   sim::Generator* outer_;
 };
 
+// A call resolved once (Dispatcher::resolve) for a caller that repeats it
+// with tensors of the same dtypes, shapes and strides, only their data
+// moving: the kernel (or the fallback and why) and the dtype conversion
+// are decided, so Dispatcher::call_resolved skips validation and
+// selection. What graph mode's execution loop runs per kernel node
+// (Note [Resolve once, call resolved], resolved_call.cpp).
+struct ResolvedCall {
+  OpHandle handle;
+  const reg::Kernel* kernel = nullptr;   // nullptr: the fallback serves the call
+  DType dtype = DType::kUnknown;         // the dispatch dtype
+  DType convert_from = DType::kUnknown;  // set: a half-type call run on a float32 kernel
+  DLDevice device{};
+  int32_t num_args = 0;           // the schema's arguments, defaults included
+  int32_t num_rets = 0;           // the schema's returns
+  std::vector<NpubValue> filled;  // the defaults resolve filled in for omitted trailing arguments
+  std::string fallback_reason;    // why no kernel serves it (kernel == nullptr)
+  // The settings the resolution was made under; call_resolved takes the
+  // full path (Dispatcher::call) when they changed since.
+  int opt_level = 0;
+  bool dtype_conversion = true;
+  const std::string& plugin() const;  // "" for the fallback
+};
+
 struct DispatcherOptions {
   FallbackMode fallback_mode = FallbackMode::kAllow;
   int opt_level = 2;
@@ -160,6 +183,23 @@ class Dispatcher {
   // By name (one lookup more).
   void call(std::string_view op_name, const NpubValue* args, int32_t num_args, NpubValue* rets,
             int32_t num_rets, OutputAllocator* outputs);
+
+  // Resolves a call once: validates `args` as call() does, except that
+  // tensors may have NULL data (only dtypes, shapes and strides matter),
+  // selects the kernel and decides the dtype conversion. Written tensors
+  // are taken not to share memory with the call's other tensors (the
+  // caller's guarantee: graph mode's memory plan gives every output its
+  // own buffer), so no overlap is classified. Throws npub::Error naming
+  // the op on bad arguments.
+  ResolvedCall resolve(const OpHandle& op, const NpubValue* args, int32_t num_args) const;
+  // Runs a resolved call on arguments of the resolved dtypes, shapes and
+  // strides: no validation, no selection; staging, the dtype conversion,
+  // a kernel's decline to the fallback (Note [A decline falls back on
+  // every path]), the precision check and the statistics as call().
+  // `num_args` may omit the trailing arguments resolve filled in; return
+  // slots that alias an argument (Tensor(a!)) are set here.
+  void call_resolved(const ResolvedCall& rc, const NpubValue* args, int32_t num_args, NpubValue* rets,
+                     int32_t num_rets, OutputAllocator* outputs);
 
   // The kernel that would serve these arguments (nullptr: fallback).
   const reg::Kernel* select(const OpHandle& op, const NpubValue* args, int32_t num_args) const;

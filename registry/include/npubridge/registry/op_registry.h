@@ -12,6 +12,7 @@
 #pragma once
 
 #include <npubridge/plugin_api.h>
+#include <npubridge/registry/fusion_pattern.h>
 #include <npubridge/registry/schema.h>
 #include <npubridge/support/dtype.h>
 
@@ -189,6 +190,7 @@ struct Registrations {
   std::vector<std::pair<std::string, std::unique_ptr<Kernel>>> kernels;  // op name, kernel
   std::vector<std::pair<std::string, MetaFunction>> metas;
   std::vector<std::pair<std::string, Derivative>> derivatives;
+  std::vector<FusionPattern> fusion_patterns;  // \since ABI 1.5
 };
 
 class Registry {
@@ -213,6 +215,11 @@ class Registry {
   // as one]): every check runs first, under the writers' lock; on a
   // conflict throws npub::Error naming it and leaves the registry as it was.
   void commit(Registrations batch);
+  // Adds the host's own fusion patterns (already checked); throws
+  // npub::Error when a name is taken.
+  void add_fusion_patterns(std::vector<FusionPattern> patterns);
+  // Every fusion pattern, in registration order.
+  std::vector<FusionPattern> fusion_patterns() const { return fusion_patterns_.entries(); }
   // Drops every kernel of a plugin.
   void remove_plugin_kernels(const PluginRecord* plugin);
 
@@ -243,6 +250,7 @@ class Registry {
   std::vector<std::unique_ptr<const OpMap>> retired_maps_;
   std::vector<std::unique_ptr<const KernelList>> lists_;           // current and retired
   std::vector<std::unique_ptr<const OpAnnotations>> annotations_;  // current and retired
+  FusionPatternTable fusion_patterns_;
 };
 
 // The op-mapping table: framework op name -> the op (and optionally the

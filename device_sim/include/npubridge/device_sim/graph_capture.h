@@ -1,0 +1,174 @@
+// Graph capture and replay on the simulated NPU, shaped as CUDA graphs.
+//
+// Note [Capture records instead of running]
+// While a thread captures on a device (Graph::capture_begin .. capture_end),
+// the device work that thread issues is recorded, not run: kernel launches
+// (the dispatcher's invoke_kernel records the kernel with deep copies of its
+// arguments), device-to-device copies of the copy engine (engine_copy).
+// The thread's allocations on that device come from the graph's private pool
+// (Note [Private pools], caching_allocator.h), so the addresses the records
+// hold stay the graph's until reset(). replay() runs the records in order on
+// the calling thread, after the current stream's queued work (Note [Kernels
+// run inline, in stream order]), so a replay is ordered like eager work.
+//
+// What cannot be recorded is forbidden inside a capture and raises
+// npub::Error (kUnsupported) naming the operation (forbid_in_capture):
+// copies between host and device memory, synchronize (device, stream,
+// event), reading a value back (.item()), host fallbacks, outputs whose
+// shape depends on data, random ops. The error ends the capture: the graph
+// becomes invalid (capture_end says why), the thread allocates from the
+// ordinary cache again, the pool is let go at reset, and the device keeps
+// working.
+//
+// Capture modes (what PyTorch calls capture_error_mode):
+//  - kThreadLocal: only the capturing thread is affected; other threads
+//    run their work normally on the same device.
+//  - kGlobal: as kThreadLocal, and other threads' synchronize and
+//    host<->device copies on the capturing device raise too while it
+//    lasts (their work might race with the static buffers).
+//  - kRelaxed: as kThreadLocal, but the capturing thread may synchronize
+//    (nothing recorded is queued, so a sync waits only for work from
+//    before the capture). The rest stays forbidden: it would need results
+//    of work that has not run.
+#pragma once
+
+#include <npubridge/plugin_api.h>
+#include <npubridge/support/error.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace npub::sim {
+
+class Device;
+class Stream;
+
+// The error of an operation a capture forbids (kUnsupported). A type of its
+// own so that no caller takes it for a kernel's decline, which falls back
+// (Note [A decline falls back on every path], dispatcher.cpp).
+class CaptureError : public Error {
+ public:
+  explicit CaptureError(const std::string& message) : Error(ErrorCode::kUnsupported, message) {}
+};
+
+enum class CaptureMode { kThreadLocal, kGlobal, kRelaxed };
+const char* capture_mode_name(CaptureMode mode);
+
+// One recorded piece of work.
+class GraphNode {
+ public:
+  virtual ~GraphNode() = default;
+  // Runs the work on the calling thread for `stream`'s place in order.
+  virtual void replay(Device& device, Stream& stream) = 0;
+  // "kernel cann_like: aten::add.out", "copy npu->npu [4, 8]": for
+  // debug_dump and the tests.
+  virtual std::string describe() const = 0;
+};
+
+// A DLTensor with its own shape and strides (a record outlives the call's).
+class OwnedTensor {
+ public:
+  explicit OwnedTensor(const DLTensor& t);
+  OwnedTensor(const OwnedTensor&) = delete;
+  OwnedTensor& operator=(const OwnedTensor&) = delete;
+  DLTensor* dl() { return &dl_; }
+  const DLTensor& view() const { return dl_; }
+
+ private:
+  DLTensor dl_;
+  std::vector<int64_t> shape_;
+  std::vector<int64_t> strides_;
+};
+
+class Graph {
+ public:
+  Graph();
+  ~Graph();  // ends a capture still open (invalid) and resets
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  // Starts recording the calling thread's work on `device`. `pool`: a pool
+  // id (CachingAllocator::new_pool_id, or another graph's pool()) to share,
+  // 0 for a new one. Throws when this graph is not empty (reset() first) or
+  // the thread already captures on the device.
+  void capture_begin(Device& device, uint64_t pool = 0, CaptureMode mode = CaptureMode::kThreadLocal);
+  // Stops recording. Throws when no capture is open, and when an error
+  // ended it (naming the error).
+  void capture_end();
+  // Runs the records in order on the calling thread's current stream of
+  // the device. Throws unless captured.
+  void replay();
+  // Drops the records, the memory held for them, and the pool (its last
+  // holder returns its free segments). Ends a capture still open.
+  void reset();
+
+  uint64_t pool() const { return pool_; }
+  bool capturing() const { return state_ == State::kCapturing; }
+  bool captured() const { return state_ == State::kCaptured; }
+  // Why the capture ended early ("" if it did not).
+  const std::string& invalid_reason() const { return invalid_reason_; }
+  size_t num_nodes() const { return nodes_.size(); }
+  std::vector<std::string> describe() const;
+  Device* device() const { return device_; }
+  CaptureMode mode() const { return mode_; }
+
+  // While capturing: appends a record; holds `ptr` (device memory of the
+  // graph's pool, e.g. a kernel's workspace) until reset.
+  void add_node(std::unique_ptr<GraphNode> node);
+  void hold(void* ptr);
+
+  // Note [Capture records instead of running]: ends the capture with an
+  // error (the graph is invalid) and throws npub::Error (kUnsupported):
+  // "npu:0 graph capture: <op> is not allowed while capturing (<why>); the
+  // capture was ended and the graph is invalid" (a CaptureError).
+  [[noreturn]] void forbid(const std::string& op, const std::string& why);
+
+ private:
+  enum class State { kEmpty, kCapturing, kCaptured, kInvalid };
+  void stop_recording();  // the thread's capture entry and pool route go
+
+  State state_ = State::kEmpty;
+  Device* device_ = nullptr;
+  uint64_t pool_ = 0;
+  bool holds_pool_ = false;
+  CaptureMode mode_ = CaptureMode::kThreadLocal;
+  std::vector<std::unique_ptr<GraphNode>> nodes_;
+  std::vector<void*> held_;
+  std::string invalid_reason_;
+};
+
+// The calling thread's open capture on `device`, or null (cheap: one
+// thread-local test when the thread captures nothing).
+Graph* capturing_graph(const Device& device);
+// The same by device index (for a stream, which knows only its index).
+Graph* capturing_graph(int device_index);
+// The calling thread's first open capture on any device, or null.
+Graph* capturing_graph_any();
+// True when the calling thread captures on any device.
+bool thread_is_capturing();
+// True when some capture check could fail (this thread captures, or some
+// thread captures in kGlobal mode): what callers test before they build
+// the op's name.
+bool capture_checks_needed();
+
+// Note [Capture records instead of running]: for an operation that may not
+// run inside a capture: forbids it when the calling thread captures on
+// `device` (ending that capture), and when another thread captures there
+// in kGlobal mode (`mode_matters`: the op is one kGlobal also forbids to
+// other threads). `sync`: the op is a synchronize (kRelaxed allows it).
+void check_capture_allows(const Device& device, const std::string& op, const std::string& why,
+                          bool sync = false);
+void check_capture_allows(int device_index, const std::string& op, const std::string& why, bool sync = false);
+
+// The copy engine's copy for device work: runs copy_tensor(dst, src) now,
+// or records it when the calling thread captures on the npu side's device.
+// A copy with host memory on one side is forbidden inside a capture (`op`
+// names the caller's operation). `device`: the npu device of the copy
+// (null: host to host, which always runs).
+void engine_copy(Device* device, const DLTensor& dst, const DLTensor& src, const std::string& op);
+
+}  // namespace npub::sim
