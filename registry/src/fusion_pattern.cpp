@@ -482,7 +482,7 @@ std::vector<FusionPattern> parse_fusion_patterns(const std::string& text, const 
       text_lines.push_back(line);
       continue;
     }
-    text_lines.push_back("  " + line);
+    text_lines.push_back(line == "end" ? line : "  " + line);
     if (line == "end") {
       if (cur->nodes.empty()) fail("the pattern has no subgraph lines");
       if (!have_replacement) fail("the pattern has no replacement line ('=> op(...)')");

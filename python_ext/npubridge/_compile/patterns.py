@@ -8,6 +8,7 @@ below that the pre-dispatch graph of real models needs. This file only
 interprets them.
 
 Note [A rewrite is checked before it fires]: a match is rewritten only when
+(0) the pattern's ``where`` lines hold (Note [Where conditions]),
 (1) the replacement op exists and an npu kernel of it takes the dtype,
 (2) its meta function, run on the matched values' fake tensors, gives the
 shape and dtype of every value it replaces, and (3) when the graph records

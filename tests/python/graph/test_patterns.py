@@ -82,6 +82,18 @@ def test_where_conditions_in_the_parsed_form():
     assert ps["sdpa_bool_mask"]["plugin"] == ""
 
 
+def test_the_cli_lists_each_pattern_as_its_text(capsys):
+    # python3 -m npubridge graph: the text the table parsed, extra outputs
+    # and where lines included.
+    from npubridge._compile import cli
+
+    cli.print_patterns()
+    out = capsys.readouterr().out
+    add = out[out.index("pattern add_rms_norm priority 10"):]
+    assert add[:add.index("\nend\n")].endswith("=> %s <- [2]")
+    assert "  where %gamma.dim() == 1\n" in out and "# from npubridge (builtin)\npattern rms_norm_upcast" in out
+
+
 def test_multi_output_nested_call_and_size_arguments():
     ps = _by_name()
     add = ps["add_rms_norm"]
