@@ -145,6 +145,14 @@ def _maybe_graphed(record, kind, compiled, example_inputs):
     return _Replayed(compiled, _graphs.graphed_callable, record)
 
 
+def _first_line(err):
+    """The first line of an error's message, or of its cause's (the C++
+    loop re-raises a kernel's error as the cause of an empty one)."""
+    while err is not None and not str(err).strip():
+        err = err.__cause__ or err.__context__
+    return str(err).strip().splitlines()[0] if err is not None else "(no message)"
+
+
 class _Replayed:
     """An inference graph replayed as a captured NPU graph. The capture
     waits for the first call: the compiler's example inputs are fake
@@ -163,7 +171,7 @@ class _Replayed:
             except Exception as err:  # noqa: BLE001 - a graph that cannot be captured runs as the program
                 # (a host fallback, a sync inside the graph ...: the capture names it)
                 self.graphed = self.compiled
-                self.record.reduce_overhead = f"not used: the capture failed: {str(err).splitlines()[0]}"
+                self.record.reduce_overhead = f"not used: the capture failed: {_first_line(err)}"
         return self.graphed(*args)
 
     def summary(self):
@@ -212,7 +220,7 @@ def npu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=Non
                 isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs])
             target = traced
         except Exception as err:  # noqa: BLE001 - Note [A failed stage compiles less, never wrongly]
-            record.predispatch_error = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            record.predispatch_error = f"{type(err).__name__}: {_first_line(err)}"
     record.graph_breaks = dict(counters["graph_break"])
     record.compile_seconds += time.perf_counter() - start
     partition = {}

@@ -158,6 +158,13 @@ def cnn():
             "inf_out": inf_out, "x": x}
 
 
+def test_cnn_training_step_matches_eager_and_float64(cnn):
+    (out, _, grads), (eout, _, egrads), (rout, _, rgrads) = cnn["got"], cnn["eager"], cnn["ref"]
+    _assert_near_f64(out, rout, eout, "logits")
+    for (name, _), g, eg, rg in zip(cnn["model"].named_parameters(), grads, egrads, rgrads):
+        _assert_near_f64(g, rg, eg, f"grad {name}")
+
+
 def test_cnn_training_fuses_conv_bias_relu(cnn):
     # The fused op has a derivative (cann_like's conv2d_bias_relu_backward),
     # so the rewrite also fires in a training graph.
@@ -204,3 +211,28 @@ def test_bad_compile_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError) as err:
         npubridge.compile(torch.nn.Linear(2, 2), **kwargs)
     assert message in str(err.value)
+
+
+class _MaskedLinear(torch.nn.Module):
+    """A mask built with an op no plugin serves (bitwise_and: the CPU fallback)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        keep = (x > -1) & (x < 1)
+        return self.fc(x) * keep
+
+
+def test_reduce_overhead_runs_the_program_when_the_capture_fails():
+    torch.manual_seed(4)
+    model = _MaskedLinear().npu()
+    x = torch.randn(4, 8).npu()
+    compiled = npubridge.compile(model, mode="reduce-overhead")
+    with torch.no_grad():
+        got, again, want = compiled(x), compiled(x), model(x)
+    assert torch.equal(got.cpu(), want.cpu()) and torch.equal(again.cpu(), want.cpu())
+    (graph,) = npubridge.compile_report(compiled)["graphs"]
+    assert graph["reduce_overhead"].startswith("not used: the capture failed: npu:0 graph capture: op "
+                                               "'aten::bitwise_and.Tensor_out' is not allowed while capturing")
