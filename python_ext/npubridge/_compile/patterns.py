@@ -121,8 +121,9 @@ def _is_noop_cast(node):
         return False
     if _op_name(node.target) == "aten::to.dtype":
         target = node.args[1] if len(node.args) > 1 else node.kwargs.get("dtype")
-    else:
-        target = node.kwargs.get("dtype", a.dtype)
+    else:  # _to_copy: dtype None keeps the input's
+        target = node.kwargs.get("dtype")
+        target = a.dtype if target is None else target
     return target == a.dtype and b.dtype == a.dtype and a.shape == b.shape and a.device == b.device
 
 
