@@ -5,7 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -31,6 +31,14 @@ std::string strip_comment(const std::string& line) {
 
 bool is_ident_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
 bool is_ident(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+// The dtypes a `where` line may name, as torch spells them (torch.float32).
+bool is_dtype_name(const std::string& w) {
+  static const char* const kNames[] = {"float32", "float64", "float16",   "bfloat16",
+                                       "int8",    "int16",   "int32",     "int64",
+                                       "uint8",   "bool",    "complex64", "complex128"};
+  return std::any_of(std::begin(kNames), std::end(kNames), [&](const char* n) { return w == n; });
+}
 
 // Reads one line's arguments and calls. Errors throw a plain message; the
 // caller adds origin, line and pattern.
@@ -201,6 +209,78 @@ class LineReader {
     fail("unexpected character '" + std::string(1, c) + "'");
   }
 
+  // One side of a `where` line (PatternTerm).
+  PatternTerm term() {
+    skip_ws();
+    if (pos_ >= s_.size()) fail("expected a term (%v.dim(), %v.size(d), %v.dtype, $capture or a literal)");
+    PatternTerm t;
+    const char c = s_[pos_];
+    if (c == '%') {
+      ++pos_;
+      t.name = ident();
+      if (s_.compare(pos_, 6, ".dim()") == 0) {
+        pos_ += 6;
+        t.kind = PatternTerm::kDim;
+      } else if (s_.compare(pos_, 6, ".size(") == 0) {
+        pos_ += 6;
+        const PatternConst d = number();
+        if (d.kind != PatternConst::kInt) fail("expected an integer dimension in .size()");
+        t.kind = PatternTerm::kSize;
+        t.dim = d.i;
+        expect(')', "')' after the dimension");
+      } else if (s_.compare(pos_, 6, ".dtype") == 0 && (pos_ + 6 == s_.size() || !is_ident(s_[pos_ + 6]))) {
+        pos_ += 6;
+        t.kind = PatternTerm::kDtype;
+      } else {
+        fail("expected .dim(), .size(d) or .dtype after '%" + t.name + "'");
+      }
+      return t;
+    }
+    if (c == '$') {
+      ++pos_;
+      t.kind = PatternTerm::kCapture;
+      t.name = ident();
+      return t;
+    }
+    if (is_ident_start(c)) {
+      const size_t b = pos_;
+      const std::string word = ident();
+      if (is_dtype_name(word)) {
+        t.kind = PatternTerm::kDtypeName;
+        t.name = word;
+        return t;
+      }
+      pos_ = b;
+      if (word != "True" && word != "False" && word != "None")
+        fail("unknown term '" + word +
+             "' (expected %v.dim(), %v.size(d), %v.dtype, $capture, a literal or a dtype "
+             "such as float32)");
+    }
+    const PatternArg a = arg();
+    if (a.kind != PatternArg::kConst) fail("expected a literal");
+    t.kind = PatternTerm::kConst;
+    t.value = a.value;
+    return t;
+  }
+
+  // `<term> ==|!= <term>`, the rest of a `where` line.
+  PatternConstraint constraint() {
+    PatternConstraint w;
+    w.lhs = term();
+    skip_ws();
+    if (s_.compare(pos_, 2, "==") == 0) {
+      w.equal = true;
+    } else if (s_.compare(pos_, 2, "!=") == 0) {
+      w.equal = false;
+    } else {
+      fail("expected '==' or '!='");
+    }
+    pos_ += 2;
+    w.rhs = term();
+    if (!at_end()) fail("unexpected text after the condition");
+    return w;
+  }
+
   PatternConst number() {
     skip_ws();
     const size_t b = pos_;
@@ -226,20 +306,24 @@ class LineReader {
       fail("expected a number");
     }
     PatternConst v;
-    char* end = nullptr;
+    // std::from_chars: independent of the C locale (strtod under an
+    // LC_NUMERIC with a decimal comma would read "2.0" as malformed and so
+    // reject the plugin). It takes no leading '+'.
+    const char* first = text.c_str() + (text[0] == '+' ? 1 : 0);
+    const char* last = text.c_str() + text.size();
+    std::from_chars_result r{};
     if (is_float) {
       v.kind = PatternConst::kFloat;
-      v.d = std::strtod(text.c_str(), &end);
+      r = std::from_chars(first, last, v.d);
     } else {
       v.kind = PatternConst::kInt;
-      errno = 0;
-      v.i = std::strtoll(text.c_str(), &end, 10);
-      if (errno == ERANGE) {
+      r = std::from_chars(first, last, v.i, 10);
+      if (r.ec == std::errc::result_out_of_range) {
         pos_ = b;
         fail("integer out of range");
       }
     }
-    if (end != text.c_str() + text.size()) {
+    if (r.ec != std::errc() || r.ptr != last) {
       pos_ = b;
       fail("malformed number '" + text + "'");
     }
@@ -259,56 +343,29 @@ void used_values(const PatternArg& a, std::vector<std::string>* values, std::vec
   for (const auto& x : a.items) used_values(x, values, captures);
 }
 
+// Every value and capture a `where` line names is bound by the subgraph.
+template <class Fail>
+void check_constraint_names(const FusionPattern& p, Fail fail) {
+  std::vector<std::string> values, captures;
+  for (const auto& n : p.nodes) {
+    values.push_back(n.out);
+    for (const auto& a : n.args) used_values(a, &values, &captures);
+  }
+  auto bound = [](const std::vector<std::string>& v, const std::string& x) {
+    return std::find(v.begin(), v.end(), x) != v.end();
+  };
+  for (const auto& w : p.constraints)
+    for (const PatternTerm* t : {&w.lhs, &w.rhs}) {
+      const bool is_value =
+          t->kind == PatternTerm::kDim || t->kind == PatternTerm::kSize || t->kind == PatternTerm::kDtype;
+      if (is_value && !bound(values, t->name))
+        fail(w.line, "the condition uses '%" + t->name + "', which the subgraph does not bind");
+      if (t->kind == PatternTerm::kCapture && !bound(captures, t->name))
+        fail(w.line, "the condition uses '$" + t->name + "', which the subgraph does not capture");
+    }
+}
+
 }  // namespace
-
-std::string PatternConst::to_string() const {
-  switch (kind) {
-    case kNone:
-      return "None";
-    case kBool:
-      return b ? "True" : "False";
-    case kInt:
-      return std::to_string(i);
-    case kFloat: {
-      std::ostringstream o;
-      o.precision(17);
-      o << d;
-      return o.str();
-    }
-    case kString:
-      return "\"" + s + "\"";
-    case kList: {
-      std::string out = "[";
-      for (size_t k = 0; k < items.size(); ++k) out += (k ? ", " : "") + items[k].to_string();
-      return out + "]";
-    }
-  }
-  return "?";
-}
-
-std::string PatternArg::to_string() const {
-  switch (kind) {
-    case kValue:
-      return "%" + name;
-    case kCapture:
-      return "$" + name;
-    case kAny:
-      return "_";
-    case kConst:
-      return value.to_string();
-    case kSize:
-      return "%" + name + ".size(" + std::to_string(dim) + ")";
-    case kList:
-    case kCall: {
-      std::string out = kind == kCall ? op + "(" : "[";
-      for (size_t k = 0; k < items.size(); ++k) out += (k ? ", " : "") + items[k].to_string();
-      out += kind == kCall ? ")" : "]";
-      if (kind == kCall && ret != 0) out += "[" + std::to_string(ret) + "]";
-      return out;
-    }
-  }
-  return "?";
-}
 
 std::vector<FusionPattern> parse_fusion_patterns(const std::string& text, const std::string& origin) {
   std::vector<FusionPattern> out;
@@ -354,15 +411,27 @@ std::vector<FusionPattern> parse_fusion_patterns(const std::string& text, const 
       text_lines.push_back(line);
       continue;
     }
-    text_lines.push_back("  " + line);
+    text_lines.push_back(line == "end" ? line : "  " + line);
     if (line == "end") {
       if (cur->nodes.empty()) fail("the pattern has no subgraph lines");
       if (!have_replacement) fail("the pattern has no replacement line ('=> op(...)')");
+      check_constraint_names(*cur, [&](int32_t line, const std::string& what) {
+        line_no = line;
+        fail(what);
+      });
       for (size_t k = 0; k < text_lines.size(); ++k) cur->text += text_lines[k] + "\n";
       cur = nullptr;
       continue;
     }
     try {
+      if (line.rfind("where ", 0) == 0 || line == "where") {
+        const std::string cond = line.substr(5);  // LineReader keeps a reference
+        LineReader r(cond, false);
+        PatternConstraint w = r.constraint();
+        w.line = line_no;
+        cur->constraints.push_back(std::move(w));
+        continue;
+      }
       if (line.rfind("=>", 0) == 0) {
         const std::string body = trim(line.substr(2));
         if (!body.empty() && body[0] == '%') {  // => %name <- [k]
@@ -456,72 +525,6 @@ std::vector<FusionPattern> parse_fusion_patterns(const std::string& text, const 
       }
   }
   return out;
-}
-
-void check_fusion_pattern(const FusionPattern& p, const std::string& origin,
-                          const std::function<const Schema*(const std::string&)>& schema_of) {
-  std::function<void(const PatternArg&)> check_call = [&](const PatternArg& c) {
-    for (const auto& a : c.items)
-      if (a.kind == PatternArg::kCall) check_call(a);
-    if (c.kind != PatternArg::kCall) return;
-    const Schema* s = schema_of(c.op);
-    auto fail = [&](const std::string& what) {
-      throw FusionPatternError(origin + ", line " + std::to_string(p.replacement_line) + ", pattern '" +
-                               p.name + "': " + what);
-    };
-    if (s == nullptr) {
-      if (c.op.rfind("aten::", 0) == 0) return;  // PyTorch's own: the matcher checks it
-      fail("the replacement op '" + c.op + "' is not defined (define it before its pattern)");
-    }
-    size_t required = s->arguments.size();
-    while (required > 0 && s->arguments[required - 1].default_value) --required;
-    const size_t n = c.items.size();
-    if (n < required || n > s->arguments.size())
-      fail("the replacement op '" + c.op + "' takes " +
-           (required == s->arguments.size()
-                ? std::to_string(required)
-                : std::to_string(required) + " to " + std::to_string(s->arguments.size())) +
-           " arguments but the pattern passes " + std::to_string(n));
-    const int32_t nret = static_cast<int32_t>(s->returns.size());
-    if (c.ret >= nret)
-      fail("'" + c.to_string() + "' takes return " + std::to_string(c.ret) + " of an op with " +
-           std::to_string(nret) + " returns");
-    if (&c == &p.replacement)
-      for (const auto& e : p.extra_outputs)
-        if (e.ret >= nret)
-          fail("'=> %" + e.name + " <- [" + std::to_string(e.ret) + "]' but '" + c.op + "' has " +
-               std::to_string(nret) + " returns");
-  };
-  check_call(p.replacement);
-}
-
-std::string FusionPatternTable::conflict(const std::vector<FusionPattern>& patterns) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return conflict_locked(patterns);
-}
-
-std::string FusionPatternTable::conflict_locked(const std::vector<FusionPattern>& patterns) const {
-  for (size_t i = 0; i < patterns.size(); ++i)
-    for (size_t j = 0; j < i; ++j)
-      if (patterns[i].name == patterns[j].name)
-        return "fusion pattern '" + patterns[i].name + "' is registered twice";
-  for (const auto& p : patterns)
-    for (const auto& q : patterns_)
-      if (q.name == p.name)
-        return "fusion pattern '" + p.name + "' is already registered (by " +
-               (q.plugin.empty() ? std::string("the host") : "plugin '" + q.plugin + "'") + ")";
-  return {};
-}
-
-void FusionPatternTable::add(std::vector<FusionPattern> patterns) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (const std::string c = conflict_locked(patterns); !c.empty()) throw FusionPatternError(c);
-  for (auto& p : patterns) patterns_.push_back(std::move(p));
-}
-
-std::vector<FusionPattern> FusionPatternTable::entries() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return patterns_;
 }
 
 }  // namespace npub::reg

@@ -7,6 +7,7 @@
 #include <npubridge/registry/op_registry.h>
 #include <npubridge/registry/schema.h>
 
+#include <clocale>
 #include <map>
 #include <string>
 
@@ -239,4 +240,87 @@ TEST(FusionPattern, ACommitWithATakenNameLeavesNothingBehind) {
   b.fusion_patterns = parse_fusion_patterns("pattern q\n %a = aten::relu(%x)\n => three::f(%a)\nend", "t");
   EXPECT_THROW(registry.commit(std::move(b)), std::exception);
   EXPECT_EQ(registry.fusion_patterns().size(), 1u);
+}
+
+// `where` lines: conditions on the matched values' shapes and dtypes and on
+// the captures, in the parsed pattern in text order.
+TEST(FusionPattern, ParsesWhereConditions) {
+  const auto ps = parse_fusion_patterns(R"(
+pattern p
+  %n = aten::mul.Tensor(%x, %r)
+  %nc = aten::to.dtype(%n, $dtype)
+  %y = aten::mul.Tensor(%gamma, %nc)
+  where %gamma.dim() == 1
+  where %gamma.size(0) == %x.size(-1)   # a comment
+  where $dtype == %x.dtype
+  where %x.dtype != bfloat16
+  where $dtype != None
+  => ns::f(%x, %gamma)
+end
+)",
+                                        "t.pat");
+  ASSERT_EQ(ps.size(), 1u);
+  const auto& w = ps[0].constraints;
+  ASSERT_EQ(w.size(), 5u);
+  EXPECT_EQ(w[0].lhs.kind, PatternTerm::kDim);
+  EXPECT_EQ(w[0].lhs.name, "gamma");
+  EXPECT_TRUE(w[0].equal);
+  EXPECT_EQ(w[0].rhs.kind, PatternTerm::kConst);
+  EXPECT_EQ(w[0].rhs.value.i, 1);
+  EXPECT_EQ(w[0].line, 6);
+  EXPECT_EQ(w[1].lhs.kind, PatternTerm::kSize);
+  EXPECT_EQ(w[1].lhs.dim, 0);
+  EXPECT_EQ(w[1].rhs.kind, PatternTerm::kSize);
+  EXPECT_EQ(w[1].rhs.name, "x");
+  EXPECT_EQ(w[1].rhs.dim, -1);
+  EXPECT_EQ(w[2].lhs.kind, PatternTerm::kCapture);
+  EXPECT_EQ(w[2].rhs.kind, PatternTerm::kDtype);
+  EXPECT_FALSE(w[3].equal);
+  EXPECT_EQ(w[3].rhs.kind, PatternTerm::kDtypeName);
+  EXPECT_EQ(w[3].rhs.name, "bfloat16");
+  EXPECT_EQ(w[4].rhs.value.kind, PatternConst::kNone);
+  EXPECT_EQ(w[1].to_string(), "%gamma.size(0) == %x.size(-1)");
+  EXPECT_EQ(w[3].to_string(), "%x.dtype != bfloat16");
+  // The listed text keeps the where lines (without the comment).
+  EXPECT_NE(ps[0].text.find("  where %gamma.size(0) == %x.size(-1)\n"), std::string::npos);
+}
+
+TEST(FusionPattern, BadWhereLinesNameTheLineAndThePattern) {
+  auto with = [](const std::string& where) {
+    return parse_error("pattern p\n  %a = aten::relu(%x)\n  " + where + "\n  => ns::f(%a)\nend\n");
+  };
+  EXPECT_EQ(with("where %x.dim() = 1"), "t.pat, line 3, pattern 'p': expected '==' or '!=' at '= 1'");
+  EXPECT_EQ(with("where %x.dim() < 1"), "t.pat, line 3, pattern 'p': expected '==' or '!=' at '< 1'");
+  EXPECT_EQ(with("where %x.shape == 1"),
+            "t.pat, line 3, pattern 'p': expected .dim(), .size(d) or .dtype after '%x' at '.shape == 1'");
+  EXPECT_EQ(with("where %x.size(a) == 1"), "t.pat, line 3, pattern 'p': expected a number at 'a) == 1'");
+  EXPECT_EQ(with("where %x.dtype == float99"),
+            "t.pat, line 3, pattern 'p': unknown term 'float99' (expected %v.dim(), %v.size(d), %v.dtype, "
+            "$capture, a literal or a dtype such as float32) at 'float99'");
+  EXPECT_EQ(with("where %x.dim() == 1 extra"),
+            "t.pat, line 3, pattern 'p': unexpected text after the condition at 'extra'");
+  EXPECT_EQ(
+      with("where"),
+      "t.pat, line 3, pattern 'p': expected a term (%v.dim(), %v.size(d), %v.dtype, $capture or a literal) "
+      "at the end of the line");
+  EXPECT_EQ(with("where %q.dim() == 1"),
+            "t.pat, line 3, pattern 'p': the condition uses '%q', which the subgraph does not bind");
+  EXPECT_EQ(with("where $d == float32"),
+            "t.pat, line 3, pattern 'p': the condition uses '$d', which the subgraph does not capture");
+}
+
+// Numbers parse the same whatever the C locale (std::from_chars): a
+// decimal-comma LC_NUMERIC does not make "2.5" malformed.
+TEST(FusionPattern, NumbersIgnoreTheLocale) {
+  const char* old = std::setlocale(LC_NUMERIC, nullptr);
+  const std::string saved = old != nullptr ? old : "C";
+  const bool comma = std::setlocale(LC_NUMERIC, "de_DE.UTF-8") != nullptr ||
+                     std::setlocale(LC_NUMERIC, "fr_FR.UTF-8") != nullptr;
+  const auto ps = parse_fusion_patterns(
+      "pattern p\n %a = aten::add.Tensor(%x, 2.5)\n => ns::f(%a, +1e-6, -3)\nend", "t.pat");
+  std::setlocale(LC_NUMERIC, saved.c_str());
+  EXPECT_DOUBLE_EQ(ps[0].nodes[0].args[1].value.d, 2.5);
+  EXPECT_DOUBLE_EQ(ps[0].replacement.items[1].value.d, 1e-6);
+  EXPECT_EQ(ps[0].replacement.items[2].value.i, -3);
+  if (!comma) GTEST_LOG_(INFO) << "no decimal-comma locale installed: checked in the C locale only";
 }

@@ -16,11 +16,20 @@ namespace {
 // then `weight * h.to(input_dtype)`. Pre-dispatch tracing keeps both
 // `aten::to.dtype` calls even when they change nothing, so the composite
 // ends in a cast there: the `_cast` patterns (tried first: higher priority)
-// cover that form, the others the plain composite. A cast that does change
-// the dtype gives the fused op another output dtype than the match, and the
-// matcher's meta check skips it. The add_rms_norm patterns run over the
-// output of the rms_norm rewrite (lower priority: after it), where the sum
-// has other users (the residual stream): its return 2 replaces the sum.
+// cover that form, the others the plain composite. The fused op does not
+// round through the cast, so a `_cast` pattern holds only when the cast
+// goes back to the dtype the norm read (`where $dtype == %x.dtype`: a no-op
+// here; npubridge's rms_norm_upcast covers the bfloat16 model's real
+// round trip). The output dtype alone would not tell: under type promotion
+// `gamma(f32) * n.to(int32 | bfloat16)` is float32 again, and the fused op
+// would skip the truncation or rounding.
+// npu_rms_norm normalises over all the trailing dims gamma covers, the
+// composite over the last only: gamma must be 1-D of the last dim's size
+// (a [S, H] gamma, or a full-shape gate, would make the fused op normalise
+// over S*H). The add_rms_norm patterns run over the output of the rms_norm
+// rewrite (lower priority: after it), where the sum has other users (the
+// residual stream): its return 2 replaces the sum; the cast between the
+// add and the norm must be a no-op for the same reason as above.
 constexpr const char* kRmsNorm = R"(
 pattern rms_norm_cast priority 21
   %sq = aten::pow.Tensor_Scalar(%x, 2)
@@ -30,6 +39,9 @@ pattern rms_norm_cast priority 21
   %n = aten::mul.Tensor(%x, %r)
   %nc = aten::to.dtype(%n, $dtype)
   %y = aten::mul.Tensor(%gamma, %nc)
+  where $dtype == %x.dtype
+  where %gamma.dim() == 1
+  where %gamma.size(0) == %x.size(-1)
   => mindspeed_like::npu_rms_norm(%x, %gamma, $eps)[0]
 end
 pattern rms_norm priority 20
@@ -39,12 +51,15 @@ pattern rms_norm priority 20
   %r = aten::rsqrt(%ve)
   %n = aten::mul.Tensor(%x, %r)
   %y = aten::mul.Tensor(%gamma, %n)
+  where %gamma.dim() == 1
+  where %gamma.size(0) == %x.size(-1)
   => mindspeed_like::npu_rms_norm(%x, %gamma, $eps)[0]
 end
 pattern add_rms_norm_cast priority 11
   %s = aten::add.Tensor(%x1, %x2)
   %sc = aten::to.dtype(%s, $dtype)
   %n = mindspeed_like::npu_rms_norm(%sc, %gamma, $eps)[0]
+  where $dtype == %s.dtype
   => mindspeed_like::npu_add_rms_norm(%x1, %x2, %gamma, $eps)[0]
   => %s <- [2]
 end

@@ -80,6 +80,38 @@ py::dict arg_to_py(const reg::PatternArg& a) {
   return d;
 }
 
+py::dict term_to_py(const reg::PatternTerm& t) {
+  py::dict d;
+  switch (t.kind) {
+    case reg::PatternTerm::kDim:
+      d["kind"] = "dim";
+      d["name"] = t.name;
+      break;
+    case reg::PatternTerm::kSize:
+      d["kind"] = "size";
+      d["name"] = t.name;
+      d["dim"] = t.dim;
+      break;
+    case reg::PatternTerm::kDtype:
+      d["kind"] = "dtype";
+      d["name"] = t.name;
+      break;
+    case reg::PatternTerm::kCapture:
+      d["kind"] = "capture";
+      d["name"] = t.name;
+      break;
+    case reg::PatternTerm::kDtypeName:
+      d["kind"] = "dtype_name";
+      d["name"] = t.name;
+      break;
+    case reg::PatternTerm::kConst:
+      d["kind"] = "const";
+      d["value"] = const_to_py(t.value);
+      break;
+  }
+  return d;
+}
+
 py::dict pattern_to_py(const reg::FusionPattern& p) {
   py::dict d;
   d["name"] = p.name;
@@ -107,6 +139,17 @@ py::dict pattern_to_py(const reg::FusionPattern& p) {
     extra.append(ed);
   }
   d["extra_outputs"] = extra;  // `=> %name <- [k]` lines
+  py::list where;
+  for (const auto& w : p.constraints) {
+    py::dict wd;
+    wd["lhs"] = term_to_py(w.lhs);
+    wd["op"] = w.equal ? "==" : "!=";
+    wd["rhs"] = term_to_py(w.rhs);
+    wd["line"] = w.line;
+    wd["text"] = w.to_string();
+    where.append(wd);
+  }
+  d["where"] = where;  // `where` lines: conditions the matcher checks on the matched values
   return d;
 }
 

@@ -1,108 +1,77 @@
-"""The fusion patterns in the parsed form (common to the C++ table's
-``_C._fusion_patterns()``; docs/graph-mode.md, "Fusion patterns"):
-``standard_patterns`` mirrors the in-tree plugins' patterns for a build
-without the table, ``host_patterns`` are the ones npubridge adds to any
-table for the graphs Hugging Face models give."""
+"""npubridge's own fusion patterns, for the graphs Hugging Face models give,
+as pattern TEXT (docs/graph-mode.md, "Fusion patterns"): registered into
+the one C++ table (``_C._register_fusion_pattern``) when patterns.py is
+imported (with ``import npubridge``), beside the plugins' patterns
+(plugins/*/src/fusion_patterns.cpp). The table is the single source: there
+is no Python copy of the plugins' patterns.
+
+``rms_norm_upcast``: HF's RMSNorm casts its input to float32 first; in
+bfloat16 the fused op must take the bfloat16 input itself (the cast is
+inside the match), and in float32 the no-op cast is looked through (Note
+[No-op casts are looked through] in patterns.py). Tried before
+rms_norm_cast. The fused op computes in float32 and rounds once to the
+input's dtype, which is what the composite does only when the first cast
+is an up-cast to float32 (not from float64) and the last goes back to the
+input's dtype; gamma must be 1-D over the last dim (npu_rms_norm normalises
+over all the dims gamma covers).
+
+``sdpa_bool_mask``: HF passes a boolean mask (True = attend); the kernel
+takes the opposite (True = masked out), so the mask goes through
+where(mask, False, True); a float (additive) mask is left alone. AOTAutograd
+would otherwise decompose SDPA into the math path: the eager backend choice
+of _sdpa.py does not happen in a compiled graph."""
+import logging
+
+from .. import _C
+
+_log = logging.getLogger("npubridge.compile")
+
+HOST_PATTERNS = {
+    "rms_norm_upcast": """
+pattern rms_norm_upcast priority 22
+  %x = aten::to.dtype(%h, $dt0)
+  %sq = aten::pow.Tensor_Scalar(%x, 2)
+  %ms = aten::mean.dim(%sq, [-1], True)
+  %var = aten::add.Tensor(%ms, $eps)
+  %r = aten::rsqrt(%var)
+  %n = aten::mul.Tensor(%x, %r)
+  %nc = aten::to.dtype(%n, $dtype)
+  %y = aten::mul.Tensor(%gamma, %nc)
+  where $dt0 == float32
+  where %h.dtype != float64
+  where $dtype == %h.dtype
+  where %gamma.dim() == 1
+  where %gamma.size(0) == %h.size(-1)
+  => mindspeed_like::npu_rms_norm(%h, %gamma, $eps)[0]
+end
+""",
+    "sdpa_bool_mask": """
+pattern sdpa_bool_mask priority 10
+  %o = aten::scaled_dot_product_attention(%q, %k, %v, %mask, 0.0, False, $scale)
+  where %mask.dtype == bool
+  => mindspeed_like::npu_fusion_attention(%q, %k, %v, %q.size(1), "BNSD", None, None, aten::where.Scalar(%mask, False, True), $scale, 1.0, 2147483647, 2147483647, 0, None, None, None, 0)[0]
+end
+""",
+}
+
+_registered = False
 
 
-# Helpers spelling the parsed form (common18.md "Fusion pattern text").
-def _v(name):
-    return {"kind": "value", "name": name}
-
-
-def _cap(name):
-    return {"kind": "capture", "name": name}
-
-
-def _c(value):
-    return {"kind": "const", "value": value}
-
-
-def _call(op, *args, ret=0):
-    return {"kind": "call", "op": op, "args": list(args), "ret": ret}
-
-
-def _node(out, op, *args, ret=0):
-    return {"out": out, "op": op, "args": list(args), "ret": ret}
-
-
-def _rms_core(x="x", cast_in=False):
-    """HF LlamaRMSNorm as the pre-dispatch graph spells it: (x = h.to(f32)),
-    x.pow(2).mean(-1, keepdim=True), + eps, rsqrt, x * r, .to(dtype), * gamma."""
-    nodes = [_node("x", "aten::to.dtype", _v("h"), _cap("dt0"))] if cast_in else []
-    nodes += [_node("sq", "aten::pow.Tensor_Scalar", _v(x), _c(2)),
-              _node("ms", "aten::mean.dim", _v("sq"), _c([-1]), _c(True)),
-              _node("var", "aten::add.Tensor", _v("ms"), _cap("eps")),
-              _node("r", "aten::rsqrt", _v("var")),
-              _node("n", "aten::mul.Tensor", _v(x), _v("r"))]
-    return nodes
-
-
-def _pattern(name, nodes, replacement, priority=0, extra_outputs=()):
-    return {"name": name, "plugin": "", "priority": priority, "text": "", "nodes": nodes,
-            "replacement": replacement, "extra_outputs": list(extra_outputs)}
-
-
-def _fa(mask, sparse_mode):
-    """npu_fusion_attention in BNSD layout (what _sdpa.py calls eagerly)."""
-    return _call("mindspeed_like::npu_fusion_attention", _v("q"), _v("k"), _v("v"), {"kind": "size", "name": "q",
-                 "dim": 1}, _c("BNSD"), _c(None), _c(None), mask, _cap("scale"), _c(1.0), _c(2147483647),
-                 _c(2147483647), _c(0), _c(None), _c(None), _c(None), _c(sparse_mode))
-
-
-def _sdpa_node(mask, causal):
-    return _node("o", "aten::scaled_dot_product_attention", _v("q"), _v("k"), _v("v"), mask, _c(0.0), _c(causal),
-                 _cap("scale"))
-
-
-def standard_patterns():
-    """The in-tree plugins' patterns (plugins/*/src/fusion_patterns.cpp) in
-    the parsed form, for a build whose C++ table (``_C._fusion_patterns``)
-    is not there; the table, when there, is the source."""
-    rms = _call("mindspeed_like::npu_rms_norm", _v("x"), _v("gamma"), _cap("eps"), ret=0)
-    add_rms = _call("mindspeed_like::npu_add_rms_norm", _v("x1"), _v("x2"), _v("gamma"), _cap("eps"), ret=0)
-    fused = _node("n", "mindspeed_like::npu_rms_norm", _v("sc"), _v("gamma"), _cap("eps"), ret=0)
-    conv = [_node("c", "aten::conv2d", _v("x"), _v("w"), _v("b"), _cap("stride"), _cap("padding"),
-                  _cap("dilation"), _cap("groups"))]
-    conv_relu = _call("cann_like::conv2d_bias_relu", _v("x"), _v("w"), _v("b"), _cap("stride"), _cap("padding"),
-                      _cap("dilation"), _cap("groups"))
-    return [
-        _pattern("rms_norm_cast", _rms_core() + [_node("nc", "aten::to.dtype", _v("n"), _cap("dtype")),
-                                                 _node("y", "aten::mul.Tensor", _v("gamma"), _v("nc"))], rms, 21),
-        _pattern("rms_norm", _rms_core() + [_node("y", "aten::mul.Tensor", _v("gamma"), _v("n"))], rms, 20),
-        _pattern("add_rms_norm_cast", [_node("s", "aten::add.Tensor", _v("x1"), _v("x2")),
-                                       _node("sc", "aten::to.dtype", _v("s"), _cap("dtype")), fused],
-                 add_rms, 11, [{"name": "s", "ret": 2}]),
-        _pattern("add_rms_norm", [_node("s", "aten::add.Tensor", _v("x1"), _v("x2")), dict(fused, args=[
-            _v("s"), _v("gamma"), _cap("eps")])], add_rms, 10, [{"name": "s", "ret": 2}]),
-        _pattern("swiglu", [_node("s", "aten::silu", _v("a")), _node("y", "aten::mul.Tensor", _v("s"), _v("b"))],
-                 _call("mindspeed_like::npu_swiglu", _call("aten::cat", {"kind": "list", "items": [_v("a"), _v("b")]},
-                                                           _c(-1)), _c(-1)), 10),
-        _pattern("conv2d_bias_relu", conv + [_node("y", "aten::relu", _v("c"))], conv_relu, 10),
-        _pattern("conv2d_bias_relu_inplace", conv + [_node("y", "aten::relu_", _v("c"))], conv_relu, 10),
-        _pattern("sdpa_causal", [_sdpa_node(_c(None), True)], dict(_fa(_c(None), 2), ret=0), 10),
-        _pattern("sdpa", [_sdpa_node(_c(None), False)], dict(_fa(_c(None), 0), ret=0), 10),
-    ]
-
-
-def host_patterns():
-    """Patterns npubridge adds to any table, for graphs the standard ones miss.
-
-    ``rms_norm_upcast``: HF's RMSNorm casts its input to float32 first; in
-    bfloat16 the fused op must take the bfloat16 input itself (the cast is
-    inside the match), and in float32 the no-op cast is looked through
-    (Note [No-op casts are looked through]). Tried before rms_norm_cast.
-    ``sdpa_bool_mask``: HF passes a boolean mask (True = attend); the kernel
-    takes the opposite (True = masked out), so the mask goes through
-    where(mask, False, True), whose meta check also rejects a float
-    (additive) mask: such a match is skipped. AOTAutograd would otherwise
-    decompose SDPA into the math path: the eager backend choice of _sdpa.py
-    does not happen in a compiled graph."""
-    rms_h = _call("mindspeed_like::npu_rms_norm", _v("h"), _v("gamma"), _cap("eps"), ret=0)
-    not_mask = _call("aten::where.Scalar", _v("mask"), _c(False), _c(True))
-    return [
-        _pattern("rms_norm_upcast", _rms_core(cast_in=True) + [_node("nc", "aten::to.dtype", _v("n"), _cap("dtype")),
-                                                              _node("y", "aten::mul.Tensor", _v("gamma"), _v("nc"))],
-                 rms_h, 22),
-        _pattern("sdpa_bool_mask", [_sdpa_node(_v("mask"), False)], dict(_fa(not_mask, 0), ret=0), 10),
-    ]
+def register_host_patterns():
+    """Adds HOST_PATTERNS to the table once per process. A pattern whose
+    fused op is not defined (its plugin is not loaded) is left out: it
+    could not fire."""
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    have = {p["name"] for p in _C._fusion_patterns()}
+    for name, text in HOST_PATTERNS.items():
+        if name in have:
+            continue
+        try:
+            _C._register_fusion_pattern(text)
+        except ValueError as err:
+            if "is not defined" not in str(err):
+                raise
+            _log.info("fusion pattern %s not registered: %s", name, err)

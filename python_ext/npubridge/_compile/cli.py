@@ -8,34 +8,14 @@ import torch.nn.functional as F
 from . import patterns as _patterns
 
 
-def _arg_text(a):
-    kind = a["kind"]
-    if kind == "value":
-        return f"%{a['name']}"
-    if kind == "capture":
-        return f"${a['name']}"
-    if kind == "any":
-        return "_"
-    if kind == "const":
-        return repr(a["value"])
-    if kind == "list":
-        return "[" + ", ".join(_arg_text(x) for x in a["items"]) + "]"
-    if kind == "size":
-        return f"%{a['name']}.size({a['dim']})"
-    ret = f"[{a['ret']}]" if a.get("ret") else ""
-    return f"{a['op']}(" + ", ".join(_arg_text(x) for x in a["args"]) + ")" + ret
-
-
 def print_patterns():
+    """Each pattern as its text (the C++ table keeps the block it parsed:
+    subgraph, where lines, replacement and extra outputs), in the order the
+    compiler tries them."""
     for p in _patterns.all_patterns():
         source = p.get("plugin") or "npubridge (builtin)"
-        print(f"pattern {p['name']} priority {p.get('priority', 0)}   # from {source}")
-        for n in p["nodes"]:
-            print(f"  %{n['out']} = {n['op']}(" + ", ".join(_arg_text(a) for a in n["args"]) + ")")
-        print(f"  => {_arg_text(p['replacement'])}")
-        for o in p.get("outputs", []):
-            print(f"  => %{o['name']} <- [{o['ret']}]")
-        print("end")
+        print(f"# from {source}")
+        print(p["text"], end="")
 
 
 def _demo_model(name):

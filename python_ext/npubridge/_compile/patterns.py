@@ -8,6 +8,7 @@ below that the pre-dispatch graph of real models needs. This file only
 interprets them.
 
 Note [A rewrite is checked before it fires]: a match is rewritten only when
+(0) the pattern's ``where`` lines hold (Note [Where conditions]),
 (1) the replacement op exists and an npu kernel of it takes the dtype,
 (2) its meta function, run on the matched values' fake tensors, gives the
 shape and dtype of every value it replaces, and (3) when the graph records
@@ -25,10 +26,32 @@ outside the match; every other node but the last may not, except:
 Note [No-op casts are looked through]: pre-dispatch tracing keeps
 ``aten.to.dtype`` calls that change nothing (HF's RMSNorm casts to float32
 in float32 models), and later code then uses the cast's value where the
-model used the source (the same tensor object). A matched cast whose input
-and output have the same dtype and shape may keep outside users when its
-source is a pattern input or output: they are redirected to the source
-(or the source's replacement), which is the same value.
+model used the source (the same tensor object). A matched cast whose
+target dtype is its input's dtype (and keeps shape and device) may keep
+outside users when its source is a pattern input or output: they are
+redirected to the source (or the source's replacement), which is the same
+value. A cast that changes the dtype is never looked through: under type
+promotion its users can have the source's dtype again (``f32 *
+n.to(bfloat16)`` is float32) while the cast's rounding is gone.
+
+Note [Where conditions]: a pattern's ``where`` lines (the dict's "where"
+list) compare shapes, dtypes and captures of the matched values
+(``%gamma.dim() == 1``, ``$dtype == %x.dtype``); they are checked on
+``node.meta["val"]`` before anything else, and a match failing one is
+skipped with the line as the reason.
+
+Note [The fused op goes where the output was]: the replacement is inserted
+just before the pattern's output node (its last node in graph order), so it
+reads every input at the point the subgraph finished reading them, and
+every user of the output still comes after it; an extra output's users must
+come after it too, else the match is skipped. The pre-dispatch graph is not
+functional: it keeps in-place ops (a write through a view, ``y[..., 0] =
+0`` is select + copy_, leaves later uses pointing at y's node) and
+grad-mode / autocast switches (``torch._C._set_grad_enabled``). A match
+whose span, from its first to its last node in graph order, holds a node
+outside the match that mutates anything (a schema that is mutable or
+writes an argument) or any call that is not an ATen op (a mode switch) is
+skipped: fusing would move its reads across that node.
 """
 import contextlib
 import functools
@@ -39,7 +62,7 @@ import torch
 from torch._guards import detect_fake_mode
 
 from .. import _C
-from . import builtin_patterns as builtin
+from . import builtin_patterns
 
 _COMMUTATIVE = {"aten::add.Tensor", "aten::mul.Tensor"}
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
@@ -56,12 +79,12 @@ def register(text):
 
 def all_patterns():
     """The patterns in the order they are tried: higher priority first, then
-    registration order; a pattern of the C++ table shadows a builtin one of
-    the same name."""
-    table = list(_C._fusion_patterns()) if hasattr(_C, "_fusion_patterns") else builtin.standard_patterns()
-    names = {p["name"] for p in table}
-    merged = table + [p for p in builtin.host_patterns() if p["name"] not in names]
-    return [p for _, p in sorted(enumerate(merged), key=lambda ip: (-ip[1].get("priority", 0), ip[0]))]
+    registration order. One table, the C++ one: the plugins' patterns and
+    npubridge's own host patterns (builtin_patterns.py, registered as text
+    at import)."""
+    builtin_patterns.register_host_patterns()
+    table = list(_C._fusion_patterns())
+    return [p for _, p in sorted(enumerate(table), key=lambda ip: (-ip[1].get("priority", 0), ip[0]))]
 
 
 # Matching.
@@ -89,11 +112,19 @@ _CASTS = ("aten::to.dtype", "aten::_to_copy")
 
 
 def _is_noop_cast(node):
+    """Note [No-op casts are looked through]: the cast's target dtype is its
+    input's dtype (and shape and device stay)."""
     if _op_name(node.target) not in _CASTS or not isinstance(node.args[0], torch.fx.Node):
         return False
     a, b = node.args[0].meta.get("val"), node.meta.get("val")
-    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-            and a.shape == b.shape and a.device == b.device)
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    if _op_name(node.target) == "aten::to.dtype":
+        target = node.args[1] if len(node.args) > 1 else node.kwargs.get("dtype")
+    else:  # _to_copy: dtype None keeps the input's
+        target = node.kwargs.get("dtype")
+        target = a.dtype if target is None else target
+    return target == a.dtype and b.dtype == a.dtype and a.shape == b.shape and a.device == b.device
 
 
 def _full_args(node):
@@ -257,6 +288,71 @@ def _grad_nodes(gm, requires_grad):
     return marked
 
 
+def _term_value(term, bind):
+    """The value of one side of a ``where`` line (Note [Where conditions])."""
+    kind = term["kind"]
+    if kind == "const":
+        return term["value"]
+    if kind == "dtype_name":
+        return getattr(torch, term["name"])
+    if kind == "capture":
+        return bind[term["name"]]
+    val = _val(bind[term["name"]])
+    if not isinstance(val, torch.Tensor):
+        raise _Skip(f"%{term['name']} is not a tensor")
+    if kind == "dim":
+        return val.dim()
+    if kind == "dtype":
+        return val.dtype
+    if kind == "size":
+        d = term["dim"]
+        if not -val.dim() <= d < val.dim():
+            raise _Skip(f"%{term['name']} has {val.dim()} dims, no dim {d}")
+        return int(val.shape[d])
+    raise ValueError(f"where-term of unknown kind {kind!r}")
+
+
+def _show(v):
+    return _DTYPE_NAMES.get(v, str(v).replace("torch.", "")) if isinstance(v, torch.dtype) else repr(v)
+
+
+def _check_conditions(pattern, bind):
+    """None, or the first ``where`` line the match fails, as the reason."""
+    for w in pattern.get("where", []):
+        try:
+            a, b = _term_value(w["lhs"], bind), _term_value(w["rhs"], bind)
+        except _Skip as why:
+            return f"where {w['text']}: {why}"
+        if isinstance(a, torch.dtype) or isinstance(b, torch.dtype):
+            same = a == b
+        else:
+            same = _const_equal(a, b) or (a is None and b is None)
+        if same != (w["op"] == "=="):
+            return f"where {w['text']} does not hold ({_show(a)} {w['op']} {_show(b)} is false)"
+    return None
+
+
+def _mutates(node):
+    """Whether the node writes anything or switches a mode (Note [The fused
+    op goes where the output was]): conservative for anything but ATen ops
+    and getitem."""
+    if node.op in ("placeholder", "get_attr", "output"):
+        return False
+    if node.op != "call_function":
+        return True
+    if node.target is operator.getitem:
+        return False
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return True
+    schema = node.target._schema
+    return schema.is_mutable or any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def _target_name(node):
+    t = node.target
+    return _op_name(t) or getattr(t, "__qualname__", None) or getattr(t, "__name__", None) or str(t)
+
+
 class _Rewriter:
     def __init__(self, gm, requires_grad):
         self.gm = gm
@@ -337,6 +433,9 @@ class _Rewriter:
 
     def try_rewrite(self, pattern, bind, nodes):
         """Rewrites one match; returns None, or the reason it was skipped."""
+        why = _check_conditions(pattern, bind)
+        if why is not None:
+            return why
         last = nodes[pattern["nodes"][-1]["out"]]
         extra = [(nodes.get(o["name"]), o["ret"]) for o in pattern.get("extra_outputs", [])]
         if any(n is None for n, _ in extra):
@@ -367,16 +466,19 @@ class _Rewriter:
             if got.shape != have.shape or got.dtype != have.dtype:
                 return (f"{pattern['replacement']['op']} return {ret} is {got.dtype}{list(got.shape)} where "
                         f"{node.name} is {have.dtype}{list(have.shape)}")
-        # Insert after the last input the replacement reads, and only if that
-        # is before every user of a replaced value.
+        # Note [The fused op goes where the output was].
         first = min(matched, key=order.__getitem__)
-        anchor = max(inputs, key=order.__getitem__) if inputs else first.prev
+        end = max(matched, key=order.__getitem__)
+        for n in self.graph.nodes:
+            if order[first] < order[n] < order[end] and n not in matched and _mutates(n):
+                return (f"{n.name} ({_target_name(n)}) between the matched nodes mutates or switches a mode: "
+                        "the fused op would move across it")
         replaced = outputs | {c for c, src in looked_through.items() if src in outputs}
-        outside_users = [u for node in replaced for u in node.users if u not in matched]
-        if outside_users and min(order[u] for u in outside_users) <= order[anchor]:
-            return "a user of a replaced value comes before the replacement's inputs"
+        early = [u for node in replaced for u in node.users if u not in matched and order[u] < order[end]]
+        if early:
+            return f"{early[0].name} uses a replaced value before the pattern's output"
         ret_of = dict(want)
-        with self.graph.inserting_before(anchor.next):  # nodes keep the order they are made in
+        with self.graph.inserting_before(end):  # nodes keep the order they are made in
             returns = self._emit_call(pattern["replacement"], bind)
             for node, ret in want:
                 node.replace_all_uses_with(returns[ret])
@@ -445,3 +547,6 @@ def rewrite(gm, enabled=True, requires_grad=()):
     gm.graph.lint()
     gm.recompile()
     return result
+
+
+builtin_patterns.register_host_patterns()  # one table: npubridge's own patterns as text beside the plugins'

@@ -11,7 +11,9 @@ Then the patterns in the compiler: each rewrite checked numerically against
 the unfused subgraph (the same graph compiled with patterns off) and float64
 CPU; the matcher's rules (commutative operands, users outside the match,
 dtype and meta checks) with the skip reasons; the third-party plugin's
-pattern used by torch.compile(backend="npu")."""
+pattern used by torch.compile(backend="npu"). The matcher's guards against
+silently wrong rewrites (where lines, mutations and grad-mode switches
+inside a match) are in test_pattern_guards.py."""
 import json
 import os
 import pathlib
@@ -65,6 +67,35 @@ def test_the_parsed_form_of_rms_norm():
     assert p["text"].startswith("pattern rms_norm priority 20\n") and p["text"].endswith("end\n")
 
 
+def test_where_conditions_in_the_parsed_form():
+    ps = _by_name()
+    assert ps["rms_norm"]["where"] == [
+        {"lhs": {"kind": "dim", "name": "gamma"}, "op": "==", "rhs": {"kind": "const", "value": 1},
+         "line": ps["rms_norm"]["where"][0]["line"], "text": "%gamma.dim() == 1"},
+        {"lhs": {"kind": "size", "name": "gamma", "dim": 0}, "op": "==", "rhs": {"kind": "size", "name": "x",
+         "dim": -1}, "line": ps["rms_norm"]["where"][1]["line"], "text": "%gamma.size(0) == %x.size(-1)"}]
+    assert ps["rms_norm_cast"]["where"][0]["lhs"] == {"kind": "capture", "name": "dtype"}
+    assert ps["rms_norm_cast"]["where"][0]["rhs"] == {"kind": "dtype", "name": "x"}
+    assert ps["add_rms_norm_cast"]["where"][0]["text"] == "$dtype == %s.dtype"
+    # npubridge's own patterns are text in the same table (plugin "").
+    up = ps["rms_norm_upcast"]
+    assert up["plugin"] == "" and "  where $dt0 == float32\n" in up["text"]
+    assert up["where"][0]["rhs"] == {"kind": "dtype_name", "name": "float32"}
+    assert ps["sdpa_bool_mask"]["plugin"] == ""
+
+
+def test_the_cli_lists_each_pattern_as_its_text(capsys):
+    # python3 -m npubridge graph: the text the table parsed, extra outputs
+    # and where lines included.
+    from npubridge._compile import cli
+
+    cli.print_patterns()
+    out = capsys.readouterr().out
+    add = out[out.index("pattern add_rms_norm priority 10"):]
+    assert add[:add.index("\nend\n")].endswith("=> %s <- [2]")
+    assert "  where %gamma.dim() == 1\n" in out and "# from npubridge (builtin)\npattern rms_norm_upcast" in out
+
+
 def test_multi_output_nested_call_and_size_arguments():
     ps = _by_name()
     add = ps["add_rms_norm"]
@@ -100,6 +131,8 @@ def test_multi_output_nested_call_and_size_arguments():
      "fusion pattern text, line 3, pattern 'p': missing 'end' of the pattern that starts at line 1"),
     ("pattern swiglu\n  %a = aten::relu(%x)\n  => mindspeed_like::npu_swiglu(%a)\nend\n",
      "fusion pattern 'swiglu' is already registered (by plugin 'mindspeed_like')"),
+    ("pattern p\n  %a = aten::relu(%x)\n  where %x.dim() >= 1\n  => mindspeed_like::npu_swiglu(%a)\nend\n",
+     "fusion pattern text, line 3, pattern 'p': expected '==' or '!=' at '>= 1'"),
 ])
 def test_bad_host_patterns_raise_value_errors_naming_the_line_and_pattern(text, message):
     before = _C._fusion_patterns()
@@ -455,15 +488,15 @@ def test_sdpa_with_a_boolean_mask_becomes_flash_attention():
 
 
 def test_sdpa_with_an_additive_mask_stays_unfused():
-    # The flash kernel takes a boolean mask only: where(mask, False, True)
-    # rejects a float one in its meta check, so the match is skipped.
+    # The flash kernel takes a boolean mask only: the pattern's where line
+    # leaves a float (additive) one to eager SDPA.
     torch.manual_seed(5)
     q, k, v = (torch.randn(1, 2, 4, 8).npu() for _ in range(3))
     mask = torch.randn(1, 1, 4, 4).npu()
     compiled, out = _compile_run(_Attention(), q, k, v, mask)
     assert _fired(compiled) == {}
-    (why,) = _skipped(compiled)["sdpa_bool_mask"]
-    assert "aten::where.Scalar rejects the matched values" in why and "bool" in why
+    assert _skipped(compiled)["sdpa_bool_mask"] == {
+        "where %mask.dtype == bool does not hold (float32 == bool is false)": 1}
     with torch.no_grad():
         assert torch.equal(out.cpu(), _Attention()(q, k, v, mask).cpu())
 
@@ -519,3 +552,4 @@ def test_the_compiler_uses_the_third_party_plugins_pattern():
     # float64 throughout: erf, a product and 8-term sums, against PyTorch's
     # float64 CPU ops: a few ulp of values of order 10.
     assert out["err"] < 1e-13 and out["grad_err"] < 1e-12
+

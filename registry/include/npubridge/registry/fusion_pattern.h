@@ -75,6 +75,27 @@ struct PatternExtraOutput {
   int32_t ret = 0;
 };
 
+// One side of a `where` line: `%v.dim()`, `%v.size(d)`, `%v.dtype`,
+// `$capture`, or a literal (a number, True/False/None, a string, or a dtype
+// name such as float32: kDtypeName).
+struct PatternTerm {
+  enum Kind { kDim, kSize, kDtype, kCapture, kConst, kDtypeName } kind = kConst;
+  std::string name;    // kDim, kSize, kDtype: the value; kCapture; kDtypeName: "float32"
+  int64_t dim = 0;     // kSize (negative counts from the end)
+  PatternConst value;  // kConst
+  std::string to_string() const;
+};
+
+// `where <term> == <term>` (or `!=`): a condition on the matched values'
+// shapes and dtypes and on the captures; a match that fails it is skipped
+// with the line as the reason (docs/graph-mode.md, "Fusion patterns").
+struct PatternConstraint {
+  PatternTerm lhs, rhs;
+  bool equal = true;  // `==`; false for `!=`
+  int32_t line = 0;
+  std::string to_string() const;
+};
+
 struct FusionPattern {
   std::string name;
   std::string plugin;  // "" when registered by the host
@@ -83,8 +104,9 @@ struct FusionPattern {
   std::vector<PatternNode> nodes;  // topological order; the last is the output
   PatternArg replacement;          // kCall
   std::vector<PatternExtraOutput> extra_outputs;
-  int32_t line = 0;              // of the `pattern` line
-  int32_t replacement_line = 0;  // of the `=> op(...)` line
+  std::vector<PatternConstraint> constraints;  // `where` lines, in text order
+  int32_t line = 0;                            // of the `pattern` line
+  int32_t replacement_line = 0;                // of the `=> op(...)` line
 };
 
 // A malformed pattern: the message names the origin, the line and the
