@@ -806,6 +806,21 @@ SampleFn index_select_spec() {
   };
 }
 
+SampleFn index_copy_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;  // distinct indices: ATen leaves duplicates' order open
+    out.push_back({"dim 2 (a KV cache update)",
+                   {make({2, 3, 8, 4}, dt), int64_t{2}, long_tensor({5, 1}, {2}), make({2, 3, 2, 4}, dt),
+                    empty_out(dt)}});
+    out.push_back(
+        {"dim 0",
+         {make({6, 4}, dt), int64_t{0}, long_tensor({0, 3, 5}, {3}), make({3, 4}, dt), empty_out(dt)}});
+    out.push_back({"index out of range (error)",
+                   {make({6, 4}, dt), int64_t{0}, long_tensor({6}, {1}), make({1, 4}, dt), empty_out(dt)}});
+    return out;
+  };
+}
+
 SampleFn gather_spec() {
   return [](ScalarType dt) {
     std::vector<Sample> out;
@@ -1472,6 +1487,7 @@ const std::map<std::string, SampleFn>& sample_specs() {
     m["aten::nll_loss_forward.output"] = nll_loss_spec();
     m["aten::nll_loss_backward.grad_input"] = nll_loss_backward_spec();
     m["aten::index_select.out"] = index_select_spec();
+    m["aten::index_copy.out"] = index_copy_spec();
     m["aten::gather.out"] = gather_spec();
     m["aten::scatter.src_out"] = scatter_spec();
     m["aten::scatter_add.out"] = scatter_add_spec();

@@ -1,5 +1,5 @@
-// Indexing: index_select, gather, scatter, scatter_add, index.Tensor,
-// index_put_, cat, nonzero (kernel-allocated output). Every index is checked
+// Indexing: index_select, index_copy, gather, scatter, scatter_add,
+// index.Tensor, index_put_, cat, nonzero (kernel-allocated output). Every index is checked
 // before it is used: an out-of-range index is an error, never a stray read.
 // Registered contiguous-only: the dispatcher stages strided tensors. sort
 // and topk are in sort.cpp.
@@ -57,6 +57,48 @@ void index_select(Call& call) {
                                     static_cast<size_t>(v.inner * es));
                       }
                     });
+}
+
+// aten::index_copy.out(self, dim, index, source, *, out): out = self, then
+// out's slice index[i] along dim = source's slice i (a static KV cache's
+// update: transformers' StaticCache writes the new keys with index_copy_).
+// out may be self (the in-place form): registered alias-safe.
+void index_copy(Call& call) {
+  TensorRef self = call.tensor(0), index = call.tensor(2), source = call.tensor(3), out = call.tensor(4);
+  if (dt_of(index.dtype()) != DT::i64)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string("index_copy_(): Expected a long tensor for index, but got ") +
+                  dt_name(dt_of(index.dtype())));
+  if (index.dim() > 1)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "index_copy_(): Index should have dimension 1 or 0 (got " + std::to_string(index.dim()) + ")");
+  if (dt_of(source.dtype()) != dt_of(self.dtype()) || dt_of(out.dtype()) != dt_of(self.dtype()))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "index_copy_(): self, source and out must have the same dtype");
+  const int64_t dim = wrap_dim(call, call.int_arg(1), self.dim());
+  const int64_t n = index.numel();
+  Shape expected = self.sizes();
+  if (self.dim() > 0) expected[static_cast<size_t>(dim)] = n;
+  if (source.dim() != self.dim() || (self.dim() > 0 && source.sizes() != expected))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "index_copy_(): source " + shape_str(source.sizes()) +
+                                             " must be self " + shape_str(self.sizes()) + " with dimension " +
+                                             std::to_string(dim) + " of the index's size " +
+                                             std::to_string(n));
+  const DimView v = dim_view(self, dim);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t k = idx_at(index, i);
+    if (k < 0 || k >= v.size)
+      call.fail(NPUB_ERR_INDEX, "index_copy_(): index " + std::to_string(k) +
+                                    " is out of bounds for dimension " + std::to_string(dim) + " with size " +
+                                    std::to_string(v.size));
+  }
+  check_out(call, out, self.sizes());
+  const int64_t es = dt_size(dt_of(self.dtype()));
+  if (out.data<char>() != self.data<char>())
+    std::memcpy(out.data<char>(), self.data<char>(), static_cast<size_t>(self.numel() * es));
+  for (int64_t o = 0; o < v.outer; ++o)
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(out.data<char>() + (o * v.size + idx_at(index, i)) * v.inner * es,
+                  source.data<char>() + (o * n + i) * v.inner * es, static_cast<size_t>(v.inner * es));
 }
 
 // Walks every element of `index` (contiguous) with its coordinate along
@@ -457,6 +499,13 @@ void register_index(npub::sdk::Registrar& r) {
       .dtypes(all)
       .arg_dtypes("index", {npub::sdk::kInt64, npub::sdk::kInt32})
       .contiguous_only();
+  r.op("aten::index_copy.out(Tensor self, int dim, Tensor index, Tensor source, *, Tensor(a!) out) -> "
+       "Tensor(a!)",
+       &index_copy)
+      .dtypes(all)
+      .arg_dtypes("index", {npub::sdk::kInt64})
+      .contiguous_only()
+      .alias_safe();
   r.op("aten::gather.out(Tensor self, int dim, Tensor index, *, bool sparse_grad=False, Tensor(a!) out) -> "
        "Tensor(a!)",
        &gather)

@@ -100,10 +100,21 @@ StepSpec step_spec(const py::dict& d) {
 void bind_graph(py::module& m) {
   py::class_<Program, std::shared_ptr<Program>>(m, "_GraphProgram")
       .def("run",
-           [](Program& p, const std::vector<at::Tensor>& inputs) {
+           [](Program& p, std::vector<at::Tensor> inputs) {
              py::gil_scoped_release nogil;
-             return p.run(inputs);
+             return p.run(std::move(inputs));
            })
+      // AOTAutograd's boxed convention: the list is emptied, so that the
+      // loop holds the only references and can drop each input after its
+      // last use.
+      .def("run_boxed",
+           [](Program& p, py::list args) {
+             auto inputs = args.cast<std::vector<at::Tensor>>();
+             args.attr("clear")();
+             py::gil_scoped_release nogil;
+             return p.run(std::move(inputs));
+           })
+      .def("set_input_last_use", &Program::set_input_last_use)
       .def("info",
            [](const Program& p) {
              py::list out;

@@ -14,6 +14,7 @@
 #include "runtime/allocator.h"
 #include "runtime/npu_runtime.h"
 
+#include <algorithm>
 #include <sstream>
 
 namespace npub::torch_backend {
@@ -107,8 +108,6 @@ Program::Program(int device, std::vector<SlotSpec> slots, int64_t arena_bytes, s
     if (s.spec.kind == K::kInput) {
       if (inputs_.size() <= static_cast<size_t>(s.spec.index)) inputs_.resize(s.spec.index + 1, -1);
       inputs_[static_cast<size_t>(s.spec.index)] = static_cast<int64_t>(i);
-    } else if (s.spec.kind == K::kOutput) {
-      allocated_.push_back(static_cast<int64_t>(i));
     } else if (s.spec.kind == K::kView) {
       TORCH_CHECK(s.spec.index >= 0 && static_cast<size_t>(s.spec.index) < i, "graph slot ", i,
                   ": a view of slot ", s.spec.index, ", which does not come before it");
@@ -182,6 +181,42 @@ Program::Program(int device, std::vector<SlotSpec> slots, int64_t arena_bytes, s
     }
     info_.push_back(std::move(info));
   }
+  // Note [Outputs are allocated when first written]: a graph's outputs
+  // (a backward's gradients, a forward's saved activations) are allocated
+  // by the step that first writes them, not all when the run starts, so
+  // that the run's peak is the eager one's: eager allocates each result
+  // when its op runs.
+  std::vector<bool> seen(slots_.size(), false);
+  allocate_before_.resize(steps_.size());
+  auto first_write = [&](size_t k, int64_t slot) {
+    if (slot < 0) return;
+    while (slots_[static_cast<size_t>(slot)].spec.kind == SlotSpec::Kind::kView)
+      slot = slots_[static_cast<size_t>(slot)].spec.index;
+    if (slots_[static_cast<size_t>(slot)].spec.kind != SlotSpec::Kind::kOutput ||
+        seen[static_cast<size_t>(slot)])
+      return;
+    seen[static_cast<size_t>(slot)] = true;
+    allocate_before_[k].push_back(slot);
+  };
+  for (size_t k = 0; k < steps_.size(); ++k) {
+    for (int64_t o : steps_[k].spec.outs) first_write(k, o);
+    const auto& sargs = steps_[k].spec.op.schema().arguments();
+    for (size_t a = 0; a < steps_[k].spec.args.size() && a < sargs.size(); ++a)
+      if (sargs[a].alias_info() != nullptr && sargs[a].alias_info()->isWrite() &&
+          steps_[k].spec.args[a].kind == ArgSpec::Kind::kSlot)
+        first_write(k, steps_[k].spec.args[a].slot);
+  }
+  for (size_t i = 0; i < slots_.size(); ++i)  // an output no step writes (none in practice)
+    if (slots_[i].spec.kind == SlotSpec::Kind::kOutput && !seen[i] && !steps_.empty())
+      allocate_before_[0].push_back(static_cast<int64_t>(i));
+}
+
+void Program::allocate(int64_t i) {
+  Slot& s = slots_[static_cast<size_t>(i)];
+  s.t = tensor_over(graph_storage(std::max<int64_t>(slot_extent_bytes(s.spec, s.itemsize), 1)), s.spec,
+                    s.spec.offset);
+  s.dl.data = s.t.data_ptr();
+  place_views(i);
 }
 
 Program::~Program() = default;
@@ -342,9 +377,17 @@ void Program::run_kernel(Step& s) {
   }
 }
 
-std::vector<at::Tensor> Program::run(const std::vector<at::Tensor>& inputs) {
-  TORCH_CHECK(!running_, "compiled graph: called again while it runs (a compiled graph is not reentrant)");
-  running_ = true;
+void Program::set_input_last_use(const std::vector<int64_t>& last_use) {
+  release_after_.assign(steps_.size(), {});
+  for (size_t i = 0; i < last_use.size(); ++i)
+    if (last_use[i] >= 0 && static_cast<size_t>(last_use[i]) < steps_.size())
+      release_after_[static_cast<size_t>(last_use[i])].push_back(static_cast<int64_t>(i));
+}
+
+std::vector<at::Tensor> Program::run(std::vector<at::Tensor> inputs) {
+  TORCH_CHECK(
+      !running_.exchange(true),
+      "compiled graph: called again while it runs (a program's slots are its own: one run at a time)");
   struct Done {
     Program& p;
     ~Done() {
@@ -368,20 +411,26 @@ std::vector<at::Tensor> Program::run(const std::vector<at::Tensor>& inputs) {
     Slot& s = slots_[i];
     if (s.spec.kind == SlotSpec::Kind::kArena) s.dl.data = base + s.spec.index;
   }
-  for (int64_t i : allocated_) {
-    Slot& s = slots_[static_cast<size_t>(i)];
-    s.t = tensor_over(graph_storage(std::max<int64_t>(slot_extent_bytes(s.spec, s.itemsize), 1)), s.spec,
-                      s.spec.offset);
-    s.dl.data = s.t.data_ptr();
-  }
-  for (size_t i = 0; i < slots_.size(); ++i)
-    if (slots_[i].spec.kind != SlotSpec::Kind::kView && slots_[i].spec.kind != SlotSpec::Kind::kHost)
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const SlotSpec::Kind kind = slots_[i].spec.kind;
+    if (kind != SlotSpec::Kind::kView && kind != SlotSpec::Kind::kHost && kind != SlotSpec::Kind::kOutput)
       place_views(static_cast<int64_t>(i));
-  for (Step& s : steps_) {
+  }
+  for (size_t k = 0; k < steps_.size(); ++k) {
+    Step& s = steps_[k];
+    for (int64_t o : allocate_before_[k]) allocate(o);
     if (s.rc)
       run_kernel(s);
     else
       run_host(s);
+    if (release_after_.empty()) continue;
+    for (int64_t i : release_after_[k]) {
+      const int64_t slot = inputs_[static_cast<size_t>(i)];
+      inputs[static_cast<size_t>(i)].reset();
+      if (slot < 0) continue;
+      slots_[static_cast<size_t>(slot)].t.reset();
+      for (int64_t v : views_of_[static_cast<size_t>(slot)]) slots_[static_cast<size_t>(v)].t.reset();
+    }
   }
   std::vector<at::Tensor> out;
   out.reserve(outputs_.size());

@@ -12,6 +12,7 @@
 
 #include <npubridge/dispatcher/dispatcher.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -74,7 +75,14 @@ class Program {
 
   // One run: binds the inputs, runs every step, returns the outputs
   // (undefined for a None output). Throws c10::Error naming the node.
-  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs);
+  // `inputs` is taken by value: with the caller's references given up
+  // (AOTAutograd's boxed convention), an input is released after the last
+  // step that reads it (set_input_last_use), as eager autograd frees a
+  // saved tensor once its backward node ran.
+  std::vector<at::Tensor> run(std::vector<at::Tensor> inputs);
+  // Per graph input, the step after which the loop drops its reference
+  // (-1 or past the last step: kept to the end).
+  void set_input_last_use(const std::vector<int64_t>& last_use);
   const std::vector<StepInfo>& info() const { return info_; }
   int64_t arena_bytes() const { return arena_bytes_; }
 
@@ -83,6 +91,7 @@ class Program {
   struct Step;
   void bind(const std::vector<at::Tensor>& inputs);
   void place_views(int64_t root);
+  void allocate(int64_t slot);
   const at::Tensor& tensor(int64_t slot);
   void run_kernel(Step& s);
   void run_host(Step& s);
@@ -93,12 +102,13 @@ class Program {
   std::vector<Slot> slots_;
   std::vector<Step> steps_;
   std::vector<int64_t> outputs_;
-  std::vector<int64_t> inputs_;                 // slot per graph input
-  std::vector<int64_t> allocated_;              // kOutput slots
-  std::vector<std::vector<int64_t>> views_of_;  // per root slot: its views, in order
+  std::vector<int64_t> inputs_;                        // slot per graph input
+  std::vector<std::vector<int64_t>> allocate_before_;  // per step: kOutput slots it writes first
+  std::vector<std::vector<int64_t>> views_of_;         // per root slot: its views, in order
+  std::vector<std::vector<int64_t>> release_after_;    // per step: graph inputs read for the last time
   int64_t arena_bytes_;
   bool keep_arena_;
-  bool running_ = false;
+  std::atomic<bool> running_{false};
   c10::Storage arena_;
   std::vector<StepInfo> info_;
 };

@@ -4,6 +4,8 @@
 #include <ATen/Context.h>
 #include <c10/core/Storage.h>
 
+#include <npubridge/device_sim/graph_capture.h>
+
 #include "runtime/allocator.h"
 #include "runtime/generator.h"
 #include "runtime/host_allocator.h"
@@ -49,7 +51,26 @@ c10::Allocator* NpuHooks::getPinnedMemoryAllocator() const { return npu_host_all
 void NpuHooks::resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const {
   c10::DataPtr fresh = npu_allocator()->allocate(newsize);
   const size_t keep = std::min(newsize, storage.nbytes());
-  if (keep > 0) std::memcpy(fresh.get(), storage.data(), keep);
+  // Inside a capture the old bytes are a record's to move (Note [Capture
+  // records instead of running]): earlier records write them at replay.
+  if (keep > 0 && sim::thread_is_capturing() && storage.device().is_privateuseone()) {
+    int64_t bytes = static_cast<int64_t>(keep);
+    DLTensor from{const_cast<void*>(storage.data()),
+                  DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), storage.device().index()},
+                  1,
+                  DLDataType{kDLUInt, 8, 1},
+                  &bytes,
+                  nullptr,
+                  0};
+    DLTensor to = from;
+    to.data = fresh.get();
+    rethrow_as_torch([&] {
+      sim::engine_copy(&rt().devices().at(storage.device().index()), to, from,
+                       "resize_ (the storage's copy)");
+    });
+  } else if (keep > 0) {
+    std::memcpy(fresh.get(), storage.data(), keep);
+  }
   const_cast<c10::Storage&>(storage).set_data_ptr_noswap(std::move(fresh));
   const_cast<c10::Storage&>(storage).set_nbytes(newsize);
 }

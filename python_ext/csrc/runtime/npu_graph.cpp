@@ -80,7 +80,20 @@ at::Tensor capture_constant(const at::Tensor& cpu_scalar, c10::DeviceIndex devic
   TORCH_CHECK(owner != nullptr, "npu:", device,
               " graph capture: a CPU scalar argument inside a capture needs the capture to be begun through "
               "torch.npu.NPUGraph (which keeps its device copy)");
-  at::Tensor t = at::empty({}, cpu_scalar.options().device(c10::DeviceType::PrivateUse1, device));
+  // From the ordinary cache, not the pool: a pool block may have been an
+  // earlier intermediate of this capture, which the replay writes again
+  // before the constant's reader runs (the value is written once, now).
+  struct OutsideThePool {
+    sim::Device& dev;
+    uint64_t pool;
+    OutsideThePool(sim::Device& d, uint64_t p) : dev(d), pool(p) { dev.allocator().end_pool_route(); }
+    ~OutsideThePool() { dev.allocator().begin_pool_route(pool); }
+  };
+  at::Tensor t;
+  {
+    const OutsideThePool outside(dev, owner->graph().pool());
+    t = at::empty({}, cpu_scalar.options().device(c10::DeviceType::PrivateUse1, device));
+  }
   // The value is known now and is the call's constant: the copy runs at
   // capture (not recorded), from the host.
   sim::copy_tensor(DLView(t).dl, DLView(cpu_scalar).dl);

@@ -59,6 +59,15 @@ _SCALAR_AS_TENSOR = {
     "aten::add.Scalar": torch.ops.aten.add.Tensor, "aten::sub.Scalar": torch.ops.aten.sub.Tensor,
     "aten::mul.Scalar": torch.ops.aten.mul.Tensor, "aten::div.Scalar": torch.ops.aten.div.Tensor,
 }
+# Note [The overrideable convolutions, lowered]
+# On a backend without a native convolution ATen sends aten.convolution to
+# convolution_overrideable (its backward to convolution_backward_overrideable,
+# whose schema lacks bias_sizes), which the plugins serve; the lowering takes
+# that route directly (argument indices kept, bias_sizes dropped).
+_CONV_ROUTES = {
+    "aten::convolution": (torch.ops.aten.convolution_overrideable.default, ()),
+    "aten::convolution_backward": (torch.ops.aten.convolution_backward_overrideable.default, (3,)),
+}
 # Ops that copy or convert their input: made once at lowering when every
 # tensor flowing in is a constant (lift_fresh_copy of a lifted constant).
 _FOLDABLE_ON_CONSTANTS = {"aten::lift_fresh_copy", "aten::_to_copy", "aten::clone"}
@@ -291,6 +300,10 @@ class _Lowering:
         if name in _SCALAR_AS_TENSOR:
             op = _SCALAR_AS_TENSOR[name]
             name = _name(op)
+        elif name in _CONV_ROUTES and _name(_CONV_ROUTES[name][0]) in self.direct:
+            op, dropped = _CONV_ROUTES[name]
+            name = _name(op)
+            args = [a for i, a in enumerate(args) if i not in dropped]
         schema = op._schema
         if schema.is_mutable:
             # copy_ into a graph input (AOTAutograd's input mutations) and
@@ -446,6 +459,12 @@ class _Lowering:
             if isinstance(n, torch.fx.Node) and isinstance(self.slot_of.get(n), int):
                 root = self._root(self.slot_of[n])
                 end[root] = len(self.steps)
+        # Per graph input, the last step that reads it (or a view of it);
+        # one an output reaches is kept (its end is past the last step).
+        self.input_last_use = [-1] * self.num_inputs
+        for i, sl in enumerate(self.slots):
+            if sl["kind"] == "input":
+                self.input_last_use[sl["index"]] = end.get(i, -1)
         buffers = [memory_plan.Buffer(i, nbytes[i], start[i], end.get(i, start[i]))
                    for i, s in enumerate(self.slots) if s["kind"] == "arena" and i in start]
         p = memory_plan.plan(buffers)
@@ -475,20 +494,33 @@ class Compiled:
     def __call__(self, *args):
         if self._program is None:
             return self._gm(*args)
-        outs = self._program.run(list(args))
-        if self._structure == "single":
-            return outs[0]
-        return tuple(outs) if self._structure == "tuple" else list(outs)
+        return self._wrap(self._program.run(list(args)))
 
     def summary(self) -> dict:
         return self._summary
 
     def boxed(self, args: list):
         """AOTAutograd's boxed convention: takes the list of inputs and
-        empties it (so the caller's references go early)."""
-        inputs = list(args)
-        args.clear()
-        return self(*inputs)
+        empties it, so that the loop holds the only references and drops
+        each input after the last step that reads it (a backward graph's
+        saved activations go as eager autograd frees them)."""
+        if self._program is None:
+            inputs = list(args)
+            args.clear()
+            return self._gm(*inputs)
+        return self._wrap(self._program.run_boxed(args))
+
+    def boxed_fn(self):
+        """A function AOTAutograd calls boxed (``_boxed_call``)."""
+        def run(args):
+            return self.boxed(args)
+        run._boxed_call = True
+        return run
+
+    def _wrap(self, outs):
+        if self._structure == "single":
+            return outs[0]
+        return tuple(outs) if self._structure == "tuple" else list(outs)
 
 
 def lower(gm: torch.fx.GraphModule, example_inputs, keep_arena: bool = False) -> Compiled:
@@ -512,6 +544,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs, keep_arena: bool = False) ->
         device = lw.device if lw.device is not None else torch.npu.current_device()
         with unset_fake_temporarily():  # building boxes wrapped numbers on the npu, for real
             program = _C._graph_program(device, lw.slots, lw.mem["planned_bytes"], lw.steps, outputs, keep_arena)
+        program.set_input_last_use(lw.input_last_use)
     except _Refused as e:
         nodes = [{"name": n.name, "target": str(n.target), "kind": "fallback", "plugin": "", "kernel_op": "",
                   "dtype_conversion": None, "reason": str(e)}

@@ -17,6 +17,9 @@ NPU_ACTIVITY = getattr(ProfilerActivity, "NPU", None) or ProfilerActivity.Privat
 # The exported timestamps are microseconds with three decimals: containment
 # is checked to that rounding (1 ns).
 EPS_US = 1e-3
+# The CPU events are stamped on an approximate clock converted to wall time
+# (c10::ApproximateClockToUnixTimeConverter); the npu track on wall time.
+DEVICE_EPS_US = 5.0
 
 
 def _work():
@@ -57,7 +60,8 @@ def _enclosing_op(events, s):
 
 
 def _slices(events, prefix):
-    return [e for e in events if e["name"].startswith(prefix)]
+    """The host slices (user_annotation) whose name starts with prefix."""
+    return [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith(prefix)]
 
 
 def test_every_slice_has_a_non_negative_duration(trace):
@@ -94,3 +98,19 @@ def test_a_fallback_is_its_own_slice_under_its_torch_op(trace):
     op = _enclosing_op(trace, fb)
     assert op is not None and op["name"] == "aten::special_i1e", op
 
+
+
+def test_the_npu_track_repeats_each_slice_inside_its_host_slice(trace):
+    # With the NPU activity, kineto's session of the npu profiler
+    # (runtime/profiler_kineto.cpp) logs every slice again as a device
+    # activity ("kernel" events) on the npu's track (pid = device index).
+    host = [e for e in trace if e.get("cat") == "user_annotation" and ": " in e["name"]]
+    device = [e for e in trace if e.get("cat") == "kernel"]
+    assert sorted(e["name"] for e in device) == sorted(e["name"] for e in host)
+    assert {e["pid"] for e in device} == {0}
+    # Each is stamped between its host slice's begin and end, on the same
+    # clock (Note [One clock for both tracks]); DEVICE_EPS_US covers the
+    # conversion of the profiler's approximate CPU clock to wall time.
+    for d in device:
+        assert any(h["name"] == d["name"] and h["ts"] - DEVICE_EPS_US <= d["ts"]
+                   and d["ts"] + d["dur"] <= h["ts"] + h["dur"] + DEVICE_EPS_US for h in host), d
