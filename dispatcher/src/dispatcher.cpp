@@ -598,12 +598,8 @@ void Dispatcher::call(const OpHandle& handle, const NpubValue* args, int32_t num
     }
     if (k == nullptr) {
       run_fallback(cs, nullptr);
-    } else if (precision_enabled_.load(std::memory_order_relaxed) && has_fallback() &&
-               cs.overlap == Overlap::kNone &&  // the reference would read what the kernel wrote
-               !sim::thread_is_capturing()) {   // a capture records: there is nothing to compare
-      check_precision(cs, *k, convert_from);
     } else {
-      run_kernel(cs, *k, convert_from);
+      run_selected(cs, *k, convert_from);
     }
   } catch (...) {
     stats.errors.fetch_add(1, std::memory_order_relaxed);
@@ -791,6 +787,15 @@ class SavedReturns {
   std::vector<NpubValue> heap_;
 };
 }  // namespace
+
+void Dispatcher::run_selected(CallState& cs, const reg::Kernel& k, DType convert_from) {
+  if (precision_enabled_.load(std::memory_order_relaxed) && has_fallback() &&
+      cs.overlap == Overlap::kNone &&  // the reference would read what the kernel wrote
+      !sim::thread_is_capturing())     // a capture records: there is nothing to compare
+    check_precision(cs, k, convert_from);
+  else
+    run_kernel(cs, k, convert_from);
+}
 
 void Dispatcher::run_kernel(CallState& cs, const reg::Kernel& k, DType convert_from) {
   const SavedReturns saved(cs.rets, cs.num_rets);

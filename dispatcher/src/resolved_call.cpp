@@ -116,10 +116,8 @@ void Dispatcher::call_resolved(const ResolvedCall& rc, const NpubValue* args, in
   try {
     if (k == nullptr) {
       run_fallback(cs, rc.fallback_reason.c_str());
-    } else if (precision_enabled_.load(std::memory_order_relaxed) && has_fallback()) {
-      check_precision(cs, *k, rc.convert_from);
     } else {
-      run_kernel(cs, *k, rc.convert_from);
+      run_selected(cs, *k, rc.convert_from);  // as call() does (no check inside a capture)
     }
   } catch (...) {
     stats.errors.fetch_add(1, std::memory_order_relaxed);

@@ -110,17 +110,26 @@ def reset_stats():
     _C.reset_stats()
 
 
+# Bumped by every setting that changes which kernels exist (the level, a
+# plugin's enable state): graph mode checks it per call and recompiles a graph
+# whose fused ops the new settings no longer serve (_compile/specialize.py).
+_settings_epoch = [0]
+
+
 def set_optim_level(level: int):
     """0: no plugin kernels; 1: basic ops; 2: fused ops (default); 3: all."""
     _C.set_optim_level(int(level))
+    _settings_epoch[0] += 1
 
 
 def enable_plugin(name: str):
     _C.enable_plugin(name, True)
+    _settings_epoch[0] += 1
 
 
 def disable_plugin(name: str):
     _C.enable_plugin(name, False)
+    _settings_epoch[0] += 1
 
 
 import re as _re  # noqa: E402

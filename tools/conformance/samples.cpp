@@ -1404,6 +1404,12 @@ const std::map<std::string, SampleFn>& sample_specs() {
     }
     m["aten::logical_and.out"] = binary({{}, R::boolean});
     m["aten::logical_or.out"] = binary({{}, R::boolean});
+    // bitwise: integer and bool dtypes only (no inf/nan; a float64 `other` is an error in ATen)
+    for (const char* b : {"bitwise_and", "bitwise_or", "bitwise_xor"}) {
+      m[std::string("aten::") + b + ".Tensor_out"] = binary({{}, R::same, 0, false, false});
+      m[std::string("aten::") + b + ".Scalar_out"] =
+          binary_scalar(R::same, {IValue(c10::Scalar(int64_t{5})), IValue(c10::Scalar(true))});
+    }
     m["aten::where.self_out"] = where_spec();
     m["aten::masked_fill.Scalar"] = masked_fill_spec(false);
     m["aten::masked_fill_.Scalar"] = masked_fill_spec(true);

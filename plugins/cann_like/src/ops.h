@@ -7,6 +7,7 @@
 namespace cann_like {
 
 void register_binary(npub::sdk::Registrar& r);
+void register_bitwise(npub::sdk::Registrar& r);  // bitwise_and/or/xor (bitwise.cpp)
 void register_unary(npub::sdk::Registrar& r);
 void register_copy(npub::sdk::Registrar& r);
 void register_matmul(npub::sdk::Registrar& r);

@@ -8,6 +8,7 @@ void init(npub::sdk::Registrar& r) {
   cann_like::configure_isa_from_environment();
   cann_like::register_copy(r);
   cann_like::register_binary(r);
+  cann_like::register_bitwise(r);
   cann_like::register_unary(r);
   cann_like::register_reduce(r);
   cann_like::register_scan(r);

@@ -385,16 +385,17 @@ void Program::set_input_last_use(const std::vector<int64_t>& last_use) {
 }
 
 std::vector<at::Tensor> Program::run(std::vector<at::Tensor> inputs) {
-  TORCH_CHECK(
-      !running_.exchange(true),
-      "compiled graph: called again while it runs (a program's slots are its own: one run at a time)");
+  TORCH_CHECK(runner_.load() != std::this_thread::get_id(),
+              "compiled graph: called again from inside its own run (a host step of the graph calls it)");
+  std::lock_guard<std::mutex> lock(run_mutex_);  // Note [One run at a time]
+  runner_.store(std::this_thread::get_id());
   struct Done {
     Program& p;
     ~Done() {
       for (Slot& s : p.slots_)
         if (s.spec.kind != SlotSpec::Kind::kConstant) s.t.reset();
       if (!p.keep_arena_) p.arena_ = c10::Storage();
-      p.running_ = false;
+      p.runner_.store(std::thread::id());
     }
   } done{*this};
   c10::OptionalDeviceGuard guard;

@@ -15,8 +15,10 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace npub::torch_backend {
@@ -108,7 +110,14 @@ class Program {
   std::vector<std::vector<int64_t>> release_after_;    // per step: graph inputs read for the last time
   int64_t arena_bytes_;
   bool keep_arena_;
-  std::atomic<bool> running_{false};
+  // Note [One run at a time]: the slots, their DLTensors and the arena are
+  // the program's, so runs from several threads (a compiled model used
+  // concurrently, as eager allows) take turns on `run_mutex_`; the GIL is
+  // released before, so a waiting caller blocks nobody else. `runner_`
+  // catches a run re-entered from its own thread (a host step calling the
+  // same compiled graph), which would otherwise deadlock.
+  std::mutex run_mutex_;
+  std::atomic<std::thread::id> runner_{};
   c10::Storage arena_;
   std::vector<StepInfo> info_;
 };

@@ -27,8 +27,9 @@ def compile(model, *, mode=None, options=None, dynamic=False, fullgraph=False): 
 def compile_report(compiled_model=None):
     """Per graph of ``compiled_model`` (from torch.compile(..., backend="npu")
     or npubridge.compile): nodes and the kernels they resolved to, patterns
-    fired and skipped with reasons, fallbacks with reasons, planned vs eager
-    bytes, graph breaks. A dict; ``print()`` it for text."""
+    fired and skipped with reasons, fallbacks with reasons, planned arena
+    bytes and their lower bound (the live-set peak), graph breaks. A dict;
+    ``print()`` it for text."""
     return _report.Report(_report.report_dict(compiled_model))
 
 

@@ -27,6 +27,7 @@ from torch._dynamo.utils import counters
 
 from . import patterns as _patterns
 from . import predispatch
+from . import specialize as _specialize
 
 _DEFAULTS = {"patterns": True, "partition": "min_cut"}
 # torch.compile's modes; only reduce-overhead changes anything here (the
@@ -48,6 +49,7 @@ class GraphRecord:
         self.reduce_overhead = None  # why CUDA-graph-style replay is (not) used
         self.compile_seconds = 0.0
         self.graph_breaks = {}
+        self.specialised = False  # compiled at a call, for its concrete inputs (specialize.py)
 
 
 def _find_owner():
@@ -90,7 +92,7 @@ class PythonProgram:
         nodes = [{"name": n.name, "target": str(n.target), "kind": "eager", "plugin": None, "kernel_op": None,
                   "dtype_conversion": None, "reason": "no lowering in this build: the node runs as an eager op"}
                  for n in self.gm.graph.nodes if n.op == "call_function"]
-        return {"nodes": nodes, "fallbacks": 0, "planned_bytes": None, "eager_bytes": None,
+        return {"nodes": nodes, "fallbacks": 0, "planned_bytes": None, "live_peak_bytes": None,
                 "intermediates_bytes": None, "output_bytes": None}
 
 
@@ -208,7 +210,21 @@ def npu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=Non
     """The backend torch.compile calls with each Dynamo graph."""
     opts = check_options(mode, {**(options or {}), **kwargs})
     records = _records_of(_find_owner())
+    def again(g, inputs):
+        return _compile_static(g, inputs, opts, mode, records, specialised=True)
+
+    if _specialize.is_symbolic(example_inputs):  # Note [Dynamic graphs are compiled per concrete shape]
+        return _specialize.PerShape(gm, again)
+    under = _specialize.settings()
+    first = _compile_static(gm, example_inputs, opts, mode, records)
+    return _specialize.PerShape(gm, again, first, under)  # Note [A settings change recompiles]
+
+
+def _compile_static(gm, example_inputs, opts, mode, records, specialised=False):
+    """The pipeline of one static-shape graph: pre-dispatch trace, patterns,
+    AOTAutograd (partition), lowering of each of its graphs."""
     record = GraphRecord(len(records), gm, example_inputs)
+    record.specialised = specialised
     records.append(record)
     start = time.perf_counter()
     target = gm

@@ -472,7 +472,7 @@ class _Lowering:
             self.slots[b.id]["index"] = b.offset
         self.mem = {
             "planned_bytes": p.arena_bytes,
-            "eager_bytes": p.eager_peak_bytes,
+            "live_peak_bytes": p.live_peak_bytes,
             "intermediates_bytes": p.intermediates_bytes,
             "output_bytes": sum(nbytes[i] for i, s in enumerate(self.slots) if s["kind"] == "output"),
             "host_bytes": sum(nbytes[i] for i, s in enumerate(self.slots) if s["kind"] == "host"),
@@ -551,7 +551,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs, keep_arena: bool = False) ->
                  for n in gm.graph.nodes if n.op == "call_function"]
         return Compiled(gm, None, None, None, {
             "lowered": False, "reason": str(e), "nodes": nodes, "fallbacks": len(nodes), "planned_bytes": 0,
-            "eager_bytes": 0, "intermediates_bytes": 0, "output_bytes": 0, "host_bytes": 0})
+            "live_peak_bytes": 0, "intermediates_bytes": 0, "output_bytes": 0, "host_bytes": 0})
     info = program.info()
     for row, step in lw.step_rows:
         r, i = lw.node_info[row], info[step]

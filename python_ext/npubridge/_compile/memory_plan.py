@@ -12,7 +12,7 @@ Placement is greedy first-fit: buffers taken in one order (largest first,
 program order, largest size x lifetime), each at the lowest aligned offset
 where no placed buffer with an overlapping lifetime is in the way; the
 smallest arena of the orders wins. Not optimal (the problem is NP-hard):
-the arena is at least the peak of the live set (``eager_peak_bytes``), and
+the arena is at least the peak of the live set (``live_peak_bytes``), and
 the difference is fragmentation.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Buffer:
 @dataclass
 class Plan:
     arena_bytes: int          # the arena: what the plan allocates per call
-    eager_peak_bytes: int     # peak of the live set, each buffer freed after its last use, no reuse
+    live_peak_bytes: int     # peak of the live set (each freed after its last use): a LOWER BOUND of any plan
     intermediates_bytes: int  # all buffers summed (no reuse at all)
     buffers: list
 

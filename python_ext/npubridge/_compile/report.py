@@ -3,9 +3,10 @@
 For each Dynamo graph: its inputs' shapes (one entry per recompile), the
 fusion patterns that fired and those skipped with why, and for each of its
 AOTAutograd graphs (inference, or forward and backward) the nodes and the
-kernels they resolved to, fallbacks with reasons, and planned vs eager
-bytes, from the lowering's ``Compiled.summary()``; then Dynamo's graph
-breaks with their reasons.
+kernels they resolved to, fallbacks with reasons, and the planned arena
+bytes with the live-set peak (its lower bound, not an eager figure), from
+the lowering's ``Compiled.summary()``; then Dynamo's graph breaks with
+their reasons.
 """
 from torch._dynamo.eval_frame import innermost_backend
 
@@ -40,7 +41,7 @@ def _graph_part(compiled):
             fallbacks.append({"node": n["name"], "target": n["target"], "reason": n.get("reason")})
     return {"nodes": len(nodes), "kinds": kinds, "kernels": kernels, "fallbacks": fallbacks,
             "lowered": summary.get("lowered"), "not_lowered_reason": summary.get("reason"),
-            "planned_bytes": summary.get("planned_bytes"), "eager_bytes": summary.get("eager_bytes"),
+            "planned_bytes": summary.get("planned_bytes"), "live_peak_bytes": summary.get("live_peak_bytes"),
             "summary": summary}
 
 
@@ -48,6 +49,7 @@ def report_dict(model):
     graphs = []
     for rec in _records(model):
         graphs.append({"index": rec.index, "input_shapes": rec.input_shapes, "dynamo_nodes": rec.dynamo_nodes,
+                       "specialised": getattr(rec, "specialised", False),
                        "patterns_fired": dict(rec.patterns["fired"]),
                        "patterns_skipped": {k: dict(v) for k, v in rec.patterns["skipped"].items()},
                        "predispatch_error": rec.predispatch_error, "reduce_overhead": rec.reduce_overhead,
@@ -72,6 +74,8 @@ def format_report(d):
     for g in d["graphs"]:
         lines.append(f"graph {g['index']}: inputs {g['input_shapes']}  ({g['dynamo_nodes']} Dynamo nodes, "
                      f"compiled in {g['compile_seconds']:.2f} s)")
+        if g.get("specialised"):
+            lines.append("  compiled at a call for its concrete inputs (a dynamic Dynamo graph, or new settings)")
         if g["predispatch_error"]:
             lines.append(f"  patterns not applied: {g['predispatch_error']}")
         for name, n in g["patterns_fired"].items():
@@ -84,7 +88,7 @@ def format_report(d):
         for kind, p in g["parts"].items():
             kinds = ", ".join(f"{k} {v}" for k, v in sorted(p["kinds"].items()))
             lines.append(f"  {kind}: {p['nodes']} nodes ({kinds}); planned {_bytes(p['planned_bytes'])} "
-                         f"vs eager {_bytes(p['eager_bytes'])}")
+                         f"(live peak, the lower bound of any plan: {_bytes(p['live_peak_bytes'])})")
             if p["lowered"] is False:
                 lines.append(f"    not lowered (runs as the FX graph): {p['not_lowered_reason']}")
             for k, v in sorted(p["kernels"].items()):

@@ -68,12 +68,12 @@ def test_planner_never_overlaps_live_buffers_and_aligns():
         p = memory_plan.plan(bufs)
         memory_plan.check(p)
         # The arena is at least the live peak and at most no reuse at all.
-        assert p.eager_peak_bytes <= p.arena_bytes <= max(p.intermediates_bytes, 64 * n)
+        assert p.live_peak_bytes <= p.arena_bytes <= max(p.intermediates_bytes, 64 * n)
     # A chain (each buffer read only by the next step) needs two buffers.
     chain = [memory_plan.Buffer(i, 1000, i, i + 1) for i in range(10)]
     p = memory_plan.plan(chain)
     assert p.arena_bytes == 2 * memory_plan.align(1000)
-    assert p.eager_peak_bytes == 2 * memory_plan.align(1000)
+    assert p.live_peak_bytes == 2 * memory_plan.align(1000)
     with pytest.raises(ValueError, match="buffer 0: last use 1 before its definition 2"):
         memory_plan.plan([memory_plan.Buffer(0, 8, 2, 1)])
 
@@ -108,7 +108,7 @@ def test_mlp_forward_matches_eager_bit_for_bit(mlp32):
     assert all(n["dtype_conversion"] is None for n in s["nodes"])
     # mm (8x64 f32), add, relu: a chain; the output is not planned.
     assert s["output_bytes"] == 8 * 16 * 4
-    assert s["eager_bytes"] <= s["planned_bytes"] <= s["intermediates_bytes"]
+    assert s["live_peak_bytes"] <= s["planned_bytes"] <= s["intermediates_bytes"]
     assert s["planned_bytes"] == 2 * 8 * 64 * 4  # two live 8x64 buffers at most
 
 
@@ -240,7 +240,7 @@ def test_views_of_planned_intermediates():
     assert kind["aten.clone.default"] == "kernel"
     # mul's and clone's results (24 floats, 128 bytes aligned) live together
     # while clone reads the view of mul's: the views keep their bases alive.
-    assert s["planned_bytes"] == s["eager_bytes"] == 2 * memory_plan.align(24 * 4)
+    assert s["planned_bytes"] == s["live_peak_bytes"] == 2 * memory_plan.align(24 * 4)
 
 
 def test_fallback_node_is_counted_with_its_reason():
@@ -477,7 +477,7 @@ def test_llama_training_step_is_bit_equal_to_eager(llama_step):
     for s in summaries:
         kinds = _kinds(s)
         assert len(kinds["kernel"]) > 3 * s["fallbacks"], (s["fallbacks"], len(kinds["kernel"]))
-        assert s["eager_bytes"] <= s["planned_bytes"] < s["intermediates_bytes"]
+        assert s["live_peak_bytes"] <= s["planned_bytes"] < s["intermediates_bytes"]
     fw_ops = {n["kernel_op"] for n in fw["nodes"]}
     assert {"aten::mm.out", "aten::bmm.out", "aten::_softmax.out", "aten::embedding"} <= fw_ops
     # mul.Scalar runs as mul.Tensor with a wrapped number, as ATen composes it.

@@ -271,6 +271,10 @@ class Dispatcher {
   // set_fallback's keeps_aliasing).
   bool refuses_overlaps() const;
   void check_precision(CallState& cs, const reg::Kernel& k, DType convert_from);
+  // Runs the selected kernel: through check_precision when the check is on
+  // and may run here, else run_kernel. Both call() and call_resolved() go
+  // through it, so that the two paths decide alike.
+  void run_selected(CallState& cs, const reg::Kernel& k, DType convert_from);
   [[noreturn]] void no_kernel(CallState& cs, const char* why) const;
 
   reg::Registry& registry_;
