@@ -140,3 +140,28 @@ def test_a_new_batch_size_under_automatic_dynamic_shapes_captures_again():
         for bs in (4, 6, 5, 6, 5, 7):
             x = torch.randn(bs, 16).npu()
             assert torch.equal(c(x).cpu(), m(x).cpu()), bs
+
+
+def test_a_buffer_updated_in_place_matches_eager_after_replays():
+    # A step counter / cache in a buffer: captured in place (stable address), written by the replay.
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("count", torch.zeros(4))
+            self.w = torch.nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            self.count.add_(1)
+            return x @ self.w * self.count
+
+    torch.manual_seed(0)
+    m = M().npu()
+    e = M().npu()
+    e.load_state_dict(m.state_dict())
+    c = torch.compile(m, backend="npu", mode="reduce-overhead", dynamic=False)
+    with torch.no_grad():
+        for i in range(4):
+            x = torch.randn(2, 4).npu()
+            assert torch.equal(c(x).cpu(), e(x).cpu()), i
+            assert torch.equal(m.count.cpu(), e.count.cpu()), i
+    assert "replayed" in str(npubridge.compile_report(c))
