@@ -233,7 +233,8 @@ class _Capture:
                 static.copy_(new)
         self.graph.replay()
         for i in self.copy_back:
-            args[i].copy_(self.static_inputs[i])
+            if args[i].data_ptr() != self.static_inputs[i].data_ptr():
+                args[i].copy_(self.static_inputs[i])
         copies = {}
 
         def out(t):
