@@ -40,6 +40,15 @@ std::unordered_map<int, int>& global_captures_by_index() {
 
 std::string device_name(const Device& d) { return "npu:" + std::to_string(d.index()); }
 
+// Every open capture of every thread (Note [Work a capture cannot see]); the
+// atomic keeps capture_target one load when nothing captures.
+std::atomic<int> g_open_captures{0};
+std::mutex g_open_mu;
+std::vector<Graph*>& open_captures() {
+  static std::vector<Graph*> v;  // under g_open_mu
+  return v;
+}
+
 }  // namespace
 
 OwnedTensor::OwnedTensor(const DLTensor& t) : dl_(t) {
@@ -74,7 +83,14 @@ void Graph::capture_begin(Device& device, uint64_t pool, CaptureMode mode) {
   device.allocator().retain_pool(pool_);
   holds_pool_ = true;
   device.allocator().begin_pool_route(pool_);
+  stream_ = &device.current_stream();
+  poisoned_.store(false);
   tls_captures.push_back(this);
+  {
+    std::lock_guard<std::mutex> lock(g_open_mu);
+    open_captures().push_back(this);
+    g_open_captures.fetch_add(1);
+  }
   if (mode == CaptureMode::kGlobal) {
     std::lock_guard<std::mutex> lock(g_global_mu);
     ++global_captures_by_index()[device.index()];
@@ -87,6 +103,12 @@ void Graph::stop_recording() {
   if (state_ != State::kCapturing) return;
   device_->allocator().end_pool_route();
   tls_captures.erase(std::remove(tls_captures.begin(), tls_captures.end(), this), tls_captures.end());
+  {
+    std::lock_guard<std::mutex> lock(g_open_mu);
+    auto& v = open_captures();
+    v.erase(std::remove(v.begin(), v.end(), this), v.end());
+    g_open_captures.fetch_sub(1);
+  }
   if (mode_ == CaptureMode::kGlobal) {
     std::lock_guard<std::mutex> lock(g_global_mu);
     auto& m = global_captures_by_index();
@@ -106,7 +128,19 @@ void Graph::capture_end() {
     throw Error(ErrorCode::kInvalidArgument,
                 "graph capture_end: called on a thread other than the one that began the capture");
   stop_recording();
+  if (poisoned_.load()) {
+    std::lock_guard<std::mutex> lock(poison_mu_);
+    state_ = State::kInvalid;
+    invalid_reason_ = poison_reason_;
+    throw CaptureError("graph capture_end: the graph is invalid: " + invalid_reason_);
+  }
   state_ = State::kCaptured;
+}
+
+void Graph::poison(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(poison_mu_);
+  if (!poisoned_.load()) poison_reason_ = reason;
+  poisoned_.store(true);
 }
 
 void Graph::replay() {
@@ -185,12 +219,37 @@ Graph* capturing_graph(int device_index) {
   return nullptr;
 }
 
+Graph* capture_target(Device& device, const Stream& stream, const std::function<std::string()>& op) {
+  if (g_open_captures.load(std::memory_order_relaxed) == 0) return nullptr;
+  if (!tls_captures.empty()) {
+    if (Graph* g = capturing_graph(device)) return g;
+    Graph* g = tls_captures.front();
+    g->forbid(op() + " on " + device_name(device),
+              "this thread captures on " + device_name(*g->device()) +
+                  ", and work on another device is neither recorded nor replayed; move the tensors to " +
+                  device_name(*g->device()) + " or capture on " + device_name(device));
+  }
+  std::lock_guard<std::mutex> lock(g_open_mu);
+  for (Graph* g : open_captures()) {
+    if (g->device() != &device || g->stream() != &stream) continue;
+    const std::string msg =
+        device_name(device) + " graph capture: " + op() +
+        " was issued to the capturing stream from a thread that is not capturing (autograd runs a backward "
+        "on its device thread): it would run now and never at replay, so it is refused and the capture is "
+        "invalid; capturing a backward is not supported: capture the forward only, or run backward() "
+        "outside the capture";
+    g->poison(msg);
+    throw CaptureError(msg);
+  }
+  return nullptr;
+}
+
 Graph* capturing_graph_any() { return tls_captures.empty() ? nullptr : tls_captures.front(); }
 
 bool thread_is_capturing() { return !tls_captures.empty(); }
 
 bool capture_checks_needed() {
-  return !tls_captures.empty() || g_global_captures.load(std::memory_order_relaxed) != 0;
+  return !tls_captures.empty() || g_open_captures.load(std::memory_order_relaxed) != 0;
 }
 
 void check_capture_allows(int device_index, const std::string& op, const std::string& why, bool sync) {
@@ -239,7 +298,7 @@ void engine_copy(Device* device, const DLTensor& dst, const DLTensor& src, const
   }
   const bool host_side =
       dst.device.device_type != NPUB_DEVICE_NPU || src.device.device_type != NPUB_DEVICE_NPU;
-  if (Graph* g = capturing_graph(*device)) {
+  if (Graph* g = capture_target(*device, device->current_stream(), [&] { return op; })) {
     if (host_side)
       g->forbid(op,
                 "a copy between host and device memory: the host side would be read or written at capture, "

@@ -2,6 +2,8 @@
 // running], graph_capture.h): what invoke_kernel records instead of calling
 // the kernel, and what replay calls.
 #include "captured_kernel.h"
+
+#include <npubridge/dispatcher/trace.h>
 #include "call_state.h"
 #include "host_api.h"
 
@@ -107,6 +109,10 @@ class CapturedKernel final : public sim::GraphNode {
     l.device = &device;
     l.stream = &stream;
     NoOutputs no_outputs(op_name_);  // every return was allocated at capture
+    // The same slice as the eager run's (invoke_kernel), nested under the
+    // replay's.
+    const trace::Scope slice(trace::Kind::kKernel,
+                             [&] { return launch_.kernel->plugin_name() + ": " + op_name_; });
     call_kernel_fn(l, args_.data(), static_cast<int32_t>(args_.size()), rets_.data(),
                    static_cast<int32_t>(rets_.size()), &no_outputs);
     const_cast<reg::Kernel*>(launch_.kernel)->calls.fetch_add(1, std::memory_order_relaxed);

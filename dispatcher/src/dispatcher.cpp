@@ -541,7 +541,7 @@ void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs, con
   launch.generator = ScopedCallGenerator::current();
   launch.dl_device = cs.device;
   // Note [Capture records instead of running] (graph_capture.h).
-  if (sim::Graph* graph = sim::capturing_graph(dev)) {
+  if (sim::Graph* graph = sim::capture_target(dev, stream, [&] { return "op '" + cs.op->name() + "'"; })) {
     capture_kernel(*graph, cs, launch, args, rets, outputs);
     return;
   }
@@ -716,7 +716,9 @@ const std::string& Dispatcher::fallback_reason() { return tls_fallback_reason; }
 void Dispatcher::run_fallback(CallState& cs, const char* reason) {
   const std::string why = reason != nullptr ? std::string(reason) : explain_no_kernel(*this, cs);
   if (sim::capture_checks_needed() && cs.device.device_type == NPUB_DEVICE_NPU)
-    if (sim::Graph* graph = sim::capturing_graph(devices_.at(cs.device.device_id)))
+    if (sim::Graph* graph = sim::capture_target(devices_.at(cs.device.device_id),
+                                                devices_.at(cs.device.device_id).current_stream(),
+                                                [&] { return "op '" + cs.op->name() + "'"; }))
       graph->forbid("op '" + cs.op->name() + "'",
                     "it would fall back to the host framework (" + why +
                         "), which a replay cannot run; a capture runs plugin kernels only");

@@ -317,7 +317,9 @@ TEST_F(GraphCaptureConcurrencyTest, OtherThreadsRunEagerlyBesideAThreadLocalCapt
   g.capture_begin(*dev, 0, sim::CaptureMode::kThreadLocal);
   Tensor captured_out = Tensor::empty({1024}, DType::kFloat32, dev);
   std::atomic<bool> ok{true};
+  sim::Stream& other_stream = dev->create_stream();
   std::thread other([&] {
+    dev->set_current_stream(other_stream);  // not the capturing stream (Note [Work a capture cannot see])
     for (int i = 0; i < 20; ++i) {
       Tensor out = Tensor::empty({1024}, DType::kFloat32, dev);  // the ordinary cache, not the pool
       add(a, a, 1.0, out);
@@ -332,6 +334,51 @@ TEST_F(GraphCaptureConcurrencyTest, OtherThreadsRunEagerlyBesideAThreadLocalCapt
   EXPECT_EQ(g.num_nodes(), 1u);
   g.replay();
   EXPECT_EQ(captured_out.to_doubles()[7], 4.5);
+}
+
+TEST_F(GraphCaptureConcurrencyTest, AnotherThreadsWorkOnTheCapturingStreamIsRefusedAndPoisonsTheCapture) {
+  // What autograd's device thread does with a backward inside a capture:
+  // work on the forward's (capturing) stream from a thread that does not
+  // capture. It would run once now and never at replay.
+  Tensor a = f32({4}, {1, 2, 3, 4});
+  Tensor out = f32({4}, {0, 0, 0, 0});
+  sim::Stream& s = dev->create_stream();
+  dev->set_current_stream(s);
+  sim::Graph g;
+  g.capture_begin(*dev);
+  std::string err;
+  std::thread other([&] {
+    dev->set_current_stream(s);
+    err = error_of([&] { add(a, a, 1.0, out); });
+  });
+  other.join();
+  const std::string expected =
+      "npu:0 graph capture: op 'aten::add.out' was issued to the capturing stream from a thread that is not "
+      "capturing (autograd runs a backward on its device thread): it would run now and never at replay, so "
+      "it is refused and the capture is invalid; capturing a backward is not supported: capture the forward "
+      "only, or run backward() outside the capture";
+  EXPECT_EQ(err, expected);
+  EXPECT_EQ(error_of([&] { g.capture_end(); }), "graph capture_end: the graph is invalid: " + expected);
+  EXPECT_FALSE(g.captured());
+  dev->set_current_stream(dev->default_stream());
+  EXPECT_EQ(out.to_doubles(), (std::vector<double>{0, 0, 0, 0}));  // nothing ran
+  add(a, a, 1.0, out);                                             // the device keeps working
+  EXPECT_EQ(out.to_doubles(), (std::vector<double>{2, 4, 6, 8}));
+}
+
+TEST_F(GraphCaptureTest, WorkOnAnotherDeviceInsideACaptureIsRefusedNamingBothDevices) {
+  sim::Device& dev1 = rt->devices().at(1);
+  Tensor a = Tensor::from_values({2}, DType::kFloat32, {1, 2}, &dev1);
+  Tensor out = Tensor::from_values({2}, DType::kFloat32, {0, 0}, &dev1);
+  sim::Graph g;
+  g.capture_begin(*dev);
+  EXPECT_EQ(error_of([&] { add(a, a, 1.0, out); }),
+            "npu:0 graph capture: op 'aten::add.out' on npu:1 is not allowed while capturing a graph (this "
+            "thread captures on npu:0, and work on another device is neither recorded nor replayed; move the "
+            "tensors to npu:0 or capture on npu:1); the capture was ended and the graph is invalid");
+  EXPECT_FALSE(g.capturing());
+  add(a, a, 1.0, out);
+  EXPECT_EQ(out.to_doubles(), (std::vector<double>{2, 4}));
 }
 
 TEST_F(GraphCaptureConcurrencyTest, GlobalModeRefusesOtherThreadsSynchronize) {

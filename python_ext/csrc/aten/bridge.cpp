@@ -59,6 +59,13 @@ void run_on_dispatcher(const OpHandle& target, c10::ArrayRef<c10::IValue> args, 
   const c10::DeviceIndex device = call_device(args);
   c10::OptionalDeviceGuard guard;
   if (device != current_index()) guard.reset_device(at::Device(c10::DeviceType::PrivateUse1, device));
+  // Note [Work a capture cannot see]: before boxing, which copies a CPU
+  // scalar to the device (a captured constant), so the error names the op.
+  if (sim::capture_checks_needed())
+    rethrow_as_torch([&] {
+      sim::Device& dev = rt().devices().at(device);
+      sim::capture_target(dev, dev.current_stream(), [&] { return "op '" + target.op->name() + "'"; });
+    });
   Boxed b;
   b.values.reserve(args.size());
   b.views.reserve(count_tensors(args));

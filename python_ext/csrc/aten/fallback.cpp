@@ -168,13 +168,20 @@ void refuse_quantized_arguments(const c10::OperatorHandle& op, const torch::jit:
 
 // ATen's CPU fallback for the call on `stack`.
 void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  if (sim::capture_checks_needed())
-    if (sim::Graph* g = sim::capturing_graph(rt().devices().current_device()))
+  if (sim::capture_checks_needed()) {
+    sim::Graph* g = nullptr;
+    rethrow_as_torch([&] {  // Note [Work a capture cannot see]
+      sim::Device& dev = rt().devices().at(rt().devices().current_device());
+      g = sim::capture_target(dev, dev.current_stream(),
+                              [&] { return "op '" + full_name(op.schema().operator_name()) + "'"; });
+    });
+    if (g != nullptr)
       rethrow_as_torch([&] {
         g->forbid("op '" + full_name(op.schema().operator_name()) + "'",
                   "no plugin kernel serves it and it would run on the CPU fallback, which a replay cannot "
                   "run; a capture runs plugin kernels only");
       });
+  }
   refuse_quantized_arguments(op, *stack);
   // PyTorch's cpu_fallback returns outputs to the first tensor argument's
   // device; when that is a CPU scalar (1 - x is sub(1, x)), the outputs

@@ -166,7 +166,12 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   if (sim::capture_checks_needed()) {
     sim::Device& npu = rt().devices().at((dst.is_privateuseone() ? dst : self).device().index());
     const bool host_side = !self.is_privateuseone() || !dst.is_privateuseone();
-    if (sim::capturing_graph(npu) != nullptr || host_side) {
+    bool recorded = false;
+    rethrow_as_torch([&] {  // Note [Work a capture cannot see]
+      recorded = sim::capture_target(npu, npu.current_stream(), [] { return std::string("aten::copy_"); }) !=
+                 nullptr;
+    });
+    if (recorded || host_side) {
       rethrow_as_torch([&] {
         sim::engine_copy(&npu, DLView(dst).dl, DLView(src).dl,
                          host_side ? (dst.is_privateuseone()

@@ -6,6 +6,7 @@
 
 #include <npubridge/device_sim/caching_allocator.h>
 #include <npubridge/device_sim/device.h>
+#include <npubridge/dispatcher/trace.h>
 
 #include "aten/boxing.h"
 #include "runtime/npu_runtime.h"
@@ -62,6 +63,11 @@ void NPUGraph::capture_end() {
 }
 
 void NPUGraph::replay() {
+  // One profiler slice for the replay; the replayed kernels' slices nest
+  // under it (CapturedKernel::replay).
+  const trace::Scope slice(trace::Kind::kReplay, [&] {
+    return "NPUGraph.replay (" + std::to_string(graph_.num_nodes()) + " records)";
+  });
   rethrow_as_torch([&] { graph_.replay(); });
 }
 
@@ -77,6 +83,11 @@ at::Tensor capture_constant(const at::Tensor& cpu_scalar, c10::DeviceIndex devic
   NPUGraph* owner = nullptr;
   for (NPUGraph* g : tls_npu_graphs)
     if (g->capturing() && g->graph().device() == &dev) owner = g;
+  // Work on another device than the capture's: that error, naming both.
+  rethrow_as_torch([&] {
+    sim::capture_target(dev, dev.current_stream(),
+                        [] { return std::string("an op with a CPU scalar argument"); });
+  });
   TORCH_CHECK(owner != nullptr, "npu:", device,
               " graph capture: a CPU scalar argument inside a capture needs the capture to be begun through "
               "torch.npu.NPUGraph (which keeps its device copy)");

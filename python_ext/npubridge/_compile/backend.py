@@ -110,7 +110,7 @@ def _graph_compiler(record, kind, mode):
         compiled = _lower(gm, example_inputs)
         record.compiled[kind] = compiled
         if mode == "reduce-overhead":
-            compiled = _maybe_graphed(record, kind, compiled, example_inputs)
+            compiled = _maybe_graphed(record, kind, compiled, _written_inputs(gm))
         record.compile_seconds += time.perf_counter() - start
         return _boxed(compiled)
 
@@ -132,7 +132,27 @@ def _boxed(fn):
     return run
 
 
-def _maybe_graphed(record, kind, compiled, example_inputs):
+def _written_inputs(gm):
+    """Indices of the graph inputs that an op of gm writes, directly or
+    through a view (AOTAutograd's kept input mutations: copy_ into the
+    input): graphed_callable copies them back to the caller's tensors."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    root = {n: i for i, n in enumerate(placeholders)}
+    written = set()
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+        if schema is None:
+            continue
+        for a, v in zip(schema.arguments, n.args):
+            if a.alias_info is not None and isinstance(v, torch.fx.Node) and v in root:
+                if a.alias_info.is_write:
+                    written.add(root[v])
+                elif any(r.alias_info is not None for r in schema.returns):
+                    root[n] = root[v]  # a view of the input
+    return written
+
+
+def _maybe_graphed(record, kind, compiled, written):
     if kind != "inference":
         record.reduce_overhead = "not used: training graphs run the normal program (replay is for inference)"
         return compiled
@@ -144,7 +164,7 @@ def _maybe_graphed(record, kind, compiled, example_inputs):
         record.reduce_overhead = "not used: this build has no npubridge._graphs.graphed_callable"
         return compiled
     record.reduce_overhead = "replayed (npubridge._graphs.graphed_callable)"
-    return _Replayed(compiled, _graphs.graphed_callable, record)
+    return _Replayed(compiled, _graphs.graphed_callable, record, written)
 
 
 def _first_line(err):
@@ -156,20 +176,29 @@ def _first_line(err):
 
 
 class _Replayed:
-    """An inference graph replayed as a captured NPU graph. The capture
-    waits for the first call: the compiler's example inputs are fake
-    tensors, and capturing needs real static buffers (graphed_callable
-    warms up and captures on copies of the first call's inputs, then copies
-    each call's inputs in and returns clones of the outputs)."""
+    """An inference graph replayed as a captured NPU graph. The first call
+    runs the normal program (the compiler's example inputs are fake tensors,
+    and capturing needs real static buffers) and notes the inputs'
+    addresses; the second captures, in place on the inputs whose address
+    did not change (parameters, buffers), on static copies of the others
+    (Note [Graphed callables], npubridge/_graphs.py)."""
 
-    def __init__(self, compiled, graphed_callable, record):
+    def __init__(self, compiled, graphed_callable, record, written=()):
         self.compiled, self._graphed_callable, self.record = compiled, graphed_callable, record
+        self.written = set(written)
         self.graphed = None
+        self.first_ptrs = None
 
     def __call__(self, *args):
+        if self.graphed is None and self.first_ptrs is None:
+            self.first_ptrs = [a.data_ptr() if isinstance(a, torch.Tensor) else None for a in args]
+            return self.compiled(*args)
         if self.graphed is None:
+            stable = [i for i, a in enumerate(args)
+                      if isinstance(a, torch.Tensor) and a.data_ptr() == self.first_ptrs[i]]
             try:
-                self.graphed = self._graphed_callable(self.compiled, list(args))
+                self.graphed = self._graphed_callable(self.compiled, list(args), in_place=stable,
+                                                      mutated=self.written)
             except Exception as err:  # noqa: BLE001 - a graph that cannot be captured runs as the program
                 # (a host fallback, a sync inside the graph ...: the capture names it)
                 self.graphed = self.compiled

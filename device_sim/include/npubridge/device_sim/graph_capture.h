@@ -11,6 +11,20 @@
 // the calling thread, after the current stream's queued work (Note [Kernels
 // run inline, in stream order]), so a replay is ordered like eager work.
 //
+// Note [Work a capture cannot see]
+// A capture records the CAPTURING THREAD's work on the capture's device.
+// Two kinds of device work would escape it and run once, at capture, never
+// at replay (silently wrong results), so both raise instead:
+//  - work the capturing thread issues on ANOTHER device (x on npu:1 while
+//    capturing on npu:0): CUDA refuses such cross-stream work too;
+//  - work another thread issues to the capturing STREAM. On CUDA a capture
+//    belongs to a stream, so autograd's backward (which the engine runs on
+//    its device thread, on the forward's stream) is recorded; here the
+//    records, the pool route and the constants are per thread, so a
+//    backward inside a capture is refused (capture_target) and the capture
+//    is poisoned: its capture_end raises too. Other threads' work on other
+//    streams runs normally (kThreadLocal).
+//
 // What cannot be recorded is forbidden inside a capture and raises
 // npub::Error (kUnsupported) naming the operation (forbid_in_capture):
 // copies between host and device memory, synchronize (device, stream,
@@ -35,10 +49,13 @@
 #include <npubridge/plugin_api.h>
 #include <npubridge/support/error.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -116,6 +133,12 @@ class Graph {
   Device* device() const { return device_; }
   CaptureMode mode() const { return mode_; }
 
+  // The stream the capture began on ("npu:0 stream 1"'s object).
+  const Stream* stream() const { return stream_; }
+  // Note [Work a capture cannot see]: marks the capture as failed from
+  // another thread; capture_end raises `reason`.
+  void poison(const std::string& reason);
+
   // While capturing: appends a record; holds `ptr` (device memory of the
   // graph's pool, e.g. a kernel's workspace) until reset.
   void add_node(std::unique_ptr<GraphNode> node);
@@ -136,6 +159,10 @@ class Graph {
   uint64_t pool_ = 0;
   bool holds_pool_ = false;
   CaptureMode mode_ = CaptureMode::kThreadLocal;
+  const Stream* stream_ = nullptr;
+  std::atomic<bool> poisoned_{false};
+  std::mutex poison_mu_;
+  std::string poison_reason_;  // under poison_mu_
   std::vector<std::unique_ptr<GraphNode>> nodes_;
   std::vector<void*> held_;
   std::string invalid_reason_;
@@ -146,13 +173,21 @@ class Graph {
 Graph* capturing_graph(const Device& device);
 // The same by device index (for a stream, which knows only its index).
 Graph* capturing_graph(int device_index);
+// Note [Work a capture cannot see]: the graph that records device work the
+// calling thread issues on `device`'s `stream` (its open capture there), or
+// null when the work runs now. Throws a CaptureError naming `op()` when the
+// work would escape a capture: the thread captures on another device (that
+// capture ends), or another thread captures on this very stream (that
+// capture is poisoned). One relaxed load when no thread captures.
+Graph* capture_target(Device& device, const Stream& stream, const std::function<std::string()>& op);
+
 // The calling thread's first open capture on any device, or null.
 Graph* capturing_graph_any();
 // True when the calling thread captures on any device.
 bool thread_is_capturing();
 // True when some capture check could fail (this thread captures, or some
-// thread captures in kGlobal mode): what callers test before they build
-// the op's name.
+// thread captures: kGlobal mode and Note [Work a capture cannot see]): what
+// callers test before they build the op's name.
 bool capture_checks_needed();
 
 // Note [Capture records instead of running]: for an operation that may not

@@ -20,6 +20,7 @@ enum class Kind : int {
   kKernel = 0,      // "<plugin>: <op>", a plugin kernel's run
   kFallback = 1,    // "fallback: <op>", the host framework's implementation
   kConversion = 2,  // "convert: float16->float32", staging to or from a kernel's dtype
+  kReplay = 3,      // "NPUGraph.replay", a captured graph's replay (its kernels nest under it)
 };
 
 struct Hooks {
