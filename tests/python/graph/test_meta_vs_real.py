@@ -73,7 +73,7 @@ def test_batchnorm_train(dtype):
     the running statistics are updated as eager does. (bfloat16 training
     is not served: the forward's bf16 save_mean is widened to the meta's
     float32, which ATen's CPU batch_norm_backward then refuses beside bf16
-    weights; see docs/graph-mode.md.)"""
+    weights: an error, not served yet.)"""
     m = _conv_bn(dtype, train=True).npu()
     eager = copy.deepcopy(m)
     compiled_model = copy.deepcopy(m)
