@@ -72,6 +72,24 @@ int64_t slot_extent_bytes(const SlotSpec& s, size_t itemsize) {
   return (last + 1) * static_cast<int64_t>(itemsize);
 }
 
+// Note [The real result against the meta value]
+// A graph's slots have the dtypes and shapes of its meta values (ATen's
+// meta functions, which follow CUDA); the op on this backend may return
+// otherwise: ATen's CPU kernels and the plugins compute LayerNorm's
+// mean/rstd and BatchNorm's save_mean/save_invstd of reduced-precision
+// input in the input's dtype where the meta says float32. Returns the graph
+// never reads get no slot (lowering.py). A host step's read one is taken
+// when its real dtype converts exactly to the slot's (bfloat16 ->
+// float32): the same values the op computed, in the dtype the graph was
+// traced with; anything else (another shape, a narrowing) is an error
+// naming the node. (A kernel step's are found and converted at lowering.)
+bool converts_exactly(at::ScalarType from, at::ScalarType to) {
+  if (from == to) return true;
+  const bool fl = c10::isFloatingType(from) && c10::isFloatingType(to);
+  const bool in = c10::isIntegralType(from, false) && c10::isIntegralType(to, false);
+  return (fl || in) && c10::promoteTypes(from, to) == to && c10::elementSize(from) < c10::elementSize(to);
+}
+
 at::Tensor tensor_over(const c10::Storage& storage, const SlotSpec& s, int64_t offset_elems) {
   at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
                                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
@@ -305,13 +323,15 @@ void Program::take_result(Step& s, size_t ret, const at::Tensor& t) {
   const int64_t o = s.spec.outs[ret];
   if (o < 0) return;
   Slot& slot = slots_[static_cast<size_t>(o)];
-  TORCH_CHECK(t.defined() && t.scalar_type() == slot.spec.dtype && t.sizes().equals(slot.spec.sizes),
-              step_where(s.spec), ": return ", ret, " is ",
-              t.defined() ? c10::toString(t.scalar_type()) : "None", " ",
-              t.defined() ? graph_sizes_str(t.sizes()) : "", " but the graph's meta value says ",
-              slot.spec.dtype, " ", graph_sizes_str(slot.spec.sizes));
+  // Note [The real result against the meta value]
+  TORCH_CHECK(
+      t.defined() && converts_exactly(t.scalar_type(), slot.spec.dtype) && t.sizes().equals(slot.spec.sizes),
+      step_where(s.spec), ": return ", ret, " is ", t.defined() ? c10::toString(t.scalar_type()) : "None",
+      " ", t.defined() ? graph_sizes_str(t.sizes()) : "", " but the graph's meta value says ",
+      slot.spec.dtype, " ", graph_sizes_str(slot.spec.sizes));
   if (slot.spec.kind == SlotSpec::Kind::kHost) {
-    if (t.strides().equals(slot.spec.strides) && t.device().is_privateuseone()) {
+    if (t.scalar_type() == slot.spec.dtype && t.strides().equals(slot.spec.strides) &&
+        t.device().is_privateuseone()) {
       slot.t = t;
     } else {
       slot.t = tensor_over(graph_storage(std::max<int64_t>(slot_extent_bytes(slot.spec, slot.itemsize), 1)),

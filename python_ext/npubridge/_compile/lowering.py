@@ -338,8 +338,29 @@ class _Lowering:
             target = self.mapped[name]
         if target is None:
             return self._host_with_outputs(node, op, args, vals, escaping)
-        outs = [self._out_slot(node, v, escaping) for v in vals]
-        self._kernel_step(node, op, target, args, outs, via_out)
+        read = self._read_returns(node, len(vals))
+        # Note [Returns the graph never reads]: an .out route takes every
+        # output as out=, so those keep their slots; otherwise an unread
+        # return gets none and the kernel allocates it as in eager.
+        outs = [self._out_slot(node, v, escaping) if via_out or read[i] else -1 for i, v in enumerate(vals)]
+        real = self._real_returns(node, op, args, outs) if not via_out and len(outs) > 1 else None
+        kernel_outs, widen = list(outs), []
+        for i, r in enumerate(real or []):
+            v = vals[i]
+            if outs[i] < 0 or r is None or (r.dtype == v.dtype and r.shape == v.shape):
+                continue
+            if r.shape != v.shape or torch.promote_types(r.dtype, v.dtype) != v.dtype \
+                    or r.dtype.itemsize >= v.dtype.itemsize or r.dtype.is_floating_point != v.dtype.is_floating_point:
+                raise _Refused(f"node '{node.name}' ({name}): the kernel returns {i} as {r.dtype} "
+                               f"{list(r.shape)} but the graph's meta value says {v.dtype} {list(v.shape)}")
+            kernel_outs[i] = self._out_slot(node, r, set())  # the kernel's own dtype, in the arena
+            widen.append(i)
+        row = self._kernel_step(node, op, target, args, kernel_outs, via_out)
+        for i in widen:  # Note [The real result against the meta value] (program.cpp)
+            self._kernel_step(node, torch.ops.aten.copy_.default, "aten::copy_",
+                              [("slot", outs[i]), ("slot", kernel_outs[i]), ("value", False)], [-1], False, row=row)
+            self.node_info[row]["reason"] = (f"return {i}: the kernel gives {real[i].dtype}, the graph "
+                                             f"{vals[i].dtype}: widened exactly by copy_")
         self.slot_of[node] = outs[0] if len(outs) == 1 else outs
 
     def _kernel_step(self, node, op, target, args, outs, via_out, row=None):
@@ -396,10 +417,56 @@ class _Lowering:
             self.slots[s]["offset"] = 0
         return s
 
+    def _real_returns(self, node, op, args, outs):
+        """What the op really returns on this backend for the node's
+        arguments (dtype and shape per return; None where unknown): it runs
+        once, on zeros of the arguments' shapes. Only for ATen ops (a custom
+        op's meta is its plugin's own), never for a random one (it would
+        draw from the generator) or when no return is read."""
+        if op.namespace != "aten" or torch.Tag.nondeterministic_seeded in op.tags or all(o < 0 for o in outs) \
+                or "aten::copy_" not in self.direct:
+            return None
+        dev = torch.device("npu", self.device if self.device is not None else torch.npu.current_device())
+
+        def real(a):
+            if a[0] == "slot":
+                sl = self.slots[a[1]]
+                return torch.zeros(sl["sizes"], dtype=sl["dtype"], device=dev)
+            if a[0] == "slots":
+                return [None if k < 0 else real(("slot", k)) for k in a[1]]
+            return a[1]
+        try:
+            with unset_fake_temporarily(), torch.no_grad():
+                got = op(*[real(a) for a in args])
+        except Exception:  # noqa: BLE001 - zeros are not its input: keep the meta value, the kernel checks
+            return None
+        got = list(got) if isinstance(got, (list, tuple)) else [got]
+        return [torch.empty(g.shape, dtype=g.dtype, device="meta") if isinstance(g, torch.Tensor) else None
+                for g in got]
+
+    @staticmethod
+    def _read_returns(node, n):
+        """Per return of a node: whether the graph reads it. A multi-output
+        node's returns are read through getitem users only."""
+        if n == 1:
+            return [True]
+        read = [False] * n
+        for u in node.users:
+            if u.op == "call_function" and u.target is operator.getitem and isinstance(u.args[1], int):
+                read[u.args[1]] = True
+            else:  # the tuple itself flows on: every return counts
+                return [True] * n
+        return read
+
     def _host_with_outputs(self, node, op, args, vals, escaping):
+        # Note [Returns the graph never reads]: the op's real result for an
+        # unread return is not checked against the meta value (ATen's CPU
+        # batch norm in eval returns empty save_mean/save_invstd where the
+        # meta function declares [C]): the loop drops it.
+        read = self._read_returns(node, len(vals))
         outs = []
-        for v in vals:
-            outs.append(self._slot("host", 0, v) if isinstance(v, torch.Tensor) else -1)
+        for i, v in enumerate(vals):
+            outs.append(self._slot("host", 0, v) if isinstance(v, torch.Tensor) and read[i] else -1)
         if not all(isinstance(v, torch.Tensor) or v is None for v in vals):
             raise _Refused(f"node '{node.name}' ({_name(op)}) returns non-tensor values")
         self._host_step(node, op, args, outs)
@@ -546,11 +613,13 @@ def lower(gm: torch.fx.GraphModule, example_inputs, keep_arena: bool = False) ->
             program = _C._graph_program(device, lw.slots, lw.mem["planned_bytes"], lw.steps, outputs, keep_arena)
         program.set_input_last_use(lw.input_last_use)
     except _Refused as e:
-        nodes = [{"name": n.name, "target": str(n.target), "kind": "fallback", "plugin": "", "kernel_op": "",
+        # Each node runs as an eager npu op (its plugin kernel, or its own
+        # fallback): "unlowered", not a host fallback of the loop.
+        nodes = [{"name": n.name, "target": str(n.target), "kind": "unlowered", "plugin": "", "kernel_op": "",
                   "dtype_conversion": None, "reason": str(e)}
                  for n in gm.graph.nodes if n.op == "call_function"]
         return Compiled(gm, None, None, None, {
-            "lowered": False, "reason": str(e), "nodes": nodes, "fallbacks": len(nodes), "planned_bytes": 0,
+            "lowered": False, "reason": str(e), "nodes": nodes, "fallbacks": 0, "planned_bytes": 0,
             "live_peak_bytes": 0, "intermediates_bytes": 0, "output_bytes": 0, "host_bytes": 0})
     info = program.info()
     for row, step in lw.step_rows:
