@@ -347,7 +347,16 @@ class _Lowering:
         kernel_outs, widen = list(outs), []
         for i, r in enumerate(real or []):
             v = vals[i]
-            if outs[i] < 0 or r is None or (r.dtype == v.dtype and r.shape == v.shape):
+            if outs[i] < 0:
+                # An unread return still gets a buffer of what the kernel really
+                # returns (live for its own step only), so that the kernel never
+                # allocates inside the loop: an allocation of the kernel's own is
+                # a data-dependent output, which a graph capture
+                # (mode="reduce-overhead") refuses.
+                if r is not None:
+                    kernel_outs[i] = self._out_slot(node, r, set())
+                continue
+            if r is None or (r.dtype == v.dtype and r.shape == v.shape):
                 continue
             if r.shape != v.shape or torch.promote_types(r.dtype, v.dtype) != v.dtype \
                     or r.dtype.itemsize >= v.dtype.itemsize or r.dtype.is_floating_point != v.dtype.is_floating_point:

@@ -66,15 +66,16 @@ def test_report_names_what_it_accepts():
 
 
 def test_unlowered_graph_is_not_counted_as_fallbacks():
-    # A symbolic size input (dynamic=True) is not lowered: the graph runs as
-    # the FX graph, each node an eager npu op.
-    def fn(x):
-        return (x * 2).relu().sum(0)
+    # A CPU tensor input (a 0-d scale beside an npu tensor, which ATen
+    # allows) is not lowered: the loop holds npu tensors only, so the graph
+    # runs as the FX graph, each node an eager npu op.
+    def fn(x, s):
+        return (x * s).relu().sum(0)
 
-    c = torch.compile(fn, backend="npu", dynamic=True)
-    x = torch.randn(5, 3)
-    got = c(x.npu())
-    assert torch.equal(got.cpu(), fn(x.npu()).cpu())
+    c = torch.compile(fn, backend="npu", dynamic=False)
+    x, s = torch.randn(5, 3), torch.tensor(1.5)
+    got = c(x.npu(), s)
+    assert torch.equal(got.cpu(), fn(x.npu(), s).cpu())
     r = npubridge.compile_report(c)
     parts = [p for g in r["graphs"] for p in g["parts"].values()]
     assert parts and all(p["lowered"] is False for p in parts)
