@@ -19,36 +19,20 @@ using npub::sdk::Call;
 using npub::sdk::TensorRef;
 using namespace attn;
 
-// The block sizes a problem needs: kBlockQ x kBlockK, or its whole query
-// and key lengths when shorter. The scratch is sized by them, not by the
-// full blocks: a short sequence (the tiny Llama's 32 tokens) would
-// otherwise take 80 KiB per slot where it uses 8 (the transient scratch was
-// a training step's peak device memory).
-struct Blocks {
-  int64_t q, k;
-};
-Blocks blocks_of(const AttnProblem& p) {
-  return {std::clamp<int64_t>(p.max_sq, 1, kBlockQ), std::clamp<int64_t>(p.max_skv, 1, kBlockK)};
-}
-int64_t scratch_elems(const Blocks& bl, int64_t D, bool convert) {
-  return 2 * bl.q * D + bl.q * bl.k + (convert ? 2 * bl.k * D : 0);  // Q, O, the scores, K and V converted
-}
-
 // One block of query rows of head n of batch b: its output rows and
-// statistics. `buf` is this slot's scratch (scratch_elems): its rows
-// (qn <= bl.q) and key blocks (kn <= bl.k: kn <= kv_len <= max_skv) fit.
+// statistics. `buf` is this slot's scratch (forward_scratch_elems).
 template <typename E, typename Acc>
-void forward_block(const AttnProblem& p, const Blocks& bl, const Task& t, const typename E::T* q,
-                   const typename E::T* k, const typename E::T* v, typename E::T* out, Acc* smax, Acc* ssum,
-                   const uint8_t* mask, Acc* buf) {
+void forward_block(const AttnProblem& p, const Task& t, const typename E::T* q, const typename E::T* k,
+                   const typename E::T* v, typename E::T* out, Acc* smax, Acc* ssum, const uint8_t* mask,
+                   Acc* buf) {
   constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
   const int64_t D = p.head_dim, b = t.b, n = t.n, nk = n / p.group();
   const int64_t q0 = t.q0, qn = std::min<int64_t>(kBlockQ, p.q_len[b] - q0);
   Acc* Q = buf;
-  Acc* O = Q + bl.q * D;
-  Acc* S = O + bl.q * D;
-  Acc* K = S + bl.q * bl.k;
-  Acc* V = K + bl.k * D;
+  Acc* O = Q + kBlockQ * D;
+  Acc* S = O + kBlockQ * D;
+  Acc* K = S + kBlockQ * kBlockK;
+  Acc* V = K + kBlockK * D;
   Acc m[kBlockQ], l[kBlockQ];
   int64_t lo[kBlockQ], hi[kBlockQ];
   const Acc scale = static_cast<Acc>(p.scale);
@@ -72,9 +56,9 @@ void forward_block(const AttnProblem& p, const Blocks& bl, const Task& t, const 
     const int64_t kn = std::min<int64_t>(kBlockK, kmax - k0);
     const Tile<Acc> kt = tile<E>(k + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, K);
     const Tile<Acc> vt = tile<E>(v + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, V);
-    gemm(false, true, qn, kn, D, Acc(1), Q, D, kt.data, kt.ld, Acc(0), S, bl.k);
+    gemm(false, true, qn, kn, D, Acc(1), Q, D, kt.data, kt.ld, Acc(0), S, kBlockK);
     for (int64_t r = 0; r < qn; ++r) {
-      Acc* s = S + r * bl.k;
+      Acc* s = S + r * kBlockK;
       mask_scores(p, b, n, q0 + r, k0, kn, lo[r], hi[r], mask, s);
       const Acc mx = row_max(s, kn);
       const Acc mnew = std::max(m[r], mx);
@@ -88,7 +72,7 @@ void forward_block(const AttnProblem& p, const Blocks& bl, const Task& t, const 
       if (alpha != Acc(1))
         for (int64_t d = 0; d < D; ++d) O[r * D + d] *= alpha;
     }
-    gemm(false, false, qn, D, kn, Acc(1), S, bl.k, vt.data, vt.ld, Acc(1), O, D);
+    gemm(false, false, qn, D, kn, Acc(1), S, kBlockK, vt.data, vt.ld, Acc(1), O, D);
   }
   for (int64_t r = 0; r < qn; ++r) {
     // A row that sees no key: output 0, max -inf, sum 0.
@@ -132,8 +116,7 @@ void fusion_attention(Call& call) {
     using E = decltype(e);
     using Acc = decltype(acc);
     using T = typename E::T;
-    const Blocks bl = blocks_of(p);
-    const int64_t per_slot = scratch_elems(bl, p.head_dim, !std::is_same_v<T, Acc>);
+    const int64_t per_slot = forward_scratch_elems(p.head_dim, !std::is_same_v<T, Acc>);
     const int64_t slots = num_slots(call, static_cast<int64_t>(tasks.size()));
     Acc* scratch = static_cast<Acc*>(call.scratch(static_cast<uint64_t>(slots * per_slot) * sizeof(Acc)));
     const T* pq = q.data<T>();
@@ -145,7 +128,7 @@ void fusion_attention(Call& call) {
     call.parallel_for(0, slots, 1, [&](int64_t sb, int64_t se) {
       for (int64_t slot = sb; slot < se; ++slot)
         for (size_t i = static_cast<size_t>(slot); i < tasks.size(); i += static_cast<size_t>(slots))
-          forward_block<E, Acc>(p, bl, tasks[i], pq, pk, pv, po, smax, ssum, mask, scratch + slot * per_slot);
+          forward_block<E, Acc>(p, tasks[i], pq, pk, pv, po, smax, ssum, mask, scratch + slot * per_slot);
     });
   });
 }
