@@ -64,7 +64,6 @@ def register_host_patterns():
     global _registered
     if _registered:
         return
-    _registered = True
     have = {p["name"] for p in _C._fusion_patterns()}
     for name, text in HOST_PATTERNS.items():
         if name in have:
@@ -75,3 +74,4 @@ def register_host_patterns():
             if "is not defined" not in str(err):
                 raise
             _log.info("fusion pattern %s not registered: %s", name, err)
+    _registered = True

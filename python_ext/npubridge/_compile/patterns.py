@@ -549,4 +549,11 @@ def rewrite(gm, enabled=True, requires_grad=()):
     return result
 
 
-builtin_patterns.register_host_patterns()  # one table: npubridge's own patterns as text beside the plugins'
+# One table: npubridge's own patterns as text beside the plugins'. A runtime
+# that did not start (a bad NPUB_* setting leaves the npu disabled, and
+# `import npubridge` must still succeed) has no table: all_patterns() tries
+# again when something compiles, and raises that error there.
+try:
+    builtin_patterns.register_host_patterns()
+except RuntimeError:
+    pass
