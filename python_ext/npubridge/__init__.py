@@ -1,9 +1,10 @@
 """npubridge: PyTorch on a (simulated) NPU through acceleration-library plugins.
 
-``import npubridge`` renames PyTorch's PrivateUse1 backend to ``npu``,
-registers ``torch.npu``, and routes every ATen op a loaded plugin implements
-to npubridge's dispatcher; other ops fall back to the CPU (one warning per
-op; ``NPUB_FALLBACK=error`` makes that an error).
+``import npubridge`` renames PyTorch's PrivateUse1 backend to ``npu`` and
+registers ``torch.npu``. At the first npu use the runtime starts (devices,
+plugins) and every ATen op a loaded plugin implements is routed to
+npubridge's dispatcher; other ops fall back to the CPU (one warning per op;
+``NPUB_FALLBACK=error`` makes that an error).
 """
 
 
@@ -19,16 +20,13 @@ import torch  # noqa: E402
 from . import _C  # noqa: E402
 
 torch.utils.rename_privateuse1_backend("npu")
+# The hooks and allocators PyTorch asks for; the runtime itself (devices,
+# threads, plugins) starts at the first npu use, from the NPUB_* settings as
+# they are then (Note [The runtime starts at the first npu use],
+# python_ext/csrc/init.cpp).
+_C._register_backend()
 
 from . import npu as _npu  # noqa: E402
-
-try:
-    _C._init()
-except RuntimeError as _err:  # a bad NPUB_* setting: see npu._init_error
-    import warnings
-
-    _npu._init_error = _err
-    warnings.warn(f"npubridge: the npu device is disabled: {_err}", RuntimeWarning, stacklevel=2)
 
 torch._register_device_module("npu", _npu)
 
@@ -41,15 +39,29 @@ from . import _ipc  # noqa: E402
 _ipc.install()
 
 from . import _autograd  # noqa: E402
-
-if _npu._init_error is None:
-    _autograd.register_all()
-
 from . import _sdpa  # noqa: E402
 
 _sdpa.install()
 sdpa_stats = _sdpa.sdpa_stats
 reset_sdpa_stats = _sdpa.reset_sdpa_stats
+
+
+def _on_start():
+    """The Python side of the runtime's start, run once by the C++ start
+    after the plugin ops are registered with PyTorch: autograd for the
+    plugin ops from their derivative formulas, then what torch.npu queued
+    before the start (seeds). Never raises: one op's formula or pattern must
+    not leave the device half started."""
+    import warnings
+
+    try:
+        _autograd.register_all()
+    except Exception as err:  # noqa: BLE001
+        warnings.warn(f"npubridge: autograd for the plugin ops was not registered: {err}", RuntimeWarning)
+    _npu._run_queued_calls()
+
+
+_C._set_start_hook(_on_start)
 
 from . import distributed  # noqa: E402,F401  (registers the torch.distributed backend "npu")
 from ._compile import compile, compile_report, register_fusion_pattern  # noqa: E402,F401  (Dynamo backend "npu")
@@ -63,7 +75,7 @@ def _quiesce_at_exit():
     # exception"). Give it a moment to finish before finalisation.
     import time
 
-    if _npu._init_error is not None:
+    if not _C._is_started():
         return  # no device ever ran
     if _npu._is_in_bad_fork():
         return  # the device threads stayed with the parent

@@ -29,8 +29,10 @@ the runtime could not start (e.g. a bad NPUB_PLUGIN_PATH entry).
 def _list_plugins() -> int:
     from . import npu
 
-    if npu._init_error is not None:
-        print(f"error: the npu runtime did not start: {npu._init_error}", file=sys.stderr)
+    try:
+        npu.init()
+    except RuntimeError as err:  # a bad NPUB_* setting, named in the message
+        print(f"error: {err}", file=sys.stderr)
         return 1
     loaded, rejected, skipped = npubridge.plugins(), npubridge.load_failures(), npubridge.load_skipped()
     print(f"loaded ({len(loaded)}):")

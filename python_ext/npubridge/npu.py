@@ -11,39 +11,76 @@ from ._memory import (  # noqa: F401  (torch.npu.<name>, as torch.cuda's memory 
 )
 
 
-# The error that disabled the device at import (a bad NPUB_* setting), or
-# None. `import torch` must succeed whatever the environment says: a bad
-# setting disables npu with one warning, the device module reports no
-# devices, and the first real npu use (a tensor on npu, an npu op) raises
-# the same error from the runtime.
-_init_error = None
+# Note [The runtime starts at the first npu use] (python_ext/csrc/init.cpp):
+# as torch.cuda, nothing starts at import. The first npu use (an npu
+# tensor, a device or stream query, torch.npu.init()) starts the devices and
+# loads the plugins from the NPUB_* settings as they are then; a bad setting
+# raises there, naming the variable, at every use until it is fixed. What
+# must not start the runtime (is_available, device_count, is_initialized,
+# seeding) reads the settings or queues the call, as torch.cuda._lazy_call.
+_queued_calls = []
+
+
+def _settings_device_count():
+    """The devices the NPUB_* settings ask for, without starting anything;
+    0 (with one warning) when a setting is bad."""
+    try:
+        return _C._settings_device_count()
+    except RuntimeError as err:
+        import warnings
+
+        warnings.warn(f"npubridge: the npu is unavailable: {err}", RuntimeWarning, stacklevel=3)
+        return 0
 
 
 def is_available() -> bool:
-    return _init_error is None and _C.device_count() > 0
+    """Whether the settings give at least one device; does not start the
+    runtime (torch.cuda.is_available does not create a context either)."""
+    if is_initialized():
+        return _C.device_count() > 0
+    return _settings_device_count() > 0
 
 
 def is_initialized() -> bool:
-    """The simulated devices exist from import on (no lazy initialisation);
-    in a forked child they are unusable, as torch.cuda says after a fork."""
-    return _init_error is None and not _is_in_bad_fork()
+    """Whether the runtime has started (and this is not a process forked
+    after it did, where the devices are unusable, as torch.cuda says)."""
+    return _C._is_started() and not _C._is_in_bad_fork()
 
 
 def _lazy_init() -> None:
-    if _init_error is not None:
-        raise RuntimeError(f"npubridge: the npu device is disabled: {_init_error}")
+    """Starts the runtime if it has not (torch.cuda._lazy_init): raises the
+    forked-child error, or the error of a bad NPUB_* setting naming it."""
     _C._check_not_in_bad_fork()  # "Cannot re-initialize npu in forked subprocess. ..."
+    _C._start()
+
+
+def _lazy_call(fn) -> None:
+    """Runs `fn` now if the runtime has started, else when it starts."""
+    if _C._is_started():
+        fn()
+    else:
+        _queued_calls.append(fn)
+
+
+def _run_queued_calls() -> None:
+    calls = list(_queued_calls)
+    _queued_calls.clear()
+    for fn in calls:
+        fn()
 
 
 def init() -> None:
-    """As torch.cuda.init(): makes sure the device is usable, raising what
-    the first npu use would (a disabled device, a forked child). The
-    devices start at import, so there is nothing more to do."""
+    """As torch.cuda.init(): starts the runtime, raising what the first npu
+    use would (a bad setting, a forked child)."""
     _lazy_init()
 
 
 def device_count() -> int:
-    return 0 if _init_error is not None else _C.device_count()
+    """The number of devices: the runtime's once started, before that what
+    the settings ask for (it does not start the runtime)."""
+    if _C._is_started():
+        return _C.device_count()
+    return _settings_device_count()
 
 
 def current_device() -> int:
@@ -136,13 +173,22 @@ def _seed64(seed) -> int:
 
 
 def manual_seed(seed: int) -> None:
-    _C.manual_seed(current_device(), _seed64(seed))
+    """Seeds the current device; before the runtime starts, queued for the
+    device current then (torch.cuda.manual_seed does the same)."""
+    seed = _seed64(seed)
+    _lazy_call(lambda: _C.manual_seed(current_device(), seed))
 
 
 def manual_seed_all(seed: int) -> None:
+    """Seeds every device; queued until the runtime starts, so that
+    torch.manual_seed() in a CPU-only program starts nothing."""
     seed = _seed64(seed)
-    for i in range(device_count()):
-        _C.manual_seed(i, seed)
+
+    def seed_all_devices():
+        for i in range(_C.device_count()):
+            _C.manual_seed(i, seed)
+
+    _lazy_call(seed_all_devices)
 
 
 def get_rng_state(device="npu") -> torch.Tensor:
@@ -301,13 +347,14 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 
 def _is_in_bad_fork() -> bool:
-    """True in a process forked after npubridge started its devices (at
-    import): the devices and their threads stayed with the parent, and npu
-    use raises instead of hanging (Note [A forked child cannot use the npu],
-    device_sim/src/fork_guard.cpp). torch.manual_seed skips the npu there.
-    CPU work is unaffected; device_count() still reports the devices, as
-    torch.cuda.device_count() does in a bad fork."""
-    return _init_error is None and _C._is_in_bad_fork()
+    """True in a process forked after npubridge started its devices (at the
+    first npu use): the devices and their threads stayed with the parent,
+    and npu use raises instead of hanging (Note [A forked child cannot use
+    the npu], device_sim/src/fork_guard.cpp). torch.manual_seed skips the npu
+    there. CPU work is unaffected; device_count() still reports the devices,
+    as torch.cuda.device_count() does in a bad fork. A process forked before
+    the start is not a bad fork: it starts its own runtime."""
+    return _C._is_in_bad_fork()
 
 
 # Graph capture and replay (npubridge/_graphs.py); torch.accelerator.Graph

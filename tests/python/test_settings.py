@@ -1,9 +1,11 @@
 """Every NPUB_* setting under PyTorch (Note [A setting is read strictly or
 refused], support/include/npubridge/support/env.h): a bad value never breaks
 `import torch` (npubridge autoloads into it) and is never ignored or misread.
-The npu device is disabled with one warning naming the variable, the value
-found and what was expected; CPU ops work; the first npu use raises the same
-message. One subprocess per value (about a second each)."""
+Nothing starts at import (Note [The runtime starts at the first npu use],
+python_ext/csrc/init.cpp), so import says nothing; CPU ops work;
+torch.npu.is_available() is False with one warning, and the first npu use
+raises, both naming the variable, the value found and what was expected.
+One subprocess per value (about a second each)."""
 import os
 import subprocess
 import sys
@@ -15,9 +17,12 @@ import warnings
 warnings.simplefilter("always")
 with warnings.catch_warnings(record=True) as w:
     import torch, npubridge
+assert not [str(x.message) for x in w if "npubridge" in str(x.message)], [str(x.message) for x in w]
 assert torch.ones(2).add(1).sum().item() == 4
-assert torch.npu.device_count() == 0 and not torch.npu.is_available()
-msgs = [str(x.message) for x in w if "npu device is disabled" in str(x.message)]
+assert not npubridge._C._is_started()
+with warnings.catch_warnings(record=True) as w:
+    assert not torch.npu.is_available()
+msgs = [str(x.message) for x in w if "npubridge" in str(x.message)]
 assert len(msgs) == 1, msgs
 print(msgs[0])
 try:
@@ -25,9 +30,10 @@ try:
     raise SystemExit("npu use succeeded")
 except RuntimeError as e:
     print(str(e).splitlines()[0])
+assert not npubridge._C._is_started()
 """
 
-_DISABLED = "npubridge: the npu device is disabled: "
+_DISABLED = "npubridge: the npu runtime did not start: "
 _NOT_A_PLUGIN = __file__  # a regular file that is no plugin library
 
 _CASES = [
@@ -44,6 +50,7 @@ _CASES = [
     *[("NPUB_OPT_LEVEL", v, f"expected an optimisation level from 0 to 3 but found '{v}'")
       for v in ("9", "-1", "4294967298", "max")],
     ("NPUB_FALLBACK", "maybe", "expected 'allow' or 'error' but found 'maybe'"),
+    ("NPUB_VALIDATE", "yes please", "expected 0 or 1 (or false/true, off/on, no/yes) but found 'yes please'"),
     ("NPUB_OP_MAP", "/nonexistent", "expected an op-mapping table file but found '/nonexistent' (no such file)"),
     ("NPUB_OP_MAP", "/tmp", "expected an op-mapping table file but found '/tmp' (not a regular file)"),
     ("NPUB_LOG_LEVEL", "loud", "expected one of trace, debug, info, warn, error, off but found 'loud'"),
@@ -63,7 +70,7 @@ def _run(**env):
 
 
 @pytest.mark.parametrize("name, value, expected", _CASES, ids=[f"{n}={v}" for n, v, _ in _CASES])
-def test_a_bad_setting_disables_npu_but_never_import_torch(name, value, expected):
+def test_a_bad_setting_fails_the_first_npu_use_but_never_import_torch(name, value, expected):
     r = _run(**{name: value})
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.strip().splitlines()
@@ -91,4 +98,4 @@ def test_good_values_with_surrounding_white_space_are_read():
                     NPUB_LOG_LEVEL=" error ", NPUB_CANN_MAX_ISA=" avx2", NPUB_SIM_THREADS=" 2")
     r = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "3 1", r.stdout + r.stderr
-    assert "disabled" not in r.stderr, r.stderr
+    assert "did not start" not in r.stderr, r.stderr

@@ -11,6 +11,8 @@
 
 #include <string>
 
+#include "runtime/npu_runtime.h"
+
 namespace py = pybind11;
 
 namespace npub::torch_backend {
@@ -158,14 +160,14 @@ py::dict pattern_to_py(const reg::FusionPattern& p) {
 void bind_fusion_patterns(py::module& m) {
   m.def("_fusion_patterns", [] {
     py::list out;
-    for (const auto& p : Runtime::global().registry().fusion_patterns()) out.append(pattern_to_py(p));
+    for (const auto& p : rt().registry().fusion_patterns()) out.append(pattern_to_py(p));
     return out;
   });
   // A host pattern (plugin ""): checked as a plugin's are; ValueError on a
   // malformed or conflicting one. Returns the parsed patterns.
   m.def("_register_fusion_pattern", [](const std::string& text) {
     const std::string origin = "fusion pattern text";
-    reg::Registry& registry = Runtime::global().registry();
+    reg::Registry& registry = rt().registry();
     std::vector<reg::FusionPattern> parsed;
     try {
       parsed = reg::parse_fusion_patterns(text, origin);

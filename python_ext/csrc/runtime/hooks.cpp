@@ -6,6 +6,7 @@
 
 #include <npubridge/device_sim/graph_capture.h>
 
+#include "init.h"
 #include "runtime/allocator.h"
 #include "runtime/generator.h"
 #include "runtime/host_allocator.h"
@@ -19,7 +20,17 @@ namespace npub::torch_backend {
 
 bool NpuHooks::isBuilt() const { return true; }
 
-bool NpuHooks::isAvailable() const { return rt().devices().count() > 0; }
+// Answered from the settings until the runtime starts, which this does not
+// do (Note [The runtime starts at the first npu use], init.cpp); a bad
+// setting is no device.
+bool NpuHooks::isAvailable() const {
+  if (runtime_started()) return rt().devices().count() > 0;
+  try {
+    return settings_device_count() > 0;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
 
 const at::Generator& NpuHooks::getDefaultGenerator(c10::DeviceIndex device_index) const {
   return default_generator(device_index);
@@ -38,10 +49,15 @@ at::Device NpuHooks::getDeviceFromPtr(void* data) const {
 
 bool NpuHooks::hasPrimaryContext(c10::DeviceIndex) const { return true; }
 
-// What ATen's lazy device initialisation runs (pin_memory() first of all):
-// the devices start at import, so only a forked child has something to say
-// (Note [A forked child cannot use the npu], device_sim/src/fork_guard.cpp).
-void NpuHooks::init() const { check_not_in_bad_fork("torch.npu.init"); }
+// What ATen's lazy device initialisation runs (a factory or .to() with an
+// npu device, pin_memory()): starts the runtime (Note [The runtime starts
+// at the first npu use], init.cpp); in a process forked after it started,
+// the forked-child error (Note [A forked child cannot use the npu],
+// device_sim/src/fork_guard.cpp).
+void NpuHooks::init() const {
+  if (runtime_started()) check_not_in_bad_fork("torch.npu.init");
+  ensure_started();
+}
 
 // Note [What pinning means for the simulated device], host_allocator.cpp.
 bool NpuHooks::isPinnedPtr(const void* data) const { return is_npu_pinned(data); }

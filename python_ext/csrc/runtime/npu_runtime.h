@@ -9,9 +9,22 @@
 
 #include <npubridge/dispatcher/runtime.h>
 
+#include "init.h"
+
 namespace npub::torch_backend {
 
+// The runtime, started at the first call (Note [The runtime starts at the
+// first npu use], init.cpp): every way into it from npubridge._C.
+// npubridge._C_dist, a module of its own, reaches the runtime that _C
+// started (its Python side starts it before making a backend).
+#ifdef NPUB_C_DIST
 inline Runtime& rt() { return Runtime::global(); }
+#else
+inline Runtime& rt() {
+  ensure_started();
+  return Runtime::global();
+}
+#endif
 
 // Throws the forked-child error naming `op` in a process forked after the
 // runtime started (Note [A forked child cannot use the npu],

@@ -238,6 +238,10 @@ def check_options(mode, options):
 def npu_backend(gm: torch.fx.GraphModule, example_inputs, mode=None, options=None, **kwargs):
     """The backend torch.compile calls with each Dynamo graph."""
     opts = check_options(mode, {**(options or {}), **kwargs})
+    # The plugin ops and the pattern table exist once the runtime started
+    # (Note [The runtime starts at the first npu use]); Dynamo may trace
+    # before any npu tensor exists (fake inputs).
+    torch.npu._lazy_init()
     records = _records_of(_find_owner())
     def again(g, inputs):
         return _compile_static(g, inputs, opts, mode, records, specialised=True)

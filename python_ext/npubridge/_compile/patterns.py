@@ -81,7 +81,8 @@ def all_patterns():
     """The patterns in the order they are tried: higher priority first, then
     registration order. One table, the C++ one: the plugins' patterns and
     npubridge's own host patterns (builtin_patterns.py, registered as text
-    at import)."""
+    here, once: the table is the runtime's, which starts at the first npu
+    use, and a bad NPUB_* setting raises its error here)."""
     builtin_patterns.register_host_patterns()
     table = list(_C._fusion_patterns())
     return [p for _, p in sorted(enumerate(table), key=lambda ip: (-ip[1].get("priority", 0), ip[0]))]
@@ -547,13 +548,3 @@ def rewrite(gm, enabled=True, requires_grad=()):
     gm.graph.lint()
     gm.recompile()
     return result
-
-
-# One table: npubridge's own patterns as text beside the plugins'. A runtime
-# that did not start (a bad NPUB_* setting leaves the npu disabled, and
-# `import npubridge` must still succeed) has no table: all_patterns() tries
-# again when something compiles, and raises that error there.
-try:
-    builtin_patterns.register_host_patterns()
-except RuntimeError:
-    pass

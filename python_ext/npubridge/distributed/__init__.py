@@ -34,6 +34,9 @@ def _create_npu_backend(store, rank, size, timeout):
     from torch.distributed.distributed_c10d import ProcessGroupGloo
 
     from .. import _C_dist
+    from .. import npu as _npu
+
+    _npu._lazy_init()  # the backend's streams are the runtime's (Note [The runtime starts at the first npu use])
 
     gloo = ProcessGroupGloo(PrefixStore("npu_gloo/", store), rank, size, timeout)
     return _C_dist.ProcessGroupNPU(gloo, rank, size, timeout)

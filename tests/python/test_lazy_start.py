@@ -1,0 +1,134 @@
+"""The runtime starts at the first npu use, not at import (Note [The runtime
+starts at the first npu use], python_ext/csrc/init.cpp), as torch.cuda does:
+`import torch` imports npubridge through the torch.backends entry point, so
+whatever starts at import would start in every PyTorch program.
+
+Each case runs in a fresh interpreter, since the start happens once per
+process."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+_CRASH_DIR = os.path.join(os.path.dirname(os.environ.get("NPUB_TEST_PLUGIN_DIR", "")), "plugins_crash")
+
+
+def _run(code, timeout=120, **env):
+    full_env = dict(os.environ, **env)
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _ok(r):
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    return r.stdout.strip().splitlines()
+
+
+def test_import_starts_no_thread_and_loads_no_plugin():
+    # CPU work, is_available, device_count and torch.manual_seed (which
+    # seeds every backend) start nothing either.
+    lines = _ok(_run("""
+        import os, torch
+        def tasks():
+            return len(os.listdir("/proc/self/task"))
+        def plugins_mapped():
+            with open("/proc/self/maps") as f:
+                return sorted({l.split("/")[-1].strip() for l in f if "libnpub_" in l and "_like" in l})
+        before = tasks()
+        import npubridge
+        torch.manual_seed(0)
+        x = torch.randn(64, 64) @ torch.randn(64, 64)
+        assert torch.npu.is_available() and torch.npu.device_count() == 2
+        print(tasks() - before, plugins_mapped(), npubridge._C._is_started(), torch.npu.is_initialized())
+        y = torch.ones(3, device="npu")
+        print(tasks() > before, plugins_mapped(), npubridge._C._is_started(), torch.npu.is_initialized())
+    """, NPUB_SIM_DEVICES="2", OMP_NUM_THREADS="1"))
+    assert lines[0] == "0 [] False False", lines
+    after = lines[1].split(" ", 1)
+    assert after[0] == "True" and "libnpub_cann_like.so" in after[1] and after[1].endswith("True True"), lines
+
+
+def test_settings_made_after_import_apply_at_the_first_npu_use():
+    # As CUDA_VISIBLE_DEVICES set after `import torch` and before the first
+    # CUDA call.
+    lines = _ok(_run("""
+        import os, torch, npubridge
+        os.environ["NPUB_SIM_DEVICES"] = "1"
+        os.environ["NPUB_SIM_MEMORY"] = "64M"
+        os.environ["NPUB_SIM_THREADS"] = "1"
+        print(torch.npu.device_count())
+        x = torch.arange(4.0, device="npu") * 2
+        p = torch.npu.get_device_properties(0)
+        print(torch.npu.device_count(), p.total_memory, p.multi_processor_count, x.cpu().tolist())
+    """, NPUB_SIM_DEVICES="3", NPUB_SIM_MEMORY="1G", NPUB_SIM_THREADS="2"))
+    assert lines == ["1", f"1 {64 << 20} 1 [0.0, 2.0, 4.0, 6.0]"], lines
+
+
+def test_a_setting_made_bad_after_import_fails_the_first_npu_use_naming_it():
+    lines = _ok(_run("""
+        import os, torch, npubridge
+        os.environ["NPUB_SIM_DEVICES"] = "many"
+        try:
+            torch.ones(2, device="npu")
+        except RuntimeError as e:
+            print(str(e).splitlines()[0])
+        os.environ["NPUB_SIM_DEVICES"] = "1"  # fixed: the next use starts
+        print(torch.ones(2, device="npu").sum().item(), torch.npu.device_count())
+    """))
+    assert lines == ["npubridge: the npu runtime did not start: NPUB_SIM_DEVICES: expected a device count from 1 "
+                     "to 64 but found 'many'", "2.0 1"], lines
+
+
+@pytest.mark.parametrize("plugin", ["crash_in_init", "hang_in_init"])
+def test_a_plugin_that_dies_in_initialize_cannot_touch_a_cpu_only_program(plugin):
+    path = os.path.join(_CRASH_DIR, f"libnpub_test_bad_{plugin}.so")
+    assert os.path.exists(path), path
+    cpu_only = _run("""
+        import torch, npubridge
+        torch.manual_seed(0)
+        print(float((torch.ones(3) * 2).sum()), torch.npu.is_available())
+    """, timeout=60, NPUB_PLUGIN_PATH=path)
+    assert _ok(cpu_only) == ["6.0 True"]
+    # The same plugin is really loaded at the first npu use: that process
+    # dies or hangs there (npub-plugins --check vets such files).
+    try:
+        npu_use = _run("import torch, npubridge; torch.ones(3, device='npu'); print('survived')", timeout=10,
+                       NPUB_PLUGIN_PATH=path)
+        assert npu_use.returncode != 0 and "survived" not in npu_use.stdout
+    except subprocess.TimeoutExpired:
+        assert plugin == "hang_in_init"
+
+
+def test_seeds_set_before_the_start_apply_to_the_devices():
+    # torch.manual_seed seeds every backend; before the start the npu's
+    # seeds are queued (torch.cuda._lazy_call), not lost.
+    lines = _ok(_run("""
+        import torch, npubridge
+        torch.manual_seed(1234)
+        a = torch.randn(8, device="npu").cpu()
+        torch.npu.manual_seed(99)
+        b = torch.randn(8, device="npu").cpu()
+        torch.manual_seed(1234)
+        print(torch.equal(torch.randn(8, device="npu").cpu(), a), torch.equal(a, b))
+    """))
+    assert lines == ["True False"], lines
+
+
+def test_a_child_forked_before_the_start_starts_its_own_runtime():
+    lines = _ok(_run("""
+        import os, torch, npubridge
+        pid = os.fork()
+        if pid == 0:
+            try:
+                ok = torch.npu.is_initialized() is False and not torch.npu._is_in_bad_fork()
+                ok = ok and float((torch.ones(4, device="npu") * 3).sum().cpu()) == 12.0
+            except BaseException as e:
+                print("child:", e, flush=True)
+                ok = False
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status), npubridge._C._is_started())
+    """))
+    assert lines == ["0 False"], lines
