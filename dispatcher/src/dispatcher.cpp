@@ -57,6 +57,10 @@ DispatcherOptions DispatcherOptions::from_env() {
   o.opt_level =
       static_cast<int>(env::get_int_in("NPUB_OPT_LEVEL", o.opt_level, 0, 3, "an optimisation level"));
   o.dtype_conversion = env::get_flag("NPUB_DTYPE_CONVERSION", o.dtype_conversion);
+  // Read again by validate_every_call() at the first kernel call; read here
+  // so that a bad value refuses the start, naming the variable, instead of
+  // failing inside a call (Note [A setting is read strictly or refused]).
+  o.validate_every_call = env::get_flag("NPUB_VALIDATE", false);
   return o;
 }
 

@@ -106,6 +106,14 @@ TEST(Env, Fallback) {
             "NPUB_FALLBACK: expected 'allow' or 'error' but found 'maybe'");
 }
 
+TEST(Env, ValidateIsAFlag) {
+  EXPECT_EQ(error_with("NPUB_VALIDATE", "1", dispatcher_options), "");
+  EXPECT_EQ(error_with("NPUB_VALIDATE", "yes please", dispatcher_options),
+            "NPUB_VALIDATE: expected 0 or 1 (or false/true, off/on, no/yes) but found 'yes please'");
+  EXPECT_EQ(error_with("NPUB_VALIDATE", "yes please", runtime_options),
+            "NPUB_VALIDATE: expected 0 or 1 (or false/true, off/on, no/yes) but found 'yes please'");
+}
+
 TEST(Env, LogLevel) {
   EXPECT_EQ(error_with("NPUB_LOG_LEVEL", " debug ", runtime_options), "");
   EXPECT_EQ(error_with("NPUB_LOG_LEVEL", "loud", runtime_options),

@@ -158,6 +158,7 @@ struct DispatcherOptions {
   FallbackMode fallback_mode = FallbackMode::kAllow;
   int opt_level = 2;
   bool dtype_conversion = true;
+  bool validate_every_call = false;  // NPUB_VALIDATE: check every call's outputs against the meta function
   static DispatcherOptions from_env();
 };
 
