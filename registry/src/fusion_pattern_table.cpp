@@ -71,7 +71,13 @@ std::string PatternArg::to_string() const {
       std::string out = kind == kCall ? op + "(" : "[";
       for (size_t k = 0; k < items.size(); ++k) out += (k ? ", " : "") + items[k].to_string();
       out += kind == kCall ? ")" : "]";
-      if (kind == kCall && ret != 0) out += "[" + std::to_string(ret) + "]";
+      if (kind == kCall && ret != 0) {
+        // Appended piece by piece: GCC 12 at -O3 warns falsely on
+        // "[" + std::string&& (-Wrestrict, GCC bug 105651).
+        out += '[';
+        out += std::to_string(ret);
+        out += ']';
+      }
       return out;
     }
   }
