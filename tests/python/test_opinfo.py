@@ -23,7 +23,8 @@ def known_failures(dtype):
     return names
 
 
-@pytest.mark.parametrize("dtype, min_tested", [(torch.float32, 500), (torch.bfloat16, 300)])
+@pytest.mark.parametrize("dtype, min_tested", [(torch.float32, 500), (torch.bfloat16, 300)],
+                         ids=["float32", "bfloat16"])  # tests/CMakeLists.txt runs each on its own
 def test_opinfo_floor_and_known_failures(dtype, min_tested):
     results = opinfo.run(max_samples=8, dtype=dtype)
     passed, tested = opinfo.summary(results)
