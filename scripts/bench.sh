@@ -4,7 +4,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 suite="${1:-core}"
 npub_setup
-npub_build "$NPUB_ROOT/build/release"
+npub_build_release
 mkdir -p "$NPUB_ROOT/bench/results"
 case "$suite" in
   core)

@@ -6,7 +6,7 @@
 # references (tools/conformance/plugins/<plugin>_conformance.py).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 npub_setup
-npub_build "$NPUB_ROOT/build/release"
+npub_build_release
 mkdir -p "$NPUB_ROOT/docs/coverage"
 plugins="$NPUB_ROOT/build/release/lib/npubridge/plugins"
 status=0

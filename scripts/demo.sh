@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
-# Set up (missing Debian packages), build, and run the demo.
+# Set up (missing Debian and PyPI packages), build and install the
+# npubridge Python package, and run the demos. One build (build/wheel: the
+# core, the plugins, the PyTorch extension and npub-demo); the tests, the
+# test plugins and the benchmarks are test.sh's.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 npub_setup
-npub_build "$NPUB_ROOT/build/release"
+npub_log "building and installing the npubridge Python package (pip install --no-build-isolation .; a few minutes the first time)"
+npub_install_package
 npub_log "running the C++ demo"
-"$NPUB_ROOT/build/release/bin/npub-demo"
-
-# The Python package, installed so that `import torch, npubridge` works in
-# any new shell (scikit-build-core, incremental in build/wheel).
-npub_log "installing the npubridge Python package"
-(cd "$NPUB_ROOT" && python3 -m pip install -q --no-build-isolation --root-user-action=ignore .)
+"$NPUB_ROOT/build/wheel/bin/npub-demo"
 npub_log "running the PyTorch demo (a small model trained on npu)"
 (cd /tmp && NPUB_LOG_LEVEL=error python3 -W ignore "$NPUB_ROOT/python_ext/examples/train_demo.py")
 npub_log "running the multi-process demo (DDP on 2 ranks over the npu backend, torchrun)"

@@ -73,7 +73,26 @@ npub_setup() {
   npub_install_apt
   npub_install_pip
   export CCACHE_DIR="${CCACHE_DIR:-$HOME/.cache/ccache}"
+  # Paths below the checkout hashed relative to the build folder: the
+  # wheel's build (build/wheel, demo.sh) and the release build
+  # (build/release, test.sh), compiled with the same flags, share their
+  # objects, and so do two clones of the repository.
+  export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$NPUB_ROOT}"
   mkdir -p "$NPUB_ROOT/build"
+}
+
+# The release build tree (tests, benchmarks, tools): Release, the wheel's
+# build type, so that ccache serves one from the other.
+npub_build_release() {
+  npub_build "$NPUB_ROOT/build/release" -DCMAKE_BUILD_TYPE=Release "$@"
+}
+
+# Builds and installs the Python package (the core, the plugins, the
+# extension and the C++ tools, once, in build/wheel; incremental), as
+# `pip install --no-build-isolation .` does, with warnings as errors.
+npub_install_package() {
+  (cd "$NPUB_ROOT" && CMAKE_BUILD_PARALLEL_LEVEL="$NPUB_JOBS" python3 -m pip install -q --no-build-isolation \
+     --root-user-action=ignore -C cmake.define.NPUB_WERROR=ON .)
 }
 
 # ctest under ASan+UBSan+LSan in <build-dir>. LeakSanitizer's own tracer

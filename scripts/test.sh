@@ -8,7 +8,7 @@ npub_setup
 npub_log "format (clang-format)"
 "$NPUB_ROOT/scripts/check_format.sh"
 
-npub_build "$NPUB_ROOT/build/release"
+npub_build_release
 npub_log "tests (release)"
 (cd "$NPUB_ROOT/build/release" && ctest --output-on-failure -j "$NPUB_JOBS" --timeout 300)
 
