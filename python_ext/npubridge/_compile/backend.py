@@ -9,7 +9,7 @@ Dynamo). AOTAutograd traces forward and backward to ATen graphs and
 partitions them; ``min_cut_rematerialization_partition`` chooses what the
 forward saves for the backward by a min cut, recomputing cheap ops instead
 of saving their outputs, which lowers the training step's peak memory. Each
-of those graphs goes to ``lowering.lower`` (helper B2's compiler: resolved
+of those graphs goes to ``npubridge._compile.lowering.lower`` (resolved
 kernels, planned memory, the C++ loop); a node it cannot serve on a plugin
 kernel runs through PyTorch's own implementation there and is reported.
 
