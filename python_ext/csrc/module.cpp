@@ -47,12 +47,31 @@ PYBIND11_MODULE(_C, m) {
     auto* held = new py::function(std::move(hook));
     npub::torch_backend::set_python_start_hook([held] { (*held)(); });
   });
-  m.def("_start", &npub::torch_backend::ensure_started);
+  // RuntimeError with the message alone (pybind11 would show c10's C++ backtrace too).
+  m.def("_start", [] {
+    try {
+      npub::torch_backend::ensure_started();
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(e.what_without_backtrace());
+    }
+  });
   m.def("_is_started", &npub::torch_backend::runtime_started);
   // The device count the settings ask for, without starting anything
   // (torch.npu.device_count/is_available before the first npu use);
   // raises the start's error naming the variable for a bad setting.
-  m.def("_settings_device_count", &npub::torch_backend::settings_device_count);
+  m.def("_settings_device_count", [] {
+    try {
+      return npub::torch_backend::settings_device_count();
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(e.what_without_backtrace());
+    }
+  });
+  npub::torch_backend::bind_graph(m);
+  npub::torch_backend::bind_npu_graph(m);
+  // The npu's DLPack device type (npubridge/_dlpack.py).
+  m.attr("DLPACK_DEVICE_TYPE") = static_cast<int>(NPUB_DEVICE_NPU);
+  // Note [A forked child cannot use the npu] (device_sim/src/fork_guard.cpp):
+  // torch.npu._is_in_bad_fork() and the error torch.npu._lazy_init() raises.
   m.def("_is_in_bad_fork", [] {
     return npub::torch_backend::runtime_started() && Runtime::global().devices().in_forked_child();
   });
@@ -61,8 +80,12 @@ PYBIND11_MODULE(_C, m) {
       sim::throw_forked_child("torch.npu");
   });
   m.def("device_count", [] {
-    return npub::torch_backend::runtime_started() ? Runtime::global().devices().count()
-                                                  : npub::torch_backend::settings_device_count();
+    try {
+      return npub::torch_backend::runtime_started() ? Runtime::global().devices().count()
+                                                    : npub::torch_backend::settings_device_count();
+    } catch (const c10::Error& e) {
+      throw std::runtime_error(e.what_without_backtrace());
+    }
   });
   m.def("current_device", [] { return npub::torch_backend::rt().devices().current_device(); });
   m.def("set_device", [](int d) { npub::torch_backend::rt().devices().set_current_device(d); });

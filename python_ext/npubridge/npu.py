@@ -29,7 +29,7 @@ def _settings_device_count():
     except RuntimeError as err:
         import warnings
 
-        warnings.warn(f"npubridge: the npu is unavailable: {err}", RuntimeWarning, stacklevel=3)
+        warnings.warn(str(err), RuntimeWarning, stacklevel=3)  # "npubridge: the npu runtime did not start: NAME: ..."
         return 0
 
 
