@@ -6,7 +6,7 @@ import torch
 
 import npubridge
 
-transformers = pytest.importorskip("transformers")
+import transformers
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ import npubridge
 import npubridge.mindspeed as ms
 from npubridge.mindspeed import functional
 
-transformers = pytest.importorskip("transformers")
-modeling_llama = pytest.importorskip("transformers.models.llama.modeling_llama")
-modeling_qwen2 = pytest.importorskip("transformers.models.qwen2.modeling_qwen2")
+import transformers
+from transformers.models.llama import modeling_llama
+from transformers.models.qwen2 import modeling_qwen2
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: E402  (a copy to be rebound)
 
 FEATURE_OPS = {f["name"]: f for f in ms.features()}
