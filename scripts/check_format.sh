@@ -7,11 +7,18 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Other clang-format releases lay some constructs out differently: the
-# format is what 14 (Debian 12's) makes, and another release only warns.
+# format is what 14 (Debian 12's) makes. Any other release, or none, fails:
+# a check that cannot run is no pass.
+if ! command -v clang-format >/dev/null; then
+  echo "clang-format: not found; the format is defined by release 14: on Debian 12, apt-get install clang-format (scripts/lib.sh installs it)" >&2
+  exit 1
+fi
 major="$(clang-format --version | sed -n 's/.*version \([0-9]*\).*/\1/p')"
 if [ "$major" != "14" ]; then
-  echo "clang-format: found release ${major:-unknown}, the format is defined by release 14: not checked" >&2
-  exit 0
+  echo "clang-format: found release ${major:-unknown} ($(command -v clang-format)), but the format is defined by release 14:" >&2
+  echo "  on Debian 12, Debian's clang-format package is release 14 (apt-get install clang-format);" >&2
+  echo "  elsewhere, put a clang-format of release 14 first on PATH (e.g. Debian/Ubuntu's clang-format-14 package, as clang-format)" >&2
+  exit 1
 fi
 
 mapfile -t files < <(git ls-files --cached --others --exclude-standard '*.c' '*.cpp' '*.h' '*.hpp' | grep -v '^tests/abi/frozen/')

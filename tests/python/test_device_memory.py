@@ -43,8 +43,33 @@ def test_memory_stats_have_torch_cudas_keys_with_the_allocators_values():
     assert s["reserved_bytes.all.current"] == s["reserved_bytes"] == torch.npu.memory_reserved(0)
     assert s["allocated_bytes.all.peak"] == torch.npu.max_memory_allocated(0)
     assert s["reserved_bytes.all.peak"] == torch.npu.max_memory_reserved(0)
-    assert s["num_ooms"] >= 0
     del x
+
+
+def test_num_ooms_counts_each_refused_allocation_of_its_device():
+    out = _run(
+        """
+        import torch, npubridge
+        MiB = 1 << 20
+        def ooms(d):
+            return torch.npu.memory_stats(d)["num_ooms"]
+        print(ooms(0), ooms(1))
+        for _ in range(2):  # over the capacity
+            try:
+                torch.empty(65 * MiB, dtype=torch.uint8, device="npu:0")
+            except torch.OutOfMemoryError:
+                pass
+        print(ooms(0), ooms(1))
+        torch.npu.set_per_process_memory_fraction(0.25, 1)  # 16 of 64 MiB
+        try:  # under the capacity, over the fraction
+            torch.empty(17 * MiB, dtype=torch.uint8, device="npu:1")
+        except torch.OutOfMemoryError:
+            pass
+        x = torch.empty(8 * MiB, dtype=torch.uint8, device="npu:1")  # fits: no OOM
+        print(ooms(0), ooms(1))
+        """,
+        NPUB_SIM_MEMORY="64M", NPUB_SIM_DEVICES="2")
+    assert out.splitlines() == ["0 0", "2 0", "2 1"]
 
 
 def test_memory_snapshot_lists_the_caching_allocators_segments_and_blocks():

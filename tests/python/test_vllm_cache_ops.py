@@ -11,8 +11,12 @@ import torch
 import npubridge
 from npubridge.vllm import _custom_ops as ops
 
-pytestmark = pytest.mark.skipif(not any(p["name"] == "vllm_like" for p in npubridge.plugins()),
-                                reason="the vllm_like plugin is not loaded")
+# The in-tree plugin is built with the extension: not loaded is a failure,
+# never a skip (a broken build must not shrink the suite).
+@pytest.fixture(autouse=True)
+def _vllm_like_is_loaded():
+    assert any(p["name"] == "vllm_like" for p in npubridge.plugins()), \
+        f"the vllm_like plugin is not loaded: {npubridge.load_failures()}"
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

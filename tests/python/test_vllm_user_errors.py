@@ -7,7 +7,7 @@ answer)."""
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")
+import transformers
 
 from npubridge.vllm import LLM, SamplingParams  # noqa: E402
 
