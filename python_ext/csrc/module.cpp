@@ -31,6 +31,7 @@
 
 namespace py = pybind11;
 using namespace npub;
+using npub::torch_backend::rt;
 
 namespace npub::torch_backend {
 void bind_fusion_patterns(py::module& m);  // graph/fusion_pattern_bindings.cpp
@@ -87,40 +88,40 @@ PYBIND11_MODULE(_C, m) {
       throw std::runtime_error(e.what_without_backtrace());
     }
   });
-  m.def("current_device", [] { return npub::torch_backend::rt().devices().current_device(); });
-  m.def("set_device", [](int d) { npub::torch_backend::rt().devices().set_current_device(d); });
+  m.def("current_device", [] { return rt().devices().current_device(); });
+  m.def("set_device", [](int d) { rt().devices().set_current_device(d); });
   m.def("synchronize", [](int d) {
-    auto& ds = npub::torch_backend::rt().devices();
+    auto& ds = rt().devices();
     if (d < 0)
       for (int i = 0; i < ds.count(); ++i) ds.at(i).synchronize();
     else
       ds.at(d).synchronize();
   });
-  m.def("manual_seed", [](int d, uint64_t seed) { npub::torch_backend::rt().devices().at(d).manual_seed(seed); });
+  m.def("manual_seed", [](int d, uint64_t seed) { rt().devices().at(d).manual_seed(seed); });
   // torch.npu.default_generators[d]: the device's own generator as a
   // torch.Generator (the state manual_seed and get_rng_state see).
   m.def("default_generator",
         [](int d) { return npub::torch_backend::default_generator(static_cast<c10::DeviceIndex>(d)); });
   m.def("get_rng_state", [](int d) {
-    const auto s = npub::torch_backend::rt().devices().at(d).philox_state();
+    const auto s = rt().devices().at(d).philox_state();
     return py::make_tuple(s.seed, s.offset);
   });
   m.def("set_rng_state", [](int d, uint64_t seed, uint64_t offset) {
-    npub::torch_backend::rt().devices().at(d).set_philox_state({seed, offset});
+    rt().devices().at(d).set_philox_state({seed, offset});
   });
   // Streams, by id within their device.
   // torch.npu.Stream() draws from the pool torch.Stream(device="npu") uses.
-  m.def("stream_new", [](int d) { return npub::torch_backend::rt().devices().at(d).pooled_stream().id(); });
+  m.def("stream_new", [](int d) { return rt().devices().at(d).pooled_stream().id(); });
   m.def("stream_synchronize", [](int d, int id) {
     py::gil_scoped_release nogil;
-    npub::torch_backend::rt().devices().at(d).stream(id).synchronize();
+    rt().devices().at(d).stream(id).synchronize();
   });
-  m.def("stream_query", [](int d, int id) { return npub::torch_backend::rt().devices().at(d).stream(id).query(); });
+  m.def("stream_query", [](int d, int id) { return rt().devices().at(d).stream(id).query(); });
   m.def("set_current_stream", [](int d, int id) {
-    auto& dev = npub::torch_backend::rt().devices().at(d);
+    auto& dev = rt().devices().at(d);
     dev.set_current_stream(dev.stream(id));
   });
-  m.def("current_stream", [](int d) { return npub::torch_backend::rt().devices().at(d).current_stream().id(); });
+  m.def("current_stream", [](int d) { return rt().devices().at(d).current_stream().id(); });
   // torch.npu.Event.elapsed_time: torch.Event's own refuses a subclass
   // (it compares the exact type), so torch.npu.Event, a torch.Event, times
   // its c10::Event here; the events themselves are the device guard's
@@ -136,7 +137,7 @@ PYBIND11_MODULE(_C, m) {
         ->event.elapsedTime(reinterpret_cast<THPEvent*>(end.ptr())->event);
   });
   m.def("memory_stats", [](int d) {
-    const auto s = npub::torch_backend::rt().devices().at(d).allocator().stats();
+    const auto s = rt().devices().at(d).allocator().stats();
     py::dict r;
     r["allocated_bytes"] = s.allocated_bytes;
     r["reserved_bytes"] = s.reserved_bytes;
@@ -152,7 +153,7 @@ PYBIND11_MODULE(_C, m) {
   // GPU's multiprocessors) and, as its "compute capability", the plugin ABI
   // version it runs kernels of (what a kernel may rely on, as sm_80 for CUDA).
   m.def("device_properties", [](int d) {
-    auto& dev = npub::torch_backend::rt().devices().at(d);
+    auto& dev = rt().devices().at(d);
     py::dict r;
     r["name"] = "npubridge simulated NPU";
     r["total_memory"] = dev.allocator().capacity();
@@ -165,18 +166,17 @@ PYBIND11_MODULE(_C, m) {
   // (device_sim/include/npubridge/device_sim/caching_allocator.h).
   m.def("set_memory_fraction", [](int d, double fraction) {
     try {
-      npub::torch_backend::rt().devices().at(d).allocator().set_memory_fraction(fraction);
+      rt().devices().at(d).allocator().set_memory_fraction(fraction);
     } catch (const Error& e) {
       throw py::value_error(e.what());
     }
   });
-  m.def("memory_fraction",
-        [](int d) { return npub::torch_backend::rt().devices().at(d).allocator().memory_fraction(); });
+  m.def("memory_fraction", [](int d) { return rt().devices().at(d).allocator().memory_fraction(); });
   // torch.npu.memory_snapshot(): the caching allocator's segments and
   // blocks, with torch.cuda.memory_snapshot()'s keys.
   m.def("memory_snapshot", [](int d) {
     py::list out;
-    for (const sim::SegmentSnapshot& seg : npub::torch_backend::rt().devices().at(d).allocator().snapshot()) {
+    for (const sim::SegmentSnapshot& seg : rt().devices().at(d).allocator().snapshot()) {
       py::dict r;
       r["device"] = d;
       r["address"] = seg.address;
@@ -203,16 +203,15 @@ PYBIND11_MODULE(_C, m) {
     return out;
   });
   m.def("empty_cache", [] {
-    auto& ds = npub::torch_backend::rt().devices();
+    auto& ds = rt().devices();
     for (int i = 0; i < ds.count(); ++i) ds.at(i).allocator().empty_cache();
   });
-  m.def("reset_peak_memory_stats",
-        [](int d) { npub::torch_backend::rt().devices().at(d).allocator().reset_peak_stats(); });
+  m.def("reset_peak_memory_stats", [](int d) { rt().devices().at(d).allocator().reset_peak_stats(); });
   m.def("plugins", [] {
     py::list out;
-    for (const auto& p : npub::torch_backend::rt().loader().plugins()) {
+    for (const auto& p : rt().loader().plugins()) {
       int ops = 0;
-      for (const reg::OpEntry* e : npub::torch_backend::rt().registry().ops())
+      for (const reg::OpEntry* e : rt().registry().ops())
         for (const reg::Kernel* k : e->kernels(NPUB_DEVICE_NPU))
           if (k->plugin.get() == p.get()) {
             ++ops;
@@ -231,19 +230,19 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("load_failures", [] {
     py::list out;
-    for (const auto& f : npub::torch_backend::rt().loader().failures()) out.append(f.error);
+    for (const auto& f : rt().loader().failures()) out.append(f.error);
     return out;
   });
   // Libraries of a scanned directory that are not plugins (Note [A directory
   // may hold libraries that are not plugins], plugin_loader.h).
   m.def("load_skipped", [] {
     py::list out;
-    for (const auto& f : npub::torch_backend::rt().loader().skipped()) out.append(f.error);
+    for (const auto& f : rt().loader().skipped()) out.append(f.error);
     return out;
   });
   m.def("stats", [] {
     py::dict out;
-    for (const auto& s : npub::torch_backend::rt().dispatcher().stats()) {
+    for (const auto& s : rt().dispatcher().stats()) {
       py::dict d;
       d["calls"] = s.calls;
       d["fallbacks"] = s.fallbacks;
@@ -273,11 +272,11 @@ PYBIND11_MODULE(_C, m) {
   // Per registry op, the reason of its latest fallback (a kernel's decline
   // message, or why no kernel was eligible).
   m.def("fallback_reasons", [] { return npub::torch_backend::last_fallback_reasons(); });
-  m.def("reset_stats", [] { npub::torch_backend::rt().dispatcher().reset_stats(); });
-  m.def("set_optim_level", [](int level) { npub::torch_backend::rt().dispatcher().set_opt_level(level); });
-  m.def("optim_level", [] { return npub::torch_backend::rt().dispatcher().opt_level(); });
+  m.def("reset_stats", [] { rt().dispatcher().reset_stats(); });
+  m.def("set_optim_level", [](int level) { rt().dispatcher().set_opt_level(level); });
+  m.def("optim_level", [] { return rt().dispatcher().opt_level(); });
   m.def("enable_plugin", [](const std::string& name, bool on) {
-    auto p = npub::torch_backend::rt().loader().plugin(name);
+    auto p = rt().loader().plugin(name);
     if (!p) throw py::value_error("no plugin named '" + name + "' is loaded");
     p->enabled = on;
   });
@@ -295,7 +294,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("op_map", [] {
     py::list out;
-    for (const reg::OpMapping& e : npub::torch_backend::rt().op_map().entries())
+    for (const reg::OpMapping& e : rt().op_map().entries())
       out.append(py::make_tuple(e.framework_op, e.target_op, e.plugin));
     return out;
   });
@@ -307,8 +306,8 @@ PYBIND11_MODULE(_C, m) {
     PrecisionCheckConfig c;
     c.enabled = false;
     c.raise_on_mismatch = raise_on_mismatch;
-    npub::torch_backend::rt().dispatcher().set_precision_check(c);
-    npub::torch_backend::rt().dispatcher().clear_precision_mismatches();
+    rt().dispatcher().set_precision_check(c);
+    rt().dispatcher().clear_precision_mismatches();
     npub::torch_backend::g_precision_on = enabled;
   });
   // The error model's verdict on one result with no op entry (PyTorch-level
@@ -327,7 +326,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("precision_mismatches", [] {
     py::list out;
-    for (const auto& mm : npub::torch_backend::rt().dispatcher().precision_mismatches()) {
+    for (const auto& mm : rt().dispatcher().precision_mismatches()) {
       py::dict d;
       d["op"] = mm.op;
       d["plugin"] = mm.plugin;
@@ -348,7 +347,7 @@ PYBIND11_MODULE(_C, m) {
   // for the package to register with torch.library.register_autograd.
   m.def("derivatives", [] {
     py::list out;
-    for (const reg::OpEntry* e : npub::torch_backend::rt().registry().ops()) {
+    for (const reg::OpEntry* e : rt().registry().ops()) {
       const reg::Derivative* d = e->derivative();
       if (d == nullptr || e->kernels(NPUB_DEVICE_NPU).empty()) continue;
       py::dict r;
@@ -389,7 +388,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("ops", [](const std::string& plugin) {
     py::list out;
-    for (const reg::OpEntry* e : npub::torch_backend::rt().registry().ops()) {
+    for (const reg::OpEntry* e : rt().registry().ops()) {
       for (const reg::Kernel* k : e->kernels(NPUB_DEVICE_NPU)) {
         if (!plugin.empty() && k->plugin_name() != plugin) continue;
         py::dict d;
