@@ -63,6 +63,32 @@ def _on_start():
 
 _C._set_start_hook(_on_start)
 
+# Plugin ops are defined under torch.ops.<namespace> when the runtime starts
+# (the plugins load then). A lookup does not start it: torch.library.define
+# probes torch.ops with hasattr while torch._dynamo imports, which would
+# start the runtime in nearly every program. Before the start, a lookup that
+# finds nothing says how to get the plugin ops.
+_NO_PLUGIN_OPS = frozenset({"aten", "prim", "prims", "_prims", "quantized", "_quantized", "profiler"})
+
+
+def _install_op_lookup_hint():
+    namespace = torch._ops._OpNamespace
+    lookup = namespace.__getattr__
+
+    def __getattr__(self, op_name):
+        try:
+            return lookup(self, op_name)
+        except AttributeError as err:
+            if op_name.startswith("__") or self.name in _NO_PLUGIN_OPS or _C._is_started():
+                raise
+            raise AttributeError(f"{err} (npubridge: plugin ops are defined when the npu runtime starts, at the "
+                                 "first npu use; call torch.npu.init() or make an npu tensor first)") from err
+
+    namespace.__getattr__ = __getattr__
+
+
+_install_op_lookup_hint()
+
 from . import distributed  # noqa: E402,F401  (registers the torch.distributed backend "npu")
 from ._compile import compile, compile_report, register_fusion_pattern  # noqa: E402,F401  (Dynamo backend "npu")
 

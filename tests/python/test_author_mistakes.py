@@ -19,7 +19,9 @@ def test_the_plugin_is_there():
 def run(code, **env):
     """Runs `code` with only the mistakes plugin loaded; returns (stdout, stderr)."""
     e = dict(os.environ, NPUB_LOG_LEVEL="warn", NPUB_PLUGIN_PATH=PLUGIN, **env)
-    r = subprocess.run([sys.executable, "-c", "import torch, npubridge\n" + textwrap.dedent(code)], env=e,
+    # torch.npu.init(): the plugin ops exist under torch.ops from the runtime's start on.
+    prelude = "import torch, npubridge\ntorch.npu.init()\n"
+    r = subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], env=e,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
     return r.stdout, r.stderr

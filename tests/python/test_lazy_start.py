@@ -132,3 +132,23 @@ def test_a_child_forked_before_the_start_starts_its_own_runtime():
         print(os.waitstatus_to_exitcode(status), npubridge._C._is_started())
     """))
     assert lines == ["0 False"], lines
+
+
+def test_plugin_ops_exist_once_the_runtime_started_and_a_lookup_before_says_so():
+    # A lookup starts nothing (torch.library.define probes torch.ops with
+    # hasattr while torch._dynamo imports); before the start a missing op's
+    # error says how to get the plugin ops.
+    lines = _ok(_run("""
+        import torch, npubridge
+        import torch._dynamo
+        print(hasattr(torch.ops.mindspeed_like, "npu_swiglu"), npubridge._C._is_started())
+        try:
+            torch.ops.mindspeed_like.npu_swiglu
+        except AttributeError as e:
+            print(str(e).split(" (")[1])
+        torch.npu.init()
+        x = torch.ops.mindspeed_like.npu_swiglu(torch.ones(2, 4, device="npu"), -1)
+        print(x.shape, x.device)
+    """))
+    assert lines == ["False False", "npubridge: plugin ops are defined when the npu runtime starts, at the first "
+                     "npu use; call torch.npu.init() or make an npu tensor first)", "torch.Size([2, 2]) npu:0"], lines
