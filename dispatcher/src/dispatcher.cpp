@@ -52,7 +52,7 @@ DispatcherOptions DispatcherOptions::from_env() {
       o.fallback_mode = FallbackMode::kAllow;
     else
       throw Error(ErrorCode::kInvalidArgument,
-                  "NPUB_FALLBACK: expected 'allow' or 'error' but found '" + *v + "'");
+                  "NPUB_FALLBACK: expected 'allow' or 'error' but found " + env::quote(*v));
   }
   o.opt_level =
       static_cast<int>(env::get_int_in("NPUB_OPT_LEVEL", o.opt_level, 0, 3, "an optimisation level"));
