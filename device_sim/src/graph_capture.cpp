@@ -77,7 +77,7 @@ void Graph::capture_begin(Device& device, uint64_t pool, CaptureMode mode) {
   if (capturing_graph(device) != nullptr)
     throw Error(ErrorCode::kInvalidArgument,
                 "graph capture_begin: this thread is already capturing on " + device_name(device) +
-                    " (one capture per thread and device)");
+                    " (captures cannot nest: one capture per thread and device)");
   device_ = &device;
   pool_ = pool != 0 ? pool : CachingAllocator::new_pool_id();
   mode_ = mode;

@@ -75,6 +75,28 @@ def test_a_backward_of_a_forward_made_before_the_capture_is_refused_not_zero_gra
     assert z.cpu().tolist() == [5.0, 5.0]
 
 
+def test_captures_cannot_nest_and_the_message_says_so():
+    x = torch.ones(3, device="npu")
+    outer, inner = torch.npu.NPUGraph(), torch.npu.NPUGraph()
+    with pytest.raises(RuntimeError, match=r"torch.npu.graph: captures cannot nest: this thread is already "
+                                           r"capturing a graph on npu:0") as e:
+        with torch.npu.graph(outer):
+            x * 2
+            with torch.npu.graph(inner):
+                x * 3
+    assert "synchronize" not in str(e.value)
+    assert not outer.capturing() and not inner.capturing()
+    # capture_begin itself says the same.
+    g1, g2 = torch.npu.NPUGraph(), torch.npu.NPUGraph()
+    g1.capture_begin()
+    try:
+        with pytest.raises(RuntimeError, match="captures cannot nest"):
+            g2.capture_begin()
+    finally:
+        g1.capture_end()
+    assert torch.equal((x * 2).cpu(), torch.full((3,), 2.0))
+
+
 def test_forward_only_capture_under_grad_still_replays():
     # Capturing a forward with autograd on (no backward inside) is not affected.
     m = _mlp()
