@@ -7,7 +7,10 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace npub::sim {
@@ -26,8 +29,11 @@ std::string format_bytes(uint64_t bytes) {
   return buf;
 }
 
-CachingAllocator::CachingAllocator(int device_index, uint64_t capacity_bytes)
-    : device_index_(device_index), capacity_(capacity_bytes), limit_(capacity_bytes) {}
+CachingAllocator::CachingAllocator(int device_index, uint64_t capacity_bytes, size_t guard_bytes)
+    : device_index_(device_index),
+      capacity_(capacity_bytes),
+      guard_((guard_bytes + kMinBlock - 1) / kMinBlock * kMinBlock),
+      limit_(capacity_bytes) {}
 
 CachingAllocator::~CachingAllocator() {
   // Live blocks at destruction are the host's leak; their memory goes back to
@@ -64,13 +70,14 @@ void CachingAllocator::pool_erase(Pool& pool, Pool::iterator it) {
 }
 
 void CachingAllocator::live_insert(Block* b) {
+  if (guard_ > 0) by_address_.emplace(user_ptr(b), b);
   if (spare_live_nodes_.empty()) {
-    live_.emplace(b->ptr, b);
+    live_.emplace(user_ptr(b), b);
     return;
   }
   LiveMap::node_type node = std::move(spare_live_nodes_.back());
   spare_live_nodes_.pop_back();
-  node.key() = b->ptr;
+  node.key() = user_ptr(b);
   node.mapped() = b;
   live_.insert(std::move(node));
 }
@@ -79,6 +86,7 @@ CachingAllocator::Block* CachingAllocator::live_take(void* ptr) {
   auto it = live_.find(ptr);
   if (it == live_.end()) return nullptr;
   Block* b = it->second;
+  if (guard_ > 0) by_address_.erase(user_ptr(b));
   LiveMap::node_type node = live_.extract(it);
   if (spare_live_nodes_.size() < kMaxSpares) spare_live_nodes_.push_back(std::move(node));
   return b;
@@ -198,8 +206,8 @@ void* CachingAllocator::allocate(size_t bytes, const void* stream) {
       if (r.allocator == this) stream = pool_key(r.pool);
   std::lock_guard<std::mutex> lock(mu_);
   if (bytes > limit_) throw_oom(bytes);
-  const size_t size = round_size(bytes);
-  const bool small = size <= kSmallRequest;
+  const bool small = round_size(bytes) <= kSmallRequest;
+  const size_t size = round_size(bytes) + (small ? 2 * guard_ : 0);  // Note [Guard zones]
   Pool& pool = small ? small_pool_ : large_pool_;
   Block* block = find_free_block(pool, size, stream);
   if (block != nullptr) {
@@ -230,14 +238,15 @@ void* CachingAllocator::allocate(size_t bytes, const void* stream) {
   block->allocated = true;
   block->requested = bytes;
   live_insert(block);
-  stats_.allocated_bytes += static_cast<int64_t>(block->size);
-  stats_.total_allocated_bytes += static_cast<int64_t>(block->size);
+  if (zone(block) > 0) fill_guards(block);
+  stats_.allocated_bytes += static_cast<int64_t>(user_size(block));
+  stats_.total_allocated_bytes += static_cast<int64_t>(user_size(block));
   stats_.requested_bytes += static_cast<int64_t>(bytes);
   if (stats_.allocated_bytes > stats_.peak_allocated_bytes)
     stats_.peak_allocated_bytes = stats_.allocated_bytes;
   ++stats_.num_allocs;
   ++stats_.active_blocks;
-  return block->ptr;
+  return user_ptr(block);
 }
 
 CachingAllocator::Block* CachingAllocator::find_free_block(Pool& pool, size_t size, const void* stream) {
@@ -315,8 +324,19 @@ void CachingAllocator::free(void* ptr) {
                   device_index_, ptr);
     throw Error(ErrorCode::kInvalidArgument, buf);
   }
-  stats_.allocated_bytes -= static_cast<int64_t>(b->size);
-  stats_.total_freed_bytes += static_cast<int64_t>(b->size);
+  if (zone(b) > 0) {
+    // Note [Guard zones]: reported by the next synchronize (free has no
+    // caller to tell: it runs in a tensor's deleter).
+    const std::string found = check_block_guards(b);
+    if (!found.empty() && guard_report_.empty())
+      guard_report_ = "npu:" + std::to_string(device_index_) +
+                      " caching allocator: device memory was written outside its buffer: " + found +
+                      " was found overwritten when the block was freed (NPUB_VALIDATE=1 guard zones; "
+                      "no kernel check saw it: the write came from work the dispatcher did not run, or "
+                      "into a buffer the kernel was not given)";
+  }
+  stats_.allocated_bytes -= static_cast<int64_t>(user_size(b));
+  stats_.total_freed_bytes += static_cast<int64_t>(user_size(b));
   stats_.requested_bytes -= static_cast<int64_t>(b->requested);
   ++stats_.num_frees;
   --stats_.active_blocks;
@@ -442,9 +462,17 @@ std::vector<SegmentSnapshot> CachingAllocator::snapshot() const {
     seg.stream = head->stream;
     seg.small = head->small;
     for (const Block* b = head; b != nullptr; b = b->next) {
-      seg.blocks.push_back({reinterpret_cast<uintptr_t>(b->ptr), b->size, b->requested, b->allocated});
+      // Note [Guard zones]: an allocated block as its owner sees it.
+      if (b->allocated && zone(b) > 0) {  // its zones as free blocks around it
+        seg.blocks.push_back({reinterpret_cast<uintptr_t>(b->ptr), zone(b), 0, false});
+        seg.blocks.push_back({reinterpret_cast<uintptr_t>(user_ptr(b)), user_size(b), b->requested, true});
+        seg.blocks.push_back({reinterpret_cast<uintptr_t>(user_ptr(b) + user_size(b)), zone(b), 0, false});
+      } else if (b->allocated)
+        seg.blocks.push_back({reinterpret_cast<uintptr_t>(b->ptr), b->size, b->requested, true});
+      else
+        seg.blocks.push_back({reinterpret_cast<uintptr_t>(b->ptr), b->size, 0, false});
       if (b->allocated) {
-        seg.allocated += b->size;
+        seg.allocated += user_size(b);
         seg.requested += b->requested;
       }
     }
@@ -459,9 +487,70 @@ bool CachingAllocator::contains(const void* ptr, size_t bytes) const {
   std::lock_guard<std::mutex> lock(mu_);
   const char* p = static_cast<const char*>(ptr);
   for (const auto& [base, b] : live_) {
-    if (p >= b->ptr && p + bytes <= b->ptr + b->size) return true;
+    if (p >= user_ptr(b) && p + bytes <= user_ptr(b) + user_size(b)) return true;
   }
   return false;
+}
+
+// Note [Guard zones]. The front zone is [ptr, user); the back zone runs from
+// the end of the request to G bytes past its rounded size (the rest of a
+// block too large to split is not filled: a request's cost stays bounded).
+namespace {
+constexpr unsigned char kGuardPattern = 0xfd;  // as MSVC's debug heap's no-man's land
+}  // namespace
+
+void CachingAllocator::fill_guards(Block* b) {
+  const size_t back = round_size(b->requested) - b->requested + zone(b);
+  std::memset(b->ptr, kGuardPattern, zone(b));
+  std::memset(user_ptr(b) + b->requested, kGuardPattern, back);
+}
+
+std::string CachingAllocator::check_block_guards(Block* b) {
+  // A graph's private pool is not checked: a capture may free a block and
+  // hand its memory to a smaller one, and each replay writes the first
+  // block's size there again through the records (in eager order, so the
+  // data is right, but over the second block's zones).
+  if (zone(b) == 0 || is_pool_key(b->stream)) return "";
+  const unsigned char* front = reinterpret_cast<const unsigned char*>(b->ptr);
+  const unsigned char* back = reinterpret_cast<const unsigned char*>(user_ptr(b) + b->requested);
+  const size_t back_size = round_size(b->requested) - b->requested + zone(b);
+  size_t before = 0, after = 0;
+  for (size_t i = 0; i < zone(b); ++i)
+    if (front[i] != kGuardPattern) {
+      before = zone(b) - i;  // the farthest byte written before the start
+      break;
+    }
+  for (size_t i = back_size; i-- > 0;)
+    if (back[i] != kGuardPattern) {
+      after = i + 1;  // the farthest byte written past the end
+      break;
+    }
+  if (before == 0 && after == 0) return "";
+  char where[64];
+  std::snprintf(where, sizeof where, "%p", static_cast<const void*>(user_ptr(b)));
+  std::string what;
+  auto bytes = [](size_t n) { return std::to_string(n) + (n == 1 ? " byte" : " bytes"); };
+  if (before > 0) what = bytes(before) + " before the start";
+  if (after > 0) what += (what.empty() ? "" : " and ") + bytes(after) + " past the end";
+  fill_guards(b);  // reported once
+  return what + " of a buffer of " + std::to_string(b->requested) + " bytes at " + where;
+}
+
+std::string CachingAllocator::check_guards(const void* ptr) {
+  if (guard_ == 0 || ptr == nullptr) return "";
+  std::lock_guard<std::mutex> lock(mu_);
+  const char* p = static_cast<const char*>(ptr);
+  auto it = by_address_.upper_bound(p);
+  if (it == by_address_.begin()) return "";
+  Block* b = std::prev(it)->second;
+  if (p >= user_ptr(b) + std::max<size_t>(b->requested, 1)) return "";
+  return check_block_guards(b);
+}
+
+std::string CachingAllocator::take_guard_report() {
+  if (guard_ == 0) return "";
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(guard_report_, std::string());
 }
 
 void CachingAllocator::throw_oom(size_t requested) {

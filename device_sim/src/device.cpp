@@ -48,12 +48,13 @@ DeviceOptions DeviceOptions::from_env() {
       static_cast<int>(env::get_int_in("NPUB_SIM_DEVICES", o.num_devices, 1, 64, "a device count"));
   o.memory_bytes = env::get_bytes("NPUB_SIM_MEMORY", o.memory_bytes);
   if (o.memory_bytes == 0)
-    throw Error(ErrorCode::kInvalidArgument,
-                "NPUB_SIM_MEMORY: expected a positive size but found '" + *env::get("NPUB_SIM_MEMORY") + "'");
+    throw Error(ErrorCode::kInvalidArgument, "NPUB_SIM_MEMORY: expected a positive size but found " +
+                                                 env::quote(*env::get("NPUB_SIM_MEMORY")));
   // Unset: every hardware thread (compute_threads 0).
   o.compute_threads =
       static_cast<int>(env::get_int_in("NPUB_SIM_THREADS", 0, 1, 1024, "a compute thread count"));
   o.launch_blocking = env::get_flag("NPUB_LAUNCH_BLOCKING", false);
+  o.guard_bytes = env::get_flag("NPUB_VALIDATE", false) ? CachingAllocator::kGuardBytes : 0;
   return o;
 }
 
@@ -66,7 +67,7 @@ Device::Device(int index, const DeviceOptions& options)
     : index_(index),
       uid_(g_next_device_uid.fetch_add(1)),
       launch_blocking_(options.launch_blocking),
-      allocator_(index, options.memory_bytes),
+      allocator_(index, options.memory_bytes, options.guard_bytes),
       compute_(resolve_threads(options.compute_threads)) {
   streams_.push_back(std::make_unique<Stream>(index, 0, launch_blocking_));
   default_stream_ = streams_.front().get();
@@ -125,6 +126,9 @@ void Device::synchronize() {
     for (auto& s : streams_) all.push_back(s.get());
   }
   for (Stream* s : all) s->synchronize();
+  // Note [Guard zones]: what free() found overwritten since the last time.
+  if (const std::string found = allocator_.take_guard_report(); !found.empty())
+    throw Error(ErrorCode::kInternal, found);
 }
 
 DeviceSet::DeviceSet(const DeviceOptions& options) : uid_(g_next_device_uid.fetch_add(1)), options_(options) {

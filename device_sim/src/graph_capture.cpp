@@ -1,6 +1,7 @@
 #include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/device_sim/device.h>
 #include <npubridge/device_sim/graph_capture.h>
+#include <npubridge/device_sim/stream.h>
 #include <npubridge/support/error.h>
 #include <npubridge/support/shape.h>
 
@@ -74,9 +75,9 @@ void Graph::capture_begin(Device& device, uint64_t pool, CaptureMode mode) {
                     std::string(state_ == State::kCapturing ? "capturing" : "captured or invalid") +
                     "); call reset() before capturing again");
   if (capturing_graph(device) != nullptr)
-    throw Error(ErrorCode::kInvalidArgument, "graph capture_begin: this thread is already capturing on " +
-                                                 device_name(device) +
-                                                 " (one capture per thread and device)");
+    throw Error(ErrorCode::kInvalidArgument,
+                "graph capture_begin: this thread is already capturing on " + device_name(device) +
+                    " (captures cannot nest: one capture per thread and device)");
   device_ = &device;
   pool_ = pool != 0 ? pool : CachingAllocator::new_pool_id();
   mode_ = mode;
@@ -84,6 +85,8 @@ void Graph::capture_begin(Device& device, uint64_t pool, CaptureMode mode) {
   holds_pool_ = true;
   device.allocator().begin_pool_route(pool_);
   stream_ = &device.current_stream();
+  static std::atomic<uint64_t> next_capture_id{1};
+  capture_id_ = next_capture_id.fetch_add(1);
   poisoned_.store(false);
   tls_captures.push_back(this);
   {
@@ -108,6 +111,7 @@ void Graph::stop_recording() {
     auto& v = open_captures();
     v.erase(std::remove(v.begin(), v.end(), this), v.end());
     g_open_captures.fetch_sub(1);
+    joined_.clear();
   }
   if (mode_ == CaptureMode::kGlobal) {
     std::lock_guard<std::mutex> lock(g_global_mu);
@@ -231,17 +235,43 @@ Graph* capture_target(Device& device, const Stream& stream, const std::function<
   }
   std::lock_guard<std::mutex> lock(g_open_mu);
   for (Graph* g : open_captures()) {
-    if (g->device() != &device || g->stream() != &stream) continue;
+    if (g->device() != &device) continue;
+    // Note [A stream that waits on a capture joins it].
+    const bool joined = std::find(g->joined_.begin(), g->joined_.end(), &stream) != g->joined_.end();
+    if (g->stream() != &stream && !joined) continue;
     const std::string msg =
         device_name(device) + " graph capture: " + op() +
-        " was issued to the capturing stream from a thread that is not capturing (autograd runs a backward "
-        "on its device thread): it would run now and never at replay, so it is refused and the capture is "
+        (joined ? " was issued, from a thread that is not capturing, to " + device_name(device) + " stream " +
+                      std::to_string(stream.id()) +
+                      ", which joined the capture when it waited on work the capture records (autograd runs "
+                      "a backward on its device thread, on the forward's stream, after waiting for the "
+                      "gradient made in the capture)"
+                : std::string(" was issued to the capturing stream from a thread that is not capturing "
+                              "(autograd runs a backward on its device thread)")) +
+        ": it would run now and never at replay, so it is refused and the capture is "
         "invalid; capturing a backward is not supported: capture the forward only, or run backward() "
         "outside the capture";
     g->poison(msg);
     throw CaptureError(msg);
   }
   return nullptr;
+}
+
+uint64_t recording_capture(const Stream& stream) {
+  if (tls_captures.empty()) return 0;
+  Graph* g = capturing_graph(stream.device_index());
+  return g != nullptr ? g->capture_id() : 0;
+}
+
+void join_capture(uint64_t capture_id, const Stream& waiter) {
+  if (capture_id == 0 || g_open_captures.load(std::memory_order_relaxed) == 0) return;
+  std::lock_guard<std::mutex> lock(g_open_mu);
+  for (Graph* g : open_captures()) {
+    if (g->capture_id() != capture_id || g->stream() == &waiter) continue;
+    if (g->device()->index() != waiter.device_index()) continue;
+    if (std::find(g->joined_.begin(), g->joined_.end(), &waiter) == g->joined_.end())
+      g->joined_.push_back(&waiter);
+  }
 }
 
 Graph* capturing_graph_any() { return tls_captures.empty() ? nullptr : tls_captures.front(); }

@@ -116,9 +116,16 @@ void Stream::wait_event(const Event& event) {
   fork_guard_.check([&] { return name(); });
   std::shared_ptr<Event::State> state = event.state_;
   uint64_t generation;
+  uint64_t capture;
   {
     std::lock_guard<std::mutex> lock(state->mu);
     generation = state->recorded;
+    capture = state->capture;
+  }
+  // Note [A stream that waits on a capture joins it] (graph_capture.h).
+  if (capture != 0) join_capture(capture, *this);
+  {
+    std::lock_guard<std::mutex> lock(state->mu);
     if (state->completed >= generation) return;  // nothing to wait for
   }
   enqueue([state, generation] {
@@ -142,10 +149,12 @@ void Event::complete(State& s, uint64_t generation) {
 
 void Event::record(Stream& stream) {
   state_->fork_guard.check([] { return std::string("an npu event"); });
+  const uint64_t capture = recording_capture(stream);
   uint64_t generation;
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     generation = ++state_->recorded;
+    state_->capture = capture;
   }
   std::shared_ptr<State> state = state_;
   stream.enqueue_marker([state, generation] { complete(*state, generation); });

@@ -52,7 +52,7 @@ DispatcherOptions DispatcherOptions::from_env() {
       o.fallback_mode = FallbackMode::kAllow;
     else
       throw Error(ErrorCode::kInvalidArgument,
-                  "NPUB_FALLBACK: expected 'allow' or 'error' but found '" + *v + "'");
+                  "NPUB_FALLBACK: expected 'allow' or 'error' but found " + env::quote(*v));
   }
   o.opt_level =
       static_cast<int>(env::get_int_in("NPUB_OPT_LEVEL", o.opt_level, 0, 3, "an optimisation level"));
@@ -522,6 +522,43 @@ bool seen_signature(uint64_t signature) {
   }
 }
 
+// Note [Guard zones] (device_sim/caching_allocator.h): after a kernel ran,
+// the guard zones of every npu tensor it was given or returned, and of its
+// workspace, must be intact; an overwritten zone is the kernel's write out
+// of bounds, reported naming the op and the plugin. Out of line: only with
+// NPUB_VALIDATE=1.
+[[gnu::noinline]] void check_guard_zones(sim::DeviceSet& devices, const Dispatcher::CallState& cs,
+                                         const reg::Kernel& k, const NpubValue* args, const NpubValue* rets,
+                                         const KernelLaunch& launch) {
+  std::string found;
+  auto check = [&](const DLTensor* t) {
+    if (t == nullptr || t->data == nullptr || t->device.device_type != NPUB_DEVICE_NPU) return;
+    if (t->device.device_id < 0 || t->device.device_id >= devices.count()) return;
+    const std::string f = devices.at(t->device.device_id)
+                              .allocator()
+                              .check_guards(static_cast<const char*>(t->data) + t->byte_offset);
+    if (!f.empty()) found += (found.empty() ? "" : "; ") + f;
+  };
+  auto each = [&](const NpubValue* vs, int32_t n) {
+    for (int32_t i = 0; i < n; ++i) {
+      if (vs[i].tag == NPUB_VALUE_TENSOR) check(vs[i].u.tensor);
+      if (vs[i].tag == NPUB_VALUE_TENSOR_LIST)
+        for (int32_t j = 0; j < vs[i].count; ++j) check(vs[i].u.tensors[j]);
+    }
+  };
+  each(args, cs.num_args);
+  each(rets, cs.num_rets);
+  if (launch.workspace != nullptr) {
+    const std::string f = launch.device->allocator().check_guards(launch.workspace);
+    if (!f.empty()) found += (found.empty() ? "workspace: " : "; workspace: ") + f;
+  }
+  if (!found.empty())
+    throw KernelError(ErrorCode::kInternal,
+                      "op '" + cs.op->name() + "': the kernel of plugin '" + k.plugin_name() +
+                          "' wrote outside its buffers: " + found +
+                          " (a guard zone of device memory was overwritten; NPUB_VALIDATE=1)");
+}
+
 }  // namespace
 
 // Note [Kernels run inline, in stream order]
@@ -564,6 +601,7 @@ void invoke_kernel(sim::DeviceSet& devices, const Dispatcher::CallState& cs, con
   const uint64_t empty_before = empty_returns(rets, cs.num_rets);
   const trace::Scope slice(trace::Kind::kKernel, [&] { return k.plugin_name() + ": " + cs.op->name(); });
   call_kernel_fn(launch, args, cs.num_args, rets, cs.num_rets, outputs);
+  if (dev.allocator().guard_bytes() > 0) check_guard_zones(devices, cs, k, args, rets, launch);
   if (empty_before != 0) check_kernel_returns(cs, k, args, rets, empty_before);
   const_cast<reg::Kernel&>(k).calls.fetch_add(1, std::memory_order_relaxed);
 }

@@ -144,9 +144,9 @@ std::vector<PluginCandidate> PluginLoader::default_plugin_candidates() {
         } else {
           throw Error(
               ErrorCode::kInvalidArgument,
-              "NPUB_PLUGIN_PATH: expected ':'-separated directories or plugin files (.so) but found '" +
-                  entry + "' (" + (fs::exists(entry, ec) ? "not a directory or a .so file" : "no such file") +
-                  ")");
+              "NPUB_PLUGIN_PATH: expected ':'-separated directories or plugin files (.so) but found " +
+                  env::quote(entry) + " (" +
+                  (fs::exists(entry, ec) ? "not a directory or a .so file" : "no such file") + ")");
         }
       }
       if (colon == std::string::npos) break;

@@ -105,6 +105,13 @@ class graph:
         self._stream_ctx = None
 
     def __enter__(self):
+        if is_current_stream_capturing():
+            # Before the synchronize below, which a capture forbids: its
+            # error would be about synchronize, not about the nesting.
+            raise RuntimeError(
+                f"torch.npu.graph: captures cannot nest: this thread is already capturing a graph on "
+                f"npu:{torch.npu.current_device()}; end that capture (leave its `with torch.npu.graph(...)`) "
+                f"before beginning another")
         torch.npu.synchronize()
         gc.collect()
         self.capture_stream.wait_stream(torch.npu.current_stream())

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 using namespace npub;
 using test::ScopedEnv;
@@ -66,6 +68,53 @@ TEST(Env, SizesTakeBinaryUnitsAndNothingElse) {
             "NPUB_SIM_MEMORY: expected a positive size but found '0'");
   EXPECT_EQ(error_with("NPUB_SIM_MEMORY", "99999999999T", device_options),
             "NPUB_SIM_MEMORY: expected a size below 2^64 bytes but found '99999999999T'");
+}
+
+TEST(Env, AFractionOfAUnitAsksForAWholeNumber) {
+  // "unknown unit" blamed the unit for what is the fraction's fault.
+  EXPECT_EQ(error_with("NPUB_SIM_MEMORY", "1.5G", device_options),
+            "NPUB_SIM_MEMORY: '1.5G': expected a whole number of bytes, K, M, G or T such as 1536M");
+  EXPECT_EQ(error_with("NPUB_SIM_MEMORY", "0.5GiB", device_options),
+            "NPUB_SIM_MEMORY: '0.5GiB': expected a whole number of bytes, K, M, G or T such as 512M");
+  EXPECT_EQ(error_with("NPUB_SIM_MEMORY", "2.25k", device_options),
+            "NPUB_SIM_MEMORY: '2.25k': expected a whole number of bytes, K, M, G or T such as 2304");
+  // No whole number of a smaller unit: an example all the same.
+  EXPECT_EQ(error_with("NPUB_SIM_MEMORY", "0.1G", device_options),
+            "NPUB_SIM_MEMORY: '0.1G': expected a whole number of bytes, K, M, G or T such as 1536M");
+  EXPECT_EQ(error_with("NPUB_SIM_MEMORY", "1.5", device_options),
+            "NPUB_SIM_MEMORY: '1.5': expected a whole number of bytes, K, M, G or T such as 1536M");
+}
+
+// Note [Messages quote values safely]: a value's bytes outside printable
+// ASCII are escaped, so the message is ASCII (Python decodes it; raw 0xff
+// made `import torch` end in UnicodeDecodeError without naming the variable).
+TEST(Env, ValuesInMessagesAreEscapedToAscii) {
+  EXPECT_EQ(env::quote("abc"), "'abc'");
+  EXPECT_EQ(env::quote("\xff\xfe"), "'\\xff\\xfe'");
+  EXPECT_EQ(env::quote("a'b\\c\n\t\x01\x7f\xc3\xa9"), "'a\\'b\\\\c\\n\\t\\x01\\x7f\\xc3\\xa9'");
+  auto ascii = [](const std::string& m) {
+    for (const char c : m)
+      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) return false;
+    return !m.empty();
+  };
+  const std::string devices = error_with("NPUB_SIM_DEVICES", "\xff\xfe", device_options);
+  EXPECT_EQ(devices, "NPUB_SIM_DEVICES: expected a device count from 1 to 64 but found '\\xff\\xfe'");
+  const std::string level = error_with("NPUB_LOG_LEVEL", "\xff\xfe", runtime_options);
+  EXPECT_EQ(level,
+            "NPUB_LOG_LEVEL: expected one of trace, debug, info, warn, error, off but found '\\xff\\xfe'");
+  EXPECT_TRUE(ascii(devices) && ascii(level));
+  for (const auto& [name, f] : std::vector<std::pair<const char*, std::function<void()>>>{
+           {"NPUB_SIM_MEMORY", device_options},
+           {"NPUB_SIM_THREADS", device_options},
+           {"NPUB_LAUNCH_BLOCKING", device_options},
+           {"NPUB_DTYPE_CONVERSION", dispatcher_options},
+           {"NPUB_OPT_LEVEL", dispatcher_options},
+           {"NPUB_FALLBACK", dispatcher_options},
+           {"NPUB_PLUGIN_PATH", [] { PluginLoader::default_candidates(); }}}) {
+    const std::string m = error_with(name, "caf\xc3 \xff\x1b[31m", f);
+    EXPECT_TRUE(ascii(m)) << name << ": " << m;
+    EXPECT_NE(m.find("caf\\xc3 \\xff\\x1b[31m"), std::string::npos) << name << ": " << m;
+  }
 }
 
 TEST(Env, SimDevices) {

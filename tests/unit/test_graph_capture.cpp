@@ -273,7 +273,8 @@ TEST_F(GraphCaptureTest, ReplayInsideACaptureAndDoubleBeginAreRefused) {
             "capturing again");
   EXPECT_EQ(
       error_of([&] { g2.capture_begin(*dev); }),
-      "graph capture_begin: this thread is already capturing on npu:0 (one capture per thread and device)");
+      "graph capture_begin: this thread is already capturing on npu:0 (captures cannot nest: one capture per "
+      "thread and device)");
   g1.capture_end();
   g2.capture_begin(*dev);
   EXPECT_EQ(error_of([&] { g1.replay(); }),

@@ -2,6 +2,7 @@
 // graph (program.h) from the plan npubridge/_compile/lowering.py makes.
 #include <ATen/ScalarOps.h>
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
@@ -95,14 +96,46 @@ StepSpec step_spec(const py::dict& d) {
   return s;
 }
 
+// A Python exception raised under a run (a __torch_dispatch__ mode's: under
+// AOTAutograd's runtime wrapper, a host step's ATen CPU kernel raises
+// through it, e.g. RuntimeError("ZeroDivisionError") for an integer
+// division by zero) reaches here as python_error, whose what() is empty:
+// pybind11 made it a RuntimeError with an empty message. It is raised again
+// with its own type, its message prefixed with the graph node that failed,
+// and the original as its __cause__.
+template <typename F>
+std::vector<at::Tensor> naming_the_step(F&& run) {
+  try {
+    return run();
+  } catch (python_error& e) {
+    e.restore();
+    py::error_already_set original;
+    const std::string where = Program::failed_step();
+    const py::object value = original.value();
+    const std::string message = py::str(value);
+    if (where.empty() || message.rfind("graph node '", 0) == 0) throw original;
+    py::object renamed;
+    try {
+      renamed = original.type()(where + ": " + message);
+    } catch (const py::error_already_set&) {
+      throw original;  // an exception type that takes no message
+    }
+    PyException_SetCause(renamed.ptr(), value.inc_ref().ptr());
+    PyErr_SetObject(original.type().ptr(), renamed.ptr());
+    throw py::error_already_set();
+  }
+}
+
 }  // namespace
 
 void bind_graph(py::module& m) {
   py::class_<Program, std::shared_ptr<Program>>(m, "_GraphProgram")
       .def("run",
            [](Program& p, std::vector<at::Tensor> inputs) {
-             py::gil_scoped_release nogil;
-             return p.run(std::move(inputs));
+             return naming_the_step([&] {
+               py::gil_scoped_release nogil;
+               return p.run(std::move(inputs));
+             });
            })
       // AOTAutograd's boxed convention: the list is emptied, so that the
       // loop holds the only references and can drop each input after its
@@ -111,8 +144,10 @@ void bind_graph(py::module& m) {
            [](Program& p, py::list args) {
              auto inputs = args.cast<std::vector<at::Tensor>>();
              args.attr("clear")();
-             py::gil_scoped_release nogil;
-             return p.run(std::move(inputs));
+             return naming_the_step([&] {
+               py::gil_scoped_release nogil;
+               return p.run(std::move(inputs));
+             });
            })
       .def("set_input_last_use", &Program::set_input_last_use)
       .def("info",

@@ -56,6 +56,11 @@ std::string step_where(const StepSpec& s) {
   return "graph node '" + s.node + "' (" + full_name(s.op.schema().operator_name()) + ")";
 }
 
+std::string& failed_step_of_thread() {
+  thread_local std::string where;
+  return where;
+}
+
 std::string graph_sizes_str(c10::IntArrayRef v) {
   std::ostringstream os;
   os << v;
@@ -397,6 +402,8 @@ void Program::run_kernel(Step& s) {
   }
 }
 
+const std::string& Program::failed_step() { return failed_step_of_thread(); }
+
 void Program::set_input_last_use(const std::vector<int64_t>& last_use) {
   release_after_.assign(steps_.size(), {});
   for (size_t i = 0; i < last_use.size(); ++i)
@@ -437,13 +444,19 @@ std::vector<at::Tensor> Program::run(std::vector<at::Tensor> inputs) {
     if (kind != SlotSpec::Kind::kView && kind != SlotSpec::Kind::kHost && kind != SlotSpec::Kind::kOutput)
       place_views(static_cast<int64_t>(i));
   }
+  failed_step_of_thread().clear();
   for (size_t k = 0; k < steps_.size(); ++k) {
     Step& s = steps_[k];
     for (int64_t o : allocate_before_[k]) allocate(o);
-    if (s.rc)
-      run_kernel(s);
-    else
-      run_host(s);
+    try {
+      if (s.rc)
+        run_kernel(s);
+      else
+        run_host(s);
+    } catch (...) {
+      failed_step_of_thread() = step_where(s.spec);
+      throw;
+    }
     if (release_after_.empty()) continue;
     for (int64_t i : release_after_[k]) {
       const int64_t slot = inputs_[static_cast<size_t>(i)];

@@ -87,6 +87,12 @@ class Program {
   void set_input_last_use(const std::vector<int64_t>& last_use);
   const std::vector<StepInfo>& info() const { return info_; }
   int64_t arena_bytes() const { return arena_bytes_; }
+  // The step the calling thread's last run() failed in ("graph node 'x'
+  // (aten::op)"), for an error whose message cannot carry it: a Python
+  // exception raised under the run (a __torch_dispatch__ mode's, such as
+  // AOTAutograd's runtime wrapper), which python_error carries unchanged
+  // (graph_bindings.cpp names the step in it).
+  static const std::string& failed_step();
 
  private:
   struct Slot;

@@ -45,6 +45,58 @@ def test_whole_step_capture_with_backward_is_an_error_not_zero_grads():
         assert torch.equal(p.grad.cpu(), q.grad.cpu())  # same kernels in the same order: bit-equal
 
 
+def test_a_backward_of_a_forward_made_before_the_capture_is_refused_not_zero_grads():
+    # The forward ran before the capture, on the default stream: the engine makes the gradient seed
+    # (ones_like) in the capture, where it is recorded and not run, makes the forward's stream wait for it,
+    # and runs the backward there on its device thread. That backward ran at capture on a seed never
+    # written (w.grad [0, 0, 0], no error) and never at replay. The waiting stream joins the capture
+    # (Note [A stream that waits on a capture joins it]), so the backward is refused as a larger one is.
+    w = torch.ones(3, device="npu", requires_grad=True)
+    loss = (w * 2).sum()
+    g = torch.npu.NPUGraph()
+    with pytest.raises(RuntimeError, match=r"npu:0 graph capture: op 'aten::[^']+'.* was issued, from a thread "
+                                           r"that is not capturing, to npu:0 stream 0, which joined the "
+                                           r"capture .*backward"):
+        with torch.npu.graph(g):
+            loss.backward()
+    assert not g.capturing()
+    with pytest.raises(RuntimeError, match="invalid|nothing was captured"):
+        g.replay()
+    # Outside a capture the same backward gives the CPU's gradient, and the default stream is its own again.
+    w.grad = None
+    (w * 2).sum().backward()
+    assert w.grad.cpu().tolist() == [2.0, 2.0, 2.0]
+    g.reset()
+    with torch.no_grad(), torch.npu.graph(g):
+        y = w * 3
+    g.replay()
+    assert y.cpu().tolist() == [3.0, 3.0, 3.0]
+    z = torch.ones(2, device="npu") * 5  # the default stream runs eagerly again
+    assert z.cpu().tolist() == [5.0, 5.0]
+
+
+def test_captures_cannot_nest_and_the_message_says_so():
+    x = torch.ones(3, device="npu")
+    outer, inner = torch.npu.NPUGraph(), torch.npu.NPUGraph()
+    with pytest.raises(RuntimeError, match=r"torch.npu.graph: captures cannot nest: this thread is already "
+                                           r"capturing a graph on npu:0") as e:
+        with torch.npu.graph(outer):
+            x * 2
+            with torch.npu.graph(inner):
+                x * 3
+    assert "synchronize" not in str(e.value)
+    assert not outer.capturing() and not inner.capturing()
+    # capture_begin itself says the same.
+    g1, g2 = torch.npu.NPUGraph(), torch.npu.NPUGraph()
+    g1.capture_begin()
+    try:
+        with pytest.raises(RuntimeError, match="captures cannot nest"):
+            g2.capture_begin()
+    finally:
+        g1.capture_end()
+    assert torch.equal((x * 2).cpu(), torch.full((3,), 2.0))
+
+
 def test_forward_only_capture_under_grad_still_replays():
     # Capturing a forward with autograd on (no backward inside) is not affected.
     m = _mlp()

@@ -482,3 +482,21 @@ def test_llama_training_step_is_bit_equal_to_eager(llama_step):
     assert {"aten::mm.out", "aten::bmm.out", "aten::_softmax.out", "aten::embedding"} <= fw_ops
     # mul.Scalar runs as mul.Tensor with a wrapped number, as ATen composes it.
     assert all(n["kind"] == "kernel" for n in fw["nodes"] + bw["nodes"] if n["target"] == "aten.mul.Scalar")
+
+
+def test_an_integer_division_by_zero_names_the_node_and_says_what_the_cpu_says():
+    # ATen's CPU kernel raises RuntimeError("ZeroDivisionError"); under AOTAutograd's runtime wrapper it
+    # reached the compiled graph's loop as a Python exception, which came out as a RuntimeError with an
+    # empty message. Now: the CPU's error, its message prefixed with the graph node, the original as cause.
+    def f(a, b):
+        return a // b
+
+    a = torch.tensor([5, 6], device="npu")
+    b = torch.tensor([0, 1], device="npu")
+    with pytest.raises(RuntimeError, match="ZeroDivisionError") as cpu:
+        f(a.cpu(), b.cpu())
+    compiled = torch.compile(f, backend="npu")
+    with pytest.raises(type(cpu.value), match=r"^graph node '[^']+' \(aten::floor_divide\): ZeroDivisionError$") as e:
+        compiled(a, b)
+    assert str(e.value.__cause__) == str(cpu.value)
+    assert compiled(a, b + 1).cpu().tolist() == [5, 3]

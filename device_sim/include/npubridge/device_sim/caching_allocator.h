@@ -38,6 +38,20 @@
 // live then (a static output the user still holds) takes its segment back
 // when it is freed. Pools are per device; ids are unique in the process.
 //
+// Note [Guard zones]: with guard bytes G > 0 (NPUB_VALIDATE=1, as
+// DeviceOptions::from_env sets it), every block of the small pool (requests
+// up to 1 MiB: those share 2 MiB segments, whose size and number the zones
+// leave as they are) is G bytes longer on each side than what it hands out, and those zones are filled with a
+// pattern, as debug allocators and ASan's redzones do. A kernel that writes before its buffer or past its end
+// overwrites a zone: the dispatcher checks the zones of every tensor of a call after its kernel ran
+// (check_guards), naming the op and the plugin; a zone found overwritten when its block is freed (by work no
+// check saw) is reported by the device's next synchronize (take_guard_report). Addresses, sizes and the
+// statistics are the caller's: the zones count as neither allocated nor free (snapshot() lists them as free
+// blocks). Large blocks have no zones: theirs would change the segments they take, which the memory figures,
+// the memory fraction and OOM messages depend on (a write past a large buffer is not caught). Blocks of a
+// graph's private pool are not checked: a replay writes, through its records, memory the capture freed and
+// reused for a smaller block.
+//
 // In a process forked after the allocator was made, allocate() throws and
 // free() leaves the block alone (Note [A forked child cannot use the npu],
 // fork_guard.cpp).
@@ -47,6 +61,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -96,7 +111,7 @@ struct AllocatorStats {
 
 class CachingAllocator {
  public:
-  CachingAllocator(int device_index, uint64_t capacity_bytes);
+  CachingAllocator(int device_index, uint64_t capacity_bytes, size_t guard_bytes = 0);
   ~CachingAllocator();
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
@@ -124,6 +139,17 @@ class CachingAllocator {
   std::vector<SegmentSnapshot> snapshot() const;
   // True when [ptr, ptr + bytes) lies inside one live block.
   bool contains(const void* ptr, size_t bytes) const;
+
+  // Note [Guard zones]. kGuardBytes: what NPUB_VALIDATE=1 sets (a multiple
+  // of kMinBlock).
+  static constexpr size_t kGuardBytes = 512;
+  size_t guard_bytes() const { return guard_; }
+  // The zones of the live block holding `ptr`: "" when intact (or `ptr` is
+  // in no live block), else what was overwritten ("256 bytes before the
+  // start of a block of 48 bytes at 0x..."); the zones are filled again.
+  std::string check_guards(const void* ptr);
+  // What free() found overwritten since the last call ("" if nothing).
+  std::string take_guard_report();
 
   // Note [Private pools]. A new pool id, unique in the process (no memory
   // until an allocation is routed to it; graph_pool_handle).
@@ -199,9 +225,20 @@ class CachingAllocator {
   Block* new_block(const Block& init);
   void drop_block(Block* b);
 
+  // Note [Guard zones]: a block's zone size (small blocks only), and the
+  // caller's view of the block.
+  size_t zone(const Block* b) const { return b->small ? guard_ : 0; }
+  char* user_ptr(const Block* b) const { return b->ptr + zone(b); }
+  size_t user_size(const Block* b) const { return b->size - 2 * zone(b); }
+  void fill_guards(Block* b);
+  std::string check_block_guards(Block* b);  // caller holds mu_
+
   const ForkGuard fork_guard_;
   const int device_index_;
   const uint64_t capacity_;
+  const size_t guard_;
+  std::map<const char*, Block*> by_address_;  // live blocks by user address, with guards only
+  std::string guard_report_;                  // under mu_
   mutable std::mutex mu_;
   double fraction_ = 1.0;  // under mu_
   uint64_t limit_;         // under mu_: capacity_ * fraction_

@@ -5,6 +5,8 @@
 //   NPUB_SIM_MEMORY      capacity per device, e.g. 16G (default 16 GiB)
 //   NPUB_SIM_THREADS     compute threads per device (default: hardware threads)
 //   NPUB_LAUNCH_BLOCKING 1 = streams run work inline (default 0)
+//   NPUB_VALIDATE        1 = guard zones around device memory blocks (Note
+//                        [Guard zones], caching_allocator.h; default 0)
 #pragma once
 
 #include <npubridge/device_sim/caching_allocator.h>
@@ -25,6 +27,7 @@ struct DeviceOptions {
   uint64_t memory_bytes = 16ull << 30;
   int compute_threads = 0;  // 0 = std::thread::hardware_concurrency()
   bool launch_blocking = false;
+  size_t guard_bytes = 0;  // Note [Guard zones]: CachingAllocator::kGuardBytes under NPUB_VALIDATE=1
   static DeviceOptions from_env();
 };
 

@@ -25,6 +25,18 @@
 //    is poisoned: its capture_end raises too. Other threads' work on other
 //    streams runs normally (kThreadLocal).
 //
+// Note [A stream that waits on a capture joins it]
+// As on CUDA, a stream made to wait on an event the capturing thread
+// recorded during the capture (stream.wait_event / wait_stream from the
+// capture's stream) joins the capture until it ends: its work belongs to
+// the graph too. That is how autograd's engine orders a backward whose
+// forward ran before the capture: loss.backward() makes the gradient seed
+// (ones_like) on the capturing stream, which is recorded, not run, and makes
+// the forward's stream wait for it; the engine's device thread then runs the
+// backward on that stream. Without the join, that backward ran at capture,
+// on a seed never written (w.grad zeros, no error), and never at replay; with
+// it, it is refused as work from another thread on the capture's streams.
+//
 // What cannot be recorded is forbidden inside a capture and raises
 // npub::Error (kUnsupported) naming the operation (forbid_in_capture):
 // copies between host and device memory, synchronize (device, stream,
@@ -135,6 +147,9 @@ class Graph {
 
   // The stream the capture began on ("npu:0 stream 1"'s object).
   const Stream* stream() const { return stream_; }
+  // Unique in the process for each capture_begin (Note [A stream that waits
+  // on a capture joins it]).
+  uint64_t capture_id() const { return capture_id_; }
   // Note [Work a capture cannot see]: marks the capture as failed from
   // another thread; capture_end raises `reason`.
   void poison(const std::string& reason);
@@ -160,6 +175,10 @@ class Graph {
   bool holds_pool_ = false;
   CaptureMode mode_ = CaptureMode::kThreadLocal;
   const Stream* stream_ = nullptr;
+  uint64_t capture_id_ = 0;
+  std::vector<const Stream*> joined_;  // under graph_capture.cpp's g_open_mu
+  friend Graph* capture_target(Device&, const Stream&, const std::function<std::string()>&);
+  friend void join_capture(uint64_t, const Stream&);
   std::atomic<bool> poisoned_{false};
   std::mutex poison_mu_;
   std::string poison_reason_;  // under poison_mu_
@@ -180,6 +199,13 @@ Graph* capturing_graph(int device_index);
 // capture ends), or another thread captures on this very stream (that
 // capture is poisoned). One relaxed load when no thread captures.
 Graph* capture_target(Device& device, const Stream& stream, const std::function<std::string()>& op);
+
+// Note [A stream that waits on a capture joins it]: the id of the calling
+// thread's open capture on `stream`'s device (what an event recorded on the
+// stream now belongs to), 0 when none; and the join of `waiter` to open
+// capture `capture_id` (nothing when it has ended).
+uint64_t recording_capture(const Stream& stream);
+void join_capture(uint64_t capture_id, const Stream& waiter);
 
 // The calling thread's first open capture on any device, or null.
 Graph* capturing_graph_any();

@@ -105,6 +105,9 @@ class Event {
     std::condition_variable cv;
     uint64_t recorded = 0;   // generation of the last record()
     uint64_t completed = 0;  // generation that has completed
+    // The capture the last record() was made in (Note [A stream that waits
+    // on a capture joins it], graph_capture.h), 0 for none.
+    uint64_t capture = 0;
     std::chrono::steady_clock::time_point when{};
   };
   static void complete(State& s, uint64_t generation);

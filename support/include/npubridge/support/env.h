@@ -19,6 +19,12 @@
 
 namespace npub::env {
 
+// `value` in single quotes for a message, every byte outside printable
+// ASCII escaped (\xff, \n; \\ and \' for the quote's own characters), so
+// that a message holding a setting's value is always valid ASCII (Note
+// [Messages quote values safely], env.cpp).
+std::string quote(const std::string& value);
+
 // The variable's value without surrounding white space; nullopt when unset
 // or blank.
 std::optional<std::string> get(const char* name);
