@@ -364,8 +364,9 @@ def test_functional_says_how_to_load_a_plugin_that_is_not_loaded(monkeypatch):
     monkeypatch.setattr(npubridge, "load_failures", lambda: [])
     assert functional.missing_reason("npu_no_such_op") == (
         "the mindspeed_like plugin is not loaded (libnpub_mindspeed_like.so was not found in npubridge's plugin "
-        "directory); it loads at `import npubridge` from the plugin directory shipped with npubridge, or set "
-        "NPUB_PLUGIN_PATH=/path/to/libnpub_mindspeed_like.so (a file or its directory) before importing npubridge")
+        "directory); it loads at the npu runtime's start (the first npu use) from the plugin directory shipped "
+        "with npubridge, or set NPUB_PLUGIN_PATH=/path/to/libnpub_mindspeed_like.so (a file or its directory) "
+        "before the first npu use")
     monkeypatch.setattr(npubridge, "load_failures",
                         lambda: ["plugin '/x/libnpub_mindspeed_like.so' rejected: ABI 9.0 is newer"])
     assert functional.missing_reason("npu_no_such_op").startswith(

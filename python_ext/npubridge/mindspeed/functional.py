@@ -39,9 +39,9 @@ def missing_reason(name):
         return f"the loaded {PLUGIN} plugin ({p['path']}, version {p['version']}) has no op {PLUGIN}::{name}"
     rejected = [f for f in npubridge.load_failures() if PLUGIN_LIBRARY in f]
     why = rejected[0] if rejected else f"{PLUGIN_LIBRARY} was not found in npubridge's plugin directory"
-    return (f"the {PLUGIN} plugin is not loaded ({why}); it loads at `import npubridge` from the plugin "
-            f"directory shipped with npubridge, or set NPUB_PLUGIN_PATH=/path/to/{PLUGIN_LIBRARY} (a file or its "
-            f"directory) before importing npubridge")
+    return (f"the {PLUGIN} plugin is not loaded ({why}); it loads at the npu runtime's start (the first npu "
+            f"use) from the plugin directory shipped with npubridge, or set NPUB_PLUGIN_PATH=/path/to/"
+            f"{PLUGIN_LIBRARY} (a file or its directory) before the first npu use")
 
 
 def has_op(name):
@@ -53,6 +53,7 @@ def _lookup(name):
     op = _resolved.get(name)
     if op is None:
         try:
+            torch.npu._lazy_init()  # the plugin ops exist from the runtime's start on
             op = getattr(getattr(torch.ops, PLUGIN), name).default
         except (AttributeError, RuntimeError):
             return None

@@ -34,13 +34,15 @@ PARTITION_SIZE = 512  # paged_attention_v2's partition (vLLM's _PARTITION_SIZE)
 def _op(name):
     """torch.ops.vllm_like.<name> (the overload packet), or an error saying
     whether the plugin is missing or lacks the op. The one lookup of the
-    package (the model runner takes its ops from here)."""
+    package (the model runner takes its ops from here). Starts the npu
+    runtime: the plugin ops exist from its start on."""
     try:
+        torch.npu._lazy_init()
         return getattr(getattr(torch.ops, PLUGIN), name)
     except (AttributeError, RuntimeError):
         loaded = [p for p in npubridge.plugins() if p["name"] == PLUGIN]
         why = (f"the loaded {PLUGIN} plugin ({loaded[0]['path']}) has no such op" if loaded else
-               f"the {PLUGIN} plugin is not loaded (it loads at `import npubridge` from npubridge's plugin "
+               f"the {PLUGIN} plugin is not loaded (it loads at the npu runtime's start from npubridge's plugin "
                f"directory; NPUB_PLUGIN_PATH=/path/to/libnpub_{PLUGIN}.so names it); npubridge.load_failures(): "
                f"{npubridge.load_failures()}")
         raise RuntimeError(f"{PLUGIN}::{name} is not available: {why}") from None
