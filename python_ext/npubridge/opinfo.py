@@ -266,6 +266,10 @@ def run(max_samples=8, ops=None, time_limit=None, dtype=torch.float32):
         native = _native_calls() > native_before
         if dtype != torch.float32 and not native:
             status, reason = "skip", "served by the CPU fallback only (no native kernel for this dtype)"
+            if failures:  # not the plugins' kernels, but not hidden either
+                first = next(iter(failures))
+                reason += (f"; {len(failures)} checks failed, not judged here: sample {first}: "
+                           f"{failures[first]}")[:400]
         results[name] = {"status": status, "reason": reason, "samples": count, "failures": failures,
                          "checked": checked, "native": native}
     return results
