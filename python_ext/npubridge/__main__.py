@@ -81,6 +81,13 @@ def main(argv=None) -> int:
     conf.add_argument("--report", default="", metavar="OUT.md")
     conf.add_argument("--json", default="", metavar="OUT.json")
     conf.add_argument("--max-samples", type=int, default=8, metavar="N", help="samples per op and dtype")
+    conf.add_argument("--timeout", type=float, default=120, metavar="S",
+                      help="--plugin: seconds a sample may take before its op is reported hung (default 120)")
+    conf.add_argument("--in-process", action="store_true",
+                      help="--plugin: run the samples in this process (for a debugger): a kernel that crashes "
+                      "ends the run, one that hangs hangs it; by default they run in a child process, and a "
+                      "crash or hang is reported against the op and the run goes on")
+    conf.add_argument("--child-state", default="", help=argparse.SUPPRESS)
     graph = sub.add_parser("graph", help="the fusion patterns torch.compile(backend='npu') tries, or --demo: "
                            "one compiled training step of a small model and its compile report")
     graph.add_argument("--demo", choices=["mlp", "llama"], default=None)
@@ -154,7 +161,19 @@ def _plugin_conformance(args, argv) -> int:
         sys.stderr.flush()
         os.execve(sys.executable, [sys.executable, "-m", "npubridge"] + list(sys.argv[1:] if argv is None else argv),
                   env)
-    report = conformance.run(args.plugin, args.op, args.tests, args.max_samples)
+    if args.child_state:  # the child of run_in_child
+        from ._conformance_isolate import ChildCheckpoint, write_final
+
+        report = conformance.run(args.plugin, args.op, args.tests, args.max_samples,
+                                 checkpoint=ChildCheckpoint(args.child_state))
+        write_final(args.child_state, report)
+        return 0
+    if args.in_process:
+        report = conformance.run(args.plugin, args.op, args.tests, args.max_samples)
+    else:
+        sys.stdout.flush()
+        command = [sys.executable, "-m", "npubridge"] + list(sys.argv[1:] if argv is None else argv)
+        report = conformance.run_in_child(command, args.timeout)
     conformance.print_report(report)
     if args.report:
         conformance.write_markdown(report, args.report)

@@ -9,6 +9,7 @@ import torch
 
 from . import _C, opinfo, testing
 from ._autograd import _resolve
+from ._conformance_isolate import Checkpoint
 from ._conformance_verdict import _first_line, _map, _phase, _tolerance, _to_float32, calibrated
 
 
@@ -221,8 +222,10 @@ def _gradient_check(cop, sample, dtype, gradcheck):
     return True
 
 
-def run_custom(cells, ops, probe, max_samples, derivatives, where, log=print):
-    """Runs the npubridge.testing samples of the plugin's own ops."""
+def run_custom(cells, ops, probe, max_samples, derivatives, where, log=print, checkpoint=None):
+    """Runs the npubridge.testing samples of the plugin's own ops, an op at
+    one dtype a unit of `checkpoint`."""
+    checkpoint = checkpoint or Checkpoint()
     registered = testing.registered()
     for op, dtypes in ops.items():
         tests = registered.get(op)
@@ -246,11 +249,15 @@ def run_custom(cells, ops, probe, max_samples, derivatives, where, log=print):
         for dtype_name in dtypes:
             cell = cells[(op, dtype_name)]
             dtype = getattr(torch, dtype_name)
+            unit = f"custom {op} {dtype_name}"
+            if checkpoint.skip(unit, [(op, dtype_name)]):
+                continue
             torch.manual_seed(0)
             try:
                 samples = list(itertools.islice(tests.samples(dtype) or (), max_samples))
             except Exception as e:  # noqa: BLE001 - the author's sample function failed
                 cell.fail(f"the samples function raised for {dtype_name}: {_first_line(e)}")
+                checkpoint.done(unit)
                 continue
             for i, s in enumerate(samples):
                 if not isinstance(s, testing.Sample):
@@ -260,6 +267,7 @@ def run_custom(cells, ops, probe, max_samples, derivatives, where, log=print):
                 for variant, sample in (("", s), (" non-contiguous", None)):
                     if variant:
                         sample = testing.Sample(*_noncontiguous(s.args), name=s.name, **_noncontiguous(s.kwargs))
+                    checkpoint.start(unit, [(op, dtype_name)], source, label + variant)
                     _run_custom_sample(cell, cop, sample, dtype, source, label + variant, probe,
                                        meta=has_meta and not variant,
                                        gradients=cop.derivative is not None and not variant)
@@ -268,6 +276,7 @@ def run_custom(cells, ops, probe, max_samples, derivatives, where, log=print):
                              "the op")
             cell.finish(f"no sample for {dtype_name}, which the kernel declares (the samples function yielded "
                         "none)" if not samples else "no sample reached the kernel")
+            checkpoint.done(unit)
 
 
 def _run_custom_sample(cell, cop, sample, dtype, source, label, probe, meta, gradients):

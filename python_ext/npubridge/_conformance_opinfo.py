@@ -9,6 +9,7 @@ from typing import Dict, Tuple
 import torch
 
 from . import _C, opinfo
+from ._conformance_isolate import Checkpoint
 from ._conformance_verdict import _first_line, _phase, _to_float32, _tolerance, calibrated
 
 
@@ -258,8 +259,10 @@ def _credit(cells, dtype_name, source, label, phases):
                 cell.fail(f"{source} {label} ({check}){also}: {error}")
 
 
-def run_aten(cells, ops, probe, max_samples, log=print):
-    """Runs the OpInfo samples of `ops` ({op: [declared dtype names]})."""
+def run_aten(cells, ops, probe, max_samples, log=print, checkpoint=None):
+    """Runs the OpInfo samples of `ops` ({op: [declared dtype names]}), an
+    OpInfo entry at one dtype a unit of `checkpoint`."""
+    checkpoint = checkpoint or Checkpoint()
     db = opinfo.op_db()
 
     per_opinfo: Dict[str, Tuple[object, set]] = {}
@@ -285,9 +288,14 @@ def run_aten(cells, ops, probe, max_samples, log=print):
             dtype = getattr(torch, dtype_name)
             if not o.supports_dtype(dtype, "cpu"):
                 continue
+            at_risk = []  # the cells this entry's samples are for
             for op in ops:
                 if dtype_name in ops[op] and o in candidates(op, [o]):
                     tried.setdefault((op, dtype_name), []).append(name)
+                    at_risk.append((op, dtype_name))
+            unit = f"OpInfo {name} {dtype_name}"
+            if checkpoint.skip(unit, at_risk):
+                continue
             backward = o.supports_autograd and dtype.is_floating_point
             tol = _tolerance(dtype)
             torch.manual_seed(0)  # sample inputs are random: make the run repeatable
@@ -298,17 +306,21 @@ def run_aten(cells, ops, probe, max_samples, log=print):
                     samples = list(itertools.islice(o.sample_inputs("cpu", dtype, requires_grad=backward), max_samples))
             except Exception as e:  # noqa: BLE001 - PyTorch's sample generator failed for this dtype
                 log(f"note: OpInfo {name} has no samples for {dtype_name}: {_first_line(e)}")
+                checkpoint.done(unit)
                 continue
             for i, sample in enumerate(samples):
                 sample = deterministic(sample)
+                checkpoint.start(unit, at_risk, f"OpInfo {name}", f"sample {i}")
                 _credit(cells, dtype_name, f"OpInfo {name}", f"sample {i}",
                         _run_opinfo_sample(o, sample, backward, tol, probe))
                 try:
                     variant = sample.noncontiguous()
                 except Exception:  # noqa: BLE001 - a sample with no non-contiguous form
                     continue
+                checkpoint.start(unit, at_risk, f"OpInfo {name}", f"sample {i} non-contiguous")
                 _credit(cells, dtype_name, f"OpInfo {name}", f"sample {i} non-contiguous",
                         _run_opinfo_sample(o, variant, False, tol, probe))
+            checkpoint.done(unit)
     for (op, dtype_name), cell in cells.items():
         if op not in ops:
             continue

@@ -29,6 +29,9 @@ def _tolerance(dtype):
 _JUDGED = re.compile(r"error ([0-9.eE+-]+|inf|nan) > bound ([0-9.eE+-]+|inf|nan)")
 
 
+DIED = ("crashed", "hung")
+
+
 @dataclass
 class Cell:
     """The verdict on one (op, dtype) of the plugin."""
@@ -37,8 +40,8 @@ class Cell:
     dtype: str
     plugin: str
     kernel: str  # "p<priority> {dtypes}" of the kernel that serves the dtype
-    status: str = "not covered"  # passed | failed | not covered
-    reason: str = ""  # the first failure, or why not covered
+    status: str = "not covered"  # passed | failed | not covered | crashed | hung
+    reason: str = ""  # the first failure, why not covered, or where the process died
     samples: int = 0  # samples the kernel served
     passed: int = 0
     declined: int = 0  # samples the kernel declined (the CPU served them)
@@ -50,11 +53,17 @@ class Cell:
     bound: Optional[float] = None
 
     def fail(self, message):
-        if self.status != "failed":
+        if self.status not in ("failed",) + DIED:
             self.status, self.reason = "failed", message
             judged = _JUDGED.search(message)
             if judged:
                 self.error, self.bound = float(judged.group(1)), float(judged.group(2))
+
+    def died(self, status, message):
+        """The process running the cell's samples crashed or hung (status
+        "crashed" or "hung"); the first death stands."""
+        if self.status not in DIED:
+            self.status, self.reason, self.error, self.bound = status, message, None, None
 
     def served(self, source, check):
         self.samples += 1
@@ -64,7 +73,7 @@ class Cell:
             self.checks.append(check)
 
     def finish(self, no_sample_reason):
-        if self.status == "failed":
+        if self.status in ("failed",) + DIED:
             return
         if self.samples > 0:
             self.status = "passed"

@@ -18,7 +18,10 @@ hands the call to the CPU, which is "not covered: declined", never a pass).
   differences (float64) and the reference's autograd.
 
 The verdict is per (op, dtype): passed, failed (the first failure, with the
-sample and the bound it missed) or not covered (why). See
+sample and the bound it missed), crashed or hung (the process running the
+op's samples died, or a sample did not finish within --timeout: the sample,
+the signal; the run goes on in a new process, _conformance_isolate.py) or
+not covered (why). See
 docs/plugin-authoring.md, "Testing your plugin: conformance".
 """
 import importlib
@@ -35,6 +38,7 @@ import torch
 
 from . import _C, testing
 from ._conformance_custom import run_custom
+from ._conformance_isolate import Checkpoint, run_isolated
 from ._conformance_opinfo import run_aten, unknown_to_aten
 from ._conformance_verdict import Cell, Probe, _first_line, _kernel_key
 
@@ -102,27 +106,32 @@ class Report:
     notes: List[str] = field(default_factory=list)  # what the run changed to reach the plugin's kernels
 
     def counts(self):
-        c = {"passed": 0, "failed": 0, "not covered": 0}
+        c = {"passed": 0, "failed": 0, "crashed": 0, "hung": 0, "not covered": 0}
         for cell in self.cells:
             c[cell.status] += 1
         return c
 
     def exit_status(self):
         c = self.counts()
-        return 0 if not self.errors and c["failed"] == 0 and c["passed"] > 0 else 1
+        return 0 if not self.errors and c["failed"] == c["crashed"] == c["hung"] == 0 and c["passed"] > 0 else 1
 
     def summary(self):
         c = self.counts()
+        died = "".join(f"{c[k]} {k}, " for k in ("crashed", "hung") if c[k])
         s = (f"conformance of plugin '{self.plugin}' ({self.path}): {len(self.cells)} op x dtype pairs: "
-             f"{c['passed']} passed, {c['failed']} failed, {c['not covered']} not covered "
+             f"{c['passed']} passed, {c['failed']} failed, {died}{c['not covered']} not covered "
              f"({sum(x.samples for x in self.cells)} samples, {self.seconds:.1f} s)")
-        if c["passed"] == 0 and not c["failed"] and not self.errors:
+        if c["passed"] == 0 and not (c["failed"] or c["crashed"] or c["hung"]) and not self.errors:
             s += "; nothing was covered"
         return s
 
 
-def run(path, wanted_ops=(), tests=(), max_samples=8, log=print):
+def run(path, wanted_ops=(), tests=(), max_samples=8, log=print, checkpoint=None):
+    """The report of the plugin at `path`, in this process. `checkpoint`
+    (_conformance_isolate) records the run's progress for a parent that
+    isolates crashes and hangs (run_isolated), and resumes a run."""
     start = time.time()
+    checkpoint = checkpoint or Checkpoint()
     errors = []
     plugin = find_plugin(path)
     if plugin is None:
@@ -166,9 +175,10 @@ def run(path, wanted_ops=(), tests=(), max_samples=8, log=print):
             custom[op] = list(by_dtype)
 
     notes = _unmap_hiding_entries(aten, kernels)
+    checkpoint.setup({"plugin": name, "path": path, "errors": errors, "notes": notes}, cells)
     probe = Probe(name, kernels)
     if aten:
-        run_aten(cells, aten, probe, max_samples, log)
+        run_aten(cells, aten, probe, max_samples, log, checkpoint)
     if custom:
         files = list(tests)
         if not files and os.path.exists(tests_beside(path)):
@@ -184,12 +194,21 @@ def run(path, wanted_ops=(), tests=(), max_samples=8, log=print):
                 loaded = False
         derivatives = {d["op"]: d for d in _C.derivatives() if d["plugin"] == name}
         if loaded or testing.registered():
-            run_custom(cells, custom, probe, max_samples, derivatives, where, log)
+            run_custom(cells, custom, probe, max_samples, derivatives, where, log, checkpoint)
         for (op, _), cell in cells.items():
             if op in custom and cell.status == "not covered" and not cell.reason:
                 cell.finish("the tests file failed to import")
     ordered = sorted(cells.values(), key=lambda c: (c.op, c.dtype))
     return Report(name, path, ordered, errors, time.time() - start, notes)
+
+
+def run_in_child(command, timeout, log=print):
+    """The report of `command` (the conformance command line) run in child
+    processes, a crash or hang reported against the op (run_isolated)."""
+    start = time.time()
+    f = run_isolated(command, timeout, log)
+    cells = sorted(f["cells"], key=lambda c: (c.op, c.dtype))
+    return Report(f["plugin"], f["path"], cells, f["errors"], time.time() - start, f["notes"])
 
 
 def _unmap_hiding_entries(aten_ops, plugin_ops):
@@ -216,7 +235,8 @@ def write_markdown(report, path):
                 "judged by the error model (docs/plugin-authoring.md, \"How your kernels are judged\"), with "
                 "the plugin alone enabled and each sample credited to its kernel only when that kernel served "
                 "it.\n\n")
-        f.write(f"**{c['passed']} op x dtype pairs passed, {c['failed']} failed, {c['not covered']} not "
+        died = "".join(f"{c[k]} {k}, " for k in ("crashed", "hung") if c[k])
+        f.write(f"**{c['passed']} op x dtype pairs passed, {c['failed']} failed, {died}{c['not covered']} not "
                 f"covered** ({report.seconds:.1f} s).\n\n")
         for e in report.errors:
             f.write(f"- error: {e}\n")
@@ -249,6 +269,8 @@ def print_report(report, out=print):
     for c in report.cells:
         if c.status == "failed":
             out(f"FAIL {c.plugin} {c.op} {c.dtype} [kernel {c.kernel}]: {c.reason}")
+        elif c.status in ("crashed", "hung"):
+            out(f"{c.status.upper()} {c.plugin} {c.op} {c.dtype} [kernel {c.kernel}]: {c.reason}")
         elif c.status == "not covered":
             out(f"NOT COVERED {c.plugin} {c.op} {c.dtype}: {c.reason}")
         else:

@@ -214,13 +214,27 @@ def op_db():
     return db
 
 
+def _reason(e):
+    return f"{type(e).__name__}: " + (str(e).strip().splitlines() or [""])[0][:300]
+
+
 def run(max_samples=8, ops=None, time_limit=None, dtype=torch.float32):
     """Returns {op name: {"status": "pass" | "fail" | "skip", "reason": str,
-    "samples": int, "native": bool}} for every op of op_db that supports
-    `dtype`. "native": some call of the op's run was served by a plugin
-    kernel (not all by the CPU fallback). For a dtype other than float32,
-    ops that ran entirely on the CPU fallback are skipped: the check is of
-    the plugins' kernels for that dtype."""
+    "samples": int, "failures": {sample id: reason}, "checked": [sample id],
+    "native": bool}} for every op of op_db that supports `dtype`.
+
+    Every sample is checked, a failing one does not stop the op: "samples"
+    counts the samples compared (passed or failed; up to `max_samples`; a
+    sample the CPU and the npu both refuse is not counted), "failures" gives
+    each failing check's reason by sample id: "3" for sample 3 (its
+    position in the OpInfo's sample_inputs, 0-based; forward and backward),
+    "3nc" for its non-contiguous variant (run for every third compared
+    sample), "samples" when PyTorch's sample generator itself raised;
+    "checked" lists the ids of every check that ran.
+    "native": some call of the op's run was served by a plugin kernel (not
+    all by the CPU fallback). For a dtype other than float32, ops that ran
+    entirely on the CPU fallback are skipped: the check is of the plugins'
+    kernels for that dtype."""
     db = op_db()
 
     results = {}
@@ -233,39 +247,78 @@ def run(max_samples=8, ops=None, time_limit=None, dtype=torch.float32):
         if not op.supports_dtype(dtype, "cpu"):
             continue
         if name in SKIPPED or name.startswith(SKIPPED_PREFIXES):
-            results[name] = {"status": "skip", "reason": SKIPPED.get(name, "needs CUDA"), "samples": 0}
+            results[name] = {"status": "skip", "reason": SKIPPED.get(name, "needs CUDA"), "samples": 0,
+                             "failures": {}, "checked": []}
             continue
         if time_limit is not None and time.time() - start > time_limit:
-            results[name] = {"status": "skip", "reason": "time limit", "samples": 0}
+            results[name] = {"status": "skip", "reason": "time limit", "samples": 0, "failures": {},
+                             "checked": []}
             continue
-        status, reason, count = "pass", "", 0
         backward = op.supports_autograd and dtype.is_floating_point
-        tol = TOLERANCE[dtype]
         native_before = _native_calls()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                samples = op.sample_inputs("cpu", dtype, requires_grad=backward)
-                deterministic = DETERMINISTIC.get(name, lambda s: s)
-                for sample in samples:
-                    if count >= max_samples:
-                        break
-                    sample = deterministic(sample)
-                    if not _check_sample(op, sample, backward, tol):
-                        continue  # refused on both sides: no result to compare
-                    if count % 3 == 0:
-                        _check_sample(op, sample.noncontiguous(), False, tol)
-                    count += 1
-            except Exception as e:  # noqa: BLE001 - every failure is recorded with its reason
-                status = "fail"
-                reason = f"sample {count}: {type(e).__name__}: " + str(e).strip().split("\n")[0][:300]
+        count, failures, checked = _check_op(op, name, dtype, backward, max_samples)
+        status = "fail" if failures else "pass"
+        reason = "; ".join(f"sample {k}: {v}" for k, v in failures.items())[:600]
+        if failures:
+            reason = f"{len(failures)} failing checks of {count} samples: " + reason
         if status == "pass" and count == 0:
             status, reason = "skip", "no sample"
         native = _native_calls() > native_before
         if dtype != torch.float32 and not native:
             status, reason = "skip", "served by the CPU fallback only (no native kernel for this dtype)"
-        results[name] = {"status": status, "reason": reason, "samples": count, "native": native}
+            if failures:  # not the plugins' kernels, but not hidden either
+                first = next(iter(failures))
+                reason += (f"; {len(failures)} checks failed, not judged here: sample {first}: "
+                           f"{failures[first]}")[:400]
+        results[name] = {"status": status, "reason": reason, "samples": count, "failures": failures,
+                         "checked": checked, "native": native}
     return results
+
+
+def _check_op(op, name, dtype, backward, max_samples):
+    """Checks every sample of `op` (up to max_samples compared); returns the
+    number compared, {sample id: reason} of the failing checks and the ids
+    of every check run (passed or failed)."""
+    tol = TOLERANCE[dtype]
+    failures, checked, count = {}, [], 0
+    deterministic = DETERMINISTIC.get(name, lambda s: s)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            samples = iter(op.sample_inputs("cpu", dtype, requires_grad=backward))
+        except Exception as e:  # noqa: BLE001 - PyTorch's generator failed: recorded, not the npu's fault
+            return 0, {"samples": _reason(e)}, ["samples"]
+        index = -1
+        while count < max_samples:
+            try:
+                sample = next(samples)
+            except StopIteration:
+                break
+            except Exception as e:  # noqa: BLE001 - the generator failed mid-way: the samples so far stand
+                failures["samples"] = _reason(e)
+                checked.append("samples")
+                break
+            index += 1
+            try:
+                sample = deterministic(sample)
+                if not _check_sample(op, sample, backward, tol):
+                    continue  # refused on both sides: no result to compare
+            except Exception as e:  # noqa: BLE001 - every failure is recorded with its reason
+                failures[str(index)] = _reason(e)
+            checked.append(str(index))
+            if count % 3 == 0:
+                try:
+                    variant = sample.noncontiguous()
+                except Exception:  # noqa: BLE001 - a sample with no non-contiguous form (sparse): not checked
+                    variant = None
+                if variant is not None:
+                    checked.append(f"{index}nc")
+                    try:
+                        _check_sample(op, variant, False, tol)
+                    except Exception as e:  # noqa: BLE001
+                        failures[f"{index}nc"] = _reason(e)
+            count += 1
+    return count, failures, checked
 
 
 def summary(results):

@@ -13,14 +13,22 @@
 //                     (should be grad * x)
 //   7 conf_nosamples  conf_nosamples::mul_add, correct, with no tests file
 //   8 conf_declines   aten::hardtanh.out declares float64 and declines every float64 call
+//   9 conf_crash      aten::hardtanh.out segfaults (raises SIGSEGV), conf_crash::mul_add_backward
+//                     never returns, conf_crash::mul_add is correct (no derivative): the
+//                     tool reports the first two crashed and hung and still checks mul_add
+//  10 conf_crash_aten for npub-conformance (ops its samples.cpp covers): aten::relu_
+//                     segfaults, aten::isnan never returns, aten::relu {float32} is correct
 #include <npubridge/plugin_sdk.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <csignal>
 #include <string>
+#include <thread>
 #include <vector>
 
 #ifndef CONF_MODE
-#error "CONF_MODE must be defined (1 to 8)"
+#error "CONF_MODE must be defined (1 to 10)"
 #endif
 
 #if CONF_MODE == 1
@@ -44,9 +52,15 @@
 #elif CONF_MODE == 7
 #define CONF_NS "conf_nosamples"
 #define CONF_NAME conf_nosamples
-#else
+#elif CONF_MODE == 8
 #define CONF_NS "conf_declines"
 #define CONF_NAME conf_declines
+#elif CONF_MODE == 9
+#define CONF_NS "conf_crash"
+#define CONF_NAME conf_crash
+#else
+#define CONF_NS "conf_crash_aten"
+#define CONF_NAME conf_crash_aten
 #endif
 
 namespace {
@@ -71,6 +85,7 @@ void hardtanh_out(Call& call) {
   double hi = call.scalar_arg(2);
   if (out.sizes() != self.sizes() || !out.is(self.dtype()))
     call.fail(NPUB_ERR_UNSUPPORTED, "out must have self's shape and dtype");
+  if (CONF_MODE == 9) std::raise(SIGSEGV);  // conf_crash
   if (CONF_MODE == 2) hi *= 0.5;  // the defect of conf_wrong
   if (CONF_MODE == 8 && self.is(npub::sdk::kFloat64))
     call.fail(NPUB_ERR_UNSUPPORTED, "float64 is not implemented yet");  // conf_declines
@@ -126,6 +141,7 @@ void mul_add_backward_outputs(Call& call) {
 
 void mul_add_backward(Call& call) {
   TensorRef g = call.tensor(0), x = call.tensor(1), y = call.tensor(2);
+  while (CONF_MODE == 9) std::this_thread::sleep_for(std::chrono::seconds(1));  // conf_crash: never returns
   if (g.sizes() != x.sizes() || y.sizes() != x.sizes())
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "grad, x and y must have one shape");
   TensorRef dx = call.output(0, x.sizes(), g.dtype());
@@ -141,14 +157,39 @@ void mul_add_backward(Call& call) {
   }
 }
 
+// conf_crash_aten: aten::relu (correct), aten::relu_ (segfaults), aten::isnan (never returns).
+void relu(Call& call) {
+  TensorRef x = call.tensor(0);
+  if (!x.is(npub::sdk::kFloat32)) call.fail(NPUB_ERR_UNSUPPORTED, "float32 only");
+  TensorRef y = call.output(0, x.sizes(), x.dtype());
+  const float* in = x.data<float>();
+  float* out = y.data<float>();
+  for (int64_t i = 0; i < x.numel(); ++i) out[i] = in[i] != in[i] ? in[i] : (in[i] > 0 ? in[i] : 0.0f);
+}
+
+void relu_inplace(Call&) { std::raise(SIGSEGV); }
+
+void isnan_hangs(Call&) {
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 void init(npub::sdk::Registrar& r) {
-  if (CONF_MODE <= 4 || CONF_MODE == 8) {
+  if (CONF_MODE == 10) {
+    r.def("aten::relu(Tensor self) -> Tensor");
+    r.kernel("aten::relu", &relu).dtypes({npub::sdk::kFloat32}).contiguous_only();
+    r.def("aten::relu_(Tensor(a!) self) -> Tensor(a!)");
+    r.kernel("aten::relu_", &relu_inplace).dtypes({npub::sdk::kFloat32});
+    r.def("aten::isnan(Tensor self) -> Tensor");
+    r.kernel("aten::isnan", &isnan_hangs).dtypes({npub::sdk::kFloat32});
+    return;
+  }
+  if (CONF_MODE <= 4 || CONF_MODE == 8 || CONF_MODE == 9) {
     const std::string op = CONF_MODE == 4 ? "aten::hardtanh.outt" : "aten::hardtanh.out";
     r.def(
         (op + "(Tensor self, Scalar min_val=-1, Scalar max_val=1, *, Tensor(a!) out) -> Tensor(a!)").c_str());
     r.kernel(op, &hardtanh_out).dtypes({npub::sdk::kFloat32, npub::sdk::kFloat64}).contiguous_only();
   }
-  if (CONF_MODE == 1 || (CONF_MODE >= 5 && CONF_MODE <= 7)) {
+  if (CONF_MODE == 1 || (CONF_MODE >= 5 && CONF_MODE <= 7) || CONF_MODE == 9) {
     const std::string ns = CONF_NS;
     r.def((ns + "::mul_add(Tensor x, Tensor y) -> Tensor").c_str());
     r.kernel(ns + "::mul_add", &mul_add).dtypes({npub::sdk::kFloat32, npub::sdk::kFloat64}).contiguous_only();
@@ -158,7 +199,8 @@ void init(npub::sdk::Registrar& r) {
         .dtypes({npub::sdk::kFloat32, npub::sdk::kFloat64})
         .contiguous_only();
     r.meta<&mul_add_backward_outputs>((ns + "::mul_add_backward").c_str());
-    r.derivative((ns + "::mul_add").c_str(), ("x, y: " + ns + "::mul_add_backward(grad, x, y)").c_str());
+    if (CONF_MODE != 9)
+      r.derivative((ns + "::mul_add").c_str(), ("x, y: " + ns + "::mul_add_backward(grad, x, y)").c_str());
   }
 }
 

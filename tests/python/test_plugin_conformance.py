@@ -20,12 +20,12 @@ def plugin(mode):
     return os.path.join(PLUGIN_DIR, f"libnpub_test_conf_{mode}.so")
 
 
-def conformance(tmp_path, *args):
+def conformance(tmp_path, *args, env=None):
     """Runs the command; returns (exit status, output, the JSON report)."""
     out_json = tmp_path / "report.json"
     r = subprocess.run([sys.executable, "-m", "npubridge", "conformance", *args, "--json", str(out_json),
                         "--report", str(tmp_path / "report.md"), "--max-samples", "4"],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, env=env)
     output = r.stdout + r.stderr
     report = json.loads(out_json.read_text()) if out_json.exists() else None
     return r.returncode, output, report
@@ -49,7 +49,7 @@ def test_a_correct_plugin_passes(tmp_path):
     assert got[("aten::hardtanh.out", "float32")]["checks"] == ["forward"]  # hardtanh_backward is the CPU's
     assert {"forward", "meta", "backward", "error case"} <= set(got[("conf_good::mul_add", "float32")]["checks"])
     assert "gradcheck" in got[("conf_good::mul_add", "float64")]["checks"]
-    assert report["summary"] == {"passed": 6, "failed": 0, "not covered": 0}
+    assert report["summary"] == {"passed": 6, "failed": 0, "crashed": 0, "hung": 0, "not covered": 0}
     assert "PASS conf_good aten::hardtanh.out float64 [kernel p0 {float32, float64}]" in out
     assert (tmp_path / "report.md").read_text().count("| passed |") == 6
 
@@ -102,7 +102,7 @@ def test_an_overload_typo_is_unknown_to_aten_and_nothing_is_covered(tmp_path):
     assert ("NOT COVERED conf_typo aten::hardtanh.outt float32: unknown to ATen: aten::hardtanh has no overload "
             "'outt' (it has '' (the default), 'out')") in out, out
     assert "; nothing was covered" in out
-    assert report["summary"] == {"passed": 0, "failed": 0, "not covered": 2}
+    assert report["summary"] == {"passed": 0, "failed": 0, "crashed": 0, "hung": 0, "not covered": 2}
 
 
 def test_a_meta_function_that_disagrees_with_the_kernel_fails(tmp_path):
@@ -200,6 +200,41 @@ def test_a_rejected_plugin_is_an_error(tmp_path):
     # The reason is the report's, not only the loader's log line on stderr.
     assert report["results"] == [] and any("simulated failure: device firmware not found" in e
                                            for e in report["errors"]), report["errors"]
+
+
+def test_a_kernel_that_crashes_or_hangs_is_reported_against_its_op_and_the_run_goes_on(tmp_path):
+    # conf_crash: aten::hardtanh.out raises SIGSEGV, conf_crash::mul_add_backward
+    # never returns, conf_crash::mul_add is correct. Each sample runs in a
+    # child process; a death or a sample over --timeout is the op's verdict.
+    # Under ASan the segfault is the test plugin's, not a finding.
+    env = dict(os.environ, ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":handle_segv=0")
+    status, out, report = conformance(tmp_path, "--plugin", plugin("crash"), "--tests", TESTS_FILE,
+                                      "--timeout", "10", env=env)
+    assert status == 1, out
+    got = cells(report)
+    for dtype in ("float32", "float64"):
+        crashed = got[("aten::hardtanh.out", dtype)]
+        assert crashed["status"] == "crashed", crashed
+        assert crashed["reason"].startswith("crashed: the process died with signal 11 (SIGSEGV) in OpInfo "
+                                            f"nn.functional.hardtanh sample 0 ({dtype})"), crashed
+        assert f"CRASHED conf_crash aten::hardtanh.out {dtype} [kernel p0 {{float32, float64}}]: crashed: " in out
+        hung = got[("conf_crash::mul_add_backward", dtype)]
+        assert hung["status"] == "hung", hung
+        assert hung["reason"].startswith(f"hung: no result within 10 s in tests {TESTS_FILE} sample 0 '[4, 5]' "
+                                         f"({dtype}); killed, the run went on in a new process"), hung
+        assert f"HUNG conf_crash conf_crash::mul_add_backward {dtype}" in out
+        fine = got[("conf_crash::mul_add", dtype)]
+        assert fine["status"] == "passed" and fine["passed"] == fine["samples"] > 0, fine
+    assert report["summary"] == {"passed": 2, "failed": 0, "crashed": 2, "hung": 2, "not covered": 0}
+    assert "2 passed, 0 failed, 2 crashed, 2 hung, 0 not covered" in out
+    assert "| `aten::hardtanh.out` | float32 | crashed |" in (tmp_path / "report.md").read_text()
+
+
+def test_in_process_a_correct_plugin_gives_the_same_report(tmp_path):
+    status, out, report = conformance(tmp_path, "--plugin", plugin("good"), "--tests", TESTS_FILE, "--in-process")
+    assert status == 0, out
+    _, _, isolated = conformance(tmp_path, "--plugin", plugin("good"), "--tests", TESTS_FILE)
+    assert report["results"] == isolated["results"]
 
 
 def test_the_command_takes_a_plugin_or_the_opinfo_database():

@@ -4,7 +4,7 @@ import torch
 
 from npubridge import testing
 
-NAMESPACES = ("conf_good", "conf_meta", "conf_grad")
+NAMESPACES = ("conf_good", "conf_meta", "conf_grad", "conf_crash")
 
 
 def mul_add(x, y):
