@@ -63,31 +63,39 @@ def _on_start():
 
 _C._set_start_hook(_on_start)
 
+# Note [A plugin op lookup starts the runtime]
 # Plugin ops are defined under torch.ops.<namespace> when the runtime starts
-# (the plugins load then). A lookup does not start it: torch.library.define
-# probes torch.ops with hasattr while torch._dynamo imports, which would
-# start the runtime in nearly every program. Before the start, a lookup that
-# finds nothing says how to get the plugin ops.
+# (the plugins load then). `torch.ops.myplug.axpy(x.to("npu"))` looks the op
+# up before its argument makes the first npu tensor, so a lookup that finds
+# no op starts the runtime and looks again. Not when torch itself asks:
+# torch.library.define probes torch.ops with hasattr for every op a library
+# defines (torch._dynamo's import does), which would start the runtime in
+# nearly every program; nor for ATen's and the prims' namespaces, which
+# hold no plugin-only op, nor for dunder names.
 _NO_PLUGIN_OPS = frozenset({"aten", "prim", "prims", "_prims", "quantized", "_quantized", "profiler"})
 
 
-def _install_op_lookup_hint():
+def _install_op_lookup_start():
+    import sys
+
     namespace = torch._ops._OpNamespace
     lookup = namespace.__getattr__
 
     def __getattr__(self, op_name):
         try:
             return lookup(self, op_name)
-        except AttributeError as err:
-            if op_name.startswith("__") or self.name in _NO_PLUGIN_OPS or _C._is_started():
+        except AttributeError:
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if (op_name.startswith("__") or self.name in _NO_PLUGIN_OPS or _C._is_started() or caller == "torch"
+                    or caller.startswith("torch.")):
                 raise
-            raise AttributeError(f"{err} (npubridge: plugin ops are defined when the npu runtime starts, at the "
-                                 "first npu use; call torch.npu.init() or make an npu tensor first)") from err
+            _npu._lazy_init()  # a bad setting raises its error here, naming the variable
+            return lookup(self, op_name)
 
     namespace.__getattr__ = __getattr__
 
 
-_install_op_lookup_hint()
+_install_op_lookup_start()
 
 from . import distributed  # noqa: E402,F401  (registers the torch.distributed backend "npu")
 from ._compile import compile, compile_report, register_fusion_pattern  # noqa: E402,F401  (Dynamo backend "npu")
