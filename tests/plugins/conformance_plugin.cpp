@@ -86,7 +86,7 @@ void hardtanh_out(Call& call) {
   if (out.sizes() != self.sizes() || !out.is(self.dtype()))
     call.fail(NPUB_ERR_UNSUPPORTED, "out must have self's shape and dtype");
   if (CONF_MODE == 9) std::raise(SIGSEGV);  // conf_crash
-  if (CONF_MODE == 2) hi *= 0.5;  // the defect of conf_wrong
+  if (CONF_MODE == 2) hi *= 0.5;            // the defect of conf_wrong
   if (CONF_MODE == 8 && self.is(npub::sdk::kFloat64))
     call.fail(NPUB_ERR_UNSUPPORTED, "float64 is not implemented yet");  // conf_declines
   if (self.is(npub::sdk::kFloat64) && CONF_MODE != 3)

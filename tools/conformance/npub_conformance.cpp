@@ -472,7 +472,8 @@ Cell run_job(Runtime& rt, const Job& job, const std::string& seed, Progress& pro
     c.detail += std::string(c.detail.empty() ? "" : "; ") + std::to_string(c.declined) +
                 " samples declined (the host's fallback serves them)";
   }
-  if (c.status == "fail") std::cerr << "FAIL " << c.plugin << " " << c.op << " " << c.dtype << ": " << c.detail << "\n";
+  if (c.status == "fail")
+    std::cerr << "FAIL " << c.plugin << " " << c.op << " " << c.dtype << ": " << c.detail << "\n";
   return c;
 }
 
@@ -482,7 +483,8 @@ int usage() {
          "[--seed S] [--timeout S] [--in-process]\n"
          "  --seed S     sample data from another random stream (default: the one the coverage report uses)\n"
          "  --timeout S  seconds a sample may take before its cell is reported hung (default 120)\n"
-         "  --in-process run the cells in this process (for a debugger): a kernel that crashes ends the run;\n"
+         "  --in-process run the cells in this process (for a debugger): a kernel that crashes ends the "
+         "run;\n"
          "               by default they run in a child process, and a crash or hang is reported against\n"
          "               the cell (plugin, op, dtype) and the run goes on in a new child\n";
   return 2;
@@ -553,7 +555,8 @@ int main(int argc, char** argv) {
       }
     }
     const std::vector<Job> jobs = plan(rt, filter);
-    for (size_t i = first; i < jobs.size(); ++i) progress.cell_done(i, run_job(rt, jobs[i], seed, progress, i));
+    for (size_t i = first; i < jobs.size(); ++i)
+      progress.cell_done(i, run_job(rt, jobs[i], seed, progress, i));
     progress.end();
     return 0;
   };
@@ -587,8 +590,9 @@ int main(int argc, char** argv) {
   std::string died;
   if (crashed) died += std::to_string(crashed) + " crashed, ";
   if (hung) died += std::to_string(hung) + " hung, ";
-  std::printf("npub-conformance: %d op x dtype pairs: %d passed, %d failed, %s%d not covered (%d samples, %.1f s)\n",
-              static_cast<int>(cells.size()), pass, failed, died.c_str(), uncovered, samples, secs);
+  std::printf(
+      "npub-conformance: %d op x dtype pairs: %d passed, %d failed, %s%d not covered (%d samples, %.1f s)\n",
+      static_cast<int>(cells.size()), pass, failed, died.c_str(), uncovered, samples, secs);
   // A run that checked nothing proves nothing: a plugin whose ops have no
   // sample specification here (an out-of-tree plugin's own ops, an ATen op
   // no in-tree plugin serves) must not pass as a clean one does.
