@@ -78,6 +78,10 @@ npub_setup() {
   # (build/release, test.sh), compiled with the same flags, share their
   # objects, and so do two clones of the repository.
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$NPUB_ROOT}"
+  # One compiler name for every build: CMake's default is c++, and
+  # scikit-build-core takes Python's sysconfig one (g++) when CXX is unset;
+  # ccache keys the two apart.
+  export CC="${CC:-cc}" CXX="${CXX:-c++}"
   mkdir -p "$NPUB_ROOT/build"
 }
 
