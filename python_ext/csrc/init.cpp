@@ -86,7 +86,8 @@ void register_backend() {
   });
 }
 
-int settings_device_count() {
+int device_count_now() {
+  if (runtime_started()) return Runtime::global().devices().count();
   try {
     const RuntimeOptions options = RuntimeOptions::from_env();
     Runtime::default_op_map_path();      // NPUB_OP_MAP

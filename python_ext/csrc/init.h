@@ -21,10 +21,11 @@ void register_backend();
 // (a registration that reaches the runtime) returns at once.
 void ensure_started();
 
-// The device count the NPUB_* settings ask for, every setting checked as the
-// start would check it, without starting anything; throws c10's error
-// naming the variable (as ensure_started() would) for a bad one.
-int settings_device_count();
+// The device count now, without starting anything: the runtime's once it
+// has started, before that the count the NPUB_* settings ask for, every
+// setting checked as the start would check it. Throws c10's error naming
+// the variable (as ensure_started() would) for a bad one.
+int device_count_now();
 
 // Whether the runtime has started (never starts it).
 bool runtime_started();

@@ -39,6 +39,21 @@ void bind_graph(py::module& m);            // graph/graph_bindings.cpp
 void bind_npu_graph(py::module& m);        // runtime/npu_graph_bindings.cpp
 }  // namespace npub::torch_backend
 
+namespace {
+
+// Runs `f`, turning c10's error into a RuntimeError with the message alone
+// (pybind11 would show c10's C++ backtrace too).
+template <class F>
+auto message_only_errors(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(e.what_without_backtrace());
+  }
+}
+
+}  // namespace
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "npubridge: PyTorch on the simulated NPU through acceleration-library plugins";
   // Note [The runtime starts at the first npu use] (init.cpp).
@@ -48,25 +63,8 @@ PYBIND11_MODULE(_C, m) {
     auto* held = new py::function(std::move(hook));
     npub::torch_backend::set_python_start_hook([held] { (*held)(); });
   });
-  // RuntimeError with the message alone (pybind11 would show c10's C++ backtrace too).
-  m.def("_start", [] {
-    try {
-      npub::torch_backend::ensure_started();
-    } catch (const c10::Error& e) {
-      throw std::runtime_error(e.what_without_backtrace());
-    }
-  });
+  m.def("_start", [] { message_only_errors(npub::torch_backend::ensure_started); });
   m.def("_is_started", &npub::torch_backend::runtime_started);
-  // The device count the settings ask for, without starting anything
-  // (torch.npu.device_count/is_available before the first npu use);
-  // raises the start's error naming the variable for a bad setting.
-  m.def("_settings_device_count", [] {
-    try {
-      return npub::torch_backend::settings_device_count();
-    } catch (const c10::Error& e) {
-      throw std::runtime_error(e.what_without_backtrace());
-    }
-  });
   npub::torch_backend::bind_graph(m);
   npub::torch_backend::bind_npu_graph(m);
   // The npu's DLPack device type (npubridge/_dlpack.py).
@@ -80,14 +78,10 @@ PYBIND11_MODULE(_C, m) {
     if (npub::torch_backend::runtime_started() && Runtime::global().devices().in_forked_child())
       sim::throw_forked_child("torch.npu");
   });
-  m.def("device_count", [] {
-    try {
-      return npub::torch_backend::runtime_started() ? Runtime::global().devices().count()
-                                                    : npub::torch_backend::settings_device_count();
-    } catch (const c10::Error& e) {
-      throw std::runtime_error(e.what_without_backtrace());
-    }
-  });
+  // Does not start the runtime (torch.npu.device_count/is_available before
+  // the first npu use); raises the start's error naming the variable for a
+  // bad setting.
+  m.def("device_count", [] { return message_only_errors(npub::torch_backend::device_count_now); });
   m.def("current_device", [] { return rt().devices().current_device(); });
   m.def("set_device", [](int d) { rt().devices().set_current_device(d); });
   m.def("synchronize", [](int d) {

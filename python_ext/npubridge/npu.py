@@ -21,11 +21,12 @@ from ._memory import (  # noqa: F401  (torch.npu.<name>, as torch.cuda's memory 
 _queued_calls = []
 
 
-def _settings_device_count():
-    """The devices the NPUB_* settings ask for, without starting anything;
-    0 (with one warning) when a setting is bad."""
+def _device_count_or_warn():
+    """The device count without starting anything (the runtime's once
+    started, else what the NPUB_* settings ask for); 0, with one warning,
+    when a setting is bad."""
     try:
-        return _C._settings_device_count()
+        return _C.device_count()
     except RuntimeError as err:
         import warnings
 
@@ -36,9 +37,7 @@ def _settings_device_count():
 def is_available() -> bool:
     """Whether the settings give at least one device; does not start the
     runtime (torch.cuda.is_available does not create a context either)."""
-    if is_initialized():
-        return _C.device_count() > 0
-    return _settings_device_count() > 0
+    return _device_count_or_warn() > 0
 
 
 def is_initialized() -> bool:
@@ -78,9 +77,7 @@ def init() -> None:
 def device_count() -> int:
     """The number of devices: the runtime's once started, before that what
     the settings ask for (it does not start the runtime)."""
-    if _C._is_started():
-        return _C.device_count()
-    return _settings_device_count()
+    return _device_count_or_warn()
 
 
 def current_device() -> int:

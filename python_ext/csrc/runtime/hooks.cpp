@@ -24,9 +24,8 @@ bool NpuHooks::isBuilt() const { return true; }
 // do (Note [The runtime starts at the first npu use], init.cpp); a bad
 // setting is no device.
 bool NpuHooks::isAvailable() const {
-  if (runtime_started()) return rt().devices().count() > 0;
   try {
-    return settings_device_count() > 0;
+    return device_count_now() > 0;
   } catch (const std::exception&) {
     return false;
   }
