@@ -6,6 +6,8 @@
 
 #include "runtime/npu_runtime.h"
 
+#include <Python.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -41,7 +43,43 @@ CollectiveEngine::CollectiveEngine(c10::intrusive_ptr<c10d::Backend> gloo, int r
   completer_ = std::thread([this] { run_completer(); });
 }
 
+// Note [The engine's threads are joined without the GIL]
+// The group usually goes when Python drops its last reference (the end of
+// the function that held the DDP module or the group, a gc pass), so this
+// destructor runs holding the GIL. The threads it joins may need the GIL to
+// finish: with torch's PyObject preservation, dropping a reference to a
+// tensor that has a Python object (the caller's tensors, which a Job keeps
+// alive and a WorkNPU holds as its result) decrefs that object when the
+// C++ count falls to one, under the GIL; a Python then() callback runs
+// under it. A callback thread may still be releasing the Work of the last
+// collective when the caller, already past that Work's wait(), destroys the
+// group (the Work completes before its future settles: Note [Future
+// callbacks never run on the completer]). Joined with the GIL held, it
+// waits for the GIL forever: the hang at the exit of a DDP script. So the
+// joins run with the GIL released. Not during finalisation: torch's decref
+// leaks then instead of taking the GIL, and a thread that takes the GIL
+// then is ended by Python.
+namespace {
+
+class GilReleasedIfHeld {
+ public:
+  GilReleasedIfHeld() {
+    if (Py_IsInitialized() && !_Py_IsFinalizing() && PyGILState_Check()) saved_ = PyEval_SaveThread();
+  }
+  ~GilReleasedIfHeld() {
+    if (saved_ != nullptr) PyEval_RestoreThread(saved_);
+  }
+  GilReleasedIfHeld(const GilReleasedIfHeld&) = delete;
+  GilReleasedIfHeld& operator=(const GilReleasedIfHeld&) = delete;
+
+ private:
+  PyThreadState* saved_ = nullptr;
+};
+
+}  // namespace
+
 CollectiveEngine::~CollectiveEngine() {
+  GilReleasedIfHeld nogil;  // Note [The engine's threads are joined without the GIL]
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;

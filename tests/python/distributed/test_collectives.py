@@ -471,9 +471,46 @@ def _body_npu_only(rank, world):
     return t.device.index
 
 
+def _body_group_goes_while_a_callback_needs_the_gil(rank, world):
+    """The group's last reference dropped holding the GIL while a callback
+    thread of its engine still needs the GIL: the end of a DDP script, whose
+    Reducer holds the group and goes with the function's frame while the
+    thread releases the last collective's Work (its result tensors have
+    Python objects). Here, deterministically, a then() callback that sleeps
+    without the GIL and must take it back to return, and the Reducer dropped
+    meanwhile. The group's destructor joins that thread; holding the GIL
+    there, it hung (Note [The engine's threads are joined without the GIL])."""
+    import gc
+    import threading
+    import time
+    dist.init_process_group("npu", timeout=datetime.timedelta(seconds=60))
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1).to(NPU))
+    reducer = ddp.reducer  # holds the group in C++; its Python binding does not release the GIL
+    del ddp
+    gc.collect()
+    entered = threading.Event()
+
+    def callback(fut):
+        entered.set()
+        time.sleep(0.5)  # the group goes meanwhile
+        return fut.value()[0] * 2
+
+    work = dist.all_reduce(torch.ones(4, device=NPU), async_op=True)
+    chained = work.get_future().then(callback)
+    work.wait()
+    assert entered.wait(30), "the then() callback did not start"
+    dist.destroy_process_group()  # the Reducer now holds the group's last reference
+    del reducer
+    return chained.wait().cpu().tolist()
+
+
 def test_collectives_match_gloo_on_cpu():
     assert run_ranks(_body, world_size=2, timeout=150) == ["ok", "ok"]
 
 
 def test_npu_only_group_one_device_per_rank():
     assert run_ranks(_body_npu_only, world_size=2, timeout=60) == [0, 1]
+
+
+def test_group_goes_while_a_callback_needs_the_gil():
+    assert run_ranks(_body_group_goes_while_a_callback_needs_the_gil, world_size=2, timeout=60) == [[4.0] * 4] * 2
