@@ -86,6 +86,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("set_device", [](int d) { rt().devices().set_current_device(d); });
   m.def("synchronize", [](int d) {
     auto& ds = rt().devices();
+    // Without the GIL, as stream_synchronize: a queued task may wait for a
+    // thread that needs it (the npu backend's completer releasing a finished
+    // collective's tensors; Note [The engine's threads are joined without
+    // the GIL], distributed/collective_engine.cpp).
+    py::gil_scoped_release nogil;
     if (d < 0)
       for (int i = 0; i < ds.count(); ++i) ds.at(i).synchronize();
     else
