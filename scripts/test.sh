@@ -16,11 +16,18 @@ npub_log "demo (release)"
 "$NPUB_ROOT/build/release/bin/npub-demo" >/dev/null
 
 if [ "${NPUB_SKIP_SANITIZERS:-0}" != "1" ]; then
-  npub_build "$NPUB_ROOT/build/asan" -DNPUB_SANITIZE=address -DNPUB_BUILD_BENCH=OFF -DNPUB_BUILD_CONFORMANCE=OFF -DNPUB_BUILD_PYTHON=ON -DCMAKE_BUILD_TYPE=Debug
+  # Debug with line tables only (-g1): the sanitizers' reports keep their
+  # function, file and line frames, and the trees take about 30% less CPU
+  # to compile than with full debug info (for the torch extension's files,
+  # 25 s against 35 s each; the torch headers' types are most of the
+  # difference).
+  san=(-DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1
+       -DNPUB_BUILD_BENCH=OFF -DNPUB_BUILD_CONFORMANCE=OFF)
+  npub_build "$NPUB_ROOT/build/asan" -DNPUB_SANITIZE=address -DNPUB_BUILD_PYTHON=ON "${san[@]}"
   npub_log "tests (ASan + UBSan)"
   npub_asan_ctest "$NPUB_ROOT/build/asan" --output-on-failure -j "$NPUB_JOBS" --timeout 600
 
-  npub_build "$NPUB_ROOT/build/tsan" -DNPUB_SANITIZE=thread -DNPUB_BUILD_BENCH=OFF -DNPUB_BUILD_CONFORMANCE=OFF -DNPUB_BUILD_PYTHON=OFF -DCMAKE_BUILD_TYPE=Debug
+  npub_build "$NPUB_ROOT/build/tsan" -DNPUB_SANITIZE=thread -DNPUB_BUILD_PYTHON=OFF "${san[@]}"
   npub_log "stream and concurrency tests (ThreadSanitizer)"
   (cd "$NPUB_ROOT/build/tsan" &&
    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
