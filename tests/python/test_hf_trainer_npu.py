@@ -95,3 +95,23 @@ def test_checkpoint_resume_reproduces_the_run(tmp_path):
     assert torch.equal(resumed_losses, full_losses[2:])
     for (name, a), (_, b) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
         assert torch.equal(a.detach().cpu(), b.detach().cpu()), name
+
+
+def test_torch_npu_fused_optimizer_option(tmp_path):
+    # optim="adamw_torch_npu_fused": transformers takes torch_npu.optim.NpuFusedAdamW,
+    # which runs mindspeed_like's fused AdamW instead of aten::_fused_adamw_'s CPU fallback.
+    import npubridge
+    from torch_npu.optim import NpuFusedAdamW
+
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4,
+                                          report_to=[], save_strategy="no", optim="adamw_torch_npu_fused",
+                                          disable_tqdm=True)
+    trainer = transformers.Trainer(model=_model(), args=args, train_dataset=_Tokens())
+    npubridge.reset_stats()
+    trainer.train()
+    optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)  # accelerate's wrapper
+    assert isinstance(optimizer, NpuFusedAdamW)
+    stats = npubridge.stats()
+    assert stats.get("aten::_fused_adamw_", {}).get("fallbacks", 0) == 0
+    assert all(p.device.type == "npu" and not torch.equal(p.detach().cpu(), q.detach())
+               for p, q in zip(trainer.model.parameters(), _model().parameters()))
