@@ -189,3 +189,65 @@ def test_refuses_to_stand_in_for_a_real_torch_npu(tmp_path):
     build = subprocess.run([sys.executable, os.path.join(TORCH_NPU_COMPAT_DIR, "setup.py"), "--name"],
                            env=env, capture_output=True, text=True, timeout=120, cwd=TORCH_NPU_COMPAT_DIR)
     assert build.returncode != 0 and "refusing to install: Ascend's torch_npu (torch-npu 2.13.0)" in build.stderr
+
+
+def test_transformers_flash_attention_2_runs_npu_fusion_attention():
+    # attn_implementation="flash_attention_2" on an NPU: transformers calls
+    # torch_npu.npu_fusion_attention (BSND with its 2048 x 2048 causal mask
+    # and sparse_mode 3; TND varlen for a padded batch). Logits judged
+    # against the eager model on the CPU and in float64.
+    import copy
+
+    import npubridge
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                   attn_implementation="sdpa")
+    cpu = transformers.LlamaForCausalLM(cfg).eval()
+    wide = copy.deepcopy(cpu).double()
+    flash_cfg = copy.deepcopy(cfg)
+    flash_cfg._attn_implementation = "flash_attention_2"
+    npu = transformers.LlamaForCausalLM(flash_cfg)
+    npu.load_state_dict(cpu.state_dict())
+    npu = npu.to("npu").eval()
+    ids = torch.randint(0, 64, (2, 10))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, :3] = 0  # left padding: the varlen (TND) path
+    npubridge.reset_stats()
+    with torch.no_grad():
+        assert_judged(npu(ids.npu()).logits, cpu(ids).logits, wide(ids).logits, "logits")
+        keep = mask.bool()
+        got = npu(ids.npu(), attention_mask=mask.npu()).logits
+        assert_judged(got[keep.npu()], cpu(ids, attention_mask=mask).logits[keep],
+                      wide(ids, attention_mask=mask).logits[keep], "padded logits")
+    calls = npubridge.stats()["mindspeed_like::npu_fusion_attention"]
+    assert calls["native"]["mindspeed_like"] == 4 and calls["fallbacks"] == 0  # 2 layers x 2 forwards
+
+
+def test_peft_lora_on_the_npu():
+    # peft's infer_device() says "npu"; a LoRA model there computes the
+    # CPU's gradients for its adapters (judged against float64).
+    import copy
+
+    import peft
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights="gaussian")
+    cpu = peft.get_peft_model(transformers.LlamaForCausalLM(cfg), lora)
+    models = {"cpu": cpu, "npu": copy.deepcopy(cpu).to(peft.utils.other.infer_device()),
+              "wide": copy.deepcopy(cpu).double()}
+    ids = torch.randint(0, 64, (2, 8))
+    for kind, m in models.items():
+        x = ids.to("npu") if kind == "npu" else ids
+        m(x, labels=x).loss.backward()
+    trainable = [n for n, p in cpu.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    params = {k: dict(m.named_parameters()) for k, m in models.items()}
+    for n in trainable:
+        assert params["npu"][n].device.type == "npu"
+        assert_judged(params["npu"][n].grad, params["cpu"][n].grad, params["wide"][n].grad, f"{n} gradient")
