@@ -251,3 +251,23 @@ def test_peft_lora_on_the_npu():
     for n in trainable:
         assert params["npu"][n].device.type == "npu"
         assert_judged(params["npu"][n].grad, params["cpu"][n].grad, params["wide"][n].grad, f"{n} gradient")
+
+
+def test_distribution_builds_installs_and_imports(tmp_path):
+    # `pip install --no-build-isolation ./compat/torch_npu`, into a target
+    # folder (the source copied first: setuptools writes build/ beside it).
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(TORCH_NPU_COMPAT_DIR, src, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+    site = tmp_path / "site"
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-build-isolation", "--no-deps",
+                          "--no-index", "--target", str(site), str(src)], capture_output=True, text=True, timeout=300)
+    assert pip.returncode == 0, pip.stderr
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    code = ("import importlib.metadata as m, torch_npu, torch_npu.optim, torch_npu.contrib, torch_npu.npu.amp; "
+            "print(torch_npu.__file__); print(m.distribution('npubridge-torch-npu').requires)")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    where, requires = run.stdout.strip().splitlines()
+    assert where.startswith(str(site)) and requires == "['npubridge']"
