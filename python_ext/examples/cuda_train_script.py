@@ -1,5 +1,11 @@
-"""An ordinary training script written for CUDA (nothing npu in it): the
-transfer_to_npu test runs it unchanged. Prints one JSON line."""
+"""An ordinary training script written for CUDA (nothing npu in it). On
+npubridge, unchanged, with Ascend's migration switch:
+
+    PYTHONPATH=compat/torch_npu python3 -c "import torch_npu.contrib.transfer_to_npu, runpy; \
+        runpy.run_path('python_ext/examples/cuda_train_script.py', run_name='__main__')"
+
+(./scripts/demo.sh runs it so; tests/python/test_transfer_to_npu.py checks
+what it prints.) Prints one JSON line."""
 import json
 
 import torch
