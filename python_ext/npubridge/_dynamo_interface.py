@@ -83,8 +83,13 @@ class NpuInterface(_di.DeviceInterface):
 
 
 def register() -> None:
-    """Registers "npu" and "npu:<i>" for each device the settings give,
-    without starting the runtime (device_count reads the settings)."""
+    """Registers "npu" and "npu:<i>" for each device the settings give.
+    Runs at import: it neither starts the runtime nor warns about a bad
+    NPUB_* setting (the first npu use reports that); with one, only "npu"."""
     _di.register_interface_for_device("npu", NpuInterface)
-    for i in range(_npu.device_count()):
+    try:
+        count = _C._settings_device_count()
+    except RuntimeError:
+        count = 0
+    for i in range(count):
         _di.register_interface_for_device(f"npu:{i}", NpuInterface)
