@@ -34,6 +34,37 @@ def test_libraries_detect_the_npu():
     assert TrainingArguments(output_dir="unused", report_to=[], bf16=True).bf16
 
 
+def test_accelerate_mixed_precision_on_the_npu():
+    # accelerate's fp16 on an NPU: torch.npu.amp.GradScaler and
+    # torch.autocast("npu"); bf16 autocasts without a scaler.
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        acc = Accelerator(mixed_precision="fp16")
+        assert acc.device.type == "npu" and isinstance(acc.scaler, torch.npu.amp.GradScaler)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 4)
+        before = model.weight.detach().clone()
+        model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        x = torch.randn(16, 8, device=acc.device)
+        with acc.autocast():
+            assert torch.is_autocast_enabled("npu") and torch.get_autocast_dtype("npu") == torch.float16
+            assert (x @ x.T).dtype == torch.float16
+            loss = model(x).float().square().mean()
+        acc.backward(loss)
+        opt.step()
+        assert acc.scaler.get_scale() == 2.0**16 and not torch.equal(model.weight.detach().cpu(), before)
+        AcceleratorState._reset_state(reset_partial_state=True)
+        acc = Accelerator(mixed_precision="bf16")
+        assert acc.scaler is None
+        with acc.autocast():
+            assert (x @ x.T).dtype == torch.bfloat16
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def test_torch_npu_namespace():
     assert torch_npu.npu.device_count() == torch.npu.device_count()
     from torch_npu.npu.amp import GradScaler
