@@ -56,6 +56,11 @@ npub_build() {
 NPUB_ACCELERATE_VERSION=1.15.0
 NPUB_PEFT_VERSION=0.21.2
 
+# npub_pip_has <distribution> <version>: whether exactly that version is installed.
+npub_pip_has() {
+  python3 -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('$1') == '$2' else 1)" 2>/dev/null
+}
+
 # PyPI packages: torch (CPU build, LibTorch for npub-conformance), pytest.
 # Always the pinned torch: any other spelling pulls a multi-GB CUDA build.
 npub_install_pip() {
@@ -72,7 +77,7 @@ npub_install_pip() {
   # torch==2.13.0 is named with them so that pip can never resolve another
   # torch for them (checked after).
   python3 -c "import pytest, expecttest, hypothesis, transformers, scikit_build_core, pybind11, setuptools" 2>/dev/null &&
-    python3 -c "import importlib.metadata as m, sys; sys.exit(0 if (m.version('accelerate'), m.version('peft')) == ('$NPUB_ACCELERATE_VERSION', '$NPUB_PEFT_VERSION') else 1)" 2>/dev/null ||
+    npub_pip_has accelerate "$NPUB_ACCELERATE_VERSION" && npub_pip_has peft "$NPUB_PEFT_VERSION" ||
     python3 -m pip install -q --root-user-action=ignore torch==2.13.0 pytest expecttest hypothesis transformers \
       "accelerate==$NPUB_ACCELERATE_VERSION" "peft==$NPUB_PEFT_VERSION" "setuptools>=61" \
       "scikit-build-core>=0.8" "pybind11>=2.10"
