@@ -50,6 +50,17 @@ npub_build() {
   cmake --build "$dir" -j "$NPUB_JOBS"
 }
 
+# Hugging Face clients, pinned: releases whose requirements keep torch 2.13.0
+# (pip install --dry-run torch==2.13.0 accelerate==... peft==... installs
+# nothing else but psutil).
+NPUB_ACCELERATE_VERSION=1.15.0
+NPUB_PEFT_VERSION=0.21.2
+
+# npub_pip_has <distribution> <version>: whether exactly that version is installed.
+npub_pip_has() {
+  python3 -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('$1') == '$2' else 1)" 2>/dev/null
+}
+
 # PyPI packages: torch (CPU build, LibTorch for npub-conformance), pytest.
 # Always the pinned torch: any other spelling pulls a multi-GB CUDA build.
 npub_install_pip() {
@@ -58,12 +69,17 @@ npub_install_pip() {
     python3 -m pip install -q torch==2.13.0
   fi
   # pytest, what torch.testing._internal (PyTorch's OpInfo database)
-  # imports, transformers for the real-model test, and what
+  # imports, transformers for the real-model test, accelerate and peft (the
+  # Hugging Face clients the torch_npu compatibility tests run; pinned
+  # releases that keep torch 2.13.0), and what
   # `pip wheel/install --no-build-isolation .` builds with (scikit-build-core,
-  # pybind11; packaging.pip_author_kit). torch==2.13.0 is named with them so
-  # that pip can never resolve another torch for them (checked after).
-  python3 -c "import pytest, expecttest, hypothesis, transformers, scikit_build_core, pybind11" 2>/dev/null ||
+  # pybind11; packaging.pip_author_kit; setuptools for compat/torch_npu).
+  # torch==2.13.0 is named with them so that pip can never resolve another
+  # torch for them (checked after).
+  python3 -c "import pytest, expecttest, hypothesis, transformers, scikit_build_core, pybind11, setuptools" 2>/dev/null &&
+    npub_pip_has accelerate "$NPUB_ACCELERATE_VERSION" && npub_pip_has peft "$NPUB_PEFT_VERSION" ||
     python3 -m pip install -q --root-user-action=ignore torch==2.13.0 pytest expecttest hypothesis transformers \
+      "accelerate==$NPUB_ACCELERATE_VERSION" "peft==$NPUB_PEFT_VERSION" "setuptools>=61" \
       "scikit-build-core>=0.8" "pybind11>=2.10"
   python3 -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" ||
     { echo "torch is no longer 2.13.0 after installing Python packages" >&2; return 1; }

@@ -99,6 +99,9 @@ _install_op_lookup_start()
 
 from . import distributed  # noqa: E402,F401  (registers the torch.distributed backend "npu")
 from ._compile import compile, compile_report, register_fusion_pattern  # noqa: E402,F401  (Dynamo backend "npu")
+from . import _dynamo_interface  # noqa: E402
+
+_dynamo_interface.register()  # torch._dynamo.device_interface.get_interface_for_device("npu")
 
 
 def _quiesce_at_exit():

@@ -41,6 +41,36 @@ def reset_peak_memory_stats(device=None) -> None:
     _C.reset_peak_memory_stats(_npu._checked_index(device, "reset_peak_memory_stats"))
 
 
+def reset_max_memory_allocated(device=None) -> None:
+    """As torch.cuda's (deprecated there, with the same warning): resets
+    every peak statistic, reset_peak_memory_stats."""
+    import warnings
+
+    warnings.warn("torch.npu.reset_max_memory_allocated now calls torch.npu.reset_peak_memory_stats, which resets "
+                  "/all/ peak memory stats.", FutureWarning, stacklevel=2)
+    reset_peak_memory_stats(device)
+
+
+def reset_max_memory_cached(device=None) -> None:
+    """As torch.cuda's (deprecated there, with the same warning): resets
+    every peak statistic, reset_peak_memory_stats."""
+    import warnings
+
+    warnings.warn("torch.npu.reset_max_memory_cached now calls torch.npu.reset_peak_memory_stats, which resets "
+                  "/all/ peak memory stats.", FutureWarning, stacklevel=2)
+    reset_peak_memory_stats(device)
+
+
+def memory_cached(device=None) -> int:
+    """torch.cuda's old name of memory_reserved."""
+    return memory_reserved(device)
+
+
+def max_memory_cached(device=None) -> int:
+    """torch.cuda's old name of max_memory_reserved."""
+    return max_memory_reserved(device)
+
+
 def empty_cache() -> None:
     _C.empty_cache()
 

@@ -5,9 +5,9 @@ import torch
 
 from . import _C
 from ._memory import (  # noqa: F401  (torch.npu.<name>, as torch.cuda's memory functions)
-    empty_cache, max_memory_allocated, max_memory_reserved, mem_get_info, memory_allocated, memory_reserved,
-    memory_snapshot, memory_stats, memory_summary, get_per_process_memory_fraction, reset_peak_memory_stats,
-    set_per_process_memory_fraction,
+    empty_cache, max_memory_allocated, max_memory_cached, max_memory_reserved, mem_get_info, memory_allocated,
+    memory_cached, memory_reserved, memory_snapshot, memory_stats, memory_summary, get_per_process_memory_fraction,
+    reset_max_memory_allocated, reset_max_memory_cached, reset_peak_memory_stats, set_per_process_memory_fraction,
 )
 
 
@@ -153,6 +153,26 @@ def device(device):
         yield
     finally:
         set_device(previous)
+
+
+def _exchange_device(device: int) -> int:
+    """Makes `device` current and returns the previous one (torch.cuda's
+    _exchange_device; -1 leaves the device as it is and returns -1)."""
+    if device < 0:
+        return -1
+    previous = current_device()
+    if device != previous:
+        set_device(device)
+    return previous
+
+
+_maybe_exchange_device = _exchange_device
+
+
+def ipc_collect() -> None:
+    """As torch.cuda.ipc_collect: frees memory of tensors shared with other
+    processes once they are gone; npu tensors are never shared between
+    processes (npubridge/_ipc.py), so there is nothing to collect."""
 
 
 def synchronize(device=None) -> None:
@@ -365,3 +385,13 @@ from ._graphs import (  # noqa: E402,F401
 )
 
 _C._register_graph_impl()
+
+# torch.npu.random and torch.npu.amp, as torch.cuda.random and torch.cuda.amp
+# (and importable as modules: `from torch.npu.amp import GradScaler`).
+import sys as _sys  # noqa: E402
+
+from . import _npu_amp as amp  # noqa: E402
+from . import _npu_random as random  # noqa: E402
+
+_sys.modules["torch.npu.random"] = random
+_sys.modules["torch.npu.amp"] = amp

@@ -65,3 +65,21 @@ def plugins_loaded_with(**env):
     assert r.returncode == 0, r.stdout + r.stderr
     names, failures = r.stdout.strip().splitlines()
     return names, failures
+
+
+# npubridge's torch_npu compatibility package (compat/torch_npu): ctest puts
+# it on PYTHONPATH for the tests that use it; run by hand, they take it from
+# the source tree. It must come before transformers/accelerate are imported,
+# which decide at import whether an NPU is there.
+TORCH_NPU_COMPAT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "compat", "torch_npu")
+
+
+def import_torch_npu_compat():
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is None:
+        sys.path.insert(0, os.path.normpath(TORCH_NPU_COMPAT_DIR))
+    import torch_npu
+
+    assert getattr(torch_npu, "__npubridge_compat__", False), f"not npubridge's torch_npu: {torch_npu.__file__}"
+    return torch_npu

@@ -5,6 +5,7 @@ Registered when npubridge is imported, for the npu device type, so that
     dist.init_process_group("npu")               # npu tensors only
     dist.init_process_group("cpu:gloo,npu:npu")  # CPU tensors over gloo too
     dist.init_process_group(device_id=torch.device("npu", i))  # "npu", the default for npu
+    dist.init_process_group("hccl")              # the same backend under Ascend's name
 
 work. (`dist.init_process_group()` with neither a backend nor a device_id
 uses this backend for npu tensors too, but torch 2.13 then sets the group's
@@ -25,6 +26,10 @@ broadcast (default 4 MiB).
 import torch.distributed as _dist
 
 BACKEND_NAME = "npu"
+# The name Ascend's stack gives its collective backend: accelerate asks for
+# "hccl" on an NPU and refuses any other name. The same creator answers to
+# it; "npu" stays the npu device's default backend.
+ALIAS_NAMES = ("hccl",)
 
 
 def _create_npu_backend(store, rank, size, timeout):
@@ -48,6 +53,9 @@ def _register():
     if BACKEND_NAME.upper() in _dist.Backend._plugins:
         return  # a re-import (importlib.reload)
     _dist.Backend.register_backend(BACKEND_NAME, _create_npu_backend, devices=["npu"])
+    for alias in ALIAS_NAMES:
+        if alias.upper() not in _dist.Backend._plugins:
+            _dist.Backend.register_backend(alias, _create_npu_backend, devices=["npu"])
 
 
 _register()

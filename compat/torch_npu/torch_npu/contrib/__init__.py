@@ -1,0 +1,2 @@
+"""torch_npu.contrib: ``import torch_npu.contrib.transfer_to_npu`` (the
+migration switch for CUDA-written scripts)."""
