@@ -88,7 +88,7 @@ def register() -> None:
     NPUB_* setting (the first npu use reports that); with one, only "npu"."""
     _di.register_interface_for_device("npu", NpuInterface)
     try:
-        count = _C._settings_device_count()
+        count = _C.device_count()  # the settings' count: the runtime has not started
     except RuntimeError:
         count = 0
     for i in range(count):
