@@ -61,10 +61,19 @@ npub_pip_has() {
   python3 -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('$1') == '$2' else 1)" 2>/dev/null
 }
 
+# npub_torch_is_pinned: whether torch 2.13.0 is installed and imports. The
+# check keeps torch from autoloading an installed npubridge (its entry
+# point): a broken or stale install of ours must not read as a missing
+# torch, which would reinstall it.
+npub_torch_is_pinned() {
+  TORCH_DEVICE_BACKEND_AUTOLOAD=0 python3 -c \
+    "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null
+}
+
 # PyPI packages: torch (CPU build, LibTorch for npub-conformance), pytest.
 # Always the pinned torch: any other spelling pulls a multi-GB CUDA build.
 npub_install_pip() {
-  if ! python3 -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
+  if ! npub_torch_is_pinned; then
     npub_log "installing torch==2.13.0"
     python3 -m pip install -q torch==2.13.0
   fi
@@ -76,12 +85,13 @@ npub_install_pip() {
   # pybind11; packaging.pip_author_kit; setuptools for compat/torch_npu).
   # torch==2.13.0 is named with them so that pip can never resolve another
   # torch for them (checked after).
-  python3 -c "import pytest, expecttest, hypothesis, transformers, scikit_build_core, pybind11, setuptools" 2>/dev/null &&
+  TORCH_DEVICE_BACKEND_AUTOLOAD=0 python3 -c \
+    "import pytest, expecttest, hypothesis, transformers, scikit_build_core, pybind11, setuptools" 2>/dev/null &&
     npub_pip_has accelerate "$NPUB_ACCELERATE_VERSION" && npub_pip_has peft "$NPUB_PEFT_VERSION" ||
     python3 -m pip install -q --root-user-action=ignore torch==2.13.0 pytest expecttest hypothesis transformers \
       "accelerate==$NPUB_ACCELERATE_VERSION" "peft==$NPUB_PEFT_VERSION" "setuptools>=61" \
       "scikit-build-core>=0.8" "pybind11>=2.10"
-  python3 -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" ||
+  npub_torch_is_pinned ||
     { echo "torch is no longer 2.13.0 after installing Python packages" >&2; return 1; }
 }
 
