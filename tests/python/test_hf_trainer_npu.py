@@ -4,7 +4,8 @@ Llama trains a few steps in float32 with the default optimizer, its losses
 judged against the same run on the CPU and in float64 (npubridge's error
 model: never a fixed tolerance against the CPU's float32); a checkpoint is
 saved and training resumed from it reproduces the uninterrupted run,
-dropout included (the npu's RNG state travels through torch.npu.random)."""
+dropout included (the npu's RNG state travels through torch.npu.random);
+bf16=True trains under the npu's autocast."""
 import torch
 
 from conftest import assert_judged, import_torch_npu_compat
@@ -115,3 +116,48 @@ def test_torch_npu_fused_optimizer_option(tmp_path):
     assert stats.get("aten::_fused_adamw_", {}).get("fallbacks", 0) == 0
     assert all(p.device.type == "npu" and not torch.equal(p.detach().cpu(), q.detach())
                for p, q in zip(trainer.model.parameters(), _model().parameters()))
+
+
+class _FirstBatchRecorder(_LossRecorder):
+    """Also keeps the first batch the Trainer drew (its sampler shuffles)."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, **kw):
+        if not self.step_losses:
+            self.first_batch = inputs["input_ids"].cpu()
+        return super().compute_loss(model, inputs, return_outputs=return_outputs, **kw)
+
+
+def _run_bf16(out_dir):
+    args = transformers.TrainingArguments(
+        output_dir=str(out_dir), max_steps=STEPS, per_device_train_batch_size=4, learning_rate=1e-2, bf16=True,
+        logging_steps=1, save_strategy="no", report_to=[], seed=0, dataloader_num_workers=0, disable_tqdm=True)
+    trainer = _FirstBatchRecorder(model=_model(), args=args, train_dataset=_Tokens())
+    trainer.step_losses = []
+    trainer.train()
+    return trainer, torch.stack(trainer.step_losses)
+
+
+def test_bf16_trainer_run_on_the_npu(tmp_path):
+    # TrainingArguments(bf16=True) runs the forward under
+    # torch.autocast("npu", bfloat16), CUDA's policy (test_autocast.py);
+    # attention used to fail here ("Expected query, key, and value to have
+    # the same dtype").
+    trainer, losses = _run_bf16(tmp_path)
+    assert trainer.args.device.type == "npu" and trainer.args.bf16
+    params = list(trainer.model.parameters())
+    assert all(p.device.type == "npu" and p.dtype == torch.float32 for p in params)  # master weights stay float32
+    assert len(losses) == STEPS and bool(torch.isfinite(losses).all())
+    assert any(not torch.equal(p.detach().cpu(), q.detach()) for p, q in zip(params, _model().parameters()))
+    # The first step's loss (the initial weights, the first batch) against
+    # float64. Autocast rounds every GEMM's inputs to bfloat16 (u = 2**-8),
+    # a relative error of at most 2u per product; along the path to a logit
+    # there are 15 GEMMs (7 per decoder layer: q, k, v, o, gate, up, down;
+    # then lm_head), so to first order a logit moves by at most 30u times
+    # the largest logit. The loss, a mean of logsumexp(z) - z[label], moves
+    # by at most twice the largest change of a logit.
+    wide = _model(torch.float64)
+    batch = trainer.first_batch
+    with torch.no_grad():
+        out = wide(input_ids=batch, labels=batch)
+    bound = 2 * 30 * 2.0 ** -8 * out.logits.abs().max().item()
+    assert abs(losses[0].item() - out.loss.item()) <= bound, (losses[0].item(), out.loss.item(), bound)
