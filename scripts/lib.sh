@@ -50,9 +50,12 @@ npub_build() {
   cmake --build "$dir" -j "$NPUB_JOBS"
 }
 
-# Hugging Face clients, pinned: releases whose requirements keep torch 2.13.0
+# Hugging Face clients, pinned (a new transformers release may call new
+# torch.npu functions, which test_npu_client_api checks): releases whose
+# requirements keep torch 2.13.0
 # (pip install --dry-run torch==2.13.0 accelerate==... peft==... installs
 # nothing else but psutil).
+NPUB_TRANSFORMERS_VERSION=5.24.0
 NPUB_ACCELERATE_VERSION=1.15.0
 NPUB_PEFT_VERSION=0.21.2
 
@@ -87,8 +90,10 @@ npub_install_pip() {
   # torch for them (checked after).
   TORCH_DEVICE_BACKEND_AUTOLOAD=0 python3 -c \
     "import pytest, expecttest, hypothesis, transformers, scikit_build_core, pybind11, setuptools" 2>/dev/null &&
-    npub_pip_has accelerate "$NPUB_ACCELERATE_VERSION" && npub_pip_has peft "$NPUB_PEFT_VERSION" ||
-    python3 -m pip install -q --root-user-action=ignore torch==2.13.0 pytest expecttest hypothesis transformers \
+    npub_pip_has transformers "$NPUB_TRANSFORMERS_VERSION" && npub_pip_has accelerate "$NPUB_ACCELERATE_VERSION" &&
+    npub_pip_has peft "$NPUB_PEFT_VERSION" ||
+    python3 -m pip install -q --root-user-action=ignore torch==2.13.0 pytest expecttest hypothesis \
+      "transformers==$NPUB_TRANSFORMERS_VERSION" \
       "accelerate==$NPUB_ACCELERATE_VERSION" "peft==$NPUB_PEFT_VERSION" "setuptools>=61" \
       "scikit-build-core>=0.8" "pybind11>=2.10"
   npub_torch_is_pinned ||

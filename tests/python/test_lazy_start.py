@@ -6,6 +6,7 @@ whatever starts at import would start in every PyTorch program.
 Each case runs in a fresh interpreter, since the start happens once per
 process."""
 import os
+import selectors
 import subprocess
 import sys
 import textwrap
@@ -99,6 +100,9 @@ def test_a_plugin_that_dies_in_initialize_cannot_touch_a_cpu_only_program(plugin
     with subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, NPUB_PLUGIN_PATH=path),
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
         try:
+            with selectors.DefaultSelector() as sel:
+                sel.register(proc.stdout, selectors.EVENT_READ)
+                assert sel.select(timeout=120), "the imports did not finish within 120 s"
             assert proc.stdout.readline().strip() == "imported"
             if plugin == "hang_in_init":
                 with pytest.raises(subprocess.TimeoutExpired):

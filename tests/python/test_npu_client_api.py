@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch._dynamo.device_interface import get_interface_for_device, get_registered_device_interfaces
 
 import npubridge  # noqa: F401
+from conftest import assert_judged
 
 
 # torch.npu.random: the RNG state functions libraries save in checkpoints
@@ -90,13 +91,13 @@ def test_torch_save_of_state_round_trips(tmp_path):
 # GradScaler does on the CPU; autocast is torch.autocast("npu").
 
 
-def _train(device, scaler, grads_to_poison=(), steps=6):
+def _train(device, scaler, grads_to_poison=(), steps=6, dtype=torch.float32):
     """A few SGD steps of a linear layer under a GradScaler; the gradient of
     the steps in grads_to_poison made inf. Returns (weights, scales)."""
     torch.manual_seed(0)
-    model = torch.nn.Linear(4, 3).to(device)
+    model = torch.nn.Linear(4, 3).to(device, dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.125)
-    x = torch.arange(8.0).reshape(2, 4).to(device) / 8
+    x = torch.arange(8.0).reshape(2, 4).to(device, dtype) / 8
     scales = []
     for step in range(steps):
         opt.zero_grad()
@@ -115,11 +116,13 @@ def test_grad_scaler_matches_the_cpus(poison):
     kw = dict(init_scale=2.0**10, growth_factor=2.0, backoff_factor=0.5, growth_interval=2)
     npu_w, npu_scales = _train("npu", torch.npu.amp.GradScaler(**kw), poison)
     cpu_w, cpu_scales = _train("cpu", torch.amp.GradScaler("cpu", **kw), poison)
-    assert npu_scales == cpu_scales
-    # Scales are powers of two: scaling and unscaling are exact, so the
-    # weights are the CPU's up to the order of the matmul's sums (4 terms).
-    for a, b in zip(npu_w, cpu_w):
-        torch.testing.assert_close(a, b, rtol=4 * 2**-24, atol=4 * 2**-24)
+    wide_w, wide_scales = _train("cpu", torch.amp.GradScaler("cpu", **kw), poison, dtype=torch.float64)
+    assert npu_scales == cpu_scales == wide_scales
+    # Scales are powers of two, so scaling and unscaling are exact: the
+    # weights are judged by the error model against the same steps in
+    # float64, as any other training.
+    for a, b, w in zip(npu_w, cpu_w, wide_w):
+        assert_judged(a, b, w, "weights after the scaled steps")
     if poison:
         assert min(npu_scales) < kw["init_scale"]  # backed off
 
@@ -151,8 +154,11 @@ def test_unscale_gives_the_true_gradient():
 
 def test_static_scale_with_dynamic_false():
     scaler = torch.npu.amp.GradScaler(init_scale=16.0, dynamic=False, growth_interval=1)
-    _, scales = _train("npu", scaler, grads_to_poison=(1,), steps=4)
+    weights, scales = _train("npu", scaler, grads_to_poison=(1,), steps=4)
     assert scales == [16.0] * 4
+    # The poisoned step was skipped: three steps' weights, not four.
+    three, _ = _train("npu", torch.npu.amp.GradScaler(init_scale=16.0, dynamic=False), steps=3)
+    assert all(torch.equal(a, b) for a, b in zip(weights, three))
     assert scaler.state_dict()["dynamic"] is False
     other = torch.npu.amp.GradScaler()
     other.load_state_dict(scaler.state_dict())

@@ -476,10 +476,12 @@ def _body_group_goes_while_a_callback_needs_the_gil(rank, world):
     thread of its engine still needs the GIL: the end of a DDP script, whose
     Reducer holds the group and goes with the function's frame while the
     thread releases the last collective's Work (its result tensors have
-    Python objects). Here, deterministically, a then() callback that sleeps
-    without the GIL and must take it back to return, and the Reducer dropped
-    meanwhile. The group's destructor joins that thread; holding the GIL
-    there, it hung (Note [The engine's threads are joined without the GIL])."""
+    Python objects). Here a then() callback waits (without the GIL) until
+    the main thread is about to drop the Reducer, then sleeps briefly and
+    must take the GIL back to return: the Reducer goes meanwhile, unless the
+    main thread is descheduled for the whole sleep. The group's destructor
+    joins that thread; holding the GIL there, it hung (Note [The engine's
+    threads are joined without the GIL])."""
     import gc
     import threading
     import time
@@ -488,11 +490,12 @@ def _body_group_goes_while_a_callback_needs_the_gil(rank, world):
     reducer = ddp.reducer  # holds the group in C++; its Python binding does not release the GIL
     del ddp
     gc.collect()
-    entered = threading.Event()
+    entered, dropping = threading.Event(), threading.Event()
 
     def callback(fut):
         entered.set()
-        time.sleep(0.5)  # the group goes meanwhile
+        dropping.wait(30)
+        time.sleep(0.2)  # the group goes meanwhile
         return fut.value()[0] * 2
 
     work = dist.all_reduce(torch.ones(4, device=NPU), async_op=True)
@@ -500,6 +503,7 @@ def _body_group_goes_while_a_callback_needs_the_gil(rank, world):
     work.wait()
     assert entered.wait(30), "the then() callback did not start"
     dist.destroy_process_group()  # the Reducer now holds the group's last reference
+    dropping.set()
     del reducer
     return chained.wait().cpu().tolist()
 
