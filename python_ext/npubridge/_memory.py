@@ -41,24 +41,22 @@ def reset_peak_memory_stats(device=None) -> None:
     _C.reset_peak_memory_stats(_npu._checked_index(device, "reset_peak_memory_stats"))
 
 
-def reset_max_memory_allocated(device=None) -> None:
-    """As torch.cuda's (deprecated there, with the same warning): resets
-    every peak statistic, reset_peak_memory_stats."""
+def _reset_peaks_under_old_name(old_name, device) -> None:
+    """torch.cuda's deprecated peak resets, with the same warning: each
+    resets every peak statistic (reset_peak_memory_stats)."""
     import warnings
 
-    warnings.warn("torch.npu.reset_max_memory_allocated now calls torch.npu.reset_peak_memory_stats, which resets "
-                  "/all/ peak memory stats.", FutureWarning, stacklevel=2)
+    warnings.warn(f"torch.npu.{old_name} now calls torch.npu.reset_peak_memory_stats, which resets "
+                  "/all/ peak memory stats.", FutureWarning, stacklevel=3)
     reset_peak_memory_stats(device)
+
+
+def reset_max_memory_allocated(device=None) -> None:
+    _reset_peaks_under_old_name("reset_max_memory_allocated", device)
 
 
 def reset_max_memory_cached(device=None) -> None:
-    """As torch.cuda's (deprecated there, with the same warning): resets
-    every peak statistic, reset_peak_memory_stats."""
-    import warnings
-
-    warnings.warn("torch.npu.reset_max_memory_cached now calls torch.npu.reset_peak_memory_stats, which resets "
-                  "/all/ peak memory stats.", FutureWarning, stacklevel=2)
-    reset_peak_memory_stats(device)
+    _reset_peaks_under_old_name("reset_max_memory_cached", device)
 
 
 def memory_cached(device=None) -> int:

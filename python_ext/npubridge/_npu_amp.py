@@ -41,7 +41,7 @@ class GradScaler(torch.amp.GradScaler):
 
     def update(self, new_scale=None) -> None:
         if not self._dynamic and new_scale is None and self._enabled and self._scale is not None:
-            new_scale = self.get_scale()
+            new_scale = self._scale.clone()  # the scale as it is, without a host sync (get_scale() would .item())
         super().update(new_scale)
 
     def state_dict(self):
