@@ -45,20 +45,24 @@ def test_training_arguments_choose_the_npu():
 
 
 class _LossRecorder(transformers.Trainer):
-    """Keeps each training step's loss tensor unrounded."""
+    """Keeps each training step's loss tensor unrounded, and the run's first
+    batch (the Trainer's sampler shuffles)."""
 
     def compute_loss(self, model, inputs, return_outputs=False, **kw):
+        if not self.step_losses:
+            self.first_batch = inputs["input_ids"].cpu()
         loss = super().compute_loss(model, inputs, return_outputs=return_outputs, **kw)
         value = loss[0] if return_outputs else loss
         self.step_losses.append(value.detach().double().cpu())
         return loss
 
 
-def _run(out_dir, model, use_cpu, max_steps=STEPS, resume=None):
-    args = transformers.TrainingArguments(
-        output_dir=str(out_dir), max_steps=max_steps, per_device_train_batch_size=4, learning_rate=1e-2,
-        logging_steps=1, save_strategy="steps", save_steps=2, report_to=[], seed=0, use_cpu=use_cpu,
-        dataloader_num_workers=0, disable_tqdm=True)
+def _run(out_dir, model, use_cpu, max_steps=STEPS, resume=None, **overrides):
+    """Trains `model`; `overrides` replace or add TrainingArguments."""
+    settings = dict(output_dir=str(out_dir), max_steps=max_steps, per_device_train_batch_size=4, learning_rate=1e-2,
+                    logging_steps=1, save_strategy="steps", save_steps=2, report_to=[], seed=0, use_cpu=use_cpu,
+                    dataloader_num_workers=0, disable_tqdm=True)
+    args = transformers.TrainingArguments(**{**settings, **overrides})
     trainer = _LossRecorder(model=model, args=args, train_dataset=_Tokens())
     trainer.step_losses = []
     trainer.train(resume_from_checkpoint=resume)
@@ -118,31 +122,12 @@ def test_torch_npu_fused_optimizer_option(tmp_path):
                for p, q in zip(trainer.model.parameters(), _model().parameters()))
 
 
-class _FirstBatchRecorder(_LossRecorder):
-    """Also keeps the first batch the Trainer drew (its sampler shuffles)."""
-
-    def compute_loss(self, model, inputs, return_outputs=False, **kw):
-        if not self.step_losses:
-            self.first_batch = inputs["input_ids"].cpu()
-        return super().compute_loss(model, inputs, return_outputs=return_outputs, **kw)
-
-
-def _run_bf16(out_dir):
-    args = transformers.TrainingArguments(
-        output_dir=str(out_dir), max_steps=STEPS, per_device_train_batch_size=4, learning_rate=1e-2, bf16=True,
-        logging_steps=1, save_strategy="no", report_to=[], seed=0, dataloader_num_workers=0, disable_tqdm=True)
-    trainer = _FirstBatchRecorder(model=_model(), args=args, train_dataset=_Tokens())
-    trainer.step_losses = []
-    trainer.train()
-    return trainer, torch.stack(trainer.step_losses)
-
-
 def test_bf16_trainer_run_on_the_npu(tmp_path):
     # TrainingArguments(bf16=True) runs the forward under
     # torch.autocast("npu", bfloat16), CUDA's policy (test_autocast.py);
     # attention used to fail here ("Expected query, key, and value to have
     # the same dtype").
-    trainer, losses = _run_bf16(tmp_path)
+    trainer, losses = _run(tmp_path, _model(), use_cpu=False, bf16=True, save_strategy="no")
     assert trainer.args.device.type == "npu" and trainer.args.bf16
     params = list(trainer.model.parameters())
     assert all(p.device.type == "npu" and p.dtype == torch.float32 for p in params)  # master weights stay float32
