@@ -118,6 +118,26 @@ def cann_table(d, src):
         ["case", "npu", "PyTorch", "ratio", "target", "", "rate", "of peak"], rows)
 
 
+def clients_table(d, src):
+    rows = []
+    for i, r in enumerate(field(d, ["results"], src)):
+        get = lambda k: field(r, [k], f"{src}: results[{i}]")  # noqa: E731
+        ratio, target, fallbacks = get("ratio"), get("target"), get("fallbacks_per_step")
+        verdict = "" if target is None else ("met" if ratio <= target else "**missed**")
+        rows.append([get("name"), ms(get("npu_ms")), ms(get("cpu_ms")), f"{ratio:.2f}",
+                     "" if target is None else f"<= {target:g}", verdict,
+                     sum(fallbacks.values())])
+    intro = (f"One run of `./scripts/bench.sh clients` (`{src}`): transformers "
+             f"{field(d, ['transformers'], src)}, torch {field(d, ['torch'], src)}, "
+             f"{field(d, ['threads'], src)} threads; a step is timed from the Trainer's step begin to its end "
+             f"(npu synchronised), the median of {field(d, ['steps'], src)} steps after "
+             f"{field(d, ['warmup'], src)} of warm-up, and the median of {field(d, ['rounds'], src)} rounds "
+             f"that alternate the npu run and the CPU run (`use_cpu=True`). Ratio = npu time / CPU time "
+             f"(lower is better).")
+    return intro + "\n\n" + table(["Trainer step", "npu", "CPU", "ratio", "target", "", "CPU fallbacks per step"],
+                                   rows)
+
+
 def graph_table(d, src):
     def speed_row(label, part, eager_key, fast_key, ratio_key):
         p = field(d, [part], src)
@@ -185,6 +205,7 @@ def dist_table(d, src):
 
 TABLES = {
     "cann": ("bench/results/cann.json", cann_table),
+    "clients": ("bench/results/clients.json", clients_table),
     "graph": ("bench/results/graph.json", graph_table),
     "dist": ("bench/results/dist.json", dist_table),
 }

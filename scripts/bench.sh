@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: ./scripts/bench.sh core|cann|torch|mindspeed|vllm|dist|graph [--quick]
+# Benchmarks: ./scripts/bench.sh core|cann|torch|clients|mindspeed|vllm|dist|graph [--quick]
 # Prints the results and writes bench/results/<suite>.json.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 suite="${1:-core}"
@@ -21,6 +21,10 @@ case "$suite" in
     (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error \
        python3 "$NPUB_ROOT/bench/bench_torch.py" "$NPUB_ROOT/bench/results/torch.json")
     ;;
+  clients)
+    (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python:$NPUB_ROOT/compat/torch_npu" NPUB_LOG_LEVEL=error \
+       python3 "$NPUB_ROOT/bench/bench_clients.py" "$NPUB_ROOT/bench/results/clients.json" "${@:2}")
+    ;;
   mindspeed)
     (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error \
        python3 "$NPUB_ROOT/bench/bench_mindspeed.py" "$NPUB_ROOT/bench/results/mindspeed.json" "${@:2}")
@@ -38,7 +42,7 @@ case "$suite" in
        python3 "$NPUB_ROOT/bench/bench_graph.py" "$NPUB_ROOT/bench/results/graph.json" "${@:2}")
     ;;
   *)
-    echo "bench.sh: unknown suite '$suite' (known: core, cann, torch, mindspeed, vllm, dist, graph)" >&2
+    echo "bench.sh: unknown suite '$suite' (known: core, cann, torch, clients, mindspeed, vllm, dist, graph)" >&2
     exit 2
     ;;
 esac

@@ -54,10 +54,13 @@ npub_build() {
 # torch.npu functions, which test_npu_client_api checks): releases whose
 # requirements keep torch 2.13.0
 # (pip install --dry-run torch==2.13.0 accelerate==... peft==... installs
-# nothing else but psutil).
+# nothing else but psutil). TRL brings datasets, whose pandas and pyarrow
+# are pinned with it (their wheels keep torch too).
 NPUB_TRANSFORMERS_VERSION=5.24.0
 NPUB_ACCELERATE_VERSION=1.15.0
 NPUB_PEFT_VERSION=0.21.2
+NPUB_TRL_VERSION=1.16.0
+NPUB_DATASETS_VERSION=5.2.0
 
 # npub_pip_has <distribution> <version>: whether exactly that version is installed.
 npub_pip_has() {
@@ -82,7 +85,7 @@ npub_install_pip() {
   fi
   # pytest, what torch.testing._internal (PyTorch's OpInfo database)
   # imports, transformers for the real-model test, accelerate and peft (the
-  # Hugging Face clients the torch_npu compatibility tests run; pinned
+  # Hugging Face clients the torch_npu compatibility tests run, TRL; pinned
   # releases that keep torch 2.13.0), and what
   # `pip wheel/install --no-build-isolation .` builds with (scikit-build-core,
   # pybind11; packaging.pip_author_kit; setuptools for compat/torch_npu).
@@ -91,10 +94,12 @@ npub_install_pip() {
   TORCH_DEVICE_BACKEND_AUTOLOAD=0 python3 -c \
     "import pytest, expecttest, hypothesis, transformers, scikit_build_core, pybind11, setuptools" 2>/dev/null &&
     npub_pip_has transformers "$NPUB_TRANSFORMERS_VERSION" && npub_pip_has accelerate "$NPUB_ACCELERATE_VERSION" &&
-    npub_pip_has peft "$NPUB_PEFT_VERSION" ||
+    npub_pip_has peft "$NPUB_PEFT_VERSION" && npub_pip_has trl "$NPUB_TRL_VERSION" &&
+    npub_pip_has datasets "$NPUB_DATASETS_VERSION" ||
     python3 -m pip install -q --root-user-action=ignore torch==2.13.0 pytest expecttest hypothesis \
       "transformers==$NPUB_TRANSFORMERS_VERSION" \
       "accelerate==$NPUB_ACCELERATE_VERSION" "peft==$NPUB_PEFT_VERSION" "setuptools>=61" \
+      "trl==$NPUB_TRL_VERSION" "datasets==$NPUB_DATASETS_VERSION" pandas==3.1.1 pyarrow==26.0.1 \
       "scikit-build-core>=0.8" "pybind11>=2.10"
   npub_torch_is_pinned ||
     { echo "torch is no longer 2.13.0 after installing Python packages" >&2; return 1; }

@@ -1,7 +1,9 @@
 // Bitwise and/or/xor over bool and integer tensors (aten::bitwise_*.Tensor_out
-// and .Scalar_out), with broadcasting and ATen's type promotion. HF models
-// combine their boolean attention masks with `&`, so these keep mask building
-// on the device (and capturable: a host fallback cannot be recorded).
+// and .Scalar_out), with broadcasting and ATen's type promotion, and
+// bitwise_not (`~`). HF models combine their boolean attention masks with `&`
+// and invert them with `~` (TRL's chunked log-probabilities), so these keep
+// mask building on the device (and capturable: a host fallback cannot be
+// recorded).
 #include "elementwise.h"
 #include "ops.h"
 
@@ -63,6 +65,28 @@ void bitwise(Call& call) {
   });
 }
 
+// aten::bitwise_not.out(self, *, out): logical not for bool, ~x for integers.
+void bitwise_not(Call& call) {
+  const TensorRef self = call.tensor(0), out = call.tensor(1);
+  const DT d = dt_of(self.dtype());
+  if (!is_integral(d, true))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string("\"bitwise_not_cpu\" not implemented for '") + dt_name(d) + "'");
+  check_castable(call, d, out);
+  check_out(call, out, self.sizes());
+  Iter it = make_iter(out, {self});
+  visit_compute(d, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      return;  // refused above
+    } else if constexpr (std::is_same_v<T, bool>) {
+      run_elementwise<T>(call, it, [](T x) -> T { return !x; });
+    } else {
+      run_elementwise<T>(call, it, [](T x) -> T { return static_cast<T>(~x); });
+    }
+  });
+}
+
 }  // namespace
 
 void register_bitwise(npub::sdk::Registrar& r) {
@@ -81,6 +105,10 @@ void register_bitwise(npub::sdk::Registrar& r) {
         .mixed_dtypes()
         .alias_safe();
   }
+  r.op("aten::bitwise_not.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)", &bitwise_not)
+      .dtypes(integral)
+      .mixed_dtypes()
+      .alias_safe();
 }
 
 }  // namespace cann_like
