@@ -369,7 +369,13 @@ void pow_op(Call& call) {
       using T = decltype(tag);
       if constexpr (std::is_floating_point_v<T>) {
         const T et = static_cast<T>(e);
-        if (e == 2)
+        // 0 and 1 as ATen's pow_out: fill with one, copy (NaN ** 0 is 1);
+        // autograd's pow backward asks for x ** 1 on every x ** 2.
+        if (e == 0)
+          run_elementwise<T>(call, it, [](T) { return T(1); });
+        else if (e == 1)
+          run_elementwise<T>(call, it, [](T a) { return a; });
+        else if (e == 2)
           run_elementwise<T>(call, it, [](T a) { return a * a; });
         else if (e == 3)
           run_elementwise<T>(call, it, [](T a) { return a * a * a; });
