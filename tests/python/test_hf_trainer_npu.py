@@ -1,12 +1,15 @@
 """Hugging Face's Trainer on the npu as a user meets it: with the torch_npu
 compatibility package, TrainingArguments() picks npu:0 by itself; a tiny
-Llama trains a few steps in float32 with the default optimizer, its losses
-judged against the same run on the CPU and in float64 (npubridge's error
-model: never a fixed tolerance against the CPU's float32); a checkpoint is
-saved and training resumed from it reproduces the uninterrupted run,
-dropout included (the npu's RNG state travels through torch.npu.random);
-bf16=True trains under the npu's autocast."""
+Llama trains 10 steps in float32 with the default optimizer
+(AdamW(fused=True), gradient clipping), its losses judged against the same
+run on the CPU and in float64 (npubridge's error model: never a fixed
+tolerance against the CPU's float32); a checkpoint is saved and training
+resumed from it reproduces the uninterrupted run, dropout included (the
+npu's RNG state travels through torch.npu.random); bf16=True trains under
+the npu's autocast. Neither run sends an op to the CPU fallback."""
 import torch
+
+import npubridge
 
 from conftest import assert_judged, import_torch_npu_compat
 
@@ -14,7 +17,7 @@ import_torch_npu_compat()  # before transformers, which decides at import
 
 import transformers  # noqa: E402
 
-STEPS = 4
+STEPS = 10
 VOCAB = 64
 
 
@@ -36,6 +39,10 @@ def _model(dtype=torch.float32, dropout=0.0):
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
                                    attention_dropout=dropout)
     return transformers.LlamaForCausalLM(cfg).to(dtype)
+
+
+def _fallbacks():
+    return {op: s["fallbacks"] for op, s in npubridge.stats().items() if s["fallbacks"]}
 
 
 def test_training_arguments_choose_the_npu():
@@ -70,7 +77,10 @@ def _run(out_dir, model, use_cpu, max_steps=STEPS, resume=None, **overrides):
 
 
 def test_fp32_trainer_run_matches_the_cpu(tmp_path):
+    npubridge.reset_stats()
     npu_trainer, npu_losses = _run(tmp_path / "npu", _model(), use_cpu=False)
+    assert _fallbacks() == {}, "ops the default Trainer step sent to the CPU"
+    assert npubridge.stats()["aten::_fused_adamw_"]["calls"] >= STEPS
     assert npu_trainer.args.device.type == "npu"
     assert next(npu_trainer.model.parameters()).device.type == "npu"
     cpu_trainer, cpu_losses = _run(tmp_path / "cpu", _model(), use_cpu=True)
@@ -91,12 +101,13 @@ def test_checkpoint_resume_reproduces_the_run(tmp_path):
     # Attention dropout draws from the npu's generator: resuming reproduces
     # the uninterrupted run's losses only if the checkpoint's npu RNG state
     # (torch.npu.random.get_rng_state) is restored.
-    full, full_losses = _run(tmp_path / "full", _model(dropout=0.3), use_cpu=False)
+    full, full_losses = _run(tmp_path / "full", _model(dropout=0.3), use_cpu=False, max_steps=4)
     ckpt = tmp_path / "full" / "checkpoint-2"
     rng = torch.load(ckpt / "rng_state.pth", weights_only=False)
     assert "npu" in rng and rng["npu"].dtype == torch.uint8
-    resumed, resumed_losses = _run(tmp_path / "full", _model(dropout=0.3), use_cpu=False, resume=str(ckpt))
-    assert len(resumed_losses) == STEPS - 2
+    resumed, resumed_losses = _run(tmp_path / "full", _model(dropout=0.3), use_cpu=False, max_steps=4,
+                                   resume=str(ckpt))
+    assert len(resumed_losses) == 4 - 2
     assert torch.equal(resumed_losses, full_losses[2:])
     for (name, a), (_, b) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
         assert torch.equal(a.detach().cpu(), b.detach().cpu()), name
@@ -127,7 +138,9 @@ def test_bf16_trainer_run_on_the_npu(tmp_path):
     # torch.autocast("npu", bfloat16), CUDA's policy (test_autocast.py);
     # attention used to fail here ("Expected query, key, and value to have
     # the same dtype").
+    npubridge.reset_stats()
     trainer, losses = _run(tmp_path, _model(), use_cpu=False, bf16=True, save_strategy="no")
+    assert _fallbacks() == {}, "ops the bf16 Trainer step sent to the CPU"
     assert trainer.args.device.type == "npu" and trainer.args.bf16
     params = list(trainer.model.parameters())
     assert all(p.device.type == "npu" and p.dtype == torch.float32 for p in params)  # master weights stay float32
