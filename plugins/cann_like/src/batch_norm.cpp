@@ -1,0 +1,391 @@
+// BatchNorm: aten::native_batch_norm (training and eval) and its backward,
+// and the _native_batch_norm_legit forms that torch.compile and export
+// trace (with statistics, .no_stats, _no_training). The input is read as
+// (N, C, *) through its strides, so contiguous and channels_last tensors
+// (and any other layout) are served where they are; the per-channel
+// statistics reduce in double, the elementwise parts compute in the
+// input's compute type (float32 for the half types), as ATen's CPU kernel
+// (Normalization.cpp, cpu/batch_norm_kernel.cpp) does.
+#include "common.h"
+#include "ops.h"
+
+#include <cmath>
+#include <limits>
+
+namespace cann_like {
+
+namespace {
+
+// Note [BatchNorm writes the running statistics in place]
+// native_batch_norm updates running_mean and running_var in training, but
+// its schema marks neither as written (Note [native_batch_norm writes what
+// its schema hides] in python_ext/csrc/aten/fallback.cpp), and the
+// dispatcher copies back only what a schema marks when it stages a tensor
+// (a dtype conversion, a contiguous copy). So these kernels take every
+// floating dtype natively, the statistics in any floating dtype
+// (mixed_dtypes, checked here by ATen's rule) and any layout (no
+// contiguous_only): the dispatcher never stages a call, and the writes
+// land in the caller's tensors. A 1-D statistic is written through its own
+// stride. _native_batch_norm_legit, whose schema marks the writes, shares
+// the body.
+
+// Byte offsets of the elements of channel 0 of an (N, C, *) tensor, in
+// (n, *) row-major order; channel c's are these plus c * stride(1).
+std::vector<int64_t> plane_offsets(const TensorRef& t) {
+  const int64_t es = dt_size(dt_of(t.dtype()));
+  std::vector<int64_t> offs{0};
+  for (int32_t d = 0; d < t.dim(); ++d) {
+    if (d == 1) continue;
+    std::vector<int64_t> next;
+    next.reserve(offs.size() * static_cast<size_t>(t.size(d)));
+    for (int64_t o : offs)
+      for (int64_t i = 0; i < t.size(d); ++i) next.push_back(o + i * t.stride(d) * es);
+    offs.swap(next);
+  }
+  return offs;
+}
+
+// A per-channel vector (weight, statistics): element c through its stride.
+struct ChannelVector {
+  const TensorRef* t = nullptr;
+  DT dt = DT::f32;
+  bool defined() const { return t != nullptr && t->defined(); }
+  double at(int64_t c, double absent) const {
+    if (!defined()) return absent;
+    return load<double>(t->data<char>() + c * t->stride(0) * dt_size(dt), dt);
+  }
+  void set(int64_t c, double v) const {
+    store<double>(t->data<char>() + c * t->stride(0) * dt_size(dt), dt, v);
+  }
+};
+
+std::string dims_str(const TensorRef& t) {
+  return std::to_string(t.dim()) + "-dim tensor of shape " + shape_str(t.sizes());
+}
+
+void check_input(const Call& call, const TensorRef& x, const char* name) {
+  if (x.dim() < 2)
+    call.fail(
+        NPUB_ERR_INVALID_ARGUMENT,
+        std::string(name) + ": expected an (N, C, *) tensor of at least 2 dims but found a " + dims_str(x));
+}
+
+void check_channels(const Call& call, const TensorRef& p, int64_t channels, const char* name) {
+  if (p.defined() && (p.dim() != 1 || p.size(0) != channels))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + ": expected a 1-dim tensor of " +
+                                             std::to_string(channels) +
+                                             " elements (the input's channels) but found a " + dims_str(p));
+}
+
+// ATen's CPU dtype rule for BatchNorm's per-channel tensors (its
+// checkMixedDataTypes): all of the input's dtype, or, for a float16 or
+// bfloat16 input, all float32 ("mixed"), decided by the first one given.
+// Returns the dtype of the per-channel results (save_mean, save_invstd,
+// grad_weight, grad_bias).
+DT param_dtype(const Call& call, DT input,
+               std::initializer_list<std::pair<const TensorRef*, const char*>> params) {
+  DT first = DT::unknown;
+  for (const auto& [p, name] : params)
+    if (p->defined()) {
+      first = dt_of(p->dtype());
+      break;
+    }
+  if (first == DT::unknown || first == input) {
+    for (const auto& [p, name] : params)
+      if (p->defined() && dt_of(p->dtype()) != input)
+        call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + ": expected scalar type " + dt_name(input) +
+                                                 " (the input's) but found " + dt_name(dt_of(p->dtype())));
+    return input;
+  }
+  if (input != DT::f16 && input != DT::bf16)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string("mixed dtype (CPU): all inputs must share same datatype: the input is ") +
+                  dt_name(input) + ", a per-channel argument " + dt_name(first));
+  for (const auto& [p, name] : params)
+    if (p->defined() && dt_of(p->dtype()) != DT::f32)
+      call.fail(NPUB_ERR_INVALID_ARGUMENT,
+                std::string("mixed dtype (CPU): expect parameter to have scalar type of Float: ") + name +
+                    " is " + dt_name(dt_of(p->dtype())) + " with a " + dt_name(input) + " input");
+  return DT::f32;
+}
+
+// ATen's InvStd: 1 / sqrt(var + eps), 0 when both are 0.
+double inv_std(double var, double eps) { return (var == 0 && eps == 0) ? 0.0 : 1.0 / std::sqrt(var + eps); }
+
+struct ForwardArgs {
+  TensorRef input, weight, bias, running_mean, running_var;
+  bool training = true;
+  double momentum = 0, eps = 0;
+};
+
+template <DT D>
+void normalize(Call& call, const ForwardArgs& a, int64_t channels, DT pd, const TensorRef& y,
+               const TensorRef& save_mean, const TensorRef& save_invstd) {
+  using Op = typename ComputeOf<D>::type;
+  constexpr int64_t es = D == DT::f64 ? 8 : D == DT::f32 ? 4 : 2;
+  const std::vector<int64_t> xo = plane_offsets(a.input), yo = plane_offsets(y);
+  const int64_t m = static_cast<int64_t>(xo.size());
+  const ChannelVector w{&a.weight, a.weight.defined() ? dt_of(a.weight.dtype()) : pd};
+  const ChannelVector b{&a.bias, a.bias.defined() ? dt_of(a.bias.dtype()) : pd};
+  const ChannelVector rm{&a.running_mean, a.running_mean.defined() ? dt_of(a.running_mean.dtype()) : pd};
+  const ChannelVector rv{&a.running_var, a.running_var.defined() ? dt_of(a.running_var.dtype()) : pd};
+  const ChannelVector sm{&save_mean, pd}, si{&save_invstd, pd};
+  const char* xb = a.input.data<char>();
+  char* yb = y.data<char>();
+  const int64_t xcs = a.input.stride(1) * es, ycs = y.stride(1) * es;
+  call.parallel_for(0, channels, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const char* xc = xb + c * xcs;
+      char* yc = yb + c * ycs;
+      double mean, invstd;
+      if (a.training) {
+        // Two passes in double: the variance of a large-mean channel keeps
+        // its digits (a one-pass sum of squares would cancel them away).
+        double sum = 0;
+        for (int64_t k = 0; k < m; ++k) sum += load<double>(xc + xo[static_cast<size_t>(k)], D);
+        mean = sum / static_cast<double>(m);
+        double var_sum = 0;
+        for (int64_t k = 0; k < m; ++k) {
+          const double t = load<double>(xc + xo[static_cast<size_t>(k)], D) - mean;
+          var_sum += t * t;
+        }
+        invstd = inv_std(var_sum / static_cast<double>(m), a.eps);
+        sm.set(c, mean);
+        si.set(c, invstd);
+        if (rm.defined()) rm.set(c, a.momentum * mean + (1 - a.momentum) * rm.at(c, 0));
+        if (rv.defined())
+          rv.set(c, a.momentum * (var_sum / static_cast<double>(m - 1)) + (1 - a.momentum) * rv.at(c, 1));
+      } else {
+        mean = rm.at(c, 0);
+        invstd = 1.0 / std::sqrt(rv.at(c, 1) + a.eps);
+      }
+      // (x - mean) * invstd * w + b, not x * alpha + beta: that form
+      // cancels |mean| * invstd * w against the bias for large-mean inputs.
+      const Op mean_o = static_cast<Op>(mean), scale = static_cast<Op>(invstd * w.at(c, 1.0)),
+               shift = static_cast<Op>(b.at(c, 0.0));
+      for (int64_t k = 0; k < m; ++k) {
+        const Op v = load<Op>(xc + xo[static_cast<size_t>(k)], D);
+        store<Op>(yc + yo[static_cast<size_t>(k)], D, (v - mean_o) * scale + shift);
+      }
+    }
+  });
+}
+
+void batch_norm_forward(Call& call, const ForwardArgs& a) {
+  const TensorRef& x = a.input;
+  check_input(call, x, "input");
+  const int64_t channels = x.size(1);
+  check_channels(call, a.weight, channels, "weight");
+  check_channels(call, a.bias, channels, "bias");
+  check_channels(call, a.running_mean, channels, "running_mean");
+  check_channels(call, a.running_var, channels, "running_var");
+  const DT d = dt_of(x.dtype());
+  const DT pd = param_dtype(call, d,
+                            {{&a.weight, "weight"},
+                             {&a.bias, "bias"},
+                             {&a.running_mean, "running_mean"},
+                             {&a.running_var, "running_var"}});
+  if (!a.training && (!a.running_mean.defined() || !a.running_var.defined()))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string(a.running_mean.defined() ? "running_var" : "running_mean") +
+                  " must be defined in evaluation mode");
+  if (a.training && x.numel() == 0)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "input tensor must have at least one element, but got input_sizes = " + shape_str(x.sizes()));
+  TensorRef y = call.output(0, x.sizes(), x.dtype());
+  const int64_t stat = a.training ? channels : 0;  // eval returns empty statistics, as ATen
+  TensorRef save_mean = call.output(1, {stat}, to_dl(pd));
+  TensorRef save_invstd = call.output(2, {stat}, to_dl(pd));
+  if (call.is_meta() || x.numel() == 0) return;
+  switch (d) {
+    case DT::f32:
+      return normalize<DT::f32>(call, a, channels, pd, y, save_mean, save_invstd);
+    case DT::f64:
+      return normalize<DT::f64>(call, a, channels, pd, y, save_mean, save_invstd);
+    case DT::f16:
+      return normalize<DT::f16>(call, a, channels, pd, y, save_mean, save_invstd);
+    case DT::bf16:
+      return normalize<DT::bf16>(call, a, channels, pd, y, save_mean, save_invstd);
+    default:
+      call.fail(NPUB_ERR_UNSUPPORTED,
+                std::string("input: expected a floating dtype but found ") + dt_name(d));
+  }
+}
+
+// aten::native_batch_norm(input, weight?, bias?, running_mean?, running_var?, training, momentum, eps)
+//   -> (out, save_mean, save_invstd); also _native_batch_norm_legit (running stats Tensor(a!)).
+void native_batch_norm(Call& call) {
+  ForwardArgs a{call.tensor(0),          call.optional_tensor(1), call.optional_tensor(2),
+                call.optional_tensor(3), call.optional_tensor(4), call.bool_arg(5),
+                call.double_arg(6),      call.double_arg(7)};
+  batch_norm_forward(call, a);
+}
+
+// aten::_native_batch_norm_legit.no_stats(input, weight?, bias?, training, momentum, eps)
+void batch_norm_no_stats(Call& call) {
+  ForwardArgs a{call.tensor(0), call.optional_tensor(1), call.optional_tensor(2), TensorRef(),
+                TensorRef(),    call.bool_arg(3),        call.double_arg(4),      call.double_arg(5)};
+  batch_norm_forward(call, a);
+}
+
+// aten::_native_batch_norm_legit_no_training(input, weight?, bias?, running_mean, running_var, momentum, eps)
+void batch_norm_no_training(Call& call) {
+  ForwardArgs a{call.tensor(0),     call.optional_tensor(1), call.optional_tensor(2),
+                call.tensor(3),     call.tensor(4),          false,
+                call.double_arg(5), call.double_arg(6)};
+  batch_norm_forward(call, a);
+}
+
+struct BackwardArgs {
+  TensorRef grad_out, input, weight, running_mean, running_var, save_mean, save_invstd;
+  bool train = true;
+  double eps = 0;
+  bool mask[3] = {true, true, true};
+};
+
+template <DT D>
+void batch_norm_grads(Call& call, const BackwardArgs& a, int64_t channels, DT pd, const TensorRef& gi,
+                      const TensorRef& gw, const TensorRef& gb) {
+  using Op = typename ComputeOf<D>::type;
+  constexpr int64_t es = D == DT::f64 ? 8 : D == DT::f32 ? 4 : 2;
+  const std::vector<int64_t> xo = plane_offsets(a.input), go = plane_offsets(a.grad_out);
+  const std::vector<int64_t> io = gi.defined() ? plane_offsets(gi) : std::vector<int64_t>();
+  const int64_t m = static_cast<int64_t>(xo.size());
+  auto vec = [&](const TensorRef& t) { return ChannelVector{&t, t.defined() ? dt_of(t.dtype()) : pd}; };
+  const ChannelVector w = vec(a.weight), rm = vec(a.running_mean), rv = vec(a.running_var),
+                      sm = vec(a.save_mean), si = vec(a.save_invstd), gwv{&gw, pd}, gbv{&gb, pd};
+  const char* xb = a.input.data<char>();
+  const char* gob = a.grad_out.data<char>();
+  char* gib = gi.defined() ? gi.data<char>() : nullptr;
+  const int64_t xcs = a.input.stride(1) * es, gocs = a.grad_out.stride(1) * es,
+                gics = gi.defined() ? gi.stride(1) * es : 0;
+  call.parallel_for(0, channels, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const char* xc = xb + c * xcs;
+      const char* gc = gob + c * gocs;
+      const double mean = a.train ? sm.at(c, 0) : rm.at(c, 0);
+      const double invstd = a.train ? si.at(c, 1) : 1.0 / std::sqrt(rv.at(c, 1) + a.eps);
+      double sum = 0, dotp = 0;  // sum dy, sum (x - mean) dy
+      for (int64_t k = 0; k < m; ++k) {
+        const double dy = load<double>(gc + go[static_cast<size_t>(k)], D);
+        sum += dy;
+        dotp += (load<double>(xc + xo[static_cast<size_t>(k)], D) - mean) * dy;
+      }
+      if (gib != nullptr) {
+        char* ic = gib + c * gics;
+        const double wc = w.at(c, 1.0);
+        if (a.train) {
+          // dx = (dy - mean(dy) - (x - mean) * dotp * invstd^2 / m) * invstd * w
+          const Op mean_o = static_cast<Op>(mean), k_o = static_cast<Op>(dotp * invstd * invstd / m),
+                   grad_mean = static_cast<Op>(sum / m), scale = static_cast<Op>(invstd * wc);
+          for (int64_t k = 0; k < m; ++k) {
+            const Op x = load<Op>(xc + xo[static_cast<size_t>(k)], D);
+            const Op dy = load<Op>(gc + go[static_cast<size_t>(k)], D);
+            store<Op>(ic + io[static_cast<size_t>(k)], D, (dy - grad_mean - (x - mean_o) * k_o) * scale);
+          }
+        } else {
+          const Op scale = static_cast<Op>(invstd * wc);
+          for (int64_t k = 0; k < m; ++k)
+            store<Op>(ic + io[static_cast<size_t>(k)], D,
+                      load<Op>(gc + go[static_cast<size_t>(k)], D) * scale);
+        }
+      }
+      if (gw.defined()) gwv.set(c, dotp * invstd);
+      if (gb.defined()) gbv.set(c, sum);
+    }
+  });
+}
+
+// aten::native_batch_norm_backward(grad_out, input, weight?, running_mean?, running_var?, save_mean?,
+//     save_invstd?, train, eps, bool[3] output_mask) -> (grad_input, grad_weight, grad_bias)
+void native_batch_norm_backward(Call& call) {
+  BackwardArgs a{call.tensor(0),          call.tensor(1),          call.optional_tensor(2),
+                 call.optional_tensor(3), call.optional_tensor(4), call.optional_tensor(5),
+                 call.optional_tensor(6), call.bool_arg(7),        call.double_arg(8)};
+  const auto mask = call.int_list(9);
+  if (mask.size() != 3)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "output_mask: expected 3 values but found " + std::to_string(mask.size()));
+  for (size_t i = 0; i < 3; ++i) a.mask[i] = mask[i] != 0;
+  const TensorRef& x = a.input;
+  check_input(call, x, "input");
+  if (a.grad_out.sizes() != x.sizes())
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "grad_out: expected the input's shape " + shape_str(x.sizes()) +
+                                             " but found " + shape_str(a.grad_out.sizes()));
+  const DT d = dt_of(x.dtype());
+  if (dt_of(a.grad_out.dtype()) != d)
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("grad_out: expected the input's dtype ") + dt_name(d) +
+                                             " but found " + dt_name(dt_of(a.grad_out.dtype())));
+  const int64_t channels = x.size(1);
+  check_channels(call, a.weight, channels, "weight");
+  check_channels(call, a.running_mean, channels, "running_mean");
+  check_channels(call, a.running_var, channels, "running_var");
+  check_channels(call, a.save_mean, channels, a.train ? "save_mean" : "save_mean (given in eval)");
+  check_channels(call, a.save_invstd, channels, a.train ? "save_invstd" : "save_invstd (given in eval)");
+  const DT pd = param_dtype(call, d,
+                            {{&a.weight, "weight"},
+                             {&a.running_mean, "running_mean"},
+                             {&a.running_var, "running_var"},
+                             {&a.save_mean, "save_mean"},
+                             {&a.save_invstd, "save_invstd"}});
+  if (a.train && (!a.save_mean.defined() || !a.save_invstd.defined()))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "save_mean and save_invstd: expected both in training (train=True)");
+  if (!a.train && (!a.running_mean.defined() || !a.running_var.defined()))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "running_mean and running_var: expected both in evaluation (train=False)");
+  TensorRef gi, gw, gb;
+  if (a.mask[0]) gi = call.output(0, x.sizes(), x.dtype());
+  if (a.mask[1]) gw = call.output(1, {channels}, to_dl(pd));
+  if (a.mask[2]) gb = call.output(2, {channels}, to_dl(pd));
+  if (call.is_meta() || (!a.mask[0] && !a.mask[1] && !a.mask[2])) return;
+  switch (d) {
+    case DT::f32:
+      return batch_norm_grads<DT::f32>(call, a, channels, pd, gi, gw, gb);
+    case DT::f64:
+      return batch_norm_grads<DT::f64>(call, a, channels, pd, gi, gw, gb);
+    case DT::f16:
+      return batch_norm_grads<DT::f16>(call, a, channels, pd, gi, gw, gb);
+    case DT::bf16:
+      return batch_norm_grads<DT::bf16>(call, a, channels, pd, gi, gw, gb);
+    default:
+      call.fail(NPUB_ERR_UNSUPPORTED,
+                std::string("input: expected a floating dtype but found ") + dt_name(d));
+  }
+}
+
+}  // namespace
+
+void register_batch_norm(npub::sdk::Registrar& r) {
+  // Note [BatchNorm writes the running statistics in place]: native dtypes,
+  // mixed per-channel dtypes, any layout, so no call is ever staged.
+  const auto floating = dtypes_floating();
+  r.op("aten::native_batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? "
+       "running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)",
+       &native_batch_norm)
+      .dtypes(floating)
+      .mixed_dtypes();
+  r.op("aten::_native_batch_norm_legit(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, "
+       "Tensor(b!) running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)",
+       &native_batch_norm)
+      .dtypes(floating)
+      .mixed_dtypes();
+  r.op("aten::_native_batch_norm_legit.no_stats(Tensor input, Tensor? weight, Tensor? bias, bool training, "
+       "float momentum, float eps) -> (Tensor, Tensor, Tensor)",
+       &batch_norm_no_stats)
+      .dtypes(floating)
+      .mixed_dtypes();
+  r.op("aten::_native_batch_norm_legit_no_training(Tensor input, Tensor? weight, Tensor? bias, Tensor "
+       "running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)",
+       &batch_norm_no_training)
+      .dtypes(floating)
+      .mixed_dtypes();
+  r.op("aten::native_batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor? "
+       "running_mean, "
+       "Tensor? running_var, Tensor? save_mean, Tensor? save_invstd, bool train, float eps, bool[3] "
+       "output_mask) -> (Tensor, Tensor, Tensor)",
+       &native_batch_norm_backward)
+      .dtypes(floating)
+      .mixed_dtypes();
+}
+
+}  // namespace cann_like
