@@ -2,10 +2,11 @@
 // and the _native_batch_norm_legit forms that torch.compile and export
 // trace (with statistics, .no_stats, _no_training). The input is read as
 // (N, C, *) through its strides, so contiguous and channels_last tensors
-// (and any other layout) are served where they are; the per-channel
-// statistics reduce in double, the elementwise parts compute in the
-// input's compute type (float32 for the half types), as ATen's CPU kernel
-// (Normalization.cpp, cpu/batch_norm_kernel.cpp) does.
+// (and any other layout) are served where they are. ATen's CPU kernel
+// (Normalization.cpp, cpu/batch_norm_kernel.cpp) reduces the statistics in
+// double (float for the half types) and computes the elementwise parts in
+// float as x * alpha + beta; here both are in double, rounded once to the
+// result's dtype, so a large-mean channel keeps its digits.
 #include "common.h"
 #include "ops.h"
 
@@ -121,7 +122,7 @@ struct ForwardArgs {
 template <DT D>
 void normalize(Call& call, const ForwardArgs& a, int64_t channels, DT pd, const TensorRef& y,
                const TensorRef& save_mean, const TensorRef& save_invstd) {
-  using Op = typename ComputeOf<D>::type;
+  using Op = double;
   constexpr int64_t es = D == DT::f64 ? 8 : D == DT::f32 ? 4 : 2;
   const std::vector<int64_t> xo = plane_offsets(a.input), yo = plane_offsets(y);
   const int64_t m = static_cast<int64_t>(xo.size());
@@ -246,7 +247,7 @@ struct BackwardArgs {
 template <DT D>
 void batch_norm_grads(Call& call, const BackwardArgs& a, int64_t channels, DT pd, const TensorRef& gi,
                       const TensorRef& gw, const TensorRef& gb) {
-  using Op = typename ComputeOf<D>::type;
+  using Op = double;
   constexpr int64_t es = D == DT::f64 ? 8 : D == DT::f32 ? 4 : 2;
   const std::vector<int64_t> xo = plane_offsets(a.input), go = plane_offsets(a.grad_out);
   const std::vector<int64_t> io = gi.defined() ? plane_offsets(gi) : std::vector<int64_t>();
@@ -320,8 +321,12 @@ void native_batch_norm_backward(Call& call) {
   check_channels(call, a.weight, channels, "weight");
   check_channels(call, a.running_mean, channels, "running_mean");
   check_channels(call, a.running_var, channels, "running_var");
-  check_channels(call, a.save_mean, channels, a.train ? "save_mean" : "save_mean (given in eval)");
-  check_channels(call, a.save_invstd, channels, a.train ? "save_invstd" : "save_invstd (given in eval)");
+  if (!a.train) {  // not read in eval (autograd passes the forward's empty ones)
+    a.save_mean = TensorRef();
+    a.save_invstd = TensorRef();
+  }
+  check_channels(call, a.save_mean, channels, "save_mean");
+  check_channels(call, a.save_invstd, channels, "save_invstd");
   const DT pd = param_dtype(call, d,
                             {{&a.weight, "weight"},
                              {&a.running_mean, "running_mean"},
