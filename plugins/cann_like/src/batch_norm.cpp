@@ -64,11 +64,13 @@ std::string dims_str(const TensorRef& t) {
   return std::to_string(t.dim()) + "-dim tensor of shape " + shape_str(t.sizes());
 }
 
+// An IndexError, as ATen's (whose first read of dim 1 is out of range).
 void check_input(const Call& call, const TensorRef& x, const char* name) {
   if (x.dim() < 2)
-    call.fail(
-        NPUB_ERR_INVALID_ARGUMENT,
-        std::string(name) + ": expected an (N, C, *) tensor of at least 2 dims but found a " + dims_str(x));
+    call.fail(NPUB_ERR_INDEX,
+              std::string(name) + ": expected an (N, C, *) tensor of at least 2 dims but found a " +
+                  dims_str(x) + " (Dimension out of range (expected to be in range of [-1, 0], " +
+                  "but got 1))");
 }
 
 void check_channels(const Call& call, const TensorRef& p, int64_t channels, const char* name) {
