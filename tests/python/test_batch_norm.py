@@ -7,6 +7,8 @@ their initial values on npu. cann_like serves native_batch_norm and its
 backward (plugins/cann_like/src/batch_norm.cpp): no call falls back to the
 CPU, and the running statistics are written in the npu tensors
 (Note [BatchNorm writes the running statistics in place])."""
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -424,3 +426,31 @@ def test_native_batch_norm_bad_input_is_a_clear_error():
         torch.ops.aten.native_batch_norm_backward(torch.randn(4, 3, 4, device="npu"), x, None, None, None,
                                                   torch.zeros(3, device="npu"), torch.ones(3, device="npu"), True,
                                                   1e-5, [True, True, True])
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "npu"])
+def test_compiled_batch_norm_runs_on_the_plugin(backend):
+    # torch.compile traces _native_batch_norm_legit (training) and
+    # _native_batch_norm_legit_no_training (eval); export keeps
+    # batch_norm, which runs as native_batch_norm.
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    x = torch.randn(2, 3, 8, 8)
+    wide = copy.deepcopy(m).double()
+    npu = copy.deepcopy(m).npu()
+    f = torch.compile(npu, backend=backend)
+    npubridge.reset_stats()
+    f(x.npu()).sum().backward()
+    npu.eval()
+    y = f(x.npu())
+    stats = npubridge.stats()
+    for op in ("aten::_native_batch_norm_legit", "aten::native_batch_norm_backward",
+               "aten::_native_batch_norm_legit_no_training"):
+        assert stats[op]["native"].get("cann_like", 0) >= 1, (op, stats[op])
+    _no_fallbacks()
+    m(x).sum().backward()
+    wide(x.double()).sum().backward()
+    m.eval(), wide.eval()
+    assert_judged(npu[1].running_var, m[1].running_var, wide[1].running_var, "running_var")
+    assert_judged(npu[1].weight.grad, m[1].weight.grad, wide[1].weight.grad, "weight gradient")
+    assert_judged(y, m(x), wide(x.double()), "eval output")
