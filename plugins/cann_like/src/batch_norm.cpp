@@ -1,8 +1,9 @@
 // BatchNorm: aten::native_batch_norm (training and eval) and its backward,
 // and the _native_batch_norm_legit forms that torch.compile and export
-// trace (with statistics, .no_stats, _no_training). The input is read as
-// (N, C, *) through its strides, so contiguous and channels_last tensors
-// (and any other layout) are served where they are. ATen's CPU kernel
+// trace (with statistics, .no_stats, _no_training), on contiguous (N, C, *)
+// tensors (registered contiguous-only: the dispatcher stages channels_last
+// ones, which measured 3x faster than reading them in place channel by
+// channel). ATen's CPU kernel
 // (Normalization.cpp, cpu/batch_norm_kernel.cpp) reduces the statistics in
 // double (float for the half types) and computes the elementwise parts in
 // float as x * alpha + beta; here both are in double, rounded once to the
@@ -22,28 +23,29 @@ namespace {
 // its schema marks neither as written (Note [native_batch_norm writes what
 // its schema hides] in python_ext/csrc/aten/fallback.cpp), and the
 // dispatcher copies back only what a schema marks when it stages a tensor
-// (a dtype conversion, a contiguous copy). So these kernels take every
-// floating dtype natively, the statistics in any floating dtype
-// (mixed_dtypes, checked here by ATen's rule) and any layout (no
-// contiguous_only): the dispatcher never stages a call, and the writes
-// land in the caller's tensors. A 1-D statistic is written through its own
-// stride. _native_batch_norm_legit, whose schema marks the writes, shares
-// the body.
+// (a dtype conversion, a contiguous copy). So the kernels take every
+// floating dtype natively and the per-channel tensors in any floating
+// dtype (mixed_dtypes, checked here by ATen's rule): no dtype conversion
+// ever stages a call. Of the contiguous copies, those of the input and
+// grad_out are read-only; a non-contiguous running statistic (a strided
+// view) would be staged and its update lost, so native_batch_norm's
+// `supports` declines such calls, and the host's fallback serves them
+// (writing the statistics back). _native_batch_norm_legit, whose schema
+// marks the writes, shares the body and needs no such care.
 
-// Byte offsets of the elements of channel 0 of an (N, C, *) tensor, in
-// (n, *) row-major order; channel c's are these plus c * stride(1).
-std::vector<int64_t> plane_offsets(const TensorRef& t) {
-  const int64_t es = dt_size(dt_of(t.dtype()));
-  std::vector<int64_t> offs{0};
-  for (int32_t d = 0; d < t.dim(); ++d) {
-    if (d == 1) continue;
-    std::vector<int64_t> next;
-    next.reserve(offs.size() * static_cast<size_t>(t.size(d)));
-    for (int64_t o : offs)
-      for (int64_t i = 0; i < t.size(d); ++i) next.push_back(o + i * t.stride(d) * es);
-    offs.swap(next);
-  }
-  return offs;
+// A contiguous (N, C, *) tensor as N runs of `inner` elements per channel:
+// channel c's n-th run starts at element (n * C + c) * inner.
+struct Planes {
+  int64_t batch = 1, channels = 1, inner = 1;
+  int64_t count() const { return batch * inner; }  // values per channel
+  int64_t run(int64_t n, int64_t c) const { return (n * channels + c) * inner; }
+};
+Planes planes_of(const TensorRef& t) {
+  Planes p;
+  p.batch = t.size(0);
+  p.channels = t.size(1);
+  for (int32_t d = 2; d < t.dim(); ++d) p.inner *= t.size(d);
+  return p;
 }
 
 // A per-channel vector (weight, statistics): element c through its stride.
@@ -124,10 +126,9 @@ struct ForwardArgs {
 template <DT D>
 void normalize(Call& call, const ForwardArgs& a, int64_t channels, DT pd, const TensorRef& y,
                const TensorRef& save_mean, const TensorRef& save_invstd) {
-  using Op = double;
   constexpr int64_t es = D == DT::f64 ? 8 : D == DT::f32 ? 4 : 2;
-  const std::vector<int64_t> xo = plane_offsets(a.input), yo = plane_offsets(y);
-  const int64_t m = static_cast<int64_t>(xo.size());
+  const Planes pl = planes_of(a.input);
+  const int64_t m = pl.count(), len = pl.inner;
   const ChannelVector w{&a.weight, a.weight.defined() ? dt_of(a.weight.dtype()) : pd};
   const ChannelVector b{&a.bias, a.bias.defined() ? dt_of(a.bias.dtype()) : pd};
   const ChannelVector rm{&a.running_mean, a.running_mean.defined() ? dt_of(a.running_mean.dtype()) : pd};
@@ -135,22 +136,25 @@ void normalize(Call& call, const ForwardArgs& a, int64_t channels, DT pd, const 
   const ChannelVector sm{&save_mean, pd}, si{&save_invstd, pd};
   const char* xb = a.input.data<char>();
   char* yb = y.data<char>();
-  const int64_t xcs = a.input.stride(1) * es, ycs = y.stride(1) * es;
   call.parallel_for(0, channels, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      const char* xc = xb + c * xcs;
-      char* yc = yb + c * ycs;
       double mean, invstd;
       if (a.training) {
         // Two passes in double: the variance of a large-mean channel keeps
         // its digits (a one-pass sum of squares would cancel them away).
         double sum = 0;
-        for (int64_t k = 0; k < m; ++k) sum += load<double>(xc + xo[static_cast<size_t>(k)], D);
+        for (int64_t n = 0; n < pl.batch; ++n) {
+          const char* xr = xb + pl.run(n, c) * es;
+          for (int64_t i = 0; i < len; ++i) sum += load<double>(xr + i * es, D);
+        }
         mean = sum / static_cast<double>(m);
         double var_sum = 0;
-        for (int64_t k = 0; k < m; ++k) {
-          const double t = load<double>(xc + xo[static_cast<size_t>(k)], D) - mean;
-          var_sum += t * t;
+        for (int64_t n = 0; n < pl.batch; ++n) {
+          const char* xr = xb + pl.run(n, c) * es;
+          for (int64_t i = 0; i < len; ++i) {
+            const double t = load<double>(xr + i * es, D) - mean;
+            var_sum += t * t;
+          }
         }
         invstd = inv_std(var_sum / static_cast<double>(m), a.eps);
         sm.set(c, mean);
@@ -164,11 +168,12 @@ void normalize(Call& call, const ForwardArgs& a, int64_t channels, DT pd, const 
       }
       // (x - mean) * invstd * w + b, not x * alpha + beta: that form
       // cancels |mean| * invstd * w against the bias for large-mean inputs.
-      const Op mean_o = static_cast<Op>(mean), scale = static_cast<Op>(invstd * w.at(c, 1.0)),
-               shift = static_cast<Op>(b.at(c, 0.0));
-      for (int64_t k = 0; k < m; ++k) {
-        const Op v = load<Op>(xc + xo[static_cast<size_t>(k)], D);
-        store<Op>(yc + yo[static_cast<size_t>(k)], D, (v - mean_o) * scale + shift);
+      const double scale = invstd * w.at(c, 1.0), shift = b.at(c, 0.0);
+      for (int64_t n = 0; n < pl.batch; ++n) {
+        const char* xr = xb + pl.run(n, c) * es;
+        char* yr = yb + pl.run(n, c) * es;
+        for (int64_t i = 0; i < len; ++i)
+          store<double>(yr + i * es, D, (load<double>(xr + i * es, D) - mean) * scale + shift);
       }
     }
   });
@@ -249,48 +254,45 @@ struct BackwardArgs {
 template <DT D>
 void batch_norm_grads(Call& call, const BackwardArgs& a, int64_t channels, DT pd, const TensorRef& gi,
                       const TensorRef& gw, const TensorRef& gb) {
-  using Op = double;
   constexpr int64_t es = D == DT::f64 ? 8 : D == DT::f32 ? 4 : 2;
-  const std::vector<int64_t> xo = plane_offsets(a.input), go = plane_offsets(a.grad_out);
-  const std::vector<int64_t> io = gi.defined() ? plane_offsets(gi) : std::vector<int64_t>();
-  const int64_t m = static_cast<int64_t>(xo.size());
+  const Planes pl = planes_of(a.input);
+  const int64_t m = pl.count(), len = pl.inner;
   auto vec = [&](const TensorRef& t) { return ChannelVector{&t, t.defined() ? dt_of(t.dtype()) : pd}; };
   const ChannelVector w = vec(a.weight), rm = vec(a.running_mean), rv = vec(a.running_var),
                       sm = vec(a.save_mean), si = vec(a.save_invstd), gwv{&gw, pd}, gbv{&gb, pd};
   const char* xb = a.input.data<char>();
   const char* gob = a.grad_out.data<char>();
   char* gib = gi.defined() ? gi.data<char>() : nullptr;
-  const int64_t xcs = a.input.stride(1) * es, gocs = a.grad_out.stride(1) * es,
-                gics = gi.defined() ? gi.stride(1) * es : 0;
   call.parallel_for(0, channels, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
-      const char* xc = xb + c * xcs;
-      const char* gc = gob + c * gocs;
       const double mean = a.train ? sm.at(c, 0) : rm.at(c, 0);
       const double invstd = a.train ? si.at(c, 1) : 1.0 / std::sqrt(rv.at(c, 1) + a.eps);
       double sum = 0, dotp = 0;  // sum dy, sum (x - mean) dy
-      for (int64_t k = 0; k < m; ++k) {
-        const double dy = load<double>(gc + go[static_cast<size_t>(k)], D);
-        sum += dy;
-        dotp += (load<double>(xc + xo[static_cast<size_t>(k)], D) - mean) * dy;
+      for (int64_t n = 0; n < pl.batch; ++n) {
+        const char* xr = xb + pl.run(n, c) * es;
+        const char* gr = gob + pl.run(n, c) * es;
+        for (int64_t i = 0; i < len; ++i) {
+          const double dy = load<double>(gr + i * es, D);
+          sum += dy;
+          dotp += (load<double>(xr + i * es, D) - mean) * dy;
+        }
       }
       if (gib != nullptr) {
-        char* ic = gib + c * gics;
-        const double wc = w.at(c, 1.0);
-        if (a.train) {
-          // dx = (dy - mean(dy) - (x - mean) * dotp * invstd^2 / m) * invstd * w
-          const Op mean_o = static_cast<Op>(mean), k_o = static_cast<Op>(dotp * invstd * invstd / m),
-                   grad_mean = static_cast<Op>(sum / m), scale = static_cast<Op>(invstd * wc);
-          for (int64_t k = 0; k < m; ++k) {
-            const Op x = load<Op>(xc + xo[static_cast<size_t>(k)], D);
-            const Op dy = load<Op>(gc + go[static_cast<size_t>(k)], D);
-            store<Op>(ic + io[static_cast<size_t>(k)], D, (dy - grad_mean - (x - mean_o) * k_o) * scale);
+        const double wc = w.at(c, 1.0), scale = invstd * wc;
+        // train: dx = (dy - mean(dy) - (x - mean) * dotp * invstd^2 / m) * invstd * w;
+        // eval: dx = dy * invstd * w.
+        const double k = a.train ? dotp * invstd * invstd / static_cast<double>(m) : 0,
+                     grad_mean = a.train ? sum / static_cast<double>(m) : 0;
+        for (int64_t n = 0; n < pl.batch; ++n) {
+          const char* xr = xb + pl.run(n, c) * es;
+          const char* gr = gob + pl.run(n, c) * es;
+          char* ir = gib + pl.run(n, c) * es;
+          for (int64_t i = 0; i < len; ++i) {
+            const double dy = load<double>(gr + i * es, D);
+            const double v =
+                a.train ? (dy - grad_mean - (load<double>(xr + i * es, D) - mean) * k) * scale : dy * scale;
+            store<double>(ir + i * es, D, v);
           }
-        } else {
-          const Op scale = static_cast<Op>(invstd * wc);
-          for (int64_t k = 0; k < m; ++k)
-            store<Op>(ic + io[static_cast<size_t>(k)], D,
-                      load<Op>(gc + go[static_cast<size_t>(k)], D) * scale);
         }
       }
       if (gw.defined()) gwv.set(c, dotp * invstd);
@@ -360,39 +362,57 @@ void native_batch_norm_backward(Call& call) {
   }
 }
 
+// native_batch_norm's running statistics, when given, are contiguous
+// (Note [BatchNorm writes the running statistics in place]).
+int32_t running_stats_contiguous(void*, const NpubValue* args, int32_t num_args) {
+  for (int32_t i = 3; i <= 4 && i < num_args; ++i) {
+    if (args[i].tag != NPUB_VALUE_TENSOR) continue;
+    const DLTensor* t = args[i].u.tensor;
+    if (t->ndim == 1 && t->shape[0] > 1 && t->strides != nullptr && t->strides[0] != 1) return 0;
+  }
+  return 1;
+}
+
 }  // namespace
 
 void register_batch_norm(npub::sdk::Registrar& r) {
-  // Note [BatchNorm writes the running statistics in place]: native dtypes,
-  // mixed per-channel dtypes, any layout, so no call is ever staged.
+  // Note [BatchNorm writes the running statistics in place]: native dtypes
+  // and mixed per-channel dtypes (no conversion), contiguous-only with
+  // contiguous running statistics.
   const auto floating = dtypes_floating();
   r.op("aten::native_batch_norm(Tensor input, Tensor? weight, Tensor? bias, Tensor? running_mean, Tensor? "
        "running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)",
        &native_batch_norm)
       .dtypes(floating)
-      .mixed_dtypes();
+      .mixed_dtypes()
+      .contiguous_only()
+      .supports(&running_stats_contiguous);
   r.op("aten::_native_batch_norm_legit(Tensor input, Tensor? weight, Tensor? bias, Tensor(a!) running_mean, "
        "Tensor(b!) running_var, bool training, float momentum, float eps) -> (Tensor, Tensor, Tensor)",
        &native_batch_norm)
       .dtypes(floating)
-      .mixed_dtypes();
+      .mixed_dtypes()
+      .contiguous_only();
   r.op("aten::_native_batch_norm_legit.no_stats(Tensor input, Tensor? weight, Tensor? bias, bool training, "
        "float momentum, float eps) -> (Tensor, Tensor, Tensor)",
        &batch_norm_no_stats)
       .dtypes(floating)
-      .mixed_dtypes();
+      .mixed_dtypes()
+      .contiguous_only();
   r.op("aten::_native_batch_norm_legit_no_training(Tensor input, Tensor? weight, Tensor? bias, Tensor "
        "running_mean, Tensor running_var, float momentum, float eps) -> (Tensor, Tensor, Tensor)",
        &batch_norm_no_training)
       .dtypes(floating)
-      .mixed_dtypes();
+      .mixed_dtypes()
+      .contiguous_only();
   r.op("aten::native_batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, Tensor? "
        "running_mean, "
        "Tensor? running_var, Tensor? save_mean, Tensor? save_invstd, bool train, float eps, bool[3] "
        "output_mask) -> (Tensor, Tensor, Tensor)",
        &native_batch_norm_backward)
       .dtypes(floating)
-      .mixed_dtypes();
+      .mixed_dtypes()
+      .contiguous_only();
 }
 
 }  // namespace cann_like
