@@ -454,3 +454,19 @@ def test_compiled_batch_norm_runs_on_the_plugin(backend):
     assert_judged(npu[1].running_var, m[1].running_var, wide[1].running_var, "running_var")
     assert_judged(npu[1].weight.grad, m[1].weight.grad, wide[1].weight.grad, "weight gradient")
     assert_judged(y, m(x), wide(x.double()), "eval output")
+
+
+def test_strided_running_stats_are_updated_through_the_fallback():
+    # A staged (contiguous) copy of a strided statistic would take the
+    # update the schema hides: such calls go to the host's fallback, which
+    # writes it back (Note [BatchNorm writes the running statistics in place]).
+    torch.manual_seed(0)
+    x = torch.randn(8, 3, 4)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    F.batch_norm(x, rm, rv, training=True, momentum=0.5)
+    store_m, store_v = torch.zeros(6, device="npu"), torch.ones(6, device="npu")
+    npubridge.reset_stats()
+    F.batch_norm(x.npu(), store_m[::2], store_v[::2], training=True, momentum=0.5)
+    assert npubridge.stats()["aten::native_batch_norm"]["fallbacks"] == 1
+    assert torch.equal(store_m[::2].cpu(), rm) and torch.equal(store_v[::2].cpu(), rv)
+    assert torch.equal(store_m[1::2].cpu(), torch.zeros(3)) and torch.equal(store_v[1::2].cpu(), torch.ones(3))
