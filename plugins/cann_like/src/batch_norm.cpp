@@ -1,9 +1,9 @@
 // BatchNorm: aten::native_batch_norm (training and eval) and its backward,
 // and the _native_batch_norm_legit forms that torch.compile and export
 // trace (with statistics, .no_stats, _no_training), on contiguous (N, C, *)
-// tensors (registered contiguous-only: the dispatcher stages channels_last
-// ones, which measured 3x faster than reading them in place channel by
-// channel). ATen's CPU kernel
+// tensors: registered contiguous-only, as the dispatcher's staging copy of
+// a channels_last input beat reading it in place channel by channel (the
+// figures are in the commit that chose it). ATen's CPU kernel
 // (Normalization.cpp, cpu/batch_norm_kernel.cpp) reduces the statistics in
 // double (float for the half types) and computes the elementwise parts in
 // float as x * alpha + beta; here both are in double, rounded once to the
@@ -12,7 +12,6 @@
 #include "ops.h"
 
 #include <cmath>
-#include <limits>
 
 namespace cann_like {
 
