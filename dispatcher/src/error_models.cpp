@@ -221,6 +221,15 @@ std::map<std::string, ErrorModel> build() {
   m["aten::native_layer_norm"] = accumulated(Magnitude::kScale, normalized("input", "normalized_shape"));
   m["aten::native_layer_norm_backward"] =
       accumulated(Magnitude::kScale, normalized("input", "normalized_shape"));
+  // BatchNorm: sums over N * (spatial) values per channel, and the
+  // differences x - mean bounded by the scale of the values.
+  auto per_channel = [](const CallArgs& a) {
+    return a.numel("input") / std::max<int64_t>(a.size("input", 1), 1) + 1;
+  };
+  for (const char* op : {"aten::native_batch_norm", "aten::_native_batch_norm_legit",
+                         "aten::_native_batch_norm_legit.no_stats",
+                         "aten::_native_batch_norm_legit_no_training", "aten::native_batch_norm_backward"})
+    m[op] = accumulated(Magnitude::kScale, per_channel);
   auto rms = [](const CallArgs& a) {
     const int64_t n = std::max<int64_t>(a.numel("gamma"), 1);
     return std::max(n, a.numel("self") / n) + 1;

@@ -3,11 +3,23 @@ eval() output that uses them, against the same module on the CPU in float32
 (calibration) and float64 (reference), judged by the error model
 (conftest.assert_judged). Note [native_batch_norm writes what its schema
 hides] (python_ext/csrc/aten/fallback.cpp): the statistics used to stay at
-their initial values on npu."""
+their initial values on npu. cann_like serves native_batch_norm and its
+backward (plugins/cann_like/src/batch_norm.cpp): no call falls back to the
+CPU, and the running statistics are written in the npu tensors
+(Note [BatchNorm writes the running statistics in place])."""
+import copy
+
 import pytest
 import torch
+import torch.nn.functional as F
 
+import npubridge
 from conftest import assert_judged
+
+
+def _no_fallbacks():
+    fell = {op: s["fallbacks"] for op, s in npubridge.stats().items() if s["fallbacks"]}
+    assert not fell, fell
 
 
 def _train_then_eval(module, batches, device, dtype):
@@ -29,10 +41,13 @@ def test_running_stats_and_eval(make, shape):
     batches = [torch.randn(shape) * 3 + 1 for _ in range(3)]
     state = make().state_dict()
     outs = {}
+    npubridge.reset_stats()
     for device, dtype in (("npu", torch.float32), ("cpu", torch.float32), ("cpu", torch.float64)):
         m = make()
         m.load_state_dict(state)
         outs[device, dtype] = _train_then_eval(m, batches, device, dtype)
+    assert npubridge.stats()["aten::native_batch_norm"]["native"].get("cann_like") == len(batches) + 1
+    _no_fallbacks()
     (npu, y_npu), (host, y_host), (wide, y_wide) = outs["npu", torch.float32], outs["cpu", torch.float32], \
         outs["cpu", torch.float64]
     assert int(npu.num_batches_tracked.cpu()) == len(batches)
@@ -282,3 +297,190 @@ def test_batch_norm_update_stats_writes_the_running_stats():
     assert not torch.equal(rm, torch.zeros(3))
     for g, w in zip(got + (rm_npu, rv_npu), want + (rm, rv)):
         assert g.device.type == "npu" and torch.equal(g.cpu(), w)
+
+
+# native_batch_norm and its backward on cann_like's kernels, against the
+# CPU in the same dtypes and in float64: output, the gradients of input,
+# weight and bias, and the running statistics, for ranks 2 to 5, with the
+# channels innermost (channels_last for 4-d and 5-d) as well as contiguous,
+# training and eval, the half types alone and with float32 parameters
+# (ATen's mixed-dtype rule).
+f32, f64, bf16, f16 = torch.float32, torch.float64, torch.bfloat16, torch.float16
+
+
+def _channels_innermost(t):
+    return t.movedim(1, -1).contiguous().movedim(-1, 1)
+
+
+def _bn_train_step(x, g, w, b, rm, rv, training):
+    """(y, dx[, dw, db], running_mean, running_var) of one F.batch_norm
+    forward and backward; rm and rv are updated in place."""
+    x = x.detach().requires_grad_()
+    params = [p.detach().requires_grad_() for p in (w, b) if p is not None]
+    y = F.batch_norm(x, rm, rv, *(params or [None, None]), training=training, momentum=0.2, eps=1e-5)
+    return (y, *torch.autograd.grad(y, [x, *params], g), rm, rv)
+
+
+def _assert_within_sum_bound(got, ref, terms, what):
+    """float64 results, where the CPU is the float64 reference itself (its
+    own error reads as 0): within the bound of a K-term sum, K * u * the
+    scale of the values (the per-channel sums add their terms in another
+    order than ATen's)."""
+    got, ref = got.detach().cpu(), ref.detach()
+    bound = (terms + 1) * torch.finfo(f64).eps * max(ref.abs().max().item(), 1.0)
+    err = (got - ref).abs().max().item() if ref.numel() else 0.0
+    assert err <= bound, f"{what}: error {err:.3g} > bound {bound:.3g} ({terms} terms)"
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("layout", ["contiguous", "channels_innermost"])
+@pytest.mark.parametrize("dtype, param_dtype", [(f32, f32), (f64, f64), (bf16, bf16), (bf16, f32), (f16, f16),
+                                                (f16, f32)])
+@pytest.mark.parametrize("shape", _SHAPES)
+def test_forward_and_gradients_on_the_plugin(shape, dtype, param_dtype, layout, training, affine):
+    torch.manual_seed(0)
+    c = shape[1]
+    x = (torch.randn(shape) * 2 + 3).to(dtype)  # rounded to dtype once, for every run
+    g = torch.randn(shape).to(dtype)
+    if layout != "contiguous":
+        x, g = _channels_innermost(x), _channels_innermost(g)
+    w, b = (torch.linspace(0.5, 1.5, c), torch.linspace(-0.3, 0.3, c)) if affine else (None, None)
+    rm, rv = torch.linspace(-1, 1, c), torch.linspace(0.5, 2, c)
+
+    def run(device, dt, pdt):
+        to = (lambda t, d: None if t is None else t.to(device=device, dtype=d))
+        return _bn_train_step(to(x, dt), to(g, dt), to(w, pdt), to(b, pdt), to(rm, pdt), to(rv, pdt), training)
+
+    npubridge.reset_stats()
+    got = run("npu", dtype, param_dtype)
+    assert npubridge.stats()["aten::native_batch_norm"]["native"].get("cann_like") == 1
+    assert npubridge.stats()["aten::native_batch_norm_backward"]["native"].get("cann_like") == 1
+    _no_fallbacks()
+    host, wide = run("cpu", dtype, param_dtype), run("cpu", f64, f64)
+    assert got[0].device.type == "npu" and got[0].dtype == dtype
+    assert got[0].stride() == host[0].stride() and got[1].stride() == host[1].stride()  # channels_last stays
+    names = ["output", "grad_input"] + (["grad_weight", "grad_bias"] if affine else []) + ["running_mean",
+                                                                                          "running_var"]
+    for name, gt, h, wd in zip(names, got, host, wide):
+        assert gt.dtype == h.dtype, name
+        if dtype == f64:
+            _assert_within_sum_bound(gt, wd, x.numel() // c, name)
+        else:
+            assert_judged(gt, h, wd, name)
+    if not training:
+        assert torch.equal(got[-2].cpu(), rm.to(param_dtype)) and torch.equal(got[-1].cpu(), rv.to(param_dtype))
+
+
+def test_a_large_mean_keeps_its_digits():
+    # A channel at 1e4 with unit spread: the variance and the normalized
+    # output come from differences, which a one-pass sum of squares (or
+    # ATen's x * alpha + beta in float) would cancel away. Two passes in
+    # double leave the final rounding: a few float32 ulp of the results.
+    torch.manual_seed(0)
+    x = torch.randn(64, 3, 16) + torch.tensor([1e4, -3e4, 0.5]).reshape(1, 3, 1)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    y = F.batch_norm(x.npu(), rm.npu(), rv.npu(), training=True, momentum=1.0).cpu()
+    y64 = F.batch_norm(x.double(), torch.zeros(3, dtype=f64), torch.ones(3, dtype=f64), training=True, momentum=1.0)
+    eps32 = torch.finfo(f32).eps
+    assert (y.double() - y64).abs().max() <= 4 * eps32 * y64.abs().max()
+    rv_npu = torch.ones(3, device="npu")
+    F.batch_norm(x.npu(), torch.zeros(3, device="npu"), rv_npu, training=True, momentum=1.0)
+    want = x.double().var(dim=(0, 2), unbiased=True)
+    assert ((rv_npu.cpu().double() - want).abs() <= 2 * eps32 * want).all(), (rv_npu.cpu(), want)
+
+
+def test_the_legit_forms_write_the_running_stats():
+    # _native_batch_norm_legit (torch.compile and export trace it), its
+    # no_stats overload and _native_batch_norm_legit_no_training.
+    torch.manual_seed(0)
+    x, w, b = torch.randn(4, 3, 5), torch.rand(3) + 0.5, torch.randn(3)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    rm_n, rv_n = rm.npu(), rv.npu()
+    npubridge.reset_stats()
+    got = torch.ops.aten._native_batch_norm_legit(x.npu(), w.npu(), b.npu(), rm_n, rv_n, True, 0.1, 1e-5)
+    want = torch.ops.aten._native_batch_norm_legit(x, w, b, rm, rv, True, 0.1, 1e-5)
+    wide = torch.ops.aten._native_batch_norm_legit(x.double(), w.double(), b.double(), torch.zeros(3, dtype=f64),
+                                                   torch.ones(3, dtype=f64), True, 0.1, 1e-5)
+    for name, gt, h, wd in zip(["output", "save_mean", "save_invstd"], got, want, wide):
+        assert_judged(gt, h, wd, name)
+    assert_judged(rm_n, rm, 0.1 * x.double().mean((0, 2)), "running_mean")
+    assert_judged(rv_n, rv, 0.9 + 0.1 * x.double().var((0, 2)), "running_var")
+    y = torch.ops.aten._native_batch_norm_legit.no_stats(x.npu(), None, None, True, 0.1, 1e-5)[0]
+    assert_judged(y, F.batch_norm(x, None, None, training=True), F.batch_norm(x.double(), None, None, training=True),
+                  "no_stats output")
+    y, m, s = torch.ops.aten._native_batch_norm_legit_no_training(x.npu(), w.npu(), None, rm_n, rv_n, 0.1, 1e-5)
+    assert m.shape == s.shape == (0,)
+    assert_judged(y, F.batch_norm(x, rm, rv, w), F.batch_norm(x.double(), rm.double(), rv.double(), w.double()),
+                  "no_training output")
+    for op in ("aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit.no_stats",
+               "aten::_native_batch_norm_legit_no_training"):
+        assert npubridge.stats()[op]["native"].get("cann_like") == 1, (op, npubridge.stats()[op])
+    _no_fallbacks()
+
+
+def test_native_batch_norm_bad_input_is_a_clear_error():
+    x = torch.randn(4, 3, 5, device="npu")
+    bn = torch.ops.aten.native_batch_norm
+    with pytest.raises(RuntimeError, match=r"aten::native_batch_norm: weight: expected a 1-dim tensor of 3 elements "
+                                           r"\(the input's channels\) but found a 1-dim tensor of shape \[2\]"):
+        bn(x, torch.ones(2, device="npu"), None, None, None, True, 0.1, 1e-5)
+    with pytest.raises(IndexError, match=r"input: expected an \(N, C, \*\) tensor of at least 2 dims but found a "
+                                           r"1-dim tensor of shape \[5\]"):
+        bn(torch.randn(5, device="npu"), None, None, None, None, True, 0.1, 1e-5)
+    with pytest.raises(RuntimeError, match=r"bias: expected scalar type float32 \(the input's\) but found float64"):
+        bn(x, torch.ones(3, device="npu"), torch.ones(3, dtype=f64, device="npu"), None, None, True, 0.1, 1e-5)
+    with pytest.raises(RuntimeError, match=r"mixed dtype \(CPU\): expect parameter to have scalar type of Float"):
+        bn(x.bfloat16(), torch.ones(3, device="npu"), None, torch.ones(3, dtype=bf16, device="npu"),
+           torch.ones(3, dtype=bf16, device="npu"), True, 0.1, 1e-5)
+    # (ATen's CPU kernel crashes on this one)
+    with pytest.raises(RuntimeError, match=r"running_mean must be defined in evaluation mode"):
+        bn(x, None, None, None, None, False, 0.1, 1e-5)
+    with pytest.raises(RuntimeError, match=r"grad_out: expected the input's shape \[4, 3, 5\] but found \[4, 3, 4\]"):
+        torch.ops.aten.native_batch_norm_backward(torch.randn(4, 3, 4, device="npu"), x, None, None, None,
+                                                  torch.zeros(3, device="npu"), torch.ones(3, device="npu"), True,
+                                                  1e-5, [True, True, True])
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "npu"])
+def test_compiled_batch_norm_runs_on_the_plugin(backend):
+    # torch.compile traces _native_batch_norm_legit (training) and
+    # _native_batch_norm_legit_no_training (eval); export keeps
+    # batch_norm, which runs as native_batch_norm.
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    x = torch.randn(2, 3, 8, 8)
+    wide = copy.deepcopy(m).double()
+    npu = copy.deepcopy(m).npu()
+    f = torch.compile(npu, backend=backend)
+    npubridge.reset_stats()
+    f(x.npu()).sum().backward()
+    npu.eval()
+    y = f(x.npu())
+    stats = npubridge.stats()
+    for op in ("aten::_native_batch_norm_legit", "aten::native_batch_norm_backward",
+               "aten::_native_batch_norm_legit_no_training"):
+        assert stats[op]["native"].get("cann_like", 0) >= 1, (op, stats[op])
+    _no_fallbacks()
+    m(x).sum().backward()
+    wide(x.double()).sum().backward()
+    m.eval(), wide.eval()
+    assert_judged(npu[1].running_var, m[1].running_var, wide[1].running_var, "running_var")
+    assert_judged(npu[1].weight.grad, m[1].weight.grad, wide[1].weight.grad, "weight gradient")
+    assert_judged(y, m(x), wide(x.double()), "eval output")
+
+
+def test_strided_running_stats_are_updated_through_the_fallback():
+    # A staged (contiguous) copy of a strided statistic would take the
+    # update the schema hides: such calls go to the host's fallback, which
+    # writes it back (Note [BatchNorm writes the running statistics in place]).
+    torch.manual_seed(0)
+    x = torch.randn(8, 3, 4)
+    rm, rv = torch.zeros(3), torch.ones(3)
+    F.batch_norm(x, rm, rv, training=True, momentum=0.5)
+    store_m, store_v = torch.zeros(6, device="npu"), torch.ones(6, device="npu")
+    npubridge.reset_stats()
+    F.batch_norm(x.npu(), store_m[::2], store_v[::2], training=True, momentum=0.5)
+    assert npubridge.stats()["aten::native_batch_norm"]["fallbacks"] == 1
+    assert torch.equal(store_m[::2].cpu(), rm) and torch.equal(store_v[::2].cpu(), rv)
+    assert torch.equal(store_m[1::2].cpu(), torch.zeros(3)) and torch.equal(store_v[1::2].cpu(), torch.ones(3))

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import npubridge  # noqa: F401  (registers the npu device)
+import npubridge
 
 CL = torch.channels_last
 
@@ -35,6 +35,8 @@ CASES = {
     "conv2d channels_last weight": lambda x, w, d: F.conv2d(x, w.contiguous(memory_format=CL)),
     "conv2d contiguous": lambda x, w, d: F.conv2d(x, w, stride=2),
     "max_pool2d of channels_last": lambda x, w, d: F.max_pool2d(x.contiguous(memory_format=CL), 2),
+    "batch_norm of channels_last": lambda x, w, d: F.batch_norm(x.contiguous(memory_format=CL), None, None,
+                                                                training=True),
 }
 
 
@@ -66,3 +68,17 @@ def test_a_channels_last_block_trains_as_on_the_cpu():
     assert s_n == s_c
     for a, b in zip(p_n, p_c):
         torch.testing.assert_close(a, b)
+
+
+def test_a_channels_last_convolution_is_laid_out_on_the_device():
+    # The result's channels_last copy used to be aten::clone(channels_last),
+    # which plugins do not serve: a CPU round trip per convolution.
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8).contiguous(memory_format=CL)
+    w = torch.randn(6, 3, 3, 3)
+    npubridge.reset_stats()
+    y = F.conv2d(x.npu(), w.npu(), padding=1)
+    assert y.is_contiguous(memory_format=CL)
+    fell = {op: s["fallbacks"] for op, s in npubridge.stats().items() if s["fallbacks"]}
+    assert not fell, fell
+    torch.testing.assert_close(y.cpu(), F.conv2d(x, w, padding=1))

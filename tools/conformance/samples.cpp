@@ -710,6 +710,98 @@ SampleFn layer_norm_backward_spec() {
   };
 }
 
+// BatchNorm over (N, C, *): ranks 2 to 5, channels_last, training and
+// eval, with and without affine parameters and running statistics, the
+// half types also with float32 parameters (ATen's mixed-dtype rule).
+struct BatchNormCase {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool affine, stats, training, channels_last, mixed;
+};
+std::vector<BatchNormCase> batch_norm_cases(ScalarType dt) {
+  std::vector<BatchNormCase> c = {
+      {"[16,6] train", {16, 6}, true, true, true, false, false},
+      {"[4,3,5] eval", {4, 3, 5}, true, true, false, false, false},
+      {"[4,3,5] train, no affine, no stats", {4, 3, 5}, false, false, true, false, false},
+      {"[2,4,3,3] channels_last train", {2, 4, 3, 3}, true, true, true, true, false},
+      {"[2,4,3,3] channels_last eval", {2, 4, 3, 3}, true, true, false, true, false},
+      {"[2,3,2,3,2] train", {2, 3, 2, 3, 2}, true, true, true, false, false},
+      {"large [16,8,24,24] train", {16, 8, 24, 24}, true, true, true, false, false}};
+  if (dt == at::kHalf || dt == at::kBFloat16) {
+    c.push_back({"float32 parameters, train", {4, 3, 5}, true, true, true, false, true});
+    c.push_back({"float32 parameters, channels_last eval", {2, 4, 3, 3}, true, true, false, true, true});
+  }
+  return c;
+}
+struct BatchNormArgs {
+  at::Tensor x, w, b, rm, rv;
+};
+BatchNormArgs batch_norm_args(const BatchNormCase& k, ScalarType dt) {
+  const ScalarType pt = k.mixed ? at::kFloat : dt;
+  BatchNormArgs a;
+  a.x = make(k.shape, dt);
+  if (k.channels_last)
+    a.x = a.x.contiguous(k.shape.size() == 5 ? at::MemoryFormat::ChannelsLast3d
+                                             : at::MemoryFormat::ChannelsLast);
+  const int64_t ch = k.shape[1];
+  if (k.affine) a.w = make({ch}, pt), a.b = make({ch}, pt);
+  if (k.stats) a.rm = make({ch}, pt), a.rv = make({ch}, pt, 1);
+  return a;
+}
+IValue opt(const at::Tensor& t) { return t.defined() ? IValue(t) : IValue(); }
+
+// 0: native_batch_norm, 1: _native_batch_norm_legit (statistics given),
+// 2: its .no_stats, 3: _native_batch_norm_legit_no_training.
+SampleFn batch_norm_spec(int form) {
+  return [form](ScalarType dt) {
+    std::vector<Sample> out;
+    for (const BatchNormCase& k : batch_norm_cases(dt)) {
+      if ((form == 1 || form == 3) && !k.stats) continue;
+      if ((form == 2 && k.stats) || (form == 3 && k.training)) continue;
+      const BatchNormArgs a = batch_norm_args(k, dt);
+      if (form == 2)
+        out.push_back({k.name, {a.x, opt(a.w), opt(a.b), IValue(k.training), IValue(0.1), IValue(1e-5)}});
+      else if (form == 3)
+        out.push_back({k.name, {a.x, opt(a.w), opt(a.b), a.rm, a.rv, IValue(0.1), IValue(1e-5)}});
+      else
+        out.push_back(
+            {k.name,
+             {a.x, opt(a.w), opt(a.b), opt(a.rm), opt(a.rv), IValue(k.training), IValue(0.1), IValue(1e-5)}});
+    }
+    if (form == 0) {
+      out.push_back(
+          {"1-d input (error)",
+           {make({5}, dt), IValue(), IValue(), IValue(), IValue(), IValue(true), IValue(0.1), IValue(1e-5)}});
+      if (dt == at::kFloat)
+        out.push_back({"float64 weight (error)",
+                       {make({4, 3}, dt), make({3}, at::kDouble), IValue(), IValue(), IValue(), IValue(true),
+                        IValue(0.1), IValue(1e-5)}});
+    }
+    return out;
+  };
+}
+
+SampleFn batch_norm_backward_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    for (const BatchNormCase& k : batch_norm_cases(dt)) {
+      if (!k.training && !k.stats) continue;
+      const BatchNormArgs a = batch_norm_args(k, dt);
+      auto fwd = at::native_batch_norm(a.x, a.w, a.b, a.rm.defined() ? a.rm.clone() : a.rm,
+                                       a.rv.defined() ? a.rv.clone() : a.rv, k.training, 0.1, 1e-5);
+      at::Tensor go = make(k.shape, dt);
+      if (k.channels_last) go = go.contiguous(a.x.suggest_memory_format());
+      const bool w_grad = k.affine;
+      out.push_back(
+          {k.name,
+           {go, a.x, opt(a.w), opt(a.rm), opt(a.rv), k.training ? IValue(std::get<1>(fwd)) : IValue(),
+            k.training ? IValue(std::get<2>(fwd)) : IValue(), IValue(k.training), IValue(1e-5),
+            IValue(c10::List<bool>({true, w_grad, w_grad}))}});
+    }
+    return out;
+  };
+}
+
 at::Tensor long_tensor(std::vector<int64_t> v, std::vector<int64_t> shape) {
   return at::tensor(v, at::TensorOptions().dtype(at::kLong)).reshape(shape);
 }
@@ -1488,6 +1580,11 @@ const std::map<std::string, SampleFn>& sample_specs() {
     m["aten::_thnn_fused_gru_cell_backward"] = gru_cell_backward_spec();
     m["aten::native_layer_norm"] = layer_norm_spec();
     m["aten::native_layer_norm_backward"] = layer_norm_backward_spec();
+    m["aten::native_batch_norm"] = batch_norm_spec(0);
+    m["aten::_native_batch_norm_legit"] = batch_norm_spec(1);
+    m["aten::_native_batch_norm_legit.no_stats"] = batch_norm_spec(2);
+    m["aten::_native_batch_norm_legit_no_training"] = batch_norm_spec(3);
+    m["aten::native_batch_norm_backward"] = batch_norm_backward_spec();
     m["aten::embedding"] = embedding_spec();
     m["aten::embedding_dense_backward"] = embedding_backward_spec();
     m["aten::nll_loss_forward.output"] = nll_loss_spec();

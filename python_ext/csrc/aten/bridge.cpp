@@ -2,6 +2,7 @@
 // through npubridge's dispatcher (see bridge.h).
 #include "aten/bridge.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <npubridge/device_sim/graph_capture.h>
@@ -139,7 +140,14 @@ void lay_out_as_aten(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> a
   if (op.schema().operator_name().name == "aten::convolution_overrideable") {
     at::Tensor& r = results[0].toTensor();
     const auto format = r.dim() == 5 ? at::MemoryFormat::ChannelsLast3d : at::MemoryFormat::ChannelsLast;
-    if (r.dim() >= 4 && !r.is_contiguous(format)) results[0] = r.contiguous(format);
+    // Through copy_, not r.contiguous(format): that is aten::clone, which
+    // plugins serve only into contiguous results, so it fell back to the
+    // CPU for every channels_last convolution.
+    if (r.dim() >= 4 && !r.is_contiguous(format)) {
+      at::Tensor laid_out = at::empty(r.sizes(), r.options().memory_format(format));
+      laid_out.copy_(r);
+      results[0] = laid_out;
+    }
     return;
   }
   const auto specs = output_specs(op, args);
