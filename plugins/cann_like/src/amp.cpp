@@ -35,8 +35,8 @@ void check_one_element(const Call& call, const TensorRef& t, const char* name, D
                                              ": expected a one-element tensor but found one of shape " +
                                              Call::shape_str(t.sizes()));
   if (!t.is(dtype))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + ": expected a " + dtype_name +
-                                             " tensor but found " + npub::sdk::dtype_name(t.dtype()));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + ": expected dtype " + dtype_name +
+                                             " but found " + npub::sdk::dtype_name(t.dtype()));
 }
 
 bool is_floating(const TensorRef& t) {
