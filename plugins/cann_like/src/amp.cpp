@@ -134,17 +134,20 @@ void update_scale(Call& call) {
 }  // namespace
 
 void register_amp(npub::sdk::Registrar& r) {
-  // The bodies check each argument's dtype (ATen's rules, with the argument
-  // named): a wrong dtype is an error, not a fallback.
+  // The first tensor's dtype picks the kernel (a gradient of another dtype
+  // goes to ATen's CPU kernel, which refuses it); the bodies check the other
+  // arguments' dtypes (ATen's rules, with the argument named).
   r.op("aten::_amp_foreach_non_finite_check_and_unscale_(Tensor(a!)[] self, Tensor(b!) found_inf, "
        "Tensor inv_scale) -> ()",
        &non_finite_check_and_unscale)
+      .dtypes({npub::sdk::kFloat32, npub::sdk::kFloat64, npub::sdk::kFloat16, npub::sdk::kBFloat16})
       .mixed_dtypes()
       .contiguous_only();
   r.meta<&check_unscale_args>("aten::_amp_foreach_non_finite_check_and_unscale_");
   r.op("aten::_amp_update_scale_(Tensor(a!) self, Tensor(b!) growth_tracker, Tensor found_inf, "
        "float scale_growth_factor, float scale_backoff_factor, int growth_interval) -> Tensor(a!)",
        &update_scale)
+      .dtypes({npub::sdk::kFloat32})
       .mixed_dtypes();
   r.meta<&check_update_scale_args>("aten::_amp_update_scale_");
 }
