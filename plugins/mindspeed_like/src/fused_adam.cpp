@@ -302,6 +302,9 @@ template <Mode M, bool TensorLr>
 void fused_adam(Call& call) {
   const FusedArgs a = fused_args(call, TensorLr);
   // ATen: a step whose gradients overflowed (found_inf == 1) changes nothing.
+  // ATen returns before checking the lists; the checks come first here, so
+  // that bad input fails the same way whatever found_inf holds (and the meta
+  // function, which cannot read it, agrees with the kernel).
   if (a.found_inf.defined() && *a.found_inf.data<float>() == 1.0f) return;
   const double lr = TensorLr ? scalar_value(a.lr_tensor) : call.double_arg(kLr);
   const double b1 = call.double_arg(kBeta1), b2 = call.double_arg(kBeta2);
