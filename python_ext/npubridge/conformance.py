@@ -12,6 +12,9 @@ hands the call to the CPU, which is "not covered: declined", never a pass).
   to the OpInfo entries whose names match it (hardtanh.out and
   hardtanh_backward.grad_input to nn.functional.hardtanh); a run counts for
   every op of the plugin whose kernel it reached.
+- ATen ops PyTorch's OpInfo database has no entry for, when the plugin's
+  ``npubridge.testing`` file declares their samples and reference
+  (mindspeed_like's aten::_fused_adamw_): as the plugin's own ops below.
 - The plugin's own ops: the samples and ATen-written reference its
   ``npubridge.testing`` file declares, plus its meta function against the
   kernel's outputs (fake tensors) and its derivative formula against finite
@@ -39,7 +42,7 @@ import torch
 from . import _C, testing
 from ._conformance_custom import run_custom
 from ._conformance_isolate import Checkpoint, run_isolated
-from ._conformance_opinfo import run_aten, unknown_to_aten
+from ._conformance_opinfo import opinfo_candidates, run_aten, unknown_to_aten
 from ._conformance_verdict import Cell, Probe, _first_line, _kernel_key
 
 # The dtypes a kernel declaring "any" is run with.
@@ -126,6 +129,11 @@ class Report:
         return s
 
 
+def _has_opinfo(op):
+    from . import opinfo
+    return bool(opinfo_candidates(op, opinfo.op_db()))
+
+
 def run(path, wanted_ops=(), tests=(), max_samples=8, log=print, checkpoint=None):
     """The report of the plugin at `path`, in this process. `checkpoint`
     (_conformance_isolate) records the run's progress for a parent that
@@ -156,6 +164,22 @@ def run(path, wanted_ops=(), tests=(), max_samples=8, log=print, checkpoint=None
     cells: Dict[Tuple[str, str], Cell] = {}
     for w in unmatched:
         errors.append(f"--op {w}: the plugin serves no op of that name (it serves {', '.join(sorted(kernels))})")
+    # The tests file is read first: it may also declare samples and a
+    # reference for an ATen op PyTorch's OpInfo database has no entry for
+    # (aten::_fused_adamw_), which then runs as the plugin's own ops do.
+    files = list(tests)
+    if not files and os.path.exists(tests_beside(path)):
+        files = [tests_beside(path)]
+    where = files[0] if files else f"--tests FILE or {tests_beside(path)}"
+    testing.clear()
+    loaded = True
+    for f in files:
+        try:
+            load_tests(f)
+        except Exception as e:  # noqa: BLE001 - the author's file is broken: say so, go on with the rest
+            errors.append(f"the tests file {f} failed to import: {_first_line(e)}")
+            loaded = False
+    declared = testing.registered()
     aten, custom = {}, {}
     for op in chosen:
         by_dtype = {}
@@ -164,7 +188,9 @@ def run(path, wanted_ops=(), tests=(), max_samples=8, log=print, checkpoint=None
                 by_dtype.setdefault(d, _kernel_key(k))
         for d, key in by_dtype.items():
             cells[(op, d)] = Cell(op=op, dtype=d, plugin=name, kernel=key)
-        if op.startswith("aten::"):
+        if op.startswith("aten::") and op in declared and not _has_opinfo(op):
+            custom[op] = list(by_dtype)
+        elif op.startswith("aten::"):
             why = unknown_to_aten(op)
             if why:
                 for d in by_dtype:
@@ -180,18 +206,6 @@ def run(path, wanted_ops=(), tests=(), max_samples=8, log=print, checkpoint=None
     if aten:
         run_aten(cells, aten, probe, max_samples, log, checkpoint)
     if custom:
-        files = list(tests)
-        if not files and os.path.exists(tests_beside(path)):
-            files = [tests_beside(path)]
-        where = files[0] if files else f"--tests FILE or {tests_beside(path)}"
-        testing.clear()
-        loaded = True
-        for f in files:
-            try:
-                load_tests(f)
-            except Exception as e:  # noqa: BLE001 - the author's file is broken: say so, go on with the rest
-                errors.append(f"the tests file {f} failed to import: {_first_line(e)}")
-                loaded = False
         derivatives = {d["op"]: d for d in _C.derivatives() if d["plugin"] == name}
         if loaded or testing.registered():
             run_custom(cells, custom, probe, max_samples, derivatives, where, log, checkpoint)

@@ -115,7 +115,7 @@ def test_checkpoint_resume_reproduces_the_run(tmp_path):
 
 def test_torch_npu_fused_optimizer_option(tmp_path):
     # optim="adamw_torch_npu_fused": transformers takes torch_npu.optim.NpuFusedAdamW,
-    # which runs mindspeed_like's fused AdamW instead of aten::_fused_adamw_'s CPU fallback.
+    # which runs mindspeed_like's npu_apply_adam_w (the default optim, AdamW(fused=True), runs its aten::_fused_adamw_).
     import npubridge
     from torch_npu.optim import NpuFusedAdamW
 

@@ -157,7 +157,10 @@ Reference reference(const reg::OpEntry& op, const Sample& sample, Precision p,
       }
     }
     for (size_t i = 0; i < schema.arguments.size(); ++i)
-      if (schema.arguments[i].is_write() && r.args[i].isTensor()) r.outputs.push_back(r.args[i].toTensor());
+      if (schema.arguments[i].is_write() && r.args[i].isTensor())
+        r.outputs.push_back(r.args[i].toTensor());
+      else if (schema.arguments[i].is_write() && r.args[i].isTensorList())
+        for (const at::Tensor& t : r.args[i].toTensorVector()) r.outputs.push_back(t);
   } catch (const c10::IndexError& e) {
     r.error = e.what();
     r.index_error = true;
@@ -284,9 +287,11 @@ Outcome run_sample(Runtime& rt, const reg::OpEntry& op, const Sample& sample) {
           from_library && out_index < expected.size() ? expected[out_index++] : same.args[i].toTensor();
       v = at::zeros(shaped.sizes(), at::TensorOptions().dtype(sample.args[i].toTensor().scalar_type()));
     }
+    const size_t first = args.tensors.size();
     args.values.push_back(box(v, args, dev));
-    if (i < schema.arguments.size() && schema.arguments[i].is_write() && v.isTensor())
-      written.push_back(args.tensors.size() - 1);
+    // A written tensor, or each tensor of a written list (Tensor(a!)[]).
+    if (i < schema.arguments.size() && schema.arguments[i].is_write() && (v.isTensor() || v.isTensorList()))
+      for (size_t k = first; k < args.tensors.size(); ++k) written.push_back(k);
   }
   std::vector<NpubValue> rets(schema.returns.size(), none_value());
   TensorOutputs outs(rt.devices());

@@ -22,6 +22,7 @@ void register_conv(npub::sdk::Registrar& r);
 void register_pooling(npub::sdk::Registrar& r);
 void register_random(npub::sdk::Registrar& r);
 void register_rnn(npub::sdk::Registrar& r);
+void register_amp(npub::sdk::Registrar& r);              // the gradient scaler's ops (amp.cpp)
 void register_fusion_patterns(npub::sdk::Registrar& r);  // ABI 1.5 fusion patterns (fusion_patterns.cpp)
 
 }  // namespace cann_like

@@ -22,6 +22,7 @@ void init(npub::sdk::Registrar& r) {
   cann_like::register_pooling(r);
   cann_like::register_random(r);
   cann_like::register_rnn(r);
+  cann_like::register_amp(r);
   cann_like::register_fusion_patterns(r);  // last: the patterns name the ops above
 }
 }  // namespace

@@ -25,12 +25,12 @@
 // sqrt: ATen's goes through MKL's VML (within 1 ulp), this one is correctly
 // rounded. Half types are read and written in their own dtype and computed
 // in float32 (torch rounds every intermediate to the half type instead).
-#include <algorithm>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
-#include "float_access.h"
+#include "adam_segments.h"
 #include "ops.h"
 
 namespace mindspeed_like {
@@ -40,10 +40,8 @@ namespace {
 using npub::sdk::Call;
 using npub::sdk::TensorRef;
 
-enum class Storage { kFloat32, kFloat64, kFloat16, kBFloat16 };
-
 // One parameter's tensors, and where its elements start in the flattened
-// index space of the whole list.
+// index space of the whole list (Note [One loop over all of a parameter list]).
 struct Segment {
   void *p, *g, *m, *v, *vmax;  // vmax NULL unless amsgrad
   Storage storage;
@@ -144,16 +142,6 @@ struct AdamArgs {
   bool amsgrad;
 };
 
-Storage storage_of(const Call& call, const TensorRef& t, size_t i) {
-  if (t.is(npub::sdk::kFloat32)) return Storage::kFloat32;
-  if (t.is(npub::sdk::kFloat64)) return Storage::kFloat64;
-  if (t.is(npub::sdk::kFloat16)) return Storage::kFloat16;
-  if (t.is(npub::sdk::kBFloat16)) return Storage::kBFloat16;
-  call.fail(NPUB_ERR_INVALID_ARGUMENT, "params[" + std::to_string(i) +
-                                           "]: expected float32, float16, bfloat16 or float64 but found " +
-                                           npub::sdk::dtype_name(t.dtype()));
-}
-
 AdamArgs adam_args(Call& call) {
   AdamArgs a{call.tensor_list(0), call.tensor_list(1), call.tensor_list(2), call.tensor_list(3),
              call.tensor_list(4), call.int_arg(5),     call.bool_arg(11)};
@@ -161,34 +149,13 @@ AdamArgs adam_args(Call& call) {
     call.fail(NPUB_ERR_INVALID_ARGUMENT,
               "step: expected a step count >= 1 but found " + std::to_string(a.step));
   const size_t n = a.params.size();
-  auto check_list = [&](const std::vector<TensorRef>& list, const char* name) {
-    if (list.size() != n)
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + ": expected as many tensors as params (" +
-                                               std::to_string(n) + ") but found " +
-                                               std::to_string(list.size()));
-    for (size_t i = 0; i < n; ++i) {
-      const TensorRef& p = a.params[i];
-      const TensorRef& t = list[i];
-      const std::string where = std::string(name) + "[" + std::to_string(i) + "]";
-      if (t.sizes() != p.sizes())
-        call.fail(NPUB_ERR_INVALID_ARGUMENT, where + ": expected the shape of params[" + std::to_string(i) +
-                                                 "] " + Call::shape_str(p.sizes()) + " but found " +
-                                                 Call::shape_str(t.sizes()));
-      if (!t.is(p.dtype()))
-        call.fail(NPUB_ERR_INVALID_ARGUMENT, where + ": expected the dtype of params[" + std::to_string(i) +
-                                                 "] (" + npub::sdk::dtype_name(p.dtype()) + ") but found " +
-                                                 npub::sdk::dtype_name(t.dtype()));
-    }
-  };
-  for (size_t i = 0; i < n; ++i) storage_of(call, a.params[i], i);
-  check_list(a.grads, "grads");
-  check_list(a.exp_avgs, "exp_avgs");
-  check_list(a.exp_avg_sqs, "exp_avg_sqs");
-  if (a.amsgrad && a.max_exp_avg_sqs.size() != n)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "max_exp_avg_sqs: expected as many tensors as params (" +
-                                             std::to_string(n) + ") since amsgrad is set but found " +
-                                             std::to_string(a.max_exp_avg_sqs.size()));
-  if (a.amsgrad) check_list(a.max_exp_avg_sqs, "max_exp_avg_sqs");
+  for (size_t i = 0; i < n; ++i) adam_storage_of(call, a.params[i], "params[" + std::to_string(i) + "]");
+  check_like_params(call, a.params, "params", a.grads, "grads");
+  check_like_params(call, a.params, "params", a.exp_avgs, "exp_avgs");
+  check_like_params(call, a.params, "params", a.exp_avg_sqs, "exp_avg_sqs");
+  if (a.amsgrad)
+    check_like_params(call, a.params, "params", a.max_exp_avg_sqs, "max_exp_avg_sqs",
+                      " since amsgrad is set");
   return a;
 }
 
@@ -214,35 +181,17 @@ void apply_adam_w(Call& call) {
     if (numel == 0) continue;
     segs.push_back({a.params[i].data<void>(), a.grads[i].data<void>(), a.exp_avgs[i].data<void>(),
                     a.exp_avg_sqs[i].data<void>(), a.amsgrad ? a.max_exp_avg_sqs[i].data<void>() : nullptr,
-                    storage_of(call, a.params[i], i), total, numel});
+                    adam_storage_of(call, a.params[i], "params"), total, numel});
     total += numel;
   }
-  if (total == 0) return;
-  // One loop over the elements of all tensors: each thread takes a
-  // contiguous stretch of the flattened index space, whatever the sizes of
-  // the tensors in it (a model's many small biases and few large matrices
-  // alike), and memory is streamed once.
-  call.parallel_for(0, total, 1 << 15, [&](int64_t b, int64_t e) {
-    auto it = std::upper_bound(segs.begin(), segs.end(), b,
-                               [](int64_t x, const Segment& s) { return x < s.begin; });
-    for (--it; it != segs.end() && it->begin < e; ++it) {
-      const Segment& s = *it;
-      const int64_t lo = std::max(b, s.begin) - s.begin, hi = std::min(e, s.begin + s.numel) - s.begin;
-      switch (s.storage) {
-        case Storage::kFloat32:
-          adam_segment<F32>(s, lo, hi, a.amsgrad, hf);
-          break;
-        case Storage::kFloat64:
-          adam_segment<F64>(s, lo, hi, a.amsgrad, hd);
-          break;
-        case Storage::kFloat16:
-          adam_segment<F16>(s, lo, hi, a.amsgrad, hf);
-          break;
-        case Storage::kBFloat16:
-          adam_segment<BF16>(s, lo, hi, a.amsgrad, hf);
-          break;
-      }
-    }
+  for_each_segment_range(call, segs, [&](const Segment& s, int64_t lo, int64_t hi) {
+    with_storage(s.storage, [&](auto S) {
+      using Elem = decltype(S);
+      if constexpr (std::is_same_v<typename Elem::T, double>)
+        adam_segment<Elem>(s, lo, hi, a.amsgrad, hd);
+      else
+        adam_segment<Elem>(s, lo, hi, a.amsgrad, hf);
+    });
   });
 }
 

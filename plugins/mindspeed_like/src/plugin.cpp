@@ -12,6 +12,7 @@ void init(npub::sdk::Registrar& r) {
   mindspeed_like::configure_isa_from_environment();
   mindspeed_like::register_rms_norm(r);
   mindspeed_like::register_adamw(r);
+  mindspeed_like::register_fused_adam(r);
   mindspeed_like::register_swiglu(r);
   mindspeed_like::register_rotary(r);
   mindspeed_like::register_matmul_add(r);

@@ -177,6 +177,91 @@ def npu_apply_adam_w_samples(dtype):
                          name="amsgrad without max_exp_avg_sqs (error)")
     yield testing.Sample(ps, gs, ms, vs, [], 0, *hyper, 0.01, False, False, name="step 0 (error)")
 # ---------------------------------------------------------------------------
+# aten::_fused_adam_ / aten::_fused_adamw_ and their .tensor_lr overloads
+# (plugins/mindspeed_like/src/fused_adam.cpp): PyTorch's OpInfo database has
+# no entry for them, so they run as the plugin's own ops (conformance.py),
+# against the CPU's own fused kernel.
+# ---------------------------------------------------------------------------
+
+
+def _fused_adam_reference(name):
+    def reference(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, *, lr, beta1, beta2,
+                  weight_decay, eps, amsgrad, maximize, grad_scale=None, found_inf=None):
+        # What the kernel checks beyond ATen's CPU kernel (which reads out of
+        # bounds instead): every list of params' shapes and dtypes.
+        n = len(params)
+        lists = [("grads", grads), ("exp_avgs", exp_avgs), ("exp_avg_sqs", exp_avg_sqs)]
+        if amsgrad:
+            lists.append(("max_exp_avg_sqs", max_exp_avg_sqs))
+        for lname, lst in lists:
+            if len(lst) != n:
+                raise ValueError(f"{lname}: expected as many tensors as self")
+            if any(t.shape != p.shape or t.dtype != p.dtype for t, p in zip(lst, params)):
+                raise ValueError(f"{lname}: expected the shapes and dtypes of self")
+        if any(s.numel() != 1 for s in state_steps):
+            raise ValueError("state_steps: expected one-element tensors")
+        # The float64 reference run widens every floating tensor; ATen's CPU
+        # kernel reads grad_scale and found_inf as float32.
+        f32 = lambda t: None if t is None else t.float()  # noqa: E731
+        getattr(torch, name)(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr=lr, beta1=beta1,
+                             beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=amsgrad, maximize=maximize,
+                             grad_scale=f32(grad_scale), found_inf=f32(found_inf))
+        return list(params) + list(grads) + list(exp_avgs) + list(exp_avg_sqs) + list(max_exp_avg_sqs)
+
+    return reference
+
+
+def _fused_adam_samples(tensor_lr):
+    def samples(dtype):
+        def state(shapes, amsgrad, step):
+            ps = [torch.randn(*s, dtype=dtype) for s in shapes]
+            gs = [torch.randn(*s, dtype=dtype) for s in shapes]
+            ms = [0.1 * torch.randn(*s, dtype=dtype) for s in shapes]
+            vs = [0.01 * torch.rand(*s, dtype=dtype) for s in shapes]
+            mx = [v + 0.01 * torch.rand_like(v) * (torch.rand_like(v) > 0.5) for v in vs] if amsgrad else []
+            steps = [torch.tensor(float(step)) for _ in shapes]
+            return ps, gs, ms, vs, mx, steps
+
+        lr = torch.tensor(1e-3) if tensor_lr else 1e-3
+
+        def hyper(amsgrad, maximize, wd, beta1=0.9, **extra):
+            return dict(lr=lr, beta1=beta1, beta2=0.999, weight_decay=wd, eps=1e-8, amsgrad=amsgrad,
+                        maximize=maximize, **extra)
+
+        for shapes, step, kw, name in (
+                (((64, 33), (7, ), (2, 3, 5)), 1, hyper(False, False, 0.01), "three tensors, step 1"),
+                (((1000, ), ), 10, hyper(False, False, 0.1), "step 10"),
+                (((16, 16), (5, )), 3, hyper(True, False, 0.0), "amsgrad, no weight decay"),
+                (((300, ), (0, 4)), 7, hyper(False, True, 0.01), "maximize, a zero-size tensor"),
+                (((37, ), ), 2, hyper(False, False, 0.01, beta1=0.2), "the lerp's other branch"),
+                (((20, 3), (9, )), 4,
+                 hyper(True, False, 0.01, grad_scale=torch.tensor(1024.0), found_inf=torch.tensor(0.0)),
+                 "grad_scale, grads written back unscaled"),
+                (((20, 3), ), 4,
+                 hyper(False, False, 0.01, grad_scale=torch.tensor(8.0), found_inf=torch.tensor(1.0)),
+                 "found_inf: no update")):
+            amsgrad = kw["amsgrad"]
+            yield testing.Sample(*state(shapes, amsgrad, step), name=name, **kw)
+        ps, gs, ms, vs, _, st = state(((8, ), (4, 2)), False, 1)
+        yield testing.Sample(ps, gs[:1], ms, vs, [], st, name="grads too short (error)", **hyper(False, False, 0.01))
+        yield testing.Sample(ps, gs, ms, [vs[1], vs[0]], [], st, name="exp_avg_sqs shapes differ (error)",
+                             **hyper(False, False, 0.01))
+        yield testing.Sample(ps, gs, ms, vs, [], st, name="amsgrad without max_exp_avg_sqs (error)",
+                             **hyper(True, False, 0.01))
+        yield testing.Sample(ps, gs, ms, vs, [], st[:1], name="state_steps too short (error)",
+                             **hyper(False, False, 0.01))
+
+    return samples
+
+
+for _name in ("_fused_adam_", "_fused_adamw_"):
+    for _tensor_lr in (False, True):
+        _op = f"aten::{_name}" + (".tensor_lr" if _tensor_lr else "")
+        testing.reference(_op)(_fused_adam_reference(_name))
+        testing.samples(_op)(_fused_adam_samples(_tensor_lr))
+
+
+# ---------------------------------------------------------------------------
 # npu_fusion_attention and npu_fusion_attention_grad (plugins/mindspeed_like/src/attention*.cpp)
 # ---------------------------------------------------------------------------
 # The reference materialises the scores: per batch, query/key/value as
