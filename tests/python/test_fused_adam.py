@@ -142,42 +142,6 @@ def test_grad_scale_unscales_and_writes_the_grads_back(op, dtype):
         assert torch.equal(g.cpu(), (u.float() / scale).to(dtype))  # a power of two: exact
 
 
-@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
-                    reason="the measured equality is of ATen's AVX-512 kernel")
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("op", OPS)
-def test_matches_aten_bit_for_bit(op, dtype):
-    """The measurement Note [The fused Adam's arithmetic follows ATen's fused
-    CPU kernel] reports: equal to torch's own CPU kernel bit for bit over 10
-    steps, every flag, both lerp branches, tails of every length mod 16. Not
-    a correctness criterion (the other tests are): it checks that the
-    arithmetic written in fused_adam.cpp is ATen's."""
-    fn = getattr(torch, op.split("::")[1])
-    shapes = [(n, ) for n in range(1, 18)] + [(64, 33)]
-    for amsgrad, maximize, wd, scaled, beta1 in itertools.product((False, True), (False, True), (0.0, 0.1),
-                                                                 (False, True), (0.9, 0.3)):
-        results = []
-        for dev in ("cpu", "npu"):
-            g = torch.Generator().manual_seed(1)
-            ps = [torch.randn(s, generator=g).to(dev, dtype) for s in shapes]
-            ms, vs = [torch.zeros_like(p) for p in ps], [torch.zeros_like(p) for p in ps]
-            mx = [torch.zeros_like(p) for p in ps] if amsgrad else []
-            steps = [torch.tensor(0.0, device=dev) for _ in ps]
-            grads_seen = []
-            for _ in range(10):
-                gs = [(3 * torch.randn(s, generator=g)).to(dev, dtype) for s in shapes]
-                torch._foreach_add_(steps, 1)
-                extra = dict(grad_scale=torch.tensor(3.0, device=dev),
-                             found_inf=torch.tensor(0.0, device=dev)) if scaled else {}
-                fn(ps, gs, ms, vs, mx, steps, lr=1e-2, beta1=beta1, beta2=0.999, weight_decay=wd, eps=1e-8,
-                   amsgrad=amsgrad, maximize=maximize, **extra)
-                grads_seen += gs
-            results.append([t.cpu() for t in ps + ms + vs + mx + grads_seen])
-        for i, (c, n) in enumerate(zip(*results)):
-            assert torch.equal(c, n), (f"amsgrad={amsgrad} maximize={maximize} wd={wd} scaled={scaled} beta1={beta1}: "
-                                       f"tensor {i} differs in {(c != n).sum().item()} elements")
-
-
 # ---------------------------------------------------------------------------
 # The gradient scaler
 # ---------------------------------------------------------------------------

@@ -31,8 +31,8 @@
 // a conditional block and stays a separate rounding. This file spells
 // those FMAs out with std::fma and is compiled with -ffp-contract=off so
 // that the compiler fuses nothing else. Measured against torch 2.13's
-// _fused_adam(w)_ on an AVX-512 CPU (tests/python/test_fused_adam.py,
-// test_matches_aten_bit_for_bit): params, moments and unscaled grads equal
+// _fused_adam(w)_ on an AVX-512 CPU (bench/fused_adam_bits.py, a
+// measurement, not a test): params, moments and unscaled grads equal
 // bit for bit over 10 steps for every flag combination and both lerp
 // branches, in float32, float64, bfloat16 and float16, once the second
 // moment of ATen's tail elements is rounded as Note [ATen's tail loop
