@@ -278,8 +278,8 @@ def test_unknown_device_still_raises():
         get_interface_for_device("nosuch")
 
 
-# Every ``torch.npu.<name>`` that the installed transformers, accelerate and
-# peft call in their NPU branches exists on npubridge's torch.npu (found by
+# Every ``torch.npu.<name>`` that the installed transformers, accelerate,
+# peft and trl call in their NPU branches exists on npubridge's torch.npu (found by
 # reading their sources, so that a new release's new call fails here rather
 # than in a user's Trainer run).
 
@@ -303,7 +303,7 @@ def _calls(package):
     return found
 
 
-@pytest.mark.parametrize("package", ["transformers", "accelerate", "peft"])
+@pytest.mark.parametrize("package", ["transformers", "accelerate", "peft", "trl"])
 def test_every_torch_npu_call_exists(package):
     calls = _calls(package)
     missing = []
@@ -315,7 +315,7 @@ def test_every_torch_npu_call_exists(package):
                 break
             obj = getattr(obj, part)
     assert not missing, "missing on torch.npu: " + ", ".join(missing)
-    if package in ("transformers", "accelerate"):
+    if package in ("transformers", "accelerate", "trl"):
         assert calls, f"found no torch.npu call in {package}: the scan is broken"
 
 

@@ -6,6 +6,7 @@ the NotImplementedError of what is not there, and the refusal to stand in
 for a real torch_npu."""
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -255,6 +256,49 @@ def test_transformers_flash_attention_2_runs_npu_fusion_attention():
                       wide(ids, attention_mask=mask).logits[keep], "padded logits")
     calls = npubridge.stats()["mindspeed_like::npu_fusion_attention"]
     assert calls["native"]["mindspeed_like"] == 4 and calls["fallbacks"] == 0  # 2 layers x 2 forwards
+
+
+# Every torch_npu name the installed Hugging Face clients use (an attribute
+# chain `torch_npu.a.b`, or `from torch_npu[.mod] import name`) exists in this
+# package, found by reading their sources: a new release's new call fails
+# here rather than in a user's run.
+_ATTR = re.compile(r"\btorch_npu((?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
+_FROM = re.compile(r"^\s*from\s+torch_npu((?:\.[A-Za-z_][A-Za-z0-9_]*)*)\s+import\s+\(?([A-Za-z0-9_, ]+)", re.M)
+
+
+@pytest.mark.parametrize("package", ["transformers", "accelerate", "peft", "trl"])
+def test_every_torch_npu_name_the_clients_use_exists(package):
+    import importlib
+
+    root = os.path.dirname(importlib.util.find_spec(package).origin)
+    used = {}
+    for folder, _, files in os.walk(root):
+        for name in (f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            for m in _ATTR.finditer(text):
+                used.setdefault(m.group(1)[1:], os.path.relpath(path, root))
+            for m in _FROM.finditer(text):
+                for item in m.group(2).split(","):
+                    if item.strip():
+                        used.setdefault((m.group(1)[1:] + "." if m.group(1) else "") + item.split()[0],
+                                        os.path.relpath(path, root))
+    missing = []
+    for dotted, where in sorted(used.items()):
+        obj = torch_npu
+        for part in dotted.split("."):
+            if not hasattr(obj, part):
+                try:  # a submodule not imported by the package itself
+                    obj = importlib.import_module(f"{obj.__name__}.{part}")
+                    continue
+                except (ImportError, AttributeError):
+                    missing.append(f"torch_npu.{dotted} ({package}/{where})")
+                    break
+            obj = getattr(obj, part)
+    assert not missing, "missing in npubridge's torch_npu: " + ", ".join(missing)
+    if package in ("transformers", "trl"):
+        assert used, f"found no torch_npu name in {package}: the scan is broken"
 
 
 def test_peft_lora_on_the_npu():

@@ -23,6 +23,7 @@ import torch  # noqa: E402
 
 import npubridge  # noqa: E402,F401  (torch.npu, the plugins)
 
+from . import _C  # noqa: E402,F401
 from . import npu  # noqa: E402
 from . import optim  # noqa: E402,F401
 from ._fused_ops import (  # noqa: E402,F401
