@@ -53,8 +53,9 @@ bool matrix_layout(const TensorRef& t, bool& transposed, int64_t& ld) {
 MatrixView view_of(const Call& call, const TensorRef& t, const char* name) {
   MatrixView v;
   if (!matrix_layout(t, v.transposed, v.ld))
-    call.fail(NPUB_ERR_INTERNAL, std::string(name) + ": expected a row- or column-major layout (the predicate "
-                                                      "checks this)");
+    call.fail(NPUB_ERR_INTERNAL, std::string(name) +
+                                     ": expected a row- or column-major layout (the predicate "
+                                     "checks this)");
   const int64_t es = dt_size(dt_of(t.dtype()));
   const int32_t r = t.dim() - 2;
   v.data = t.data<char>();
@@ -93,10 +94,11 @@ std::vector<int64_t> group_bounds(const Call& call, const TensorRef& offs, int64
     int32_t v;
     std::memcpy(&v, p + g * offs.stride(0) * 4, 4);
     if (v < bounds.back() || v > limit)
-      call.fail(NPUB_ERR_INVALID_ARGUMENT,
-                "offs: expected non-decreasing offsets within [0, " + std::to_string(limit) + "] (" + dim_name +
-                    ") but found offs[" + std::to_string(g) + "] = " + std::to_string(v) +
-                    (g > 0 ? " after offs[" + std::to_string(g - 1) + "] = " + std::to_string(bounds.back()) : ""));
+      call.fail(
+          NPUB_ERR_INVALID_ARGUMENT,
+          "offs: expected non-decreasing offsets within [0, " + std::to_string(limit) + "] (" + dim_name +
+              ") but found offs[" + std::to_string(g) + "] = " + std::to_string(v) +
+              (g > 0 ? " after offs[" + std::to_string(g - 1) + "] = " + std::to_string(bounds.back()) : ""));
     bounds.push_back(v);
   }
   return bounds;
@@ -124,29 +126,32 @@ void grouped_mm(Call& call) {
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "expected self and mat2 to be 2-d or 3-d but found self " +
                                              shape_of(a) + " and mat2 " + shape_of(b));
   if (call.optional_tensor(3).defined())
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "bias: expected None (ATen's _grouped_mm does not support a bias yet)");
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "bias: expected None (ATen's _grouped_mm does not support a bias yet)");
   if (!call.is_none(4) && from_scalar_type(call.int_arg(4)) != d)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("out_dtype: expected None or self's dtype ") + dt_name(d) +
-                                             " but found " + dt_name(from_scalar_type(call.int_arg(4))));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("out_dtype: expected None or self's dtype ") +
+                                             dt_name(d) + " but found " +
+                                             dt_name(from_scalar_type(call.int_arg(4))));
   const bool a2 = a.dim() == 2, b2 = b.dim() == 2;
   if (offs.defined() != (a2 || b2))
     call.fail(NPUB_ERR_INVALID_ARGUMENT,
               std::string(offs.defined() ? "offs: expected None for a 3-d self and a 3-d mat2"
                                          : "offs: expected group offsets for a 2-d self or mat2") +
-                  " but found " + (offs.defined() ? "a tensor" : "None") + " (self " + shape_of(a) + ", mat2 " +
-                  shape_of(b) + ")");
+                  " but found " + (offs.defined() ? "a tensor" : "None") + " (self " + shape_of(a) +
+                  ", mat2 " + shape_of(b) + ")");
   if (offs.defined() && (offs.dim() != 1 || dt_of(offs.dtype()) != DT::i32))
     call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("offs: expected a 1-d int32 tensor but found a ") +
-                                             std::to_string(offs.dim()) + "-d " + dt_name(dt_of(offs.dtype())) +
-                                             " tensor");
+                                             std::to_string(offs.dim()) + "-d " +
+                                             dt_name(dt_of(offs.dtype())) + " tensor");
   const int64_t k_a = a.size(a.dim() - 1), k_b = b.size(b.dim() - 2);
   if (k_a != k_b)
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "expected the contraction dimensions to match: self " + shape_of(a) +
-                                             " and mat2 " + shape_of(b) + " (" + std::to_string(k_a) + " vs " +
-                                             std::to_string(k_b) + ")");
+                                             " and mat2 " + shape_of(b) + " (" + std::to_string(k_a) +
+                                             " vs " + std::to_string(k_b) + ")");
   if (!a2 && !b2 && a.size(0) != b.size(0))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "expected self and mat2 to have the same number of groups but found " +
-                                             shape_of(a) + " and " + shape_of(b));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "expected self and mat2 to have the same number of groups but found " + shape_of(a) + " and " +
+                  shape_of(b));
   const int64_t groups = a2 && b2 ? offs.size(0) : (a2 ? b.size(0) : a.size(0));
   const int64_t M = a.size(a.dim() - 2), N = b.size(b.dim() - 1);
   const Shape shape = a2 && b2 ? Shape{groups, M, N} : (a2 != b2 ? Shape{M, N} : Shape{groups, M, N});
@@ -163,13 +168,16 @@ void grouped_mm(Call& call) {
   if (a2 && !b2) {
     const std::vector<int64_t> g = group_bounds(call, offs, groups, M, "self's rows");
     for (int64_t i = 0; i < groups; ++i)
-      product(va.data + g[i] * va.row_stride, vb.data + i * b_batch, c + g[i] * N * es, N, g[i + 1] - g[i], N, k_a);
+      product(va.data + g[i] * va.row_stride, vb.data + i * b_batch, c + g[i] * N * es, N, g[i + 1] - g[i], N,
+              k_a);
     zero_rows(c + g.back() * N * es, M - g.back(), N, N, es);  // Note [Rows past the last offset are zeros]
   } else if (!a2 && b2) {
     const std::vector<int64_t> g = group_bounds(call, offs, groups, N, "mat2's columns");
     for (int64_t i = 0; i < groups; ++i)
-      product(va.data + i * a_batch, vb.data + g[i] * vb.col_stride, c + g[i] * es, N, M, g[i + 1] - g[i], k_a);
-    for (int64_t r = 0; r < M; ++r) std::memset(c + (r * N + g.back()) * es, 0, static_cast<size_t>((N - g.back()) * es));
+      product(va.data + i * a_batch, vb.data + g[i] * vb.col_stride, c + g[i] * es, N, M, g[i + 1] - g[i],
+              k_a);
+    for (int64_t r = 0; r < M; ++r)
+      std::memset(c + (r * N + g.back()) * es, 0, static_cast<size_t>((N - g.back()) * es));
   } else if (a2 && b2) {
     const std::vector<int64_t> g = group_bounds(call, offs, groups, k_a, "the contraction dimension");
     for (int64_t i = 0; i < groups; ++i) {

@@ -23,8 +23,8 @@ namespace {
 // do), so a value lands in the bin its exact quotient says.
 struct Bins {
   int64_t count;
-  double lo, hi;      // floating inputs
-  int64_t ilo, ihi;   // integer inputs
+  double lo, hi;     // floating inputs
+  int64_t ilo, ihi;  // integer inputs
 };
 
 template <typename T>
@@ -96,7 +96,8 @@ void histc(Call& call) {
   const int64_t threads = std::max<int32_t>(1, call.num_threads());
   const int64_t slices = std::max<int64_t>(1, std::min<int64_t>(threads, n >> 14));
   const int64_t per = (n + slices - 1) / std::max<int64_t>(slices, 1);
-  int64_t* counts = static_cast<int64_t*>(call.scratch(static_cast<uint64_t>(slices * nbins) * sizeof(int64_t)));
+  int64_t* counts =
+      static_cast<int64_t*>(call.scratch(static_cast<uint64_t>(slices * nbins) * sizeof(int64_t)));
   std::fill(counts, counts + slices * nbins, int64_t{0});
   visit_compute(d, [&](auto tag) {
     using T = decltype(tag);

@@ -538,7 +538,8 @@ void register_index(npub::sdk::Registrar& r) {
       .contiguous_only();
   // What autograd's index backward calls (accumulate=True into zeros);
   // `unsafe` only lets ATen skip its index checks, which this kernel makes.
-  r.op("aten::_index_put_impl_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False, bool "
+  r.op("aten::_index_put_impl_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False, "
+       "bool "
        "unsafe=False) -> Tensor(a!)",
        &index_put)
       .dtypes(all)

@@ -31,8 +31,12 @@ Ord classify(double p) {
 }
 
 // max/min of |x| with NaN propagating (ATen's AbsMaxOps/AbsMinOps).
-inline double nan_max(double a, double b) { return (std::isnan(a) || a > b) ? a : (std::isnan(b) ? b : b > a ? b : a); }
-inline double nan_min(double a, double b) { return (std::isnan(a) || a < b) ? a : (std::isnan(b) ? b : b < a ? b : a); }
+inline double nan_max(double a, double b) {
+  return (std::isnan(a) || a > b) ? a : (std::isnan(b) ? b : b > a ? b : a);
+}
+inline double nan_min(double a, double b) {
+  return (std::isnan(a) || a < b) ? a : (std::isnan(b) ? b : b < a ? b : a);
+}
 
 double identity(Ord o) { return o == Ord::neg_inf ? std::numeric_limits<double>::infinity() : 0.0; }
 
@@ -160,8 +164,9 @@ std::vector<double> reduce_all(const Call& call, const NormPlan& np, Ord ord, do
   for (int64_t i = 0; i < n; ++i) {
     call.parallel_for(0, chunks, 1, [&](int64_t b, int64_t e) {
       for (int64_t c = b; c < e; ++c)
-        partial[static_cast<size_t>(c)] = reduce_range(np, ord, scale, outputs[static_cast<size_t>(i)],
-                                                       std::min(count, c * chunk), std::min(count, (c + 1) * chunk));
+        partial[static_cast<size_t>(c)] =
+            reduce_range(np, ord, scale, outputs[static_cast<size_t>(i)], std::min(count, c * chunk),
+                         std::min(count, (c + 1) * chunk));
     });
     for (double v : partial) acc[static_cast<size_t>(i)] = combine(ord, acc[static_cast<size_t>(i)], v);
   }
@@ -227,14 +232,15 @@ void check_norm_dtypes(const Call& call, DT in, int32_t dtype_index, const Tenso
   if (!call.is_none(dtype_index)) {
     want = from_scalar_type(call.int_arg(dtype_index));
     if (!is_floating(want))
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("linalg.vector_norm: dtype should be floating point or "
-                                                       "complex, but got ") +
-                                               dt_name(want));
+      call.fail(NPUB_ERR_INVALID_ARGUMENT,
+                std::string("linalg.vector_norm: dtype should be floating point or "
+                            "complex, but got ") +
+                    dt_name(want));
     if (promote(in, want) != want)
-      call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("linalg.vector_norm: the dtype of the input (") +
-                                               dt_name(in) +
-                                               ") should be convertible without narrowing to the specified dtype (" +
-                                               dt_name(want) + ")");
+      call.fail(NPUB_ERR_INVALID_ARGUMENT,
+                std::string("linalg.vector_norm: the dtype of the input (") + dt_name(in) +
+                    ") should be convertible without narrowing to the specified dtype (" + dt_name(want) +
+                    ")");
   }
   if (dt_of(out.dtype()) != want)
     call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("Expected out tensor to have dtype ") +
@@ -266,10 +272,11 @@ void linalg_vector_norm(Call& call) {
     for (int64_t dim : dims) {
       const int64_t w = wrap_dim(call, dim, in.dim());
       if (in.dim() > 0 && in.size(static_cast<int32_t>(w)) == 0)
-        call.fail(NPUB_ERR_INVALID_ARGUMENT, "linalg.vector_norm cannot compute the " + std::to_string(p) +
-                                                 " norm on the dimension " + std::to_string(w) +
-                                                 " because this dimension is empty and the operation does not "
-                                                 "have an identity");
+        call.fail(NPUB_ERR_INVALID_ARGUMENT,
+                  "linalg.vector_norm cannot compute the " + std::to_string(p) + " norm on the dimension " +
+                      std::to_string(w) +
+                      " because this dimension is empty and the operation does not "
+                      "have an identity");
     }
   }
   check_norm_dtypes(call, d, 4, out);

@@ -139,8 +139,9 @@ void random_from(Call& call) {
   const int64_t from = call.int_arg(1);
   const bool open = call.is_none(2);
   if (!open && !(from < call.int_arg(2)))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "random_ expects 'from' to be less than 'to', but got from=" +
-                                             std::to_string(from) + " >= to=" + std::to_string(call.int_arg(2)));
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "random_ expects 'from' to be less than 'to', but got from=" + std::to_string(from) +
+                  " >= to=" + std::to_string(call.int_arg(2)));
   const int64_t last = open ? max_integer(d) : call.int_arg(2) - 1;  // the largest value
   if (from < min_integer(d) || from > max_integer(d))
     call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("from is out of bounds for ") + c10_type_name(d));
