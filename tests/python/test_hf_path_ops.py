@@ -160,6 +160,13 @@ def test_histc_integers(dtype):
     native_only("aten::histc.out")
 
 
+def test_histc_integer_input_truncates_the_bounds():
+    # CUDA converts min and max to the integers' accumulate type (int64): [0.5, 3.9] is [0, 3].
+    x = torch.tensor([0, 1, 2, 3, 4, -1], dtype=torch.int32)
+    got = torch.histc(x.npu(), bins=4, min=0.5, max=3.9)
+    assert torch.equal(got.cpu(), histc_reference(x, 4, 0, 3))
+
+
 def test_histc_mixtral_expert_counts():
     experts = torch.tensor([0, 3, 1, 1, 2, 3, 3, 0], dtype=torch.int32)
     got = torch.histc(experts.npu(), bins=4, min=0, max=3)

@@ -77,6 +77,42 @@ struct Product {
   int64_t m, n, k;
 };
 
+// Note [Half-type groups the library refuses]
+// oneDNN's half-type matmuls take only some leading dimensions (a group of
+// columns of a wider matrix may have none, and where PyTorch's own oneDNN
+// is loaded in the same process fewer still: Note [Two oneDNN copies in one
+// process], gemm.cpp). Such a product runs in float32 on copies of its
+// operands and is rounded once to the half type: the result the library
+// would give (it accumulates half types in float32 too).
+void half_product_in_float32(const GemmArgs& g, DT d) {
+  const int64_t es = dt_size(d);
+  std::vector<float> a(static_cast<size_t>(g.m * g.k)), b(static_cast<size_t>(g.k * g.n)),
+      c(static_cast<size_t>(g.m * g.n));
+  const char* pa = static_cast<const char*>(g.a);
+  const char* pb = static_cast<const char*>(g.b);
+  for (int64_t i = 0; i < g.m; ++i)
+    for (int64_t p = 0; p < g.k; ++p)
+      a[static_cast<size_t>(i * g.k + p)] =
+          load<float>(pa + (g.trans_a ? p * g.lda + i : i * g.lda + p) * es, d);
+  for (int64_t p = 0; p < g.k; ++p)
+    for (int64_t j = 0; j < g.n; ++j)
+      b[static_cast<size_t>(p * g.n + j)] =
+          load<float>(pb + (g.trans_b ? j * g.ldb + p : p * g.ldb + j) * es, d);
+  GemmArgs f = g;
+  f.type = GemmType::f32;
+  f.trans_a = f.trans_b = false;
+  f.lda = std::max<int64_t>(g.k, 1);
+  f.ldb = f.ldc = std::max<int64_t>(g.n, 1);
+  f.a = a.data();
+  f.b = b.data();
+  f.c = c.data();
+  plugin_kernels::gemm_on_this_thread(f);
+  char* pc = static_cast<char*>(g.c);
+  for (int64_t i = 0; i < g.m; ++i)
+    for (int64_t j = 0; j < g.n; ++j)
+      store<float>(pc + (i * g.ldc + j) * es, d, c[static_cast<size_t>(i * g.n + j)]);
+}
+
 std::string shape_of(const TensorRef& t) { return shape_str(t.sizes()); }
 
 // The group boundaries: offs read from the device, checked to be
@@ -229,7 +265,15 @@ void grouped_mm(Call& call) {
       g.a = p.a + (p.ta ? blk.r0 : blk.r0 * p.lda) * es;
       g.b = p.b;
       g.c = p.c + blk.r0 * p.ldc * es;
-      plugin_kernels::gemm_on_this_thread(g);
+      if (type == GemmType::f32) {
+        plugin_kernels::gemm_on_this_thread(g);
+        continue;
+      }
+      try {
+        plugin_kernels::gemm_on_this_thread(g);
+      } catch (const npub::sdk::Error&) {
+        half_product_in_float32(g, d);  // Note [Half-type groups the library refuses]
+      }
     }
   };
   const int64_t nblocks = static_cast<int64_t>(blocks.size());
