@@ -227,13 +227,16 @@ void grouped_mm(Call& call) {
     for (int64_t i = 0; i < groups; ++i)
       product(va.data + i * a_batch, vb.data + i * b_batch, c + i * M * N * es, N, M, N, k_a);
   }
-  // Blocks of rows: enough multiply-adds per block that waking a thread pays.
+  // Blocks of rows: at least one per compute thread in a large product, at
+  // most 256 rows (what the GEMM keeps in cache), at least 32 (a GEMM call
+  // per row would cost more than it computes).
   struct Block {
     size_t product;
     int64_t r0, r1;
   };
   std::vector<Block> blocks;
   int64_t total = 0;
+  const int64_t threads = std::max<int32_t>(1, call.num_threads());
   for (size_t i = 0; i < products.size(); ++i) {
     const Product& p = products[i];
     if (p.m == 0 || p.n == 0) continue;
@@ -241,10 +244,9 @@ void grouped_mm(Call& call) {
       zero_rows(p.c, p.m, p.n, p.ldc, es);
       continue;
     }
-    const int64_t row_macs = p.n * p.k;
-    const int64_t rows = std::max<int64_t>(1, (int64_t{1} << 17) / row_macs);
+    const int64_t rows = std::clamp<int64_t>((p.m + threads - 1) / threads, 32, 256);
     for (int64_t r = 0; r < p.m; r += rows) blocks.push_back({i, r, std::min(p.m, r + rows)});
-    total += p.m * row_macs;
+    total += p.m * p.n * p.k;
   }
   const GemmType type = d == DT::bf16 ? GemmType::bf16 : d == DT::f16 ? GemmType::f16 : GemmType::f32;
   auto run = [&](int64_t b0, int64_t b1) {

@@ -25,6 +25,7 @@ struct Bins {
   int64_t count;
   double lo, hi;     // floating inputs
   int64_t ilo, ihi;  // integer inputs
+  bool narrow;       // (ihi - ilo) * count fits int64
 };
 
 template <typename T>
@@ -32,6 +33,8 @@ int64_t bin_of(const Bins& b, T v) {
   if constexpr (std::is_integral_v<T>) {
     const int64_t x = static_cast<int64_t>(v);
     if (x < b.ilo || x > b.ihi) return -1;
+    if (b.narrow)  // the product fits 63 bits
+      return std::min<int64_t>((x - b.ilo) * b.count / (b.ihi - b.ilo), b.count - 1);
     const __int128 q = static_cast<__int128>(x - b.ilo) * b.count / (static_cast<__int128>(b.ihi) - b.ilo);
     return std::min<int64_t>(static_cast<int64_t>(q), b.count - 1);
   } else {
@@ -70,7 +73,7 @@ void histc(Call& call) {
   auto bound = [&](double v) {
     return is_floating(d) ? as_dtype(d, v) : std::clamp(std::trunc(v), -0x1p62, 0x1p62);
   };
-  Bins b{nbins, bound(min_arg), bound(max_arg), 0, 0};
+  Bins b{nbins, bound(min_arg), bound(max_arg), 0, 0, false};
   if (b.lo == b.hi && n > 0) {  // the data's range; a NaN in it has no range
     b.lo = std::numeric_limits<double>::infinity();
     b.hi = -b.lo;
@@ -92,6 +95,7 @@ void histc(Call& call) {
                                              std::to_string(b.hi) + "] is not finite");
   b.ilo = static_cast<int64_t>(b.lo);
   b.ihi = static_cast<int64_t>(b.hi);
+  b.narrow = b.hi - b.lo < 0x1p31 && nbins < (int64_t{1} << 31);
   // Each thread counts a slice into its own histogram; the slices add up.
   const int64_t threads = std::max<int32_t>(1, call.num_threads());
   const int64_t slices = std::max<int64_t>(1, std::min<int64_t>(threads, n >> 14));
@@ -108,7 +112,13 @@ void histc(Call& call) {
         for (int64_t s = s0; s < s1; ++s) {
           int64_t* mine = counts + s * nbins;
           for (int64_t i = s * per; i < std::min(n, (s + 1) * per); ++i) {
-            const int64_t bin = bin_of<T>(b, load<T>(data + i * es, d));
+            T v;
+            if constexpr (std::is_same_v<T, float>) {
+              v = d == DT::f32 ? reinterpret_cast<const float*>(data)[i] : load<float>(data + i * es, d);
+            } else {
+              std::memcpy(&v, data + i * es, sizeof(T));  // the compute type is the stored type
+            }
+            const int64_t bin = bin_of<T>(b, v);
             if (bin >= 0) ++mine[bin];
           }
         }
