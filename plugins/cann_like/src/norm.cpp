@@ -31,12 +31,8 @@ Ord classify(double p) {
 }
 
 // max/min of |x| with NaN propagating (ATen's AbsMaxOps/AbsMinOps).
-inline double nan_max(double a, double b) {
-  return (std::isnan(a) || a > b) ? a : (std::isnan(b) ? b : b > a ? b : a);
-}
-inline double nan_min(double a, double b) {
-  return (std::isnan(a) || a < b) ? a : (std::isnan(b) ? b : b < a ? b : a);
-}
+inline double nan_max(double a, double b) { return (std::isnan(a) || a >= b) ? a : b; }
+inline double nan_min(double a, double b) { return (std::isnan(a) || a <= b) ? a : b; }
 
 double identity(Ord o) { return o == Ord::neg_inf ? std::numeric_limits<double>::infinity() : 0.0; }
 
