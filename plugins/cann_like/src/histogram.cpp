@@ -97,8 +97,10 @@ void histc(Call& call) {
   b.ihi = static_cast<int64_t>(b.hi);
   b.narrow = b.hi - b.lo < 0x1p31 && nbins < (int64_t{1} << 31);
   // Each thread counts a slice into its own histogram; the slices add up.
+  // One slice when the bins outnumber the values (a histogram per thread
+  // would cost more than the counting).
   const int64_t threads = std::max<int32_t>(1, call.num_threads());
-  const int64_t slices = std::max<int64_t>(1, std::min<int64_t>(threads, n >> 14));
+  const int64_t slices = nbins > n ? 1 : std::max<int64_t>(1, std::min<int64_t>(threads, n >> 14));
   const int64_t per = (n + slices - 1) / std::max<int64_t>(slices, 1);
   int64_t* counts =
       static_cast<int64_t*>(call.scratch(static_cast<uint64_t>(slices * nbins) * sizeof(int64_t)));
