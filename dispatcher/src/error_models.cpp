@@ -99,6 +99,11 @@ std::map<std::string, ErrorModel> build() {
                          "aten::any.dims_out",
                          "aten::all.out",
                          "aten::any.out",
+                         "aten::all.all_out",
+                         "aten::any.all_out",
+                         "aten::histc.out",
+                         "aten::triu.out",
+                         "aten::tril.out",
                          "aten::index_select.out",
                          "aten::gather.out",
                          "aten::scatter.src_out",
@@ -117,6 +122,7 @@ std::map<std::string, ErrorModel> build() {
   m["aten::arange.start_out"] =
       same_dtype(0, "start + i * step is computed in float64 and rounded once, as ATen does");
   m["aten::div.out_mode"] = same_dtype(0, "");
+  m["aten::floor_divide.out"] = same_dtype(0, "div with rounding_mode floor");
   m["aten::remainder.Tensor_out"] =
       same_dtype(1,
                  "a - b * floor(a / b) with the quotient in the op's dtype (as floor "
@@ -156,6 +162,8 @@ std::map<std::string, ErrorModel> build() {
   m["aten::cumsum.out"] = accumulated(Magnitude::kAbsInputs, along("self", "dim"));
   m["aten::mm.out"] = accumulated(Magnitude::kAbsInputs, inner("self", 0));
   m["aten::bmm.out"] = accumulated(Magnitude::kAbsInputs, inner("self", 0));
+  // K: the whole contraction dimension (a 2-d x 2-d call's groups each sum part of it).
+  m["aten::_grouped_mm"] = accumulated(Magnitude::kAbsInputs, inner("self", 0));
   m["aten::addmm.out"] = accumulated(Magnitude::kAbsInputs, inner("mat1", 1));
   m["aten::baddbmm.out"] = accumulated(Magnitude::kAbsInputs, inner("batch1", 1));
   // Adds in place into the output, one value at a time: ATen rounds to the
@@ -172,6 +180,7 @@ std::map<std::string, ErrorModel> build() {
       },
       "accumulate=True adds in place into self, rounding to its dtype after each add (as ATen)");
   m["aten::index_put_"].accumulates_in_output = true;
+  m["aten::_index_put_impl_"] = m["aten::index_put_"];
   m["aten::embedding_dense_backward"] =
       accumulated(Magnitude::kAbsInputs, [](const CallArgs& a) { return a.numel("indices"); });
   m["aten::nll_loss_forward.output"] =
@@ -200,6 +209,7 @@ std::map<std::string, ErrorModel> build() {
   // Terms of one sign: the error is relative to the result.
   m["aten::prod.int_out"] = accumulated(Magnitude::kResult, along("self", "dim"));
   m["aten::norm.out"] = accumulated(Magnitude::kResult, reduced("self", "dim"));
+  m["aten::linalg_vector_norm.out"] = accumulated(Magnitude::kResult, reduced("self", "dim"));
   m["aten::_softmax.out"] = accumulated(
       Magnitude::kResult, [](const CallArgs& a) { return along("self", "dim")(a) + 16; },
       "K terms of the sum, plus exp(x - max): its argument carries |x - max| * u of error (up to 12 u for "

@@ -1419,6 +1419,140 @@ SampleFn gru_cell_backward_spec() {
   };
 }
 
+// ---------------------------------------------------------------------------
+// the ops of Hugging Face's default training paths (issue 28)
+// ---------------------------------------------------------------------------
+
+// linalg_vector_norm.out: (self, Scalar ord, int[1]? dim, keepdim, *, ScalarType? dtype, out)
+SampleFn vector_norm_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    if (!is_float(dt)) return out;
+    const double inf = std::numeric_limits<double>::infinity();
+    const std::vector<std::pair<std::string, c10::Scalar>> ords = {
+        {"ord 2", c10::Scalar(int64_t{2})}, {"ord 1", c10::Scalar(1.0)},  {"ord inf", c10::Scalar(inf)},
+        {"ord -inf", c10::Scalar(-inf)},    {"ord 0", c10::Scalar(0.0)},  {"ord 3", c10::Scalar(3.0)},
+        {"ord 0.5", c10::Scalar(0.5)},      {"ord -1", c10::Scalar(-1.0)}};
+    for (const auto& [name, ord] : ords)
+      for (const DimCase& c : dim_cases(true, true, false)) {
+        if (c.name.find("large") != std::string::npos && name != "ord 2") continue;
+        out.push_back(
+            {name + ", " + c.name, {make_for(c, dt), ord, c.dim, c.keepdim, IValue(), empty_out(dt)}});
+      }
+    out.push_back(
+        {"dim None", {make({4, 5, 6}, dt), c10::Scalar(2.0), IValue(), false, IValue(), empty_out(dt)}});
+    out.push_back({"dtype float64",
+                   {make({4, 50}, dt), c10::Scalar(2.0), IValue(std::vector<int64_t>{1}), false,
+                    IValue(static_cast<int64_t>(at::kDouble)), empty_out(at::kDouble)}});
+    out.push_back({"inf/nan",
+                   {make({4, 4}, dt, 2), c10::Scalar(2.0), IValue(std::vector<int64_t>{1}), false, IValue(),
+                    empty_out(dt)}});
+    out.push_back({"empty, ord inf over every dim (error)",
+                   {make({0, 3}, dt), c10::Scalar(inf), IValue(), false, IValue(), empty_out(dt)}});
+    return out;
+  };
+}
+
+// all.all_out / any.all_out: (self, *, out)
+SampleFn all_any_full_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    const ScalarType od = dt == at::kByte ? at::kByte : at::kBool;
+    auto add = [&](const std::string& n, at::Tensor t) { out.push_back({n, {t, empty_out(od)}}); };
+    add("mixed", make({4, 5, 6}, dt));
+    add("all non-zero", make({4, 5, 6}, dt, 1).to(dt));
+    add("all zero", at::zeros({3, 4}, at::TensorOptions().dtype(dt)));
+    add("0-d", make({}, dt));
+    add("empty", make({0, 3}, dt));
+    add("transposed", make_t(6, 5, dt, 1));
+    add("large, one zero", at::ones({256, 1024}, at::TensorOptions().dtype(dt)).index_put_({5, 7}, 0));
+    return out;
+  };
+}
+
+// histc.out: (self, int bins, Scalar min, Scalar max, *, out); bounds that
+// every dtype holds exactly.
+SampleFn histc_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    auto add = [&](const std::string& n, at::Tensor t, int64_t bins, double lo, double hi) {
+      out.push_back({n, {t, bins, c10::Scalar(lo), c10::Scalar(hi), empty_out(dt)}});
+    };
+    add("bins 10 over [-3, 3]", make({1000}, dt), 10, -3, 3);
+    // Integer inputs take the bounds truncated (as CUDA), which a float64
+    // reference does not know: integer bounds for them.
+    add("values outside the bounds", make({4, 50}, dt), 7, -1, is_float(dt) ? 1.5 : 2);
+    add("min == max: the data's range", make({300}, dt), 6, 0, 0);
+    add("integer ids, max in the last bin", make({64}, dt, 1), 9, 1, 9);
+    add("0-d", make({}, dt), 4, -3, 3);
+    add("empty", make({0}, dt), 5, 0, 0);
+    add("transposed", make_t(20, 30, dt), 8, -2, 2);
+    add("large", make({256, 1024}, dt), 100, -3, 3);
+    add("bins 0 (error)", make({10}, dt), 0, 0, 1);
+    add("min > max (error)", make({10}, dt), 4, 2, 1);
+    return out;
+  };
+}
+
+// _grouped_mm: (self, mat2, Tensor? offs, Tensor? bias, ScalarType? out_dtype), the result allocated by
+// the kernel. Offsets leave an empty group and rows (or columns) past the last one.
+SampleFn grouped_mm_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    if (dt != at::kFloat && dt != at::kBFloat16 && dt != at::kHalf) return out;
+    auto offs = [](std::vector<int64_t> v) {
+      return at::tensor(v, at::TensorOptions().dtype(at::kLong)).to(at::kInt);
+    };
+    auto add = [&](const std::string& n, at::Tensor a, at::Tensor b, IValue o) {
+      out.push_back({n, {a, b, o, IValue(), IValue()}});
+    };
+    add("2d x 3d", make({37, 24}, dt), make({4, 24, 40}, dt), offs({5, 5, 20, 33}));
+    add("2d x 3d, transposed mat2", make({37, 24}, dt), make({4, 40, 24}, dt).transpose(1, 2),
+        offs({5, 5, 20, 37}));
+    add("3d x 2d", make({4, 12, 24}, dt), make({24, 40}, dt), offs({10, 10, 25, 38}));
+    add("2d x 2d (weight gradient)", make({12, 30}, dt), make({30, 16}, dt), offs({6, 6, 17, 30}));
+    add("2d x 2d, transposed self", make({30, 12}, dt).t(), make({30, 16}, dt), offs({6, 6, 17, 24}));
+    add("3d x 3d", make({3, 9, 24}, dt), make({3, 24, 5}, dt), IValue());
+    add("large", make({512, 256}, dt), make({8, 256, 128}, dt),
+        offs({64, 100, 200, 256, 300, 400, 450, 512}));
+    add("offset past the rows (error)", make({10, 8}, dt), make({3, 8, 5}, dt), offs({4, 12, 12}));
+    add("decreasing offsets (error)", make({10, 8}, dt), make({3, 8, 5}, dt), offs({4, 7, 3}));
+    add("contraction mismatch (error)", make({10, 8}, dt), make({3, 9, 5}, dt), offs({1, 2, 3}));
+    return out;
+  };
+}
+
+// triu.out / tril.out: (self, diagonal, *, out)
+SampleFn triangle_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    for (int64_t diag : {-2, 0, 3, 9})
+      out.push_back({"[5,7] diagonal " + std::to_string(diag), {make({5, 7}, dt), diag, empty_out(dt)}});
+    out.push_back({"batched", {make({2, 4, 3}, dt), int64_t{1}, empty_out(dt)}});
+    out.push_back({"transposed", {make_t(6, 5, dt), int64_t{-1}, empty_out(dt)}});
+    out.push_back({"empty", {make({0, 3}, dt), int64_t{0}, empty_out(dt)}});
+    out.push_back({"large", {make({8, 128, 256}, dt), int64_t{0}, empty_out(dt)}});
+    out.push_back({"1-d (error)", {make({5}, dt), int64_t{0}, empty_out(dt)}});
+    return out;
+  };
+}
+
+// random_.from: (self, int from, int? to, *, Generator? generator); judged by its properties.
+SampleFn random_from_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    const bool small = dt == at::kByte || dt == at::kChar || dt == at::kBool || dt == at::kBFloat16;
+    const int64_t lo = dt == at::kByte || dt == at::kBool ? 0 : -5, hi = dt == at::kBool ? 2
+                                                                         : small         ? 100
+                                                                                         : 1000;
+    out.push_back({"large, [" + std::to_string(lo) + ", " + std::to_string(hi) + ")",
+                   {make({256, 256}, dt), lo, hi, IValue()}});
+    out.push_back({"small", {make({3, 5}, dt), lo, hi, IValue()}});
+    out.push_back({"from == to (error)", {make({4}, dt), int64_t{3}, int64_t{3}, IValue()}});
+    return out;
+  };
+}
+
 }  // namespace
 
 void seed_samples(const std::string& key) {
@@ -1609,6 +1743,26 @@ const std::map<std::string, SampleFn>& sample_specs() {
     m["aten::any.dims_out"] = reduce_dims(true, false, R::boolean, true, true);
     m["aten::all.out"] = reduce_dims(false, false, R::boolean, false, true);
     m["aten::any.out"] = reduce_dims(false, false, R::boolean, false, true);
+    m["aten::linalg_vector_norm.out"] = vector_norm_spec();
+    m["aten::all.all_out"] = all_any_full_spec();
+    m["aten::any.all_out"] = all_any_full_spec();
+    m["aten::histc.out"] = histc_spec();
+    m["aten::_grouped_mm"] = grouped_mm_spec();
+    m["aten::triu.out"] = triangle_spec();
+    m["aten::tril.out"] = triangle_spec();
+    m["aten::random_.from"] = random_from_spec();
+    m["aten::floor_divide.out"] = [](ScalarType dt) {
+      auto out = binary_samples(dt, BinarySpec{{}, R::same, 1, true, false});
+      if (at::isIntegralType(dt, false))
+        out.push_back({"integer division by zero (error)",
+                       {make({3}, dt), at::zeros({3}, at::TensorOptions().dtype(dt)), empty_out(dt)}});
+      return out;
+    };
+    m["aten::_index_put_impl_"] = [](ScalarType dt) {
+      auto out = index_put_spec()(dt);
+      for (Sample& smp : out) smp.args.push_back(false);  // unsafe
+      return out;
+    };
     m["aten::cumsum.out"] = cumsum_spec();
     m["aten::_softmax.out"] = softmax_spec();
     m["aten::_log_softmax.out"] = softmax_spec();
@@ -1716,6 +1870,16 @@ const std::map<std::string, PropertyFn>& property_checks() {
          const at::Tensor d = got[0].to(at::kDouble);
          if (!d.eq(0).logical_or(d.eq(1)).all().item<bool>()) return "values other than 0 and 1";
          return check_moments(got[0], p, std::sqrt(p * (1 - p)), 0, 1);
+       }},
+      {"aten::random_.from",
+       [](const std::vector<IValue>& a, const std::vector<at::Tensor>& got) -> std::string {
+         const double lo = static_cast<double>(a[1].toInt()), hi = static_cast<double>(a[2].toInt()) - 1;
+         if (got.size() != 1 || !got[0].sizes().equals(a[0].toTensor().sizes())) return "expected self back";
+         const at::Tensor d = got[0].to(at::kDouble);
+         if (!at::equal(d, d.floor())) return "values that are not integers";
+         // The discrete uniform distribution on [lo, hi].
+         const double n = hi - lo + 1;
+         return check_moments(got[0], (lo + hi) / 2, std::sqrt((n * n - 1) / 12), lo, hi);
        }},
       {"aten::native_dropout",
        [](const std::vector<IValue>& a, const std::vector<at::Tensor>& got) -> std::string {
@@ -1869,6 +2033,54 @@ const std::map<std::string, ReferenceFn>& reference_library() {
            out.push_back(std::get<1>(r).sum(0));
          }
          return out;
+       }},
+      // CUDA's histc, which the CPU's has no integer kernel for: ATen's
+      // float64 histc of the converted values (exact for the samples'
+      // integers), its counts in the input's dtype.
+      {"aten::histc.out",
+       [](const std::vector<IValue>& a) {
+         const at::Tensor x = a[0].toTensor();
+         return std::vector<at::Tensor>{
+             at::histc(x.to(at::kDouble), a[1].toInt(), a[2].toScalar(), a[3].toScalar())
+                 .to(x.scalar_type())};
+       }},
+      // ATen's CPU _grouped_mm takes no float64 (the reference's dtype): one
+      // mm per group on the CPU, offsets checked as the kernel checks them;
+      // rows or columns past the last offset are zeros.
+      {"aten::_grouped_mm",
+       [](const std::vector<IValue>& a) {
+         const at::Tensor x = a[0].toTensor(), w = a[1].toTensor();
+         if (x.size(-1) != w.size(-2))
+           throw std::invalid_argument("contraction dimension of mat_a and mat_b must match");
+         std::vector<int64_t> b{0};
+         if (!a[2].isNone()) {
+           const at::Tensor o = a[2].toTensor().to(at::kLong).contiguous();
+           for (int64_t i = 0; i < o.numel(); ++i) b.push_back(o.data_ptr<int64_t>()[i]);
+         }
+         const int64_t groups = static_cast<int64_t>(b.size()) - 1;
+         const int64_t limit = x.dim() == 2 && w.dim() == 3   ? x.size(0)
+                               : x.dim() == 3 && w.dim() == 2 ? w.size(1)
+                                                              : x.size(1);
+         for (size_t g = 1; g < b.size(); ++g)
+           if (b[g] < b[g - 1] || b[g] > limit)
+             throw std::invalid_argument("offs out of order or out of range");
+         at::Tensor out;
+         if (x.dim() == 2 && w.dim() == 3) {
+           out = at::zeros({x.size(0), w.size(2)}, x.options());
+           for (int64_t g = 0; g < groups; ++g)
+             out.narrow(0, b[g], b[g + 1] - b[g]).copy_(at::mm(x.narrow(0, b[g], b[g + 1] - b[g]), w[g]));
+         } else if (x.dim() == 3 && w.dim() == 2) {
+           out = at::zeros({x.size(1), w.size(1)}, x.options());
+           for (int64_t g = 0; g < groups; ++g)
+             out.narrow(1, b[g], b[g + 1] - b[g]).copy_(at::mm(x[g], w.narrow(1, b[g], b[g + 1] - b[g])));
+         } else if (x.dim() == 2) {
+           out = at::zeros({groups, x.size(0), w.size(1)}, x.options());
+           for (int64_t g = 0; g < groups; ++g)
+             out[g].copy_(at::mm(x.narrow(1, b[g], b[g + 1] - b[g]), w.narrow(0, b[g], b[g + 1] - b[g])));
+         } else {
+           out = at::bmm(x, w);
+         }
+         return std::vector<at::Tensor>{out};
        }},
       {"cann_like::conv2d_bias_relu",
        [](const std::vector<IValue>& a) {

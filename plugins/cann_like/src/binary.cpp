@@ -10,6 +10,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <string_view>
 
 namespace cann_like {
 
@@ -255,11 +256,13 @@ T int_remainder(T a, T b) {
   return static_cast<T>(a % b);
 }
 
-// aten::div.out / aten::div.out_mode (rounding_mode None, "trunc", "floor")
+// aten::div.out / aten::div.out_mode (rounding_mode None, "trunc", "floor");
+// aten::floor_divide.out is div with rounding_mode "floor" (as in ATen).
 void div(Call& call) {
   const bool has_mode = call.num_args() == 4;
   std::string mode;
   if (has_mode && !call.is_none(2)) mode = call.string_arg(2);
+  if (std::string_view(call.op()) == "aten::floor_divide.out") mode = "floor";
   if (!mode.empty() && mode != "trunc" && mode != "floor")
     call.fail(NPUB_ERR_INVALID_ARGUMENT,
               "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '" + mode + "'");
@@ -614,6 +617,10 @@ void register_binary(npub::sdk::Registrar& r) {
       .alias_safe();
   r.op("aten::div.out_mode(Tensor self, Tensor other, *, str? rounding_mode, Tensor(a!) out) -> Tensor(a!)",
        &div)
+      .dtypes(numeric)
+      .mixed_dtypes()
+      .alias_safe();
+  r.op("aten::floor_divide.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)", &div)
       .dtypes(numeric)
       .mixed_dtypes()
       .alias_safe();

@@ -517,7 +517,8 @@ void register_index(npub::sdk::Registrar& r) {
        &scatter<false>)
       .dtypes(all)
       .arg_dtypes("index", {npub::sdk::kInt64})
-      .contiguous_only();
+      .contiguous_only()
+      .alias_safe();  // scatter_: out is self (copied only when apart); ATen refuses out overlapping src
   r.op("aten::scatter_add.out(Tensor self, int dim, Tensor index, Tensor src, *, Tensor(a!) out) -> "
        "Tensor(a!)",
        &scatter<true>)
@@ -531,6 +532,15 @@ void register_index(npub::sdk::Registrar& r) {
       .contiguous_only();
   r.op("aten::index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False) -> "
        "Tensor(a!)",
+       &index_put)
+      .dtypes(all)
+      .arg_dtypes("indices", {npub::sdk::kInt64, npub::sdk::kInt32, npub::sdk::kBool, npub::sdk::kUInt8})
+      .contiguous_only();
+  // What autograd's index backward calls (accumulate=True into zeros);
+  // `unsafe` only lets ATen skip its index checks, which this kernel makes.
+  r.op("aten::_index_put_impl_(Tensor(a!) self, Tensor?[] indices, Tensor values, bool accumulate=False, "
+       "bool "
+       "unsafe=False) -> Tensor(a!)",
        &index_put)
       .dtypes(all)
       .arg_dtypes("indices", {npub::sdk::kInt64, npub::sdk::kInt32, npub::sdk::kBool, npub::sdk::kUInt8})

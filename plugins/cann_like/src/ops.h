@@ -23,6 +23,10 @@ void register_pooling(npub::sdk::Registrar& r);
 void register_random(npub::sdk::Registrar& r);
 void register_rnn(npub::sdk::Registrar& r);
 void register_amp(npub::sdk::Registrar& r);              // the gradient scaler's ops (amp.cpp)
+void register_norm(npub::sdk::Registrar& r);             // linalg_vector_norm, norm (norm.cpp)
+void register_histogram(npub::sdk::Registrar& r);        // histc (histogram.cpp)
+void register_grouped_mm(npub::sdk::Registrar& r);       // _grouped_mm (grouped_mm.cpp)
+void register_triangular(npub::sdk::Registrar& r);       // triu, tril (triangular.cpp)
 void register_fusion_patterns(npub::sdk::Registrar& r);  // ABI 1.5 fusion patterns (fusion_patterns.cpp)
 
 }  // namespace cann_like

@@ -23,6 +23,10 @@ void init(npub::sdk::Registrar& r) {
   cann_like::register_random(r);
   cann_like::register_rnn(r);
   cann_like::register_amp(r);
+  cann_like::register_norm(r);
+  cann_like::register_histogram(r);
+  cann_like::register_grouped_mm(r);
+  cann_like::register_triangular(r);
   cann_like::register_fusion_patterns(r);  // last: the patterns name the ops above
 }
 }  // namespace

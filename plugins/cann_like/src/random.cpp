@@ -1,5 +1,5 @@
 // Random fills on the call's Philox stream (plugin ABI 1.1): uniform_,
-// normal_ (Box-Muller), bernoulli_. The stream is the caller's generator
+// normal_ (Box-Muller), bernoulli_, random_ (integers in a range). The stream is the caller's generator
 // (torch.Generator(device="npu")) or the device's default one (seeded by
 // torch.npu.manual_seed / torch.manual_seed): philox_reserve picks it.
 // Independent of thread count, as every element's numbers depend only on
@@ -11,6 +11,7 @@
 #include <npubridge/philox.hpp>
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -96,6 +97,85 @@ void fill_random(Call& call) {
   });
 }
 
+// The integers a random_ fill may produce in dtype d up to `to` excluded:
+// ATen's bounds (a floating dtype holds the integers up to 2^digits).
+int64_t max_integer(DT d) {
+  switch (d) {
+    case DT::f32:
+      return int64_t{1} << 24;
+    case DT::f64:
+      return int64_t{1} << 53;
+    case DT::f16:
+      return int64_t{1} << 11;
+    case DT::bf16:
+      return int64_t{1} << 8;
+    case DT::i32:
+      return std::numeric_limits<int32_t>::max();
+    case DT::i16:
+      return std::numeric_limits<int16_t>::max();
+    case DT::i8:
+      return std::numeric_limits<int8_t>::max();
+    case DT::u8:
+      return std::numeric_limits<uint8_t>::max();
+    case DT::b8:
+      return 1;
+    default:
+      return std::numeric_limits<int64_t>::max();
+  }
+}
+int64_t min_integer(DT d) {
+  if (is_floating(d)) return -max_integer(d);
+  if (d == DT::u8 || d == DT::b8) return 0;
+  return d == DT::i64 ? std::numeric_limits<int64_t>::min() : -max_integer(d) - 1;
+}
+
+// aten::random_.from(self, int from, int? to, *, Generator? generator): the
+// integers [from, to) uniformly (to = None: up to the dtype's largest
+// integer, included), from 32 random bits when the range fits them, else 64
+// (as ATen's random_from_to).
+void random_from(Call& call) {
+  TensorRef self = call.tensor(0);
+  const DT d = dt_of(self.dtype());
+  const int64_t from = call.int_arg(1);
+  const bool open = call.is_none(2);
+  if (!open && !(from < call.int_arg(2)))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "random_ expects 'from' to be less than 'to', but got from=" + std::to_string(from) +
+                  " >= to=" + std::to_string(call.int_arg(2)));
+  const int64_t last = open ? max_integer(d) : call.int_arg(2) - 1;  // the largest value
+  if (from < min_integer(d) || from > max_integer(d))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("from is out of bounds for ") + c10_type_name(d));
+  if (last < min_integer(d) || last > max_integer(d))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string("to - 1 is out of bounds for ") + c10_type_name(d));
+  // range - 1 as unsigned: [from, last] may span all 2^64 int64 values.
+  const uint64_t span = static_cast<uint64_t>(last) - static_cast<uint64_t>(from);
+  const int64_t n = self.numel(), es = dt_size(d);
+  if (n == 0) return;
+  const auto [seed, offset] = call.philox(static_cast<uint64_t>((n + 1) / 2));
+  call.parallel_for(0, (n + 1) / 2, 2048, [&](int64_t blk0, int64_t blk1) {
+    for (int64_t blk = blk0; blk < blk1; ++blk) {
+      const auto r = npub::philox::block(seed, offset + static_cast<uint64_t>(blk));
+      for (int k = 0; k < 2; ++k) {
+        const int64_t i = blk * 2 + k;
+        if (i >= n) break;
+        const uint64_t lo = r[static_cast<size_t>(2 * k)], hi = r[static_cast<size_t>(2 * k + 1)];
+        uint64_t pick;
+        if (span == std::numeric_limits<uint64_t>::max())
+          pick = (hi << 32) | lo;
+        else if (span < (uint64_t{1} << 32))
+          pick = lo % (span + 1);
+        else
+          pick = ((hi << 32) | lo) % (span + 1);
+        const int64_t v = static_cast<int64_t>(static_cast<uint64_t>(from) + pick);
+        if (is_floating(d))
+          store<double>(self.data<char>() + i * es, d, static_cast<double>(v));
+        else
+          store<int64_t>(self.data<char>() + i * es, d, v);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void register_random(npub::sdk::Registrar& r) {
@@ -111,6 +191,10 @@ void register_random(npub::sdk::Registrar& r) {
       .contiguous_only();
   r.op("aten::bernoulli_.float(Tensor(a!) self, float p=0.5, *, Generator? generator=None) -> Tensor(a!)",
        &fill_random<Dist::bernoulli>)
+      .dtypes(dtypes_all())
+      .contiguous_only();
+  r.op("aten::random_.from(Tensor(a!) self, int from, int? to, *, Generator? generator=None) -> Tensor(a!)",
+       &random_from)
       .dtypes(dtypes_all())
       .contiguous_only();
 }

@@ -1,7 +1,7 @@
 // Reductions over dim lists (sum, mean, prod, amax, amin, max.dim, min.dim,
-// argmax, argmin, var, std, norm, all, any): the reducers and the engine
+// argmax, argmin, var, std, all, any): the reducers and the engine
 // that runs them over a Plan (common.h). cumsum is in scan.cpp, softmax in
-// softmax.cpp.
+// softmax.cpp, the vector norms in norm.cpp.
 //
 // Floating sums accumulate in double (more accurate than the inputs need);
 // half types accumulate in float at least, as ATen does.
@@ -175,33 +175,6 @@ struct MomentsR {  // Welford-free two-accumulator (sum, sum of squares around a
     a.m2 += b.m2 + d * d * a.n * b.n / n;
     a.mean += d * b.n / n;
     a.n = n;
-  }
-};
-struct NormR {
-  double p;
-  struct Acc {
-    double v;
-  };
-  Acc init() const { return {0}; }
-  template <typename V>
-  void step(Acc& a, V x, int64_t) const {
-    const double ax = std::fabs(static_cast<double>(x));
-    if (std::isinf(p))
-      a.v = (std::isnan(ax) || ax > a.v) ? ax : a.v;
-    else if (p == 0)
-      a.v += ax != 0;
-    else if (p == 1)
-      a.v += ax;
-    else if (p == 2)
-      a.v += ax * ax;
-    else
-      a.v += std::pow(ax, p);
-  }
-  void combine(Acc& a, const Acc& b) const {
-    if (std::isinf(p))
-      a.v = (std::isnan(b.v) || b.v > a.v) ? b.v : a.v;
-    else
-      a.v += b.v;
   }
 };
 template <bool kAll>
@@ -394,35 +367,21 @@ void var_std(Call& call) {
   });
 }
 
-// aten::norm.out(self, Scalar? p, int[1] dim, keepdim, *, out)
-void norm(Call& call) {
-  TensorRef in = call.tensor(0), out = call.tensor(4);
-  if (!is_floating(dt_of(in.dtype())))
-    call.fail(
-        NPUB_ERR_INVALID_ARGUMENT,
-        std::string("norm(): input dtype should be floating point, but got ") + dt_name(dt_of(in.dtype())));
-  const double p = call.is_none(1) ? 2.0 : call.scalar_arg(1);
-  Reduction r = prepare(call, in, call.int_list(2), call.bool_arg(3), out);
-  NormR red{p};
-  run_reduce<double>(call, in, r.plan, red, [&](int64_t o, const NormR::Acc& acc) {
-    double v = acc.v;
-    if (!std::isinf(p) && p != 0 && p != 1) v = p == 2 ? std::sqrt(v) : std::pow(v, 1.0 / p);
-    put<double>(r, out, r.out_pos, o, v);
-  });
-}
-
 // aten::all.dims_out / aten::any.dims_out(self, int[]? dim, keepdim, *, out)
 // aten::all.out / aten::any.out(self, int dim, keepdim, *, out)
+// aten::all.all_out / aten::any.all_out(self, *, out): every dim
 template <bool kAll>
 void all_any(Call& call) {
-  TensorRef in = call.tensor(0), out = call.tensor(3);
+  const bool full = call.num_args() == 2;
+  TensorRef in = call.tensor(0), out = call.tensor(full ? 1 : 3);
   const DT od = dt_of(out.dtype());
   if (od != DT::b8 && !(od == DT::u8 && dt_of(in.dtype()) == DT::u8))
     call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(kAll ? "all" : "any") +
                                              " only supports bool tensor for result, got: " + dt_name(od));
   // all.dims_out: None reduces every dim, [] none (ATen's int[]? semantics).
-  const bool explicit_empty = call.arg(1).tag == NPUB_VALUE_INT_LIST && call.arg(1).count == 0;
-  Reduction r = prepare(call, in, dims_arg(call, 1), call.bool_arg(2), out, explicit_empty);
+  const bool explicit_empty = !full && call.arg(1).tag == NPUB_VALUE_INT_LIST && call.arg(1).count == 0;
+  Reduction r = full ? prepare(call, in, {}, false, out)
+                     : prepare(call, in, dims_arg(call, 1), call.bool_arg(2), out, explicit_empty);
   visit_input(dt_of(in.dtype()), [&](auto tag) {
     using V = decltype(tag);
     BoolR<kAll> red;
@@ -486,10 +445,6 @@ void register_reduce(npub::sdk::Registrar& r) {
        "keepdim=False, Tensor(a!) out) -> Tensor(a!)",
        &var_std<true>)
       .dtypes(floating);
-  r.op("aten::norm.out(Tensor self, Scalar? p, int[1] dim, bool keepdim=False, *, Tensor(a!) out) -> "
-       "Tensor(a!)",
-       &norm)
-      .dtypes(floating);
   r.op("aten::all.dims_out(Tensor self, int[]? dim=None, bool keepdim=False, *, Tensor(a!) out) -> "
        "Tensor(a!)",
        &all_any<true>)
@@ -506,6 +461,12 @@ void register_reduce(npub::sdk::Registrar& r) {
       .arg_dtypes("out", {npub::sdk::kBool, npub::sdk::kUInt8});
   r.op("aten::any.out(Tensor self, int dim, bool keepdim=False, *, Tensor(a!) out) -> Tensor(a!)",
        &all_any<false>)
+      .dtypes(all)
+      .arg_dtypes("out", {npub::sdk::kBool, npub::sdk::kUInt8});
+  r.op("aten::all.all_out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)", &all_any<true>)
+      .dtypes(all)
+      .arg_dtypes("out", {npub::sdk::kBool, npub::sdk::kUInt8});
+  r.op("aten::any.all_out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)", &all_any<false>)
       .dtypes(all)
       .arg_dtypes("out", {npub::sdk::kBool, npub::sdk::kUInt8});
 }

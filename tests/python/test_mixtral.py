@@ -1,0 +1,67 @@
+"""A mixture-of-experts model nobody here wrote: Hugging Face transformers'
+MixtralForCausalLM with a tiny config (random weights, fixed seed, nothing
+downloaded). On npu its experts take transformers' grouped_mm path (histc
+of int32 expert ids, torch._grouped_mm), which the CPU does not; the
+logits and every parameter's gradient are judged by npubridge's error model
+against the same model in float64 on the CPU (conftest.assert_judged), with
+no op falling back to the CPU."""
+import copy
+
+import pytest
+import torch
+
+import npubridge
+from conftest import assert_judged
+
+import transformers
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64)
+    # The references loop over the experts (transformers' "eager" experts):
+    # an independent computation, and ATen's CPU _grouped_mm has no float64.
+    cpu = transformers.MixtralForCausalLM(transformers.MixtralConfig(**sizes, experts_implementation="eager"))
+    npu = transformers.MixtralForCausalLM(transformers.MixtralConfig(**sizes))
+    assert npu.config._experts_implementation == "grouped_mm"
+    npu.load_state_dict(cpu.state_dict())
+    wide = copy.deepcopy(cpu).double()  # the reference: the same model in float64
+    return cpu, npu.to("npu"), wide, torch.randint(0, 64, (2, 10))
+
+
+def fallbacks():
+    return {k: v["fallbacks"] for k, v in npubridge.stats().items() if v["fallbacks"]}
+
+
+def test_forward_logits_match(models):
+    cpu, npu, wide, ids = models
+    cpu.eval(), npu.eval(), wide.eval()
+    npubridge.reset_stats()
+    with torch.no_grad():
+        got, host, ref = npu(ids.npu()).logits, cpu(ids).logits, wide(ids).logits
+    assert got.device.type == "npu"
+    assert not fallbacks(), fallbacks()
+    stats = npubridge.stats()
+    for op in ("aten::histc.out", "aten::_grouped_mm"):  # the experts' path ran natively
+        assert sum(stats[op]["native"].values()) == stats[op]["calls"] > 0, (op, stats.get(op))
+    assert_judged(got, host, ref, "logits")
+
+
+def test_gradients_match_with_no_fallback(models):
+    cpu, npu, wide, ids = models
+    npubridge.reset_stats()
+    for m in (cpu, npu, wide):
+        m.train()
+        m.zero_grad(set_to_none=True)
+        dev_ids = ids.npu() if m is npu else ids
+        m(dev_ids, labels=dev_ids).loss.backward()
+    torch.nn.utils.clip_grad_norm_(npu.parameters(), 1e9)  # the Trainer's clipping: norms only, no change
+    assert not fallbacks(), fallbacks()
+    checked = 0
+    for (name, pc), (_, pn), (_, pw) in zip(cpu.named_parameters(), npu.named_parameters(), wide.named_parameters()):
+        assert pn.grad is not None and pn.grad.device.type == "npu", name
+        assert_judged(pn.grad, pc.grad, pw.grad, f"{name} gradient")
+        checked += 1
+    assert checked == sum(1 for _ in cpu.parameters())
