@@ -61,10 +61,10 @@ def _plugin_unavailable():
     """Why the plugin's kernel cannot run now, or None."""
     if _C.optim_level() < 2:
         return "the optimisation level is below 2 (fused ops off)"
-    for p in _C.plugins():
-        if p["name"] == _PLUGIN:
-            return None if p["enabled"] else "mindspeed_like is disabled"
-    return "mindspeed_like is not loaded"
+    enabled = _C.plugin_enabled(_PLUGIN)
+    if enabled is None:
+        return "mindspeed_like is not loaded"
+    return None if enabled else "mindspeed_like is disabled"
 
 
 def _mask_broadcasts(mask, b, n, sq, skv):

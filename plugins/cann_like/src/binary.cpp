@@ -53,6 +53,19 @@ Binary binary_args(Call& call, int32_t a_index, int32_t b_index, int32_t out_ind
     x.scalar = std::make_unique<ScalarTensor>(v);
     x.b = x.scalar->ref();
   }
+  // Note [A float32 op reads its scalar operand as a float]
+  // A scalar `other` of a float32 op (a Scalar argument; a Python number,
+  // which reaches an op as a 0-d float64 tensor; a 0-d tensor of another
+  // dtype) is read once as the float ATen's kernel makes of it (its opmath
+  // value: one rounding from the original value), so that every operand is
+  // float32 and run_elementwise's typed loop with the scalar broadcast along
+  // the row serves the call. Before, `x * 2.0` ran the per-element
+  // converting loop: 54 us for 16k elements against 3 us.
+  if (x.common == DT::f32 && x.b.dim() == 0 && !x.b.is(npub::sdk::kFloat32)) {
+    const float f = load<float>(x.b.data<char>(), dt_of(x.b.dtype()));
+    x.scalar = std::make_unique<ScalarTensor>(f);
+    x.b = x.scalar->ref();
+  }
   return x;
 }
 
@@ -366,7 +379,9 @@ void pow_op(Call& call) {
   // the same arithmetic (x*x for 2, sqrt for 0.5, ...), the rest std::pow
   // with the exponent held in a register rather than read per element.
   if (x.scalar && (x.common == DT::f32 || x.common == DT::f64) && dt_of(x.a.dtype()) == x.common) {
-    const double e = scalar_as<double>(call, 1);
+    // The exponent: the Scalar argument, or a 0-d tensor's value (x.b).
+    const double e = call.arg(1).tag == NPUB_VALUE_TENSOR ? load<double>(x.b.data<char>(), dt_of(x.b.dtype()))
+                                                          : scalar_as<double>(call, 1);
     Iter it = make_iter(x.out, {x.a});
     visit_compute(x.common, [&](auto tag) {
       using T = decltype(tag);

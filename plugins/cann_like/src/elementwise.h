@@ -14,8 +14,17 @@ struct ScalarTensor {
     double d;
     int64_t i;
     uint8_t b;
+    float f;
   } value{};
   DLTensor dl{};
+  // A float32 scalar (a float32 op's operand in its compute type).
+  explicit ScalarTensor(float f) {
+    dl.ndim = 0;
+    dl.device = DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_CPU), 0};
+    value.f = f;
+    dl.dtype = npub::sdk::kFloat32;
+    dl.data = &value;
+  }
   explicit ScalarTensor(const NpubValue& v) {
     dl.ndim = 0;
     dl.device = DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_CPU), 0};
