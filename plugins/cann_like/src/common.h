@@ -439,6 +439,7 @@ Iter make_iter(const TensorRef& out, std::initializer_list<TensorRef> inputs);
 // Runs row(ptrs, byte_strides, n) over the iterator: `ptrs[i]` points at the
 // first element of operand i in a run of n elements along the last dim,
 // `byte_strides[i]` steps along it. Rows are spread over compute threads.
+constexpr int kMaxIterDims = 16;
 template <typename Row>
 void for_each_row(const Call& call, const Iter& it, Row&& row) {
   const int64_t n = it.numel();
@@ -454,22 +455,51 @@ void for_each_row(const Call& call, const Iter& it, Row&& row) {
     });
     return;
   }
-  const int64_t inner = nd > 0 ? it.shape[static_cast<size_t>(nd - 1)] : 1;
+  // Note [Rows are the coalesced inner dims]
+  // A row is the innermost dim merged with every outer dim that all operands
+  // walk on from it (stride[d] == stride[d+1] * size[d+1]), size-1 dims
+  // dropped first: q * cos[1, 1, S, D] runs B*N rows of S*D elements, not
+  // B*N*S rows of D (a rotary embedding's multiply took 25 us for 16k
+  // elements in rows of 8, where ATen's coalescing TensorIterator takes 3).
+  int64_t shape[kMaxIterDims], strides[4][kMaxIterDims];
+  int kd = 0;
+  for (int d = 0; d < nd && kd < kMaxIterDims; ++d) {
+    if (it.shape[static_cast<size_t>(d)] == 1) continue;
+    shape[kd] = it.shape[static_cast<size_t>(d)];
+    for (int i = 0; i < it.nops; ++i) strides[i][kd] = it.strides[i][static_cast<size_t>(d)];
+    ++kd;
+  }
+  if (nd > kMaxIterDims) {  // not expected (ATen allows 64 dims): walk the Iter's own dims
+    kd = nd;
+  } else {
+    while (kd >= 2) {
+      bool merge = true;
+      for (int i = 0; i < it.nops && merge; ++i)
+        merge = strides[i][kd - 2] == strides[i][kd - 1] * shape[kd - 1];
+      if (!merge) break;
+      shape[kd - 2] *= shape[kd - 1];
+      for (int i = 0; i < it.nops; ++i) strides[i][kd - 2] = strides[i][kd - 1];
+      --kd;
+    }
+  }
+  const bool own = nd > kMaxIterDims;
+  auto size_of = [&](int d) { return own ? it.shape[static_cast<size_t>(d)] : shape[d]; };
+  auto stride_of = [&](int i, int d) { return own ? it.strides[i][static_cast<size_t>(d)] : strides[i][d]; };
+  const int64_t inner = kd > 0 ? size_of(kd - 1) : 1;
   const int64_t rows = n / inner;
   int64_t inner_stride[4];
-  for (int i = 0; i < it.nops; ++i) inner_stride[i] = nd > 0 ? it.strides[i][static_cast<size_t>(nd - 1)] : 0;
+  for (int i = 0; i < it.nops; ++i) inner_stride[i] = kd > 0 ? stride_of(i, kd - 1) : 0;
   call.parallel_for(0, rows, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(inner, 1)),
                     [&](int64_t rb, int64_t re) {
                       for (int64_t r = rb; r < re; ++r) {
                         char* p[4];
                         for (int i = 0; i < it.nops; ++i) p[i] = it.data[i];
                         int64_t rem = r;
-                        for (int d = nd - 2; d >= 0; --d) {
-                          const int64_t size = it.shape[static_cast<size_t>(d)];
+                        for (int d = kd - 2; d >= 0; --d) {
+                          const int64_t size = size_of(d);
                           const int64_t idx = rem % size;
                           rem /= size;
-                          for (int i = 0; i < it.nops; ++i)
-                            p[i] += idx * it.strides[i][static_cast<size_t>(d)];
+                          for (int i = 0; i < it.nops; ++i) p[i] += idx * stride_of(i, d);
                         }
                         row(p, inner_stride, inner);
                       }
