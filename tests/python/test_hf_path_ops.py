@@ -332,3 +332,43 @@ def test_randint(dtype):
     native_only("aten::random_.from")
     with pytest.raises(RuntimeError, match="from=5 >= to=5"):
         torch.empty(3, device="npu").random_(5, 5)
+
+
+# --- isposinf / isneginf, native_dropout_backward ---------------------------
+# (transformers' SDPA mask check, attention dropout's backward in a Trainer run)
+
+
+@pytest.mark.parametrize("dtype", FLOATS + [torch.int32, torch.bool])
+def test_isposinf_isneginf(dtype):
+    npubridge.reset_stats()
+    x = torch.tensor([1.0, -math.inf, math.inf, math.nan, 0.0, -0.0, -1e30, 1e30])
+    x = x.to(dtype) if dtype.is_floating_point else torch.tensor([0, 1, -1, 7, 0, 1, 1, 0]).to(dtype)
+    for fn in (torch.isposinf, torch.isneginf):
+        for t in (x, x[::2]):
+            want = [v == (math.inf if fn is torch.isposinf else -math.inf) for v in t.double().tolist()]
+            got = fn(t.npu())
+            assert got.dtype == torch.bool and got.cpu().tolist() == want
+    native_only("aten::isposinf.out", "aten::isneginf.out")
+    with pytest.raises(RuntimeError, match="does not support non-boolean outputs"):
+        torch.isneginf(x.npu(), out=torch.empty(x.shape, device="npu"))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_native_dropout_backward(dtype):
+    npubridge.reset_stats()
+    g = torch.Generator().manual_seed(0)
+    grad = torch.randn(4, 33, generator=g, dtype=torch.float64).to(dtype)
+    grad[0, 0] = math.nan  # NaN * a dropped element stays NaN, as in ATen
+    mask = torch.rand(4, 33, generator=g) > 0.3
+    mask[0, 0] = False
+    scale = 1 / 0.7
+    got = torch.ops.aten.native_dropout_backward(grad.npu(), mask.npu(), scale)
+    assert got.dtype == dtype and bool(got[0, 0].isnan())
+    host = torch.ops.aten.native_dropout_backward(grad, mask, scale)
+    wide = grad.double() * mask.double() * scale
+    keep = ~wide.isnan()
+    assert_judged(got.cpu()[keep], host[keep], wide[keep], "native_dropout_backward")
+    native_only("aten::native_dropout_backward")
+    with pytest.raises(RuntimeError, match=r"mask of shape \[4\] does not match grad_output of shape \[3\]"):
+        torch.ops.aten.native_dropout_backward(torch.randn(3, device="npu"), torch.ones(4, dtype=torch.bool,
+                                                                                         device="npu"), 2.0)

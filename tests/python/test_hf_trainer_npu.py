@@ -101,7 +101,9 @@ def test_checkpoint_resume_reproduces_the_run(tmp_path):
     # Attention dropout draws from the npu's generator: resuming reproduces
     # the uninterrupted run's losses only if the checkpoint's npu RNG state
     # (torch.npu.random.get_rng_state) is restored.
+    npubridge.reset_stats()
     full, full_losses = _run(tmp_path / "full", _model(dropout=0.3), use_cpu=False, max_steps=4)
+    assert _fallbacks() == {}, "ops a Trainer run with attention dropout sent to the CPU"
     ckpt = tmp_path / "full" / "checkpoint-2"
     rng = torch.load(ckpt / "rng_state.pth", weights_only=False)
     assert "npu" in rng and rng["npu"].dtype == torch.uint8

@@ -3,9 +3,11 @@ compatibility package it trains on npu:0 by itself. A tiny Llama (random
 weights) and a word-level tokenizer built here (nothing downloaded)
 fine-tune on a small text dataset; each step's loss and the trained weights
 are judged against the same run on the CPU in float32 and float64
-(npubridge's error model, never a fixed tolerance against the CPU)."""
+(npubridge's error model, never a fixed tolerance against the CPU), and no
+op falls back to the CPU."""
 import torch
 
+import npubridge
 from conftest import assert_judged, import_torch_npu_compat
 
 import_torch_npu_compat()  # before transformers and trl, which decide at import
@@ -64,7 +66,10 @@ def _run(out_dir, use_cpu, dtype=torch.float32):
 
 
 def test_sft_trainer_trains_on_the_npu(tmp_path):
+    npubridge.reset_stats()
     npu, npu_losses = _run(tmp_path / "npu", use_cpu=False)
+    fell = {op: s["fallbacks"] for op, s in npubridge.stats().items() if s["fallbacks"]}
+    assert fell == {}, "ops the SFTTrainer run sent to the CPU"
     assert npu.args.device == torch.device("npu", 0)
     assert next(npu.model.parameters()).device.type == "npu"
     cpu, cpu_losses = _run(tmp_path / "cpu", use_cpu=True)

@@ -401,9 +401,47 @@ void native_dropout(Call& call) {
   });
 }
 
+// aten::native_dropout_backward(Tensor grad_output, Tensor mask, float scale) -> Tensor
+// ATen's grad_output * mask * scale: the product with the mask in the
+// grad's dtype (exact; NaN * 0 stays NaN), then the scale as the compute
+// type's scalar (float for float and the half types, as ATen's opmath).
+void native_dropout_backward(Call& call) {
+  const TensorRef g = call.tensor(0), mask = call.tensor(1);
+  const DT d = dt_of(g.dtype());
+  if (!mask.is(npub::sdk::kBool))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string("mask should be a boolean tensor, but got ") + dt_name(dt_of(mask.dtype())));
+  if (mask.sizes() != g.sizes())
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, "mask of shape " + shape_str(mask.sizes()) +
+                                             " does not match grad_output of shape " + shape_str(g.sizes()));
+  const double scale = call.double_arg(2);
+  TensorRef out = call.output(0, g.sizes(), g.dtype());
+  const int64_t n = g.numel(), es = dt_size(d);
+  const uint8_t* m = mask.data<uint8_t>();
+  const char* gb = g.data<char>();
+  char* ob = out.data<char>();
+  visit_compute(d, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_floating_point_v<T>) {
+      const T s = static_cast<T>(scale);
+      call.parallel_for(0, n, 1 << 14, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) {
+          const T v = load<T>(gb + i * es, d) * (m[i] ? T(1) : T(0));
+          store<T>(ob + i * es, d, v * s);
+        }
+      });
+    }
+  });
+}
+
 }  // namespace
 
 void register_nn(npub::sdk::Registrar& r) {
+  r.op("aten::native_dropout_backward(Tensor grad_output, Tensor mask, float scale) -> Tensor",
+       &native_dropout_backward)
+      .dtypes(dtypes_floating())
+      .arg_dtypes("mask", {npub::sdk::kBool})
+      .contiguous_only();
   r.op("aten::native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)", &native_dropout)
       .dtypes(dtypes_floating())
       .contiguous_only();

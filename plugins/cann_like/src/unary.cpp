@@ -4,6 +4,8 @@
 #include "elementwise.h"
 #include "ops.h"
 
+#include <limits>
+
 #include <cmath>
 
 namespace cann_like {
@@ -201,6 +203,30 @@ void isnan_fn(Call& call) {
   run_unary<U::isnan>(call, x, call.output(0, x.sizes(), npub::sdk::kBool));
 }
 
+// aten::isposinf.out / aten::isneginf.out(self, *, out): a bool out (ATen
+// refuses another); integer and bool elements are never infinite.
+template <bool kPositive>
+void isinf_signed_out(Call& call) {
+  const TensorRef x = call.tensor(0), out = call.tensor(1);
+  const char* name = kPositive ? "isposinf" : "isneginf";
+  if (!out.is(npub::sdk::kBool))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) +
+                                             " does not support non-boolean outputs. (out: found " +
+                                             dt_name(dt_of(out.dtype())) + ")");
+  check_out(call, out, x.sizes());
+  Iter it = make_iter(out, {x});
+  visit_compute(dt_of(x.dtype()), [&](auto tag) {
+    using T = decltype(tag);
+    run_elementwise<T>(call, it, [](T v) -> bool {
+      bool infinite = false;
+      if constexpr (std::is_floating_point_v<T>)
+        infinite =
+            v == (kPositive ? std::numeric_limits<T>::infinity() : -std::numeric_limits<T>::infinity());
+      return infinite;
+    });
+  });
+}
+
 // ---------------------------------------------------------------------------
 // activation gradients: grad_input = f(grad_output, input or output)
 // ---------------------------------------------------------------------------
@@ -336,6 +362,14 @@ void register_unary(npub::sdk::Registrar& r) {
   r.op("aten::relu(Tensor self) -> Tensor", &relu_fn).dtypes(numeric).alias_safe();
   r.op("aten::relu_(Tensor(a!) self) -> Tensor(a!)", &relu_inplace).dtypes(numeric).alias_safe();
   r.op("aten::isnan(Tensor self) -> Tensor", &isnan_fn).dtypes(all).alias_safe();
+  r.op("aten::isposinf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)", &isinf_signed_out<true>)
+      .dtypes(all)
+      .any_dtype("out")  // bool; the body checks it
+      .alias_safe();
+  r.op("aten::isneginf.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)", &isinf_signed_out<false>)
+      .dtypes(all)
+      .any_dtype("out")
+      .alias_safe();
 }
 
 }  // namespace cann_like
