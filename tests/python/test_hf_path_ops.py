@@ -372,3 +372,23 @@ def test_native_dropout_backward(dtype):
     with pytest.raises(RuntimeError, match=r"mask of shape \[4\] does not match grad_output of shape \[3\]"):
         torch.ops.aten.native_dropout_backward(torch.randn(3, device="npu"), torch.ones(4, dtype=torch.bool,
                                                                                          device="npu"), 2.0)
+
+
+# --- addmm_ / baddbmm_ in place (TRL's chunked log-probabilities) -----------
+
+
+@pytest.mark.parametrize("beta, alpha", [(1, 1), (0.5, 2.0), (0, 1)])
+def test_addmm_and_baddbmm_in_place(beta, alpha):
+    npubridge.reset_stats()
+    g = torch.Generator().manual_seed(0)
+    c, a, b = (torch.randn(s, generator=g) for s in ((16, 8), (16, 5), (5, 8)))
+    c3, a3, b3 = (torch.randn(s, generator=g) for s in ((3, 16, 8), (3, 16, 5), (3, 5, 8)))
+    got = c.npu()
+    got.addmm_(a.npu(), b.npu(), beta=beta, alpha=alpha)
+    host = c.clone().addmm_(a, b, beta=beta, alpha=alpha)
+    assert_judged(got, host, beta * c.double() + alpha * a.double() @ b.double(), "addmm_")
+    got3 = c3.npu()
+    got3.baddbmm_(a3.npu(), b3.npu(), beta=beta, alpha=alpha)
+    host3 = c3.clone().baddbmm_(a3, b3, beta=beta, alpha=alpha)
+    assert_judged(got3, host3, beta * c3.double() + alpha * a3.double() @ b3.double(), "baddbmm_")
+    native_only("aten::addmm.out", "aten::baddbmm.out")

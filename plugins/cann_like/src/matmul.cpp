@@ -167,6 +167,24 @@ void batched(Call& call, const TensorRef& self, const TensorRef& m1, const Tenso
   if (!out.is_contiguous() || la == Layout::kOther || lb == Layout::kOther)
     call.fail(NPUB_ERR_INTERNAL,
               "operands must be contiguous or transposed (the strided kernel's predicate checks this)");
+  // Note [addmm_ runs in place]
+  // addmm/baddbmm are registered alias-safe: `out` may be `self` itself
+  // (x.addmm_(a, b), TRL's chunked log-probabilities), which is GEMM's own
+  // C = alpha * A @ B + beta * C. An `out` that shares memory with an operand
+  // of the product would be read while written: that call goes to the
+  // fallback.
+  auto span = [](const TensorRef& t) {
+    const char* lo = t.data<char>();
+    int64_t extent = 1;
+    for (int32_t i = 0; i < t.dim(); ++i) extent += (t.size(i) - 1) * t.stride(i);
+    return std::pair<const char*, const char*>{lo, lo + extent * dt_size(dt_of(t.dtype()))};
+  };
+  for (const TensorRef* operand : {&m1, &m2}) {
+    const auto [olo, ohi] = span(out);
+    const auto [lo, hi] = span(*operand);
+    if (out.numel() > 0 && operand->numel() > 0 && olo < hi && lo < ohi)
+      call.fail(NPUB_ERR_UNSUPPORTED, "out shares memory with an operand of the product");
+  }
   const DT d = dt_of(out.dtype());
   // C starts as beta * self (broadcast) or is overwritten (beta == 0 ignores
   // self, NaNs included, as BLAS and ATen do).
@@ -299,17 +317,25 @@ void register_matmul(npub::sdk::Registrar& r) {
   r.def(
       "aten::addmm.out(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1, Tensor(a!) "
       "out) -> Tensor(a!)");
-  r.kernel("aten::addmm.out", &addmm).dtypes(dts).contiguous_only();
+  r.kernel("aten::addmm.out", &addmm).dtypes(dts).contiguous_only().alias_safe();
   r.def(
       "aten::baddbmm.out(Tensor self, Tensor batch1, Tensor batch2, *, Scalar beta=1, Scalar alpha=1, "
       "Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::baddbmm.out", &baddbmm).dtypes(dts).contiguous_only();
+  r.kernel("aten::baddbmm.out", &baddbmm).dtypes(dts).contiguous_only().alias_safe();
   // Floating dtypes with a transposed operand: the same kernels, preferred
   // when their predicate accepts the layouts.
   r.kernel("aten::mm.out", &mm).dtypes(strided).priority(1).supports(&gemm_layouts<0, 1, 2, false>);
   r.kernel("aten::bmm.out", &bmm).dtypes(strided).priority(1).supports(&gemm_layouts<0, 1, 2, true>);
-  r.kernel("aten::addmm.out", &addmm).dtypes(strided).priority(1).supports(&gemm_layouts<1, 2, 5, false>);
-  r.kernel("aten::baddbmm.out", &baddbmm).dtypes(strided).priority(1).supports(&gemm_layouts<1, 2, 5, true>);
+  r.kernel("aten::addmm.out", &addmm)
+      .dtypes(strided)
+      .priority(1)
+      .supports(&gemm_layouts<1, 2, 5, false>)
+      .alias_safe();
+  r.kernel("aten::baddbmm.out", &baddbmm)
+      .dtypes(strided)
+      .priority(1)
+      .supports(&gemm_layouts<1, 2, 5, true>)
+      .alias_safe();
 }
 
 }  // namespace cann_like
