@@ -1151,6 +1151,20 @@ SampleFn dropout_spec() {
   };
 }
 
+// native_dropout_backward(grad_output, mask, scale): kept and dropped
+// elements with dropout's scales (1 / (1 - p), and 0 for p = 1).
+SampleFn dropout_backward_spec() {
+  return [](ScalarType dt) {
+    std::vector<Sample> out;
+    out.push_back({"p 0.3", {make({64, 33}, dt), make({64, 33}, at::kBool), IValue(1 / 0.7)}});
+    out.push_back({"p 0.5 3-d", {make({4, 5, 6}, dt), make({4, 5, 6}, at::kBool), IValue(2.0)}});
+    out.push_back({"p 1", {make({5, 7}, dt), make({5, 7}, at::kBool), IValue(0.0)}});
+    out.push_back({"0-d", {make({}, dt), make({}, at::kBool), IValue(2.0)}});
+    out.push_back({"mask of another shape (error)", {make({5}, dt), make({4}, at::kBool), IValue(2.0)}});
+    return out;
+  };
+}
+
 // ---------------------------------------------------------------------------
 // convolution and pooling
 // ---------------------------------------------------------------------------
@@ -1696,6 +1710,9 @@ const std::map<std::string, SampleFn>& sample_specs() {
                           "sigmoid", "erf", "silu"})
       m[std::string("aten::") + u + ".out"] = unary(R::float_if_int);
     m["aten::logical_not.out"] = unary(R::boolean);
+    m["aten::isposinf.out"] = unary(R::boolean);
+    m["aten::isneginf.out"] = unary(R::boolean);
+    m["aten::bitwise_not.out"] = unary(R::same);
     // No inf/nan sample for gelu: ATen's vectorised erf returns nan at inf
     // where gelu(inf) = inf; the kernel keeps the mathematical value.
     m["aten::gelu.out"] = [](ScalarType dt) {
@@ -1796,6 +1813,7 @@ const std::map<std::string, SampleFn>& sample_specs() {
     m["aten::scatter_add.out"] = scatter_add_spec();
     m["aten::cat.out"] = cat_spec();
     m["aten::native_dropout"] = dropout_spec();
+    m["aten::native_dropout_backward"] = dropout_backward_spec();
     m["aten::gelu_backward.grad_input"] = [](ScalarType dt) {
       auto a = activation_backward_spec({IValue(std::string("none"))}, false)(dt);
       auto b = activation_backward_spec({IValue(std::string("tanh"))}, false)(dt);
