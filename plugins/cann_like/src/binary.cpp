@@ -59,8 +59,7 @@ Binary binary_args(Call& call, int32_t a_index, int32_t b_index, int32_t out_ind
   // dtype) is read once as the float ATen's kernel makes of it (its opmath
   // value: one rounding from the original value), so that every operand is
   // float32 and run_elementwise's typed loop with the scalar broadcast along
-  // the row serves the call. Before, `x * 2.0` ran the per-element
-  // converting loop: 54 us for 16k elements against 3 us.
+  // the row serves the call, not the per-element converting loop.
   if (x.common == DT::f32 && x.b.dim() == 0 && !x.b.is(npub::sdk::kFloat32)) {
     const float f = load<float>(x.b.data<char>(), dt_of(x.b.dtype()));
     x.scalar = std::make_unique<ScalarTensor>(f);

@@ -72,7 +72,9 @@ void bitwise_not(Call& call) {
   if (!is_integral(d, true))
     call.fail(NPUB_ERR_INVALID_ARGUMENT,
               std::string("\"bitwise_not_cpu\" not implemented for '") + dt_name(d) + "'");
-  check_castable(call, d, out);
+  if (dt_of(out.dtype()) != d)  // ATen's unary iterator: out of the input's dtype
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              std::string("out: expected dtype ") + dt_name(d) + " but found " + dt_name(dt_of(out.dtype())));
   check_out(call, out, self.sizes());
   Iter it = make_iter(out, {self});
   visit_compute(d, [&](auto tag) {

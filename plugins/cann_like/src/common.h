@@ -437,8 +437,9 @@ struct Iter {
 Iter make_iter(const TensorRef& out, std::initializer_list<TensorRef> inputs);
 
 // Runs row(ptrs, byte_strides, n) over the iterator: `ptrs[i]` points at the
-// first element of operand i in a run of n elements along the last dim,
-// `byte_strides[i]` steps along it. Rows are spread over compute threads.
+// first element of operand i in a run of n elements (a piece of a row of the
+// coalesced inner dims, Note [Rows are the coalesced inner dims]),
+// `byte_strides[i]` steps along it. Runs are spread over compute threads.
 constexpr int kMaxIterDims = 16;
 template <typename Row>
 void for_each_row(const Call& call, const Iter& it, Row&& row) {
@@ -459,8 +460,8 @@ void for_each_row(const Call& call, const Iter& it, Row&& row) {
   // A row is the innermost dim merged with every outer dim that all operands
   // walk on from it (stride[d] == stride[d+1] * size[d+1]), size-1 dims
   // dropped first: q * cos[1, 1, S, D] runs B*N rows of S*D elements, not
-  // B*N*S rows of D (a rotary embedding's multiply took 25 us for 16k
-  // elements in rows of 8, where ATen's coalescing TensorIterator takes 3).
+  // B*N*S rows of D (rows of 8 elements made a rotary embedding's multiply
+  // several times slower than ATen's coalescing TensorIterator).
   int64_t shape[kMaxIterDims], strides[4][kMaxIterDims];
   int kd = 0;
   for (int d = 0; d < nd && kd < kMaxIterDims; ++d) {
@@ -489,11 +490,17 @@ void for_each_row(const Call& call, const Iter& it, Row&& row) {
   const int64_t rows = n / inner;
   int64_t inner_stride[4];
   for (int i = 0; i < it.nops; ++i) inner_stride[i] = kd > 0 ? stride_of(i, kd - 1) : 0;
-  call.parallel_for(0, rows, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(inner, 1)),
-                    [&](int64_t rb, int64_t re) {
-                      for (int64_t r = rb; r < re; ++r) {
+  // A long row is cut in pieces of kPiece elements, so that the threads
+  // share even one row (x * 2.0 over a contiguous x is a single row).
+  constexpr int64_t kPiece = int64_t{1} << 14;
+  const int64_t pieces = (inner + kPiece - 1) / kPiece;
+  const int64_t piece_len = std::min(inner, kPiece);
+  call.parallel_for(0, rows * pieces, std::max<int64_t>(1, kPiece / std::max<int64_t>(piece_len, 1)),
+                    [&](int64_t tb, int64_t te) {
+                      for (int64_t t = tb; t < te; ++t) {
+                        const int64_t r = t / pieces, start = (t % pieces) * kPiece;
                         char* p[4];
-                        for (int i = 0; i < it.nops; ++i) p[i] = it.data[i];
+                        for (int i = 0; i < it.nops; ++i) p[i] = it.data[i] + start * inner_stride[i];
                         int64_t rem = r;
                         for (int d = kd - 2; d >= 0; --d) {
                           const int64_t size = size_of(d);
@@ -501,7 +508,7 @@ void for_each_row(const Call& call, const Iter& it, Row&& row) {
                           rem /= size;
                           for (int i = 0; i < it.nops; ++i) p[i] += idx * stride_of(i, d);
                         }
-                        row(p, inner_stride, inner);
+                        row(p, inner_stride, std::min(kPiece, inner - start));
                       }
                     });
 }

@@ -37,9 +37,13 @@
 // branches, in float32, float64, bfloat16 and float16, once the second
 // moment of ATen's tail elements is rounded as Note [ATen's tail loop
 // rounds the second moment its own way] says (without it, float32 differed
-// in a few tail elements per tensor from the second step on). The first
-// attempt, fma(v, b2, (c * g) * g) everywhere, differed in ~25% of v's
-// elements: GCC fused the other product.
+// in a few tail elements per tensor from the second step on). The other
+// contraction, fma(v, b2, (c * g) * g) everywhere, differed in many of v's
+// elements: GCC fused the other product. The equality is of ATen's AVX-512
+// kernel; on a CPU where torch picks AVX2 the tail split differs (below)
+// and a few tail elements round differently, within the error model the
+// tests judge by. Without hardware FMA (the baseline ISA) std::fma is
+// emulated in software: right, but slow.
 #include <algorithm>
 #include <cmath>
 #include <string>
