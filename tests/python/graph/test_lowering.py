@@ -488,7 +488,12 @@ def test_an_integer_division_by_zero_names_the_node_and_says_what_the_cpu_says()
     # ATen's CPU kernel raises RuntimeError("ZeroDivisionError"); under AOTAutograd's runtime wrapper it
     # reached the compiled graph's loop as a Python exception, which came out as a RuntimeError with an
     # empty message. Now: the CPU's error, its message prefixed with the graph node, the original as cause.
+    # fmod of integers runs on the CPU fallback (no plugin kernel); floor_divide on cann_like, whose
+    # refusal names the node and says ZeroDivisionError too.
     def f(a, b):
+        return torch.fmod(a, b)
+
+    def g(a, b):
         return a // b
 
     a = torch.tensor([5, 6], device="npu")
@@ -496,7 +501,11 @@ def test_an_integer_division_by_zero_names_the_node_and_says_what_the_cpu_says()
     with pytest.raises(RuntimeError, match="ZeroDivisionError") as cpu:
         f(a.cpu(), b.cpu())
     compiled = torch.compile(f, backend="npu")
-    with pytest.raises(type(cpu.value), match=r"^graph node '[^']+' \(aten::floor_divide\): ZeroDivisionError$") as e:
+    with pytest.raises(type(cpu.value), match=r"^graph node '[^']+' \(aten::fmod\.Tensor\): ZeroDivisionError$") as e:
         compiled(a, b)
     assert str(e.value.__cause__) == str(cpu.value)
-    assert compiled(a, b + 1).cpu().tolist() == [5, 3]
+    assert compiled(a, b + 1).cpu().tolist() == [0, 0]
+    native = torch.compile(g, backend="npu")
+    with pytest.raises(RuntimeError, match=r"^graph node '[^']+' \(aten::floor_divide\): .*ZeroDivisionError"):
+        native(a, b)
+    assert native(a, b + 1).cpu().tolist() == [5, 3]
