@@ -32,6 +32,31 @@ def assert_judged(got, host, wide, what=""):
     assert not msg, f"{what}: {msg}" if what else msg
 
 
+def assert_no_fallbacks(what="", stats=None):
+    """No op fell back to the CPU since the last npubridge.reset_stats()
+    (or in `stats`, a npubridge.stats() taken earlier); the message lists
+    the ops that did, with their counts."""
+    fell = {op: s["fallbacks"] for op, s in (npubridge.stats() if stats is None else stats).items() if s["fallbacks"]}
+    assert not fell, f"{what}: {fell}" if what else fell
+
+
+def assert_gradients_judged(cpu, npu, wide, what=""):
+    """Each parameter's gradient in `npu` (the model on npu) against the same
+    parameter's in `cpu` and `wide` (the model on the CPU in npu's dtype and
+    in float64), by the error model; a parameter has a gradient on both
+    devices or on neither. Returns how many gradients were judged."""
+    checked = 0
+    for (pname, pc), (_, pn), (_, pw) in zip(cpu.named_parameters(), npu.named_parameters(), wide.named_parameters()):
+        where = f"{what}.{pname}" if what else pname
+        assert (pn.grad is None) == (pc.grad is None), f"{where}: gradient on one device only"
+        if pc.grad is None:
+            continue
+        assert pn.grad.device.type == "npu", where
+        assert_judged(pn.grad, pc.grad, pw.grad, f"{where} gradient")
+        checked += 1
+    return checked
+
+
 def run_case(case, device):
     """A differential case's outcome on `device`: ("ok", the result on the
     CPU) or (the exception's class, the first line of its message)."""

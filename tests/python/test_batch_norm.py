@@ -14,12 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import npubridge
-from conftest import assert_judged
-
-
-def _no_fallbacks():
-    fell = {op: s["fallbacks"] for op, s in npubridge.stats().items() if s["fallbacks"]}
-    assert not fell, fell
+from conftest import assert_judged, assert_no_fallbacks
 
 
 def _train_then_eval(module, batches, device, dtype):
@@ -47,7 +42,7 @@ def test_running_stats_and_eval(make, shape):
         m.load_state_dict(state)
         outs[device, dtype] = _train_then_eval(m, batches, device, dtype)
     assert npubridge.stats()["aten::native_batch_norm"]["native"].get("cann_like") == len(batches) + 1
-    _no_fallbacks()
+    assert_no_fallbacks()
     (npu, y_npu), (host, y_host), (wide, y_wide) = outs["npu", torch.float32], outs["cpu", torch.float32], \
         outs["cpu", torch.float64]
     assert int(npu.num_batches_tracked.cpu()) == len(batches)
@@ -356,7 +351,7 @@ def test_forward_and_gradients_on_the_plugin(shape, dtype, param_dtype, layout, 
     got = run("npu", dtype, param_dtype)
     assert npubridge.stats()["aten::native_batch_norm"]["native"].get("cann_like") == 1
     assert npubridge.stats()["aten::native_batch_norm_backward"]["native"].get("cann_like") == 1
-    _no_fallbacks()
+    assert_no_fallbacks()
     host, wide = run("cpu", dtype, param_dtype), run("cpu", f64, f64)
     assert got[0].device.type == "npu" and got[0].dtype == dtype
     assert got[0].stride() == host[0].stride() and got[1].stride() == host[1].stride()  # channels_last stays
@@ -416,7 +411,7 @@ def test_the_legit_forms_write_the_running_stats():
     for op in ("aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit.no_stats",
                "aten::_native_batch_norm_legit_no_training"):
         assert npubridge.stats()[op]["native"].get("cann_like") == 1, (op, npubridge.stats()[op])
-    _no_fallbacks()
+    assert_no_fallbacks()
 
 
 def test_native_batch_norm_bad_input_is_a_clear_error():
@@ -461,7 +456,7 @@ def test_compiled_batch_norm_runs_on_the_plugin(backend):
     for op in ("aten::_native_batch_norm_legit", "aten::native_batch_norm_backward",
                "aten::_native_batch_norm_legit_no_training"):
         assert stats[op]["native"].get("cann_like", 0) >= 1, (op, stats[op])
-    _no_fallbacks()
+    assert_no_fallbacks()
     m(x).sum().backward()
     wide(x.double()).sum().backward()
     m.eval(), wide.eval()

@@ -15,7 +15,7 @@ import npubridge  # noqa: F401
 
 import torch.distributed.fsdp  # noqa: F401  (defines torch.ops.fsdp.*)
 
-from conftest import assert_judged
+from conftest import assert_judged, assert_no_fallbacks
 
 DTYPES = [torch.float32, torch.bfloat16, torch.int64]
 
@@ -34,8 +34,7 @@ def _no_fallbacks():
     """No op of the block fell back to the CPU (FSDP2 runs these on every
     step: they must be served by npu kernels, here through the ATen
     composites of _chunk_cat / split_with_sizes_copy over cat and copy_)."""
-    fell = {op: s["fallbacks"] for op, s in npubridge.stats().items() if s["fallbacks"]}
-    assert not fell, fell
+    assert_no_fallbacks()
 
 
 def _equal(got, want):

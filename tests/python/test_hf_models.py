@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import npubridge  # noqa: F401  (registers the npu device)
-from conftest import assert_judged
+from conftest import assert_gradients_judged, assert_judged
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import transformers
@@ -101,16 +101,7 @@ def test_every_parameter_gets_the_cpus_gradient(models):
         m.train()
         m.zero_grad(set_to_none=True)
         m(**inputs(name, "npu" if m is npu else "cpu")).loss.backward()
-    params = zip(cpu.named_parameters(), npu.named_parameters(), wide.named_parameters())
-    checked = 0
-    for (pname, pc), (_, pn), (_, pw) in params:
-        assert (pn.grad is None) == (pc.grad is None), f"{name}.{pname}: gradient on one device only"
-        if pc.grad is None:
-            continue
-        assert pn.grad.device.type == "npu"
-        assert_judged(pn.grad, pc.grad, pw.grad, f"{name}.{pname} gradient")
-        checked += 1
-    assert checked == sum(1 for _ in cpu.parameters())
+    assert assert_gradients_judged(cpu, npu, wide, name) == sum(1 for _ in cpu.parameters())
 
 
 @pytest.mark.parametrize("name", GENERATES)

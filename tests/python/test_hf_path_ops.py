@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import npubridge
-from conftest import assert_judged
+from conftest import assert_judged, assert_no_fallbacks
 
 FLOATS = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
 
@@ -22,8 +22,7 @@ def native_only(*ops):
         assert op in stats, f"{op} did not run on npu: {sorted(stats)}"
         s = stats[op]  # errors: calls the kernel refused (bad input), as intended
         assert s["fallbacks"] == 0 and sum(s["native"].values()) + s["errors"] == s["calls"], s
-    fell = {k: v["fallbacks"] for k, v in stats.items() if v["fallbacks"]}
-    assert not fell, fell
+    assert_no_fallbacks(stats=stats)
 
 
 # --- linalg_vector_norm ---------------------------------------------------

@@ -11,7 +11,7 @@ import torch
 
 import npubridge
 
-from conftest import assert_judged, import_torch_npu_compat
+from conftest import assert_judged, assert_no_fallbacks, import_torch_npu_compat
 
 import_torch_npu_compat()  # before transformers, which decides at import
 
@@ -39,10 +39,6 @@ def _model(dtype=torch.float32, dropout=0.0):
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
                                    attention_dropout=dropout)
     return transformers.LlamaForCausalLM(cfg).to(dtype)
-
-
-def _fallbacks():
-    return {op: s["fallbacks"] for op, s in npubridge.stats().items() if s["fallbacks"]}
 
 
 def test_training_arguments_choose_the_npu():
@@ -79,7 +75,7 @@ def _run(out_dir, model, use_cpu, max_steps=STEPS, resume=None, **overrides):
 def test_fp32_trainer_run_matches_the_cpu(tmp_path):
     npubridge.reset_stats()
     npu_trainer, npu_losses = _run(tmp_path / "npu", _model(), use_cpu=False)
-    assert _fallbacks() == {}, "ops the default Trainer step sent to the CPU"
+    assert_no_fallbacks("ops the default Trainer step sent to the CPU")
     assert npubridge.stats()["aten::_fused_adamw_"]["calls"] >= STEPS
     assert npu_trainer.args.device.type == "npu"
     assert next(npu_trainer.model.parameters()).device.type == "npu"
@@ -103,7 +99,7 @@ def test_checkpoint_resume_reproduces_the_run(tmp_path):
     # (torch.npu.random.get_rng_state) is restored.
     npubridge.reset_stats()
     full, full_losses = _run(tmp_path / "full", _model(dropout=0.3), use_cpu=False, max_steps=4)
-    assert _fallbacks() == {}, "ops a Trainer run with attention dropout sent to the CPU"
+    assert_no_fallbacks("ops a Trainer run with attention dropout sent to the CPU")
     ckpt = tmp_path / "full" / "checkpoint-2"
     rng = torch.load(ckpt / "rng_state.pth", weights_only=False)
     assert "npu" in rng and rng["npu"].dtype == torch.uint8
@@ -142,7 +138,7 @@ def test_bf16_trainer_run_on_the_npu(tmp_path):
     # the same dtype").
     npubridge.reset_stats()
     trainer, losses = _run(tmp_path, _model(), use_cpu=False, bf16=True, save_strategy="no")
-    assert _fallbacks() == {}, "ops the bf16 Trainer step sent to the CPU"
+    assert_no_fallbacks("ops the bf16 Trainer step sent to the CPU")
     assert trainer.args.device.type == "npu" and trainer.args.bf16
     params = list(trainer.model.parameters())
     assert all(p.device.type == "npu" and p.dtype == torch.float32 for p in params)  # master weights stay float32

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import npubridge
-from conftest import assert_judged
+from conftest import assert_gradients_judged, assert_judged, assert_no_fallbacks
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import transformers
@@ -77,8 +77,7 @@ def name(request):
 
 def test_forward_and_backward_never_fall_back(name):
     *_, stats = build(name)
-    fell = {op: s["fallbacks"] for op, s in stats.items() if s["fallbacks"]}
-    assert not fell, fell
+    assert_no_fallbacks(stats=stats)
     if name.startswith("resnet"):
         assert stats["aten::native_batch_norm"]["native"].get("cann_like", 0) > 0
         assert stats["aten::native_batch_norm_backward"]["native"].get("cann_like", 0) > 0
@@ -88,15 +87,7 @@ def test_loss_and_every_gradient_match(name):
     cpu, npu, wide, (l_npu, l_cpu, l_wide), _ = build(name)
     assert l_npu.device.type == "npu"
     assert_judged(l_npu, l_cpu, l_wide, f"{name} loss")
-    checked = 0
-    for (pname, pc), (_, pn), (_, pw) in zip(cpu.named_parameters(), npu.named_parameters(),
-                                             wide.named_parameters()):
-        assert (pn.grad is None) == (pc.grad is None), f"{name}.{pname}: gradient on one device only"
-        if pc.grad is None:
-            continue
-        assert pn.grad.device.type == "npu"
-        assert_judged(pn.grad, pc.grad, pw.grad, f"{name}.{pname} gradient")
-        checked += 1
+    checked = assert_gradients_judged(cpu, npu, wide, name)
     assert checked == sum(1 for p in cpu.parameters() if p.grad is not None) > 0
 
 
@@ -118,6 +109,5 @@ def test_running_statistics_and_eval_logits_match(name):
         got = npu(pixel_values=inputs("npu")["pixel_values"]).logits
         host = cpu(pixel_values=inputs("cpu")["pixel_values"]).logits
         ref = wide(pixel_values=inputs("cpu")["pixel_values"].double()).logits
-    fell = {op: s["fallbacks"] for op, s in npubridge.stats().items() if s["fallbacks"]}
-    assert not fell, fell
+    assert_no_fallbacks()
     assert_judged(got, host, ref, f"{name} eval logits")

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import npubridge
+from conftest import assert_no_fallbacks
 
 CL = torch.channels_last
 
@@ -79,6 +80,5 @@ def test_a_channels_last_convolution_is_laid_out_on_the_device():
     npubridge.reset_stats()
     y = F.conv2d(x.npu(), w.npu(), padding=1)
     assert y.is_contiguous(memory_format=CL)
-    fell = {op: s["fallbacks"] for op, s in npubridge.stats().items() if s["fallbacks"]}
-    assert not fell, fell
+    assert_no_fallbacks()
     torch.testing.assert_close(y.cpu(), F.conv2d(x, w, padding=1))

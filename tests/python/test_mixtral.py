@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import npubridge
-from conftest import assert_judged
+from conftest import assert_gradients_judged, assert_judged, assert_no_fallbacks
 
 import transformers
 
@@ -31,10 +31,6 @@ def models():
     return cpu, npu.to("npu"), wide, torch.randint(0, 64, (2, 10))
 
 
-def fallbacks():
-    return {k: v["fallbacks"] for k, v in npubridge.stats().items() if v["fallbacks"]}
-
-
 def test_forward_logits_match(models):
     cpu, npu, wide, ids = models
     cpu.eval(), npu.eval(), wide.eval()
@@ -42,7 +38,7 @@ def test_forward_logits_match(models):
     with torch.no_grad():
         got, host, ref = npu(ids.npu()).logits, cpu(ids).logits, wide(ids).logits
     assert got.device.type == "npu"
-    assert not fallbacks(), fallbacks()
+    assert_no_fallbacks()
     stats = npubridge.stats()
     for op in ("aten::histc.out", "aten::_grouped_mm"):  # the experts' path ran natively
         assert sum(stats[op]["native"].values()) == stats[op]["calls"] > 0, (op, stats.get(op))
@@ -58,10 +54,5 @@ def test_gradients_match_with_no_fallback(models):
         dev_ids = ids.npu() if m is npu else ids
         m(dev_ids, labels=dev_ids).loss.backward()
     torch.nn.utils.clip_grad_norm_(npu.parameters(), 1e9)  # the Trainer's clipping: norms only, no change
-    assert not fallbacks(), fallbacks()
-    checked = 0
-    for (name, pc), (_, pn), (_, pw) in zip(cpu.named_parameters(), npu.named_parameters(), wide.named_parameters()):
-        assert pn.grad is not None and pn.grad.device.type == "npu", name
-        assert_judged(pn.grad, pc.grad, pw.grad, f"{name} gradient")
-        checked += 1
-    assert checked == sum(1 for _ in cpu.parameters())
+    assert_no_fallbacks()
+    assert assert_gradients_judged(cpu, npu, wide) == sum(1 for _ in cpu.parameters())

@@ -8,7 +8,7 @@ op falls back to the CPU."""
 import torch
 
 import npubridge
-from conftest import assert_judged, import_torch_npu_compat
+from conftest import assert_judged, assert_no_fallbacks, import_torch_npu_compat
 
 import_torch_npu_compat()  # before transformers and trl, which decide at import
 
@@ -68,8 +68,7 @@ def _run(out_dir, use_cpu, dtype=torch.float32):
 def test_sft_trainer_trains_on_the_npu(tmp_path):
     npubridge.reset_stats()
     npu, npu_losses = _run(tmp_path / "npu", use_cpu=False)
-    fell = {op: s["fallbacks"] for op, s in npubridge.stats().items() if s["fallbacks"]}
-    assert fell == {}, "ops the SFTTrainer run sent to the CPU"
+    assert_no_fallbacks("ops the SFTTrainer run sent to the CPU")
     assert npu.args.device == torch.device("npu", 0)
     assert next(npu.model.parameters()).device.type == "npu"
     cpu, cpu_losses = _run(tmp_path / "cpu", use_cpu=True)
