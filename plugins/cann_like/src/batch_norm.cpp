@@ -12,6 +12,8 @@
 #include "ops.h"
 
 #include <cmath>
+#include <string>
+#include <type_traits>
 
 namespace cann_like {
 
@@ -139,6 +141,25 @@ struct ForwardArgs {
   double momentum = 0, eps = 0;
 };
 
+// Calls fn(std::integral_constant<DT, d>{}) for the input's floating dtype
+// `d` (the kernels are instantiated per storage dtype).
+template <typename Fn>
+void with_floating_input(Call& call, DT d, Fn&& fn) {
+  switch (d) {
+    case DT::f32:
+      return fn(std::integral_constant<DT, DT::f32>{});
+    case DT::f64:
+      return fn(std::integral_constant<DT, DT::f64>{});
+    case DT::f16:
+      return fn(std::integral_constant<DT, DT::f16>{});
+    case DT::bf16:
+      return fn(std::integral_constant<DT, DT::bf16>{});
+    default:
+      call.fail(NPUB_ERR_UNSUPPORTED,
+                std::string("input: expected a floating dtype but found ") + dt_name(d));
+  }
+}
+
 template <DT D>
 void normalize(Call& call, const ForwardArgs& a, int64_t channels, DT pd, const TensorRef& y,
                const TensorRef& save_mean, const TensorRef& save_invstd) {
@@ -221,19 +242,9 @@ void batch_norm_forward(Call& call, const ForwardArgs& a) {
   TensorRef save_mean = call.output(1, {stat}, to_dl(pd));
   TensorRef save_invstd = call.output(2, {stat}, to_dl(pd));
   if (call.is_meta() || x.numel() == 0) return;
-  switch (d) {
-    case DT::f32:
-      return normalize<DT::f32>(call, a, channels, pd, y, save_mean, save_invstd);
-    case DT::f64:
-      return normalize<DT::f64>(call, a, channels, pd, y, save_mean, save_invstd);
-    case DT::f16:
-      return normalize<DT::f16>(call, a, channels, pd, y, save_mean, save_invstd);
-    case DT::bf16:
-      return normalize<DT::bf16>(call, a, channels, pd, y, save_mean, save_invstd);
-    default:
-      call.fail(NPUB_ERR_UNSUPPORTED,
-                std::string("input: expected a floating dtype but found ") + dt_name(d));
-  }
+  with_floating_input(call, d, [&](auto tag) {
+    normalize<decltype(tag)::value>(call, a, channels, pd, y, save_mean, save_invstd);
+  });
 }
 
 // aten::native_batch_norm(input, weight?, bias?, running_mean?, running_var?, training, momentum, eps)
@@ -362,19 +373,8 @@ void native_batch_norm_backward(Call& call) {
   if (a.mask[1]) gw = call.output(1, {channels}, to_dl(pd));
   if (a.mask[2]) gb = call.output(2, {channels}, to_dl(pd));
   if (call.is_meta() || (!a.mask[0] && !a.mask[1] && !a.mask[2])) return;
-  switch (d) {
-    case DT::f32:
-      return batch_norm_grads<DT::f32>(call, a, channels, pd, gi, gw, gb);
-    case DT::f64:
-      return batch_norm_grads<DT::f64>(call, a, channels, pd, gi, gw, gb);
-    case DT::f16:
-      return batch_norm_grads<DT::f16>(call, a, channels, pd, gi, gw, gb);
-    case DT::bf16:
-      return batch_norm_grads<DT::bf16>(call, a, channels, pd, gi, gw, gb);
-    default:
-      call.fail(NPUB_ERR_UNSUPPORTED,
-                std::string("input: expected a floating dtype but found ") + dt_name(d));
-  }
+  with_floating_input(
+      call, d, [&](auto tag) { batch_norm_grads<decltype(tag)::value>(call, a, channels, pd, gi, gw, gb); });
 }
 
 // native_batch_norm's running statistics, when given, are contiguous
