@@ -76,6 +76,24 @@ inline void check_like_params(const npub::sdk::Call& call, const std::vector<npu
   }
 }
 
+// An Adam step's lists against its parameters (the list `params_name`):
+// each parameter of a floating storage; grads, exp_avgs and exp_avg_sqs,
+// and max_exp_avg_sqs under amsgrad, one per parameter of its shape and
+// dtype.
+inline void check_adam_lists(const npub::sdk::Call& call, const std::vector<npub::sdk::TensorRef>& params,
+                             const char* params_name, const std::vector<npub::sdk::TensorRef>& grads,
+                             const std::vector<npub::sdk::TensorRef>& exp_avgs,
+                             const std::vector<npub::sdk::TensorRef>& exp_avg_sqs,
+                             const std::vector<npub::sdk::TensorRef>& max_exp_avg_sqs, bool amsgrad) {
+  for (size_t i = 0; i < params.size(); ++i)
+    adam_storage_of(call, params[i], std::string(params_name) + "[" + std::to_string(i) + "]");
+  check_like_params(call, params, params_name, grads, "grads");
+  check_like_params(call, params, params_name, exp_avgs, "exp_avgs");
+  check_like_params(call, params, params_name, exp_avg_sqs, "exp_avg_sqs");
+  if (amsgrad)
+    check_like_params(call, params, params_name, max_exp_avg_sqs, "max_exp_avg_sqs", " since amsgrad is set");
+}
+
 // Note [One loop over all of a parameter list]
 // An optimizer step touches every element of every parameter once. Each
 // parameter is a segment [begin, begin + numel) of one flattened index

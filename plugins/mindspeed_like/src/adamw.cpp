@@ -148,14 +148,8 @@ AdamArgs adam_args(Call& call) {
   if (a.step < 1)
     call.fail(NPUB_ERR_INVALID_ARGUMENT,
               "step: expected a step count >= 1 but found " + std::to_string(a.step));
-  const size_t n = a.params.size();
-  for (size_t i = 0; i < n; ++i) adam_storage_of(call, a.params[i], "params[" + std::to_string(i) + "]");
-  check_like_params(call, a.params, "params", a.grads, "grads");
-  check_like_params(call, a.params, "params", a.exp_avgs, "exp_avgs");
-  check_like_params(call, a.params, "params", a.exp_avg_sqs, "exp_avg_sqs");
-  if (a.amsgrad)
-    check_like_params(call, a.params, "params", a.max_exp_avg_sqs, "max_exp_avg_sqs",
-                      " since amsgrad is set");
+  check_adam_lists(call, a.params, "params", a.grads, a.exp_avgs, a.exp_avg_sqs, a.max_exp_avg_sqs,
+                   a.amsgrad);
   return a;
 }
 

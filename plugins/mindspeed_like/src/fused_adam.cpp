@@ -275,13 +275,8 @@ FusedArgs fused_args(Call& call, bool tensor_lr) {
               call.optional_tensor(kFoundInf),
               call.bool_arg(kAmsgrad)};
   const size_t n = a.params.size();
-  for (size_t i = 0; i < n; ++i) adam_storage_of(call, a.params[i], "self[" + std::to_string(i) + "]");
-  check_like_params(call, a.params, "self", a.grads, "grads");
-  check_like_params(call, a.params, "self", a.exp_avgs, "exp_avgs");
-  check_like_params(call, a.params, "self", a.exp_avg_sqs, "exp_avg_sqs");
-  if (a.amsgrad)
-    check_like_params(call, a.params, "self", a.max_exp_avg_sqs, "max_exp_avg_sqs", " since amsgrad is set");
-  else if (!a.max_exp_avg_sqs.empty())
+  check_adam_lists(call, a.params, "self", a.grads, a.exp_avgs, a.exp_avg_sqs, a.max_exp_avg_sqs, a.amsgrad);
+  if (!a.amsgrad && !a.max_exp_avg_sqs.empty())
     call.fail(NPUB_ERR_INVALID_ARGUMENT,
               "max_exp_avg_sqs: expected an empty list since amsgrad is not set but found " +
                   std::to_string(a.max_exp_avg_sqs.size()) + " tensors");
