@@ -40,19 +40,6 @@ Binary binary_args(Call& call, int32_t a_index, int32_t b_index, int32_t out_ind
   x.out = call.tensor(out_index);
   x.common = rt.result();
   check_out(call, x.out, broadcast(call, x.a.sizes(), x.b.sizes()));
-  // A 0-d `other` of another floating dtype (x * torch.tensor(0.1,
-  // dtype=float64)) takes part as ATen's type promotion makes it: cast to
-  // the common dtype first, not at the compute type's precision.
-  if (!x.scalar && x.b.dim() == 0 && is_floating(x.common) && is_floating(dt_of(x.b.dtype())) &&
-      dt_of(x.b.dtype()) != x.common) {
-    char rounded[8];
-    store<double>(rounded, x.common, load<double>(x.b.data<char>(), dt_of(x.b.dtype())));
-    NpubValue v{};
-    v.tag = NPUB_VALUE_DOUBLE;
-    v.u.d = load<double>(rounded, x.common);
-    x.scalar = std::make_unique<ScalarTensor>(v);
-    x.b = x.scalar->ref();
-  }
   // Note [A float32 op reads its scalar operand as a float]
   // A scalar `other` of a float32 op (a Scalar argument; a Python number,
   // which reaches an op as a 0-d float64 tensor; a 0-d tensor of another
@@ -63,6 +50,18 @@ Binary binary_args(Call& call, int32_t a_index, int32_t b_index, int32_t out_ind
   if (x.common == DT::f32 && x.b.dim() == 0 && !x.b.is(npub::sdk::kFloat32)) {
     const float f = load<float>(x.b.data<char>(), dt_of(x.b.dtype()));
     x.scalar = std::make_unique<ScalarTensor>(f);
+    x.b = x.scalar->ref();
+  } else if (!x.scalar && x.b.dim() == 0 && is_floating(x.common) && is_floating(dt_of(x.b.dtype())) &&
+             dt_of(x.b.dtype()) != x.common) {
+    // A 0-d `other` of another floating dtype (x * torch.tensor(0.1,
+    // dtype=float64)) takes part as ATen's type promotion makes it: cast to
+    // the common dtype first, not at the compute type's precision.
+    char rounded[8];
+    store<double>(rounded, x.common, load<double>(x.b.data<char>(), dt_of(x.b.dtype())));
+    NpubValue v{};
+    v.tag = NPUB_VALUE_DOUBLE;
+    v.u.d = load<double>(rounded, x.common);
+    x.scalar = std::make_unique<ScalarTensor>(v);
     x.b = x.scalar->ref();
   }
   return x;
