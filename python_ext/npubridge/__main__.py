@@ -1,4 +1,5 @@
-"""python3 -m npubridge {plugins, ops [--plugin NAME], coverage, conformance, graph} | --cmake-dir | --include-dir"""
+"""python3 -m npubridge {plugins, ops [--plugin NAME], coverage, conformance, graph, profile-compare SCRIPT}
+| --cmake-dir | --include-dir"""
 import argparse
 import os
 import sys
@@ -91,6 +92,16 @@ def main(argv=None) -> int:
     graph = sub.add_parser("graph", help="the fusion patterns torch.compile(backend='npu') tries, or --demo: "
                            "one compiled training step of a small model and its compile report")
     graph.add_argument("--demo", choices=["mlp", "llama"], default=None)
+    prof = sub.add_parser("profile-compare", help="one step of a script profiled on the CPU and on npu, matched op "
+                          "by op, sorted by the time npu loses",
+                          description=_profile_compare_doc(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    prof.add_argument("script", help="a Python file defining make_step(device, *args) -> step callable")
+    prof.add_argument("args", nargs="*", help="strings passed to make_step after the device")
+    prof.add_argument("--steps", type=int, default=5, help="measured and profiled steps per device (default 5)")
+    prof.add_argument("--warmup", type=int, default=2, help="unmeasured steps per device first (default 2)")
+    prof.add_argument("--top", type=int, default=25, help="rows shown (default 25)")
+    prof.add_argument("--shapes", action="store_true", help="one row per op and input shapes")
+    prof.add_argument("--json", default="", metavar="OUT.json")
     args = parser.parse_args(argv)
     if args.cmake_dir or args.include_dir:
         from . import _author_kit
@@ -116,6 +127,10 @@ def main(argv=None) -> int:
         for name in sorted(routed["via_out"]):
             print(f"via-out  {name}")
         print("# every other ATen op falls back to the CPU")
+    elif args.command == "profile-compare":
+        from . import profile_compare
+
+        return profile_compare.main(args)
     elif args.command == "graph":
         from ._compile import cli
 
@@ -138,6 +153,12 @@ def main(argv=None) -> int:
               f"report: {args.report}")
         return 0 if passed / max(tested, 1) >= 0.9 and passed16 / max(tested16, 1) >= 0.9 else 1
     return 0
+
+
+def _profile_compare_doc():
+    from . import profile_compare
+
+    return profile_compare.__doc__
 
 
 _REEXEC = "NPUB_CONFORMANCE_PLUGIN"
