@@ -2,6 +2,7 @@
 // broadcasting loop engine (a small TensorIterator). Built on the SDK only.
 #pragma once
 
+#include <plugin_kernels/vec_math.h>
 #include <npubridge/plugin_sdk.hpp>
 
 #include <algorithm>
@@ -340,40 +341,13 @@ inline void visit_compute(DT dt, F&& f) {
   }
 }
 
-// exp(x) for float32, within ~2 ulp, written so that loops over it
-// vectorise (std::exp does not): Cody-Waite range reduction and a Cephes
-// polynomial. NaN propagates; overflow (x > 88.7228) gives inf; results below the
-// smallest normal float are the subnormals ATen's exp gives (the power of
-// two is applied in two steps, the second rounding once), and 0 below
-// half the smallest subnormal.
-// (Branch-free selects, and -fno-trapping-math in CMakeLists.txt, let GCC
-// vectorise loops that call it.)
-inline float fast_exp(float x) {
-  float xc = x < -103.972084f ? -103.972084f : x;
-  xc = xc > 88.72283f ? 88.72283f : xc;
-  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
-  const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  // 2^n as 2^(n + 64) * 2^-64 where 2^n is below the normal floats, and as
-  // 2^(n - 1) * 2 where it is above them (exp(88.5) is finite).
-  const bool subnormal = (n < -126.0f);
-  const bool top = (n > 127.0f);
-  const int32_t e = static_cast<int32_t>(n) + (subnormal ? 64 : 0) - (top ? 1 : 0);
-  const uint32_t bits = (static_cast<uint32_t>(e) + 127u) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  float res = (p * scale) * (subnormal ? 5.42101086e-20f : top ? 2.0f : 1.0f);  // 2^-64
-  res = x > 88.72283f ? INFINITY : res;
-  res = x < -103.972084f ? 0.0f : res;
-  res = x != x ? x : res;  // NaN propagates
-  return res;
-}
+// Vectorisable float32 exp, tanh, erf, gelu and sigmoid (plugin_kernels'
+// vec_math.h, shared with the other in-tree plugins).
+using npub::kernels::fast_erf;
+using npub::kernels::fast_exp;
+using npub::kernels::fast_gelu;
+using npub::kernels::fast_sigmoid;
+using npub::kernels::fast_tanh;
 
 // ---------------------------------------------------------------------------
 // shapes

@@ -2,6 +2,7 @@
 // float32 (ATen's promotion to the default dtype); sign/abs/neg/rounding keep
 // integer dtypes; logical_not and isnan produce bool.
 #include "elementwise.h"
+#include "isa.h"
 #include "ops.h"
 
 #include <limits>
@@ -60,8 +61,31 @@ constexpr bool is_float_fn(U op) {
   }
 }
 
+// float: vec_math.h's (Note [Vectorised float32 functions]); double: libm.
+template <typename T>
+CANN_LIKE_ISA_BODY T m_exp(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return fast_exp(x);
+  else
+    return std::exp(x);
+}
+template <typename T>
+CANN_LIKE_ISA_BODY T m_tanh(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return fast_tanh(x);
+  else
+    return std::tanh(x);
+}
+template <typename T>
+CANN_LIKE_ISA_BODY T m_erf(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return fast_erf(x);
+  else
+    return std::erf(x);
+}
+
 template <U kOp, typename T>
-inline auto apply(T x) {
+CANN_LIKE_ISA_BODY auto apply(T x) {
   if constexpr (kOp == U::logical_not)
     return !static_cast<bool>(x);
   else if constexpr (kOp == U::isnan) {
@@ -105,9 +129,12 @@ inline auto apply(T x) {
       return std::nearbyint(x);  // half to even
     else
       return x;
-  } else if constexpr (kOp == U::exp)
-    return std::exp(x);
-  else if constexpr (kOp == U::log)
+  } else if constexpr (kOp == U::exp) {
+    if constexpr (std::is_same_v<T, float>)
+      return fast_exp(x);
+    else
+      return std::exp(x);
+  } else if constexpr (kOp == U::log)
     return std::log(x);
   else if constexpr (kOp == U::log1p)
     return std::log1p(x);
@@ -122,19 +149,62 @@ inline auto apply(T x) {
   else if constexpr (kOp == U::cos)
     return std::cos(x);
   else if constexpr (kOp == U::tanh)
-    return std::tanh(x);
+    return m_tanh(x);
   else if constexpr (kOp == U::sigmoid)
-    return T(1) / (T(1) + std::exp(-x));
+    return T(1) / (T(1) + m_exp(-x));
   else if constexpr (kOp == U::silu)
-    return x / (T(1) + std::exp(-x));
+    return x / (T(1) + m_exp(-x));
   else if constexpr (kOp == U::erf)
-    return std::erf(x);
-  else if constexpr (kOp == U::gelu)
-    return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440)));
-  else {                                    // gelu_tanh
+    return m_erf(x);
+  else if constexpr (kOp == U::gelu) {
+    if constexpr (std::is_same_v<T, float>)
+      return fast_gelu(x);
+    else
+      return T(0.5) * x * (T(1) + std::erf(x * T(0.70710678118654752440)));
+  } else {                                  // gelu_tanh
     const T k = T(0.79788456080286535588);  // sqrt(2/pi)
-    return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+    return T(0.5) * x * (T(1) + m_tanh(k * (x + T(0.044715) * x * x * x)));
   }
+}
+
+// Note [Vectorised float32 functions]
+// libm's expf/tanhf/erff are scalar calls (tanh ran at 12 ns an element, 4x
+// ATen's whole op): float32 (and float16/bfloat16, computed in float32) use
+// plugin_kernels' vec_math.h instead, and a contiguous float32 row runs a
+// loop compiled per ISA level (f32_row below), 4, 8 or 16 lanes wide.
+// float64 keeps libm.
+
+// A row of a contiguous float32 unary function, compiled per ISA level.
+template <U kOp>
+CANN_LIKE_ISA_BODY void f32_row_body(const float* a, float* o, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) o[j] = apply<kOp, float>(a[j]);
+}
+CANN_LIKE_ISA_DISPATCH(void, f32_row_exp, f32_row_body<U::exp>, (const float* a, float* o, int64_t n),
+                       (a, o, n))
+CANN_LIKE_ISA_DISPATCH(void, f32_row_tanh, f32_row_body<U::tanh>, (const float* a, float* o, int64_t n),
+                       (a, o, n))
+CANN_LIKE_ISA_DISPATCH(void, f32_row_sigmoid, f32_row_body<U::sigmoid>, (const float* a, float* o, int64_t n),
+                       (a, o, n))
+CANN_LIKE_ISA_DISPATCH(void, f32_row_silu, f32_row_body<U::silu>, (const float* a, float* o, int64_t n),
+                       (a, o, n))
+CANN_LIKE_ISA_DISPATCH(void, f32_row_erf, f32_row_body<U::erf>, (const float* a, float* o, int64_t n),
+                       (a, o, n))
+CANN_LIKE_ISA_DISPATCH(void, f32_row_gelu, f32_row_body<U::gelu>, (const float* a, float* o, int64_t n),
+                       (a, o, n))
+CANN_LIKE_ISA_DISPATCH(void, f32_row_gelu_tanh, f32_row_body<U::gelu_tanh>,
+                       (const float* a, float* o, int64_t n), (a, o, n))
+
+using F32Row = void (*)(const float*, float*, int64_t);
+template <U kOp>
+constexpr F32Row f32_row() {
+  if constexpr (kOp == U::exp) return &f32_row_exp;
+  if constexpr (kOp == U::tanh) return &f32_row_tanh;
+  if constexpr (kOp == U::sigmoid) return &f32_row_sigmoid;
+  if constexpr (kOp == U::silu) return &f32_row_silu;
+  if constexpr (kOp == U::erf) return &f32_row_erf;
+  if constexpr (kOp == U::gelu) return &f32_row_gelu;
+  if constexpr (kOp == U::gelu_tanh) return &f32_row_gelu_tanh;
+  return nullptr;
 }
 
 // The dtype a unary op computes in for an input of dtype d.
@@ -158,6 +228,20 @@ void run_unary(Call& call, const TensorRef& self, const TensorRef& out) {
   }
   check_out(call, out, self.sizes());
   Iter it = make_iter(out, {self});
+  if constexpr (f32_row<kOp>() != nullptr) {
+    if (it.dt[0] == DT::f32 && it.dt[1] == DT::f32) {
+      for_each_row(call, it, [&](char** p, const int64_t* s, int64_t n) {
+        if (s[0] == 4 && s[1] == 4) {
+          f32_row<kOp>()(reinterpret_cast<const float*>(p[1]), reinterpret_cast<float*>(p[0]), n);
+          return;
+        }
+        for (int64_t j = 0; j < n; ++j)
+          *reinterpret_cast<float*>(p[0] + j * s[0]) =
+              apply<kOp, float>(*reinterpret_cast<const float*>(p[1] + j * s[1]));
+      });
+      return;
+    }
+  }
   visit_compute(compute, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (is_float_fn(kOp) && !std::is_floating_point_v<T>) {
@@ -233,6 +317,43 @@ void isinf_signed_out(Call& call) {
 
 enum class G { gelu, gelu_tanh, threshold, sigmoid, tanh, silu };
 
+// grad_input of one element: go * f'(v) (v the input, or the output y for
+// sigmoid and tanh).
+template <G kOp, typename T>
+CANN_LIKE_ISA_BODY T activation_grad(T go, T v) {
+  if constexpr (kOp == G::gelu) {
+    const T cdf = T(0.5) * (T(1) + m_erf(v * T(0.70710678118654752440)));
+    const T pdf = m_exp(T(-0.5) * v * v) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
+    return go * (cdf + v * pdf);
+  } else if constexpr (kOp == G::gelu_tanh) {
+    const T k = T(0.79788456080286535588), c = T(0.044715);
+    const T inner = k * (v + c * v * v * v);
+    const T t = m_tanh(inner);
+    const T dinner = k * (T(1) + T(3) * c * v * v);
+    return go * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * dinner);
+  } else if constexpr (kOp == G::sigmoid) {
+    return go * (T(1) - v) * v;
+  } else if constexpr (kOp == G::tanh) {
+    return go * (T(1) - v * v);
+  } else {  // silu
+    const T s = T(1) / (T(1) + m_exp(-v));
+    return go * s * (T(1) + v * (T(1) - s));
+  }
+}
+
+// A contiguous float32 row of a gradient, compiled per ISA level (Note
+// [Vectorised float32 functions]).
+template <G kOp>
+CANN_LIKE_ISA_BODY void grad_row_body(const float* go, const float* v, float* o, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) o[j] = activation_grad<kOp, float>(go[j], v[j]);
+}
+CANN_LIKE_ISA_DISPATCH(void, grad_row_gelu, grad_row_body<G::gelu>,
+                       (const float* go, const float* v, float* o, int64_t n), (go, v, o, n))
+CANN_LIKE_ISA_DISPATCH(void, grad_row_gelu_tanh, grad_row_body<G::gelu_tanh>,
+                       (const float* go, const float* v, float* o, int64_t n), (go, v, o, n))
+CANN_LIKE_ISA_DISPATCH(void, grad_row_silu, grad_row_body<G::silu>,
+                       (const float* go, const float* v, float* o, int64_t n), (go, v, o, n))
+
 template <G kOp>
 void activation_backward(Call& call) {
   TensorRef g = call.tensor(0), x = call.tensor(1), out = call.tensor(call.num_args() - 1);
@@ -244,35 +365,33 @@ void activation_backward(Call& call) {
               "grad_output of shape " + shape_str(g.sizes()) + " does not match " + shape_str(x.sizes()));
   check_out(call, out, g.sizes(), "grad_input");
   Iter it = make_iter(out, {g, x});
+  if constexpr (kOp == G::gelu || kOp == G::gelu_tanh || kOp == G::silu) {
+    if (it.dt[0] == DT::f32 && it.dt[1] == DT::f32 && it.dt[2] == DT::f32) {
+      const auto row_fn = kOp == G::gelu        ? &grad_row_gelu
+                          : kOp == G::gelu_tanh ? &grad_row_gelu_tanh
+                                                : &grad_row_silu;
+      for_each_row(call, it, [&](char** p, const int64_t* s, int64_t n) {
+        if (s[0] == 4 && s[1] == 4 && s[2] == 4) {
+          row_fn(reinterpret_cast<const float*>(p[1]), reinterpret_cast<const float*>(p[2]),
+                 reinterpret_cast<float*>(p[0]), n);
+          return;
+        }
+        for (int64_t j = 0; j < n; ++j)
+          *reinterpret_cast<float*>(p[0] + j * s[0]) =
+              activation_grad<kOp, float>(*reinterpret_cast<const float*>(p[1] + j * s[1]),
+                                          *reinterpret_cast<const float*>(p[2] + j * s[2]));
+      });
+      return;
+    }
+  }
   visit_compute(d, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_floating_point_v<T>) {
-      if constexpr (kOp == G::gelu) {
-        run_elementwise<T>(call, it, [](T go, T v) {
-          const T cdf = T(0.5) * (T(1) + std::erf(v * T(0.70710678118654752440)));
-          const T pdf = std::exp(T(-0.5) * v * v) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
-          return go * (cdf + v * pdf);
-        });
-      } else if constexpr (kOp == G::gelu_tanh) {
-        run_elementwise<T>(call, it, [](T go, T v) {
-          const T k = T(0.79788456080286535588), c = T(0.044715);
-          const T inner = k * (v + c * v * v * v);
-          const T t = std::tanh(inner);
-          const T dinner = k * (T(1) + T(3) * c * v * v);
-          return go * (T(0.5) * (T(1) + t) + T(0.5) * v * (T(1) - t * t) * dinner);
-        });
-      } else if constexpr (kOp == G::threshold) {
+      if constexpr (kOp == G::threshold) {
         const T th = static_cast<T>(call.scalar_arg(2));
         run_elementwise<T>(call, it, [th](T go, T v) { return v <= th ? T(0) : go; });
-      } else if constexpr (kOp == G::sigmoid) {
-        run_elementwise<T>(call, it, [](T go, T y) { return go * (T(1) - y) * y; });
-      } else if constexpr (kOp == G::tanh) {
-        run_elementwise<T>(call, it, [](T go, T y) { return go * (T(1) - y * y); });
       } else {
-        run_elementwise<T>(call, it, [](T go, T v) {
-          const T s = T(1) / (T(1) + std::exp(-v));
-          return go * s * (T(1) + v * (T(1) - s));
-        });
+        run_elementwise<T>(call, it, [](T go, T v) { return activation_grad<kOp, T>(go, v); });
       }
     }
   });

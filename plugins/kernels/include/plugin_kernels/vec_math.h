@@ -1,0 +1,147 @@
+// Float32 elementary functions written so that loops calling them vectorise
+// (libm's do not): branch-free selects and polynomials, each within a few ulps
+// (the error models of aten::exp/tanh/erf/sigmoid/silu allow 4). Used by the
+// in-tree plugins' elementwise, activation, softmax and attention kernels.
+// (-fno-trapping-math in the plugins' CMakeLists.txt lets GCC vectorise the
+// selects.)
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+// Always inlined: the callers' loops are compiled per ISA level (target
+// attributes), and a call would keep them scalar.
+#define NPUB_VEC_INLINE inline __attribute__((always_inline))
+
+namespace npub::kernels {
+
+// exp(x) for x in [-87.3, 88.7] (normal results), within ~2 ulp: Cody-Waite
+// range reduction and a Cephes polynomial, no special cases.
+NPUB_VEC_INLINE float exp_normal_range(float x) {
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const uint32_t bits = (static_cast<uint32_t>(static_cast<int32_t>(n)) + 127u) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  return p * scale;
+}
+
+// exp(x), within ~2 ulp: Cody-Waite range reduction and a Cephes polynomial.
+// NaN propagates; overflow (x > 88.7228) gives inf; results below the
+// smallest normal float are the subnormals ATen's exp gives (the power of two
+// is applied in two steps, the second rounding once), and 0 below half the
+// smallest subnormal.
+NPUB_VEC_INLINE float fast_exp(float x) {
+  float xc = x < -103.972084f ? -103.972084f : x;
+  xc = xc > 88.72283f ? 88.72283f : xc;
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  // 2^n as 2^(n + 64) * 2^-64 where 2^n is below the normal floats, and as
+  // 2^(n - 1) * 2 where it is above them (exp(88.5) is finite).
+  const bool subnormal = (n < -126.0f);
+  const bool top = (n > 127.0f);
+  const int32_t e = static_cast<int32_t>(n) + (subnormal ? 64 : 0) - (top ? 1 : 0);
+  const uint32_t bits = (static_cast<uint32_t>(e) + 127u) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, 4);
+  float res = (p * scale) * (subnormal ? 5.42101086e-20f : top ? 2.0f : 1.0f);  // 2^-64
+  res = x > 88.72283f ? INFINITY : res;
+  res = x < -103.972084f ? 0.0f : res;
+  res = x != x ? x : res;  // NaN propagates
+  return res;
+}
+
+// tanh(x), within ~2 ulp: Cephes' odd polynomial below |x| = 0.625, and
+// 1 - 2 / (exp(2|x|) + 1) above, where tanh >= 0.55 and the subtraction
+// loses nothing; the sign is copied back. NaN propagates.
+NPUB_VEC_INLINE float fast_tanh(float x) {
+  const float a = x < 0.0f ? -x : x;
+  const float z = x * x;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const float small = p * z * x + x;
+  const float large = 1.0f - 2.0f / (fast_exp(2.0f * a) + 1.0f);
+  const float res = a < 0.625f ? small : (x < 0.0f ? -large : large);
+  return x != x ? x : res;
+}
+
+// erfc(a) for 0 <= a <= 9.3, relative error ~1.2e-7 (Numerical Recipes' erfcc
+// Chebyshev fit): t * exp(-a^2 + P(t)), t = 1 / (1 + a / 2).
+NPUB_VEC_INLINE float fast_erfc_nonneg(float a) {
+  const float t = 1.0f / (1.0f + 0.5f * a);
+  float p = 0.17087277f;
+  p = p * t - 0.82215223f;
+  p = p * t + 1.48851587f;
+  p = p * t - 1.13520398f;
+  p = p * t + 0.27886807f;
+  p = p * t - 0.18628806f;
+  p = p * t + 0.09678418f;
+  p = p * t + 0.37409196f;
+  p = p * t + 1.00002368f;
+  p = p * t - 1.26551223f;
+  // Below exp(-87.3) (a > 9.3) the result is flushed to ~1e-38: erfc's
+  // callers add it to 1 or scale it by an x of order 10. (A NaN argument is
+  // clamped too, keeping the float-to-int conversion defined; t carries the NaN.)
+  const float arg = p - a * a;
+  return t * exp_normal_range(arg >= -87.3f ? arg : -87.3f);
+}
+
+// erf(x), within a few ulp: Cephes' x * P(x^2) below |x| = 0.75, and
+// 1 - erfc(|x|) above (erfc <= 0.29 there: no cancellation), sign copied.
+NPUB_VEC_INLINE float fast_erf(float x) {
+  const float a = x < 0.0f ? -x : x;
+  const float z = x * x;
+  float p = 7.853861353153693e-5f;
+  p = p * z - 8.010193625184903e-4f;
+  p = p * z + 5.188327685732524e-3f;
+  p = p * z - 2.685381193529856e-2f;
+  p = p * z + 1.128358514861418e-1f;
+  p = p * z - 3.761262582423300e-1f;
+  p = p * z + 1.128379165726710e0f;
+  const float small = p * x;
+  const float large = 1.0f - fast_erfc_nonneg(a);
+  const float res = a < 0.75f ? small : (x < 0.0f ? -large : large);
+  return x != x ? x : res;
+}
+
+// gelu(x) = x / 2 * (1 + erf(x / sqrt(2))), with one erfc: 1 + erf(u) is
+// 1 + x * P(x^2) for |u| < 0.75, else 2 - erfc(|u|) for u > 0 and erfc(|u|)
+// for u < 0 (which keeps its relative accuracy where 1 + erf cancels).
+NPUB_VEC_INLINE float fast_gelu(float x) {
+  const float u = x * 0.70710678118654752440f;
+  const float a = u < 0.0f ? -u : u;
+  const float z = u * u;
+  float p = 7.853861353153693e-5f;
+  p = p * z - 8.010193625184903e-4f;
+  p = p * z + 5.188327685732524e-3f;
+  p = p * z - 2.685381193529856e-2f;
+  p = p * z + 1.128358514861418e-1f;
+  p = p * z - 3.761262582423300e-1f;
+  p = p * z + 1.128379165726710e0f;
+  const float c = fast_erfc_nonneg(a);
+  const float one_plus_erf = a < 0.75f ? 1.0f + p * u : (u < 0.0f ? c : 2.0f - c);
+  return 0.5f * x * one_plus_erf;
+}
+
+// 1 / (1 + exp(-x)).
+NPUB_VEC_INLINE float fast_sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
+
+}  // namespace npub::kernels
