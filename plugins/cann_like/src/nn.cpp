@@ -362,89 +362,9 @@ void nll_loss_backward(Call& call) {
   }
 }
 
-// aten::native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
-// Training: mask ~ Bernoulli(1 - p) from the device's Philox stream (one
-// counter per 4 elements), output = input * mask / (1 - p). Inference
-// (train=False): output = input, mask all true.
-void native_dropout(Call& call) {
-  TensorRef x = call.tensor(0);
-  const double p = call.double_arg(1);
-  const bool train = call.is_none(2) || call.bool_arg(2);
-  if (!(p >= 0 && p <= 1))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT,
-              "dropout probability has to be between 0 and 1, but got " + std::to_string(p));
-  const DT d = dt_of(x.dtype());
-  const int64_t n = x.numel(), es = dt_size(d);
-  TensorRef out = call.output(0, x.sizes(), x.dtype());
-  TensorRef mask = call.output(1, x.sizes(), npub::sdk::kBool);
-  uint8_t* m = mask.data<uint8_t>();
-  if (!train || p == 0) {
-    std::memcpy(out.data<char>(), x.data<char>(), static_cast<size_t>(n * es));
-    std::memset(m, 1, static_cast<size_t>(n));
-    return;
-  }
-  const auto [seed, offset] = call.philox(static_cast<uint64_t>((n + 3) / 4));
-  const float keep = static_cast<float>(1.0 - p);
-  const double scale = p == 1 ? 0.0 : 1.0 / (1.0 - p);
-  call.parallel_for(0, (n + 3) / 4, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t blk = b; blk < e; ++blk) {
-      const auto r = npub::philox::block(seed, offset + static_cast<uint64_t>(blk));
-      for (int64_t lane = 0; lane < 4; ++lane) {
-        const int64_t i = blk * 4 + lane;
-        if (i >= n) break;
-        const bool kept = npub::philox::uniform(r[static_cast<size_t>(lane)]) < keep;
-        m[i] = kept;
-        store<double>(out.data<char>() + i * es, d,
-                      kept ? load<double>(x.data<char>() + i * es, d) * scale : 0.0);
-      }
-    }
-  });
-}
-
-// aten::native_dropout_backward(Tensor grad_output, Tensor mask, float scale) -> Tensor
-// ATen's grad_output * mask * scale: the product with the mask in the
-// grad's dtype (exact; NaN * 0 stays NaN), then the scale as the compute
-// type's scalar (float for float and the half types, as ATen's opmath).
-void native_dropout_backward(Call& call) {
-  const TensorRef g = call.tensor(0), mask = call.tensor(1);
-  const DT d = dt_of(g.dtype());
-  if (!mask.is(npub::sdk::kBool))
-    call.fail(NPUB_ERR_INVALID_ARGUMENT,
-              std::string("mask should be a boolean tensor, but got ") + dt_name(dt_of(mask.dtype())));
-  if (mask.sizes() != g.sizes())
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "mask of shape " + shape_str(mask.sizes()) +
-                                             " does not match grad_output of shape " + shape_str(g.sizes()));
-  const double scale = call.double_arg(2);
-  TensorRef out = call.output(0, g.sizes(), g.dtype());
-  const int64_t n = g.numel(), es = dt_size(d);
-  const uint8_t* m = mask.data<uint8_t>();
-  const char* gb = g.data<char>();
-  char* ob = out.data<char>();
-  visit_compute(d, [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (std::is_floating_point_v<T>) {
-      const T s = static_cast<T>(scale);
-      call.parallel_for(0, n, 1 << 14, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) {
-          const T v = load<T>(gb + i * es, d) * (m[i] ? T(1) : T(0));
-          store<T>(ob + i * es, d, v * s);
-        }
-      });
-    }
-  });
-}
-
 }  // namespace
 
 void register_nn(npub::sdk::Registrar& r) {
-  r.op("aten::native_dropout_backward(Tensor grad_output, Tensor mask, float scale) -> Tensor",
-       &native_dropout_backward)
-      .dtypes(dtypes_floating())
-      .arg_dtypes("mask", {npub::sdk::kBool})
-      .contiguous_only();
-  r.op("aten::native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)", &native_dropout)
-      .dtypes(dtypes_floating())
-      .contiguous_only();
   const auto floating = dtypes_floating();
   r.op("aten::native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float "
        "eps) -> (Tensor, Tensor, Tensor)",

@@ -15,6 +15,7 @@ void init(npub::sdk::Registrar& r) {
   cann_like::register_softmax(r);
   cann_like::register_matmul(r);
   cann_like::register_nn(r);
+  cann_like::register_dropout(r);
   cann_like::register_batch_norm(r);
   cann_like::register_index(r);
   cann_like::register_sort(r);
