@@ -138,6 +138,33 @@ def clients_table(d, src):
                                    rows)
 
 
+def models_table(d, src):
+    rows = []
+    for i, r in enumerate(field(d, ["results"], src)):
+        get = lambda k: field(r, [k], f"{src}: results[{i}]")  # noqa: E731
+        kind = "compiled" if get("compiled") else "eager"
+        rows.append([get("case"), kind, ms(get("npu_ms")), ms(get("cpu_ms")), f"{get('ratio'):.2f}",
+                     f"{sum(get('fallbacks').values()):g}"])
+    slowest = field(d, ["slowest"], src)
+    breakdown = field(slowest, ["breakdown"], src)
+    ops = [[o["key"], f"{o['cpu_calls']:g} / {o['npu_calls']:g}", f"{o['cpu_us'] / 1e3:.2f} ms",
+            f"{o['npu_us'] / 1e3:.2f} ms", f"{o['lost_us'] / 1e3:+.2f} ms"]
+           for o in field(breakdown, ["ops"], src)[:10]]
+    intro = (f"One run of `./scripts/bench.sh models` (`{src}`): torch {field(d, ['torch'], src)}, transformers "
+             f"{field(d, ['transformers'], src)}, {field(d, ['cpu_threads'], src)} CPU threads and "
+             f"{field(d, ['npu_threads'], src)} npu compute threads; per case the median over "
+             f"{field(d, ['samples'], src)} samples (after {field(d, ['warmup'], src)} of warm-up) of the ratio "
+             f"npu step / CPU step, the two timed back to back in each sample. Compiled: "
+             f"`torch.compile(backend=\"npu\")` against Inductor on the CPU. Eager geometric mean: "
+             f"**{field(d, ['eager_geomean'], src):.2f}** (lower is better; the target is 0.85, every case <= 1.0).")
+    per_op = (f"Where the slowest eager case, {field(slowest, ['case'], src)} (npu "
+              f"{field(breakdown, ['npu_step_ms'], src):.1f} ms, CPU {field(breakdown, ['cpu_step_ms'], src):.1f} ms), "
+              f"loses its time (`python3 -m npubridge profile-compare bench/bench_models.py "
+              f"{field(slowest, ['case'], src)}`; self time per step):")
+    return (intro + "\n\n" + table(["case", "", "npu", "CPU", "ratio", "CPU fallbacks per step"], rows) + "\n\n" +
+            per_op + "\n\n" + table(["op", "calls CPU / npu", "CPU", "npu", "npu loses"], ops))
+
+
 def graph_table(d, src):
     def speed_row(label, part, eager_key, fast_key, ratio_key):
         p = field(d, [part], src)
@@ -206,6 +233,7 @@ def dist_table(d, src):
 TABLES = {
     "cann": ("bench/results/cann.json", cann_table),
     "clients": ("bench/results/clients.json", clients_table),
+    "models": ("bench/results/models.json", models_table),
     "graph": ("bench/results/graph.json", graph_table),
     "dist": ("bench/results/dist.json", dist_table),
 }

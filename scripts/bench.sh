@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: ./scripts/bench.sh core|cann|torch|clients|mindspeed|vllm|dist|graph [--quick]
+# Benchmarks: ./scripts/bench.sh core|cann|torch|clients|models|mindspeed|vllm|dist|graph [--quick]
 # Prints the results and writes bench/results/<suite>.json.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 suite="${1:-core}"
@@ -25,6 +25,10 @@ case "$suite" in
     (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python:$NPUB_ROOT/compat/torch_npu" NPUB_LOG_LEVEL=error \
        python3 "$NPUB_ROOT/bench/bench_clients.py" "$NPUB_ROOT/bench/results/clients.json" "${@:2}")
     ;;
+  models)
+    (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error \
+       python3 "$NPUB_ROOT/bench/bench_models.py" "$NPUB_ROOT/bench/results/models.json" "${@:2}")
+    ;;
   mindspeed)
     (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error \
        python3 "$NPUB_ROOT/bench/bench_mindspeed.py" "$NPUB_ROOT/bench/results/mindspeed.json" "${@:2}")
@@ -42,7 +46,7 @@ case "$suite" in
        python3 "$NPUB_ROOT/bench/bench_graph.py" "$NPUB_ROOT/bench/results/graph.json" "${@:2}")
     ;;
   *)
-    echo "bench.sh: unknown suite '$suite' (known: core, cann, torch, clients, mindspeed, vllm, dist, graph)" >&2
+    echo "bench.sh: unknown suite '$suite' (known: core, cann, torch, clients, models, mindspeed, vllm, dist, graph)" >&2
     exit 2
     ;;
 esac

@@ -76,11 +76,12 @@ def _profile(step, device, steps, shapes):
             _sync(device)
             walls.append(time.perf_counter() - t)
     per_key = {}
+    slices = tuple(f"{p['name']}: " for p in npubridge.plugins())
     for e in prof.events():
         owner = e
         # npubridge's kernel slices ("cann_like: aten::mm.out") nest in the
         # ATen op that dispatched them: their time is that op's.
-        while ": " in owner.name and owner.cpu_parent is not None:
+        while owner.name.startswith(slices) and owner.cpu_parent is not None:
             owner = owner.cpu_parent
         key = owner.name + (f" {owner.input_shapes}" if shapes and owner.input_shapes else "")
         calls, us = per_key.get(key, (0, 0.0))
