@@ -492,6 +492,26 @@ void where(Call& call) {
   Iter it = make_iter(out, {cond, a, b});
   visit_compute(common, [&](auto tag) {
     using T = decltype(tag);
+    // Both values and the result in T (the usual case: a score tensor, a
+    // broadcast mask and a 0-d fill value): typed strided loads, no dtype
+    // switch per element; a unit-stride row is a plain select loop.
+    if (it.dt[0] == dt_for<T>() && it.dt[2] == dt_for<T>() && it.dt[3] == dt_for<T>()) {
+      for_each_row(call, it, [&](char** p, const int64_t* st, int64_t n) {
+        T* o = reinterpret_cast<T*>(p[0]);
+        const uint8_t* c = reinterpret_cast<const uint8_t*>(p[1]);
+        const T* x = reinterpret_cast<const T*>(p[2]);
+        const T* y = reinterpret_cast<const T*>(p[3]);
+        const int64_t so = st[0] / int64_t(sizeof(T)), sx = st[2] / int64_t(sizeof(T)),
+                      sy = st[3] / int64_t(sizeof(T));
+        if (so == 1 && st[1] == 1 && sx == 1 && sy == 0) {
+          const T v = *y;
+          for (int64_t j = 0; j < n; ++j) o[j] = c[j] != 0 ? x[j] : v;
+          return;
+        }
+        for (int64_t j = 0; j < n; ++j) o[j * so] = c[j * st[1]] != 0 ? x[j * sx] : y[j * sy];
+      });
+      return;
+    }
     // The condition is loaded as T too: non-zero means true.
     run_elementwise<T>(call, it, [](T c, T p, T q) -> T { return c != T(0) ? p : q; });
   });
