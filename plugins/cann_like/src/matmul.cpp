@@ -15,6 +15,8 @@
 #include "elementwise.h"
 #include "ops.h"
 
+#include <cstring>
+
 #include <plugin_kernels/gemm.h>
 
 namespace cann_like {
@@ -196,12 +198,15 @@ void batched(Call& call, const TensorRef& self, const TensorRef& m1, const Tenso
                                                " cannot be broadcast to the result's shape " +
                                                shape_str(shape));
     Iter it = make_iter(out, {self});
-    visit_compute(d, [&](auto tag) {
-      using T = decltype(tag);
-      for_each_row(call, it, [&](char** p, const int64_t* s, int64_t cnt) {
-        for (int64_t j = 0; j < cnt; ++j)
-          store<T>(p[0] + j * s[0], it.dt[0], load<T>(p[1] + j * s[1], it.dt[1]));
-      });
+    // self has out's dtype (checked above): C's rows are byte copies of
+    // self's (a bias row, broadcast down the rows, is one memcpy a row).
+    const int64_t es = dt_size(d);
+    for_each_row(call, it, [&](char** p, const int64_t* s, int64_t cnt) {
+      if (s[0] == es && s[1] == es) {
+        std::memcpy(p[0], p[1], static_cast<size_t>(cnt * es));
+        return;
+      }
+      for (int64_t j = 0; j < cnt; ++j) std::memcpy(p[0] + j * s[0], p[1] + j * s[1], static_cast<size_t>(es));
     });
   }
   if (alpha == 0) {
