@@ -257,17 +257,51 @@ void cat(Call& call) {
   check_out(call, out, shape);
   const int64_t es = dt_size(d);
   const DimView ov = dim_view(out, dim);
+  // Note [cat copies in parallel]
+  // Parts of out's dtype are byte copies: every (part, outer index) block is
+  // a job, and the jobs' bytes, laid end to end, are split evenly over the
+  // compute threads (a block may be shared by two threads). Parts of another
+  // dtype convert element by element below.
+  struct Job {
+    char* dst;
+    const char* src;
+    int64_t bytes, start;  // start: the job's first byte in the concatenation of all jobs
+  };
+  std::vector<Job> jobs;
+  int64_t total = 0;
+  {
+    int64_t offset = 0;
+    for (const TensorRef& t : parts) {
+      const DimView v = dim_view(t, dim);
+      if (dt_of(t.dtype()) == d)
+        for (int64_t o = 0; o < v.outer; ++o) {
+          const int64_t bytes = v.size * v.inner * es;
+          if (bytes == 0) continue;
+          jobs.push_back({out.data<char>() + (o * ov.size + offset) * ov.inner * es,
+                          t.data<char>() + o * v.size * v.inner * es, bytes, total});
+          total += bytes;
+        }
+      offset += v.size;
+    }
+  }
+  call.parallel_for(0, total, 1 << 16, [&](int64_t b, int64_t e) {
+    auto it =
+        std::upper_bound(jobs.begin(), jobs.end(), b, [](int64_t x, const Job& j) { return x < j.start; });
+    for (--it; it != jobs.end() && it->start < e; ++it) {
+      const int64_t lo = std::max(b, it->start) - it->start,
+                    hi = std::min(e, it->start + it->bytes) - it->start;
+      std::memcpy(it->dst + lo, it->src + lo, static_cast<size_t>(hi - lo));
+    }
+  });
   int64_t offset = 0;
   for (const TensorRef& t : parts) {
     const DimView v = dim_view(t, dim);
     const DT td = dt_of(t.dtype());
-    for (int64_t o = 0; o < v.outer; ++o) {
+    for (int64_t o = 0; o < v.outer && td != d; ++o) {
       char* dst = out.data<char>() + (o * ov.size + offset) * ov.inner * es;
       const char* src = t.data<char>() + o * v.size * v.inner * dt_size(td);
       const int64_t n = v.size * v.inner;
-      if (td == d) {
-        std::memcpy(dst, src, static_cast<size_t>(n * es));
-      } else {
+      {
         visit_compute(td == DT::f16 || td == DT::bf16 ? DT::f32 : td, [&](auto tag) {
           using T = decltype(tag);
           for (int64_t j = 0; j < n; ++j) store<T>(dst + j * es, d, load<T>(src + j * dt_size(td), td));

@@ -206,7 +206,8 @@ void batched(Call& call, const TensorRef& self, const TensorRef& m1, const Tenso
         std::memcpy(p[0], p[1], static_cast<size_t>(cnt * es));
         return;
       }
-      for (int64_t j = 0; j < cnt; ++j) std::memcpy(p[0] + j * s[0], p[1] + j * s[1], static_cast<size_t>(es));
+      for (int64_t j = 0; j < cnt; ++j)
+        std::memcpy(p[0] + j * s[0], p[1] + j * s[1], static_cast<size_t>(es));
     });
   }
   if (alpha == 0) {
