@@ -46,6 +46,25 @@ void check_param(const Call& call, const TensorRef& p, int64_t cols, const char*
 }
 
 // aten::native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
+// sum(x[c] - m) (squared: sum((x[c] - m)^2)) over n floats, in 8 partial sums.
+inline float lane_sum(const float* x, int64_t n, float m, bool squared) {
+  constexpr int kLanes = 8;
+  float acc[kLanes] = {};
+  int64_t c = 0;
+  for (; c + kLanes <= n; c += kLanes)
+    for (int l = 0; l < kLanes; ++l) {
+      const float t = x[c + l] - m;
+      acc[l] += squared ? t * t : t;
+    }
+  float total = 0;
+  for (; c < n; ++c) {
+    const float t = x[c] - m;
+    total += squared ? t * t : t;
+  }
+  for (int l = 0; l < kLanes; ++l) total += acc[l];
+  return total;
+}
+
 void layer_norm(Call& call) {
   TensorRef x = call.tensor(0);
   const auto normalized = call.int_list(1);
@@ -70,13 +89,12 @@ void layer_norm(Call& call) {
           double mu = 0, var = 0;
           if (d == DT::f32) {
             const float* xr = reinterpret_cast<const float*>(xb) + r * v.cols;
-            float s = 0, ss = 0;  // two-pass in float, as ATen's CPU kernel
-            for (int64_t c = 0; c < v.cols; ++c) s += xr[c];
+            // Two-pass in float, as ATen's CPU kernel, each pass in 8
+            // independent partial sums (a vector's lanes; one running sum
+            // is a chain of dependent adds the compiler may not reorder).
+            const float s = lane_sum(xr, v.cols, 0.0f, false);
             const float m = s / static_cast<float>(v.cols);
-            for (int64_t c = 0; c < v.cols; ++c) {
-              const float t = xr[c] - m;
-              ss += t * t;
-            }
+            const float ss = lane_sum(xr, v.cols, m, true);
             mu = m;
             var = ss / static_cast<float>(v.cols);
             const float inv = 1.0f / std::sqrt(static_cast<float>(var) + static_cast<float>(eps));
