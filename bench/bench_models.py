@@ -39,7 +39,7 @@ import npubridge
 from npubridge import profile_compare
 
 warnings.filterwarnings("ignore")
-THREADS = 2
+THREADS = int(os.environ.get("NPUB_BENCH_THREADS", "2"))  # CPU threads (set NPUB_SIM_THREADS alike)
 torch.set_num_threads(THREADS)
 
 import transformers  # noqa: E402

@@ -19,7 +19,7 @@ namespace {
 // Operands of a binary op: `other` may be a tensor or a Scalar argument.
 struct Binary {
   TensorRef a, b, out;
-  std::unique_ptr<ScalarTensor> scalar;
+  std::unique_ptr<ScalarTensor> scalar, scalar_a;  // what b (a) refers to when it was made a scalar here
   DT common = DT::unknown;
 };
 
@@ -47,6 +47,13 @@ Binary binary_args(Call& call, int32_t a_index, int32_t b_index, int32_t out_ind
   // value: one rounding from the original value), so that every operand is
   // float32 and run_elementwise's typed loop with the scalar broadcast along
   // the row serves the call, not the per-element converting loop.
+  // The same holds for a 0-d `self` (x.mul_(s) reaches mul.out as (s, x)
+  // from the foreach optimizers' per-tensor path).
+  if (x.common == DT::f32 && x.a.dim() == 0 && x.b.dim() != 0 && !x.a.is(npub::sdk::kFloat32)) {
+    const float f = load<float>(x.a.data<char>(), dt_of(x.a.dtype()));
+    x.scalar_a = std::make_unique<ScalarTensor>(f);
+    x.a = x.scalar_a->ref();
+  }
   if (x.common == DT::f32 && x.b.dim() == 0 && !x.b.is(npub::sdk::kFloat32)) {
     const float f = load<float>(x.b.data<char>(), dt_of(x.b.dtype()));
     x.scalar = std::make_unique<ScalarTensor>(f);
