@@ -161,6 +161,20 @@ void run_elementwise(const Call& call, const Iter& it, Fn fn) {
       }
       return;
     }
+    if (typed) {  // strided, every operand in its C++ type: no dtype switch per element
+      for (int64_t j = 0; j < n; ++j) {
+        const T* in[3] = {};
+        for (int i = 0; i < K; ++i) in[i] = reinterpret_cast<const T*>(p[i + 1] + j * s[i + 1]);
+        R* o = reinterpret_cast<R*>(p[0] + j * s[0]);
+        if constexpr (K == 1)
+          *o = fn(*in[0]);
+        else if constexpr (K == 2)
+          *o = fn(*in[0], *in[1]);
+        else
+          *o = fn(*in[0], *in[1], *in[2]);
+      }
+      return;
+    }
     T v[3];
     for (int64_t j = 0; j < n; ++j) {
       for (int i = 0; i < K; ++i) v[i] = load<T>(p[i + 1] + j * s[i + 1], it.dt[i + 1]);
