@@ -1,6 +1,6 @@
 """``torch.nn.functional.scaled_dot_product_attention`` on npu tensors through
 mindspeed_like's flash attention (``mindspeed_like::npu_fusion_attention`` and
-its grad, in BNSD layout).
+its grad, in BNSD layout, or BSND for BNSD-shaped views of BSND tensors).
 
 PyTorch picks SDPA's backend per call with ``aten::_fused_sdp_choice``
 (reached for npu tensors through the PrivateUse1 slot that
@@ -144,6 +144,34 @@ def _as_4d(query, key, value, attn_bias):
     return query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1), attn_bias
 
 
+# Note [SDPA passes BSND views as they are]
+# Models build q, k and v as x.view(B, S, N, D).transpose(1, 2): BNSD-shaped
+# views of BSND-contiguous tensors, which the plugin's BNSD form (contiguous
+# only) took through three staged copies, and whose output the model then
+# transposes back with .contiguous(), a fourth copy. When the query is such a
+# view, the call uses the plugin's BSND layout instead: the operands go as
+# they lie (a tensor laid out otherwise is copied into BSND), and the output
+# and gradients come back as BNSD-shaped views of BSND tensors, as PyTorch's
+# CPU flash attention returns them. The statistics are [B, N, S, 8] in both.
+def _bsnd_view(t):
+    return t.dim() == 4 and t.transpose(1, 2).is_contiguous()
+
+
+def _layout(query):
+    return "BSND" if _bsnd_view(query) and not query.is_contiguous() else "BNSD"
+
+
+def _to_layout(t, layout):
+    """t (BNSD-shaped) as the plugin's operand in `layout`."""
+    if layout == "BNSD":
+        return t.contiguous()
+    return t.transpose(1, 2).contiguous()
+
+
+def _from_layout(t, layout):
+    return t if layout == "BNSD" else t.transpose(1, 2)
+
+
 def _forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, return_debug_mask=False, *,
              scale=None):
     three = query.dim() == 3
@@ -151,9 +179,11 @@ def _forward(query, key, value, attn_bias=None, dropout_p=0.0, is_causal=False, 
     b, n, sq, _ = query.shape
     skv = key.shape[2]
     mask = _bool_mask(attn_bias, b, n, sq, skv)
+    layout = _layout(query)  # Note [SDPA passes BSND views as they are]
     out, smax, ssum, _ = torch.ops.mindspeed_like.npu_fusion_attention(
-        query, key, value, n, "BNSD", None, None, mask, _scale(query, scale), 1.0, _NO_BAND, _NO_BAND, 0, None,
-        None, None, 2 if is_causal else 0)
+        _to_layout(query, layout), _to_layout(key, layout), _to_layout(value, layout), n, layout, None, None, mask,
+        _scale(query, scale), 1.0, _NO_BAND, _NO_BAND, 0, None, None, None, 2 if is_causal else 0)
+    out = _from_layout(out, layout)
     # logsumexp = max + log(sum) per row, as PyTorch's fused backends return
     # it (-inf for a row that sees no key). The backward gets the statistics
     # themselves, in the slots of the cumulative sequence lengths (which
@@ -186,9 +216,12 @@ def _backward(grad_out, query, key, value, attn_bias, grad_input_mask, out, logs
         # (-inf, 0) for a row that sees no key.
         smax = logsumexp.unsqueeze(-1).expand(*logsumexp.shape, 8).contiguous()
         ssum = (logsumexp > float("-inf")).to(logsumexp.dtype).unsqueeze(-1).expand(*logsumexp.shape, 8).contiguous()
+    layout = _layout(query)  # Note [SDPA passes BSND views as they are]
     dq, dk, dv, _ = torch.ops.mindspeed_like.npu_fusion_attention_grad(
-        query, key, value, grad_out.contiguous(), n, "BNSD", None, None, mask, smax, ssum, None, out,
-        _scale(query, scale), 1.0, _NO_BAND, _NO_BAND, 0, None, None, None, 2 if is_causal else 0)
+        _to_layout(query, layout), _to_layout(key, layout), _to_layout(value, layout), _to_layout(grad_out, layout),
+        n, layout, None, None, mask, smax, ssum, None, _to_layout(out, layout), _scale(query, scale), 1.0, _NO_BAND,
+        _NO_BAND, 0, None, None, None, 2 if is_causal else 0)
+    dq, dk, dv = _from_layout(dq, layout), _from_layout(dk, layout), _from_layout(dv, layout)
     if three:
         dq, dk, dv = dq.squeeze(1), dk.squeeze(1), dv.squeeze(1)
     return dq, dk, dv, empty
