@@ -61,6 +61,31 @@ Shape pooled_shape(const TensorRef& x, const Pool2d& p) {
   return s;
 }
 
+// Element i of a pooling operand: float32 and float64 as themselves, other
+// dtypes through the converting load/store in double.
+template <typename T>
+struct TypedAccess {
+  T get(const char* base, int64_t i) const { return reinterpret_cast<const T*>(base)[i]; }
+  template <typename V>
+  void set(char* base, int64_t i, V v) const {
+    reinterpret_cast<T*>(base)[i] = static_cast<T>(v);
+  }
+};
+struct ConvertingAccess {
+  DT d;
+  double get(const char* base, int64_t i) const { return load<double>(base + i * dt_size(d), d); }
+  void set(char* base, int64_t i, double v) const { store<double>(base + i * dt_size(d), d, v); }
+};
+template <typename F>
+void with_pool_access(DT d, F&& f) {
+  if (d == DT::f32)
+    f(TypedAccess<float>{});
+  else if (d == DT::f64)
+    f(TypedAccess<double>{});
+  else
+    f(ConvertingAccess{d});
+}
+
 // aten::max_pool2d_with_indices.out(self, kernel_size, stride=[], padding=0, dilation=1,
 //     ceil_mode=False, *, out!, indices!)
 void max_pool2d(Call& call) {
@@ -70,32 +95,39 @@ void max_pool2d(Call& call) {
   check_out(call, out, pooled_shape(x, p));
   check_out(call, indices, pooled_shape(x, p), "indices");
   const DT d = dt_of(x.dtype());
-  const int64_t es = dt_size(d);
-  call.parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
-    for (int64_t pl = b; pl < e; ++pl)
-      for (int64_t oy = 0; oy < p.oh; ++oy)
-        for (int64_t ox = 0; ox < p.ow; ++ox) {
-          double best = -std::numeric_limits<double>::infinity();
-          int64_t best_i = -1;
-          for (int64_t i = 0; i < p.kh; ++i) {
-            const int64_t iy = oy * p.sh - p.ph + i * p.dh;
-            if (iy < 0 || iy >= p.h) continue;
-            for (int64_t j = 0; j < p.kw; ++j) {
-              const int64_t ix = ox * p.sw - p.pw + j * p.dw;
-              if (ix < 0 || ix >= p.w) continue;
-              const double v = load<double>(x.data<char>() + ((pl * p.h + iy) * p.w + ix) * es, d);
-              if (best_i < 0 || v > best || std::isnan(v)) {
-                best = v;
-                best_i = iy * p.w + ix;
-                if (std::isnan(v)) break;
+  // float32 and float64 elements are read as themselves (the max is exact in
+  // either type), the half types through the converting load.
+  with_pool_access(d, [&](auto access) {
+    call.parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
+      for (int64_t pl = b; pl < e; ++pl)
+        for (int64_t oy = 0; oy < p.oh; ++oy)
+          for (int64_t ox = 0; ox < p.ow; ++ox) {
+            using V = decltype(access.get(nullptr, 0));
+            V best = -std::numeric_limits<V>::infinity();
+            int64_t best_i = -1;
+            // The taps inside the plane: j in [j0, j1) (no bounds test per tap).
+            const int64_t x0 = ox * p.sw - p.pw;
+            const int64_t j0 = x0 >= 0 ? 0 : (-x0 + p.dw - 1) / p.dw;
+            const int64_t j1 = x0 >= p.w ? 0 : std::min<int64_t>(p.kw, (p.w - 1 - x0) / p.dw + 1);
+            for (int64_t i = 0; i < p.kh; ++i) {
+              const int64_t iy = oy * p.sh - p.ph + i * p.dh;
+              if (iy < 0 || iy >= p.h) continue;
+              const int64_t row = (pl * p.h + iy) * p.w;
+              for (int64_t j = j0; j < j1; ++j) {
+                const int64_t ix = x0 + j * p.dw;
+                const V v = access.get(x.data<char>(), row + ix);
+                // The first tap, a larger value, or the first NaN (which
+                // then stays: NaN > v is false, and a NaN best takes no other).
+                const bool take = best_i < 0 || v > best || (v != v && best == best);
+                best = take ? v : best;
+                best_i = take ? iy * p.w + ix : best_i;
               }
             }
-            if (std::isnan(best)) break;
+            const int64_t o = (pl * p.oh + oy) * p.ow + ox;
+            access.set(out.data<char>(), o, best);
+            indices.data<int64_t>()[o] = best_i;
           }
-          const int64_t o = (pl * p.oh + oy) * p.ow + ox;
-          store<double>(out.data<char>() + o * es, d, best);
-          indices.data<int64_t>()[o] = best_i;
-        }
+    });
   });
 }
 
@@ -108,21 +140,24 @@ void max_pool2d_backward(Call& call) {
   check_out(call, go, pooled_shape(x, p), "grad_output");
   check_out(call, gi, x.sizes(), "grad_input");
   const DT d = dt_of(x.dtype());
-  const int64_t es = dt_size(d);
-  call.parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
-    for (int64_t pl = b; pl < e; ++pl) {
-      std::vector<double> acc(static_cast<size_t>(p.h * p.w), 0.0);
-      for (int64_t o = 0; o < p.oh * p.ow; ++o) {
-        const int64_t idx = indices.data<int64_t>()[pl * p.oh * p.ow + o];
-        if (idx < 0 || idx >= p.h * p.w)
-          call.fail(NPUB_ERR_INVALID_ARGUMENT, "indices: " + std::to_string(idx) +
-                                                   " is out of range for an input plane of " +
-                                                   std::to_string(p.h * p.w) + " elements");
-        acc[static_cast<size_t>(idx)] += load<double>(go.data<char>() + (pl * p.oh * p.ow + o) * es, d);
+  with_pool_access(d, [&](auto access) {
+    call.parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
+      std::vector<double> acc(static_cast<size_t>(p.h * p.w));
+      for (int64_t pl = b; pl < e; ++pl) {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t o = 0; o < p.oh * p.ow; ++o) {
+          const int64_t idx = indices.data<int64_t>()[pl * p.oh * p.ow + o];
+          if (idx < 0 || idx >= p.h * p.w)
+            call.fail(NPUB_ERR_INVALID_ARGUMENT, "indices: " + std::to_string(idx) +
+                                                     " is out of range for an input plane of " +
+                                                     std::to_string(p.h * p.w) + " elements");
+          acc[static_cast<size_t>(idx)] +=
+              static_cast<double>(access.get(go.data<char>(), pl * p.oh * p.ow + o));
+        }
+        for (int64_t k = 0; k < p.h * p.w; ++k)
+          access.set(gi.data<char>(), pl * p.h * p.w + k, acc[static_cast<size_t>(k)]);
       }
-      for (int64_t k = 0; k < p.h * p.w; ++k)
-        store<double>(gi.data<char>() + (pl * p.h * p.w + k) * es, d, acc[static_cast<size_t>(k)]);
-    }
+    });
   });
 }
 
