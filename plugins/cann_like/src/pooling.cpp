@@ -116,9 +116,9 @@ void max_pool2d(Call& call) {
               for (int64_t j = j0; j < j1; ++j) {
                 const int64_t ix = x0 + j * p.dw;
                 const V v = access.get(x.data<char>(), row + ix);
-                // The first tap, a larger value, or the first NaN (which
-                // then stays: NaN > v is false, and a NaN best takes no other).
-                const bool take = best_i < 0 || v > best || (v != v && best == best);
+                // The first tap, a larger value, or a NaN: ATen's CPU rule,
+                // under which the window's last NaN wins.
+                const bool take = best_i < 0 || v > best || v != v;
                 best = take ? v : best;
                 best_i = take ? iy * p.w + ix : best_i;
               }
