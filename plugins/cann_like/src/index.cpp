@@ -255,6 +255,9 @@ void cat(Call& call) {
     shape[static_cast<size_t>(dim)] += t.size(static_cast<int32_t>(dim));
   }
   check_out(call, out, shape);
+  if (!out.is_contiguous())
+    call.fail(NPUB_ERR_UNSUPPORTED,
+              "cat: an out laid out other than contiguously (the host's fallback serves it)");
   const int64_t es = dt_size(d);
   const DimView ov = dim_view(out, dim);
   // Note [cat copies in parallel]
@@ -273,7 +276,7 @@ void cat(Call& call) {
     int64_t offset = 0;
     for (const TensorRef& t : parts) {
       const DimView v = dim_view(t, dim);
-      if (dt_of(t.dtype()) == d)
+      if (dt_of(t.dtype()) == d && t.is_contiguous())
         for (int64_t o = 0; o < v.outer; ++o) {
           const int64_t bytes = v.size * v.inner * es;
           if (bytes == 0) continue;
@@ -293,22 +296,26 @@ void cat(Call& call) {
       std::memcpy(it->dst + lo, it->src + lo, static_cast<size_t>(hi - lo));
     }
   });
+  // Parts of another dtype or laid out otherwise (x[..., :k], a slice of
+  // the last dim, in rotate_half's cat): converted (or strided) copies into
+  // the view of out that is their slot.
   int64_t offset = 0;
   for (const TensorRef& t : parts) {
-    const DimView v = dim_view(t, dim);
-    const DT td = dt_of(t.dtype());
-    for (int64_t o = 0; o < v.outer && td != d; ++o) {
-      char* dst = out.data<char>() + (o * ov.size + offset) * ov.inner * es;
-      const char* src = t.data<char>() + o * v.size * v.inner * dt_size(td);
-      const int64_t n = v.size * v.inner;
-      {
-        visit_compute(td == DT::f16 || td == DT::bf16 ? DT::f32 : td, [&](auto tag) {
-          using T = decltype(tag);
-          for (int64_t j = 0; j < n; ++j) store<T>(dst + j * es, d, load<T>(src + j * dt_size(td), td));
-        });
-      }
+    const int64_t size = t.size(static_cast<int32_t>(dim));
+    if ((dt_of(t.dtype()) != d || !t.is_contiguous()) && t.numel() > 0) {
+      DLTensor slot = *out.raw();
+      std::vector<int64_t> slot_shape = t.sizes(), slot_strides = out.strides();
+      slot.shape = slot_shape.data();
+      slot.strides = slot_strides.data();
+      slot.byte_offset += static_cast<uint64_t>(offset * out.stride(static_cast<int32_t>(dim)) * es);
+      const TensorRef view(&slot);
+      Iter it = make_iter(view, {t});
+      visit_compute(d == DT::f16 || d == DT::bf16 ? DT::f32 : d, [&](auto tag) {
+        using T = decltype(tag);
+        run_elementwise<T>(call, it, [](T v) { return v; });
+      });
     }
-    offset += v.size;
+    offset += size;
   }
 }
 
@@ -633,8 +640,7 @@ void register_index(npub::sdk::Registrar& r) {
       .contiguous_only();
   r.op("aten::cat.out(Tensor[] tensors, int dim=0, *, Tensor(a!) out) -> Tensor(a!)", &cat)
       .dtypes(all)
-      .mixed_dtypes()  // the inputs are promoted to out's dtype, as ATen does
-      .contiguous_only();
+      .mixed_dtypes();  // the inputs are promoted to out's dtype, as ATen does; any layout
   r.op("aten::nonzero(Tensor self) -> Tensor", &nonzero).dtypes(all).contiguous_only();
 }
 
