@@ -371,7 +371,72 @@ CANN_LIKE_ISA_BODY void bf16_binary_body(HalfBinaryOp op, float alpha, const uin
   }
 }
 
+// Eight rows per pass over acc, added to each element in row order (the
+// same sums as a row at a time): the accumulators are loaded and stored
+// once per eight rows rather than once per row, which bounded the loop.
+template <typename S>
+CANN_LIKE_ISA_BODY void add_rows_body(double* __restrict acc, const S* __restrict x, int64_t rows, int64_t ld,
+                                      int64_t n) {
+  int64_t r = 0;
+  for (; r + 8 <= rows; r += 8) {
+    const S* __restrict p = x + r * ld;
+    for (int64_t i = 0; i < n; ++i) {
+      double a = acc[i];
+      a += static_cast<double>(p[i]);
+      a += static_cast<double>(p[ld + i]);
+      a += static_cast<double>(p[2 * ld + i]);
+      a += static_cast<double>(p[3 * ld + i]);
+      a += static_cast<double>(p[4 * ld + i]);
+      a += static_cast<double>(p[5 * ld + i]);
+      a += static_cast<double>(p[6 * ld + i]);
+      a += static_cast<double>(p[7 * ld + i]);
+      acc[i] = a;
+    }
+  }
+  for (; r < rows; ++r)
+    for (int64_t i = 0; i < n; ++i) acc[i] += static_cast<double>(x[r * ld + i]);
+}
+CANN_LIKE_ISA_BODY void add_rows_f32_body(double* acc, const float* x, int64_t rows, int64_t ld, int64_t n) {
+  add_rows_body(acc, x, rows, ld, n);
+}
+CANN_LIKE_ISA_BODY void add_rows_f64_body(double* acc, const double* x, int64_t rows, int64_t ld, int64_t n) {
+  add_rows_body(acc, x, rows, ld, n);
+}
+
+CANN_LIKE_ISA_DISPATCH(void, add_rows_f32, add_rows_f32_body,
+                       (double* acc, const float* x, int64_t rows, int64_t ld, int64_t n),
+                       (acc, x, rows, ld, n))
+CANN_LIKE_ISA_DISPATCH(void, add_rows_f64, add_rows_f64_body,
+                       (double* acc, const double* x, int64_t rows, int64_t ld, int64_t n),
+                       (acc, x, rows, ld, n))
+
 }  // namespace
+
+void add_rows_to_f64(double* acc, const char* x, DT dt, int64_t rows, int64_t ld, int64_t n) {
+  switch (dt) {
+    case DT::f32:
+      return add_rows_f32(acc, reinterpret_cast<const float*>(x), rows, ld, n);
+    case DT::f64:
+      return add_rows_f64(acc, reinterpret_cast<const double*>(x), rows, ld, n);
+    case DT::f16:
+    case DT::bf16: {
+      constexpr int64_t B = 512;
+      float tmp[B];
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < n; j += B) {
+          const int64_t m = std::min(B, n - j);
+          half_block_to_float(x + (r * ld + j) * 2, dt, tmp, m);
+          add_rows_f32(acc + j, tmp, 1, m, m);
+        }
+      return;
+    }
+    default: {
+      const int64_t es = dt_size(dt);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < n; ++i) acc[i] += load<double>(x + (r * ld + i) * es, dt);
+    }
+  }
+}
 
 CANN_LIKE_ISA_DISPATCH(void, half_block_to_float, to_float_body,
                        (const char* src, DT dt, float* dst, int64_t n), (src, dt, dst, n))

@@ -69,6 +69,11 @@ constexpr DT dt_for() {
 // F16C instructions for float16 where the CPU has them).
 void half_block_to_float(const char* src, DT dt, float* dst, int64_t n);
 void float_block_to_half(const float* src, char* dst, DT dt, int64_t n);
+// acc[i] += x[r * ld + i] for r < rows (in order) and i < n, in double, over
+// rows of a contiguous array of any dtype (ld in elements; vectorised loops
+// for float32 and float64, the half types through float32 blocks): the sums
+// a reduction over leading dims builds row by row.
+void add_rows_to_f64(double* acc, const char* x, DT dt, int64_t rows, int64_t ld, int64_t n);
 
 // out[i] = a[i] + b[i], a[i] * b[i] or a[i] + alpha * b[i] over contiguous
 // bfloat16 arrays, in float32 with one rounding, in one pass (no float

@@ -1,5 +1,5 @@
-// NN ops: native_layer_norm (+ backward), embedding (+ dense backward),
-// nll_loss (forward and backward).
+// NN ops: embedding (+ dense backward), nll_loss (forward and backward),
+// native_dropout (+ backward). Layer norm is in layer_norm.cpp.
 #include "elementwise.h"
 #include "ops.h"
 
@@ -10,214 +10,6 @@
 namespace cann_like {
 
 namespace {
-
-// Rows x cols view for layer norm: the normalized shape is the trailing dims.
-struct RowsCols {
-  int64_t rows = 1, cols = 1;
-  Shape stat_shape;  // input shape with the normalized dims set to 1
-};
-
-RowsCols layer_norm_view(const Call& call, const TensorRef& x, const std::vector<int64_t>& normalized) {
-  const int64_t n = static_cast<int64_t>(normalized.size());
-  if (n == 0 || n > x.dim())
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "normalized_shape: expected 1 to " + std::to_string(x.dim()) +
-                                             " trailing dimensions but found " + std::to_string(n));
-  RowsCols v;
-  v.stat_shape = x.sizes();
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t d = static_cast<int32_t>(x.dim() - n + i);
-    if (x.size(d) != normalized[static_cast<size_t>(i)])
-      call.fail(NPUB_ERR_INVALID_ARGUMENT,
-                "Given normalized_shape=" + shape_str(normalized) + ", expected input with shape [*, " +
-                    shape_str(normalized).substr(1) + ", but got input of size " + shape_str(x.sizes()));
-    v.cols *= x.size(d);
-    v.stat_shape[static_cast<size_t>(d)] = 1;
-  }
-  v.rows = v.cols == 0 ? 0 : x.numel() / v.cols;
-  if (v.cols == 0) v.rows = numel_of(v.stat_shape);
-  return v;
-}
-
-void check_param(const Call& call, const TensorRef& p, int64_t cols, const char* name) {
-  if (p.defined() && p.numel() != cols)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, std::string(name) + ": expected " + std::to_string(cols) +
-                                             " elements (the normalized shape) but found " +
-                                             std::to_string(p.numel()));
-}
-
-// aten::native_layer_norm(input, normalized_shape, weight?, bias?, eps) -> (out, mean, rstd)
-// sum(x[c] - m) (squared: sum((x[c] - m)^2)) over n floats, in 8 partial sums.
-inline float lane_sum(const float* x, int64_t n, float m, bool squared) {
-  constexpr int kLanes = 8;
-  float acc[kLanes] = {};
-  int64_t c = 0;
-  for (; c + kLanes <= n; c += kLanes)
-    for (int l = 0; l < kLanes; ++l) {
-      const float t = x[c + l] - m;
-      acc[l] += squared ? t * t : t;
-    }
-  float total = 0;
-  for (; c < n; ++c) {
-    const float t = x[c] - m;
-    total += squared ? t * t : t;
-  }
-  for (int l = 0; l < kLanes; ++l) total += acc[l];
-  return total;
-}
-
-void layer_norm(Call& call) {
-  TensorRef x = call.tensor(0);
-  const auto normalized = call.int_list(1);
-  TensorRef w = call.optional_tensor(2), b = call.optional_tensor(3);
-  const double eps = call.double_arg(4);
-  const RowsCols v = layer_norm_view(call, x, normalized);
-  check_param(call, w, v.cols, "weight");
-  check_param(call, b, v.cols, "bias");
-  const DT d = dt_of(x.dtype());
-  TensorRef y = call.output(0, x.sizes(), x.dtype());
-  TensorRef mean = call.output(1, v.stat_shape, x.dtype());
-  TensorRef rstd = call.output(2, v.stat_shape, x.dtype());
-  const char* xb = x.data<char>();
-  const char* wb = w.defined() ? w.data<char>() : nullptr;
-  const char* bb = b.defined() ? b.data<char>() : nullptr;
-  const DT wd = w.defined() ? dt_of(w.dtype()) : d, bd = b.defined() ? dt_of(b.dtype()) : d;
-  const int64_t es = dt_size(d);
-  call.parallel_for(
-      0, v.rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(v.cols, 1)), [&](int64_t r0, int64_t r1) {
-        std::vector<double> row(static_cast<size_t>(v.cols));
-        for (int64_t r = r0; r < r1; ++r) {
-          double mu = 0, var = 0;
-          if (d == DT::f32) {
-            const float* xr = reinterpret_cast<const float*>(xb) + r * v.cols;
-            // Two-pass in float, as ATen's CPU kernel, each pass in 8
-            // independent partial sums (a vector's lanes; one running sum
-            // is a chain of dependent adds the compiler may not reorder).
-            const float s = lane_sum(xr, v.cols, 0.0f, false);
-            const float m = s / static_cast<float>(v.cols);
-            const float ss = lane_sum(xr, v.cols, m, true);
-            mu = m;
-            var = ss / static_cast<float>(v.cols);
-            const float inv = 1.0f / std::sqrt(static_cast<float>(var) + static_cast<float>(eps));
-            float* yr = y.data<float>() + r * v.cols;
-            const float* wf = (w.defined() && wd == DT::f32) ? reinterpret_cast<const float*>(wb) : nullptr;
-            const float* bf = (b.defined() && bd == DT::f32) ? reinterpret_cast<const float*>(bb) : nullptr;
-            if ((w.defined() && !wf) || (b.defined() && !bf)) {
-              for (int64_t c = 0; c < v.cols; ++c) {
-                float t = (xr[c] - m) * inv;
-                if (w.defined()) t *= load<float>(wb + c * dt_size(wd), wd);
-                if (b.defined()) t += load<float>(bb + c * dt_size(bd), bd);
-                yr[c] = t;
-              }
-            } else if (wf && bf) {
-              for (int64_t c = 0; c < v.cols; ++c) yr[c] = (xr[c] - m) * inv * wf[c] + bf[c];
-            } else if (wf) {
-              for (int64_t c = 0; c < v.cols; ++c) yr[c] = (xr[c] - m) * inv * wf[c];
-            } else {
-              for (int64_t c = 0; c < v.cols; ++c) yr[c] = (xr[c] - m) * inv + (bf ? bf[c] : 0.0f);
-            }
-            store<float>(mean.data<char>() + r * 4, DT::f32, m);
-            store<float>(rstd.data<char>() + r * 4, DT::f32, inv);
-            continue;
-          }
-          for (int64_t c = 0; c < v.cols; ++c) {
-            row[static_cast<size_t>(c)] = load<double>(xb + (r * v.cols + c) * es, d);
-            mu += row[static_cast<size_t>(c)];
-          }
-          mu /= static_cast<double>(v.cols);
-          for (int64_t c = 0; c < v.cols; ++c)
-            var += (row[static_cast<size_t>(c)] - mu) * (row[static_cast<size_t>(c)] - mu);
-          var /= static_cast<double>(v.cols);
-          const double inv = 1.0 / std::sqrt(var + eps);
-          for (int64_t c = 0; c < v.cols; ++c) {
-            double t = (row[static_cast<size_t>(c)] - mu) * inv;
-            if (w.defined()) t *= load<double>(wb + c * dt_size(wd), wd);
-            if (b.defined()) t += load<double>(bb + c * dt_size(bd), bd);
-            store<double>(y.data<char>() + (r * v.cols + c) * es, d, t);
-          }
-          store<double>(mean.data<char>() + r * es, d, v.cols == 0 ? std::nan("") : mu);
-          store<double>(rstd.data<char>() + r * es, d, v.cols == 0 ? std::nan("") : inv);
-        }
-      });
-}
-
-// aten::native_layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
-//     weight?, bias?, bool[3] output_mask) -> (grad_input, grad_weight, grad_bias)
-void layer_norm_backward(Call& call) {
-  TensorRef g = call.tensor(0), x = call.tensor(1), mean = call.tensor(3), rstd = call.tensor(4);
-  TensorRef w = call.optional_tensor(5), b = call.optional_tensor(6);
-  const auto mask = call.int_list(7);
-  if (mask.size() != 3) call.fail(NPUB_ERR_INVALID_ARGUMENT, "output_mask: expected 3 values");
-  const RowsCols v = layer_norm_view(call, x, call.int_list(2));
-  if (g.sizes() != x.sizes())
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "grad_out of shape " + shape_str(g.sizes()) +
-                                             " does not match input of shape " + shape_str(x.sizes()));
-  if (mean.numel() != v.rows || rstd.numel() != v.rows)
-    call.fail(NPUB_ERR_INVALID_ARGUMENT, "mean and rstd: expected " + std::to_string(v.rows) + " elements");
-  check_param(call, w, v.cols, "weight");
-  const DT d = dt_of(x.dtype());
-  const int64_t es = dt_size(d);
-  std::vector<double> dw(static_cast<size_t>(v.cols), 0.0), db(static_cast<size_t>(v.cols), 0.0);
-  TensorRef gi;
-  if (mask[0]) gi = call.output(0, x.sizes(), x.dtype());
-  const char* gb = g.data<char>();
-  const char* xb = x.data<char>();
-  const DT md = dt_of(mean.dtype()), rd = dt_of(rstd.dtype());
-  const int64_t mes = dt_size(md), res = dt_size(rd);
-  const DT wd = w.defined() ? dt_of(w.dtype()) : d;
-  // grad_input rows in parallel; grad_weight / grad_bias column sums serially
-  // per column block (deterministic order).
-  if (mask[0]) {
-    call.parallel_for(
-        0, v.rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(v.cols, 1)), [&](int64_t r0, int64_t r1) {
-          for (int64_t r = r0; r < r1; ++r) {
-            const double mu = load<double>(mean.data<char>() + r * mes, md),
-                         inv = load<double>(rstd.data<char>() + r * res, rd);
-            double sum_gw = 0, sum_gw_xhat = 0;
-            for (int64_t c = 0; c < v.cols; ++c) {
-              const int64_t k = r * v.cols + c;
-              const double gw = load<double>(gb + k * es, d) *
-                                (w.defined() ? load<double>(w.data<char>() + c * dt_size(wd), wd) : 1.0);
-              const double xhat = (load<double>(xb + k * es, d) - mu) * inv;
-              sum_gw += gw;
-              sum_gw_xhat += gw * xhat;
-            }
-            const double n = static_cast<double>(v.cols);
-            for (int64_t c = 0; c < v.cols; ++c) {
-              const int64_t k = r * v.cols + c;
-              const double gw = load<double>(gb + k * es, d) *
-                                (w.defined() ? load<double>(w.data<char>() + c * dt_size(wd), wd) : 1.0);
-              const double xhat = (load<double>(xb + k * es, d) - mu) * inv;
-              store<double>(gi.data<char>() + k * es, d, inv * (gw - sum_gw / n - xhat * sum_gw_xhat / n));
-            }
-          }
-        });
-  }
-  if (mask[1] || mask[2]) {
-    call.parallel_for(0, v.cols, 64, [&](int64_t c0, int64_t c1) {
-      for (int64_t r = 0; r < v.rows; ++r) {
-        const double mu = load<double>(mean.data<char>() + r * mes, md),
-                     inv = load<double>(rstd.data<char>() + r * res, rd);
-        for (int64_t c = c0; c < c1; ++c) {
-          const int64_t k = r * v.cols + c;
-          const double gv = load<double>(gb + k * es, d);
-          dw[static_cast<size_t>(c)] += gv * (load<double>(xb + k * es, d) - mu) * inv;
-          db[static_cast<size_t>(c)] += gv;
-        }
-      }
-    });
-  }
-  if (mask[1] && w.defined()) {
-    TensorRef gw = call.output(1, w.sizes(), w.dtype());
-    for (int64_t c = 0; c < v.cols; ++c)
-      store<double>(gw.data<char>() + c * dt_size(wd), wd, dw[static_cast<size_t>(c)]);
-  }
-  if (mask[2] && b.defined()) {
-    TensorRef gbias = call.output(2, b.sizes(), b.dtype());
-    const DT bd = dt_of(b.dtype());
-    for (int64_t c = 0; c < v.cols; ++c)
-      store<double>(gbias.data<char>() + c * dt_size(bd), bd, db[static_cast<size_t>(c)]);
-  }
-}
 
 int64_t read_index(const TensorRef& idx, int64_t i) {
   const DT d = dt_of(idx.dtype());
@@ -267,6 +59,15 @@ void embedding(Call& call) {
 
 // aten::embedding_dense_backward(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq) ->
 // Tensor
+// Note [Embedding gradient rows by bucket]
+// Weight row k's gradient is the sum, in index order, of the grad_output
+// rows i with indices[i] == k (each times 1 / count(k) with
+// scale_grad_by_freq), in double. The positions are bucketed by k first (a
+// stable counting sort), then each thread takes a block of weight rows and
+// sums each row's bucket into one row of accumulators: rows nothing
+// indexes are zero-filled, and no pass walks num_weights * dim doubles or
+// every index once per column block (which made GPT-2's wte gradient 60x
+// slower than ATen's).
 void embedding_backward(Call& call) {
   TensorRef g = call.tensor(0), idx = call.tensor(1);
   const int64_t num_weights = call.int_arg(2), padding_idx = call.int_arg(3);
@@ -277,30 +78,55 @@ void embedding_backward(Call& call) {
   if (g.numel() != n * dim)
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "grad_output of shape " + shape_str(g.sizes()) +
                                              " does not match indices of shape " + shape_str(idx.sizes()));
-  std::vector<int64_t> counts(static_cast<size_t>(std::max<int64_t>(num_weights, 0)), 0);
+  const size_t rows = static_cast<size_t>(std::max<int64_t>(num_weights, 0));
+  std::vector<int64_t> index(static_cast<size_t>(n));
+  std::vector<int64_t> start(rows + 1, 0);  // bucket k is order[start[k], start[k + 1])
   for (int64_t i = 0; i < n; ++i) {
     const int64_t k = read_index(idx, i);
     if (k < 0 || k >= num_weights)
       call.fail(NPUB_ERR_INVALID_ARGUMENT, "index out of range: " + std::to_string(k) + " is not in [0, " +
                                                std::to_string(num_weights) + ")");
-    ++counts[static_cast<size_t>(k)];
+    index[static_cast<size_t>(i)] = k;
+    ++start[static_cast<size_t>(k) + 1];
   }
+  for (size_t k = 0; k < rows; ++k) start[k + 1] += start[k];
+  std::vector<int64_t> order(static_cast<size_t>(n)), fill(start.begin(), start.end() - 1);
+  for (int64_t i = 0; i < n; ++i)
+    order[static_cast<size_t>(fill[static_cast<size_t>(index[static_cast<size_t>(i)])]++)] = i;
   const DT d = dt_of(g.dtype());
   TensorRef out = call.output(0, {num_weights, dim}, g.dtype());
   const int64_t es = dt_size(d);
-  std::vector<double> acc(static_cast<size_t>(num_weights * dim), 0.0);
-  // Columns in parallel, rows in index order: deterministic sums.
-  call.parallel_for(0, dim, 16, [&](int64_t c0, int64_t c1) {
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t k = read_index(idx, i);
-      if (k == padding_idx) continue;
-      const double s = scale ? 1.0 / static_cast<double>(counts[static_cast<size_t>(k)]) : 1.0;
-      for (int64_t c = c0; c < c1; ++c)
-        acc[static_cast<size_t>(k * dim + c)] += load<double>(g.data<char>() + (i * dim + c) * es, d) * s;
-    }
-  });
-  for (int64_t i = 0; i < num_weights * dim; ++i)
-    store<double>(out.data<char>() + i * es, d, acc[static_cast<size_t>(i)]);
+  const char* gb = g.data<char>();
+  char* ob = out.data<char>();
+  call.parallel_for(
+      0, num_weights, std::max<int64_t>(1, 4096 / std::max<int64_t>(dim, 1)), [&](int64_t k0, int64_t k1) {
+        std::vector<double> acc(static_cast<size_t>(dim));
+        for (int64_t k = k0; k < k1; ++k) {
+          const int64_t b = start[static_cast<size_t>(k)], e = start[static_cast<size_t>(k) + 1];
+          char* dst = ob + k * dim * es;
+          if (b == e || k == padding_idx) {
+            std::memset(dst, 0, static_cast<size_t>(dim * es));  // 0.0 in every floating dtype
+            continue;
+          }
+          std::fill(acc.begin(), acc.end(), 0.0);
+          const double s = 1.0 / static_cast<double>(e - b);
+          for (int64_t j = b; j < e; ++j) {
+            const char* src = gb + order[static_cast<size_t>(j)] * dim * es;
+            if (!scale) {
+              add_rows_to_f64(acc.data(), src, d, 1, dim, dim);
+              continue;
+            }
+            for (int64_t c = 0; c < dim; ++c)
+              acc[static_cast<size_t>(c)] += load<double>(src + c * es, d) * s;
+          }
+          if (d == DT::f32) {
+            float* o = reinterpret_cast<float*>(dst);
+            for (int64_t c = 0; c < dim; ++c) o[c] = static_cast<float>(acc[static_cast<size_t>(c)]);
+          } else {
+            for (int64_t c = 0; c < dim; ++c) store<double>(dst + c * es, d, acc[static_cast<size_t>(c)]);
+          }
+        }
+      });
 }
 
 // aten::nll_loss_forward.output(self, target, weight?, reduction, ignore_index, *, output!, total_weight!)
@@ -383,17 +209,8 @@ void nll_loss_backward(Call& call) {
 }  // namespace
 
 void register_nn(npub::sdk::Registrar& r) {
+  register_layer_norm(r);  // here: the registration order before the split
   const auto floating = dtypes_floating();
-  r.op("aten::native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, Tensor? bias, float "
-       "eps) -> (Tensor, Tensor, Tensor)",
-       &layer_norm)
-      .dtypes(floating)
-      .contiguous_only();
-  r.op("aten::native_layer_norm_backward(Tensor grad_out, Tensor input, SymInt[] normalized_shape, Tensor "
-       "mean, Tensor rstd, Tensor? weight, Tensor? bias, bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
-       &layer_norm_backward)
-      .dtypes(floating)
-      .contiguous_only();
   r.op("aten::embedding(Tensor weight, Tensor indices, SymInt padding_idx=-1, bool scale_grad_by_freq=False, "
        "bool sparse=False) -> Tensor",
        &embedding)

@@ -16,6 +16,7 @@ void register_scan(npub::sdk::Registrar& r);
 void register_softmax(npub::sdk::Registrar& r);
 void register_nn(npub::sdk::Registrar& r);
 void register_dropout(npub::sdk::Registrar& r);
+void register_layer_norm(npub::sdk::Registrar& r);  // native_layer_norm (+ backward) (layer_norm.cpp)
 void register_batch_norm(npub::sdk::Registrar& r);  // native_batch_norm (+ backward) (batch_norm.cpp)
 void register_index(npub::sdk::Registrar& r);
 void register_sort(npub::sdk::Registrar& r);
