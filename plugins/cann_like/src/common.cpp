@@ -410,7 +410,23 @@ CANN_LIKE_ISA_DISPATCH(void, add_rows_f64, add_rows_f64_body,
                        (double* acc, const double* x, int64_t rows, int64_t ld, int64_t n),
                        (acc, x, rows, ld, n))
 
+// sum(x[0..n)) in 8 double partial sums, combined in lane order.
+CANN_LIKE_ISA_BODY double sum_f32_body(const float* x, int64_t n) {
+  constexpr int kLanes = 8;
+  double acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += static_cast<double>(x[i + l]);
+  double total = 0;
+  for (int l = 0; l < kLanes; ++l) total += acc[l];
+  for (; i < n; ++i) total += static_cast<double>(x[i]);
+  return total;
+}
+CANN_LIKE_ISA_DISPATCH(double, sum_f32, sum_f32_body, (const float* x, int64_t n), (x, n))
+
 }  // namespace
+
+double sum_f32_to_f64(const float* x, int64_t n) { return sum_f32(x, n); }
 
 void add_rows_to_f64(double* acc, const char* x, DT dt, int64_t rows, int64_t ld, int64_t n) {
   switch (dt) {

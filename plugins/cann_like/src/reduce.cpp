@@ -113,38 +113,81 @@ Reduction prepare(const Call& call, const TensorRef& in, const std::vector<int64
 // Returns false (nothing done) where it does not apply: a strided input or
 // out, a kept dim before a reduced one, few columns (the Plan splits long
 // reductions over the threads), integer sums (int64 accumulators).
+//
+// The same holds with kept dims before the reduced block ([512, 2, 256] over
+// dim 1, Mixtral's top-k combine): each of the `outer` blocks adds its own
+// rows. And a reduced block at the end (a sum over the last dim, or over
+// everything) is a contiguous run per output: float32 runs are added in 8
+// double partial sums (a vector's lanes), in a fixed order per output.
 template <bool kMean>
 bool sum_leading_dims(const Call& call, const Reduction& r) {
   const TensorRef& in = r.in;
   const DT d = dt_of(in.dtype());
   if ((!is_floating(d) && !kMean) || in.numel() == 0 || !in.is_contiguous() || !r.out.is_contiguous())
     return false;
-  int64_t rows = 1, cols = 1;
-  bool kept_seen = false;
+  int64_t outer = 1, rows = 1, cols = 1;
+  int phase = 0;  // 0: kept dims before the reduced block, 1: in it, 2: kept dims after it
   for (int32_t i = 0; i < in.dim(); ++i) {
     if (in.size(i) == 1) continue;
     if (r.mask[static_cast<size_t>(i)]) {
-      if (kept_seen) return false;
+      if (phase == 2) return false;
+      phase = 1;
       rows *= in.size(i);
+    } else if (phase == 0) {
+      outer *= in.size(i);
     } else {
-      kept_seen = true;
+      phase = 2;
       cols *= in.size(i);
     }
   }
-  if (cols < 16) return false;
+  if (phase == 0) return false;
   const DT od = dt_of(r.out.dtype());
   const int64_t es = dt_size(d), oes = dt_size(od);
   const char* x = in.data<char>();
   char* o = r.out.data<char>();
+  auto emit = [&](int64_t at, double acc) {
+    store<double>(o + at * oes, od, kMean ? acc / static_cast<double>(rows) : acc);
+  };
+  if (cols == 1) {
+    if (d != DT::f32) return false;
+    const float* xf = reinterpret_cast<const float*>(x);
+    if (outer >= call.num_threads() || rows < (1 << 15)) {
+      call.parallel_for(0, outer, std::max<int64_t>(1, (1 << 14) / rows), [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) emit(i, sum_f32_to_f64(xf + i * rows, rows));
+      });
+      return true;
+    }
+    // Few long runs: each split in fixed pieces, added in piece order.
+    constexpr int64_t kPiece = 1 << 14;
+    const int64_t pieces = (rows + kPiece - 1) / kPiece;
+    std::vector<double> part(static_cast<size_t>(pieces));
+    for (int64_t i = 0; i < outer; ++i) {
+      call.parallel_for(0, pieces, 1, [&](int64_t b, int64_t e) {
+        for (int64_t k = b; k < e; ++k)
+          part[static_cast<size_t>(k)] =
+              sum_f32_to_f64(xf + i * rows + k * kPiece, std::min(kPiece, rows - k * kPiece));
+      });
+      double acc = 0;
+      for (double v : part) acc += v;
+      emit(i, acc);
+    }
+    return true;
+  }
+  if (cols < 16) return false;
   constexpr int64_t kTile = 1024;
-  call.parallel_for(0, cols, std::max<int64_t>(16, (1 << 15) / rows), [&](int64_t c0, int64_t c1) {
+  // (outer block, column) pairs, split over the threads; each thread walks
+  // its pairs a block at a time, a tile of columns at a time.
+  call.parallel_for(0, outer * cols, std::max<int64_t>(16, (1 << 15) / rows), [&](int64_t b, int64_t e) {
     double acc[kTile];
-    for (int64_t t0 = c0; t0 < c1; t0 += kTile) {
-      const int64_t m = std::min(kTile, c1 - t0);
-      std::fill(acc, acc + m, 0.0);
-      add_rows_to_f64(acc, x + t0 * es, d, rows, cols, m);
-      for (int64_t j = 0; j < m; ++j)
-        store<double>(o + (t0 + j) * oes, od, kMean ? acc[j] / static_cast<double>(rows) : acc[j]);
+    for (int64_t i = b; i < e;) {
+      const int64_t blk = i / cols, c0 = i % cols, c1 = std::min(cols, c0 + (e - i));
+      for (int64_t t0 = c0; t0 < c1; t0 += kTile) {
+        const int64_t m = std::min(kTile, c1 - t0);
+        std::fill(acc, acc + m, 0.0);
+        add_rows_to_f64(acc, x + (blk * rows * cols + t0) * es, d, rows, cols, m);
+        for (int64_t j = 0; j < m; ++j) emit(blk * cols + t0 + j, acc[j]);
+      }
+      i += c1 - c0;
     }
   });
   return true;
