@@ -146,7 +146,8 @@ void layer_norm(Call& call) {
 // lane per column mod the vector width, added lane by lane at the end),
 // then grad_input, and g*xhat and g added into the grad_weight / grad_bias
 // partials of the row's block. Blocks are kBlock rows whatever the thread
-// count, their partials added in double in block order: deterministic sums.
+// count (one call of the per-ISA loop each), their partials added in double
+// in block order: deterministic sums.
 // (The kernel before ran per element through the generic loads, in double,
 // and summed the columns with a strided walk: 12x slower than ATen on
 // GPT-2's layer norms.) Half types go through float32 rows.
@@ -160,63 +161,85 @@ template <>
 struct Vec64<double> {
   using type = double __attribute__((vector_size(64), aligned(8)));
 };
+// The sum of a vector's lanes, halves added pairwise (a fixed order).
+template <typename T, typename V>
+CANN_LIKE_ISA_BODY T lane_sum(V v) {
+  constexpr int kLanes = sizeof(V) / sizeof(T);
+  T t[kLanes];
+  std::memcpy(t, &v, sizeof v);
+  for (int width = kLanes / 2; width >= 1; width /= 2)
+    for (int l = 0; l < width; ++l) t[l] += t[l + width];
+  return t[0];
+}
+// Rows [0, rows) of n elements (row r at r * n; gi, dw and db may be null,
+// dw and db together): Note [Layer norm backward rows].
 template <typename T>
-CANN_LIKE_ISA_BODY void ln_bwd_row_body(const T* __restrict g, const T* __restrict x, const T* __restrict w,
-                                        T mu, T inv, int64_t n, T* __restrict gi, T* __restrict dw,
-                                        T* __restrict db, T* __restrict xh) {
-  for (int64_t c = 0; c < n; ++c) xh[c] = (x[c] - mu) * inv;
-  if (gi != nullptr) {
-    constexpr int kLanes = 64 / sizeof(T);
-    using V = typename Vec64<T>::type;
+CANN_LIKE_ISA_BODY void ln_bwd_rows_body(const T* __restrict g, const T* __restrict x, const T* __restrict w,
+                                         const T* mu, const T* inv, int64_t rows, int64_t n, T* __restrict gi,
+                                         T* __restrict dw, T* __restrict db, T* __restrict xh) {
+  constexpr int kLanes = 64 / sizeof(T);
+  using V = typename Vec64<T>::type;
+  for (int64_t r = 0; r < rows; ++r, g += n, x += n) {
+    const T m = mu[r], s = inv[r];
     V va = {}, vb = {};
     int64_t c = 0;
     for (; c + kLanes <= n; c += kLanes) {
       V gv, wv, xv;
       std::memcpy(&gv, g + c, sizeof gv);
       std::memcpy(&wv, w + c, sizeof wv);
-      std::memcpy(&xv, xh + c, sizeof xv);
+      std::memcpy(&xv, x + c, sizeof xv);
+      xv = (xv - m) * s;
+      std::memcpy(xh + c, &xv, sizeof xv);
       const V gw = gv * wv;
       va += gw;
       vb += gw * xv;
     }
-    T sa = 0, sb = 0;
-    for (int l = 0; l < kLanes; ++l) {
-      sa += va[l];
-      sb += vb[l];
-    }
+    T sa = lane_sum<T>(va), sb = lane_sum<T>(vb);
     for (; c < n; ++c) {
+      xh[c] = (x[c] - m) * s;
       const T gw = g[c] * w[c];
       sa += gw;
       sb += gw * xh[c];
     }
     const T ma = sa / static_cast<T>(n), mb = sb / static_cast<T>(n);
-    for (c = 0; c < n; ++c) gi[c] = inv * (g[c] * w[c] - ma - xh[c] * mb);
-  }
-  if (dw != nullptr)
-    for (int64_t c = 0; c < n; ++c) {
-      dw[c] += g[c] * xh[c];
-      db[c] += g[c];
+    if (gi != nullptr && dw != nullptr) {
+      for (c = 0; c < n; ++c) {
+        gi[c] = s * (g[c] * w[c] - ma - xh[c] * mb);
+        dw[c] += g[c] * xh[c];
+        db[c] += g[c];
+      }
+    } else if (gi != nullptr) {
+      for (c = 0; c < n; ++c) gi[c] = s * (g[c] * w[c] - ma - xh[c] * mb);
+    } else {
+      for (c = 0; c < n; ++c) {
+        dw[c] += g[c] * xh[c];
+        db[c] += g[c];
+      }
     }
+    if (gi != nullptr) gi += n;
+  }
 }
-#define LN_BWD_INSTANCE(T, suffix)                                                                    \
-  CANN_LIKE_ISA_BODY void ln_bwd_row_##suffix##_body(const T* g, const T* x, const T* w, T mu, T inv, \
-                                                     int64_t n, T* gi, T* dw, T* db, T* xh) {         \
-    ln_bwd_row_body(g, x, w, mu, inv, n, gi, dw, db, xh);                                             \
-  }                                                                                                   \
-  CANN_LIKE_ISA_DISPATCH(                                                                             \
-      void, ln_bwd_row_##suffix, ln_bwd_row_##suffix##_body,                                          \
-      (const T* g, const T* x, const T* w, T mu, T inv, int64_t n, T* gi, T* dw, T* db, T* xh),       \
-      (g, x, w, mu, inv, n, gi, dw, db, xh))
+#define LN_BWD_INSTANCE(T, suffix)                                                                         \
+  CANN_LIKE_ISA_BODY void ln_bwd_rows_##suffix##_body(const T* g, const T* x, const T* w, const T* mu,     \
+                                                      const T* inv, int64_t rows, int64_t n, T* gi, T* dw, \
+                                                      T* db, T* xh) {                                      \
+    ln_bwd_rows_body(g, x, w, mu, inv, rows, n, gi, dw, db, xh);                                           \
+  }                                                                                                        \
+  CANN_LIKE_ISA_DISPATCH(void, ln_bwd_rows_##suffix, ln_bwd_rows_##suffix##_body,                          \
+                         (const T* g, const T* x, const T* w, const T* mu, const T* inv, int64_t rows,     \
+                          int64_t n, T* gi, T* dw, T* db, T* xh),                                          \
+                         (g, x, w, mu, inv, rows, n, gi, dw, db, xh))
 LN_BWD_INSTANCE(float, f32)
 LN_BWD_INSTANCE(double, f64)
 #undef LN_BWD_INSTANCE
 
 template <typename T>
-void ln_bwd_row(const T* g, const T* x, const T* w, T mu, T inv, int64_t n, T* gi, T* dw, T* db, T* xh) {
+void ln_bwd_block(const T* g, const T* x, const T* w, const T* mu, const T* inv, int64_t rows, int64_t n,
+                  T* gi, T* dw, T* db, T* xh) {
   if constexpr (std::is_same_v<T, float>)
-    ln_bwd_row_f32(g, x, w, mu, inv, n, gi, dw, db, xh);
+    ln_bwd_rows_f32(g, x, w, mu, inv, rows, n, gi, dw, db, xh);
   else
-    ln_bwd_row_f64(g, x, w, mu, inv, n, gi, dw, db, xh);
+    ln_bwd_rows_f64(g, x, w, mu, inv, rows, n, gi, dw, db, xh);
 }
 
 // The rows of layer_norm_backward in compute type T (Note [Layer norm
@@ -234,26 +257,32 @@ void ln_bwd_rows(const Call& call, DT d, const char* gb, const char* xb, const T
   call.parallel_for(0, blocks, std::max<int64_t>(1, 8192 / (kBlock * cols)), [&](int64_t b0, int64_t b1) {
     std::vector<T> xh(static_cast<size_t>(cols));
     std::vector<float> hb(half ? static_cast<size_t>(cols) * 3 : 0);
-    for (int64_t blk = b0; blk < b1; ++blk)
-      for (int64_t r = blk * kBlock; r < std::min(rows, (blk + 1) * kBlock); ++r) {
-        const int64_t off = r * cols * es;
-        const T m = load<T>(mean.data<char>() + r * dt_size(md), md);
-        const T s = load<T>(rstd.data<char>() + r * dt_size(rd), rd);
-        T* dw = params ? part.data() + blk * 2 * cols : nullptr;
-        T* db = params ? dw + cols : nullptr;
-        if constexpr (std::is_same_v<T, float>) {
-          if (half) {
-            float *gf = hb.data(), *xf = gf + cols, *of = xf + cols;
-            half_block_to_float(gb + off, d, gf, cols);
-            half_block_to_float(xb + off, d, xf, cols);
-            ln_bwd_row(gf, xf, w.data(), m, s, cols, gi ? of : nullptr, dw, db, xh.data());
-            if (gi) float_block_to_half(of, gi + off, d, cols);
-            continue;
-          }
-        }
-        ln_bwd_row(reinterpret_cast<const T*>(gb + off), reinterpret_cast<const T*>(xb + off), w.data(), m, s,
-                   cols, gi ? reinterpret_cast<T*>(gi + off) : nullptr, dw, db, xh.data());
+    T mu[kBlock], inv[kBlock];
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t r0 = blk * kBlock, n = std::min(rows, r0 + kBlock) - r0;
+      for (int64_t i = 0; i < n; ++i) {
+        mu[i] = load<T>(mean.data<char>() + (r0 + i) * dt_size(md), md);
+        inv[i] = load<T>(rstd.data<char>() + (r0 + i) * dt_size(rd), rd);
       }
+      T* dw = params ? part.data() + blk * 2 * cols : nullptr;
+      T* db = params ? dw + cols : nullptr;
+      const int64_t off = r0 * cols * es;
+      if constexpr (std::is_same_v<T, float>) {
+        if (half) {
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t o = off + i * cols * es;
+            float *gf = hb.data(), *xf = gf + cols, *of = xf + cols;
+            half_block_to_float(gb + o, d, gf, cols);
+            half_block_to_float(xb + o, d, xf, cols);
+            ln_bwd_block(gf, xf, w.data(), mu + i, inv + i, 1, cols, gi ? of : nullptr, dw, db, xh.data());
+            if (gi) float_block_to_half(of, gi + o, d, cols);
+          }
+          continue;
+        }
+      }
+      ln_bwd_block(reinterpret_cast<const T*>(gb + off), reinterpret_cast<const T*>(xb + off), w.data(), mu,
+                   inv, n, cols, gi ? reinterpret_cast<T*>(gi + off) : nullptr, dw, db, xh.data());
+    }
   });
   if (!params) return;
   for (int64_t c = 0; c < cols; ++c) {

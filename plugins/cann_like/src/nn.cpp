@@ -65,7 +65,8 @@ void embedding(Call& call) {
 // scale_grad_by_freq), in double. The positions are bucketed by k first (a
 // stable counting sort), then each thread takes a block of weight rows and
 // sums each row's bucket into one row of accumulators: rows nothing
-// indexes are zero-filled, and no pass walks num_weights * dim doubles or
+// indexes are zero-filled, a row one float32 position indexes is 0 + that
+// row (what its sum rounds to), and no pass walks num_weights * dim doubles or
 // every index once per column block (which made GPT-2's wte gradient 60x
 // slower than ATen's).
 void embedding_backward(Call& call) {
@@ -106,6 +107,13 @@ void embedding_backward(Call& call) {
           char* dst = ob + k * dim * es;
           if (b == e || k == padding_idx) {
             std::memset(dst, 0, static_cast<size_t>(dim * es));  // 0.0 in every floating dtype
+            continue;
+          }
+          if (d == DT::f32 && !scale && e - b == 1) {
+            // One float32 row: 0 + g in double rounds back to 0 + g in float.
+            const float* src = reinterpret_cast<const float*>(gb) + order[static_cast<size_t>(b)] * dim;
+            float* o = reinterpret_cast<float*>(dst);
+            for (int64_t c = 0; c < dim; ++c) o[c] = 0.0f + src[c];
             continue;
           }
           std::fill(acc.begin(), acc.end(), 0.0);
