@@ -97,6 +97,17 @@ void max_pool2d(Call& call) {
   const DT d = dt_of(x.dtype());
   // float32 and float64 elements are read as themselves (the max is exact in
   // either type), the half types through the converting load.
+  // Per output column, its taps inside the plane (two integer divisions,
+  // worked out once here rather than per output).
+  std::vector<int64_t> jr(static_cast<size_t>(2 * p.ow));
+  for (int64_t ox = 0; ox < p.ow; ++ox) {
+    const int64_t x0 = ox * p.sw - p.pw;
+    jr[static_cast<size_t>(2 * ox)] = x0 >= 0 ? 0 : (-x0 + p.dw - 1) / p.dw;
+    jr[static_cast<size_t>(2 * ox + 1)] = x0 >= p.w ? 0 : std::min<int64_t>(p.kw, (p.w - 1 - x0) / p.dw + 1);
+  }
+  const char* xb = x.data<char>();
+  char* ob = out.data<char>();
+  int64_t* ib = indices.data<int64_t>();
   with_pool_access(d, [&](auto access) {
     call.parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
       for (int64_t pl = b; pl < e; ++pl)
@@ -107,15 +118,14 @@ void max_pool2d(Call& call) {
             int64_t best_i = -1;
             // The taps inside the plane: j in [j0, j1) (no bounds test per tap).
             const int64_t x0 = ox * p.sw - p.pw;
-            const int64_t j0 = x0 >= 0 ? 0 : (-x0 + p.dw - 1) / p.dw;
-            const int64_t j1 = x0 >= p.w ? 0 : std::min<int64_t>(p.kw, (p.w - 1 - x0) / p.dw + 1);
+            const int64_t j0 = jr[static_cast<size_t>(2 * ox)], j1 = jr[static_cast<size_t>(2 * ox + 1)];
             for (int64_t i = 0; i < p.kh; ++i) {
               const int64_t iy = oy * p.sh - p.ph + i * p.dh;
               if (iy < 0 || iy >= p.h) continue;
               const int64_t row = (pl * p.h + iy) * p.w;
               for (int64_t j = j0; j < j1; ++j) {
                 const int64_t ix = x0 + j * p.dw;
-                const V v = access.get(x.data<char>(), row + ix);
+                const V v = access.get(xb, row + ix);
                 // The first tap, a larger value, or a NaN: ATen's CPU rule,
                 // under which the window's last NaN wins.
                 const bool take = best_i < 0 || v > best || v != v;
@@ -124,8 +134,8 @@ void max_pool2d(Call& call) {
               }
             }
             const int64_t o = (pl * p.oh + oy) * p.ow + ox;
-            access.set(out.data<char>(), o, best);
-            indices.data<int64_t>()[o] = best_i;
+            access.set(ob, o, best);
+            ib[o] = best_i;
           }
     });
   });
