@@ -205,12 +205,12 @@ def main():
     slowest = max(eager, key=lambda r: r["ratio"])
     cmp = profile_compare.compare(make_step, (slowest["case"],), steps=3 if opts.quick else 5)
     print(f"\nper-op breakdown of the slowest eager case, {slowest['case']}:")
-    print(profile_compare.format_table(cmp, top=15))
+    print(profile_compare.format_table(cmp, top=10))
     with open(opts.json, "w") as f:
         json.dump({"torch": torch.__version__, "transformers": transformers.__version__,
                    "cpu_threads": torch.get_num_threads(), "npu_threads": _npu_threads(),
                    "samples": samples, "warmup": warmup, "eager_geomean": geomean, "results": results,
-                   "slowest": {"case": slowest["case"], "breakdown": profile_compare.to_json(cmp, top=15)}},
+                   "slowest": {"case": slowest["case"], "breakdown": profile_compare.to_json(cmp, top=10)}},
                   f, indent=1)
 
 

@@ -149,7 +149,7 @@ def models_table(d, src):
     breakdown = field(slowest, ["breakdown"], src)
     ops = [[o["key"], f"{o['cpu_calls']:g} / {o['npu_calls']:g}", f"{o['cpu_us'] / 1e3:.2f} ms",
             f"{o['npu_us'] / 1e3:.2f} ms", f"{o['lost_us'] / 1e3:+.2f} ms"]
-           for o in field(breakdown, ["ops"], src)[:10]]
+           for o in field(breakdown, ["ops"], src)]
     intro = (f"One run of `./scripts/bench.sh models` (`{src}`): torch {field(d, ['torch'], src)}, transformers "
              f"{field(d, ['transformers'], src)}, {field(d, ['cpu_threads'], src)} CPU threads and "
              f"{field(d, ['npu_threads'], src)} npu compute threads; per case the median over "
@@ -160,7 +160,9 @@ def models_table(d, src):
     per_op = (f"Where the slowest eager case, {field(slowest, ['case'], src)} (npu "
               f"{field(breakdown, ['npu_step_ms'], src):.1f} ms, CPU {field(breakdown, ['cpu_step_ms'], src):.1f} ms), "
               f"loses its time (`python3 -m npubridge profile-compare bench/bench_models.py "
-              f"{field(slowest, ['case'], src)}`; self time per step):")
+              f"{field(slowest, ['case'], src)}`; self time per step, the largest losses, then the large gains: "
+              f"an op each device runs under its own name, such as the CPU's `aten::mkldnn_convolution` and npu's "
+              f"`aten::convolution_overrideable`, shows as one of each):")
     return (intro + "\n\n" + table(["case", "", "npu", "CPU", "ratio", "CPU fallbacks per step"], rows) + "\n\n" +
             per_op + "\n\n" + table(["op", "calls CPU / npu", "CPU", "npu", "npu loses"], ops))
 

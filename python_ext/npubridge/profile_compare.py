@@ -142,11 +142,17 @@ def compare(make_step, args=(), steps=5, warmup=2, shapes=False):
     return Comparison(ordered, cpu_ms[len(cpu_ms) // 2], npu_ms[len(npu_ms) // 2], steps, torch.get_num_threads())
 
 
+def _shown(cmp, top):
+    """The `top` largest losses, then the large gains (an op of one device
+    that the other runs under another name shows as one of each)."""
+    return cmp.rows[:top] + [r for r in cmp.rows[top:] if r.lost_us < -200]
+
+
 def format_table(cmp, top=25):
     lines = [f"step: cpu {cmp.cpu_step_ms:.2f} ms, npu {cmp.npu_step_ms:.2f} ms, npu/cpu {cmp.ratio:.2f} "
              f"({cmp.steps} steps each, {cmp.threads} threads; per-op figures are self time per step, profiled)",
              f"{'op':52} {'calls cpu/npu':>14} {'cpu µs':>9} {'npu µs':>9} {'lost µs':>9}  fallbacks/step"]
-    shown = cmp.rows[:top] + [r for r in cmp.rows[top:] if r.lost_us < -200]  # large gains too
+    shown = _shown(cmp, top)
     for r in shown:
         calls = f"{r.cpu_calls:g}/{r.npu_calls:g}"
         fb = f"{r.fallbacks:g}" if r.fallbacks else ""
@@ -161,7 +167,7 @@ def format_table(cmp, top=25):
 def to_json(cmp, top=25):
     return {"cpu_step_ms": cmp.cpu_step_ms, "npu_step_ms": cmp.npu_step_ms, "ratio": cmp.ratio,
             "steps": cmp.steps, "threads": cmp.threads,
-            "ops": [dict(dataclasses.asdict(r), lost_us=r.lost_us) for r in cmp.rows[:top]]}
+            "ops": [dict(dataclasses.asdict(r), lost_us=r.lost_us) for r in _shown(cmp, top)]}
 
 
 def load_script(path):

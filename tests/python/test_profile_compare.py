@@ -79,7 +79,7 @@ def test_cli_prints_the_table_and_writes_json(tmp_path):
     assert "npu/cpu" in r.stdout and "lost µs" in r.stdout
     data = json.loads((tmp_path / "out.json").read_text())
     assert data["steps"] == 2 and data["threads"] == torch.get_num_threads()
-    assert len(data["ops"]) == 5 and {"key", "cpu_calls", "npu_calls", "lost_us", "fallbacks"} <= set(data["ops"][0])
+    assert len(data["ops"]) >= 5 and {"key", "cpu_calls", "npu_calls", "lost_us", "fallbacks"} <= set(data["ops"][0])
 
 
 @pytest.mark.parametrize("content, message", [
