@@ -66,15 +66,9 @@ def _sync(device):
 def _profile(step, device, steps, shapes):
     """Per key: (calls, self µs) summed over `steps` profiled steps, and the
     median wall time of a step (ms) measured in the same profiled run."""
-    walls = []
     activities = [torch.profiler.ProfilerActivity.CPU]
     with torch.profiler.profile(activities=activities, record_shapes=shapes) as prof:
-        for _ in range(steps):
-            _sync(device)
-            t = time.perf_counter()
-            step()
-            _sync(device)
-            walls.append(time.perf_counter() - t)
+        wall_ms = _timed(step, device, steps)
     per_key = {}
     slices = tuple(f"{p['name']}: " for p in npubridge.plugins())
     for e in prof.events():
@@ -86,11 +80,12 @@ def _profile(step, device, steps, shapes):
         key = owner.name + (f" {owner.input_shapes}" if shapes and owner.input_shapes else "")
         calls, us = per_key.get(key, (0, 0.0))
         per_key[key] = (calls + (owner is e), us + e.self_cpu_time_total)
-    walls.sort()
-    return per_key, 1e3 * walls[len(walls) // 2]
+    return per_key, wall_ms
 
 
 def _timed(step, device, steps):
+    """The median wall time of `steps` steps (ms), the device synchronised
+    at both ends of each."""
     walls = []
     for _ in range(steps):
         _sync(device)

@@ -16,10 +16,10 @@
 
 namespace npub::kernels {
 
-// exp(x) for x in [-87.3, 88.7] (normal results), within ~2 ulp: Cody-Waite
-// range reduction and a Cephes polynomial, no special cases.
-NPUB_VEC_INLINE float exp_normal_range(float x) {
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+// exp(x) = 2^n * exp(r): n = round(x / ln 2) (returned), r = x - n ln 2 by
+// Cody-Waite, and exp(r) by a Cephes polynomial (the return value).
+NPUB_VEC_INLINE float exp_reduced(float x, float& n) {
+  n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
@@ -27,30 +27,29 @@ NPUB_VEC_INLINE float exp_normal_range(float x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  return p * r * r + r + 1.0f;
+}
+
+// exp(x) for x in [-87.3, 88.7] (normal results), within ~2 ulp, no special
+// cases.
+NPUB_VEC_INLINE float exp_normal_range(float x) {
+  float n;
+  const float p = exp_reduced(x, n);
   const uint32_t bits = (static_cast<uint32_t>(static_cast<int32_t>(n)) + 127u) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);
   return p * scale;
 }
 
-// exp(x), within ~2 ulp: Cody-Waite range reduction and a Cephes polynomial.
-// NaN propagates; overflow (x > 88.7228) gives inf; results below the
-// smallest normal float are the subnormals ATen's exp gives (the power of two
-// is applied in two steps, the second rounding once), and 0 below half the
-// smallest subnormal.
+// exp(x), within ~2 ulp. NaN propagates; overflow (x > 88.7228) gives inf;
+// results below the smallest normal float are the subnormals ATen's exp
+// gives (the power of two is applied in two steps, the second rounding
+// once), and 0 below half the smallest subnormal.
 NPUB_VEC_INLINE float fast_exp(float x) {
   float xc = x < -103.972084f ? -103.972084f : x;
   xc = xc > 88.72283f ? 88.72283f : xc;
-  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
-  const float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  float n;
+  const float p = exp_reduced(xc, n);
   // 2^n as 2^(n + 64) * 2^-64 where 2^n is below the normal floats, and as
   // 2^(n - 1) * 2 where it is above them (exp(88.5) is finite).
   const bool subnormal = (n < -126.0f);
