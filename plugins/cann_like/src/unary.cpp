@@ -129,12 +129,9 @@ CANN_LIKE_ISA_BODY auto apply(T x) {
       return std::nearbyint(x);  // half to even
     else
       return x;
-  } else if constexpr (kOp == U::exp) {
-    if constexpr (std::is_same_v<T, float>)
-      return fast_exp(x);
-    else
-      return std::exp(x);
-  } else if constexpr (kOp == U::log)
+  } else if constexpr (kOp == U::exp)
+    return m_exp(x);
+  else if constexpr (kOp == U::log)
     return std::log(x);
   else if constexpr (kOp == U::log1p)
     return std::log1p(x);
@@ -170,42 +167,9 @@ CANN_LIKE_ISA_BODY auto apply(T x) {
 // Note [Vectorised float32 functions]
 // libm's expf/tanhf/erff are scalar calls (tanh ran at 12 ns an element, 4x
 // ATen's whole op): float32 (and float16/bfloat16, computed in float32) use
-// plugin_kernels' vec_math.h instead, and a contiguous float32 row runs a
-// loop compiled per ISA level (f32_row below), 4, 8 or 16 lanes wide.
-// float64 keeps libm.
-
-// A row of a contiguous float32 unary function, compiled per ISA level.
-template <U kOp>
-CANN_LIKE_ISA_BODY void f32_row_body(const float* a, float* o, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) o[j] = apply<kOp, float>(a[j]);
-}
-CANN_LIKE_ISA_DISPATCH(void, f32_row_exp, f32_row_body<U::exp>, (const float* a, float* o, int64_t n),
-                       (a, o, n))
-CANN_LIKE_ISA_DISPATCH(void, f32_row_tanh, f32_row_body<U::tanh>, (const float* a, float* o, int64_t n),
-                       (a, o, n))
-CANN_LIKE_ISA_DISPATCH(void, f32_row_sigmoid, f32_row_body<U::sigmoid>, (const float* a, float* o, int64_t n),
-                       (a, o, n))
-CANN_LIKE_ISA_DISPATCH(void, f32_row_silu, f32_row_body<U::silu>, (const float* a, float* o, int64_t n),
-                       (a, o, n))
-CANN_LIKE_ISA_DISPATCH(void, f32_row_erf, f32_row_body<U::erf>, (const float* a, float* o, int64_t n),
-                       (a, o, n))
-CANN_LIKE_ISA_DISPATCH(void, f32_row_gelu, f32_row_body<U::gelu>, (const float* a, float* o, int64_t n),
-                       (a, o, n))
-CANN_LIKE_ISA_DISPATCH(void, f32_row_gelu_tanh, f32_row_body<U::gelu_tanh>,
-                       (const float* a, float* o, int64_t n), (a, o, n))
-
-using F32Row = void (*)(const float*, float*, int64_t);
-template <U kOp>
-constexpr F32Row f32_row() {
-  if constexpr (kOp == U::exp) return &f32_row_exp;
-  if constexpr (kOp == U::tanh) return &f32_row_tanh;
-  if constexpr (kOp == U::sigmoid) return &f32_row_sigmoid;
-  if constexpr (kOp == U::silu) return &f32_row_silu;
-  if constexpr (kOp == U::erf) return &f32_row_erf;
-  if constexpr (kOp == U::gelu) return &f32_row_gelu;
-  if constexpr (kOp == U::gelu_tanh) return &f32_row_gelu_tanh;
-  return nullptr;
-}
+// plugin_kernels' vec_math.h instead, and a contiguous float32 row runs
+// run_elementwise's loop compiled per ISA level (Note [float32 elementwise
+// loops per ISA level]), 4, 8 or 16 lanes wide. float64 keeps libm.
 
 // The dtype a unary op computes in for an input of dtype d.
 template <U kOp>
@@ -228,26 +192,14 @@ void run_unary(Call& call, const TensorRef& self, const TensorRef& out) {
   }
   check_out(call, out, self.sizes());
   Iter it = make_iter(out, {self});
-  if constexpr (f32_row<kOp>() != nullptr) {
-    if (it.dt[0] == DT::f32 && it.dt[1] == DT::f32) {
-      for_each_row(call, it, [&](char** p, const int64_t* s, int64_t n) {
-        if (s[0] == 4 && s[1] == 4) {
-          f32_row<kOp>()(reinterpret_cast<const float*>(p[1]), reinterpret_cast<float*>(p[0]), n);
-          return;
-        }
-        for (int64_t j = 0; j < n; ++j)
-          *reinterpret_cast<float*>(p[0] + j * s[0]) =
-              apply<kOp, float>(*reinterpret_cast<const float*>(p[1] + j * s[1]));
-      });
-      return;
-    }
-  }
   visit_compute(compute, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (is_float_fn(kOp) && !std::is_floating_point_v<T>) {
       call.fail(NPUB_ERR_INTERNAL, "unreachable: integer compute type for a floating function");
     } else {
-      run_elementwise<T>(call, it, [](T x) { return apply<kOp, T>(x); });
+      // Inlined into the per-ISA loops (a call would keep them scalar).
+      run_elementwise<T>(
+          call, it, [](T x) __attribute__((always_inline)) { return apply<kOp, T>(x); });
     }
   });
 }
@@ -341,19 +293,6 @@ CANN_LIKE_ISA_BODY T activation_grad(T go, T v) {
   }
 }
 
-// A contiguous float32 row of a gradient, compiled per ISA level (Note
-// [Vectorised float32 functions]).
-template <G kOp>
-CANN_LIKE_ISA_BODY void grad_row_body(const float* go, const float* v, float* o, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) o[j] = activation_grad<kOp, float>(go[j], v[j]);
-}
-CANN_LIKE_ISA_DISPATCH(void, grad_row_gelu, grad_row_body<G::gelu>,
-                       (const float* go, const float* v, float* o, int64_t n), (go, v, o, n))
-CANN_LIKE_ISA_DISPATCH(void, grad_row_gelu_tanh, grad_row_body<G::gelu_tanh>,
-                       (const float* go, const float* v, float* o, int64_t n), (go, v, o, n))
-CANN_LIKE_ISA_DISPATCH(void, grad_row_silu, grad_row_body<G::silu>,
-                       (const float* go, const float* v, float* o, int64_t n), (go, v, o, n))
-
 template <G kOp>
 void activation_backward(Call& call) {
   TensorRef g = call.tensor(0), x = call.tensor(1), out = call.tensor(call.num_args() - 1);
@@ -365,25 +304,6 @@ void activation_backward(Call& call) {
               "grad_output of shape " + shape_str(g.sizes()) + " does not match " + shape_str(x.sizes()));
   check_out(call, out, g.sizes(), "grad_input");
   Iter it = make_iter(out, {g, x});
-  if constexpr (kOp == G::gelu || kOp == G::gelu_tanh || kOp == G::silu) {
-    if (it.dt[0] == DT::f32 && it.dt[1] == DT::f32 && it.dt[2] == DT::f32) {
-      const auto row_fn = kOp == G::gelu        ? &grad_row_gelu
-                          : kOp == G::gelu_tanh ? &grad_row_gelu_tanh
-                                                : &grad_row_silu;
-      for_each_row(call, it, [&](char** p, const int64_t* s, int64_t n) {
-        if (s[0] == 4 && s[1] == 4 && s[2] == 4) {
-          row_fn(reinterpret_cast<const float*>(p[1]), reinterpret_cast<const float*>(p[2]),
-                 reinterpret_cast<float*>(p[0]), n);
-          return;
-        }
-        for (int64_t j = 0; j < n; ++j)
-          *reinterpret_cast<float*>(p[0] + j * s[0]) =
-              activation_grad<kOp, float>(*reinterpret_cast<const float*>(p[1] + j * s[1]),
-                                          *reinterpret_cast<const float*>(p[2] + j * s[2]));
-      });
-      return;
-    }
-  }
   visit_compute(d, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (std::is_floating_point_v<T>) {
@@ -391,7 +311,9 @@ void activation_backward(Call& call) {
         const T th = static_cast<T>(call.scalar_arg(2));
         run_elementwise<T>(call, it, [th](T go, T v) { return v <= th ? T(0) : go; });
       } else {
-        run_elementwise<T>(call, it, [](T go, T v) { return activation_grad<kOp, T>(go, v); });
+        run_elementwise<T>(
+            call, it,
+            [](T go, T v) __attribute__((always_inline)) { return activation_grad<kOp, T>(go, v); });
       }
     }
   });
