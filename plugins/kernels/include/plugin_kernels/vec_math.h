@@ -103,18 +103,23 @@ NPUB_VEC_INLINE float fast_erfc_nonneg(float a) {
   return t * exp_normal_range(arg >= -87.3f ? arg : -87.3f);
 }
 
-// erf(x), within a few ulp: Cephes' x * P(x^2) below |x| = 0.75, and
-// 1 - erfc(|x|) above (erfc <= 0.29 there: no cancellation), sign copied.
-NPUB_VEC_INLINE float fast_erf(float x) {
-  const float a = x < 0.0f ? -x : x;
-  const float z = x * x;
+// erf(x) / x as Cephes' polynomial in z = x^2, for |x| < 0.75.
+NPUB_VEC_INLINE float erf_over_x(float z) {
   float p = 7.853861353153693e-5f;
   p = p * z - 8.010193625184903e-4f;
   p = p * z + 5.188327685732524e-3f;
   p = p * z - 2.685381193529856e-2f;
   p = p * z + 1.128358514861418e-1f;
   p = p * z - 3.761262582423300e-1f;
-  p = p * z + 1.128379165726710e0f;
+  return p * z + 1.128379165726710e0f;
+}
+
+// erf(x), within a few ulp: Cephes' x * P(x^2) below |x| = 0.75, and
+// 1 - erfc(|x|) above (erfc <= 0.29 there: no cancellation), sign copied.
+NPUB_VEC_INLINE float fast_erf(float x) {
+  const float a = x < 0.0f ? -x : x;
+  const float z = x * x;
+  const float p = erf_over_x(z);
   const float small = p * x;
   const float large = 1.0f - fast_erfc_nonneg(a);
   const float res = a < 0.75f ? small : (x < 0.0f ? -large : large);
@@ -128,13 +133,7 @@ NPUB_VEC_INLINE float fast_gelu(float x) {
   const float u = x * 0.70710678118654752440f;
   const float a = u < 0.0f ? -u : u;
   const float z = u * u;
-  float p = 7.853861353153693e-5f;
-  p = p * z - 8.010193625184903e-4f;
-  p = p * z + 5.188327685732524e-3f;
-  p = p * z - 2.685381193529856e-2f;
-  p = p * z + 1.128358514861418e-1f;
-  p = p * z - 3.761262582423300e-1f;
-  p = p * z + 1.128379165726710e0f;
+  const float p = erf_over_x(z);
   const float c = fast_erfc_nonneg(a);
   const float one_plus_erf = a < 0.75f ? 1.0f + p * u : (u < 0.0f ? c : 2.0f - c);
   return 0.5f * x * one_plus_erf;
