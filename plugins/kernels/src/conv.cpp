@@ -167,37 +167,26 @@ void create(const Key& key, SharedConv* out) {
   out->supported = true;
 }
 
-// The plugin's convolutions by key (Note [oneDNN primitives are created
-// once and run from any thread]); created under the lock. Unlike the GEMM's
-// there is no per-thread cache: a convolution runs for a millisecond, and
-// the lock is taken once per call, on the calling thread.
-class SharedConvs {
- public:
-  std::shared_ptr<const SharedConv> get(const Key& key) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = map_.find(key);
-    if (it != map_.end()) return it->second;
-    if (map_.size() >= kMaxPrimitives) map_.clear();  // callers hold what they use
-    auto created = std::make_shared<SharedConv>();
-    try {
-      create(key, created.get());
-    } catch (const dnnl::error& e) {
-      if (e.status != dnnl_unimplemented && e.status != dnnl_invalid_arguments) throw;
-      created = std::make_shared<SharedConv>();  // unsupported
-    }
-    map_.emplace(key, created);
-    return created;
-  }
-
- private:
-  static constexpr size_t kMaxPrimitives = 512;
-  std::mutex mutex_;
-  std::unordered_map<Key, std::shared_ptr<const SharedConv>, KeyHash> map_;
-};
+// The plugin's convolutions by key; a shape oneDNN declines is held as
+// unsupported. Unlike the GEMM's there is no per-thread cache: a
+// convolution runs for a millisecond, and the lock is taken once per call,
+// on the calling thread.
+using SharedConvs = SharedByKey<Key, SharedConv, KeyHash, 512>;
 
 SharedConvs& shared_convs() {
   static SharedConvs cache;
   return cache;
+}
+
+std::shared_ptr<const SharedConv> create_conv(const Key& key) {
+  auto created = std::make_shared<SharedConv>();
+  try {
+    create(key, created.get());
+  } catch (const dnnl::error& e) {
+    if (e.status != dnnl_unimplemented && e.status != dnnl_invalid_arguments) throw;
+    created = std::make_shared<SharedConv>();  // unsupported
+  }
+  return created;
 }
 
 // A grow-only 64-byte-aligned buffer.
@@ -291,9 +280,9 @@ bool lookup(Pass pass, const Conv2dShape& s, const Split& sp, Prims* out) {
     return false;
   Conv2dShape sub = s;
   sub.n = sp.per;
-  out->per = shared_convs().get(Key{pass, sub});
+  out->per = shared_convs().get(Key{pass, sub}, create_conv);
   sub.n = sp.last;
-  out->last = sp.last == sp.per ? out->per : shared_convs().get(Key{pass, sub});
+  out->last = sp.last == sp.per ? out->per : shared_convs().get(Key{pass, sub}, create_conv);
   return out->per->supported && out->last->supported;
 }
 

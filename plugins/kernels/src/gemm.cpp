@@ -165,40 +165,26 @@ dnnl::matmul::primitive_desc make_matmul_desc(const PrimitiveKey& key) {
   return pd;
 }
 
-// The plugin's primitives by key (Note [oneDNN primitives are created once
-// and run from any thread]). Creation happens under the lock: two threads
-// that miss on one key at once create it once.
-class SharedPrimitives {
- public:
-  std::shared_ptr<const SharedMatmul> get(const PrimitiveKey& key) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = map_.find(key);
-    if (it != map_.end()) return it->second;
-    // Bounded: threads keep what they hold alive; a cleared key is created
-    // again when next needed.
-    if (map_.size() >= kMaxPrimitives) map_.clear();
-    auto created = std::make_shared<SharedMatmul>();
-    try {
-      created->desc = make_matmul_desc(key);
-      created->primitive = dnnl::matmul(created->desc);
-      created->scratchpad_bytes = created->desc.scratchpad_desc().get_size();
-      created->supported = true;
-    } catch (const dnnl::error& e) {
-      if (e.status != dnnl_unimplemented) throw;
-    }
-    map_.emplace(key, created);
-    return created;
-  }
-
- private:
-  static constexpr size_t kMaxPrimitives = 1024;
-  std::mutex mutex_;
-  std::unordered_map<PrimitiveKey, std::shared_ptr<const SharedMatmul>, PrimitiveKeyHash> map_;
-};
+// The plugin's matmul primitives by key; a shape oneDNN has no kernel for is
+// held as unsupported.
+using SharedPrimitives = SharedByKey<PrimitiveKey, SharedMatmul, PrimitiveKeyHash, 1024>;
 
 SharedPrimitives& shared_primitives() {
   static SharedPrimitives cache;
   return cache;
+}
+
+std::shared_ptr<const SharedMatmul> create_matmul(const PrimitiveKey& key) {
+  auto created = std::make_shared<SharedMatmul>();
+  try {
+    created->desc = make_matmul_desc(key);
+    created->primitive = dnnl::matmul(created->desc);
+    created->scratchpad_bytes = created->desc.scratchpad_desc().get_size();
+    created->supported = true;
+  } catch (const dnnl::error& e) {
+    if (e.status != dnnl_unimplemented) throw;
+  }
+  return created;
 }
 
 // Per thread: a stream, the primitives this thread ran with their memory
@@ -243,7 +229,7 @@ class ThreadState {
     if (it != cache_.end()) return it->second;
     if (cache_.size() >= kMaxPrimitives) cache_.clear();
     CachedMatmul mm;
-    mm.shared = shared_primitives().get(key);
+    mm.shared = shared_primitives().get(key, create_matmul);
     if (!mm.shared->supported) return cache_.emplace(key, std::move(mm)).first->second;
     const auto& pd = mm.shared->desc;
     mm.a = dnnl::memory(pd.src_desc(), cpu_engine(), DNNL_MEMORY_NONE);

@@ -7,6 +7,11 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
 namespace plugin_kernels {
 
 // Note [oneDNN primitives are created once and run from any thread]
@@ -54,6 +59,31 @@ class OneOpenMPThread {
 
  private:
   int previous_;
+};
+
+// Values (a primitive and what goes with it) made once per key for the whole
+// plugin (Note [oneDNN primitives are created once and run from any
+// thread]). Creation happens under the lock: two threads that miss on one
+// key at once create it once. Bounded: callers keep what they hold alive; a
+// cleared key is created again when next needed.
+template <typename Key, typename Value, typename Hash, size_t kMax>
+class SharedByKey {
+ public:
+  // create(key) makes the value of a key not held yet.
+  template <typename Create>
+  std::shared_ptr<const Value> get(const Key& key, Create&& create) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = map_.find(key);
+    if (it != map_.end()) return it->second;
+    if (map_.size() >= kMax) map_.clear();
+    std::shared_ptr<const Value> created = create(key);
+    map_.emplace(key, created);
+    return created;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<Key, std::shared_ptr<const Value>, Hash> map_;
 };
 
 }  // namespace plugin_kernels
