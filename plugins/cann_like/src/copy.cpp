@@ -12,8 +12,6 @@
 
 namespace cann_like {
 
-namespace {
-
 void copy_into(const Call& call, const TensorRef& dst, const TensorRef& src) {
   const Shape b = broadcast(call, dst.sizes(), src.sizes());
   if (b != dst.sizes())
@@ -36,6 +34,8 @@ void copy_into(const Call& call, const TensorRef& dst, const TensorRef& src) {
     run_elementwise<T>(call, it, [](T v) { return v; });
   });
 }
+
+namespace {
 
 // aten::copy_(Tensor(a!) self, Tensor src, bool non_blocking=False)
 void copy_(Call& call) { copy_into(call, call.tensor(0), call.tensor(1)); }

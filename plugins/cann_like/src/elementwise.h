@@ -265,6 +265,10 @@ inline void check_castable(const Call& call, DT common, const TensorRef& out) {
 
 void register_binary(npub::sdk::Registrar& r);
 void register_unary(npub::sdk::Registrar& r);
+// dst = src (broadcast to dst, cast to its dtype through the source's compute
+// type; a plain memory copy when both are contiguous and of one dtype).
+void copy_into(const Call& call, const TensorRef& dst, const TensorRef& src);
+
 void register_copy(npub::sdk::Registrar& r);
 
 }  // namespace cann_like

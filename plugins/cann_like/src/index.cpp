@@ -308,12 +308,7 @@ void cat(Call& call) {
       slot.shape = slot_shape.data();
       slot.strides = slot_strides.data();
       slot.byte_offset += static_cast<uint64_t>(offset * out.stride(static_cast<int32_t>(dim)) * es);
-      const TensorRef view(&slot);
-      Iter it = make_iter(view, {t});
-      visit_compute(d == DT::f16 || d == DT::bf16 ? DT::f32 : d, [&](auto tag) {
-        using T = decltype(tag);
-        run_elementwise<T>(call, it, [](T v) { return v; });
-      });
+      copy_into(call, TensorRef(&slot), t);
     }
     offset += size;
   }
