@@ -98,10 +98,45 @@ def _install_op_lookup_start():
 _install_op_lookup_start()
 
 from . import distributed  # noqa: E402,F401  (registers the torch.distributed backend "npu")
-from ._compile import compile, compile_report, register_fusion_pattern  # noqa: E402,F401  (Dynamo backend "npu")
-from . import _dynamo_interface  # noqa: E402
+from . import _after_import  # noqa: E402
 
-_dynamo_interface.register()  # torch._dynamo.device_interface.get_interface_for_device("npu")
+
+def _npu_backend(gm, example_inputs, **kwargs):
+    """The Dynamo backend "npu" (npubridge._compile.backend.npu_backend)."""
+    from ._compile import backend
+
+    return backend.npu_backend(gm, example_inputs, **kwargs)
+
+
+def _set_up_dynamo():
+    # torch.compile(backend="npu") and get_interface_for_device("npu"):
+    # registered when torch._dynamo is imported (Note [Dynamo is set up
+    # when it is imported]). torch._dynamo may be imported from inside
+    # another of PyTorch's imports (torch._inductor's): this touches only
+    # the modules torch._dynamo's own import has loaded, and graph mode
+    # itself is imported at the first compile.
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if "npu" not in _BACKENDS:
+        register_backend(_npu_backend, name="npu")
+    from . import _dynamo_interface
+
+    _dynamo_interface.register()
+
+
+_after_import.when_imported("torch._dynamo", _set_up_dynamo)
+
+_GRAPH_MODE_NAMES = ("compile", "compile_report", "register_fusion_pattern")
+
+
+def __getattr__(name):
+    # npubridge.compile and its siblings import graph mode (and so
+    # torch._dynamo) at their first use.
+    if name in _GRAPH_MODE_NAMES:
+        from . import _compile
+
+        return getattr(_compile, name)
+    raise AttributeError(f"module 'npubridge' has no attribute {name!r}")
 
 
 def _quiesce_at_exit():

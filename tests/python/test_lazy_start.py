@@ -51,6 +51,33 @@ def test_import_starts_no_thread_and_loads_no_plugin():
     assert after[0] == "True" and "libnpub_cann_like.so" in after[1] and after[1].endswith("True True"), lines
 
 
+@pytest.mark.parametrize("first", ["npubridge", "torch._dynamo"])
+def test_import_leaves_dynamo_alone_and_graph_mode_still_finds_the_npu(first):
+    # Note [Dynamo is set up when it is imported] (_after_import.py):
+    # torch._dynamo is imported by the first torch.compile, not by
+    # `import npubridge`, and the backend "npu" and the device interface
+    # are there whichever comes first. A set-up that failed would warn:
+    # warnings are errors here.
+    lines = _ok(_run(f"""
+        import sys, warnings
+        warnings.simplefilter("error", RuntimeWarning)
+        import torch
+        import {first}
+        import npubridge
+        print("torch._dynamo" in sys.modules)
+        def f(x):
+            return torch.nn.functional.gelu(x) * 2 + 1
+        x = torch.linspace(-3, 3, 64, dtype=torch.float64)
+        compiled = torch.compile(f, backend="npu")
+        got = compiled(x.to("npu")).cpu()
+        assert torch.allclose(got, f(x), rtol=1e-12, atol=1e-12), (got - f(x)).abs().max()
+        from torch._dynamo.device_interface import get_interface_for_device
+        print("npu" in torch._dynamo.list_backends(exclude_tags=()),
+              get_interface_for_device("npu:0").__name__, len(npubridge.compile_report(compiled)["graphs"]))
+    """, OMP_NUM_THREADS="1"))
+    assert lines == [str(first == "torch._dynamo"), "True NpuInterface 1"], lines
+
+
 def test_settings_made_after_import_apply_at_the_first_npu_use():
     # As CUDA_VISIBLE_DEVICES set after `import torch` and before the first
     # CUDA call.

@@ -38,5 +38,3 @@ def register_fusion_pattern(text):
     ValueError naming the pattern and line of a parse error."""
     _patterns.register(text)
 
-
-_backend.register()

@@ -297,11 +297,3 @@ class NpuBackend:
 
     def __call__(self, gm, example_inputs):
         return npu_backend(gm, example_inputs, mode=self.mode, options=self.options)
-
-
-def register():
-    """Registers "npu" with Dynamo (once; import npubridge calls it)."""
-    from torch._dynamo.backends.registry import _BACKENDS
-
-    if "npu" not in _BACKENDS:
-        torch._dynamo.register_backend(npu_backend, name="npu")
