@@ -170,13 +170,19 @@ def _plugin_conformance(args, argv) -> int:
     if not os.path.isfile(args.plugin):
         print(f"npubridge conformance: --plugin {args.plugin}: no such file", file=sys.stderr)
         return 1
-    if conformance.find_plugin(args.plugin) is None and os.environ.get(_REEXEC) != args.plugin:
-        # Plugins load when npubridge initialises, which `python3 -m
-        # npubridge` did before reaching here: start again with the plugin
-        # on NPUB_PLUGIN_PATH.
+    plugin_path = os.environ.get("NPUB_PLUGIN_PATH", "")
+    on_path = os.path.abspath(args.plugin) in plugin_path.split(":")
+    if not _C._is_started():
+        # Plugins load when the runtime starts (Note [The runtime starts at
+        # the first npu use]), which has not happened: the plugin goes on
+        # NPUB_PLUGIN_PATH, read then (and inherited by the child below).
+        if not on_path:
+            os.environ["NPUB_PLUGIN_PATH"] = os.path.abspath(args.plugin) + (":" + plugin_path if plugin_path else "")
+    elif conformance.find_plugin(args.plugin) is None and os.environ.get(_REEXEC) != args.plugin:
+        # The runtime started without the plugin: start again with the
+        # plugin on NPUB_PLUGIN_PATH.
         env = dict(os.environ)
-        env["NPUB_PLUGIN_PATH"] = os.path.abspath(args.plugin) + (
-            ":" + env["NPUB_PLUGIN_PATH"] if env.get("NPUB_PLUGIN_PATH") else "")
+        env["NPUB_PLUGIN_PATH"] = os.path.abspath(args.plugin) + (":" + plugin_path if plugin_path else "")
         env[_REEXEC] = args.plugin
         sys.stdout.flush()
         sys.stderr.flush()
