@@ -25,6 +25,11 @@ CASES = {
     # im2col columns of several MB per image (864 x 3040 and 3250 x 900 floats).
     "conv3d, large columns": (F.conv3d, (2, 32, 4, 40, 40), (8, 32, 3, 3, 3), dict(padding=(0, 1, 1))),
     "conv_transpose2d, large columns": (F.conv_transpose2d, (1, 16, 30, 30), (16, 130, 5, 5), dict(padding=2)),
+    # Weights of 2.3 and 1.1 MB: reordered in slices of whole output-channel
+    # blocks, and (250 channels, a padded last block) in one piece (Note
+    # [The weights are reordered on every compute thread]).
+    "conv2d, weights reordered in slices": (F.conv2d, (4, 256, 3, 3), (256, 256, 3, 3), dict(padding=1)),
+    "conv2d, padded weight blocks": (F.conv2d, (3, 128, 4, 4), (250, 128, 3, 3), dict(stride=2, padding=1)),
 }
 
 
