@@ -6,9 +6,12 @@
 // figures are in the commit that chose it). ATen's CPU kernel
 // (Normalization.cpp, cpu/batch_norm_kernel.cpp) reduces the statistics in
 // double (float for the half types) and computes the elementwise parts in
-// float as x * alpha + beta; here both are in double, rounded once to the
-// result's dtype, so a large-mean channel keeps its digits.
+// float as x * alpha + beta; here the statistics are in double and the
+// elementwise part is (x - mean) * scale + shift, in double rounded once to
+// the result's dtype, or for float32 in float with the mean as two floats,
+// so a large-mean channel keeps its digits.
 #include "common.h"
+#include "elementwise.h"
 #include "ops.h"
 
 #include <cmath>
@@ -206,6 +209,22 @@ void normalize(Call& call, const ForwardArgs& a, int64_t channels, DT pd, const 
       // (x - mean) * invstd * w + b, not x * alpha + beta: that form
       // cancels |mean| * invstd * w against the bias for large-mean inputs.
       const double scale = invstd * w.at(c, 1.0), shift = b.at(c, 0.0);
+      if constexpr (D == DT::f32) {
+        // In float, with the mean as a sum of two floats: x - hi is exact
+        // where it cancels (Sterbenz), so the result is within a few ulp
+        // of the one rounded from double, at twice the vector width.
+        const float hi = static_cast<float>(mean), lo = static_cast<float>(mean - static_cast<double>(hi));
+        const float sc = static_cast<float>(scale), sh = static_cast<float>(shift);
+        auto fn = [ hi, lo, sc, sh ](float v) __attribute__((always_inline)) {
+          return ((v - hi) - lo) * sc + sh;
+        };
+        for (int64_t n = 0; n < pl.batch; ++n) {
+          const float* xr = reinterpret_cast<const float*>(xb) + pl.run(n, c);
+          float* yr = reinterpret_cast<float*>(yb) + pl.run(n, c);
+          CANN_LIKE_F32_LOOP(1, yr, xr, len, fn);  // Note [float32 elementwise loops per ISA level]
+        }
+        continue;
+      }
       for (int64_t n = 0; n < pl.batch; ++n) {
         const char* xr = xb + pl.run(n, c) * es;
         char* yr = yb + pl.run(n, c) * es;
