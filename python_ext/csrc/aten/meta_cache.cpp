@@ -63,6 +63,24 @@ bool signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, s
       const auto l = a.toTensorList();
       put(k, static_cast<int32_t>(l.size()));
       for (const at::Tensor& t : l) tensor_key(k, t);
+    } else if (a.isList()) {
+      // Tensor?[] (index's and index_put's indices). A boolean or byte
+      // mask selects as many elements as it holds true values: a shape
+      // that depends on data is never cached.
+      k.push_back('O');
+      const auto l = a.toListRef();
+      put(k, static_cast<int32_t>(l.size()));
+      for (const c10::IValue& e : l) {
+        if (e.isNone()) {
+          k.push_back('N');
+        } else if (e.isTensor()) {
+          const at::Tensor& t = e.toTensor();
+          if (t.defined() && (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte)) return false;
+          tensor_key(k, t);
+        } else {
+          return false;
+        }
+      }
     } else {
       return false;
     }
