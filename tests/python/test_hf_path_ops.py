@@ -391,3 +391,22 @@ def test_addmm_and_baddbmm_in_place(beta, alpha):
     host3 = c3.clone().baddbmm_(a3, b3, beta=beta, alpha=alpha)
     assert_judged(got3, host3, beta * c3.double() + alpha * a3.double() @ b3.double(), "baddbmm_")
     native_only("aten::addmm.out", "aten::baddbmm.out")
+
+
+@pytest.mark.parametrize("shapes, dim", [
+    ([(4, 4, 128, 32), (4, 4, 128, 32)], -1),  # rotate_half: many rows, each part a block per row
+    ([(70, 3), (70, 5), (70, 0), (70, 1)], 1),  # an empty part among them
+    ([(300, 2), (1, 2)], 0),  # few outer rows: blocks split by bytes
+])
+def test_cat_of_many_rows_with_views_and_other_dtypes(shapes, dim):
+    # Note [cat copies in parallel] in plugins/cann_like/src/index.cpp: the
+    # contiguous parts of out's dtype by rows (or by bytes), the others
+    # (a strided view, another dtype) copied into their slot. Exact.
+    torch.manual_seed(0)
+    ts = [torch.randn(s) for s in shapes]
+    views = [torch.randn(*s[:-1], 2 * s[-1])[..., 1::2] if s[-1] else torch.randn(s) for s in shapes]
+    for parts in (ts, views, [ts[0].double(), *ts[1:]], [views[0], *ts[1:]]):
+        npubridge.reset_stats()
+        got = torch.cat([t.npu() for t in parts], dim)
+        native_only("aten::cat.out")
+        assert torch.equal(got.cpu(), torch.cat(parts, dim))
