@@ -410,3 +410,23 @@ def test_cat_of_many_rows_with_views_and_other_dtypes(shapes, dim):
         got = torch.cat([t.npu() for t in parts], dim)
         native_only("aten::cat.out")
         assert torch.equal(got.cpu(), torch.cat(parts, dim))
+
+
+@pytest.mark.parametrize("view", [
+    lambda t: t[..., 16:],  # rotate_half's slice: rows of 16, the outer dims merge into one
+    lambda t: t[:, 1:3, :, ::2],  # a step in the row, a slice in the middle
+    lambda t: t.permute(0, 2, 1, 3)[:, :, :, :8],  # outer dims that merge only in pairs
+    lambda t: t[::2, :, 1:, :],
+])
+def test_elementwise_on_views_walks_every_row(view):
+    # Note [Rows are the coalesced inner dims] in plugins/cann_like/src/common.h:
+    # outer dims merged with each other, rows stepped without division.
+    # neg, add and mul are correctly rounded: the results equal the CPU's.
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 3, 10, 32), torch.randn(4, 3, 10, 32)
+    xv, yv = view(x), view(y)
+    xn, yn = view(x.npu()), view(y.npu())
+    npubridge.reset_stats()
+    for got, want in ((-xn, -xv), (xn + yn, xv + yv), (xn * yv.contiguous().npu(), xv * yv.contiguous())):
+        assert torch.equal(got.cpu(), want)
+    assert_no_fallbacks()

@@ -456,6 +456,21 @@ void for_each_row(const Call& call, const Iter& it, Row&& row) {
       for (int i = 0; i < it.nops; ++i) strides[i][kd - 2] = strides[i][kd - 1];
       --kd;
     }
+    // The outer dims are merged with each other the same way: a slice of
+    // the last dim (rotate_half's x[..., 32:] of [4,4,128,64]) walks 2048
+    // rows of one outer dim, not of three (two divisions per dim per row).
+    for (int d = kd - 3; d >= 0; --d) {
+      bool merge = true;
+      for (int i = 0; i < it.nops && merge; ++i) merge = strides[i][d] == strides[i][d + 1] * shape[d + 1];
+      if (!merge) continue;
+      shape[d] *= shape[d + 1];
+      for (int i = 0; i < it.nops; ++i) strides[i][d] = strides[i][d + 1];
+      for (int e = d + 1; e + 1 < kd; ++e) {
+        shape[e] = shape[e + 1];
+        for (int i = 0; i < it.nops; ++i) strides[i][e] = strides[i][e + 1];
+      }
+      --kd;
+    }
   }
   const bool own = nd > kMaxIterDims;
   auto size_of = [&](int d) { return own ? it.shape[static_cast<size_t>(d)] : shape[d]; };
@@ -471,6 +486,31 @@ void for_each_row(const Call& call, const Iter& it, Row&& row) {
   const int64_t piece_len = std::min(inner, kPiece);
   call.parallel_for(0, rows * pieces, std::max<int64_t>(1, kPiece / std::max<int64_t>(piece_len, 1)),
                     [&](int64_t tb, int64_t te) {
+                      if (pieces == 1 && !own) {
+                        // Whole rows: the first row's position by division,
+                        // the next ones by stepping the outer index.
+                        int64_t idx[kMaxIterDims];
+                        char* p0[4];
+                        for (int i = 0; i < it.nops; ++i) p0[i] = it.data[i];
+                        int64_t rem = tb;
+                        for (int d = kd - 2; d >= 0; --d) {
+                          idx[d] = rem % shape[d];
+                          rem /= shape[d];
+                          for (int i = 0; i < it.nops; ++i) p0[i] += idx[d] * strides[i][d];
+                        }
+                        for (int64_t t = tb; t < te; ++t) {
+                          char* p[4];
+                          for (int i = 0; i < it.nops; ++i) p[i] = p0[i];
+                          row(p, inner_stride, inner);
+                          for (int d = kd - 2; d >= 0; --d) {
+                            for (int i = 0; i < it.nops; ++i) p0[i] += strides[i][d];
+                            if (++idx[d] < shape[d]) break;
+                            for (int i = 0; i < it.nops; ++i) p0[i] -= shape[d] * strides[i][d];
+                            idx[d] = 0;
+                          }
+                        }
+                        return;
+                      }
                       for (int64_t t = tb; t < te; ++t) {
                         const int64_t r = t / pieces, start = (t % pieces) * kPiece;
                         char* p[4];
