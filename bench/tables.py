@@ -131,9 +131,10 @@ def clients_table(d, src):
              f"{field(d, ['transformers'], src)}, torch {field(d, ['torch'], src)}, "
              f"{field(d, ['threads'], src)} threads; a step is timed from the Trainer's step begin to its end "
              f"(npu synchronised), the median of {field(d, ['steps'], src)} steps after "
-             f"{field(d, ['warmup'], src)} of warm-up, and the median of {field(d, ['rounds'], src)} rounds "
-             f"that alternate the npu run and the CPU run (`use_cpu=True`). Ratio = npu time / CPU time "
-             f"(lower is better).")
+             f"{field(d, ['warmup'], src)} of warm-up per run; {field(d, ['rounds'], src)} rounds of an npu run "
+             f"and a CPU run (`use_cpu=True`), the two going first in turn. Times are the medians of the rounds; "
+             f"ratio = the median of the rounds' npu time / CPU time (lower is better; shown rounded: a ratio "
+             f"shown as 1.20 may be just over the target).")
     return intro + "\n\n" + table(["Trainer step", "npu", "CPU", "ratio", "target", "", "CPU fallbacks per step"],
                                    rows)
 
