@@ -113,13 +113,21 @@ struct MaxPoolF32 {
 
 CANN_LIKE_ISA_BODY void max_pool_f32_body(const MaxPoolF32& a, int64_t plane_begin, int64_t plane_end) {
   const Pool2d& p = *a.p;
-  const int64_t phase_len = (p.w + p.sw - 1) / p.sw;
-  std::vector<float> best(static_cast<size_t>(p.ow)), phases(static_cast<size_t>(p.sw * phase_len));
+  // The plane's rows split into their phases once per plane: with a
+  // stride below the window's height an input row is read by several
+  // output rows.
+  const int64_t phase_len = (p.w + p.sw - 1) / p.sw, row_len = p.sw * phase_len;
+  std::vector<float> best(static_cast<size_t>(p.ow)), phases(static_cast<size_t>(p.h * row_len));
   std::vector<int32_t> best_at(static_cast<size_t>(p.ow));
   float* __restrict bv = best.data();
   int32_t* __restrict bi = best_at.data();
-  float* __restrict ph = phases.data();
-  for (int64_t pl = plane_begin; pl < plane_end; ++pl)
+  for (int64_t pl = plane_begin; pl < plane_end; ++pl) {
+    for (int64_t iy = 0; iy < p.h; ++iy) {
+      const float* xr = a.x + (pl * p.h + iy) * p.w;
+      float* __restrict ph = phases.data() + iy * row_len;
+      for (int64_t r = 0; r < p.sw; ++r)
+        for (int64_t m = r, k = r * phase_len; m < p.w; m += p.sw, ++k) ph[k] = xr[m];
+    }
     for (int64_t oy = 0; oy < p.oh; ++oy) {
       for (int64_t ox = 0; ox < p.ow; ++ox) {
         bv[ox] = -std::numeric_limits<float>::infinity();
@@ -128,8 +136,7 @@ CANN_LIKE_ISA_BODY void max_pool_f32_body(const MaxPoolF32& a, int64_t plane_beg
       for (int64_t i = 0; i < p.kh; ++i) {
         const int64_t iy = oy * p.sh - p.ph + i * p.dh;
         if (iy < 0 || iy >= p.h) continue;
-        const float* xr = a.x + (pl * p.h + iy) * p.w;
-        for (int64_t m = 0; m < p.w; ++m) ph[(m % p.sw) * phase_len + m / p.sw] = xr[m];
+        const float* ph = phases.data() + iy * row_len;
         for (int64_t j = 0; j < p.kw; ++j) {
           const int64_t off = j * p.dw - p.pw;  // the tap's column is ox * sw + off
           const int64_t r = (off % p.sw + p.sw) % p.sw;
@@ -153,6 +160,7 @@ CANN_LIKE_ISA_BODY void max_pool_f32_body(const MaxPoolF32& a, int64_t plane_beg
         oi[ox] = bi[ox];
       }
     }
+  }
 }
 CANN_LIKE_ISA_DISPATCH(void, max_pool_f32, max_pool_f32_body,
                        (const MaxPoolF32& a, int64_t plane_begin, int64_t plane_end),
@@ -167,16 +175,6 @@ void max_pool2d(Call& call) {
   check_out(call, out, pooled_shape(x, p));
   check_out(call, indices, pooled_shape(x, p), "indices");
   const DT d = dt_of(x.dtype());
-  // float32 and float64 elements are read as themselves (the max is exact in
-  // either type), the half types through the converting load.
-  // Per output column, its taps inside the plane (two integer divisions,
-  // worked out once here rather than per output).
-  std::vector<int64_t> jr(static_cast<size_t>(2 * p.ow));
-  for (int64_t ox = 0; ox < p.ow; ++ox) {
-    const int64_t x0 = ox * p.sw - p.pw;
-    jr[static_cast<size_t>(2 * ox)] = x0 >= 0 ? 0 : (-x0 + p.dw - 1) / p.dw;
-    jr[static_cast<size_t>(2 * ox + 1)] = x0 >= p.w ? 0 : std::min<int64_t>(p.kw, (p.w - 1 - x0) / p.dw + 1);
-  }
   const char* xb = x.data<char>();
   char* ob = out.data<char>();
   int64_t* ib = indices.data<int64_t>();
@@ -193,6 +191,16 @@ void max_pool2d(Call& call) {
     const MaxPoolF32 args{&p, x.data<float>(), out.data<float>(), ib, lo.data(), hi.data()};
     call.parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) { max_pool_f32(args, b, e); });
     return;
+  }
+  // float32 and float64 elements are read as themselves (the max is exact in
+  // either type), the half types through the converting load.
+  // Per output column, its taps inside the plane (two integer divisions,
+  // worked out once here rather than per output).
+  std::vector<int64_t> jr(static_cast<size_t>(2 * p.ow));
+  for (int64_t ox = 0; ox < p.ow; ++ox) {
+    const int64_t x0 = ox * p.sw - p.pw;
+    jr[static_cast<size_t>(2 * ox)] = x0 >= 0 ? 0 : (-x0 + p.dw - 1) / p.dw;
+    jr[static_cast<size_t>(2 * ox + 1)] = x0 >= p.w ? 0 : std::min<int64_t>(p.kw, (p.w - 1 - x0) / p.dw + 1);
   }
   with_pool_access(d, [&](auto access) {
     call.parallel_for(0, p.planes, 1, [&](int64_t b, int64_t e) {
