@@ -414,12 +414,14 @@ Iter make_iter(const TensorRef& out, std::initializer_list<TensorRef> inputs);
 // first element of operand i in a run of n elements (a piece of a row of the
 // coalesced inner dims, Note [Rows are the coalesced inner dims]),
 // `byte_strides[i]` steps along it. Runs are spread over compute threads.
-constexpr int kMaxIterDims = 16;
+// Dims after the size-1 ones are dropped: each of them has 2 or more
+// elements, so a non-empty tensor has fewer than 64 (the element count is
+// an int64_t).
+constexpr int kMaxIterDims = 64;
 template <typename Row>
 void for_each_row(const Call& call, const Iter& it, Row&& row) {
   const int64_t n = it.numel();
   if (n == 0) return;
-  const int nd = static_cast<int>(it.shape.size());
   if (it.contiguous()) {  // one flat run, split in chunks
     int64_t es[4];
     for (int i = 0; i < it.nops; ++i) es[i] = dt_size(it.dt[i]);
@@ -435,50 +437,36 @@ void for_each_row(const Call& call, const Iter& it, Row&& row) {
   // walk on from it (stride[d] == stride[d+1] * size[d+1]), size-1 dims
   // dropped first: q * cos[1, 1, S, D] runs B*N rows of S*D elements, not
   // B*N*S rows of D (rows of 8 elements made a rotary embedding's multiply
-  // several times slower than ATen's coalescing TensorIterator).
+  // several times slower than ATen's coalescing TensorIterator). The outer
+  // dims are merged with each other by the same test: a slice of the last
+  // dim (rotate_half's x[..., 32:] of [4,4,128,64]) walks 2048 rows of one
+  // outer dim, not of three.
   int64_t shape[kMaxIterDims], strides[4][kMaxIterDims];
   int kd = 0;
-  for (int d = 0; d < nd && kd < kMaxIterDims; ++d) {
-    if (it.shape[static_cast<size_t>(d)] == 1) continue;
-    shape[kd] = it.shape[static_cast<size_t>(d)];
-    for (int i = 0; i < it.nops; ++i) strides[i][kd] = it.strides[i][static_cast<size_t>(d)];
+  for (size_t d = 0; d < it.shape.size(); ++d) {
+    if (it.shape[d] == 1) continue;
+    shape[kd] = it.shape[d];
+    for (int i = 0; i < it.nops; ++i) strides[i][kd] = it.strides[i][d];
     ++kd;
   }
-  if (nd > kMaxIterDims) {  // not expected (ATen allows 64 dims): walk the Iter's own dims
-    kd = nd;
-  } else {
-    while (kd >= 2) {
-      bool merge = true;
-      for (int i = 0; i < it.nops && merge; ++i)
-        merge = strides[i][kd - 2] == strides[i][kd - 1] * shape[kd - 1];
-      if (!merge) break;
-      shape[kd - 2] *= shape[kd - 1];
-      for (int i = 0; i < it.nops; ++i) strides[i][kd - 2] = strides[i][kd - 1];
-      --kd;
+  // One pass from the inside out: dim d is merged into dim d + 1 (which
+  // holds every dim merged into it so far) when all operands allow it.
+  for (int d = kd - 2; d >= 0; --d) {
+    bool merge = true;
+    for (int i = 0; i < it.nops && merge; ++i) merge = strides[i][d] == strides[i][d + 1] * shape[d + 1];
+    if (!merge) continue;
+    shape[d] *= shape[d + 1];
+    for (int i = 0; i < it.nops; ++i) strides[i][d] = strides[i][d + 1];
+    for (int e = d + 1; e + 1 < kd; ++e) {
+      shape[e] = shape[e + 1];
+      for (int i = 0; i < it.nops; ++i) strides[i][e] = strides[i][e + 1];
     }
-    // The outer dims are merged with each other the same way: a slice of
-    // the last dim (rotate_half's x[..., 32:] of [4,4,128,64]) walks 2048
-    // rows of one outer dim, not of three (two divisions per dim per row).
-    for (int d = kd - 3; d >= 0; --d) {
-      bool merge = true;
-      for (int i = 0; i < it.nops && merge; ++i) merge = strides[i][d] == strides[i][d + 1] * shape[d + 1];
-      if (!merge) continue;
-      shape[d] *= shape[d + 1];
-      for (int i = 0; i < it.nops; ++i) strides[i][d] = strides[i][d + 1];
-      for (int e = d + 1; e + 1 < kd; ++e) {
-        shape[e] = shape[e + 1];
-        for (int i = 0; i < it.nops; ++i) strides[i][e] = strides[i][e + 1];
-      }
-      --kd;
-    }
+    --kd;
   }
-  const bool own = nd > kMaxIterDims;
-  auto size_of = [&](int d) { return own ? it.shape[static_cast<size_t>(d)] : shape[d]; };
-  auto stride_of = [&](int i, int d) { return own ? it.strides[i][static_cast<size_t>(d)] : strides[i][d]; };
-  const int64_t inner = kd > 0 ? size_of(kd - 1) : 1;
+  const int64_t inner = kd > 0 ? shape[kd - 1] : 1;
   const int64_t rows = n / inner;
   int64_t inner_stride[4];
-  for (int i = 0; i < it.nops; ++i) inner_stride[i] = kd > 0 ? stride_of(i, kd - 1) : 0;
+  for (int i = 0; i < it.nops; ++i) inner_stride[i] = kd > 0 ? strides[i][kd - 1] : 0;
   // A long row is cut in pieces of kPiece elements, so that the threads
   // share even one row (x * 2.0 over a contiguous x is a single row).
   constexpr int64_t kPiece = int64_t{1} << 14;
@@ -486,43 +474,30 @@ void for_each_row(const Call& call, const Iter& it, Row&& row) {
   const int64_t piece_len = std::min(inner, kPiece);
   call.parallel_for(0, rows * pieces, std::max<int64_t>(1, kPiece / std::max<int64_t>(piece_len, 1)),
                     [&](int64_t tb, int64_t te) {
-                      if (pieces == 1 && !own) {
-                        // Whole rows: the first row's position by division,
-                        // the next ones by stepping the outer index.
-                        int64_t idx[kMaxIterDims];
-                        char* p0[4];
-                        for (int i = 0; i < it.nops; ++i) p0[i] = it.data[i];
-                        int64_t rem = tb;
-                        for (int d = kd - 2; d >= 0; --d) {
-                          idx[d] = rem % shape[d];
-                          rem /= shape[d];
-                          for (int i = 0; i < it.nops; ++i) p0[i] += idx[d] * strides[i][d];
-                        }
-                        for (int64_t t = tb; t < te; ++t) {
-                          char* p[4];
-                          for (int i = 0; i < it.nops; ++i) p[i] = p0[i];
-                          row(p, inner_stride, inner);
-                          for (int d = kd - 2; d >= 0; --d) {
-                            for (int i = 0; i < it.nops; ++i) p0[i] += strides[i][d];
-                            if (++idx[d] < shape[d]) break;
-                            for (int i = 0; i < it.nops; ++i) p0[i] -= shape[d] * strides[i][d];
-                            idx[d] = 0;
-                          }
-                        }
-                        return;
+                      // The first row's position by division, the next
+                      // ones' by stepping the outer index.
+                      int64_t idx[kMaxIterDims];
+                      char* p0[4];
+                      for (int i = 0; i < it.nops; ++i) p0[i] = it.data[i];
+                      int64_t rem = tb / pieces, piece = tb % pieces;
+                      for (int d = kd - 2; d >= 0; --d) {
+                        idx[d] = rem % shape[d];
+                        rem /= shape[d];
+                        for (int i = 0; i < it.nops; ++i) p0[i] += idx[d] * strides[i][d];
                       }
                       for (int64_t t = tb; t < te; ++t) {
-                        const int64_t r = t / pieces, start = (t % pieces) * kPiece;
+                        const int64_t start = piece * kPiece;
                         char* p[4];
-                        for (int i = 0; i < it.nops; ++i) p[i] = it.data[i] + start * inner_stride[i];
-                        int64_t rem = r;
-                        for (int d = kd - 2; d >= 0; --d) {
-                          const int64_t size = size_of(d);
-                          const int64_t idx = rem % size;
-                          rem /= size;
-                          for (int i = 0; i < it.nops; ++i) p[i] += idx * stride_of(i, d);
-                        }
+                        for (int i = 0; i < it.nops; ++i) p[i] = p0[i] + start * inner_stride[i];
                         row(p, inner_stride, std::min(kPiece, inner - start));
+                        if (++piece < pieces) continue;
+                        piece = 0;
+                        for (int d = kd - 2; d >= 0; --d) {
+                          for (int i = 0; i < it.nops; ++i) p0[i] += strides[i][d];
+                          if (++idx[d] < shape[d]) break;
+                          for (int i = 0; i < it.nops; ++i) p0[i] -= shape[d] * strides[i][d];
+                          idx[d] = 0;
+                        }
                       }
                     });
 }
