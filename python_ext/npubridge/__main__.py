@@ -171,18 +171,19 @@ def _plugin_conformance(args, argv) -> int:
         print(f"npubridge conformance: --plugin {args.plugin}: no such file", file=sys.stderr)
         return 1
     plugin_path = os.environ.get("NPUB_PLUGIN_PATH", "")
-    on_path = os.path.abspath(args.plugin) in plugin_path.split(":")
+    plugin = os.path.abspath(args.plugin)
+    with_plugin = plugin + (":" + plugin_path if plugin_path else "")  # NPUB_PLUGIN_PATH with the plugin first
     if not _C._is_started():
         # Plugins load when the runtime starts (Note [The runtime starts at
         # the first npu use]), which has not happened: the plugin goes on
         # NPUB_PLUGIN_PATH, read then (and inherited by the child below).
-        if not on_path:
-            os.environ["NPUB_PLUGIN_PATH"] = os.path.abspath(args.plugin) + (":" + plugin_path if plugin_path else "")
+        if plugin not in plugin_path.split(":"):
+            os.environ["NPUB_PLUGIN_PATH"] = with_plugin
     elif conformance.find_plugin(args.plugin) is None and os.environ.get(_REEXEC) != args.plugin:
         # The runtime started without the plugin: start again with the
         # plugin on NPUB_PLUGIN_PATH.
         env = dict(os.environ)
-        env["NPUB_PLUGIN_PATH"] = os.path.abspath(args.plugin) + (":" + plugin_path if plugin_path else "")
+        env["NPUB_PLUGIN_PATH"] = with_plugin
         env[_REEXEC] = args.plugin
         sys.stdout.flush()
         sys.stderr.flush()
