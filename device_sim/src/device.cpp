@@ -53,6 +53,8 @@ DeviceOptions DeviceOptions::from_env() {
   // Unset: every hardware thread (compute_threads 0).
   o.compute_threads =
       static_cast<int>(env::get_int_in("NPUB_SIM_THREADS", 0, 1, 1024, "a compute thread count"));
+  o.spin = std::chrono::microseconds(
+      env::get_int_in("NPUB_SIM_SPIN_US", o.spin.count(), 0, 1000000, "a spin time in microseconds"));
   o.launch_blocking = env::get_flag("NPUB_LAUNCH_BLOCKING", false);
   o.guard_bytes = env::get_flag("NPUB_VALIDATE", false) ? CachingAllocator::kGuardBytes : 0;
   return o;
@@ -68,7 +70,7 @@ Device::Device(int index, const DeviceOptions& options)
       uid_(g_next_device_uid.fetch_add(1)),
       launch_blocking_(options.launch_blocking),
       allocator_(index, options.memory_bytes, options.guard_bytes),
-      compute_(resolve_threads(options.compute_threads)) {
+      compute_(resolve_threads(options.compute_threads), options.spin) {
   streams_.push_back(std::make_unique<Stream>(index, 0, launch_blocking_));
   default_stream_ = streams_.front().get();
 }

@@ -106,6 +106,7 @@ TEST(Env, ValuesInMessagesAreEscapedToAscii) {
   for (const auto& [name, f] : std::vector<std::pair<const char*, std::function<void()>>>{
            {"NPUB_SIM_MEMORY", device_options},
            {"NPUB_SIM_THREADS", device_options},
+           {"NPUB_SIM_SPIN_US", device_options},
            {"NPUB_LAUNCH_BLOCKING", device_options},
            {"NPUB_DTYPE_CONVERSION", dispatcher_options},
            {"NPUB_OPT_LEVEL", dispatcher_options},
@@ -130,6 +131,16 @@ TEST(Env, SimThreads) {
     EXPECT_EQ(error_with("NPUB_SIM_THREADS", bad, device_options),
               std::string("NPUB_SIM_THREADS: expected a compute thread count from 1 to 1024 but found '") +
                   bad + "'");
+}
+
+TEST(Env, SimSpin) {
+  for (const char* good : {"0", "50", "1000000"})
+    EXPECT_EQ(error_with("NPUB_SIM_SPIN_US", good, device_options), "");
+  for (const char* bad : {"-1", "1000001", "2ms", "fast"})
+    EXPECT_EQ(
+        error_with("NPUB_SIM_SPIN_US", bad, device_options),
+        std::string("NPUB_SIM_SPIN_US: expected a spin time in microseconds from 0 to 1000000 but found '") +
+            bad + "'");
 }
 
 TEST(Env, LaunchBlockingAndDtypeConversionAreFlags) {

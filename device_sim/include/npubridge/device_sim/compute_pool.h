@@ -28,7 +28,7 @@ namespace npub::sim {
 class ComputePool {
  public:
   using Body = void (*)(void* user, int64_t begin, int64_t end);
-  static constexpr std::chrono::nanoseconds kDefaultSpin = std::chrono::microseconds(100);
+  static constexpr std::chrono::microseconds kDefaultSpin{2000};
 
   // num_threads counts the calling thread: a pool of n starts n - 1 workers.
   // `spin`: how long a thread polls for work (a worker) or for the other

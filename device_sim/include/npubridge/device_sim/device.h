@@ -4,6 +4,8 @@
 //   NPUB_SIM_DEVICES     number of devices (default 2)
 //   NPUB_SIM_MEMORY      capacity per device, e.g. 16G (default 16 GiB)
 //   NPUB_SIM_THREADS     compute threads per device (default: hardware threads)
+//   NPUB_SIM_SPIN_US     microseconds a compute thread polls for work before
+//                        it sleeps (default ComputePool::kDefaultSpin)
 //   NPUB_LAUNCH_BLOCKING 1 = streams run work inline (default 0)
 //   NPUB_VALIDATE        1 = guard zones around device memory blocks (Note
 //                        [Guard zones], caching_allocator.h; default 0)
@@ -15,6 +17,7 @@
 #include <npubridge/device_sim/generator.h>
 #include <npubridge/device_sim/stream.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -26,6 +29,9 @@ struct DeviceOptions {
   int num_devices = 2;
   uint64_t memory_bytes = 16ull << 30;
   int compute_threads = 0;  // 0 = std::thread::hardware_concurrency()
+  // How long a compute thread polls for work before it sleeps (Note
+  // [Compute threads spin before they sleep], compute_pool.cpp).
+  std::chrono::microseconds spin = ComputePool::kDefaultSpin;
   bool launch_blocking = false;
   size_t guard_bytes = 0;  // Note [Guard zones]: CachingAllocator::kGuardBytes under NPUB_VALIDATE=1
   static DeviceOptions from_env();
