@@ -430,3 +430,38 @@ def test_elementwise_on_views_walks_every_row(view):
     for got, want in ((-xn, -xv), (xn + yn, xv + yv), (xn * yv.contiguous().npu(), xv * yv.contiguous())):
         assert torch.equal(got.cpu(), want)
     assert_no_fallbacks()
+
+
+def test_elementwise_rows_come_in_batches():
+    # Note [Rows come in batches] in plugins/cann_like/src/common.h: the rows
+    # of a call are consecutive along the next dim, a batch may start and end
+    # inside that dim (a compute thread's range), and a binary op's input may
+    # be one value per row. [7,5,131,8] is 4585 rows of 8: two threads split
+    # it at row 2293, inside dim 2. Every op here is correctly rounded.
+    torch.manual_seed(0)
+    q = torch.randn(7, 131, 5, 8).transpose(1, 2)  # a rotary embedding's q: rows of 8, strided
+    cos = torch.randn(1, 1, 131, 8)
+    per_row = torch.randn(7, 5, 131, 1)
+    t1, t2 = torch.randn(7, 5, 131, 8), torch.randn(7, 5, 131, 8)
+    qn, cosn, prn, t1n, t2n = (t.npu() for t in (q, cos, per_row, t1, t2))
+    npubridge.reset_stats()
+    cases = [
+        (qn * cosn, q * cos),
+        (-qn, -q),
+        (qn * prn, q * per_row),  # one value per row, stride 0 along it
+        (prn.expand(7, 5, 131, 8) - qn, per_row.expand(7, 5, 131, 8) - q),
+        (torch.addcmul(qn, t1n, t2n), None),
+        (qn.contiguous(), q.contiguous()),
+    ]
+    for got, want in cases[:4] + cases[5:]:
+        assert torch.equal(got.cpu(), want)
+    # A strided output (its rows are not unit-stride: the per-row loop).
+    out = torch.empty(7, 5, 8, 131).npu().transpose(2, 3)
+    torch.mul(t1n, cosn, out=out)
+    assert torch.equal(out.cpu(), t1 * cos)
+    # addcmul rounds the product before the sum on npu as fma may not: check
+    # against float64 with one rounding of slack per step.
+    exact = q.double() + t1.double() * t2.double()
+    err = (cases[4][0].cpu().double() - exact).abs()
+    assert (err <= 2 * torch.finfo(torch.float32).eps * (q.double().abs() + (t1.double() * t2.double()).abs())).all()
+    assert_no_fallbacks()

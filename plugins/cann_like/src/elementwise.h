@@ -111,6 +111,33 @@ void bf16_binary_contiguous(HalfBinaryOp op, float alpha, const uint16_t* a, con
   template <typename Fn>                                                                                   \
   target_attr void f32_loop_sb_##suffix(float* o, float a, const float* b, int64_t n, Fn fn) {             \
     for (int64_t j = 0; j < n; ++j) o[j] = fn(a, b[j]);                                                    \
+  }                                                                                                        \
+  /* `rows` rows of n, operand i's next row rs[i] floats on (Note [Rows come in batches]); bcast 1 or 2:   \
+  input 1 or 2 of a binary fn is one value per row (stride 0 along it). */                                 \
+  template <typename Fn>                                                                                   \
+  target_attr void f32_loop_rows_##suffix(float* o, const float* a, const float* b, const float* c,        \
+                                          int64_t n, int64_t rows, const int64_t* rs, int bcast, Fn fn) {  \
+    for (int64_t r = 0; r < rows; ++r) {                                                                   \
+      float* orow = o + r * rs[0];                                                                         \
+      const float* arow = a + r * rs[1];                                                                   \
+      if constexpr (std::is_invocable_v<Fn, float>) {                                                      \
+        for (int64_t j = 0; j < n; ++j) orow[j] = fn(arow[j]);                                             \
+      } else if constexpr (std::is_invocable_v<Fn, float, float>) {                                        \
+        const float* brow = b + r * rs[2];                                                                 \
+        if (bcast == 2) {                                                                                  \
+          const float bv = *brow;                                                                          \
+          for (int64_t j = 0; j < n; ++j) orow[j] = fn(arow[j], bv);                                       \
+        } else if (bcast == 1) {                                                                           \
+          const float av = *arow;                                                                          \
+          for (int64_t j = 0; j < n; ++j) orow[j] = fn(av, brow[j]);                                       \
+        } else {                                                                                           \
+          for (int64_t j = 0; j < n; ++j) orow[j] = fn(arow[j], brow[j]);                                  \
+        }                                                                                                  \
+      } else {                                                                                             \
+        const float *brow = b + r * rs[2], *crow = c + r * rs[3];                                          \
+        for (int64_t j = 0; j < n; ++j) orow[j] = fn(arow[j], brow[j], crow[j]);                           \
+      }                                                                                                    \
+    }                                                                                                      \
   }
 CANN_LIKE_F32_LOOPS(avx512, __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))))
 CANN_LIKE_F32_LOOPS(avx2, __attribute__((target("avx2,fma"))))
@@ -160,7 +187,7 @@ void run_elementwise(const Call& call, const Iter& it, Fn fn) {
     half_typed = it.dt[0] == DT::f16 || it.dt[0] == DT::bf16;
     for (int i = 1; i < it.nops; ++i) half_typed = half_typed && it.dt[i] == it.dt[0];
   }
-  for_each_row(call, it, [&](char** p, const int64_t* s, int64_t n) {
+  auto row = [&](char** p, const int64_t* s, int64_t n) {
     if constexpr (std::is_same_v<T, float> && std::is_same_v<R, float>) {
       bool unit2 = half_typed;
       for (int i = 0; i <= K; ++i) unit2 = unit2 && s[i] == 2;
@@ -251,6 +278,35 @@ void run_elementwise(const Call& call, const Iter& it, Fn fn) {
     for (int64_t j = 0; j < n; ++j) {
       for (int i = 0; i < K; ++i) v[i] = load<T>(p[i + 1] + j * s[i + 1], it.dt[i + 1]);
       store<R>(p[0] + j * s[0], it.dt[0], apply(v));
+    }
+  };
+  for_each_rows(call, it, [&](char** p, const int64_t* s, int64_t n, int64_t count, const int64_t* rs) {
+    if constexpr (std::is_same_v<T, float> && std::is_same_v<R, float>) {
+      // Short float32 rows of unit stride and whole-float row steps: one
+      // call for the batch (Note [Rows come in batches]).
+      // A binary op's input may be one value per row (x * rstd[..., 1]).
+      int bcast = 0;
+      if (K == 2 && s[2] == 0 && s[1] == 4) bcast = 2;
+      if (K == 2 && s[1] == 0 && s[2] == 4) bcast = 1;
+      bool unit_rows = typed && count > 1;
+      int64_t rs_f[4] = {};
+      for (int i = 0; i <= K && unit_rows; ++i) {
+        unit_rows = (s[i] == 4 || (i == bcast && i > 0)) && rs[i] % 4 == 0;
+        rs_f[i] = rs[i] / 4;
+      }
+      if (unit_rows) {
+        const float* in[3] = {};
+        for (int i = 0; i < K; ++i) in[i] = reinterpret_cast<const float*>(p[i + 1]);
+        CANN_LIKE_F32_LOOP(_rows, reinterpret_cast<float*>(p[0]), in[0], in[1], in[2], n, count, rs_f, bcast,
+                           fn);
+        return;
+      }
+    }
+    char* q[4];
+    for (int i = 0; i <= K; ++i) q[i] = p[i];
+    for (int64_t r = 0; r < count; ++r) {
+      row(q, s, n);
+      for (int i = 0; i <= K; ++i) q[i] += rs[i];
     }
   });
 }
