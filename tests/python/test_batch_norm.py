@@ -73,7 +73,7 @@ def test_untracked_and_eval_only_leave_no_stats():
 # same formula in float32 (calibration) and float64 (reference). Half and
 # bfloat16 inputs accumulate in float32, as CUDA does: their statistics come
 # back in float32, their elementwise results in the input's dtype.
-_SHAPES = [(16, 6), (8, 6, 5), (4, 8, 5, 5), (2, 3, 4, 4, 4)]
+_SHAPES = [(16, 6), (8, 6, 5), (4, 8, 5, 5), (2, 3, 4, 4, 4), (16, 32, 2, 2)]  # the last: Note [BatchNorm on small planes]
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 _EPS = 1e-5
 

@@ -14,9 +14,11 @@
 #include "elementwise.h"
 #include "ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace cann_like {
 
@@ -176,6 +178,16 @@ void normalize(Call& call, const ForwardArgs& a, int64_t channels, DT pd, const 
   const ChannelVector sm{&save_mean, pd}, si{&save_invstd, pd};
   const char* xb = a.input.data<char>();
   char* yb = y.data<char>();
+  // Note [BatchNorm on small planes]
+  // A ResNet's last stages have planes of 2x2 or 4x4: a loop call per
+  // (sample, channel) run of 4 or 16 floats made the eval forward of
+  // [16,256,2,2] 45 us against ATen's 29. Planes under kShortPlane floats
+  // keep each channel's four float32 constants here, and the runs are
+  // normalised afterwards, samples split over the threads, in one inline
+  // loop per run.
+  constexpr int64_t kShortPlane = 64;
+  const bool short_f32 = D == DT::f32 && len < kShortPlane;
+  std::vector<float> consts(short_f32 ? static_cast<size_t>(4 * channels) : 0);
   call.parallel_for(0, channels, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
       double mean, invstd;
@@ -215,6 +227,11 @@ void normalize(Call& call, const ForwardArgs& a, int64_t channels, DT pd, const 
         // of the one rounded from double, at twice the vector width.
         const float hi = static_cast<float>(mean), lo = static_cast<float>(mean - static_cast<double>(hi));
         const float sc = static_cast<float>(scale), sh = static_cast<float>(shift);
+        if (short_f32) {
+          float* k = consts.data() + 4 * c;
+          k[0] = hi, k[1] = lo, k[2] = sc, k[3] = sh;
+          continue;
+        }
         auto fn = [ hi, lo, sc, sh ](float v) __attribute__((always_inline)) {
           return ((v - hi) - lo) * sc + sh;
         };
@@ -233,6 +250,22 @@ void normalize(Call& call, const ForwardArgs& a, int64_t channels, DT pd, const 
       }
     }
   });
+  if (!short_f32) return;
+  // See Note [BatchNorm on small planes].
+  const float* x = a.input.data<float>();
+  float* out = y.data<float>();
+  const int64_t sample = channels * len;
+  call.parallel_for(0, pl.batch, std::max<int64_t>(1, 4096 / std::max<int64_t>(sample, 1)),
+                    [&](int64_t n0, int64_t n1) {
+                      for (int64_t n = n0; n < n1; ++n)
+                        for (int64_t c = 0; c < channels; ++c) {
+                          const float* k = consts.data() + 4 * c;
+                          const float hi = k[0], lo = k[1], sc = k[2], sh = k[3];
+                          const float* xr = x + n * sample + c * len;
+                          float* yr = out + n * sample + c * len;
+                          for (int64_t i = 0; i < len; ++i) yr[i] = ((xr[i] - hi) - lo) * sc + sh;
+                        }
+                    });
 }
 
 void batch_norm_forward(Call& call, const ForwardArgs& a) {
