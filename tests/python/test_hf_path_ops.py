@@ -465,3 +465,22 @@ def test_elementwise_rows_come_in_batches():
     err = (cases[4][0].cpu().double() - exact).abs()
     assert (err <= 2 * torch.finfo(torch.float32).eps * (q.double().abs() + (t1.double() * t2.double()).abs())).all()
     assert_no_fallbacks()
+
+
+@pytest.mark.parametrize("shape, dims", [((16, 256, 2, 2), (2, 3)), ((16, 128, 4, 4), (2, 3)), ((4, 3, 5), (-1,)),
+                                         ((6, 33), (1,))])
+def test_sum_and_mean_of_short_trailing_runs(shape, dims):
+    # reduce.cpp's short-run path (a global average pool over 2x2 or 4x4
+    # planes): each run summed in double, so the float32 result is the
+    # float64 one rounded once (within one float32 ulp, half an ulp each way).
+    torch.manual_seed(0)
+    x = torch.randn(shape) * 3 + 1
+    xn = x.npu()
+    npubridge.reset_stats()
+    for got, exact in ((xn.mean(dims), x.double().mean(dims)), (xn.sum(dims, keepdim=True),
+                                                                 x.double().sum(dims, keepdim=True))):
+        got = got.cpu()
+        assert got.dtype == torch.float32 and got.shape == exact.shape
+        ulp = torch.finfo(torch.float32).eps * exact.abs().clamp_min(torch.finfo(torch.float32).tiny)
+        assert ((got.double() - exact).abs() <= ulp).all()
+    assert_no_fallbacks()

@@ -153,6 +153,19 @@ bool sum_leading_dims(const Call& call, const Reduction& r) {
     const float* xf = reinterpret_cast<const float*>(x);
     if (outer >= call.num_threads() || rows < (1 << 15)) {
       call.parallel_for(0, outer, std::max<int64_t>(1, (1 << 14) / rows), [&](int64_t b, int64_t e) {
+        if (rows <= 32 && od == DT::f32) {
+          // Short runs (a ResNet's global average pool over 2x2 or 4x4
+          // planes): one inline double sum per run, in order, and a float
+          // store, not a call per run and a store through the dtype switch.
+          float* of = reinterpret_cast<float*>(o);
+          for (int64_t i = b; i < e; ++i) {
+            const float* xr = xf + i * rows;
+            double acc = 0;
+            for (int64_t j = 0; j < rows; ++j) acc += xr[j];
+            of[i] = static_cast<float>(kMean ? acc / static_cast<double>(rows) : acc);
+          }
+          return;
+        }
         for (int64_t i = b; i < e; ++i) emit(i, sum_f32_to_f64(xf + i * rows, rows));
       });
       return true;
