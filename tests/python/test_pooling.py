@@ -38,6 +38,8 @@ GEOMETRIES = {
     "dilation 2, ceil_mode": ((2, 2, 19, 27), 3, 2, 1, 2, True),
     "stride 1 (one phase)": ((1, 2, 9, 24), (2, 3), 1, (1, 1), 1, False),
     "3-d input, rows of fewer than 8 windows": ((5, 9, 9), 3, 2, 1, 1, True),
+    # over 1 MiB a plane: its rows are split as they are read, not once per plane
+    "a large plane, 3x3 stride 2": ((2, 1, 520, 530), 3, 2, 1, 1, False),
 }
 
 

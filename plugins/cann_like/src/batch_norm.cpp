@@ -184,7 +184,9 @@ void normalize(Call& call, const ForwardArgs& a, int64_t channels, DT pd, const 
   // [16,256,2,2] 45 us against ATen's 29. Planes under kShortPlane floats
   // keep each channel's four float32 constants here, and the runs are
   // normalised afterwards, samples split over the threads, in one inline
-  // loop per run.
+  // loop per run. That loop is compiled for the baseline ISA (no FMA), so a
+  // result may differ by an ulp from the per-ISA loop's of a larger plane;
+  // both are within the few ulp of the double result said below.
   constexpr int64_t kShortPlane = 64;
   const bool short_f32 = D == DT::f32 && len < kShortPlane;
   std::vector<float> consts(short_f32 ? static_cast<size_t>(4 * channels) : 0);

@@ -500,7 +500,9 @@ void for_each_rows(const Call& call, const Iter& it, Rows&& rows_fn) {
                           // and a call per row (its loop chosen per row)
                           // took 3x ATen's time.
                           const int64_t count = std::min(shape[kd - 2] - idx[kd - 2], te - t);
-                          rows_fn(p0, inner_stride, inner, count, row_stride);
+                          char* p[4];  // the callback's copy: p0 is the walk's position
+                          for (int i = 0; i < it.nops; ++i) p[i] = p0[i];
+                          rows_fn(p, inner_stride, inner, count, row_stride);
                           t += count;
                           idx[kd - 2] += count;
                           for (int i = 0; i < it.nops; ++i) p0[i] += count * row_stride[i];

@@ -113,21 +113,26 @@ struct MaxPoolF32 {
 
 CANN_LIKE_ISA_BODY void max_pool_f32_body(const MaxPoolF32& a, int64_t plane_begin, int64_t plane_end) {
   const Pool2d& p = *a.p;
-  // The plane's rows split into their phases once per plane: with a
-  // stride below the window's height an input row is read by several
-  // output rows.
+  // The plane's rows are split into their phases once per plane when the
+  // plane is small (with a stride below the window's height an input row is
+  // read by several output rows); a larger plane's rows are split as they
+  // are read, one row's buffer only.
+  constexpr int64_t kWholePlaneBytes = int64_t{1} << 20;
   const int64_t phase_len = (p.w + p.sw - 1) / p.sw, row_len = p.sw * phase_len;
-  std::vector<float> best(static_cast<size_t>(p.ow)), phases(static_cast<size_t>(p.h * row_len));
+  const bool whole_plane = p.h * row_len * static_cast<int64_t>(sizeof(float)) <= kWholePlaneBytes;
+  std::vector<float> best(static_cast<size_t>(p.ow)),
+      phases(static_cast<size_t>((whole_plane ? p.h : 1) * row_len));
   std::vector<int32_t> best_at(static_cast<size_t>(p.ow));
   float* __restrict bv = best.data();
   int32_t* __restrict bi = best_at.data();
+  auto split_row = [&](int64_t pl, int64_t iy, float* __restrict ph) {
+    const float* xr = a.x + (pl * p.h + iy) * p.w;
+    for (int64_t r = 0; r < p.sw; ++r)
+      for (int64_t m = r, k = r * phase_len; m < p.w; m += p.sw, ++k) ph[k] = xr[m];
+  };
   for (int64_t pl = plane_begin; pl < plane_end; ++pl) {
-    for (int64_t iy = 0; iy < p.h; ++iy) {
-      const float* xr = a.x + (pl * p.h + iy) * p.w;
-      float* __restrict ph = phases.data() + iy * row_len;
-      for (int64_t r = 0; r < p.sw; ++r)
-        for (int64_t m = r, k = r * phase_len; m < p.w; m += p.sw, ++k) ph[k] = xr[m];
-    }
+    if (whole_plane)
+      for (int64_t iy = 0; iy < p.h; ++iy) split_row(pl, iy, phases.data() + iy * row_len);
     for (int64_t oy = 0; oy < p.oh; ++oy) {
       for (int64_t ox = 0; ox < p.ow; ++ox) {
         bv[ox] = -std::numeric_limits<float>::infinity();
@@ -136,7 +141,8 @@ CANN_LIKE_ISA_BODY void max_pool_f32_body(const MaxPoolF32& a, int64_t plane_beg
       for (int64_t i = 0; i < p.kh; ++i) {
         const int64_t iy = oy * p.sh - p.ph + i * p.dh;
         if (iy < 0 || iy >= p.h) continue;
-        const float* ph = phases.data() + iy * row_len;
+        const float* ph = phases.data() + (whole_plane ? iy * row_len : 0);
+        if (!whole_plane) split_row(pl, iy, phases.data());
         for (int64_t j = 0; j < p.kw; ++j) {
           const int64_t off = j * p.dw - p.pw;  // the tap's column is ox * sw + off
           const int64_t r = (off % p.sw + p.sw) % p.sw;
