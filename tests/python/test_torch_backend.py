@@ -309,6 +309,32 @@ def test_random_ops_run_on_the_device_and_follow_the_seed():
     assert torch.equal(d1.cpu(), d2.cpu())
 
 
+def test_exponential_and_in_place_cumsum_run_on_the_device():
+    """What vLLM's sampler runs at temperature > 0: exponential_ (the
+    Gumbel-max trick divides the probabilities by it) and the in-place
+    cumsum_ of top-p."""
+    npubridge.reset_stats()
+    torch.manual_seed(3)
+    q = torch.empty(200_000, device="npu").exponential_(2.0).cpu().double()
+    torch.manual_seed(3)
+    assert torch.equal(torch.empty(200_000, device="npu").exponential_(2.0).cpu().double(), q)
+    # Exp(2): mean 1/2, variance 1/4; the sample mean's standard error is
+    # 0.5 / sqrt(2e5) ~ 1.1e-3, the variance's about 1.7e-3: 6 sigma bounds.
+    assert q.min().item() > 0 and torch.isfinite(q).all()
+    assert abs(q.mean().item() - 0.5) < 7e-3 and abs(q.var().item() - 0.25) < 1.1e-2
+    with pytest.raises(RuntimeError, match=r"exponential_ expects lambda > 0.0, but found lambda=-1"):
+        torch.empty(4, device="npu").exponential_(-1.0)
+    x = torch.rand(4, 1000)
+    xn = x.npu()
+    xn.cumsum_(-1)
+    # float64 accumulation rounded once to float32: within an ulp of the
+    # float64 sums (at most 1000).
+    ref = x.double().cumsum(-1)
+    assert ((xn.cpu().double() - ref).abs() <= ref.abs() * 2**-23).all()
+    s = npubridge.stats()
+    assert s["aten::exponential_"]["fallbacks"] == 0 and s["aten::cumsum.out"]["fallbacks"] == 0
+
+
 def test_plugin_ops_appear_under_torch_ops():
     assert set(npubridge.routed_ops()["custom"]) >= {"mindspeed_like::npu_rms_norm", "vllm_like::silu_and_mul",
                                                       "cann_like::conv2d_bias_relu"}

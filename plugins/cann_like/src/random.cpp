@@ -1,5 +1,6 @@
 // Random fills on the call's Philox stream (plugin ABI 1.1): uniform_,
-// normal_ (Box-Muller), bernoulli_, random_ (integers in a range). The stream is the caller's generator
+// normal_ (Box-Muller), bernoulli_, exponential_ (inverse CDF), random_
+// (integers in a range). The stream is the caller's generator
 // (torch.Generator(device="npu")) or the device's default one (seeded by
 // torch.npu.manual_seed / torch.manual_seed): philox_reserve picks it.
 // Independent of thread count, as every element's numbers depend only on
@@ -19,7 +20,7 @@ namespace cann_like {
 
 namespace {
 
-enum class Dist { uniform, normal, bernoulli };
+enum class Dist { uniform, normal, bernoulli, exponential };
 
 // A double as C++ streams print it (6 significant digits: "3e+38").
 std::string shortest(double v) {
@@ -51,7 +52,7 @@ void fill_random(Call& call) {
   TensorRef self = call.tensor(0);
   const DT d = dt_of(self.dtype());
   const double a = call.double_arg(1);
-  const double b = kDist == Dist::bernoulli ? 0.0 : call.double_arg(2);
+  const double b = kDist == Dist::bernoulli || kDist == Dist::exponential ? 0.0 : call.double_arg(2);
   if (kDist == Dist::uniform) check_uniform_bounds(call, d, a, b);
   if (kDist == Dist::uniform && !(a <= b))
     call.fail(NPUB_ERR_INVALID_ARGUMENT, "uniform_ expects to return a [from, to) range, but found from=" +
@@ -61,6 +62,9 @@ void fill_random(Call& call) {
   if (kDist == Dist::bernoulli && !(a >= 0 && a <= 1))
     call.fail(NPUB_ERR_INVALID_ARGUMENT,
               "bernoulli_ expects p to be in [0, 1], but got p=" + std::to_string(a));
+  if (kDist == Dist::exponential && !(a > 0))
+    call.fail(NPUB_ERR_INVALID_ARGUMENT,
+              "exponential_ expects lambda > 0.0, but found lambda=" + shortest(a));
   if (!is_floating(d) && kDist != Dist::bernoulli)
     call.fail(NPUB_ERR_UNSUPPORTED, std::string("random fill of dtype ") + dt_name(d));
   const int64_t n = self.numel(), es = dt_size(d);
@@ -84,6 +88,11 @@ void fill_random(Call& call) {
           const double u = static_cast<double>(r[static_cast<size_t>(k)] >> 8) / 16777216.0;  // [0, 1)
           if constexpr (kDist == Dist::uniform)
             v[k] = std::min(a + (b - a) * u, std::nextafter(b, a));
+          else if constexpr (kDist == Dist::exponential)
+            // -log(u) / lambda with u in (0, 1) (half a step off both
+            // ends): never 0, as ATen's exponential_ never is (vLLM's
+            // sampler divides by it), and finite.
+            v[k] = -std::log(u + 0.5 / 16777216.0) / a;
           else
             v[k] = u < a ? 1.0 : 0.0;
         }
@@ -192,6 +201,10 @@ void register_random(npub::sdk::Registrar& r) {
   r.op("aten::bernoulli_.float(Tensor(a!) self, float p=0.5, *, Generator? generator=None) -> Tensor(a!)",
        &fill_random<Dist::bernoulli>)
       .dtypes(dtypes_all())
+      .contiguous_only();
+  r.op("aten::exponential_(Tensor(a!) self, float lambd=1., *, Generator? generator=None) -> Tensor(a!)",
+       &fill_random<Dist::exponential>)
+      .dtypes(dtypes_floating())
       .contiguous_only();
   r.op("aten::random_.from(Tensor(a!) self, int from, int? to, *, Generator? generator=None) -> Tensor(a!)",
        &random_from)

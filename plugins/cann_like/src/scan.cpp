@@ -48,7 +48,10 @@ void register_scan(npub::sdk::Registrar& r) {
   r.op("aten::cumsum.out(Tensor self, int dim, *, ScalarType? dtype=None, Tensor(a!) out) -> Tensor(a!)",
        &cumsum)
       .dtypes(all)
-      .any_dtype("out");  // the dtype= argument or integer promotion sets it; the body checks it
+      .any_dtype("out")  // the dtype= argument or integer promotion sets it; the body checks it
+      // x.cumsum_(dim) (vLLM's top-p sampler): each line reads element j
+      // before it writes element j and never reads it again.
+      .alias_safe();
 }
 
 }  // namespace cann_like
