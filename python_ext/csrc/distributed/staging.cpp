@@ -2,6 +2,7 @@
 #include "distributed/staging.h"
 
 #include <ATen/ops/empty.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
 #include <npubridge/device_sim/copy_engine.h>
@@ -18,7 +19,16 @@ StagingLease::~StagingLease() {
   if (pool_ && bytes_.defined()) pool_->give_back(std::move(bytes_));
 }
 
+// Note [Staging tensors are never inference tensors]
+// A caller under torch.inference_mode() (vLLM's engine runs its steps under
+// it) would make the staging buffers, and the views of them each
+// collective takes, inference tensors; gloo's own threads, which run
+// outside inference mode, then refuse to write into them ("Inplace update
+// to inference tensor outside InferenceMode"). They are internal buffers
+// no autograd ever sees, so they are made and viewed outside inference
+// mode whatever the caller's.
 at::Tensor StagingLease::as(at::ScalarType dtype, int64_t numel, int64_t offset) const {
+  c10::InferenceMode not_inference(/*enabled=*/false);
   const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
   TORCH_INTERNAL_ASSERT((offset + numel) * elem <= bytes_.numel(), "staging lease overrun");
   at::Tensor flat = bytes_.view(dtype);  // capacity is a multiple of 8 bytes
@@ -39,6 +49,7 @@ StagingLease StagingPool::acquire(size_t nbytes) {
       return StagingLease(shared_from_this(), std::move(bytes));
     }
   }
+  c10::InferenceMode not_inference(/*enabled=*/false);  // Note [Staging tensors are never inference tensors]
   at::Tensor bytes =
       at::empty({static_cast<int64_t>(capacity)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
   return StagingLease(shared_from_this(), std::move(bytes));
