@@ -1827,6 +1827,7 @@ const std::map<std::string, SampleFn>& sample_specs() {
     m["aten::uniform_"] = random_fill_spec({{IValue(0.0), IValue(1.0)}, {IValue(-2.0), IValue(3.0)}});
     m["aten::normal_"] = random_fill_spec({{IValue(0.0), IValue(1.0)}, {IValue(2.0), IValue(0.5)}});
     m["aten::bernoulli_.float"] = random_fill_spec({{IValue(0.3)}, {IValue(0.9)}});
+    m["aten::exponential_"] = random_fill_spec({{IValue(1.0)}, {IValue(2.5)}});
     m["aten::index.Tensor_out"] = index_tensor_spec();
     m["aten::index_put_"] = index_put_spec();
     m["aten::nonzero"] = nonzero_spec();
@@ -1888,6 +1889,15 @@ const std::map<std::string, PropertyFn>& property_checks() {
          const at::Tensor d = got[0].to(at::kDouble);
          if (!d.eq(0).logical_or(d.eq(1)).all().item<bool>()) return "values other than 0 and 1";
          return check_moments(got[0], p, std::sqrt(p * (1 - p)), 0, 1);
+       }},
+      {"aten::exponential_",
+       [](const std::vector<IValue>& a, const std::vector<at::Tensor>& got) -> std::string {
+         // Exp(lambda): mean and standard deviation 1 / lambda, never 0
+         // (ATen's exponential_ excludes it: vLLM's sampler divides by it).
+         const double l = a[1].toDouble();
+         if (got.size() != 1 || !got[0].sizes().equals(a[0].toTensor().sizes())) return "expected self back";
+         if (!got[0].to(at::kDouble).gt(0).all().item<bool>()) return "a value <= 0";
+         return check_moments(got[0], 1 / l, 1 / l, 0, 1e30);
        }},
       {"aten::random_.from",
        [](const std::vector<IValue>& a, const std::vector<at::Tensor>& got) -> std::string {

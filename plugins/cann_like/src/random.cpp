@@ -91,8 +91,9 @@ void fill_random(Call& call) {
           else if constexpr (kDist == Dist::exponential)
             // -log(u) / lambda with u in (0, 1) (half a step off both
             // ends): never 0, as ATen's exponential_ never is (vLLM's
-            // sampler divides by it), and finite.
-            v[k] = -std::log(u + 0.5 / 16777216.0) / a;
+            // sampler divides by it), and finite; in float16 at least its
+            // smallest subnormal, which the smallest draws would round below.
+            v[k] = std::max(-std::log(u + 0.5 / 16777216.0) / a, d == DT::f16 ? 0x1p-24 : 0.0);
           else
             v[k] = u < a ? 1.0 : 0.0;
         }
