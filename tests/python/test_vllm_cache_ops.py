@@ -75,6 +75,39 @@ def test_reshape_and_cache_flash(dtype):
     assert torch.equal(kn.cpu(), ek) and torch.equal(vn.cpu(), ev)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reshape_and_cache_flash_through_strides_as_vllm_lays_it_out(dtype):
+    """vLLM's layout (npubridge.vllm.attention): one [blocks, kv_heads,
+    block_size, 2 * head_size] tensor per layer, key and value the two
+    halves of its last dim seen as [blocks, block_size, kv_heads, head_size]
+    views, and key and value slices of the fused qkv projection. Written in
+    place through the strides, nothing else of the tensor touched."""
+    torch.manual_seed(2)
+    nb, bs, kvh, d, h, tokens = 5, 16, 2, 16, 4, 37
+    kv = torch.randn(nb, kvh, bs, 2 * d).to(dtype)
+    qkv = torch.randn(tokens, (h + 2 * kvh) * d).to(dtype)
+    slots = torch.randperm(nb * bs)[:tokens]
+    slots[5] = -1
+    kvn, qkvn = kv.to("npu"), qkv.to("npu")
+
+    def views(kv_, qkv_):
+        kc, vc = kv_.transpose(1, 2).split(d, dim=-1)
+        _, k, v = qkv_.split([h * d, kvh * d, kvh * d], dim=-1)
+        return kc, vc, k.view(tokens, kvh, d), v.view(tokens, kvh, d)
+
+    kcn, vcn, kn, vn = views(kvn, qkvn)
+    assert not kcn.is_contiguous() and not kn.is_contiguous()
+    npubridge.reset_stats()
+    ops.reshape_and_cache_flash(kn, vn, kcn, vcn, slots.to("npu"), "auto", 1.0, 1.0)
+    assert npubridge.stats()["vllm_like::reshape_and_cache_flash"]["fallbacks"] == 0
+    expected = kv.clone()
+    kc, vc, k, v = views(expected, qkv)
+    for t, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            kc[slot // bs, slot % bs], vc[slot // bs, slot % bs] = k[t], v[t]
+    assert torch.equal(kvn.cpu(), expected)
+
+
 def test_cache_written_by_reshape_and_cache_serves_paged_attention():
     torch.manual_seed(1)
     n, h, kvh, d, bs = 45, 4, 2, 64, 16
@@ -179,3 +212,54 @@ def test_cache_op_errors_by_message():
         ops.copy_blocks([kn], [vn], [(0, 2)])
     with pytest.raises(RuntimeError, match=r"copy_blocks: value_caches: expected one per key cache \(1\) but found 2"):
         ops.copy_blocks([kn], [vn, vn.clone()], [(0, 1)])
+
+
+# Errors of the cache ops' arguments (from the retired engine's user-error tests).
+
+
+def _legacy_cache_lists(num_blocks=4, kv_heads=2, head_size=8, block_size=8, layers=2):
+    from npubridge.vllm import _custom_ops
+    kshape, vshape = _custom_ops.legacy_cache_shapes(num_blocks, kv_heads, head_size, block_size, torch.float32)
+    return ([torch.randn(kshape).to("npu") for _ in range(layers)],
+            [torch.randn(vshape).to("npu") for _ in range(layers)])
+
+
+def test_copy_blocks_refuses_empty_lists_and_overlapping_caches():
+    from npubridge.vllm import _custom_ops
+    with pytest.raises(RuntimeError, match="copy_blocks: key_caches, value_caches: expected one cache per layer but "
+                       "found lists of 0 and 0"):
+        _custom_ops.copy_blocks([], [], [(0, 3)])
+    keys, values = _legacy_cache_lists()
+    with pytest.raises(RuntimeError, match="value_caches\\[1\\] and key_caches\\[0\\] overlap|key_caches\\[0\\] and "
+                       "value_caches\\[1\\] overlap"):
+        _custom_ops.copy_blocks(keys, [values[0], keys[0]], [(0, 3)])
+    # Per-layer views of one allocation do not overlap: accepted, and copied.
+    whole = torch.randn((2, ) + tuple(keys[0].shape)).to("npu")
+    _custom_ops.copy_blocks([whole[0], whole[1]], values, [(0, 3)])
+    assert torch.equal(whole[1, 3].cpu(), whole[1, 0].cpu())
+
+
+def test_copy_blocks_kernel_refuses_caches_that_disagree():
+    keys, values = _legacy_cache_lists()
+    mapping = torch.tensor([[0, 3]]).to("npu")
+    # A value cache with another block size than the key cache's (16 tokens, not 8).
+    wrong_value = torch.zeros(4, 2, 8, 16).to("npu")
+    with pytest.raises(RuntimeError, match="value_caches\\[0\\]: expected the dtype and the block size .* of "
+                       "key_caches\\[0\\] \\(float32 \\[4, 2, 2, 8, 4\\]\\) but found float32 \\[4, 2, 8, 16\\]"):
+        torch.ops.vllm_like.copy_blocks([keys[0]], [wrong_value], mapping)
+    with pytest.raises(RuntimeError, match="key_caches\\[1\\]: expected key_caches\\[0\\]'s dtype and shape"):
+        torch.ops.vllm_like.copy_blocks([keys[0], keys[1][:, :1].contiguous()], values, mapping)
+    # A dtype mismatch is refused by the dispatcher (one dispatch dtype per call), naming the list.
+    with pytest.raises(RuntimeError, match="'value_caches' to be float32 .* but found float16"):
+        torch.ops.vllm_like.copy_blocks(keys, [values[0], values[1].half()], mapping)
+    # Empty lists never reach the kernel (the dispatch dtype would be block_mapping's int64): _custom_ops refuses them.
+
+
+def test_swap_blocks_of_0d_tensors_asks_for_a_block_dimension():
+    from npubridge.vllm import _custom_ops
+    msg = "swap_blocks: src, dst: expected caches with a block dimension \\(dim 0\\) but found shapes \\[\\] and \\[\\]"
+    with pytest.raises(RuntimeError, match=msg):
+        _custom_ops.swap_blocks(torch.tensor(1.0), torch.tensor(2.0), [(0, 0)])
+    with pytest.raises(RuntimeError, match=msg):
+        torch.ops.vllm_like.swap_blocks(torch.tensor(1.0).to("npu"), torch.tensor(2.0).to("npu"),
+                                        torch.zeros(1, 2, dtype=torch.int64).to("npu"))

@@ -73,10 +73,63 @@ void check_slots(const Call& call, const int64_t* slots, const ReshapeProblem& p
                                     ", or a negative one to skip the token)");
 }
 
-// Copies the tokens' keys and values into their slots: bit copies, so one
-// loop per element size serves every dtype of that size.
+// Copies the tokens' keys and values into their slots of the flash layout,
+// every tensor read and written through its strides: vLLM's key and value
+// are views of the fused qkv projection, and its caches views of one
+// [num_blocks, num_kv_heads, block_size, 2 * head_size] tensor per layer
+// (npubridge.vllm's attention backend: key and value interleaved per
+// token). Bit copies, one loop per element size; a head's row is one
+// memcpy where head_size is the innermost, unit-stride dim of both sides.
 template <typename Bits>
-void reshape_into(const Call& call, const ReshapeProblem& p, bool flash) {
+void reshape_into_flash(const Call& call, const ReshapeProblem& p) {
+  const TensorRef key = call.tensor(kKey), value = call.tensor(kValue);
+  const TensorRef kct = call.tensor(kKeyCache), vct = call.tensor(kValueCache);
+  const TensorRef slot_t = call.tensor(kSlotMapping);
+  const int64_t* slots = slot_t.data<int64_t>();
+  std::vector<int64_t> packed;  // a strided slot_mapping, read once into order
+  if (p.num_tokens > 1 && slot_t.stride(0) != 1) {
+    packed.resize(static_cast<size_t>(p.num_tokens));
+    for (int64_t t = 0; t < p.num_tokens; ++t) packed[static_cast<size_t>(t)] = slots[t * slot_t.stride(0)];
+    slots = packed.data();
+  }
+  check_slots(call, slots, p);
+  const int64_t H = p.cache.num_kv_heads, D = p.cache.head_size, B = p.cache.block_size;
+  struct Side {
+    const Bits* src;
+    int64_t ss[3];
+    Bits* dst;
+    int64_t ds[4];
+  };
+  const auto side = [&](const TensorRef& in, const TensorRef& cache) {
+    Side sd{in.data<Bits>(), {in.stride(0), in.stride(1), in.stride(2)}, cache.data<Bits>(), {}};
+    for (int32_t d = 0; d < 4; ++d) sd.ds[d] = cache.stride(d);
+    return sd;
+  };
+  const Side sides[2] = {side(key, kct), side(value, vct)};
+  call.parallel_for(0, p.num_tokens, std::max<int64_t>(1, 4096 / std::max<int64_t>(1, H * D)),
+                    [&](int64_t tb, int64_t te) {
+                      for (int64_t t = tb; t < te; ++t) {
+                        const int64_t slot = slots[t];
+                        if (slot < 0) continue;  // a padding token
+                        const int64_t block = slot / B, off = slot % B;
+                        for (const Side& sd : sides)
+                          for (int64_t h = 0; h < H; ++h) {
+                            const Bits* src = sd.src + t * sd.ss[0] + h * sd.ss[1];
+                            Bits* dst = sd.dst + block * sd.ds[0] + off * sd.ds[1] + h * sd.ds[2];
+                            if (sd.ss[2] == 1 && sd.ds[3] == 1) {
+                              std::memcpy(dst, src, sizeof(Bits) * static_cast<size_t>(D));
+                            } else {
+                              for (int64_t d = 0; d < D; ++d) dst[d * sd.ds[3]] = src[d * sd.ss[2]];
+                            }
+                          }
+                      }
+                    });
+}
+
+// The legacy layout's writes (contiguous tensors): bit copies, so one loop
+// per element size serves every dtype of that size.
+template <typename Bits>
+void reshape_into_legacy(const Call& call, const ReshapeProblem& p) {
   const TensorRef key = call.tensor(kKey), value = call.tensor(kValue);
   const Bits* pk = key.data<Bits>();
   const Bits* pv = value.data<Bits>();
@@ -94,11 +147,6 @@ void reshape_into(const Call& call, const ReshapeProblem& p, bool flash) {
                         const int64_t block = slot / B, off = slot % B;
                         const Bits* kt = pk + t * H * D;
                         const Bits* vt = pv + t * H * D;
-                        if (flash) {
-                          std::memcpy(kc + slot * H * D, kt, sizeof(Bits) * H * D);
-                          std::memcpy(vc + slot * H * D, vt, sizeof(Bits) * H * D);
-                          continue;
-                        }
                         for (int64_t h = 0; h < H; ++h) {
                           Bits* kb = kc + (block * H + h) * D * B;  // [D/x, B, x]
                           Bits* vb = vc + (block * H + h) * D * B;  // [D, B]
@@ -114,15 +162,20 @@ void reshape_into(const Call& call, const ReshapeProblem& p, bool flash) {
 void reshape_and_cache_meta(Call& call) { check_reshape(call, false); }
 void reshape_and_cache_flash_meta(Call& call) { check_reshape(call, true); }
 
-void reshape_any(Call& call, bool flash) {
-  const ReshapeProblem p = check_reshape(call, flash);
+void reshape_and_cache(Call& call) {
+  const ReshapeProblem p = check_reshape(call, false);
   if (call.tensor(kKey).dtype().bits == 32)
-    reshape_into<uint32_t>(call, p, flash);
+    reshape_into_legacy<uint32_t>(call, p);
   else
-    reshape_into<uint16_t>(call, p, flash);
+    reshape_into_legacy<uint16_t>(call, p);
 }
-void reshape_and_cache(Call& call) { reshape_any(call, false); }
-void reshape_and_cache_flash(Call& call) { reshape_any(call, true); }
+void reshape_and_cache_flash(Call& call) {
+  const ReshapeProblem p = check_reshape(call, true);
+  if (call.tensor(kKey).dtype().bits == 32)
+    reshape_into_flash<uint32_t>(call, p);
+  else
+    reshape_into_flash<uint16_t>(call, p);
+}
 
 // block_mapping int64 [n, 2] of (src, dst) pairs.
 void check_block_mapping(const Call& call, const TensorRef& m) {
@@ -283,13 +336,16 @@ void register_cache_ops(npub::sdk::Registrar& r) {
       "str kv_cache_dtype, float k_scale=1.0, float v_scale=1.0) -> ()";
   r.def((std::string("vllm_like::reshape_and_cache") + cache_args).c_str());
   r.def((std::string("vllm_like::reshape_and_cache_flash") + cache_args).c_str());
-  for (const char* op : {"vllm_like::reshape_and_cache", "vllm_like::reshape_and_cache_flash"})
-    r.kernel(op, op == std::string("vllm_like::reshape_and_cache") ? &reshape_and_cache
-                                                                   : &reshape_and_cache_flash)
-        .dtypes(kCacheDtypes)
-        .arg_dtypes("slot_mapping", {npub::sdk::kInt64})
-        .contiguous_only()
-        .opt_level(1);
+  r.kernel("vllm_like::reshape_and_cache", &reshape_and_cache)
+      .dtypes(kCacheDtypes)
+      .arg_dtypes("slot_mapping", {npub::sdk::kInt64})
+      .contiguous_only()
+      .opt_level(1);
+  // Strided: reshape_into_flash reads and writes through the strides.
+  r.kernel("vllm_like::reshape_and_cache_flash", &reshape_and_cache_flash)
+      .dtypes(kCacheDtypes)
+      .arg_dtypes("slot_mapping", {npub::sdk::kInt64})
+      .opt_level(1);
   r.meta<&reshape_and_cache_meta>("vllm_like::reshape_and_cache");
   r.meta<&reshape_and_cache_flash_meta>("vllm_like::reshape_and_cache_flash");
 

@@ -8,6 +8,10 @@
 
 #include <plugin_kernels/float_access.h>
 
+#include <immintrin.h>
+
+#include <cstdint>
+
 #include "isa.h"
 
 #define VLLM_LIKE_AVX2 __attribute__((target("avx2,fma")))
@@ -16,5 +20,16 @@
 namespace vllm_like {
 
 inline bool has_avx2_fma() { return isa() >= Isa::kAvx2; }
+
+// float16 to float, 8 at a time with F16C, for the AVX2 and AVX-512
+// variants of the attention loops (paged_attention_rows.cpp,
+// flash_attention.cpp): a function of its own, since an intrinsic cannot be
+// inlined into a template that is also compiled for baseline x86-64.
+__attribute__((target("avx2,f16c"))) inline void f16_to_f32_avx2(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; ++i) dst[i] = _cvtsh_ss(src[i]);
+}
 
 }  // namespace vllm_like

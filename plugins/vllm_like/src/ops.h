@@ -12,5 +12,7 @@ void register_rotary_embedding(npub::sdk::Registrar& r);  // rotary_embedding.cp
 void register_cache_ops(
     npub::sdk::Registrar& r);  // cache_ops.cpp: reshape_and_cache(_flash), copy/swap_blocks
 void register_paged_attention(npub::sdk::Registrar& r);  // paged_attention.cpp: v1 and v2
+void register_flash_attention(npub::sdk::Registrar& r);  // flash_attention.cpp: flash_attn_varlen
+void register_slot_mapping(npub::sdk::Registrar& r);     // slot_mapping.cpp: compute_slot_mapping
 
 }  // namespace vllm_like

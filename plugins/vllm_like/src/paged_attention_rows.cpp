@@ -21,10 +21,9 @@
 #include "paged_attention_rows.h"
 
 #include "isa.h"
+#include "loops.h"
 
 #include <plugin_kernels/float_access.h>
-
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
@@ -47,13 +46,6 @@ constexpr int64_t kValueBlocks = 4;  // value blocks accumulated per pass
 constexpr int64_t kPrefetchBytes = 32768;
 
 #define VLLM_INLINE inline __attribute__((always_inline))
-
-__attribute__((target("avx2,f16c"))) void f16_to_f32_avx2(const uint16_t* src, float* dst, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-  for (; i < n; ++i) dst[i] = _cvtsh_ss(src[i]);
-}
 
 // How the loops read a cache block: bfloat16 and float32 as stored (a
 // bfloat16 widens with a shift, in the loop); float16 through a converted

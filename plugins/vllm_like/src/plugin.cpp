@@ -1,6 +1,7 @@
 // vllm_like: LLM serving ops (the role of vLLM's custom kernels: paged
-// attention over a block-paged KV cache, the cache's reshape/copy/swap ops,
-// and the fused layer ops a Llama decoder runs on).
+// attention over a block-paged KV cache, the varlen flash attention of its
+// V1 backend, the cache's reshape/copy/swap ops, and the fused layer ops a
+// Llama decoder runs on).
 // Built against the plugin C ABI only (and plugins/kernels, compiled in).
 #include "isa.h"
 #include "ops.h"
@@ -14,6 +15,8 @@ void init(npub::sdk::Registrar& r) {
   vllm_like::register_rotary_embedding(r);
   vllm_like::register_cache_ops(r);
   vllm_like::register_paged_attention(r);
+  vllm_like::register_flash_attention(r);
+  vllm_like::register_slot_mapping(r);
 }
 
 }  // namespace

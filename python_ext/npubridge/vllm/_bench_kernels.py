@@ -26,6 +26,18 @@ than threads, or a count they do not divide: the two extra cases measure
 that (1 and 3 sequences with one KV head), and they need the second core
 free.
 
+flash_prefill: flash_attn_varlen (vLLM V1's attention) on a causal prefill
+of 4 sequences x 512 tokens, 8 heads over 4 KV heads, head_size 64,
+float32, from a flash-layout cache with shuffled blocks, in GFLOP/s (the
+4 * head_size multiply-adds of each (query, key) pair a row sees, per head)
+against a plain torch.mm on the npu of about the same FLOPs (1024 x 512 x
+1024, the GEMM the kernel's tiles run on) and against
+torch.nn.functional.scaled_dot_product_attention on CPU tensors (contiguous
+K/V, is_causal, GQA without expanded K/V), counted with the same FLOPs.
+flash_decode: flash_attn_varlen on a decode step (one query token per
+sequence) against paged_attention_v1 on the same lengths (vLLM's legacy
+layout): the two paths vLLM's backends take for decode.
+
 Times are medians of interleaved runs (A, B, A, B, ...), so that the load
 of a shared machine falls on both alike; ratios are time(ours) / time(ref)
 for decode_vs_sdpa and time(v1) / time(v2) (speed-up) for v2_vs_v1.
@@ -42,21 +54,32 @@ import torch.nn.functional as F
 from . import _custom_ops as ops
 
 
-def _median_pair(fa, fb, reps):
-    """One warm-up each, then interleaved timed runs: (median wall time of A,
-    of B, least CPU time of A, of B). The CPU time (all of the process's
+def _medians(fns, reps, settle=0.0):
+    """One warm-up each, then interleaved timed runs: ([median wall time of
+    each], [least CPU time of each]). The CPU time (all of the process's
     threads) is what a run costs even while other processes hold the cores;
-    the wall time is what the benchmark's targets judge."""
-    fa()
-    fb()
-    wall, cpu = ([], []), ([], [])
+    the wall time is what the benchmark's targets judge. `settle` seconds
+    of sleep before each run (not timed) let the threads of the previous one
+    stop spinning: PyTorch's OpenMP workers spin for a while after a CPU op
+    and would take the cores from the next run's npu threads."""
+    for f in fns:
+        f()
+    wall, cpu = [[] for _ in fns], [[] for _ in fns]
     for _ in range(reps):
-        for i, f in enumerate((fa, fb)):
+        for i, f in enumerate(fns):
+            if settle:
+                time.sleep(settle)
             c, t = time.process_time(), time.perf_counter()
             f()
             wall[i].append(time.perf_counter() - t)
             cpu[i].append(time.process_time() - c)
-    return statistics.median(wall[0]), statistics.median(wall[1]), min(cpu[0]), min(cpu[1])
+    return [statistics.median(w) for w in wall], [min(c) for c in cpu]
+
+
+def _median_pair(fa, fb, reps):
+    """_medians of two: (median wall time of A, of B, least CPU time of A, of B)."""
+    (wa, wb), (ca, cb) = _medians((fa, fb), reps)
+    return wa, wb, ca, cb
 
 
 def _paged_from_contiguous(k, v, block_size, device):
@@ -183,18 +206,123 @@ def v2_vs_v1(quick=False, device="npu"):
                 worst_target_speedup=worst, met=worst >= 1.2, device_threads=_device_threads(), cases=results)
 
 
+def _flash_cache(k, v, block_size, device):
+    """The flash-layout caches [num_blocks, block_size, KVH, D] holding
+    contiguous k, v [S, KVH, L, D] (blocks shuffled), with their block table."""
+    s, kvh, length, d = k.shape
+    per_seq = (length + block_size - 1) // block_size
+    num_blocks = s * per_seq
+    ids = torch.randperm(num_blocks).reshape(s, per_seq)
+    pad = per_seq * block_size - length
+    key_cache = torch.empty(num_blocks, block_size, kvh, d, dtype=k.dtype)
+    value_cache = torch.empty_like(key_cache)
+    for x, cache in ((k, key_cache), (v, value_cache)):
+        blocks = F.pad(x, (0, 0, 0, pad)).reshape(s, kvh, per_seq, block_size, d).permute(0, 2, 3, 1, 4)
+        cache[ids.reshape(-1)] = blocks.reshape(num_blocks, block_size, kvh, d)
+    return key_cache.to(device), value_cache.to(device), ids.int().to(device)
+
+
+def flash_prefill(quick=False, device="npu"):
+    """flash_attn_varlen on a causal prefill (4 x 512 tokens, 8/4 heads, head
+    64, float32; quick: 2 x 256) in GFLOP/s, against torch.mm on the npu of
+    about the same FLOPs and CPU SDPA (contiguous K/V) on the same problem;
+    gemm_fraction = flash / mm, sdpa_ratio = flash / SDPA (GFLOP/s)."""
+    s, length, h, kvh, d, bs = (2, 256, 8, 4, 64, 16) if quick else (4, 512, 8, 4, 64, 16)
+    reps = 5 if quick else 9
+    torch.manual_seed(0)
+    q = torch.randn(s, h, length, d)
+    k = torch.randn(s, kvh, length, d)
+    v = torch.randn(s, kvh, length, d)
+    key_cache, value_cache, table = _flash_cache(k, v, bs, device)
+    query = q.transpose(1, 2).reshape(s * length, h, d).to(device)
+    out = torch.empty_like(query)
+    cu = (torch.arange(s + 1, dtype=torch.int32) * length).to(device)
+    used = torch.full((s, ), length, dtype=torch.int32, device=device)
+    scale = d**-0.5
+    flops = 4 * d * h * s * length * (length + 1) / 2  # the (query, key) pairs a causal row sees
+    m, kk, n = 1024, 512 if not quick else 128, 1024
+    a, b = torch.randn(m, kk, device=device), torch.randn(kk, n, device=device)
+
+    def flash():
+        ops.flash_attn_varlen(out, query, key_cache, value_cache, cu, used, length, length, scale, True, table)
+        _sync(device)
+
+    def mm():
+        torch.mm(a, b)
+        _sync(device)
+
+    def sdpa():
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+
+    (t_flash, t_mm, t_sdpa), cpu = _medians((flash, mm, sdpa), reps, settle=0.05)
+    want = sdpa().transpose(1, 2).reshape(s * length, h, d)
+    diff = (out.cpu() - want).abs().max().item()
+    g_flash, g_mm, g_sdpa = flops / t_flash / 1e9, 2 * m * kk * n / t_mm / 1e9, flops / t_sdpa / 1e9
+    return dict(name="flash_attn_varlen prefill vs npu GEMM and CPU SDPA", num_seqs=s, tokens_per_seq=length,
+                num_heads=h, num_kv_heads=kvh, head_size=d, block_size=bs, dtype="float32", causal=True,
+                flash_ms=t_flash * 1e3, flash_gflops=g_flash, mm_shape=[m, kk, n], mm_ms=t_mm * 1e3, mm_gflops=g_mm,
+                sdpa_ms=t_sdpa * 1e3, sdpa_gflops=g_sdpa, gemm_fraction=g_flash / g_mm, sdpa_ratio=g_flash / g_sdpa,
+                flash_cpu_ms=cpu[0] * 1e3, mm_cpu_ms=cpu[1] * 1e3, sdpa_cpu_ms=cpu[2] * 1e3, max_abs_diff=diff,
+                torch_threads=torch.get_num_threads(), device_threads=_device_threads())
+
+
+def flash_decode(quick=False, device="npu"):
+    """flash_attn_varlen on a decode step against paged_attention_v1, same
+    lengths and heads (each in its own cache layout, blocks shuffled):
+    median times and ratio = flash / paged (1: as fast as the legacy layout's
+    kernel)."""
+    cases = [(8, 32, 8, 128, 1024, torch.float32), (8, 32, 8, 128, 2048, torch.bfloat16),
+             (16, 32, 32, 64, 1024, torch.float32)]
+    if quick:
+        cases = [(4, 16, 4, 128, 512, torch.float32), (4, 16, 4, 128, 512, torch.bfloat16)]
+    reps = 5 if quick else 9
+    results = []
+    for s, h, kvh, d, length, dtype in cases:
+        q, k, v, key_cache, value_cache, tables, lens = _problem(s, h, kvh, d, length, dtype, 16, device)
+        flash_k, flash_v, flash_tables = _flash_cache(k, v, 16, device)
+        del k, v
+        qn = q.to(device)
+        out_paged, out_flash = torch.empty_like(qn), torch.empty_like(qn)
+        cu = torch.arange(s + 1, dtype=torch.int32, device=device)
+        scale = d**-0.5
+
+        def paged():
+            ops.paged_attention_v1(out_paged, qn, key_cache, value_cache, kvh, scale, tables, lens, 16, length, None,
+                                   "auto")
+            _sync(device)
+
+        def flash():
+            ops.flash_attn_varlen(out_flash, qn, flash_k, flash_v, cu, lens, 1, length, scale, True, flash_tables)
+            _sync(device)
+
+        (t_flash, t_paged), _ = _medians((flash, paged), reps)
+        diff = (out_flash.cpu().float() - out_paged.cpu().float()).abs().max().item()
+        results.append(dict(num_seqs=s, num_heads=h, num_kv_heads=kvh, head_size=d, context=length,
+                            dtype=str(dtype).replace("torch.", ""), flash_ms=t_flash * 1e3, paged_v1_ms=t_paged * 1e3,
+                            ratio=t_flash / t_paged, max_abs_diff=diff))
+    return dict(name="flash_attn_varlen decode vs paged_attention_v1", worst_ratio=max(r["ratio"] for r in results),
+                device_threads=_device_threads(), cases=results)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--only", choices=["sdpa", "v2"])
+    p.add_argument("--only", choices=["sdpa", "v2", "flash"])
     p.add_argument("--json", metavar="PATH", help="also write the results there")
     a = p.parse_args(argv)
     # The machine's load when the run started: the cores may be shared.
     out = {"loadavg_1_5_15_min": list(os.getloadavg())}
-    if a.only != "v2":
+    if a.only in (None, "sdpa"):
         out["decode_vs_sdpa"] = decode_vs_sdpa(a.quick)
-    if a.only != "sdpa":
+    if a.only in (None, "v2"):
         out["v2_vs_v1"] = v2_vs_v1(a.quick)
+    if a.only in (None, "flash"):
+        out["flash_prefill"] = flash_prefill(a.quick)
+        out["flash_decode"] = flash_decode(a.quick)
+        f = out["flash_prefill"]
+        print(f"flash_attn_varlen prefill: {f['flash_gflops']:.1f} GFLOP/s; torch.mm on npu {f['mm_gflops']:.1f} "
+              f"GFLOP/s ({f['gemm_fraction']:.2f} of it); CPU SDPA {f['sdpa_gflops']:.1f} GFLOP/s "
+              f"({f['sdpa_ratio']:.2f}x)")
     text = json.dumps(out, indent=1)
     print(text)
     if a.json:

@@ -6,6 +6,8 @@ vllm/_custom_ops.py) over the vllm_like plugin's kernels.
     ops.paged_attention(out, query, key_cache, value_cache, num_kv_heads, scale,
                         block_tables, seq_lens, block_size, max_seq_len)   # v1 or v2 by vLLM's rule
     ops.swap_blocks(npu_cache, cpu_cache, [(device_block, cpu_block), ...])
+    ops.flash_attn_varlen(out, query, key_cache, value_cache, cu_seqlens_q, seqused_k,
+                          max_seqlen_q, max_seqlen_k, scale, True, block_table)  # V1's attention
 
 The kernels check their arguments (shapes, layouts, block ids, slots,
 lengths) and raise RuntimeError / IndexError naming the op, the argument, what
@@ -24,7 +26,7 @@ import npubridge  # noqa: F401  (the npu device and the plugins)
 
 __all__ = [
     "paged_attention_v1", "paged_attention_v2", "paged_attention", "use_v1", "PARTITION_SIZE", "reshape_and_cache",
-    "reshape_and_cache_flash", "copy_blocks", "swap_blocks", "kv_cache_x", "legacy_cache_shapes",
+    "reshape_and_cache_flash", "copy_blocks", "swap_blocks", "kv_cache_x", "legacy_cache_shapes", "flash_attn_varlen",
 ]
 
 PLUGIN = "vllm_like"
@@ -120,6 +122,23 @@ def paged_attention(out, query, key_cache, value_cache, num_kv_heads, scale, blo
     else:
         raise ValueError(f"paged_attention: force: expected None, 'v1' or 'v2' but found {force!r}")
     return version
+
+
+def flash_attn_varlen(out, query, key_cache, value_cache, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                      softmax_scale, causal, block_table, window_left=-1, softcap=0.0) -> None:
+    """The attention of vLLM's V1 FlashAttention backend (flash_attn_varlen_func
+    with a block_table) into ``out`` [num_tokens, num_heads, head_size]: the
+    query rows cu_seqlens_q[s] .. cu_seqlens_q[s + 1] of each sequence s
+    against its seqused_k[s] cached tokens (the new ones included), read
+    through block_table[s] from caches of the flash layout [num_blocks,
+    block_size, num_kv_heads, head_size] (any strides). Query i of a sequence
+    of q_len new tokens is at position p = seqused_k - q_len + i; causal, it
+    sees keys 0 .. p; window_left >= 0 also drops the keys before
+    p - window_left; softcap > 0 maps scores s to softcap * tanh(s / softcap).
+    Rows past cu_seqlens_q[-1] are not written."""
+    _op("flash_attn_varlen")(out, query, key_cache, value_cache, cu_seqlens_q, seqused_k, int(max_seqlen_q),
+                             int(max_seqlen_k), float(softmax_scale), bool(causal), block_table, int(window_left),
+                             float(softcap))
 
 
 def reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, kv_cache_dtype, k_scale=1.0,

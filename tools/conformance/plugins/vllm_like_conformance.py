@@ -580,3 +580,183 @@ def swap_blocks_samples(dtype):
     yield testing.Sample(src, dst[:, :1], torch.tensor([[0, 0]]), name="block shapes differ (error)")
     yield testing.Sample(torch.tensor(1.0, dtype=dtype), torch.tensor(2.0, dtype=dtype), torch.tensor([[0, 0]]),
                          name="0-d caches (error)")
+
+
+# ---------------------------------------------------------------------------
+# flash_attn_varlen (plugins/vllm_like/src/flash_attention*.cpp): vLLM V1's
+# varlen attention over the flash layout [num_blocks, block_size,
+# num_kv_heads, head_size]. Reference: each sequence's keys and values
+# gathered through its block table row, attention computed in the
+# accumulating dtype (float32 for every sample dtype, as the op computes;
+# float64 for the float64 run), with the causal offset (query i of a
+# sequence of q_len new tokens sits at seqused_k - q_len + i), the window
+# and the softcap; rows past cu_seqlens_q[-1] keep out's values.
+
+
+def _flash_check(out, query, key_cache, value_cache, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, causal,
+                 block_table, window_left, softcap):
+    if query.dim() != 3 or out.shape != query.shape or key_cache.dim() != 4 or value_cache.shape != key_cache.shape:
+        raise ValueError("query, out [tokens, heads, head_size]; caches [blocks, block_size, kv_heads, head_size]")
+    nb, bs, kvh, d = key_cache.shape
+    if d != query.shape[2] or kvh == 0 or query.shape[1] % kvh:
+        raise ValueError("head_size or num_kv_heads do not match query")
+    if any(t.dtype != torch.int32 for t in (cu_seqlens_q, seqused_k, block_table)):
+        raise ValueError("cu_seqlens_q, seqused_k, block_table: expected int32")
+    s = seqused_k.shape[0]
+    if cu_seqlens_q.shape != (s + 1, ) or block_table.shape[0] != s:
+        raise ValueError("cu_seqlens_q [num_seqs + 1], block_table [num_seqs, max_blocks]")
+    if window_left < -1 or softcap < 0:
+        raise ValueError("window_left >= -1, softcap >= 0")
+    cu, used = cu_seqlens_q.tolist(), seqused_k.tolist()
+    if cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])) or cu[-1] > query.shape[0]:
+        raise ValueError("cu_seqlens_q: 0, non-decreasing, at most num_tokens")
+    for i, kv in enumerate(used):
+        q_len = cu[i + 1] - cu[i]
+        if q_len > max_seqlen_q or kv < 0 or kv > max_seqlen_k or kv > block_table.shape[1] * bs:
+            raise ValueError(f"sequence {i}: lengths out of range")
+        if causal and q_len > kv:
+            raise ValueError(f"sequence {i}: more query tokens than cached ones (causal)")
+        blocks = block_table[i, :(kv + bs - 1) // bs]
+        if ((blocks < 0) | (blocks >= nb)).any():
+            raise ValueError(f"block_table[{i}]: block id out of range")
+
+
+@testing.reference("vllm_like::flash_attn_varlen")
+def flash_attn_varlen(out, query, key_cache, value_cache, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                      softmax_scale, causal, block_table, window_left, softcap):
+    _flash_check(out, query, key_cache, value_cache, cu_seqlens_q, seqused_k, max_seqlen_q, max_seqlen_k, causal,
+                 block_table, window_left, softcap)
+    acc = _acc(key_cache)
+    res = out.to(acc).clone()
+    bs, kvh = key_cache.shape[1], key_cache.shape[2]
+    h = query.shape[1]
+    cu = cu_seqlens_q.tolist()
+    for i, kv in enumerate(seqused_k.tolist()):
+        q0, q1 = cu[i], cu[i + 1]
+        if q1 == q0:
+            continue
+        if kv == 0:
+            res[q0:q1] = 0  # no key to see
+            continue
+        t = torch.arange(kv)
+        blocks = block_table[i, t // bs].long()
+        k = key_cache[blocks, t % bs].to(acc).repeat_interleave(h // kvh, 1)  # [kv, h, D]
+        v = value_cache[blocks, t % bs].to(acc).repeat_interleave(h // kvh, 1)
+        s = softmax_scale * torch.einsum("ihd,thd->hit", query[q0:q1].to(acc), k)
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
+        p = kv - (q1 - q0) + torch.arange(q1 - q0)[:, None]
+        seen = torch.ones(q1 - q0, kv, dtype=torch.bool)
+        if causal:
+            seen &= t[None, :] <= p
+        if window_left >= 0:
+            seen &= t[None, :] >= p - window_left
+        w = torch.softmax(s.masked_fill(~seen, float("-inf")), -1).nan_to_num(0.0)
+        res[q0:q1] = torch.einsum("hit,thd->ihd", w, v)
+    return res.to(out.dtype)
+
+
+def _flash_cache(dtype, seqs, num_heads, num_kv_heads, head_size, block_size, spare_blocks=3, table_pad=1):
+    # seqs: [(q_len, kv_len)]. Blocks shuffled through a cache with spare
+    # blocks; free slots NaN and table entries past a sequence's blocks out
+    # of range (the op must use neither); two padding rows after the last
+    # sequence's (not written).
+    counts = [(kv + block_size - 1) // block_size for _, kv in seqs]
+    nb = sum(counts) + spare_blocks
+    ids = torch.randperm(nb)
+    table = torch.full((len(seqs), max(counts, default=0) + table_pad), nb + 5, dtype=torch.int32)
+    kc = torch.full((nb, block_size, num_kv_heads, head_size), float("nan"), dtype=dtype)
+    vc = torch.full((nb, block_size, num_kv_heads, head_size), float("nan"), dtype=dtype)
+    at = 0
+    for i, ((_, kv), c) in enumerate(zip(seqs, counts)):
+        table[i, :c] = ids[at:at + c].int()
+        at += c
+        t = torch.arange(kv)
+        blocks = table[i, t // block_size].long()
+        kc[blocks, t % block_size] = torch.randn(kv, num_kv_heads, head_size, dtype=dtype)
+        vc[blocks, t % block_size] = torch.randn(kv, num_kv_heads, head_size, dtype=dtype)
+    cu = torch.tensor([0] + [q for q, _ in seqs]).cumsum(0).to(torch.int32)
+    query = torch.randn(int(cu[-1]) + 2, num_heads, head_size, dtype=dtype)
+    used = torch.tensor([kv for _, kv in seqs], dtype=torch.int32)
+    return query, kc, vc, cu, used, table
+
+
+@testing.samples("vllm_like::flash_attn_varlen")
+def flash_attn_varlen_samples(dtype):
+    # (name, seqs, heads, kv heads, head size, block size, causal, window_left, softcap)
+    cases = (("prefill across blocks and chunks, GQA 8/4, block 16", [(1, 1), (17, 17), (150, 150)], 8, 4, 64, 16,
+              True, -1, 0.0),
+             ("chunked prefill and decode, GQA 8/2, block 32", [(5, 40), (1, 300), (64, 130), (0, 7)], 8, 2, 64, 32,
+              True, -1, 0.0),
+             ("decode batch, MQA 4/1, head 128", [(1, n) for n in (1, 16, 17, 200)], 4, 1, 128, 16, True, -1, 0.0),
+             ("sliding window 20, softcap 3", [(30, 90), (1, 200)], 4, 2, 32, 16, True, 20, 3.0),
+             ("not causal, more queries than keys, no keys", [(9, 4), (3, 0), (2, 40)], 2, 2, 32, 16, False, -1,
+              0.0))
+    for name, seqs, h, kvh, d, bs, causal, window, cap in cases:
+        q, kc, vc, cu, used, table = _flash_cache(dtype, seqs, h, kvh, d, bs)
+        out = torch.full(q.shape, 7.0, dtype=dtype)
+        yield testing.Sample(out, 2.0 * q, kc, vc, cu, used, max(q for q, _ in seqs), max(kv for _, kv in seqs),
+                             d ** -0.5, causal, table, window, cap, name=name)
+    q, kc, vc, cu, used, table = _flash_cache(dtype, [(5, 20), (1, 9)], 4, 2, 64, 16)
+    base = [torch.empty_like(q), q, kc, vc, cu, used, 5, 20, 0.125, True, table, -1, 0.0]
+
+    def bad(name, **change):
+        names = ("out", "query", "key_cache", "value_cache", "cu_seqlens_q", "seqused_k", "max_seqlen_q",
+                 "max_seqlen_k", "softmax_scale", "causal", "block_table", "window_left", "softcap")
+        args = [change.get(n, a) for n, a in zip(names, base)]
+        return testing.Sample(*args, name=name + " (error)")
+
+    wrong = table.clone()
+    wrong[0, 1] = kc.shape[0]
+    yield bad("block id out of range", block_table=wrong)
+    yield bad("seqused_k beyond the block table", seqused_k=torch.tensor([20, 2 * 16 + 1], dtype=torch.int32),
+              max_seqlen_k=64)
+    yield bad("seqused_k beyond max_seqlen_k", max_seqlen_k=19)
+    yield bad("q_len > seqused_k, causal", seqused_k=torch.tensor([4, 9], dtype=torch.int32))
+    yield bad("cu_seqlens_q decreasing", cu_seqlens_q=torch.tensor([0, 5, 3], dtype=torch.int32))
+    yield bad("cu_seqlens_q past num_tokens", cu_seqlens_q=torch.tensor([0, 5, 100], dtype=torch.int32))
+    yield bad("cu_seqlens_q int64", cu_seqlens_q=cu.long())
+    yield bad("kv heads not dividing the heads", key_cache=kc[:, :, :1].repeat(1, 1, 3, 1),
+              value_cache=vc[:, :, :1].repeat(1, 1, 3, 1))
+
+
+# compute_slot_mapping (plugins/vllm_like/src/slot_mapping.cpp): vLLM's
+# ComputeSlotMappingKernel, each scheduled token's cache slot.
+@testing.reference("vllm_like::compute_slot_mapping")
+def compute_slot_mapping(query_start_loc, positions, block_table, slot_mapping, block_size, num_tokens):
+    if query_start_loc.dtype != torch.int32 or positions.dtype != torch.int64 or block_table.dtype != torch.int32 \
+            or slot_mapping.dtype != torch.int64:
+        raise ValueError("dtypes: expected int32 query_start_loc and block_table, int64 positions and slot_mapping")
+    if block_size <= 0 or not 0 <= num_tokens <= min(positions.shape[0], slot_mapping.shape[0]):
+        raise ValueError("block_size, num_tokens out of range")
+    out = torch.full_like(slot_mapping, -1)
+    qsl = query_start_loc.tolist()
+    for r in range(len(qsl) - 1):
+        if not 0 <= qsl[r] <= qsl[r + 1] <= num_tokens:
+            raise ValueError("query_start_loc: not a range of the tokens")
+        for t in range(qsl[r], qsl[r + 1]):
+            p = int(positions[t])
+            if p < 0 or p // block_size >= block_table.shape[1]:
+                raise IndexError("positions: beyond the block table")
+            out[t] = int(block_table[r, p // block_size]) * block_size + p % block_size
+    return [out]
+
+
+@testing.samples("vllm_like::compute_slot_mapping")
+def compute_slot_mapping_samples(dtype):
+    table = torch.tensor([[7, 2, 9, 0], [3, 5, 1, 4], [8, 6, 10, 11]], dtype=torch.int32)
+    # A prefill of 5 at 0, a decode at 33, a chunk of 4 at 14: 10 tokens,
+    # 16 slots (the rest padding).
+    qsl = torch.tensor([0, 5, 6, 10], dtype=torch.int32)
+    pos = torch.tensor([0, 1, 2, 3, 4, 33, 14, 15, 16, 17], dtype=torch.int64)
+    slots = torch.zeros(16, dtype=torch.int64)
+    yield testing.Sample(qsl, pos, table, slots, 16, 10, name="prefill, decode and chunk, block 16")
+    yield testing.Sample(qsl, pos, table, slots, 32, 10, name="block 32")
+    yield testing.Sample(torch.tensor([0], dtype=torch.int32), pos, table, slots, 16, 0, name="no requests")
+    yield testing.Sample(qsl, torch.tensor([0, 1, 2, 3, 4, 64, 14, 15, 16, 17]), table, slots, 16, 10,
+                         name="position beyond the block table (error)")
+    yield testing.Sample(torch.tensor([0, 5, 3, 10], dtype=torch.int32), pos, table, slots, 16, 10,
+                         name="query_start_loc decreasing (error)")
+    yield testing.Sample(qsl, pos, table, slots, 0, 10, name="block_size 0 (error)")
+    yield testing.Sample(qsl, pos, table, slots, 16, 11, name="num_tokens beyond positions (error)")
+    yield testing.Sample(qsl.long(), pos, table, slots, 16, 10, name="query_start_loc int64 (error)")
