@@ -50,21 +50,38 @@ npub_build() {
   cmake --build "$dir" -j "$NPUB_JOBS"
 }
 
-# Hugging Face clients, pinned (a new transformers release may call new
-# torch.npu functions, which test_npu_client_api checks): releases whose
-# requirements keep torch 2.13.0
-# (pip install --dry-run torch==2.13.0 accelerate==... peft==... installs
-# nothing else but psutil). TRL brings datasets, whose pandas and pyarrow
-# are pinned with it (their wheels keep torch too).
-NPUB_TRANSFORMERS_VERSION=5.24.0
+# The clients the tests drive, pinned (README "Version matrix"): releases
+# whose requirements keep torch 2.13.0. vLLM 0.32.0 is the newest release
+# that pins torch==2.13.0 (0.33 pins 2.14.0) and takes transformers
+# >=5.16.1,<5.20.0, so transformers is 5.19.0 (a new release may also call
+# new torch.npu functions, which test_npu_client_api checks). TRL brings
+# datasets, whose pandas and pyarrow are pinned with it (their wheels keep
+# torch too). All go to pip in one command with torch==2.13.0, so that pip
+# resolves them together and can never pick another torch (checked after).
+NPUB_VLLM_VERSION=0.32.0
+NPUB_TRANSFORMERS_VERSION=5.19.0
 NPUB_ACCELERATE_VERSION=1.15.0
 NPUB_PEFT_VERSION=0.21.2
 NPUB_TRL_VERSION=1.16.0
 NPUB_DATASETS_VERSION=5.2.0
 
+# vLLM 0.32.0 requires torchvision==0.28.0, torchaudio==2.11.0 and
+# torchcodec. PyPI has only CUDA builds of them: with the CPU torch their
+# native libraries do not load (libc10_cuda.so is missing), and a
+# torchvision that fails to import breaks transformers' imports ("operator
+# torchvision::nms does not exist"). Neither vLLM's text generation nor
+# transformers needs them (transformers checks whether they are installed),
+# so set-up removes the three after the install (README "Version matrix").
+NPUB_CUDA_ONLY_WHEELS=(torchvision torchaudio torchcodec)
+
 # npub_pip_has <distribution> <version>: whether exactly that version is installed.
 npub_pip_has() {
   python3 -c "import importlib.metadata as m, sys; sys.exit(0 if m.version('$1') == '$2' else 1)" 2>/dev/null
+}
+
+# npub_pip_installed <distribution>: whether any version is installed.
+npub_pip_installed() {
+  python3 -c "import importlib.metadata as m; m.version('$1')" 2>/dev/null
 }
 
 # npub_torch_is_pinned: whether torch 2.13.0 is installed and imports. The
@@ -84,23 +101,28 @@ npub_install_pip() {
     python3 -m pip install -q torch==2.13.0
   fi
   # pytest, what torch.testing._internal (PyTorch's OpInfo database)
-  # imports, transformers for the real-model test, accelerate and peft (the
-  # Hugging Face clients the torch_npu compatibility tests run, TRL; pinned
-  # releases that keep torch 2.13.0), and what
+  # imports, the clients (above), and what
   # `pip wheel/install --no-build-isolation .` builds with (scikit-build-core,
   # pybind11; packaging.pip_author_kit; setuptools for compat/torch_npu).
-  # torch==2.13.0 is named with them so that pip can never resolve another
-  # torch for them (checked after).
-  TORCH_DEVICE_BACKEND_AUTOLOAD=0 python3 -c \
-    "import pytest, expecttest, hypothesis, transformers, scikit_build_core, pybind11, setuptools" 2>/dev/null &&
-    npub_pip_has transformers "$NPUB_TRANSFORMERS_VERSION" && npub_pip_has accelerate "$NPUB_ACCELERATE_VERSION" &&
-    npub_pip_has peft "$NPUB_PEFT_VERSION" && npub_pip_has trl "$NPUB_TRL_VERSION" &&
-    npub_pip_has datasets "$NPUB_DATASETS_VERSION" ||
+  if ! { TORCH_DEVICE_BACKEND_AUTOLOAD=0 python3 -c \
+           "import pytest, expecttest, hypothesis, transformers, scikit_build_core, pybind11, setuptools" 2>/dev/null &&
+         npub_pip_has vllm "$NPUB_VLLM_VERSION" && npub_pip_has transformers "$NPUB_TRANSFORMERS_VERSION" &&
+         npub_pip_has accelerate "$NPUB_ACCELERATE_VERSION" && npub_pip_has peft "$NPUB_PEFT_VERSION" &&
+         npub_pip_has trl "$NPUB_TRL_VERSION" && npub_pip_has datasets "$NPUB_DATASETS_VERSION"; }; then
+    npub_log "installing the pinned Python packages (vllm==$NPUB_VLLM_VERSION and its requirements: a few minutes the first time)"
     python3 -m pip install -q --root-user-action=ignore torch==2.13.0 pytest expecttest hypothesis \
-      "transformers==$NPUB_TRANSFORMERS_VERSION" \
+      "vllm==$NPUB_VLLM_VERSION" "transformers==$NPUB_TRANSFORMERS_VERSION" \
       "accelerate==$NPUB_ACCELERATE_VERSION" "peft==$NPUB_PEFT_VERSION" "setuptools>=61" \
       "trl==$NPUB_TRL_VERSION" "datasets==$NPUB_DATASETS_VERSION" pandas==3.1.1 pyarrow==26.0.1 \
       "scikit-build-core>=0.8" "pybind11>=2.10"
+  fi
+  local w
+  for w in "${NPUB_CUDA_ONLY_WHEELS[@]}"; do
+    if npub_pip_installed "$w"; then
+      npub_log "removing $w (a CUDA-only build on PyPI, which cannot load with the CPU torch)"
+      python3 -m pip uninstall -y -q --root-user-action=ignore "$w"
+    fi
+  done
   npub_torch_is_pinned ||
     { echo "torch is no longer 2.13.0 after installing Python packages" >&2; return 1; }
 }

@@ -1,24 +1,28 @@
-"""npubridge.vllm: vLLM's offline API (LLM, SamplingParams, RequestOutput)
-over a paged KV cache on the npu and the vllm_like plugin's kernels.
+"""npubridge.vllm: vLLM on the npu.
 
-    from npubridge.vllm import LLM, SamplingParams
-    llm = LLM(model, enable_prefix_caching=True)   # a transformers LlamaForCausalLM
-    for out in llm.generate([{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=32)):
-        print(out.outputs[0].token_ids)
-
-- engine.py: LLMEngine (add_request / step / abort_request / stats), one
-  scheduled batch per step;
-- scheduler.py: waiting / running / swapped queues, budgets, preemption by
-  swap or recompute; block_manager.py: reference-counted blocks,
-  copy-on-write, prefix caching, swapping;
-- sampler.py, sampling_params.py, sequence.py, outputs.py;
-- model_runner.py: the Llama forward over vllm_like's ops.
+- The hardware platform plugin for the real vLLM (platform.py, worker.py,
+  attention.py, layers.py, kernels.py): with npubridge installed,
+  `vllm.LLM(model=...)` and `vllm serve` run on the npu (pyproject.toml's
+  entry points `vllm.platform_plugins` -> register, `vllm.general_plugins`
+  -> register_ops).
+- _custom_ops: vLLM's attention and KV-cache op names over the vllm_like
+  plugin's kernels.
 """
 import npubridge  # noqa: F401  (the npu device and the plugins)
 
-from .engine import LLMEngine
-from .llm import LLM
-from .outputs import CompletionOutput, RequestOutput
-from .sampling_params import SamplingParams
+PLATFORM = "npubridge.vllm.platform.NpuPlatform"
 
-__all__ = ["LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput"]
+
+def register() -> str:
+    """vLLM's platform plugin entry point: the npu's Platform class."""
+    return PLATFORM
+
+
+def register_ops() -> None:
+    """vLLM's general plugin entry point (every vLLM process calls it): the
+    npu's layers (RMSNorm, SiluAndMul, rotary embedding) on vllm_like's ops,
+    when the npu is vLLM's platform."""
+    from vllm.platforms import current_platform
+    if type(current_platform).__module__ + "." + type(current_platform).__qualname__ == PLATFORM:
+        from . import layers  # noqa: F401  (registers them with CustomOp.register_oot)
+
