@@ -105,7 +105,14 @@ def bench_kernels(quick):
     sections = (("decode_vs_sdpa", "decode attention, paged kernel vs SDPA over a contiguous cache", "worst_ratio",
                  ("<=", 1.25), "ratio"),
                 ("v2_vs_v1", "paged_attention v2 vs v1 at 16k context, 4 sequences", "worst_target_speedup",
-                 (">=", 1.2), "speedup"))
+                 (">=", 1.2), "speedup"),
+                # vLLM's attention backend's kernel (attention.py): a prefill
+                # against the GEMM's rate, and a decode step against the
+                # legacy layout's paged kernel.
+                ("flash_prefill", "prefill attention, flash_attn_varlen GFLOP/s vs the npu's GEMM and CPU SDPA",
+                 "gemm_fraction", (">=", 0.5), "gemm_fraction"),
+                ("flash_decode", "decode attention, flash_attn_varlen vs paged_attention_v1", "worst_ratio",
+                 ("<=", 1.25), "ratio"))
     for fn, name, key, target, case_key in sections:
         if _bench_kernels is None or not hasattr(_bench_kernels, fn):
             missing(name, why or f"npubridge.vllm._bench_kernels has no {fn}")
