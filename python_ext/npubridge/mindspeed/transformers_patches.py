@@ -133,31 +133,44 @@ def sdpa_attention_forward_wrapper(sdpa_attention_forward):
 # post-attention RMSNorm of the sum are one npu_add_rms_norm, which also
 # returns the sum (the MLP's residual). The layer's forward is rewritten as
 # the same composition; a version whose forward takes other arguments keeps
-# its own (decided when patched). post_attention_layernorm's own forward
-# (and its hooks) is bypassed on this path.
-_DECODER_ARGS = ("self", "hidden_states", "attention_mask", "position_ids", "cache", "use_cache",
-                 "position_embeddings")
+# its own (decided when patched). The cache argument is `cache` in
+# transformers 5.24 and `past_key_values` in 5.19 (the release vLLM 0.32
+# takes); either is passed on under the layer's own name.
+# post_attention_layernorm's own forward (and its hooks) is bypassed on this
+# path.
+_CACHE_NAMES = ("cache", "past_key_values")
+
+
+def _decoder_args(cache_name):
+    return ("self", "hidden_states", "attention_mask", "position_ids", cache_name, "use_cache", "position_embeddings")
 
 
 def add_rms_norm_decoder_forward_wrapper(forward):
-    params = list(inspect.signature(forward).parameters)
-    if tuple(params[:len(_DECODER_ARGS)]) != _DECODER_ARGS:
+    signature = inspect.signature(forward)
+    params = list(signature.parameters)
+    cache_name = next((c for c in _CACHE_NAMES if tuple(params[:7]) == _decoder_args(c)), None)
+    var_kw = next((n for n, p in signature.parameters.items() if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+    if cache_name is None or var_kw is None:
         return forward
+    other_names = [c for c in _CACHE_NAMES if c != cache_name]
 
     @functools.wraps(forward)
-    def add_rms_norm_decoder_forward(self, hidden_states, attention_mask=None, position_ids=None, cache=None,
-                                     use_cache=False, position_embeddings=None, **kwargs):
+    def add_rms_norm_decoder_forward(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        a = bound.arguments
+        self, hidden_states, extra = a["self"], a["hidden_states"], a[var_kw]
         norm = getattr(self, "post_attention_layernorm", None)
         weight = getattr(norm, "weight", None)
-        if ("past_key_values" in kwargs or not type(norm).__name__.endswith("RMSNorm")
+        if (any(n in extra for n in other_names) or not type(norm).__name__.endswith("RMSNorm")
                 or not hasattr(norm, "variance_epsilon") or not isinstance(weight, torch.Tensor)
                 or not _on_npu(hidden_states, weight) or weight.dtype != hidden_states.dtype or weight.dim() != 1):
-            return forward(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                           use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+            return forward(*args, **kwargs)
         residual = hidden_states
-        attn, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), attention_mask=attention_mask,
-                                 position_ids=position_ids, cache=cache, use_cache=use_cache,
-                                 position_embeddings=position_embeddings, **kwargs)
+        attn, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states),
+                                 attention_mask=a["attention_mask"], position_ids=a["position_ids"],
+                                 use_cache=a["use_cache"], position_embeddings=a["position_embeddings"],
+                                 **{cache_name: a[cache_name]}, **extra)
         normed, _, residual = functional.npu_add_rms_norm(residual, attn, weight, norm.variance_epsilon)
         return residual + self.mlp(normed)
 
