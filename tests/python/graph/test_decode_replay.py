@@ -31,9 +31,12 @@ MAX_LEN = 32
 @pytest.fixture(scope="module")
 def setup():
     torch.manual_seed(0)
+    # SDPA attention: transformers 5.19's eager-attention mask makes a
+    # scalar tensor on the device inside the forward (a host-to-device copy,
+    # which a capture refuses: it would not be replayed).
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   attn_implementation="eager")
+                                   attn_implementation="sdpa")
     model = transformers.LlamaForCausalLM(cfg).to("npu").eval()
     ids = torch.randint(0, 128, (1, PROMPT)).npu()
     return cfg, model, ids
