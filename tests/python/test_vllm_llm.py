@@ -79,8 +79,11 @@ def test_prefix_cache_hits_give_the_same_tokens(llm, reference):
     again = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy())
     for a, b, p in zip(first, again, prompts):
         assert b.num_cached_tokens >= 192, f"expected the shared 200-token prefix cached, found {b.num_cached_tokens}"
-        assert a.outputs[0].token_ids == b.outputs[0].token_ids
-        reference.assert_greedy(b.outputs[0].token_ids, p, MAX_TOKENS)
+        # Two float32 computations (a whole prefill, a cached prefix and
+        # the rest): equal up to the reference's first near-tie.
+        n = reference.assert_greedy(a.outputs[0].token_ids, p, MAX_TOKENS)
+        assert reference.assert_greedy(b.outputs[0].token_ids, p, MAX_TOKENS) == n
+        assert a.outputs[0].token_ids[:n] == b.outputs[0].token_ids[:n]
 
 
 def test_text_prompts_through_the_tokenizer(llm):
@@ -98,6 +101,9 @@ def test_seeded_sampling_repeats_itself(llm):
     prompt = {"prompt_token_ids": random_prompts([20], seed=3)[0]}
 
     def sample(seed):
+        # Each run computes the prompt afresh (no cached prefix): the same
+        # float32 computation, so the same seed must give the same tokens.
+        assert llm.reset_prefix_cache()
         params = vllm.SamplingParams(n=4, temperature=1.0, top_p=0.9, seed=seed, max_tokens=10)
         return [c.token_ids for c in llm.generate([prompt], params)[0].outputs]
 

@@ -1,8 +1,8 @@
 """Tensor parallelism 2 on the npu with the real vLLM: two workers on npu:0
 and npu:1 (each its own spawned process), their collectives over
-npubridge's "npu" backend, give the tokens tensor parallelism 1 gives
-(transformers' float64 greedy generate() judges both), with prefix caching
-off (test_vllm_llm.py runs with it on)."""
+npubridge's "npu" backend, give transformers' float64 greedy generate()
+tokens, the reference tensor parallelism 1 is held to in test_vllm_llm.py
+(up to the first near-tie); with prefix caching off."""
 import pytest
 
 from vllm_models import Reference, random_prompts, save_llama
@@ -18,7 +18,7 @@ def model_dir(tmp_path_factory):
     return save_llama(tmp_path_factory.mktemp("tiny_llama"), num_kv_heads=4)
 
 
-def test_tensor_parallel_2_equals_1(model_dir):
+def test_tensor_parallel_2_gives_the_reference_tokens(model_dir):
     reference = Reference(model_dir)
     prompts = random_prompts([3, 17, 150], seed=11)
     engine = vllm.LLM(model=model_dir, tensor_parallel_size=2, dtype="float32", kv_cache_memory_bytes=16 << 20,

@@ -30,8 +30,9 @@ flash_prefill: flash_attn_varlen (vLLM V1's attention) on a causal prefill
 of 4 sequences x 512 tokens, 8 heads over 4 KV heads, head_size 64,
 float32, from a flash-layout cache with shuffled blocks, in GFLOP/s (the
 4 * head_size multiply-adds of each (query, key) pair a row sees, per head)
-against a plain torch.mm on the npu of about the same FLOPs (1024 x 512 x
-1024, the GEMM the kernel's tiles run on) and against
+against the rate of a plain torch.mm on the npu (1024 x 512 x 1024: the
+plugins' GEMM, which the kernel's smaller tiles also run on, on a product
+that fills the threads) and against
 torch.nn.functional.scaled_dot_product_attention on CPU tensors (contiguous
 K/V, is_causal, GQA without expanded K/V), counted with the same FLOPs.
 flash_decode: flash_attn_varlen on a decode step (one query token per
@@ -224,8 +225,9 @@ def _flash_cache(k, v, block_size, device):
 
 def flash_prefill(quick=False, device="npu"):
     """flash_attn_varlen on a causal prefill (4 x 512 tokens, 8/4 heads, head
-    64, float32; quick: 2 x 256) in GFLOP/s, against torch.mm on the npu of
-    about the same FLOPs and CPU SDPA (contiguous K/V) on the same problem;
+    64, float32; quick: 2 x 256) in GFLOP/s, against the rate of torch.mm on
+    the npu ([1024, 512] x [512, 1024]: the GEMM's rate on a product that
+    fills the threads) and CPU SDPA (contiguous K/V) on the same problem;
     gemm_fraction = flash / mm, sdpa_ratio = flash / SDPA (GFLOP/s)."""
     s, length, h, kvh, d, bs = (2, 256, 8, 4, 64, 16) if quick else (4, 512, 8, 4, 64, 16)
     reps = 5 if quick else 9

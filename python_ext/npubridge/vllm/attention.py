@@ -39,14 +39,6 @@ class NpuAttentionBackend(AttentionBackend):
         return [MultipleOf(16)]
 
     @classmethod
-    def supports_block_size(cls, block_size) -> bool:
-        return block_size is None or block_size % 16 == 0
-
-    @classmethod
-    def get_supported_head_sizes(cls) -> list[int]:
-        return [32, 64, 80, 96, 112, 128, 160, 192, 224, 256]
-
-    @classmethod
     def supported_kv_cache_layouts(cls):
         return (KVCacheLayout.LBHNC, )
 
@@ -66,10 +58,6 @@ class NpuAttentionBackend(AttentionBackend):
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
 
-    @classmethod
-    def supports_compute_capability(cls, capability) -> bool:
-        return True
-
     @staticmethod
     def get_impl_cls():
         return NpuAttentionImpl
@@ -81,7 +69,7 @@ class NpuAttentionBackend(AttentionBackend):
 
 @dataclass
 class NpuAttentionMetadata:
-    num_actual_tokens: int  # tokens of the step, padding excluded
+    num_actual_tokens: int  # the step's query rows (vLLM may count padding: the kernel goes by query_start_loc)
     max_query_len: int
     query_start_loc: torch.Tensor  # int32 [num_seqs + 1], on the npu
     max_seq_len: int
@@ -149,7 +137,12 @@ class NpuAttentionImpl(AttentionImpl):
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("npu attention: fused output quantization is not supported")
         if attn_metadata is None:  # the profile run
-            return output
+            return output.fill_(0)
+        if not attn_metadata.causal and self.window_left >= 0:
+            # vLLM's FlashAttention widens a non-causal window to both sides;
+            # the kernel's window_left limits the left side only.
+            raise NotImplementedError("npu attention: a sliding window with non-causal attention is not supported "
+                                      "(vllm_like::flash_attn_varlen limits keys on the left only)")
         n = attn_metadata.num_actual_tokens
         key_cache, value_cache = self._caches(kv_cache)
         out = output[:n].view(n, self.num_heads, self.head_size)

@@ -34,8 +34,8 @@ WORKER = "npubridge.vllm.worker.NpuWorker"
 # capacity (NPUB_SIM_MEMORY, 16 GiB by default) is a limit, not memory set
 # aside: its memory is the host's, and vLLM zeroes the whole cache at start.
 # So the worker takes the smaller of vLLM's figure and half of the host
-# memory available at start divided among the local workers, and says so in
-# its log; kv_cache_memory_bytes (--kv-cache-memory-bytes) sets the size
+# memory available when it sizes the cache (after the profile run) divided
+# among the local workers, and says so in its log; kv_cache_memory_bytes (--kv-cache-memory-bytes) sets the size
 # exactly, as on any platform.
 
 
@@ -47,7 +47,6 @@ class NpuPlatform(Platform):
     ray_device_key: str = ""
     dist_backend: str = "npu"  # npubridge.distributed: collectives of npu tensors
     simple_compile_backend: str = "eager"
-    device_control_env_var: str = "NPUB_VLLM_VISIBLE_DEVICES"
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
@@ -110,12 +109,22 @@ class NpuPlatform(Platform):
 
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
-        if getattr(attn_selector_config, "use_mla", False) or getattr(attn_selector_config, "use_sparse", False):
-            raise NotImplementedError("npubridge's vLLM platform: MLA and sparse attention have no npu backend "
-                                      "(vllm_like implements multi-head and grouped-query attention)")
-        if selected_backend is not None and getattr(selected_backend, "name", "") not in ("CUSTOM", ):
+        # vLLM's selector takes the platform's answer as it is: the platform
+        # checks the configuration against what the backend supports, as
+        # vLLM's CUDA platform does, so that an unsupported one (MLA, sliding
+        # windows on both sides, decode context parallelism, ...) is refused
+        # by name instead of running with other semantics.
+        from vllm.platforms.interface import DeviceCapability
+
+        from .attention import NpuAttentionBackend
+        if selected_backend is not None and getattr(selected_backend, "name", "") != "CUSTOM":
             logger.info("npu: attention backend %s is not available on the npu; using %s", selected_backend.name,
                         ATTENTION_BACKEND)
+        reasons = NpuAttentionBackend.validate_configuration(device_capability=DeviceCapability(0, 0),
+                                                             **attn_selector_config._asdict())
+        if reasons:
+            raise ValueError(f"npu attention (vllm_like::flash_attn_varlen) does not support this configuration: "
+                             f"{'; '.join(reasons)} ({attn_selector_config!r})")
         return ATTENTION_BACKEND
 
     @classmethod
@@ -148,6 +157,11 @@ class NpuPlatform(Platform):
         if compilation.mode != CompilationMode.NONE:
             logger.info("npu: running eagerly (compilation mode %s -> NONE)", compilation.mode)
         compilation.mode = CompilationMode.NONE
+        # Eager, vLLM's custom-op layers are on ("all"): the npu's versions
+        # (layers.py) are what run the fused ops. A compile backend named by
+        # the user made vLLM pick "none" before this point; the user's own
+        # "+op"/"-op" choices stay.
+        compilation.custom_ops = ["all" if c == "none" else c for c in compilation.custom_ops]
         compilation.cudagraph_mode = CUDAGraphMode.NONE
         compilation.cudagraph_capture_sizes = []
         compilation.max_cudagraph_capture_size = 0
@@ -161,7 +175,23 @@ class NpuPlatform(Platform):
         scheduler = vllm_config.scheduler_config
         scheduler.async_scheduling = False
 
+        if vllm_config.speculative_config is not None:
+            raise ValueError("npu: speculative decoding is not supported (its draft and rejection kernels are "
+                             "Triton code with no npu version)")
+        from vllm.triton_utils import HAS_TRITON
+        if HAS_TRITON:
+            # vLLM then sends the sampler's top-k/top-p and other steps to
+            # Triton kernels, which cannot take npu tensors.
+            raise RuntimeError("npu: vLLM found a usable Triton (a GPU driver is active), whose kernels cannot run on "
+                               "npu tensors; run without GPUs visible, or leave npubridge out with VLLM_PLUGINS")
+        if getattr(vllm_config, "use_v2_model_runner", False):
+            raise ValueError("npu: vLLM's V2 model runner (VLLM_USE_V2_MODEL_RUNNER=1) is not supported; the npu "
+                             "worker runs the V1 runner")
+
         parallel = vllm_config.parallel_config
+        if parallel.data_parallel_size > 1:
+            raise ValueError(f"npu: data parallelism ({parallel.data_parallel_size}) is not supported; tensor "
+                             f"parallelism is (one npu per rank)")
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER
         if getattr(parallel, "enable_dbo", False):

@@ -43,7 +43,6 @@ class NpuModelRunner(GPUModelRunner):
     def __init__(self, vllm_config, device: torch.device):
         with _npu_streams():
             super().__init__(vllm_config, device)
-        self.use_cuda_graph = False
 
     def _sync_device(self) -> None:
         torch.npu.synchronize(self.device)
