@@ -3,7 +3,7 @@
 # (and .json) for every in-tree plugin: cann_like's ATen ops with
 # npub-conformance (LibTorch), the plugin-only ops of mindspeed_like and
 # vllm_like with `python3 -m npubridge conformance` and their samples and
-# references (tools/conformance/plugins/<plugin>_conformance.py).
+# references (plugins/<plugin>/conformance/<plugin>_conformance.py).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 npub_setup
 npub_build_release
@@ -13,9 +13,9 @@ status=0
 "$NPUB_ROOT/build/release/bin/npub-conformance" --plugin "$plugins/libnpub_cann_like.so" \
   --md "$NPUB_ROOT/docs/coverage/cann_like.md" --json "$NPUB_ROOT/docs/coverage/cann_like.json" 2>/dev/null || status=1
 for plugin in mindspeed_like vllm_like; do
-  (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error \
+  (cd "$NPUB_ROOT" && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error \
      python3 -m npubridge conformance --plugin "$plugins/libnpub_${plugin}.so" \
-       --tests "$NPUB_ROOT/tools/conformance/plugins/${plugin}_conformance.py" \
+       --tests "plugins/${plugin}/conformance/${plugin}_conformance.py" \
        --report "$NPUB_ROOT/docs/coverage/${plugin}.md" --json "$NPUB_ROOT/docs/coverage/${plugin}.json") || status=1
 done
 exit $status

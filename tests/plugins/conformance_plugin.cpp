@@ -16,7 +16,7 @@
 //   9 conf_crash      aten::hardtanh.out segfaults (raises SIGSEGV), conf_crash::mul_add_backward
 //                     never returns, conf_crash::mul_add is correct (no derivative): the
 //                     tool reports the first two crashed and hung and still checks mul_add
-//  10 conf_crash_aten for npub-conformance (ops its samples.cpp covers): aten::relu_
+//  10 conf_crash_aten for npub-conformance (ops its samples cover): aten::relu_
 //                     segfaults, aten::isnan never returns, aten::relu {float32} is correct
 #include <npubridge/plugin_sdk.hpp>
 

@@ -1,7 +1,7 @@
 """mindspeed_like's fused training ops (plugins/mindspeed_like/src): gradcheck
 in float64 through each op's derivative, AdamW against torch.optim.AdamW, and
 the ops' error messages verbatim. Their samples against ATen references are
-in tools/conformance/plugins/mindspeed_like_conformance.py."""
+in plugins/mindspeed_like/conformance/mindspeed_like_conformance.py."""
 import re
 
 import pytest

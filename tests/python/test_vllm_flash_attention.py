@@ -6,7 +6,7 @@ the output dtype (prefill across blocks and key chunks, chunked prefill,
 decode, mixed batches, GQA 1/2/4, block sizes 16/32, shuffled block tables,
 sliding window, softcap, non-causal, padding rows, strided query, out and
 caches); errors by message. The conformance samples are in
-tools/conformance/plugins/vllm_like_conformance.py."""
+plugins/vllm_like/conformance/vllm_like_conformance.py."""
 import math
 
 import pytest

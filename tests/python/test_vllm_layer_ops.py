@@ -3,7 +3,7 @@ rotary_embedding.cpp) on npu tensors: values against float64 references with
 error bounds derived from each kernel's arithmetic (float32 compute, one
 rounding to the dtype per stored value), in-place semantics, and the error
 messages. The conformance samples are in
-tools/conformance/plugins/vllm_like_conformance.py."""
+plugins/vllm_like/conformance/vllm_like_conformance.py."""
 import math
 import re
 

@@ -88,8 +88,8 @@ void write_reports(const std::vector<Cell>& cells, const std::string& md, const 
          "the same op runs in ATen on the CPU (LibTorch "
       << torch_version
       << "), over the samples of "
-         "`tools/conformance/samples.cpp`. Floating results are compared with ATen run in float64 on the "
-         "same inputs, "
+         "`tools/conformance/samples/` (one file per op family). Floating results are compared with ATen "
+         "run in float64 on the same inputs, "
          "each element within a bound derived from the computation: the final rounding to the output dtype "
          "(ulps), plus "
          "K * u * sum|terms| for ops that sum K terms (u: float32's unit roundoff for float32 and half-type "

@@ -1,6 +1,7 @@
 // npub-conformance: checks a plugin's kernels against ATen (LibTorch on the
-// CPU is the oracle). Shared declarations of the tool's two translation
-// units (kept to two: each torch-including file costs ~30 s to compile).
+// CPU is the oracle). What the driver (npub_conformance.cpp) takes from the
+// sample families (samples/, and plugins/<plugin>/conformance/ for the
+// in-tree plugins' own ops; samples/sample_kit.h says how they register).
 #pragma once
 
 // Torch first: its bundled DLPack 1.x header then wins the include guard

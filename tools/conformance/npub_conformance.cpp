@@ -1,7 +1,7 @@
 // npub-conformance: runs every kernel of a plugin on the simulated NPU and the
-// same op in ATen on the CPU, over the samples of tools/conformance/
-// samples.cpp, and writes a coverage report (op x dtype x plugin: pass, fail
-// with the worst error, or not covered).
+// same op in ATen on the CPU, over the samples of tools/conformance/samples/
+// (one file per op family), and writes a coverage report (op x dtype x
+// plugin: pass, fail with the worst error, or not covered).
 //
 //   npub-conformance --plugin lib/npubridge/plugins/libnpub_cann_like.so
 //       [--plugin ...] [--all] [--op REGEX] [--md report.md] [--json report.json] [--seed S]
