@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     elif args.command == "conformance" and args.plugin:
         return _plugin_conformance(args, argv)
     elif args.command == "conformance":
-        from . import opinfo
+        from .conformance import opinfo
 
         import torch
 
@@ -190,7 +190,7 @@ def _plugin_conformance(args, argv) -> int:
         os.execve(sys.executable, [sys.executable, "-m", "npubridge"] + list(sys.argv[1:] if argv is None else argv),
                   env)
     if args.child_state:  # the child of run_in_child
-        from ._conformance_isolate import ChildCheckpoint, write_final
+        from .conformance.isolate import ChildCheckpoint, write_final
 
         report = conformance.run(args.plugin, args.op, args.tests, args.max_samples,
                                  checkpoint=ChildCheckpoint(args.child_state))

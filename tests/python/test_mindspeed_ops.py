@@ -333,7 +333,7 @@ def test_matmul_add_errors(shapes, message):
 # --- conformance --plugin on ops that write their arguments ---
 
 def test_conformance_reads_written_lists_and_flags_unwritten_changes():
-    from npubridge import _conformance_custom as custom
+    from npubridge.conformance import custom
 
     cop = custom.CustomOp("mindspeed_like::npu_apply_adam_w", None, None)
     cpu = [[torch.ones(3), torch.ones(2)], [torch.ones(3), torch.ones(2)], [torch.ones(3), torch.ones(2)],

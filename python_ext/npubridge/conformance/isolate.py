@@ -1,5 +1,5 @@
 """Crash and hang isolation for `python3 -m npubridge conformance --plugin`
-(conformance.py): the run goes on in a child process, in units (an OpInfo
+(plugin.py): the run goes on in a child process, in units (an OpInfo
 entry at one dtype, or one of the plugin's own ops at one dtype), and a
 kernel that kills the process (a segfault, an abort, _exit) or never
 returns is reported against the ops the unit was running, while the run
@@ -23,7 +23,7 @@ import tempfile
 import time
 from dataclasses import asdict
 
-from ._conformance_verdict import DIED, Cell
+from .verdict import DIED, Cell
 
 # Before the first sample: import torch, PyTorch's OpInfo database and the
 # tests file, on a loaded machine.

@@ -1,5 +1,5 @@
 """The plugin's own ops for `python3 -m npubridge conformance --plugin`
-(conformance.py): the samples and ATen-written reference of its
+(plugin.py): the samples and ATen-written reference of its
 npubridge.testing file, its meta function on fake tensors and its derivative
 formula against the reference's autograd and finite differences."""
 import itertools
@@ -7,20 +7,21 @@ import warnings
 
 import torch
 
-from . import _C, opinfo, testing
-from ._autograd import _resolve
-from ._conformance_isolate import Checkpoint
-from ._conformance_verdict import _first_line, _map, _phase, _tolerance, _to_float32, calibrated
+from .. import _C, testing
+from .._autograd import _resolve
+from .isolate import Checkpoint
+from .judge import calibrated, judgeable, to_device, to_float32, tolerance, tree_map, weighted_grads
+from .verdict import first_line, phase
 
 
 def _clone_cpu(x):
-    return _map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, x)
+    return tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, x)
 
 
-def _to_float64(x):
+def _float64_copy(x):
     # Copies even a float64 tensor: a reference of an op that writes its
     # arguments updates them in place, and must not update the sample's.
-    return _map(lambda t: t.detach().to(torch.float64, copy=True) if isinstance(t, torch.Tensor)
+    return tree_map(lambda t: t.detach().to(torch.float64, copy=True) if isinstance(t, torch.Tensor)
                 and t.is_floating_point() else (t.detach().clone() if isinstance(t, torch.Tensor) else t), x)
 
 
@@ -35,7 +36,7 @@ def _noncontiguous_like(t):
 
 
 def _noncontiguous(x):
-    return _map(lambda t: _noncontiguous_like(t) if isinstance(t, torch.Tensor) and t.numel() > 1 and t.dim() > 0
+    return tree_map(lambda t: _noncontiguous_like(t) if isinstance(t, torch.Tensor) and t.numel() > 1 and t.dim() > 0
                 else t, x)
 
 
@@ -106,14 +107,14 @@ def _judge_all(got, host, wide, what):
         g = g.detach().cpu()
         if w is not None and (w.shape != h.shape):
             w = None
-        if opinfo._judgeable(g) and opinfo._judgeable(h):
+        if judgeable(g) and judgeable(h):
             if w is None or not w.is_floating_point():
                 w = h.double() if h.is_floating_point() else h
             msg = _C.judge(g, h.detach(), w.detach())
             if msg:
                 raise AssertionError(f"{what} {i}: {msg}")
         else:
-            torch.testing.assert_close(g, h, equal_nan=True, check_device=False, **_tolerance(h.dtype))
+            torch.testing.assert_close(g, h, equal_nan=True, check_device=False, **tolerance(h.dtype))
 
 
 def _meta_check(cop, npu_args, npu_kwargs, got):
@@ -122,13 +123,13 @@ def _meta_check(cop, npu_args, npu_kwargs, got):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode(allow_non_fake_inputs=False) as mode:
-        fake_args = _map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, npu_args)
-        fake_kwargs = _map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, npu_kwargs)
+        fake_args = tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, npu_args)
+        fake_kwargs = tree_map(lambda t: mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, npu_kwargs)
         try:
             result = cop.packet(*fake_args, **fake_kwargs)
         except Exception as e:  # noqa: BLE001 - reported with the meta function named
             raise AssertionError(
-                f"the meta function raised on a sample the kernel computes: {_first_line(e)}") from None
+                f"the meta function raised on a sample the kernel computes: {first_line(e)}") from None
         declared = cop.outputs(result, list(fake_args), fake_kwargs)
         declared = [(tuple(t.shape), t.dtype) for t in declared]
     real = [(tuple(t.shape), t.dtype) for t in got]
@@ -163,7 +164,7 @@ def _gradient_check(cop, sample, dtype, gradcheck):
         for i in range(len(args)):
             if isinstance(args[i], torch.Tensor):
                 t = to(args[i].detach())
-                args[i] = opinfo._to(device)(t) if device != "cpu" else t.clone()
+                args[i] = to_device(device)(t) if device != "cpu" else t.clone()
         for i in inputs:
             args[i].requires_grad_(True)
         return args
@@ -174,26 +175,26 @@ def _gradient_check(cop, sample, dtype, gradcheck):
     npu_args = with_grad(sample.args, "npu", lambda t: t)
     npu_outs = pick(_as_list(cop.packet(*npu_args, **sample.kwargs)))
     weights = [torch.linspace(-1, 1, t.numel(), dtype=t.dtype).reshape(t.shape) for t in npu_outs]
-    npu_grads = opinfo._weighted_grads(npu_outs, [npu_args[i] for i in inputs], weights)
+    npu_grads = weighted_grads(npu_outs, [npu_args[i] for i in inputs], weights)
     host_args = with_grad(sample.args, "cpu", lambda t: t)
     try:
         host_outs = pick(cop.reference(host_args, sample.kwargs))
-        host_grads = opinfo._weighted_grads(host_outs, [host_args[i] for i in inputs], weights)
+        host_grads = weighted_grads(host_outs, [host_args[i] for i in inputs], weights)
         wide_args = with_grad(sample.args, "cpu", lambda t: t.double() if t.is_floating_point() else t)
         wide_outs = pick(cop.reference(wide_args, sample.kwargs))
-        wide_grads = opinfo._weighted_grads(wide_outs, [wide_args[i] for i in inputs],
+        wide_grads = weighted_grads(wide_outs, [wide_args[i] for i in inputs],
                                             [w.double() for w in weights])
         if dtype == torch.float64:
-            narrow_args = with_grad(sample.args, "cpu", _to_float32)
+            narrow_args = with_grad(sample.args, "cpu", to_float32)
             narrow_outs = pick(cop.reference(narrow_args, sample.kwargs))
-            narrow_grads = opinfo._weighted_grads(narrow_outs, [narrow_args[i] for i in inputs],
+            narrow_grads = weighted_grads(narrow_outs, [narrow_args[i] for i in inputs],
                                                   [w.float() for w in weights])
             host_grads = [calibrated(h, n) if h is not None and n is not None else h
                           for h, n in zip(host_grads, narrow_grads)]
     except Exception as e:  # noqa: BLE001 - the reference is not differentiable: only gradcheck can judge
         host_grads = None
         if not gradcheck:
-            raise AssertionError(f"the reference is not differentiable ({_first_line(e)}) and the kernel takes "
+            raise AssertionError(f"the reference is not differentiable ({first_line(e)}) and the kernel takes "
                                  "no float64 for gradcheck") from None
     if host_grads is not None:
         names = [cop.schema.arguments[i].name for i in inputs]
@@ -242,7 +243,7 @@ def run_custom(cells, ops, probe, max_samples, derivatives, where, log=print, ch
             cop = CustomOp(op, tests, derivatives.get(op))
         except Exception as e:  # noqa: BLE001 - PyTorch refused the op's schema
             for c in op_cells:
-                c.finish(f"PyTorch has no op {op} to call ({_first_line(e)})")
+                c.finish(f"PyTorch has no op {op} to call ({first_line(e)})")
             continue
         has_meta = _has_meta(op)
         source = f"tests {tests.where.rsplit(':', 1)[0]}"
@@ -256,7 +257,7 @@ def run_custom(cells, ops, probe, max_samples, derivatives, where, log=print, ch
             try:
                 samples = list(itertools.islice(tests.samples(dtype) or (), max_samples))
             except Exception as e:  # noqa: BLE001 - the author's sample function failed
-                cell.fail(f"the samples function raised for {dtype_name}: {_first_line(e)}")
+                cell.fail(f"the samples function raised for {dtype_name}: {first_line(e)}")
                 checkpoint.done(unit)
                 continue
             for i, s in enumerate(samples):
@@ -284,27 +285,27 @@ def _run_custom_sample(cell, cop, sample, dtype, source, label, probe, meta, gra
         host = cop.reference(_clone_cpu(list(sample.args)), _clone_cpu(sample.kwargs))
         ref_error = None
     except Exception as e:  # noqa: BLE001 - the reference rejects the sample: the kernel must too
-        host, ref_error = None, _first_line(e)
+        host, ref_error = None, first_line(e)
     wide = None
     if ref_error is None:
         try:
-            wide = cop.reference(_to_float64(list(sample.args)), _to_float64(sample.kwargs))
+            wide = cop.reference(_float64_copy(list(sample.args)), _float64_copy(sample.kwargs))
         except Exception:  # noqa: BLE001 - no float64 reference: the sample's dtype alone decides
             wide = None
         if dtype == torch.float64:
             try:
-                host = calibrated(host, cop.reference(_map(_to_float32, _clone_cpu(list(sample.args))),
-                                                      _map(_to_float32, _clone_cpu(sample.kwargs))))
+                host = calibrated(host, cop.reference(tree_map(to_float32, _clone_cpu(list(sample.args))),
+                                                      tree_map(to_float32, _clone_cpu(sample.kwargs))))
             except Exception:  # noqa: BLE001 - no float32 run: the float64 result alone is the host's
                 pass
-    npu_args = _map(opinfo._to("npu"), list(sample.args))
-    npu_kwargs = _map(opinfo._to("npu"), sample.kwargs)
+    npu_args = tree_map(to_device("npu"), list(sample.args))
+    npu_kwargs = tree_map(to_device("npu"), sample.kwargs)
     box = {}
 
     def forward():
         box["result"] = cop.packet(*npu_args, **npu_kwargs)
 
-    _, error, served, declined = _phase(probe, forward)
+    _, error, served, declined = phase(probe, forward)
     op = cop.name
     if op in declined and op not in served:
         cell.declined += 1
@@ -334,11 +335,11 @@ def _run_custom_sample(cell, cop, sample, dtype, source, label, probe, meta, gra
         cell.fail(f"{source} {label} (forward): {e}")
         return
     except Exception as e:  # noqa: BLE001
-        cell.fail(f"{source} {label} (forward): {_first_line(e)}")
+        cell.fail(f"{source} {label} (forward): {first_line(e)}")
         return
     if meta:
         try:
-            _meta_check(cop, _map(opinfo._to("npu"), list(sample.args)), _map(opinfo._to("npu"), sample.kwargs),
+            _meta_check(cop, tree_map(to_device("npu"), list(sample.args)), tree_map(to_device("npu"), sample.kwargs),
                         got)
             if "meta" not in cell.checks:
                 cell.checks.append("meta")
@@ -346,7 +347,7 @@ def _run_custom_sample(cell, cop, sample, dtype, source, label, probe, meta, gra
             cell.fail(f"{source} {label} (meta): {e}")
             return
         except Exception as e:  # noqa: BLE001
-            cell.fail(f"{source} {label} (meta): {_first_line(e)}")
+            cell.fail(f"{source} {label} (meta): {first_line(e)}")
             return
     if gradients and dtype.is_floating_point:
         try:
@@ -361,6 +362,6 @@ def _run_custom_sample(cell, cop, sample, dtype, source, label, probe, meta, gra
             cell.fail(f"{source} {label} (derivative): {e}")
             return
         except Exception as e:  # noqa: BLE001
-            cell.fail(f"{source} {label} (derivative): {_first_line(e)}")
+            cell.fail(f"{source} {label} (derivative): {first_line(e)}")
             return
     cell.passed += 1

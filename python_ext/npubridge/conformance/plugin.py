@@ -1,53 +1,25 @@
-"""Conformance of one plugin: ``python3 -m npubridge conformance --plugin lib.so``.
-
-Every op the plugin's kernels serve is run on npu with the plugin alone
-enabled, and each sample is credited to the plugin's kernel only when the
-dispatcher's statistics show that kernel served it (a kernel that declined
-hands the call to the CPU, which is "not covered: declined", never a pass).
-
-- ATen ops: PyTorch's OpInfo samples (forward, backward where the OpInfo
-  supports autograd, and a non-contiguous copy of every sample) for every
-  dtype the kernel declares, against the CPU, judged by the error model
-  (``_C.judge``, as the OpInfo runner in opinfo.py does). An aten op is mapped
-  to the OpInfo entries whose names match it (hardtanh.out and
-  hardtanh_backward.grad_input to nn.functional.hardtanh); a run counts for
-  every op of the plugin whose kernel it reached.
-- ATen ops PyTorch's OpInfo database has no entry for, when the plugin's
-  ``npubridge.testing`` file declares their samples and reference
-  (mindspeed_like's aten::_fused_adamw_): as the plugin's own ops below.
-- The plugin's own ops: the samples and ATen-written reference its
-  ``npubridge.testing`` file declares, plus its meta function against the
-  kernel's outputs (fake tensors) and its derivative formula against finite
-  differences (float64) and the reference's autograd.
-
-The verdict is per (op, dtype): passed, failed (the first failure, with the
-sample and the bound it missed), crashed or hung (the process running the
-op's samples died, or a sample did not finish within --timeout: the sample,
-the signal; the run goes on in a new process, _conformance_isolate.py) or
-not covered (why). See
-docs/plugin-authoring.md, "Testing your plugin: conformance".
-"""
+"""One plugin's conformance run (the package's docstring says what is
+checked): the plugin alone enabled, its ops split into ATen ops (aten.py)
+and its own (custom.py), in this process or in isolated children
+(isolate.py)."""
 import importlib
 import importlib.util
-import json
 import os
 import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Tuple
 
-import torch
-
-from . import _C, testing
-from ._conformance_custom import run_custom
-from ._conformance_isolate import Checkpoint, run_isolated
-from ._conformance_opinfo import opinfo_candidates, run_aten, unknown_to_aten
-from ._conformance_verdict import Cell, Probe, _first_line, _kernel_key
+from .. import _C, testing
+from . import opinfo
+from .aten import opinfo_candidates, run_aten, unknown_to_aten
+from .custom import run_custom
+from .isolate import Checkpoint, run_isolated
+from .report import Report
+from .verdict import Cell, Probe, first_line, kernel_key
 
 # The dtypes a kernel declaring "any" is run with.
 ANY_DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "bool")
-
 
 
 def find_plugin(path):
@@ -99,44 +71,13 @@ def select(op_names, wanted):
     return chosen, unmatched
 
 
-@dataclass
-class Report:
-    plugin: str
-    path: str
-    cells: List[Cell]
-    errors: List[str]  # what stopped a part of the run (a rejected plugin, a tests file that failed)
-    seconds: float = 0.0
-    notes: List[str] = field(default_factory=list)  # what the run changed to reach the plugin's kernels
-
-    def counts(self):
-        c = {"passed": 0, "failed": 0, "crashed": 0, "hung": 0, "not covered": 0}
-        for cell in self.cells:
-            c[cell.status] += 1
-        return c
-
-    def exit_status(self):
-        c = self.counts()
-        return 0 if not self.errors and c["failed"] == c["crashed"] == c["hung"] == 0 and c["passed"] > 0 else 1
-
-    def summary(self):
-        c = self.counts()
-        died = "".join(f"{c[k]} {k}, " for k in ("crashed", "hung") if c[k])
-        s = (f"conformance of plugin '{self.plugin}' ({self.path}): {len(self.cells)} op x dtype pairs: "
-             f"{c['passed']} passed, {c['failed']} failed, {died}{c['not covered']} not covered "
-             f"({sum(x.samples for x in self.cells)} samples, {self.seconds:.1f} s)")
-        if c["passed"] == 0 and not (c["failed"] or c["crashed"] or c["hung"]) and not self.errors:
-            s += "; nothing was covered"
-        return s
-
-
 def _has_opinfo(op):
-    from . import opinfo
     return bool(opinfo_candidates(op, opinfo.op_db()))
 
 
 def run(path, wanted_ops=(), tests=(), max_samples=8, log=print, checkpoint=None):
     """The report of the plugin at `path`, in this process. `checkpoint`
-    (_conformance_isolate) records the run's progress for a parent that
+    (isolate.py) records the run's progress for a parent that
     isolates crashes and hangs (run_isolated), and resumes a run."""
     start = time.time()
     checkpoint = checkpoint or Checkpoint()
@@ -177,7 +118,7 @@ def run(path, wanted_ops=(), tests=(), max_samples=8, log=print, checkpoint=None
         try:
             load_tests(f)
         except Exception as e:  # noqa: BLE001 - the author's file is broken: say so, go on with the rest
-            errors.append(f"the tests file {f} failed to import: {_first_line(e)}")
+            errors.append(f"the tests file {f} failed to import: {first_line(e)}")
             loaded = False
     declared = testing.registered()
     aten, custom = {}, {}
@@ -185,7 +126,7 @@ def run(path, wanted_ops=(), tests=(), max_samples=8, log=print, checkpoint=None
         by_dtype = {}
         for k in sorted(kernels[op], key=lambda k: -k["priority"]):
             for d in _dtype_names(k["dtypes"]):
-                by_dtype.setdefault(d, _kernel_key(k))
+                by_dtype.setdefault(d, kernel_key(k))
         for d, key in by_dtype.items():
             cells[(op, d)] = Cell(op=op, dtype=d, plugin=name, kernel=key)
         if op.startswith("aten::") and op in declared and not _has_opinfo(op):
@@ -238,56 +179,3 @@ def _unmap_hiding_entries(aten_ops, plugin_ops):
             notes.append(f"the op-mapping table routes {framework_op} to {target}, which would hide the plugin's "
                          "kernel: unmapped for this run")
     return notes
-
-
-def write_markdown(report, path):
-    c = report.counts()
-    with open(path, "w") as f:
-        f.write(f"# Conformance of plugin `{report.plugin}`\n\n`{report.path}`, PyTorch {torch.__version__}. "
-                "Generated by `python3 -m npubridge conformance`: ATen ops against PyTorch's OpInfo samples on "
-                "the CPU, the plugin's own ops against the reference of its tests file; every floating result "
-                "judged by the error model (docs/plugin-authoring.md, \"How your kernels are judged\"), with "
-                "the plugin alone enabled and each sample credited to its kernel only when that kernel served "
-                "it.\n\n")
-        died = "".join(f"{c[k]} {k}, " for k in ("crashed", "hung") if c[k])
-        f.write(f"**{c['passed']} op x dtype pairs passed, {c['failed']} failed, {died}{c['not covered']} not "
-                f"covered** ({report.seconds:.1f} s).\n\n")
-        for e in report.errors:
-            f.write(f"- error: {e}\n")
-        for n in report.notes:
-            f.write(f"- note: {n}\n")
-        if report.errors or report.notes:
-            f.write("\n")
-        f.write("| op | dtype | result | kernel | samples | checks | source | detail |\n"
-                "|---|---|---|---|---|---|---|---|\n")
-        for x in report.cells:
-            detail = x.reason.replace("|", "\\|").replace("\n", " ")
-            f.write(f"| `{x.op}` | {x.dtype} | {x.status} | {x.plugin} {x.kernel} | {x.passed}/{x.samples}"
-                    f"{f', {x.declined} declined' if x.declined else ''} | {', '.join(x.checks)} | "
-                    f"{', '.join(x.sources)} | {detail} |\n")
-
-
-def write_json(report, path):
-    with open(path, "w") as f:
-        json.dump({"plugin": report.plugin, "path": report.path, "torch": torch.__version__,
-                   "seconds": round(report.seconds, 2), "summary": report.counts(), "errors": report.errors,
-                   "notes": report.notes,
-                   "results": [asdict(c) for c in report.cells]}, f, indent=1)
-
-
-def print_report(report, out=print):
-    for n in report.notes:
-        out(f"note: {n}")
-    for e in report.errors:
-        out(f"ERROR {e}")
-    for c in report.cells:
-        if c.status == "failed":
-            out(f"FAIL {c.plugin} {c.op} {c.dtype} [kernel {c.kernel}]: {c.reason}")
-        elif c.status in ("crashed", "hung"):
-            out(f"{c.status.upper()} {c.plugin} {c.op} {c.dtype} [kernel {c.kernel}]: {c.reason}")
-        elif c.status == "not covered":
-            out(f"NOT COVERED {c.plugin} {c.op} {c.dtype}: {c.reason}")
-        else:
-            out(f"PASS {c.plugin} {c.op} {c.dtype} [kernel {c.kernel}]: {c.passed}/{c.samples} samples "
-                f"({', '.join(c.checks)})" + (f"; {c.reason}" if c.reason else ""))
-    out(report.summary())

@@ -1,29 +1,13 @@
-"""How `python3 -m npubridge conformance --plugin` attributes and judges a
-sample (conformance.py): the verdict per (op, dtype) (Cell), which kernel
-served a stretch of calls (Probe, from the dispatcher's statistics), and the
-host result float64 samples are judged against."""
+"""How `python3 -m npubridge conformance --plugin` attributes a sample
+(plugin.py): the verdict per (op, dtype) (Cell), and which kernel served a
+stretch of calls (Probe, from the dispatcher's statistics); how results are
+compared is judge.py's."""
 import re
 import warnings
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-import torch
-
-from . import _C, opinfo
-
-# Only where the error model cannot judge (complex results, an op with no
-# float64 CPU kernel): the CPU's result at a per-dtype tolerance, as
-# opinfo.TOLERANCE for the dtypes it runs; integer and bool results exact.
-TOLERANCE = {
-    torch.float64: dict(atol=1e-10, rtol=1e-10), torch.float32: dict(atol=1e-4, rtol=1e-4),
-    torch.float16: dict(atol=1e-2, rtol=1e-2), torch.bfloat16: dict(atol=2e-2, rtol=1.6e-2),
-}
-_EXACT = dict(atol=0, rtol=0)
-
-
-def _tolerance(dtype):
-    return TOLERANCE.get(dtype, _EXACT)
-
+from .. import _C
 
 # The error model's message: "... (error 0.25 > bound 3.57628e-07: ...".
 _JUDGED = re.compile(r"error ([0-9.eE+-]+|inf|nan) > bound ([0-9.eE+-]+|inf|nan)")
@@ -92,7 +76,7 @@ class Cell:
 # ---------------------------------------------------------------------------
 
 
-def _kernel_key(k):
+def kernel_key(k):
     return f"p{k['priority']} {{{k['dtypes']}}}"
 
 
@@ -108,7 +92,7 @@ class Probe:
         for op, s in _C.stats().items():
             if op not in self.ops:
                 continue
-            kernels = {_kernel_key(k): k["calls"] for k in s.get("kernels", []) if k["plugin"] == self.plugin}
+            kernels = {kernel_key(k): k["calls"] for k in s.get("kernels", []) if k["plugin"] == self.plugin}
             if not kernels and self.plugin in s["native"]:  # a build without per-kernel statistics
                 kernels = {"": s["native"][self.plugin]}
             snap[op] = (kernels, s["fallbacks"], s["errors"])
@@ -133,64 +117,34 @@ class Probe:
         return served, declined
 
 
-def _first_line(e):
+def first_line(e):
     text = str(e).strip()
     return f"{type(e).__name__}: " + (text.splitlines()[0] if text else "")[:400]
 
 
-def _phase(probe, fn):
-    """Runs fn(); returns (result, error message or None, served, declined)."""
+def phase(probe, fn):
+    """Runs fn(); returns (result, error message or None, served, declined):
+    the ops whose kernels the calls reached, and those whose kernels
+    declined (none without a probe: the OpInfo database run)."""
+    if probe is None:
+        probe = _NO_PROBE
     before = probe.snapshot()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             result, error = fn(), None
     except Exception as e:  # noqa: BLE001 - a failing call is a verdict, not a crash of the tool
-        result, error = None, _first_line(e)
+        result, error = None, first_line(e)
     served, declined = probe.delta(before)
     return result, error, served, declined
 
-# Note [Judging float64 results]
-# The error model bounds a result by a few ulps of the float64 reference plus
-# four times the error ATen's own result in the op's dtype shows against it.
-# For a float64 op the reference is ATen's float64 result itself, which
-# would leave no allowance for a different summation order: ATen's own
-# float64 error is estimated instead from its float32 run on the same
-# inputs, scaled by the ratio of the unit roundoffs (2^-53 / 2^-24), as the
-# error bounds of the model scale with u, doubled because the reference is
-# then a float64 result carrying the same kind of error as the kernel's (as
-# npub-conformance allows a float64 kernel twice the bound), and doubled
-# again because one float32 run is one draw of an error that depends on the
-# order of the sums (a backward pass through five kernels missed 2x by 8%
-# on cann_like). A defect (a dropped term, float64 read as float) misses
-# this by many orders of magnitude still. The float32 run also starts from
-# rounded inputs, so the estimate includes the op's sensitivity to a
-# float64 rounding of its inputs: the allowance of a backward-stable kernel.
-# `calibrated` makes the host result the judge compares with: the float64
-# result moved by that estimate.
-_F64_PER_F32 = 4 * 2.0 ** -29
+
+class _NoProbe:
+    def snapshot(self):
+        return {}
+
+    def delta(self, before):
+        return {}, {}
 
 
-def _to_float32(t):
-    if isinstance(t, torch.Tensor) and t.dtype == torch.float64:
-        return t.detach().float().requires_grad_(t.requires_grad)
-    return t
-
-
-def calibrated(host, narrow):
-    """host (float64 results) moved by their float32 counterparts' error,
-    scaled to float64 (Note [Judging float64 results]); host where there is
-    no counterpart."""
-    if narrow is None:
-        return host
-    hosts, narrows = opinfo._tensors(host), opinfo._tensors(narrow)
-    if len(hosts) != len(narrows):
-        return host
-    moved = iter([h.detach() + (n.detach().double() - h.detach()).nan_to_num(0, 0, 0) * _F64_PER_F32
-                  if h.dtype == torch.float64 and n.is_floating_point() and n.shape == h.shape else h
-                  for h, n in zip(hosts, narrows)])
-    return _map(lambda t: next(moved) if isinstance(t, torch.Tensor) else t, host)
-
-
-def _map(fn, x):
-    return opinfo._tree_map(fn, x)
+_NO_PROBE = _NoProbe()
