@@ -35,7 +35,7 @@ case "$suite" in
     ;;
   vllm)
     (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error \
-       python3 -m npubridge.vllm.bench --json "$NPUB_ROOT/bench/results/vllm.json" "${@:2}")
+       python3 "$NPUB_ROOT/bench/bench_vllm.py" --json "$NPUB_ROOT/bench/results/vllm.json" "${@:2}")
     ;;
   dist)
     (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error GLOO_SOCKET_IFNAME=lo \

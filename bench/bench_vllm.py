@@ -1,7 +1,7 @@
 """vLLM on the npu: speed figures, all measured in one run; each figure is
 printed with its target and whether it was met.
 
-- the attention kernels (npubridge.vllm._bench_kernels): decode attention,
+- the attention kernels (bench/vllm_kernels.py): decode attention,
   paged kernel against scaled_dot_product_attention over a contiguous
   cache; paged_attention_v2 against v1 at 16k context; and the prefill
   kernel vLLM's attention backend runs (vllm_like::flash_attn_varlen), its
@@ -11,7 +11,7 @@ printed with its target and whether it was met.
   against transformers' static-batch generate() on the CPU for the same
   model.
 
-Usage: python3 -m npubridge.vllm.bench [--quick] [--json PATH]
+Usage: PYTHONPATH=build/release/python python3 bench/bench_vllm.py [--quick] [--json PATH]
 (./scripts/bench.sh vllm writes bench/results/vllm.json). --quick runs a
 smaller model and workload, for a smoke test.
 """
@@ -95,13 +95,14 @@ def workload(num, prompt_range, output_range, vocab, seed=0):
 
 
 def bench_kernels(quick):
-    """The attention kernels' figures, measured by npubridge.vllm._bench_kernels
-    (median of interleaved runs; one line per case, the target on the worst)."""
+    """The attention kernels' figures, measured by vllm_kernels.py beside this
+    file (median of interleaved runs; one line per case, the target on the
+    worst)."""
     try:
-        from npubridge.vllm import _bench_kernels
+        import vllm_kernels
         why = None
     except ImportError as e:
-        _bench_kernels, why = None, f"npubridge.vllm._bench_kernels not importable ({e})"
+        vllm_kernels, why = None, f"bench/vllm_kernels.py not importable ({e})"
     sections = (("decode_vs_sdpa", "decode attention, paged kernel vs SDPA over a contiguous cache", "worst_ratio",
                  ("<=", 1.25), "ratio"),
                 ("v2_vs_v1", "paged_attention v2 vs v1 at 16k context, 4 sequences", "worst_target_speedup",
@@ -114,10 +115,10 @@ def bench_kernels(quick):
                 ("flash_decode", "decode attention, flash_attn_varlen vs paged_attention_v1", "worst_ratio",
                  ("<=", 1.25), "ratio"))
     for fn, name, key, target, case_key in sections:
-        if _bench_kernels is None or not hasattr(_bench_kernels, fn):
-            missing(name, why or f"npubridge.vllm._bench_kernels has no {fn}")
+        if vllm_kernels is None or not hasattr(vllm_kernels, fn):
+            missing(name, why or f"bench/vllm_kernels.py has no {fn}")
             continue
-        got = dict(getattr(_bench_kernels, fn)(quick))
+        got = dict(getattr(vllm_kernels, fn)(quick))
         cases = got.pop("cases", [])
         fields = {k: v for k, v in got.items() if k not in ("name", "met") and not k.startswith("target_")}
         fields["cases"] = cases
@@ -243,7 +244,7 @@ def bench_throughput(quick, model):
 
 
 def main():
-    parser = argparse.ArgumentParser(prog="python3 -m npubridge.vllm.bench", description=__doc__,
+    parser = argparse.ArgumentParser(prog="bench_vllm.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a smaller model and workload: a smoke test, under ~2 minutes")
     parser.add_argument("--json", metavar="PATH", help="write the figures to this JSON file")
@@ -253,7 +254,7 @@ def main():
     import npubridge
 
     if "vllm_like" not in {p["name"] for p in npubridge.plugins()}:
-        sys.exit("npubridge.vllm.bench: the vllm_like plugin is not loaded: " + "; ".join(npubridge.load_failures()))
+        sys.exit("bench_vllm.py: the vllm_like plugin is not loaded: " + "; ".join(npubridge.load_failures()))
     t0 = time.perf_counter()
     model = make_model(args.quick)
     print(f"model: {describe(model)}\n", flush=True)

@@ -1,7 +1,7 @@
 """Kernel benchmarks of vllm_like's paged attention, for the engine bench
-(npubridge.vllm.bench) and on their own:
+(bench/bench_vllm.py, ./scripts/bench.sh vllm) and on their own:
 
-    python3 -m npubridge.vllm._bench_kernels [--quick] [--json PATH]
+    PYTHONPATH=build/release/python python3 bench/vllm_kernels.py [--quick] [--only sdpa|v2|flash] [--json PATH]
 
 decode_vs_sdpa: paged_attention_v1 over a paged cache (shuffled blocks) on
 the npu against torch.nn.functional.scaled_dot_product_attention over
@@ -52,7 +52,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from . import _custom_ops as ops
+from npubridge.vllm import _custom_ops as ops
 
 
 def _medians(fns, reps, settle=0.0):
