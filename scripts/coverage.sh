@@ -12,9 +12,11 @@ plugins="$NPUB_ROOT/build/release/lib/npubridge/plugins"
 status=0
 "$NPUB_ROOT/build/release/bin/npub-conformance" --plugin "$plugins/libnpub_cann_like.so" \
   --md "$NPUB_ROOT/docs/coverage/cann_like.md" --json "$NPUB_ROOT/docs/coverage/cann_like.json" 2>/dev/null || status=1
+# Paths relative to the repository: the reports name the plugin and its
+# tests file alike on every machine.
 for plugin in mindspeed_like vllm_like; do
   (cd "$NPUB_ROOT" && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error \
-     python3 -m npubridge conformance --plugin "$plugins/libnpub_${plugin}.so" \
+     python3 -m npubridge conformance --plugin "build/release/lib/npubridge/plugins/libnpub_${plugin}.so" \
        --tests "plugins/${plugin}/conformance/${plugin}_conformance.py" \
        --report "$NPUB_ROOT/docs/coverage/${plugin}.md" --json "$NPUB_ROOT/docs/coverage/${plugin}.json") || status=1
 done
