@@ -1,11 +1,11 @@
 #include "host_api.h"
 
 #include <npubridge/dispatcher/tensor.h>
+#include <npubridge/registry/derivative_formula.h>
 #include <npubridge/support/dtype.h>
 #include <npubridge/support/error.h>
 #include "logging.h"
 
-#include <algorithm>
 #include <cstring>
 
 namespace npub {
@@ -319,7 +319,8 @@ NpubError* set_output_meta(NpubMetaContext* ctx, int32_t ret_index, int32_t ndim
   return nullptr;
 }
 
-// Parses and checks a derivative formula (see NpubHostApi.define_derivative).
+// Checks and stages a derivative formula (NpubHostApi.define_derivative);
+// registry/src/derivative_formula.cpp parses it.
 NpubError* define_derivative(NpubRegistrar* r, const char* op_name, const char* formula) {
   if (r == nullptr) return make_error(NPUB_ERR_INVALID_ARGUMENT, "define_derivative: registrar is NULL");
   if (!r->open) return registration_error(r, "define_derivative called after initialize returned");
@@ -330,112 +331,20 @@ NpubError* define_derivative(NpubRegistrar* r, const char* op_name, const char* 
   const reg::Schema* fwd = staged_or_registered_schema(r, op);
   if (fwd == nullptr)
     return registration_error(r, where + ": op '" + op + "' is not defined; define its schema first");
-  for (const auto& a : fwd->arguments)
-    if (a.is_write())
-      return registration_error(
-          r, where + ": the op writes argument '" + a.name + "'; only functional ops can be differentiated");
   for (const auto& d : r->derivatives)
     if (d.first == op)
       return registration_error(r, where + ": the op already has a derivative from this plugin");
   if (const reg::OpEntry* e = r->registry->find(op); e != nullptr && e->derivative() != nullptr)
     return registration_error(
         r, where + ": the op already has a derivative (from plugin '" + e->derivative()->plugin + "')");
-
-  auto trim = [](std::string x) {
-    const size_t b = x.find_first_not_of(" \t"), e = x.find_last_not_of(" \t");
-    return b == std::string::npos ? std::string() : x.substr(b, e - b + 1);
-  };
-  auto split = [&](const std::string& x) {
-    std::vector<std::string> parts;
-    size_t start = 0;
-    for (size_t i = 0; i <= x.size(); ++i)
-      if (i == x.size() || x[i] == ',') {
-        parts.push_back(trim(x.substr(start, i - start)));
-        start = i + 1;
-      }
-    return parts;
-  };
-  const size_t colon = text.find(": ");
-  const size_t open = text.find('(', colon == std::string::npos ? 0 : colon);
-  if (colon == std::string::npos || open == std::string::npos || text.back() != ')')
-    return registration_error(r, where + ": expected \"<inputs>: <backward op>(<arguments>)\"");
-  reg::Derivative d;
-  d.formula = text;
-  d.plugin = r->plugin ? r->plugin->name : "host";
-  d.backward = trim(text.substr(colon + 2, open - colon - 2));
-  const reg::Schema* bwd = staged_or_registered_schema(r, d.backward);
-  if (bwd == nullptr)
-    return registration_error(
-        r, where + ": backward op '" + d.backward + "' is not defined; define its schema first");
-  auto arg_index = [&](const std::string& name) -> int32_t {
-    for (size_t i = 0; i < fwd->arguments.size(); ++i)
-      if (fwd->arguments[i].name == name) return static_cast<int32_t>(i);
-    return -1;
-  };
-  auto is_tensor = [](const reg::Argument& a) {
-    return a.type.base == reg::BaseType::kTensor && !a.type.list;
-  };
-  for (const std::string& name : split(text.substr(0, colon))) {
-    const int32_t i = arg_index(name);
-    if (i < 0) return registration_error(r, where + ": '" + name + "' is not an argument of " + op);
-    if (!is_tensor(fwd->arguments[static_cast<size_t>(i)]))
-      return registration_error(
-          r, where + ": argument '" + name + "' is not a Tensor and cannot receive a gradient");
-    if (std::find(d.inputs.begin(), d.inputs.end(), i) != d.inputs.end())
-      return registration_error(r, where + ": '" + name + "' is listed twice");
-    d.inputs.push_back(i);
+  try {
+    reg::Derivative d = reg::parse_derivative_formula(
+        op, *fwd, text, [&](const std::string& name) { return staged_or_registered_schema(r, name); });
+    d.plugin = r->plugin ? r->plugin->name : "host";
+    r->derivatives.emplace_back(op, std::move(d));
+  } catch (const reg::DerivativeFormulaError& e) {
+    return registration_error(r, where + ": " + e.what());
   }
-  const std::string inner = text.substr(open + 1, text.size() - open - 2);
-  const std::vector<std::string> args = trim(inner).empty() ? std::vector<std::string>() : split(inner);
-  const int32_t nret = static_cast<int32_t>(fwd->returns.size());
-  for (const std::string& a : args) {
-    reg::Derivative::Arg arg{reg::Derivative::Arg::kInput, -1};
-    auto indexed = [&](const char* prefix, reg::Derivative::Arg::Kind kind) {
-      const std::string p = prefix;
-      if (a.rfind(p + "[", 0) != 0 || a.back() != ']') return false;
-      const std::string num = a.substr(p.size() + 1, a.size() - p.size() - 2);
-      if (num.empty() || num.find_first_not_of("0123456789") != std::string::npos || num.size() > 3)
-        return false;
-      arg = {kind, std::stoi(num)};
-      return true;
-    };
-    if (a == "grad")
-      arg = {reg::Derivative::Arg::kGrad, 0};
-    else if (a == "result")
-      arg = {reg::Derivative::Arg::kResult, 0};
-    else if (!indexed("grads", reg::Derivative::Arg::kGrad) &&
-             !indexed("results", reg::Derivative::Arg::kResult)) {
-      arg.index = arg_index(a);
-      if (arg.index < 0)
-        return registration_error(
-            r, where + ": '" + a + "' is neither grads[i], results[i] nor an argument of " + op);
-    }
-    if (arg.kind != reg::Derivative::Arg::kInput) {
-      if (arg.index >= nret)
-        return registration_error(
-            r, where + ": '" + a + "' but the op has " + std::to_string(nret) + " returns");
-      if (!is_tensor(fwd->returns[static_cast<size_t>(arg.index)]))
-        return registration_error(r, where + ": '" + a + "' refers to a return that is not a Tensor");
-    }
-    d.args.push_back(arg);
-  }
-  size_t required = bwd->arguments.size();
-  while (required > 0 && bwd->arguments[required - 1].default_value) --required;
-  if (d.args.size() < required || d.args.size() > bwd->arguments.size())
-    return registration_error(
-        r, where + ": backward op '" + d.backward + "' takes " +
-               (required == bwd->arguments.size()
-                    ? std::to_string(required)
-                    : std::to_string(required) + " to " + std::to_string(bwd->arguments.size())) +
-               " arguments but the formula passes " + std::to_string(d.args.size()));
-  if (bwd->returns.size() != d.inputs.size())
-    return registration_error(r, where + ": backward op '" + d.backward + "' returns " +
-                                     std::to_string(bwd->returns.size()) + " values but the formula lists " +
-                                     std::to_string(d.inputs.size()) + " inputs");
-  for (const auto& ret : bwd->returns)
-    if (!is_tensor(ret))
-      return registration_error(r, where + ": backward op '" + d.backward + "' must return Tensors");
-  r->derivatives.emplace_back(op, std::move(d));
   return nullptr;
 }
 

@@ -3,6 +3,8 @@
 // in the parsed form the graph compiler's matcher reads
 // (python_ext/npubridge/_compile/patterns.py; docs/graph-mode.md, "Fusion
 // patterns").
+#include "bindings/bindings.h"
+
 #include <pybind11/pybind11.h>
 
 #include <npubridge/dispatcher/runtime.h>

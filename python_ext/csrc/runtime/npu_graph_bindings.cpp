@@ -1,6 +1,8 @@
 // Python bindings of graph capture: npubridge._C._NPUGraph (what
 // torch.npu.NPUGraph wraps, npubridge/_graphs.py), the pool handle, the
 // capture query and the registration for torch.accelerator.Graph.
+#include "bindings/bindings.h"
+
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 

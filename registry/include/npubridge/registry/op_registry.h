@@ -12,6 +12,7 @@
 #pragma once
 
 #include <npubridge/plugin_api.h>
+#include <npubridge/registry/derivative_formula.h>
 #include <npubridge/registry/fusion_pattern.h>
 #include <npubridge/registry/schema.h>
 #include <npubridge/support/dtype.h>
@@ -101,20 +102,6 @@ struct MetaFunction {
   NpubMetaFn fn = nullptr;
   std::shared_ptr<PluginRecord> plugin;  // keeps fn's code loaded
   void* user_data = nullptr;             // NpubHostApi.register_meta_with_data (\since 1.4)
-};
-
-// How to differentiate an op through another op, as a plugin declared it
-// (NpubHostApi.define_derivative).
-struct Derivative {
-  struct Arg {
-    enum Kind { kGrad, kResult, kInput } kind;
-    int32_t index;  // return index (kGrad, kResult) or argument index (kInput)
-  };
-  std::string backward;         // qualified name of the backward op
-  std::vector<int32_t> inputs;  // forward argument receiving backward return i
-  std::vector<Arg> args;        // the backward op's arguments, in order
-  std::string formula;          // as declared
-  std::string plugin;
 };
 
 // What an op has besides kernels; immutable once published.
