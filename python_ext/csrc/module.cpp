@@ -16,6 +16,7 @@
 #include "aten/mapped_ops.h"
 #include "aten/precision_check.h"
 #include "aten/register_plugin_ops.h"
+#include "aten/routes.h"
 #include "init.h"
 #include "runtime/generator.h"
 #include "runtime/npu_runtime.h"
@@ -375,14 +376,23 @@ PYBIND11_MODULE(_C, m) {
     }
     return out;
   });
-  m.def("routed_ops", [] {
-    py::dict d;
-    d["native"] = npub::torch_backend::g_native;
-    d["via_out"] = npub::torch_backend::g_via_out;
-    d["custom"] = npub::torch_backend::g_custom;
-    d["mapped"] = npub::torch_backend::mapped_routes();
-    return d;
-  });
+  // The route table (aten/routes.h), typed: what the lowering and
+  // npubridge.routed_ops() read.
+  {
+    using npub::torch_backend::RouteEntry;
+    py::class_<RouteEntry>(m, "Route")
+        .def_readonly("op", &RouteEntry::op)
+        .def_property_readonly("kind",
+                               [](const RouteEntry& e) { return npub::torch_backend::route_name(e.route); })
+        .def_readonly("target", &RouteEntry::target)
+        .def_property_readonly(
+            "origin", [](const RouteEntry& e) { return npub::torch_backend::route_origin_name(e.origin); })
+        .def("__repr__", [](const RouteEntry& e) {
+          return "Route(" + e.op + " -> " + e.target + ", " + npub::torch_backend::route_name(e.route) +
+                 ", " + npub::torch_backend::route_origin_name(e.origin) + ")";
+        });
+    m.def("routes", &npub::torch_backend::routes);
+  }
   // npubridge's schema parser, for the tests that hold it against PyTorch's
   // (Note [Defaults PyTorch takes], registry/src/schema.cpp): the canonical
   // text, or ValueError with the parser's message.
