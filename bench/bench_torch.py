@@ -29,6 +29,29 @@ def add_stream(device, n, count):
     return run
 
 
+def small_op_chain(device, count):
+    """Eager per-op overhead: a chain of small functional, in-place and
+    unary ops (the unboxed bridge's call plans on npu), 8 ops a step."""
+    a = torch.randn(64, device=device)
+    b = torch.randn(64, device=device)
+
+    def run():
+        x = a.clone()
+        for _ in range(count):
+            y = x + b
+            y.mul_(0.5)
+            y = torch.relu(y)
+            y = y - b
+            x = y * 0.999
+            x.add_(b, alpha=0.001)
+            x = torch.neg(x)
+            x = torch.abs(x)
+        if device != "cpu":
+            torch.npu.synchronize()
+        return x
+    return run
+
+
 def main():
     results = []
 
@@ -40,6 +63,8 @@ def main():
               f"(target <= {target}) {'ok' if ratio <= target else 'MISSED'}", flush=True)
 
     record("10,000 adds of 1,000 elements", add_stream("npu", 1000, 10000), add_stream("cpu", 1000, 10000), 1.5, reps=3)
+    record("eager chain of 8 small ops x 2,000 (64 elements)", small_op_chain("npu", 2000),
+           small_op_chain("cpu", 2000), 3.0, reps=3)
     record("100 adds of 1M elements", add_stream("npu", 1 << 20, 100), add_stream("cpu", 1 << 20, 100), 1.1)
     x = torch.randn(1 << 20)
     xn = x.npu()

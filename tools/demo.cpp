@@ -21,21 +21,19 @@ namespace {
 
 // The host framework's own tan, used by the dispatcher as the fallback:
 // copy to host memory, compute, copy back (through the copy engine).
-void host_fallback(Runtime& rt, const reg::OpEntry& op, const NpubValue* args, int32_t, NpubValue* rets,
-                   int32_t, OutputAllocator& outputs) {
-  if (op.name() != "aten::tan")
-    throw Error(ErrorCode::kUnsupported, "the demo host has no implementation of " + op.name());
-  const DLTensor* x = args[0].u.tensor;
+void host_fallback(const FallbackCall& call) {
+  if (call.op.name() != "aten::tan")
+    throw Error(ErrorCode::kUnsupported, "the demo host has no implementation of " + call.op.name());
+  const DLTensor* x = call.args[0].u.tensor;
   std::vector<int64_t> shape(x->shape, x->shape + x->ndim);
   Tensor staged = Tensor::empty(shape, DType::kFloat64, nullptr);
   sim::copy_tensor(*staged.dl(), *x);
   std::vector<double> v = staged.to_doubles();
   for (double& e : v) e = std::tan(e);
-  DLTensor* out = outputs.allocate(0, x->device, x->ndim, x->shape, x->dtype);
+  DLTensor* out = call.outputs.allocate(0, x->device, x->ndim, x->shape, x->dtype);
   Tensor result = Tensor::from_values(shape, DType::kFloat64, v, nullptr);
   sim::copy_tensor(*out, *result.dl());
-  rets[0] = tensor_value(out);
-  (void)rt;
+  call.rets[0] = tensor_value(out);
 }
 
 void print_tensor(const char* name, const Tensor& t) {
@@ -130,8 +128,7 @@ int main(int argc, char** argv) {
     print_op_table(rt, full_op_table);
 
     Dispatcher& d = rt.dispatcher();
-    d.set_fallback([&rt](const reg::OpEntry& op, const NpubValue* a, int32_t na, NpubValue* r, int32_t nr,
-                         OutputAllocator& o) { host_fallback(rt, op, a, na, r, nr, o); });
+    d.set_fallback(&host_fallback);
     sim::Device* npu0 = &rt.devices().at(0);
 
     std::printf("\nOn npu:0:\n");

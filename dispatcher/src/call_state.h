@@ -13,14 +13,6 @@
 
 namespace npub {
 
-// How a call's written tensors share memory with its other tensors
-// (Note [Memory overlap], overlap.h).
-enum class Overlap : uint8_t {
-  kNone,    // no written tensor shares memory with another tensor
-  kFull,    // only as the very same view: alias-safe kernels may serve it
-  kUnsafe,  // no kernel may serve it: the fallback does
-};
-
 struct Dispatcher::CallState {
   const OpHandle* handle = nullptr;
   reg::OpEntry* op = nullptr;
@@ -29,6 +21,7 @@ struct Dispatcher::CallState {
   NpubValue* rets = nullptr;
   int32_t num_rets = 0;
   OutputAllocator* outputs = nullptr;
+  void* host_call = nullptr;  // the host's view of the call, for its fallback (FallbackCall::host_call)
   DLDevice device{};
   bool has_device = false;
   DType dtype = DType::kUnknown;     // the dispatch dtype

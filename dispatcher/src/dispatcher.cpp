@@ -361,9 +361,18 @@ const reg::Kernel* Dispatcher::select(const OpHandle& handle, const NpubValue* a
   cs.overlap = classify_overlap(cs, refuses_overlaps());
   if (!cs.has_device)
     cs.device = DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), devices_.current_device()};
+  DType convert_from = DType::kUnknown;
+  return choose(cs, &convert_from);
+}
+
+const reg::Kernel* Dispatcher::choose(CallState& cs, DType* convert_from) const {
+  *convert_from = DType::kUnknown;
   const reg::Kernel* k = select_kernel(cs, cs.dtype);
-  if (k == nullptr && dtype_conversion() && (cs.dtype == DType::kFloat16 || cs.dtype == DType::kBFloat16))
+  if (k == nullptr && (cs.dtype == DType::kFloat16 || cs.dtype == DType::kBFloat16) &&
+      dtype_conversion_.load(std::memory_order_relaxed)) {
     k = select_kernel(cs, DType::kFloat32);
+    if (k != nullptr) *convert_from = cs.dtype;
+  }
   return k;
 }
 
@@ -612,7 +621,7 @@ void Dispatcher::call(std::string_view op_name, const NpubValue* args, int32_t n
 }
 
 void Dispatcher::call(const OpHandle& handle, const NpubValue* args, int32_t num_args, NpubValue* rets,
-                      int32_t num_rets, OutputAllocator* outputs) {
+                      int32_t num_rets, OutputAllocator* outputs, void* host_call) {
   if (!handle) throw Error(ErrorCode::kInvalidArgument, "Dispatcher::call: empty op handle");
   const int64_t t0 = TickClock::now();
   reg::OpStats& stats = handle.op->stats();
@@ -626,18 +635,14 @@ void Dispatcher::call(const OpHandle& handle, const NpubValue* args, int32_t num
   cs.num_rets = num_rets;
   NoOutputs no_outputs(handle.op->name());
   cs.outputs = outputs != nullptr ? outputs : &no_outputs;
+  cs.host_call = host_call;
   try {
     validate(cs);
     cs.overlap = classify_overlap(cs, refuses_overlaps());
     if (!cs.has_device)
       cs.device = DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), devices_.current_device()};
     DType convert_from = DType::kUnknown;
-    const reg::Kernel* k = select_kernel(cs, cs.dtype);
-    if (k == nullptr && (cs.dtype == DType::kFloat16 || cs.dtype == DType::kBFloat16) &&
-        dtype_conversion_.load(std::memory_order_relaxed)) {
-      k = select_kernel(cs, DType::kFloat32);
-      if (k != nullptr) convert_from = cs.dtype;
-    }
+    const reg::Kernel* k = choose(cs, &convert_from);
     if (k == nullptr) {
       run_fallback(cs, nullptr);
     } else {
@@ -749,12 +754,6 @@ std::string explain_no_kernel(const Dispatcher& d, const Dispatcher::CallState& 
   return s + ")";
 }
 
-namespace {
-thread_local std::string tls_fallback_reason;
-}  // namespace
-
-const std::string& Dispatcher::fallback_reason() { return tls_fallback_reason; }
-
 void Dispatcher::run_fallback(CallState& cs, const char* reason) {
   const std::string why = reason != nullptr ? std::string(reason) : explain_no_kernel(*this, cs);
   if (sim::capture_checks_needed() && cs.device.device_type == NPUB_DEVICE_NPU)
@@ -777,15 +776,9 @@ void Dispatcher::run_fallback(CallState& cs, const char* reason) {
     throw Error(ErrorCode::kUnsupported, "op '" + cs.op->name() + "' is not supported on " +
                                              device_str(cs.device) + ": " + why +
                                              ", and the host registered no fallback");
-  // Set for the fallback's duration (nested calls set their own).
-  struct Reason {
-    std::string outer;
-    explicit Reason(const std::string& why) : outer(std::exchange(tls_fallback_reason, why)) {}
-    ~Reason() { tls_fallback_reason = std::move(outer); }
-  } scoped_reason(why);
   {
     const trace::Scope slice(trace::Kind::kFallback, [&] { return "fallback: " + cs.op->name(); });
-    fn(*cs.op, cs.args, cs.num_args, cs.rets, cs.num_rets, *cs.outputs);
+    fn(FallbackCall{*cs.op, cs.args, cs.num_args, cs.rets, cs.num_rets, *cs.outputs, why, cs.host_call});
   }
   // Counted and reported once the host served it: a host with no
   // implementation of the op (a plugin's own op) raises its own error

@@ -214,13 +214,16 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
     cfg = precision_;
   }
   TensorOutputs ref_outputs(devices_);
-  fn(*cs.op, ref_args.data(), cs.num_args, ref_rets.data(), cs.num_rets, ref_outputs);
+  // The reference runs on the dispatcher's own copies: not the host's call.
+  const std::string why = "the precision check's reference";
+  fn(FallbackCall{*cs.op, ref_args.data(), cs.num_args, ref_rets.data(), cs.num_rets, ref_outputs, why,
+                  nullptr});
   // The same outputs of a wide run, in `compare`'s order (written tensor
   // arguments, then returns); empty when the host has no float64 kernel.
   auto outputs_of = [&](WideRun* r, TensorOutputs& outs) -> std::vector<DLTensor*> {
     if (r == nullptr) return {};
     try {
-      fn(*cs.op, r->args.data(), cs.num_args, r->rets.data(), cs.num_rets, outs);
+      fn(FallbackCall{*cs.op, r->args.data(), cs.num_args, r->rets.data(), cs.num_rets, outs, why, nullptr});
     } catch (const std::exception&) {
       return {};
     }

@@ -299,6 +299,19 @@ def precision_mismatches():
 
 
 def routed_ops():
-    """ATen ops served by plugins: natively, through their .out kernels, and
-    through the op-mapping table ("mapped": "framework op -> target op")."""
-    return _C.routed_ops()
+    """Ops served by plugins, for reading: ATen ops served natively
+    ("native"), through a plugin's .out kernel ("via_out": "op -> target"),
+    plugins' own ops ("custom"), and the op-mapping table ("mapped":
+    "framework op -> target op"). The typed table behind it is
+    ``npubridge._C.routes()`` (each entry's op, kind, target and origin)."""
+    out = {"native": [], "via_out": [], "custom": [], "mapped": []}
+    for r in _C.routes():
+        if r.origin == "mapped":
+            out["mapped"].append(f"{r.op} -> {r.target}")
+        elif r.origin == "custom":
+            out["custom"].append(r.op)
+        elif r.kind == "direct":
+            out["native"].append(r.op)
+        else:
+            out["via_out"].append(f"{r.op} -> {r.target}")
+    return out

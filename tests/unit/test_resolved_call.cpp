@@ -1,6 +1,6 @@
-// Dispatcher::resolve and call_resolved (Note [Resolve once, call
-// resolved]): the same kernel, conversion, fallback and statistics as
-// Dispatcher::call, without validation and selection per call.
+// Dispatcher::plan and run (Note [One call plan per signature]): the same
+// kernel, conversion, fallback and statistics as Dispatcher::call, without
+// validation and selection per call.
 #include "test_util.h"
 
 #include <npubridge/support/error.h>
@@ -46,7 +46,7 @@ TEST_F(ResolvedCallTest, ResolvesFromMetadataAndRunsTheSameKernelOnNewData) {
   meta.device = DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), 0};
   // add.out is (self, other, *, alpha=1, out).
   NpubValue full_meta[] = {tensor_value(&meta), tensor_value(&meta), int_value(1), tensor_value(&meta)};
-  const ResolvedCall rc = d.resolve(op, full_meta, 4);
+  const CallPlan rc = d.plan(op, full_meta, 4);
   ASSERT_NE(rc.kernel, nullptr);
   EXPECT_EQ(rc.plugin(), "cann_like");
   EXPECT_EQ(rc.convert_from, DType::kUnknown);
@@ -57,7 +57,7 @@ TEST_F(ResolvedCallTest, ResolvesFromMetadataAndRunsTheSameKernelOnNewData) {
     Tensor out = Tensor::empty({3}, DType::kFloat32, dev);
     NpubValue args[] = {tensor_value(a.dl()), tensor_value(b.dl()), int_value(1), tensor_value(out.dl())};
     NpubValue rets[1] = {none_value()};
-    d.call_resolved(rc, args, 4, rets, 1, nullptr);
+    d.run(rc, args, 4, rets, 1, nullptr);
     expect_values(out, {11.0 + run, 22, 3 + 30.0 * run});
     // The return that aliases out= is set, as call() sets it.
     ASSERT_EQ(rets[0].tag, NPUB_VALUE_TENSOR);
@@ -76,27 +76,27 @@ TEST_F(ResolvedCallTest, HalfTypeCallsAreConvertedAndDefaultsFilled) {
   Tensor out = Tensor::empty({4}, DType::kFloat16, dev);
   const OpHandle twice = d.op("testsel::twice");
   NpubValue args[] = {tensor_value(x.dl()), tensor_value(out.dl())};
-  const ResolvedCall rc = d.resolve(twice, args, 2);
+  const CallPlan rc = d.plan(twice, args, 2);
   ASSERT_NE(rc.kernel, nullptr);
   EXPECT_EQ(rc.convert_from, DType::kFloat16);  // decided once: the float32 kernel
   NpubValue rets[1] = {none_value()};
-  d.call_resolved(rc, args, 2, rets, 1, nullptr);
+  d.run(rc, args, 2, rets, 1, nullptr);
   EXPECT_EQ(out.dtype(), DType::kFloat16);
   expect_values(out, {3, -4, 6.5, 0});
   EXPECT_EQ(stats_of("testsel::twice")->conversions, 1);
-  // Trailing defaults omitted at resolve are filled by call_resolved.
+  // Trailing defaults omitted at plan() are filled by run().
   const OpHandle defaults = d.op("testsel::defaults");
   Tensor z = Tensor::from_values({2}, DType::kFloat32, {0, 0}, dev);
   Tensor zout = Tensor::empty({2}, DType::kFloat32, dev);
   NpubValue zargs[] = {tensor_value(z.dl()), tensor_value(zout.dl())};
-  const ResolvedCall rcz = d.resolve(defaults, zargs, 2);
+  const CallPlan rcz = d.plan(defaults, zargs, 2);
   EXPECT_EQ(rcz.num_args, 6);
   EXPECT_EQ(rcz.filled.size(), 4u);
-  d.call_resolved(rcz, zargs, 2, rets, 1, nullptr);
+  d.run(rcz, zargs, 2, rets, 1, nullptr);
   expect_values(zout, {3 + 0.5 + 1 + 2 + 2, 3 + 0.5 + 1 + 2 + 2});  // as Dispatcher::call fills them
   std::vector<int64_t> c = {10, 20};
   NpubValue zargs4[] = {tensor_value(z.dl()), tensor_value(zout.dl()), int_value(1), double_value(0.25)};
-  d.call_resolved(rcz, zargs4, 4, rets, 1, nullptr);  // the last default only
+  d.run(rcz, zargs4, 4, rets, 1, nullptr);  // the last default only
   expect_values(zout, {1 + 0.25 + 1 + 2 + 2, 1 + 0.25 + 1 + 2 + 2});
 }
 
@@ -107,42 +107,87 @@ TEST_F(ResolvedCallTest, FallbackDeclineAndChangedSettings) {
   Tensor iout = Tensor::empty({3}, DType::kInt32, dev);
   const OpHandle which = d.op("testsel::which");
   NpubValue iargs[] = {tensor_value(i.dl()), tensor_value(iout.dl())};
-  const ResolvedCall rci = d.resolve(which, iargs, 2);
+  const CallPlan rci = d.plan(which, iargs, 2);
   EXPECT_EQ(rci.kernel, nullptr);
   EXPECT_NE(rci.fallback_reason.find("no kernel accepts dtype int32"), std::string::npos)
       << rci.fallback_reason;
   NpubValue rets[1] = {none_value()};
-  d.call_resolved(rci, iargs, 2, rets, 1, nullptr);
+  d.run(rci, iargs, 2, rets, 1, nullptr);
   EXPECT_EQ(host.served, std::vector<std::string>{"testsel::which"});
   EXPECT_EQ(stats_of("testsel::which")->fallbacks, 1);
   // A kernel that declines at run time hands the call to the fallback.
   Tensor x = Tensor::from_values({2}, DType::kFloat32, {1, 2}, dev);
   const OpHandle decline = d.op("testsel::decline");
   NpubValue dargs[] = {tensor_value(x.dl())};
-  const ResolvedCall rcd = d.resolve(decline, dargs, 1);
+  const CallPlan rcd = d.plan(decline, dargs, 1);
   ASSERT_NE(rcd.kernel, nullptr);
   TensorOutputs outs(rt->devices());
   NpubValue drets[1] = {none_value()};
-  d.call_resolved(rcd, dargs, 1, drets, 1, &outs);
+  d.run(rcd, dargs, 1, drets, 1, &outs);
   expect_values(outs[0], {3, 6});
   EXPECT_EQ(host.served.size(), 2u);
   // Resolved under O2; at O0 the call takes the full path (the fallback).
   Tensor small = Tensor::from_values({3}, DType::kFloat32, {1, 2, 3}, dev);
   Tensor sout = Tensor::empty({3}, DType::kFloat32, dev);
   NpubValue sargs[] = {tensor_value(small.dl()), tensor_value(sout.dl())};
-  const ResolvedCall rcs = d.resolve(which, sargs, 2);
+  const CallPlan rcs = d.plan(which, sargs, 2);
   ASSERT_NE(rcs.kernel, nullptr);
-  d.call_resolved(rcs, sargs, 2, rets, 1, nullptr);
+  d.run(rcs, sargs, 2, rets, 1, nullptr);
   EXPECT_EQ(sout.to_doubles().at(0), 2);  // the priority-10 kernel
   d.set_opt_level(0);
-  d.call_resolved(rcs, sargs, 2, rets, 1, nullptr);
+  d.run(rcs, sargs, 2, rets, 1, nullptr);
   EXPECT_EQ(sout.to_doubles().at(0), -1);  // the host's implementation
   d.set_opt_level(2);
   // A wrong argument count is an error naming the op.
   EXPECT_NE(error_of([&] {
-              d.call_resolved(rcs, sargs, 1, rets, 1, nullptr);
-            }).find("op 'testsel::which': a resolved call takes 2 arguments"),
+              d.run(rcs, sargs, 1, rets, 1, nullptr);
+            }).find("op 'testsel::which': a call plan takes 2 arguments"),
             std::string::npos);
+}
+
+TEST_F(ResolvedCallTest, TheFallbackGetsTheReasonAndTheHostsCall) {
+  Dispatcher& d = rt->dispatcher();
+  Tensor i = Tensor::from_values({3}, DType::kInt32, {1, 2, 3}, dev);
+  Tensor iout = Tensor::empty({3}, DType::kInt32, dev);
+  const OpHandle which = d.op("testsel::which");
+  NpubValue iargs[] = {tensor_value(i.dl()), tensor_value(iout.dl())};
+  NpubValue rets[1] = {none_value()};
+  int host_call = 0;  // what a host passes: its own view of the call
+  d.call(which, iargs, 2, rets, 1, nullptr, &host_call);
+  const CallPlan p = d.plan(which, iargs, 2);
+  d.run(p, iargs, 2, rets, 1, nullptr, &host_call);
+  ASSERT_EQ(host.served.size(), 2u);
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_EQ(host.host_calls[k], &host_call);
+    EXPECT_NE(host.reasons[k].find("no kernel accepts dtype int32"), std::string::npos) << host.reasons[k];
+  }
+  expect_values(iout, {-1, -1, -1});
+}
+
+TEST_F(ResolvedCallTest, ACallPlanHoldsForCallsThatShareMemoryAsItsDid) {
+  Dispatcher& d = rt->dispatcher();
+  const OpHandle add = d.op("aten::add.out");
+  Tensor a = Tensor::from_values({3}, DType::kFloat32, {1, 2, 3}, dev);
+  Tensor b = Tensor::from_values({3}, DType::kFloat32, {10, 20, 30}, dev);
+  Tensor out = Tensor::empty({3}, DType::kFloat32, dev);
+  NpubValue separate[] = {tensor_value(a.dl()), tensor_value(b.dl()), int_value(1), tensor_value(out.dl())};
+  const CallPlan p = d.plan(add, separate, 4, PlanInputs::kCall);
+  EXPECT_EQ(p.inputs, PlanInputs::kCall);
+  EXPECT_EQ(p.overlap, Overlap::kNone);
+  ASSERT_NE(p.kernel, nullptr);
+  NpubValue rets[1] = {none_value()};
+  d.run(p, separate, 4, rets, 1, nullptr);
+  expect_values(out, {11, 22, 33});
+  // The same signature with out= the very same view as self: run() sees
+  // other sharing and decides anew (an alias-safe kernel, or the fallback).
+  NpubValue in_place[] = {tensor_value(a.dl()), tensor_value(b.dl()), int_value(1), tensor_value(a.dl())};
+  d.run(p, in_place, 4, rets, 1, nullptr);
+  expect_values(a, {11, 22, 33});
+  const CallPlan q = d.plan(add, in_place, 4, PlanInputs::kCall);
+  EXPECT_EQ(q.overlap, Overlap::kFull);
+  d.run(q, separate, 4, rets, 1, nullptr);  // and back
+  expect_values(out, {21, 42, 63});
+  EXPECT_EQ(stats_of("aten::add.out")->calls, 3);
 }
 
 }  // namespace

@@ -102,10 +102,14 @@ DLTensor* new_output(OutputAllocator& outs, int32_t i, const DLTensor& like, DLD
 }  // namespace
 
 void ReferenceHost::install(Dispatcher& d, bool keeps_aliasing) {
-  auto fallback = [this](const reg::OpEntry& op, const NpubValue* args, int32_t, NpubValue* rets, int32_t,
-                         OutputAllocator& outs) {
-    const std::string& name = op.name();
+  auto fallback = [this](const FallbackCall& call) {
+    const std::string& name = call.op.name();
+    const NpubValue* args = call.args;
+    NpubValue* rets = call.rets;
+    OutputAllocator& outs = call.outputs;
     served.push_back(name);
+    reasons.push_back(call.reason);
+    host_calls.push_back(call.host_call);
     const DLTensor& x = *args[0].u.tensor;
     std::vector<double> v = sim::read_doubles(x);
     if (name == "testsel::which") {

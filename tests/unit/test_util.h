@@ -27,6 +27,8 @@ void load_ok(Runtime& rt, const std::string& path);
 // ops it served.
 struct ReferenceHost {
   std::vector<std::string> served;
+  std::vector<std::string> reasons;  // FallbackCall::reason of each
+  std::vector<void*> host_calls;     // FallbackCall::host_call of each
   void install(Dispatcher& d, bool keeps_aliasing = false);
 };
 

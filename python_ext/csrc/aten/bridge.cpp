@@ -30,11 +30,14 @@ thread_local bool tls_kernel_failed = false;
 
 }  // namespace
 
-void call_dispatcher(const OpHandle& target, const NpubValue* args, int32_t num_args, NpubValue* rets,
-                     int32_t num_rets, OutputAllocator* outs) {
+namespace {
+
+// Runs `fn` (a dispatcher call), its errors as PyTorch's.
+template <typename Fn>
+void as_torch_call(Fn&& fn) {
   tls_kernel_failed = false;
   try {
-    rt().dispatcher().call(target, args, num_args, rets, num_rets, outs);
+    fn();
   } catch (const Error& e) {
     tls_kernel_failed = dynamic_cast<const KernelError*>(&e) != nullptr;
     // The error classes PyTorch code catches by type: torch.OutOfMemoryError
@@ -46,6 +49,32 @@ void call_dispatcher(const OpHandle& target, const NpubValue* args, int32_t num_
   }
 }
 
+}  // namespace
+
+void call_dispatcher(const OpHandle& target, const NpubValue* args, int32_t num_args, NpubValue* rets,
+                     int32_t num_rets, OutputAllocator* outs, TorchCall& call) {
+  as_torch_call([&] { rt().dispatcher().call(target, args, num_args, rets, num_rets, outs, &call); });
+}
+
+void call_planned(const std::string& key, const OpHandle& target, const NpubValue* args, int32_t num_args,
+                  NpubValue* rets, int32_t num_rets, OutputAllocator* outs, TorchCall& call) {
+  std::shared_ptr<const CallPlan> plan;
+  if (const SignatureEntry* e = find_signature(key)) plan = e->plan;
+  if (!plan || plan->handle.op != target.op || plan->handle.preferred_plugin != target.preferred_plugin) {
+    try {
+      plan =
+          std::make_shared<const CallPlan>(rt().dispatcher().plan(target, args, num_args, PlanInputs::kCall));
+    } catch (const Error&) {
+      // Arguments the dispatcher refuses: the full call raises the same
+      // error, counted in the op's statistics as any failed call is.
+      call_dispatcher(target, args, num_args, rets, num_rets, outs, call);
+      return;
+    }
+    signature_entry(key).plan = plan;
+  }
+  as_torch_call([&] { rt().dispatcher().run(*plan, args, num_args, rets, num_rets, outs, &call); });
+}
+
 namespace {
 
 // Runs `target` (an op of the registry) on the given IValue arguments and
@@ -55,7 +84,11 @@ namespace {
 // `preallocated`: tensors for the returns, made by the caller (Note [A
 // capture allocates results up front]); undefined ones the kernel
 // allocates.
+//
+// `plan_key`: the call's signature (call_signature), whose call plan runs
+// it; null: Dispatcher::call decides it anew.
 void run_on_dispatcher(const OpHandle& target, c10::ArrayRef<c10::IValue> args, torch::jit::Stack* stack,
+                       TorchCall& call, const std::string* plan_key,
                        const std::vector<at::Tensor>* preallocated = nullptr) {
   const c10::DeviceIndex device = call_device(args);
   c10::OptionalDeviceGuard guard;
@@ -95,8 +128,12 @@ void run_on_dispatcher(const OpHandle& target, c10::ArrayRef<c10::IValue> args, 
       }
   }
   TorchOutputs outs;
-  call_dispatcher(target, b.values.data(), static_cast<int32_t>(b.values.size()), rets,
-                  static_cast<int32_t>(returns.size()), &outs);
+  if (plan_key != nullptr)
+    call_planned(*plan_key, target, b.values.data(), static_cast<int32_t>(b.values.size()), rets,
+                 static_cast<int32_t>(returns.size()), &outs, call);
+  else
+    call_dispatcher(target, b.values.data(), static_cast<int32_t>(b.values.size()), rets,
+                    static_cast<int32_t>(returns.size()), &outs, call);
   if (stack == nullptr) return;
   const auto& alias = target.op->return_alias();
   for (size_t i = 0; i < returns.size(); ++i) {
@@ -231,7 +268,6 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
   for (const auto& o : outs) args.push_back(o);
   const OpHandle target = resolve();
   TorchCall call{&op, stack};
-  ScopedTorchCall scope(call);
   // The dispatcher's fallback (no kernel for these dtypes) runs ATen's CPU
   // fallback on the original stack; otherwise the results replace it (the
   // .out routes return their outputs).
@@ -252,9 +288,14 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
       for (const OutputSpec& spec : *specs) preallocated.push_back(empty_like_spec(spec, device));
     }
   }
+  // The signature's call plan (Note [One call plan per signature]), as the
+  // unboxed entry runs it; a capture's call is decided in full.
+  thread_local std::string key;
+  const bool planned = preallocated.empty() && !sim::thread_is_capturing() &&
+                       call_signature(op, c10::ArrayRef<c10::IValue>(args.data(), n), &key);
   try {
-    run_on_dispatcher(target, args, route_ == Route::kDirect ? &results : nullptr,
-                      preallocated.empty() ? nullptr : &preallocated);
+    run_on_dispatcher(target, args, route_ == Route::kDirect ? &results : nullptr, call,
+                      planned ? &key : nullptr, preallocated.empty() ? nullptr : &preallocated);
   } catch (const c10::OutOfMemoryError&) {
     throw;
   } catch (const c10::Error&) {

@@ -10,6 +10,7 @@
 
 #include <npubridge/dispatcher/dispatcher.h>
 
+#include "aten/routes.h"
 #include "runtime/npu_runtime.h"
 
 #include <atomic>
@@ -20,12 +21,6 @@
 #include <vector>
 
 namespace npub::torch_backend {
-
-// How a torch op reaches a plugin kernel: the op itself (kDirect), or a
-// functional / in-place op through the plugin's .out kernel, the outputs'
-// shapes and dtypes coming from the op's meta kernel (ATen's own shape and
-// type-promotion rules).
-enum class Route { kDirect, kViaOut, kInplaceViaOut };
 
 // State resolved once at registration, so a call does no name lookups; the
 // registry op is re-resolved only when the op-mapping table changes.
@@ -65,9 +60,18 @@ class Bridge final : public c10::OperatorKernel {
   std::vector<std::unique_ptr<Resolution>> retired_;
 };
 
-// Dispatcher::call with its errors as PyTorch's: out of memory as
+struct TorchCall;  // fallback.h
+
+// Dispatcher::call (or, with a plan, Dispatcher::run) for the torch call
+// `call`, with its errors as PyTorch's: out of memory as
 // torch.OutOfMemoryError, anything else as a RuntimeError with the message.
 void call_dispatcher(const OpHandle& target, const NpubValue* args, int32_t num_args, NpubValue* rets,
-                     int32_t num_rets, OutputAllocator* outs);
+                     int32_t num_rets, OutputAllocator* outs, TorchCall& call);
+// The dispatcher call of an eager op by its signature's plan: the plan
+// remembered for `key` (meta_cache.h's bytes of the call) on this thread,
+// made by its first call (Dispatcher::plan, PlanInputs::kCall), or made
+// again when the op-mapping table sent the op to another target since.
+void call_planned(const std::string& key, const OpHandle& target, const NpubValue* args, int32_t num_args,
+                  NpubValue* rets, int32_t num_rets, OutputAllocator* outs, TorchCall& call);
 
 }  // namespace npub::torch_backend

@@ -228,29 +228,30 @@ std::map<std::string, std::string> last_fallback_reasons() {
   return g_last_fallback_reason;
 }
 
-void torch_fallback(const reg::OpEntry& entry, const NpubValue*, int32_t, NpubValue*, int32_t,
-                    OutputAllocator&) {
-  TORCH_CHECK(tls_call != nullptr, "npubridge: fallback outside a torch call");
+void torch_fallback(const FallbackCall& fc) {
+  auto* call = static_cast<TorchCall*>(fc.host_call);
+  TORCH_CHECK(call != nullptr, "npubridge: op '", fc.op.name(), "' fell back (", fc.reason,
+              ") in a dispatcher call that carries no torch call");
   {
     std::lock_guard<std::mutex> lock(g_reasons_mu);
-    g_last_fallback_reason[entry.name()] = Dispatcher::fallback_reason();
+    g_last_fallback_reason[fc.op.name()] = fc.reason;
   }
-  const c10::OperatorHandle& op = *tls_call->op;
+  const c10::OperatorHandle& op = *call->op;
   TORCH_CHECK(op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
                   op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
                   op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
                   is_fused_rnn_cell(op.schema().operator_name()) ||
                   is_sync_batch_norm_op(op.schema().operator_name()),
               "npubridge: op '", full_name(op.schema().operator_name()),
-              "' cannot run on the npu: ", Dispatcher::fallback_reason(),
+              "' cannot run on the npu: ", fc.reason,
               "; and PyTorch has no CPU implementation of it to fall back to");
-  tls_call->fell_back = true;
-  if (tls_call->stack == nullptr) {
-    TORCH_INTERNAL_ASSERT(tls_call->push_args != nullptr, "npubridge: an unboxed call without its arguments");
-    tls_call->push_args(tls_call->push_ctx, tls_call->own);
-    tls_call->stack = &tls_call->own;
+  call->fell_back = true;
+  if (call->stack == nullptr) {
+    TORCH_INTERNAL_ASSERT(call->push_args != nullptr, "npubridge: an unboxed call without its arguments");
+    call->push_args(call->push_ctx, call->own);
+    call->stack = &call->own;
   }
-  run_on_cpu(*tls_call->op, tls_call->stack);
+  run_on_cpu(op, call->stack);
 }
 
 // An op no plugin serves reaches these without the dispatcher: the profiler

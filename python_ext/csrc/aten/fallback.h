@@ -1,5 +1,5 @@
-// How calls reach the CPU (fallback.cpp): the torch call being served on
-// this thread, for the dispatcher's fallback (no plugin kernel for a call's
+// How calls reach the CPU (fallback.cpp): the torch call a dispatcher call
+// serves, for the dispatcher's fallback (no plugin kernel for a call's
 // dtypes), and PyTorch's boxed CPU fallback for the ops no plugin serves,
 // counted per op in the dispatcher's stats (Dispatcher::record_host_fallback), warned once, refused under
 // NPUB_FALLBACK=error.
@@ -15,7 +15,9 @@
 
 namespace npub::torch_backend {
 
-// The torch call being served on this thread, for the dispatcher's fallback.
+// The torch call a dispatcher call serves, passed to the dispatcher as its
+// host call (FallbackCall::host_call) so that the dispatcher's fallback runs
+// ATen's CPU kernel on the caller's own arguments.
 struct TorchCall {
   TorchCall(const c10::OperatorHandle* o, torch::jit::Stack* s) : op(o), stack(s) {}
   const c10::OperatorHandle* op;
@@ -27,21 +29,10 @@ struct TorchCall {
   const void* push_ctx = nullptr;
   torch::jit::Stack own;
 };
-inline thread_local TorchCall* tls_call = nullptr;
-
-// Makes `call` the thread's current torch call for its scope (nested calls
-// restore the outer one).
-struct ScopedTorchCall {
-  TorchCall* outer;
-  explicit ScopedTorchCall(TorchCall& call) : outer(tls_call) { tls_call = &call; }
-  ~ScopedTorchCall() { tls_call = outer; }
-  ScopedTorchCall(const ScopedTorchCall&) = delete;
-  ScopedTorchCall& operator=(const ScopedTorchCall&) = delete;
-};
 
 // The dispatcher's fallback: ATen's CPU fallback on the torch call, outputs
 // on the npu (Note [One way to the CPU]).
-void torch_fallback(const reg::OpEntry&, const NpubValue*, int32_t, NpubValue*, int32_t, OutputAllocator&);
+void torch_fallback(const FallbackCall& call);
 
 // Per registry op, why the dispatcher last fell back for it (a kernel's
 // decline message, or why no kernel was eligible): what

@@ -25,13 +25,12 @@ namespace npub::torch_backend {
 
 namespace {
 
-// Guards both maps; held while a mapping and its kernel change together.
+// Held while a mapping, its kernel and its route change together.
 std::mutex g_mapped_mu;
 // One library per op the table gave a kernel: destroying it deregisters
 // that kernel, and PyTorch's dispatcher falls back to the op's previous
 // kernel for PrivateUse1, or to the boxed CPU fallback when there was none.
 std::map<std::string, std::unique_ptr<torch::Library>> g_mapped_libraries;
-std::map<std::string, std::string> g_mapped_targets;  // framework op -> target op
 
 std::optional<c10::OperatorHandle> torch_op(const std::string& qualified) {
   const size_t sep = qualified.find("::");
@@ -158,13 +157,6 @@ Route route_for(const reg::OpMapping& m, const c10::FunctionSchema& f, const reg
   return via_out ? Route::kViaOut : Route::kDirect;
 }
 
-// Whether register_plugin_ops gave `op` a Bridge under its own name, which
-// resolves the table itself.
-bool bridged_by_name(const std::string& op) {
-  return std::find(g_native.begin(), g_native.end(), op) != g_native.end() ||
-         std::find(g_custom.begin(), g_custom.end(), op) != g_custom.end();
-}
-
 }  // namespace
 
 void map_op(const reg::OpMapping& m) {
@@ -191,7 +183,7 @@ void map_op(const reg::OpMapping& m) {
   std::lock_guard<std::mutex> lock(g_mapped_mu);
   g_mapped_libraries.erase(m.framework_op);
   rt().op_map().set(m);
-  g_mapped_targets[m.framework_op] = m.target_op;
+  set_mapped_route(m.framework_op, route, m.target_op);
   if (route == Route::kDirect && bridged_by_name(m.framework_op)) return;
   const std::string& qualified = m.framework_op;
   const std::string ns = qualified.substr(0, qualified.find("::"));
@@ -204,7 +196,7 @@ void map_op(const reg::OpMapping& m) {
   } catch (const std::exception& e) {
     // No kernel, no mapping: the table never names an op its calls cannot reach.
     rt().op_map().remove(m.framework_op);
-    g_mapped_targets.erase(m.framework_op);
+    remove_mapped_route(m.framework_op);
     const std::string why = e.what();
     throw Error(ErrorCode::kInvalidArgument,
                 prefix + "PyTorch refuses a kernel for it: " + why.substr(0, why.find('\n')));
@@ -216,7 +208,7 @@ bool unmap_op(const std::string& framework_op) {
   // The kernel goes first: a call meanwhile takes the previous route, never
   // a Bridge whose mapping is gone.
   g_mapped_libraries.erase(framework_op);
-  g_mapped_targets.erase(framework_op);
+  remove_mapped_route(framework_op);
   return rt().op_map().remove(framework_op);
 }
 
@@ -230,13 +222,6 @@ void route_mapped_ops() {
       rt().op_map().remove(m.framework_op);
     }
   }
-}
-
-std::vector<std::string> mapped_routes() {
-  std::lock_guard<std::mutex> lock(g_mapped_mu);
-  std::vector<std::string> out;
-  for (const auto& [framework, target] : g_mapped_targets) out.push_back(framework + " -> " + target);
-  return out;
 }
 
 }  // namespace npub::torch_backend

@@ -31,8 +31,4 @@ bool unmap_op(const std::string& framework_op);
 // stay for callers of the dispatcher by name.
 void route_mapped_ops();
 
-// "framework_op -> target_op" for each framework op given a kernel by the
-// table (npubridge._C.routed_ops()["mapped"]).
-std::vector<std::string> mapped_routes();
-
 }  // namespace npub::torch_backend

@@ -29,12 +29,18 @@ at::Tensor to_meta(const at::Tensor& t) {
 
 // Per thread, so the hot path takes no lock; each thread asks the meta
 // kernel once per call signature.
-thread_local std::unordered_map<std::string, std::shared_ptr<const OutputSpecs>> tls_meta_cache;
+thread_local std::unordered_map<std::string, SignatureEntry> tls_signatures;
 
-// The cache key: raw bytes of every argument's metadata, prefixed with the
-// op's address. False when some argument cannot be part of a key (the call
-// is not cached).
-bool signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, std::string* key) {
+// Bounded: a program that keeps making new shapes does not grow it forever
+// (entries are shared_ptrs, so a call holding one is unaffected).
+SignatureEntry& insert_signature(const std::string& key) {
+  if (tls_signatures.size() > 4096) tls_signatures.clear();
+  return tls_signatures[key];
+}
+
+}  // namespace
+
+bool call_signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, std::string* key) {
   std::string& k = *key;
   k.clear();
   put(k, &op.schema());
@@ -88,8 +94,6 @@ bool signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, s
   return true;
 }
 
-}  // namespace
-
 at::Tensor empty_like_spec(const OutputSpec& spec, c10::DeviceIndex device) {
   const at::Device npu(c10::DeviceType::PrivateUse1, device);
   if (spec.strides.empty())
@@ -97,17 +101,27 @@ at::Tensor empty_like_spec(const OutputSpec& spec, c10::DeviceIndex device) {
   return empty_strided(spec.sizes, spec.strides, spec.dtype, std::nullopt, npu, std::nullopt);
 }
 
+SignatureEntry* find_signature(const std::string& key) {
+  auto it = tls_signatures.find(key);
+  return it != tls_signatures.end() ? &it->second : nullptr;
+}
+
+SignatureEntry& signature_entry(const std::string& key) {
+  if (SignatureEntry* e = find_signature(key)) return *e;
+  return insert_signature(key);
+}
+
 const OutputSpecs* cached_output_specs(const std::string& key) {
-  auto it = tls_meta_cache.find(key);
-  return it != tls_meta_cache.end() ? it->second.get() : nullptr;
+  const SignatureEntry* e = find_signature(key);
+  return e != nullptr ? e->specs.get() : nullptr;
 }
 
 std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op,
                                                 c10::ArrayRef<c10::IValue> args) {
   thread_local std::string key;  // keeps its capacity: no allocation per call
-  const bool cacheable = signature(op, args, &key);
+  const bool cacheable = call_signature(op, args, &key);
   if (cacheable) {
-    if (auto it = tls_meta_cache.find(key); it != tls_meta_cache.end()) return it->second;
+    if (const SignatureEntry* e = find_signature(key); e != nullptr && e->specs) return e->specs;
   }
   torch::jit::Stack meta;
   for (const auto& a : args) meta.push_back(map_tensors(a, [](const at::Tensor& t) { return to_meta(t); }));
@@ -125,10 +139,7 @@ std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op,
     specs->push_back(
         {t.sizes().vec(), t.scalar_type(), t.is_contiguous() ? std::vector<int64_t>{} : t.strides().vec()});
   }
-  if (cacheable) {
-    if (tls_meta_cache.size() > 4096) tls_meta_cache.clear();
-    tls_meta_cache.emplace(key, specs);
-  }
+  if (cacheable) signature_entry(key).specs = specs;
   return specs;
 }
 

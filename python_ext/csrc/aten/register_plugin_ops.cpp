@@ -11,6 +11,7 @@
 #include "aten/boxing.h"
 #include "aten/bridge.h"
 #include "aten/meta_bridge.h"
+#include "aten/routes.h"
 #include "aten/unboxed_bridge.h"
 #include "runtime/npu_runtime.h"
 
@@ -25,8 +26,6 @@
 #include <vector>
 
 namespace npub::torch_backend {
-
-std::vector<std::string> g_native, g_via_out, g_custom;
 
 // "Type name" of an argument without alias annotation and default.
 std::string plain_argument(std::string s) {
@@ -157,7 +156,7 @@ void register_plugin_ops() {
       has_out = has_out || (a.is_out() && a.type()->kind() == c10::TypeKind::TensorType);
     lib->impl(unqualified.c_str(), bridge_kernel(Route::kDirect, e->name(), *h, has_out));
     registered.insert(e->name());
-    g_native.push_back(e->name());
+    add_route({e->name(), Route::kDirect, e->name(), RouteOrigin::kAten});
   }
   // Functional and in-place overloads of ops whose .out variant a plugin serves.
   for (const reg::OpEntry* e : ops) {
@@ -188,7 +187,7 @@ void register_plugin_ops() {
       const std::string unq = full.substr(std::string("aten::").size());
       lib->impl(unq.c_str(), bridge_kernel(inplace ? Route::kInplaceViaOut : Route::kViaOut, e->name(), *h));
       registered.insert(full);
-      g_via_out.push_back(full + " -> " + e->name());
+      add_route({full, inplace ? Route::kInplaceViaOut : Route::kViaOut, e->name(), RouteOrigin::kAten});
     }
   }
   g_libraries.push_back(std::move(lib));
@@ -244,7 +243,7 @@ void register_plugin_ops() {
       if (std::any_of(e->schema().arguments.begin(), e->schema().arguments.end(),
                       [](const reg::Argument& a) { return a.is_write(); }))
         inplace->impl(unq.c_str(), torch::CppFunction::makeFromBoxedFunction<&bump_written_versions>());
-      g_custom.push_back(e->name());
+      add_route({e->name(), Route::kDirect, e->name(), RouteOrigin::kCustom});
     }
     g_libraries.push_back(std::move(def));
     g_libraries.push_back(std::move(impl));

@@ -2,16 +2,14 @@
 // (register_plugin_ops.cpp): each aten op a plugin implements, and the
 // functional and in-place forms of the .out ops it implements, for
 // PrivateUse1; plugin ops of other namespaces defined under
-// torch.ops.<namespace>, with a Meta kernel. The lists of what was routed
-// are what npubridge._C.routed_ops() reports.
+// torch.ops.<namespace>, with a Meta kernel. Each route goes into the
+// route table (routes.h).
 #pragma once
 
 #include <string>
 #include <vector>
 
 namespace npub::torch_backend {
-
-extern std::vector<std::string> g_native, g_via_out, g_custom;
 
 void register_plugin_ops();
 

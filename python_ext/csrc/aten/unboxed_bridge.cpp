@@ -33,7 +33,9 @@ namespace {
 // mul.Tensor, relu, mul.Scalar, ...) or writes and returns its first
 // argument (add_.Tensor, addcmul_, ...) get an unboxed entry instead. It serves
 // the common case by reference: npu tensors of the current device, a call
-// signature the meta cache already knows, no precision check. Anything else
+// signature the meta cache already knows (for a functional op's outputs),
+// no precision check; the dispatcher runs the signature's call plan (Note
+// [One call plan per signature]). Anything else
 // (CPU scalars, another device, a first call, complex values) goes to the
 // boxed bridge unchanged, so both entries behave the same. When the
 // dispatcher falls back, the stack is built then (TorchCall::push_args).
@@ -69,12 +71,14 @@ class UnboxedBridge {
     if (route == Route::kDirect && !(contiguous(args) && ...)) return false;
     const OpHandle target = boxed_->resolve();
     if (!target || target.op->schema().returns.size() > 4) return false;
+    // The call's signature: the same bytes the boxed bridge's meta cache
+    // writes for it, which key the output shapes and the call plan.
+    thread_local std::string key;
+    key.clear();
+    put(key, &op_.schema());
+    (add_key(key, args), ...);
     at::Tensor out;
     if (route == Route::kViaOut) {
-      thread_local std::string key;
-      key.clear();
-      put(key, &op_.schema());
-      (add_key(key, args), ...);
       const OutputSpecs* specs = cached_output_specs(key);
       if (specs == nullptr || specs->size() != 1) return false;
       out = empty_like_spec((*specs)[0], device);
@@ -95,9 +99,8 @@ class UnboxedBridge {
                  *static_cast<const std::tuple<const Args&...>*>(ctx));
     };
     call.push_ctx = &refs;
-    ScopedTorchCall scope(call);
-    call_dispatcher(target, values.data(), static_cast<int32_t>(i), rets.data(),
-                    static_cast<int32_t>(target.op->schema().returns.size()), &outs);
+    call_planned(key, target, values.data(), static_cast<int32_t>(i), rets.data(),
+                 static_cast<int32_t>(target.op->schema().returns.size()), &outs, call);
     if (route == Route::kInplaceViaOut) return true;  // written in place (by the fallback too)
     if (call.fell_back) {
       *result = call.own.back().toTensor();

@@ -25,14 +25,14 @@ namespace npub::torch_backend {
 // data was decided at lowering: each tensor is a slot with fixed dtype,
 // sizes and strides, described by a DLTensor built once; each kernel step
 // holds its NpubValue arguments, built once and pointing at those
-// DLTensors, and its ResolvedCall (the kernel and the dtype conversion,
-// Note [Resolve once, call resolved]). A run only patches the slots' data
+// DLTensors, and its CallPlan (the kernel and the dtype conversion,
+// Note [One call plan per signature]). A run only patches the slots' data
 // pointers (inputs, the arena, per-call output allocations, views as base
-// plus offset) and calls call_resolved per step. Host steps (npubridge's
-// own native kernels, and the ops no plugin serves) call their ATen op
-// boxed, on at::Tensors made over the slots' memory; the dispatcher's
-// fallback for a kernel that declines at run time finds the step's ATen
-// call as it finds any torch call's (TorchCall).
+// plus offset) and runs each step's plan (Dispatcher::run). Host steps
+// (npubridge's own native kernels, and the ops no plugin serves) call their
+// ATen op boxed, on at::Tensors made over the slots' memory; a kernel that
+// declines at run time goes to the dispatcher's fallback with the step's
+// ATen call as its host call (TorchCall), as an eager call does.
 
 struct Program::Slot {
   SlotSpec spec;
@@ -43,8 +43,8 @@ struct Program::Slot {
 
 struct Program::Step {
   StepSpec spec;
-  std::optional<ResolvedCall> rc;  // kernel steps
-  std::unique_ptr<Boxed> boxed;    // the NpubValue arguments (lists and strings kept here)
+  std::optional<CallPlan> rc;    // kernel steps
+  std::unique_ptr<Boxed> boxed;  // the NpubValue arguments (lists and strings kept here)
   std::vector<std::vector<DLTensor*>> lists;
   std::vector<NpubValue> args, rets;
   std::vector<int64_t> after;  // host steps: slots whose views are placed once it ran
@@ -185,7 +185,7 @@ Program::Program(int device, std::vector<SlotSpec> slots, int64_t arena_bytes, s
       TORCH_CHECK(st.rets.size() == nret, step_where(st.spec), ": the registry op '", st.spec.target,
                   "' has ", nret, " returns but the node ", st.spec.outs.size());
       try {
-        st.rc = rt().dispatcher().resolve(target, st.args.data(), static_cast<int32_t>(st.args.size()));
+        st.rc = rt().dispatcher().plan(target, st.args.data(), static_cast<int32_t>(st.args.size()));
       } catch (const Error& e) {
         TORCH_CHECK(false, step_where(st.spec), ": ", e.what());
       }
@@ -360,7 +360,7 @@ void Program::run_host(Step& s) {
 }
 
 void Program::run_kernel(Step& s) {
-  // The rets as built (call_resolved fills aliasing slots; a kernel fills
+  // The rets as built (Dispatcher::run fills aliasing slots; a kernel fills
   // the empty ones it allocates).
   NpubValue rets_small[8];
   std::vector<NpubValue> rets_big;
@@ -383,11 +383,10 @@ void Program::run_kernel(Step& s) {
     const Ctx& x = *static_cast<const Ctx*>(c);
     for (auto& v : x.p->host_args(*x.s)) stack.push_back(std::move(v));
   };
-  ScopedTorchCall scope(call);
   TorchOutputs outs;
   try {
-    rt().dispatcher().call_resolved(*s.rc, s.args.data(), static_cast<int32_t>(s.args.size()), rets,
-                                    static_cast<int32_t>(s.rets.size()), &outs);
+    rt().dispatcher().run(*s.rc, s.args.data(), static_cast<int32_t>(s.args.size()), rets,
+                          static_cast<int32_t>(s.rets.size()), &outs, &call);
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kOutOfMemory)
       TORCH_CHECK_WITH(OutOfMemoryError, false, step_where(s.spec), ": ", e.what());

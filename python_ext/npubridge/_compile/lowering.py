@@ -7,7 +7,7 @@ program of npubridge's C++ execution loop (python_ext/csrc/graph/).
   it: aten.view, aten.t, aten._unsafe_view, aten.expand, ...) becomes a
   view slot: sizes, strides and storage offset from ``node.meta["val"]``;
 - an op a plugin serves becomes a kernel step, by the route the eager
-  bridge takes (``npubridge._C.routed_ops()``): the op itself, or its
+  bridge takes (``npubridge._C.routes()``): the op itself, or its
   ``.out`` form with the outputs passed as out=; the dispatcher resolves it
   once (kernel, dtype conversion) with ``Dispatcher::resolve``;
 - a deterministic factory with no tensor inputs whose value does not leave
@@ -79,16 +79,17 @@ def _name(op: torch._ops.OpOverload) -> str:
 
 
 def _routes():
-    r = _C.routed_ops()
-    direct = set(r["native"]) | set(r["custom"])
-    via_out = {}
-    for line in r["via_out"]:
-        src, dst = (s.strip() for s in line.split("->"))
-        via_out[src] = dst
-    mapped = {}
-    for line in r["mapped"]:
-        src, dst = (s.strip() for s in line.split("->"))
-        mapped[src] = dst
+    """The eager bridge's routes (``_C.routes()``, the C++ route table):
+    ops served under their own name, ops served through a target's .out
+    kernel (op -> target), and the op-mapping table's direct routes."""
+    direct, via_out, mapped = set(), {}, {}
+    for r in _C.routes():
+        if r.kind != "direct":
+            via_out[r.op] = r.target
+        elif r.origin == "mapped":
+            mapped[r.op] = r.target
+        else:
+            direct.add(r.op)
     return direct, via_out, mapped
 
 

@@ -62,10 +62,25 @@ class TensorOutputs final : public OutputAllocator {
   std::vector<Tensor> tensors_;
 };
 
+// A call handed to the host framework's own implementation: what a kernel
+// would receive, why no kernel serves it, and the host's own view of the
+// call (what the host passed to Dispatcher::call or run as `host_call`:
+// PyTorch's extension passes its boxed or unboxed ATen call, so that its
+// fallback runs ATen's kernel on the caller's own tensors).
+struct FallbackCall {
+  const reg::OpEntry& op;
+  const NpubValue* args;
+  int32_t num_args;
+  NpubValue* rets;
+  int32_t num_rets;
+  OutputAllocator& outputs;
+  const std::string& reason;  // "no kernel accepts dtype int32 (...)", a kernel's decline, ...
+  void* host_call;            // nullptr: the dispatcher's own call (a precision check's reference run)
+};
+
 // The framework's own implementation of an op, registered by the host. It
-// receives what a kernel receives and must fill the returns the same way.
-using FallbackFn = std::function<void(const reg::OpEntry& op, const NpubValue* args, int32_t num_args,
-                                      NpubValue* rets, int32_t num_rets, OutputAllocator& outputs)>;
+// must fill the returns as a kernel does.
+using FallbackFn = std::function<void(const FallbackCall& call)>;
 
 enum class FallbackMode { kAllow, kError };
 
@@ -131,27 +146,60 @@ class ScopedCallGenerator {
   sim::Generator* outer_;
 };
 
-// A call resolved once (Dispatcher::resolve) for a caller that repeats it
-// with tensors of the same dtypes, shapes and strides, only their data
-// moving: the kernel (or the fallback and why) and the dtype conversion
-// are decided, so Dispatcher::call_resolved skips validation and
-// selection. What graph mode's execution loop runs per kernel node
-// (Note [Resolve once, call resolved], resolved_call.cpp).
-struct ResolvedCall {
+// How a call's written tensors share memory with its other tensors
+// (Note [Memory overlap], dispatcher/src/overlap.h).
+enum class Overlap : uint8_t {
+  kNone,    // no written tensor shares memory with another tensor
+  kFull,    // only as the very same view: alias-safe kernels may serve it
+  kUnsafe,  // no kernel may serve it: the fallback does
+};
+
+// What a plan was made from (Dispatcher::plan).
+enum class PlanInputs : uint8_t {
+  // Metadata only (tensors may have NULL data), written tensors taken not
+  // to share memory with the call's others: the caller's guarantee (graph
+  // mode's memory plan gives every output its own buffer).
+  kMetadata,
+  // A real call's tensors: the plan holds for calls whose written tensors
+  // share memory as these did, which run() checks per call.
+  kCall,
+};
+
+// Note [One call plan per signature]
+// How the dispatcher serves a call, decided once for every call of the same
+// signature (op; dtypes, shapes and strides of the tensors; values of the
+// other arguments; the device): the kernel and its dtype conversion, or the
+// fallback and why; the defaults filled in; how written tensors share
+// memory. Dispatcher::call decides it on every call; a host that repeats
+// calls keeps the plan (Dispatcher::plan) and runs it (Dispatcher::run),
+// which skips validation and selection: PyTorch's eager bridge keeps one
+// per call signature beside ATen's output shapes (python_ext
+// aten/call_plans.h), graph mode one per kernel step. All three decide
+// through the same functions (validate, choose, run_selected /
+// run_fallback), so eager and compiled calls agree by construction. A plan
+// holds under the kernels and settings it was made with: a plugin loaded
+// or removed since, a changed optimisation level or dtype conversion
+// switch, or a disabled plugin sends the call down the full path of
+// Dispatcher::call, which decides again.
+struct CallPlan {
   OpHandle handle;
   const reg::Kernel* kernel = nullptr;   // nullptr: the fallback serves the call
   DType dtype = DType::kUnknown;         // the dispatch dtype
   DType convert_from = DType::kUnknown;  // set: a half-type call run on a float32 kernel
   DLDevice device{};
-  int32_t num_args = 0;           // the schema's arguments, defaults included
-  int32_t num_rets = 0;           // the schema's returns
-  std::vector<NpubValue> filled;  // the defaults resolve filled in for omitted trailing arguments
-  std::string fallback_reason;    // why no kernel serves it (kernel == nullptr)
-  // The settings the resolution was made under; call_resolved takes the
-  // full path (Dispatcher::call) when they changed since.
+  PlanInputs inputs = PlanInputs::kMetadata;
+  Overlap overlap = Overlap::kNone;  // of the call the plan was made from
+  int32_t num_args = 0;              // the schema's arguments, defaults included
+  int32_t num_rets = 0;              // the schema's returns
+  std::vector<NpubValue> filled;     // the defaults filled in for omitted trailing arguments
+  std::string fallback_reason;       // why no kernel serves it (kernel == nullptr)
+  // What the plan was made under: the op's kernel list on the device (a
+  // plugin loaded or removed since publishes another) and the settings.
+  const reg::KernelList* kernels = nullptr;
   int opt_level = 0;
   bool dtype_conversion = true;
   const std::string& plugin() const;  // "" for the fallback
+  bool serves() const { return kernel != nullptr; }
 };
 
 struct DispatcherOptions {
@@ -179,28 +227,33 @@ class Dispatcher {
   // defaults may be omitted); `rets` has one slot per schema return: a
   // tensor the caller preallocated, or NPUB_VALUE_NONE for the kernel to
   // allocate through `outputs`. Throws npub::Error whose message names the op.
+  // `host_call` reaches the fallback (FallbackCall::host_call), if one
+  // serves the call.
   void call(const OpHandle& op, const NpubValue* args, int32_t num_args, NpubValue* rets, int32_t num_rets,
-            OutputAllocator* outputs);
+            OutputAllocator* outputs, void* host_call = nullptr);
   // By name (one lookup more).
   void call(std::string_view op_name, const NpubValue* args, int32_t num_args, NpubValue* rets,
             int32_t num_rets, OutputAllocator* outputs);
 
-  // Resolves a call once: validates `args` as call() does, except that
-  // tensors may have NULL data (only dtypes, shapes and strides matter),
-  // selects the kernel and decides the dtype conversion. Written tensors
-  // are taken not to share memory with the call's other tensors (the
-  // caller's guarantee: graph mode's memory plan gives every output its
-  // own buffer), so no overlap is classified. Throws npub::Error naming
-  // the op on bad arguments.
-  ResolvedCall resolve(const OpHandle& op, const NpubValue* args, int32_t num_args) const;
-  // Runs a resolved call on arguments of the resolved dtypes, shapes and
-  // strides: no validation, no selection; staging, the dtype conversion,
-  // a kernel's decline to the fallback (Note [A decline falls back on
-  // every path]), the precision check and the statistics as call().
-  // `num_args` may omit the trailing arguments resolve filled in; return
-  // slots that alias an argument (Tensor(a!)) are set here.
-  void call_resolved(const ResolvedCall& rc, const NpubValue* args, int32_t num_args, NpubValue* rets,
-                     int32_t num_rets, OutputAllocator* outputs);
+  // The call plan for these arguments (Note [One call plan per signature]):
+  // validates them as call() does (with PlanInputs::kMetadata tensors may
+  // have NULL data: only dtypes, shapes and strides matter), classifies
+  // how written tensors share memory (kCall; kMetadata takes them not to),
+  // selects the kernel and decides the dtype conversion. Throws npub::Error
+  // naming the op on bad arguments.
+  CallPlan plan(const OpHandle& op, const NpubValue* args, int32_t num_args,
+                PlanInputs inputs = PlanInputs::kMetadata) const;
+  // Runs a plan on arguments of its dtypes, shapes and strides (the
+  // caller's guarantee: a host keys its plans by that signature): no
+  // validation, no selection; staging, the dtype conversion, a kernel's
+  // decline to the fallback (Note [A decline falls back on every path]),
+  // the precision check and the statistics as call(). `num_args` may omit
+  // the trailing arguments the plan filled in; return slots that alias an
+  // argument (Tensor(a!)) are set here. A kCall plan whose call shared
+  // memory otherwise than this one, or one whose settings changed, takes
+  // the full path of call().
+  void run(const CallPlan& plan, const NpubValue* args, int32_t num_args, NpubValue* rets, int32_t num_rets,
+           OutputAllocator* outputs, void* host_call = nullptr);
 
   // The kernel that would serve these arguments (nullptr: fallback).
   const reg::Kernel* select(const OpHandle& op, const NpubValue* args, int32_t num_args) const;
@@ -223,10 +276,6 @@ class Dispatcher {
   // copy of ATen's messages (Note [Memory overlap]) go to the fallback
   // instead, unless NPUB_FALLBACK=error forbids it.
   void set_fallback(FallbackFn fn, bool keeps_aliasing = false);
-  // Inside a FallbackFn: why the dispatcher handed this thread's current
-  // call to the fallback ("no kernel accepts dtype int32 (...)", a kernel's
-  // decline, an overlap no kernel may serve), for the host's own messages.
-  static const std::string& fallback_reason();
   bool has_fallback() const;
   void set_fallback_mode(FallbackMode m) { fallback_mode_.store(m); }
   FallbackMode fallback_mode() const { return fallback_mode_.load(); }
@@ -272,9 +321,13 @@ class Dispatcher {
   // set_fallback's keeps_aliasing).
   bool refuses_overlaps() const;
   void check_precision(CallState& cs, const reg::Kernel& k, DType convert_from);
+  // The kernel for a validated call (nullptr: the fallback), with the
+  // dtype conversion it needs in *convert_from: the one selection that
+  // call(), select() and plan() make.
+  const reg::Kernel* choose(CallState& cs, DType* convert_from) const;
   // Runs the selected kernel: through check_precision when the check is on
-  // and may run here, else run_kernel. Both call() and call_resolved() go
-  // through it, so that the two paths decide alike.
+  // and may run here, else run_kernel. Both call() and run() go through
+  // it, so that the two paths decide alike.
   void run_selected(CallState& cs, const reg::Kernel& k, DType convert_from);
   [[noreturn]] void no_kernel(CallState& cs, const char* why) const;
 
