@@ -112,6 +112,24 @@ void BM_DispatchThreeTensorsByHandle(benchmark::State& state) {
 }
 BENCHMARK(BM_DispatchThreeTensorsByHandle);
 
+// The same call through its call plan (Note [One call plan per signature]):
+// what the PyTorch bridges and graph mode run; validation and selection
+// were done once, how the written tensors share memory is checked per run.
+void BM_RunPlanThreeTensors(benchmark::State& state) {
+  Fixture& f = fixture();
+  Tensor a = Tensor::from_values({16}, DType::kFloat32, std::vector<double>(16, 0), &f.rt->devices().at(0));
+  Tensor b = Tensor::from_values({16}, DType::kFloat32, std::vector<double>(16, 0), &f.rt->devices().at(0));
+  NpubValue args[] = {tensor_value(f.t.dl()), tensor_value(a.dl()), tensor_value(b.dl())};
+  NpubValue rets[1] = {};
+  Dispatcher& d = f.rt->dispatcher();
+  const CallPlan plan = d.plan(f.op3, args, 3, PlanInputs::kCall);
+  for (auto _ : state) {
+    d.run(plan, args, 3, rets, 1, nullptr);
+    benchmark::ClobberMemory();
+  }
+}
+BENCHMARK(BM_RunPlanThreeTensors);
+
 void BM_AllocFreeCacheHit(benchmark::State& state) {
   Fixture& f = fixture();
   sim::Device& dev = f.rt->devices().at(0);

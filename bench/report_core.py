@@ -22,6 +22,7 @@ alloc = median["BM_AllocFreeCacheHit"]
 stream = median["BM_StreamEnqueueToExecution"]
 direct3 = median.get("BM_DirectCallThreeTensors")
 handle3 = median.get("BM_DispatchThreeTensorsByHandle")
+plan3 = median.get("BM_RunPlanThreeTensors")
 
 rows = [
     ("dispatch overhead, cached op handle", handle - direct, 100.0),
@@ -30,6 +31,8 @@ rows = [
 ]
 if direct3 is not None and handle3 is not None:
     rows.insert(1, ("dispatch overhead, 3 tensors, handle", handle3 - direct3, 100.0))
+if direct3 is not None and plan3 is not None:
+    rows.insert(2, ("dispatch overhead, 3 tensors, call plan", plan3 - direct3, 100.0))
 print()
 print(f"direct call of the kernel:            {direct:8.1f} ns (baseline, same run)")
 print(f"dispatch by handle:                   {handle:8.1f} ns  ({handle / direct:5.1f}x the direct call)")
@@ -46,6 +49,7 @@ summary = {
     "dispatch_overhead_name_ns": name - direct,
     "alloc_free_cache_hit_ns": alloc,
     "dispatch_overhead_three_tensors_handle_ns": (handle3 - direct3) if handle3 is not None else None,
+    "dispatch_overhead_three_tensors_plan_ns": (plan3 - direct3) if plan3 is not None else None,
     "stream_enqueue_to_execution_ns": stream,
 }
 data["npubridge_summary"] = summary
