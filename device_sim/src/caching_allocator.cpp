@@ -217,12 +217,13 @@ void* CachingAllocator::allocate(size_t bytes, const void* stream) {
     // Note [The memory fraction limits reserved memory].
     auto fits = [&](size_t s) { return static_cast<uint64_t>(stats_.reserved_bytes) + s <= limit_; };
     if (!fits(seg)) release_cached_segments();
-    // Note [Segments shrink to the capacity]: where the preferred segment
-    // (2 MiB for small requests, 20 MiB for mid-size ones) no longer fits
-    // the device, a segment of just the request's size does, so every
-    // request up to the free capacity is served.
-    // (Rounded to 2 MiB where that fits, else to a page: segments stay
-    // page-aligned so that map_segment trims and release unmap them whole.)
+    // Note [Segments shrink to the capacity]
+    // Where the preferred segment (2 MiB for small requests, 20 MiB for
+    // mid-size ones) no longer fits the device, a segment of just the
+    // request's size does, so every request up to the free capacity is
+    // served. (Rounded to 2 MiB where that fits, else to a page: segments
+    // stay page-aligned so that map_segment trims and release unmap them
+    // whole.)
     auto round_up = [](size_t v, size_t to) { return (v + to - 1) / to * to; };
     if (!fits(seg)) seg = round_up(size, size_t{2} << 20);
     if (!fits(seg)) seg = round_up(size, size_t{4096});

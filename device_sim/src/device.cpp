@@ -46,10 +46,7 @@ DeviceOptions DeviceOptions::from_env() {
   // Note [A setting is read strictly or refused] (support/include/npubridge/support/env.h).
   o.num_devices =
       static_cast<int>(env::get_int_in("NPUB_SIM_DEVICES", o.num_devices, 1, 64, "a device count"));
-  o.memory_bytes = env::get_bytes("NPUB_SIM_MEMORY", o.memory_bytes);
-  if (o.memory_bytes == 0)
-    throw Error(ErrorCode::kInvalidArgument, "NPUB_SIM_MEMORY: expected a positive size but found " +
-                                                 env::quote(*env::get("NPUB_SIM_MEMORY")));
+  o.memory_bytes = env::get_positive_bytes("NPUB_SIM_MEMORY", o.memory_bytes);
   // Unset: every hardware thread (compute_threads 0).
   o.compute_threads =
       static_cast<int>(env::get_int_in("NPUB_SIM_THREADS", 0, 1, 1024, "a compute thread count"));

@@ -165,6 +165,8 @@ int64_t CallArgs::product(const char* name) const {
 // ulps
 // ---------------------------------------------------------------------------
 
+int precision_bits(DType d) { return is_floating(d) ? format_of(d).precision : 0; }
+
 double unit_roundoff(DType d) { return std::ldexp(1.0, -format_of(d).precision); }
 
 double ulp(DType d, double x) {

@@ -258,6 +258,17 @@ LoadResult PluginLoader::load(const std::string& path, bool from_directory) {
     return reject("initialize threw an exception of unknown type");
   }
   registrar.open = false;
+  // Note [A plugin's bad setting rejects that plugin only]
+  // A plugin reads its own settings in its initialize (NPUB_CANN_MAX_ISA and
+  // the like: plugin_kernels::isa_cap_from_environment) as strictly as the
+  // host reads its own (Note [A setting is read strictly or refused]), and
+  // a bad value fails initialize with "NAME: expected ... but found '...'".
+  // That is a failed initialize like any other: the plugin is rejected with
+  // the message (LoadResult::error: npub-demo, npubridge.load_failures()),
+  // and the runtime starts with the other plugins, the ops it would have
+  // served falling back. Only the host's own settings stop the start; the
+  // loader never reads a setting's name out of a plugin's error to stop it,
+  // since a plugin is optional and the others still serve.
   if (err != nullptr) return reject("initialize failed: " + consume_error(err));
   if (!registrar.first_error.empty()) return reject(registrar.first_error);
 

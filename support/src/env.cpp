@@ -6,14 +6,16 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 
 namespace npub::env {
 
-// Note [Messages quote values safely]: a value from the environment may hold
-// any bytes (NPUB_SIM_DEVICES=$'\xff\xfe'). Quoted as they are, they make
-// the message invalid UTF-8, and pybind11 then fails to decode it
-// (UnicodeDecodeError instead of the message naming the variable). So every
-// byte outside printable ASCII is written as an escape.
+// Note [Messages quote values safely]
+// A value from the environment may hold any bytes
+// (NPUB_SIM_DEVICES=$'\xff\xfe'). Quoted as they are, they make the message
+// invalid UTF-8, and pybind11 then fails to decode it (UnicodeDecodeError
+// instead of the message naming the variable). So every byte outside
+// printable ASCII is written as an escape.
 std::string quote(const std::string& value) {
   static const char* const hex = "0123456789abcdef";
   std::string out = "'";
@@ -138,6 +140,19 @@ uint64_t parse_bytes(const std::string& text, const char* what) {
 uint64_t get_bytes(const char* name, uint64_t fallback) {
   auto v = get(name);
   return v ? parse_bytes(*v, name) : fallback;
+}
+
+uint64_t get_positive_bytes(const char* name, uint64_t fallback) {
+  auto v = get(name);
+  if (!v) return fallback;
+  const uint64_t n = parse_bytes(*v, name);
+  if (n == 0)
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(name) + ": expected a positive size but found " + quote(*v));
+  if (n > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(name) + ": expected a size below 2^63 bytes but found " + quote(*v));
+  return n;
 }
 
 bool get_flag(const char* name, bool fallback) {

@@ -81,6 +81,14 @@ def assert_same_outcome(name, case, equal_nan=False):
         assert cpu[1] in npu[1], f"{name}: {npu[1]!r} does not carry ATen's {cpu[1]!r}"
 
 
+def run_python(code, **env):
+    """`code` run by a fresh Python with `env` added to the environment; the
+    subprocess.CompletedProcess (text output). For what one process cannot
+    show: settings read at the start, a crash or a hang, the exit."""
+    return subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env), capture_output=True,
+                          text=True, timeout=120)
+
+
 def plugins_loaded_with(**env):
     """(names of the loaded plugins, npubridge.load_failures() as text) of a
     fresh Python that imports npubridge with `env` added to the environment."""

@@ -2,10 +2,6 @@
 TypeError and a malformed op name or an unknown plugin a ValueError, each
 naming the argument, what was expected and what was found, before anything
 reaches the op-mapping table or the dispatcher."""
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -60,39 +56,3 @@ def test_precision_check_takes_bools_only(args, kwargs, message):
     with pytest.raises(TypeError) as e:
         npubridge.precision_check(*args, **kwargs)
     assert str(e.value) == message
-
-
-def test_precision_check_on_and_off():
-    """With the sloppy test plugin (its float32 aten::neg.out is off by 1e-3):
-    off (the default), its calls are not judged; on without raising, each
-    call returns the kernel's result and its mismatch is listed and counted;
-    precision_check() starts a new list; off again, nothing is judged."""
-    code = """
-import warnings
-import torch, npubridge
-warnings.simplefilter("ignore")
-x = torch.randn(64)
-def counted():
-    return npubridge.stats()["aten::neg.out"].get("precision_mismatches", 0)
-def listed():
-    return [(m["op"], m["plugin"], m["output"]) for m in npubridge.precision_mismatches()]
-sloppy = (-x.npu()).cpu()
-assert (sloppy + x - 1e-3).abs().max() < 1e-5, "the sloppy plugin's neg did not serve the call"
-assert listed() == [] and counted() == 0, (listed(), counted())
-npubridge.precision_check(True, raise_on_mismatch=False)
-assert torch.equal((-x.npu()).cpu(), sloppy)  # judged, not raised, not replaced
-assert listed() == [("aten::neg", "sloppy", "return 0")] and counted() == 1, (listed(), counted())
-(-x.npu()).cpu()
-assert len(listed()) == 2 and counted() == 2, (listed(), counted())
-npubridge.precision_check(False)
-assert listed() == [], listed()
-assert torch.equal((-x.npu()).cpu(), sloppy)
-assert listed() == [] and counted() == 2, (listed(), counted())
-npubridge.precision_check(True)
-(-x.npu()).cpu()
-assert listed() == [("aten::neg", "sloppy", "return 0")] and counted() == 3, (listed(), counted())
-print("ok")
-"""
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, NPUB_PLUGIN_PATH=os.environ["NPUB_TEST_SLOPPY_PLUGIN_DIR"]))
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr

@@ -175,3 +175,17 @@ def test_set_per_process_memory_fraction_checks_its_argument_as_torch_cuda(fract
         torch.npu.set_per_process_memory_fraction(fraction, 0)
     assert str(e.value) == message
     assert torch.npu.get_per_process_memory_fraction(0) == 1.0
+
+
+def test_out_of_memory_raises_torch_oom_with_the_allocators_message():
+    out = _run(
+        """
+        import torch, npubridge
+        try:
+            torch.empty(64 << 20, device='npu')
+        except torch.OutOfMemoryError as e:
+            print('OOM:', e)
+        """,
+        NPUB_SIM_MEMORY="64M")
+    assert "OOM: npu:0 out of memory: tried to allocate 256.00 MiB" in out
+    assert "capacity of 64.00 MiB" in out

@@ -1,8 +1,10 @@
 """torch.npu's device calls as torch.cuda has them: init, is_initialized,
-get_device_properties / get_device_capability (the simulated device's
-capacity and compute threads), torch.accelerator.get_device_capability,
-the seeding functions, and torch.npu.Stream/Event as torch.Stream/Event
-(what DDP and FSDP2 mix)."""
+the current device, get_device_properties / get_device_capability (the
+simulated device's capacity and compute threads), the seeding functions
+and the RNG state, streams and events (torch.npu.Stream/Event as
+torch.Stream/Event: what DDP and FSDP2 mix); and torch.accelerator on the
+npu (devices, memory statistics, streams, events,
+get_device_capability)."""
 import os
 import subprocess
 import sys
@@ -12,6 +14,7 @@ import pytest
 import torch
 
 import npubridge  # noqa: F401
+from conftest import assert_matches
 
 
 def _run(code, **env):
@@ -193,3 +196,107 @@ def test_npu_streams_and_events_are_torch_streams_and_events():
 
 def test_is_bf16_supported_as_torch_cuda():
     assert torch.npu.is_bf16_supported() and torch.npu.is_bf16_supported(including_emulation=False)
+
+
+def test_device_module_and_memory_stats():
+    assert torch.npu.is_available()
+    with torch.npu.device(1):
+        assert torch.npu.current_device() == 1
+        t = torch.empty(1024, device="npu")
+        assert t.device.index == 1
+    assert torch.npu.current_device() == 0
+    before = torch.npu.memory_allocated(0)
+    big = torch.empty(1 << 20, device="npu:0")
+    assert torch.npu.memory_allocated(0) >= before + 4 * (1 << 20)
+    del big
+    torch.npu.synchronize()
+
+
+def test_manual_seed_takes_what_the_cpu_takes():
+    # torch.manual_seed seeds npu too (the custom-device hook); a negative
+    # seed wraps to uint64 as the CPU generator's does, and an out-of-range
+    # one raises the CPU's error, not a TypeError from the binding.
+    torch.manual_seed(-1)
+    assert torch.initial_seed() == 2**64 - 1
+    a = torch.rand(4, device="npu")
+    torch.npu.manual_seed(2**64 - 1)
+    assert torch.equal(torch.rand(4, device="npu").cpu(), a.cpu())
+    for bad in (2**64, -(2**63) - 1):
+        with pytest.raises(ValueError, match="Overflow"):
+            torch.manual_seed(bad)
+    torch.manual_seed(0)
+
+
+def test_streams_events_and_rng_state():
+    s = torch.npu.Stream()
+    assert s != torch.npu.default_stream()
+    with torch.npu.stream(s):
+        assert torch.npu.current_stream() == s
+        a = torch.ones(1000, device="npu") * 3
+        m = torch.randn(512, 512, device="npu")
+        start, mid, end = (torch.npu.Event(enable_timing=True) for _ in range(3))
+        start.record()
+        b = a + a
+        m2 = m @ m  # real work between the events: a few milliseconds
+        mid.record()
+        m3 = m2 @ m
+        end.record()
+    assert torch.npu.current_stream() == torch.npu.default_stream()
+    end.synchronize()
+    # What the events measure (no timing threshold): the stream's own order,
+    # time spent in the products, and additivity.
+    first, second, whole = start.elapsed_time(mid), mid.elapsed_time(end), start.elapsed_time(end)
+    assert end.query() and first > 0 and second > 0
+    assert whole == pytest.approx(first + second, rel=1e-3, abs=1e-3)
+    assert mid.elapsed_time(start) == pytest.approx(-first, rel=1e-6)
+    assert torch.isfinite(m3).all()
+    s.synchronize()
+    assert torch.equal(b.cpu(), torch.full((1000,), 6.0))
+    state = torch.npu.get_rng_state()
+    x1 = torch.randn(100, device="npu")
+    torch.npu.set_rng_state(state)
+    x2 = torch.randn(100, device="npu")
+    assert torch.equal(x1.cpu(), x2.cpu())
+
+
+def test_torch_accelerator_works_for_npu():
+    A = torch.accelerator
+    assert A.is_available() and A.current_accelerator() == torch.device("npu") and A.device_count() == 2
+    with A.device_index(1):
+        assert A.current_device_index() == 1
+        assert torch.ones(2, device="npu").device == torch.device("npu:1")
+    assert A.current_device_index() == 0
+    # Memory statistics come from the simulated device's caching allocator.
+    A.synchronize()
+    A.empty_cache()
+    A.reset_peak_memory_stats(0)
+    base = A.memory_allocated(0)
+    x = torch.empty(1 << 20, device="npu")  # 4 MiB
+    assert A.memory_allocated(0) == base + (4 << 20)
+    assert A.max_memory_allocated(0) >= base + (4 << 20)
+    assert A.memory_reserved(0) >= A.memory_allocated(0)
+    stats = A.memory_stats(0)
+    assert stats["allocated_bytes.all.current"] == A.memory_allocated(0)
+    assert stats["allocation.all.allocated"] >= 1
+    assert A.memory_allocated(0) == torch.npu.memory_allocated(0)
+    free, total = A.get_memory_info(0)
+    assert total == 16 << 30 and 0 < free <= total
+    del x
+    assert A.memory_allocated(0) == base
+    # Streams and events are the simulator's: work on a side stream, an event
+    # recorded after it, the default stream waiting for that event.
+    side = torch.Stream(device="npu:0")
+    assert side != A.current_stream() and side.stream_id != 0
+    start, end = torch.Event(device="npu", enable_timing=True), torch.Event(device="npu", enable_timing=True)
+    a = torch.randn(256, 256, device="npu")
+    with side:
+        assert A.current_stream() == side
+        start.record()
+        b = a @ a
+        end.record()
+    A.current_stream().wait_event(end)
+    end.synchronize()
+    assert end.query() and side.query()
+    assert start.elapsed_time(end) > 0  # the 256^3 product ran between them
+    assert_matches(b, lambda v: v @ v, a.cpu())
+    assert A.current_stream().stream_id == 0

@@ -1,10 +1,12 @@
 """torch.Generator(device="npu") and the default npu generators: seeding,
-state, independence, and the random ops that fall back to the CPU
-(Note [Random fallbacks draw from the npu generator])."""
+state, independence; the random ops plugin kernels serve on the device
+(normal_, dropout, and exponential_, which vLLM's sampler runs with the
+in-place cumsum_ of top-p), and those that fall back to the CPU (Note
+[Random fallbacks draw from the npu generator])."""
 import pytest
 import torch
 
-import npubridge  # noqa: F401  (registers the npu device)
+import npubridge
 
 N = 4096
 
@@ -114,3 +116,50 @@ def test_random_fallbacks_draw_from_the_npu_generator():
     torch.npu.manual_seed(4)
     q2 = torch.randperm(100, device="npu").cpu()
     assert torch.equal(q1, q2)
+
+
+def test_random_ops_run_on_the_device_and_follow_the_seed():
+    npubridge.reset_stats()
+    torch.manual_seed(7)
+    a = torch.randn(1000, device="npu")
+    b = torch.rand(1000, device="npu")
+    torch.manual_seed(7)
+    a2 = torch.randn(1000, device="npu")
+    assert torch.equal(a.cpu(), a2.cpu())
+    assert not torch.equal(a.cpu(), b.cpu())
+    assert abs(a.cpu().mean().item()) < 0.2 and 0.8 < a.cpu().std().item() < 1.2
+    assert 0 <= b.cpu().min().item() and b.cpu().max().item() < 1
+    s = npubridge.stats()
+    assert s["aten::normal_"]["native"]["cann_like"] >= 2 and s["aten::normal_"]["fallbacks"] == 0
+    # dropout in training mode uses the same stream
+    torch.manual_seed(1)
+    d1 = torch.nn.functional.dropout(torch.ones(64, device="npu"), 0.5, training=True)
+    torch.manual_seed(1)
+    d2 = torch.nn.functional.dropout(torch.ones(64, device="npu"), 0.5, training=True)
+    assert torch.equal(d1.cpu(), d2.cpu())
+
+
+def test_exponential_and_in_place_cumsum_run_on_the_device():
+    """What vLLM's sampler runs at temperature > 0: exponential_ (the
+    Gumbel-max trick divides the probabilities by it) and the in-place
+    cumsum_ of top-p."""
+    npubridge.reset_stats()
+    torch.manual_seed(3)
+    q = torch.empty(200_000, device="npu").exponential_(2.0).cpu().double()
+    torch.manual_seed(3)
+    assert torch.equal(torch.empty(200_000, device="npu").exponential_(2.0).cpu().double(), q)
+    # Exp(2): mean 1/2, variance 1/4; the sample mean's standard error is
+    # 0.5 / sqrt(2e5) ~ 1.1e-3, the variance's about 1.7e-3: 6 sigma bounds.
+    assert q.min().item() > 0 and torch.isfinite(q).all()
+    assert abs(q.mean().item() - 0.5) < 7e-3 and abs(q.var().item() - 0.25) < 1.1e-2
+    with pytest.raises(RuntimeError, match=r"exponential_ expects lambda > 0.0, but found lambda=-1"):
+        torch.empty(4, device="npu").exponential_(-1.0)
+    x = torch.rand(4, 1000)
+    xn = x.npu()
+    xn.cumsum_(-1)
+    # float64 accumulation rounded once to float32: within an ulp of the
+    # float64 sums (at most 1000).
+    ref = x.double().cumsum(-1)
+    assert ((xn.cpu().double() - ref).abs() <= ref.abs() * 2**-23).all()
+    s = npubridge.stats()
+    assert s["aten::exponential_"]["fallbacks"] == 0 and s["aten::cumsum.out"]["fallbacks"] == 0

@@ -12,6 +12,7 @@ import torch
 import npubridge
 
 from conftest import assert_judged, assert_no_fallbacks, import_torch_npu_compat
+from tiny_models import llama_config
 
 import_torch_npu_compat()  # before transformers, which decides at import
 
@@ -35,9 +36,8 @@ class _Tokens(torch.utils.data.Dataset):
 
 def _model(dtype=torch.float32, dropout=0.0):
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                                   attention_dropout=dropout)
+    cfg = llama_config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, max_position_embeddings=32,
+                       attention_dropout=dropout)
     return transformers.LlamaForCausalLM(cfg).to(dtype)
 
 

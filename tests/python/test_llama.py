@@ -3,13 +3,13 @@ with a tiny config (random weights, fixed seed, nothing downloaded), on npu
 against the CPU: logits and every parameter's gradient judged by npubridge's
 error model against the same model in float64 (conftest.assert_judged), and
 greedy generation token for token."""
-import copy
 
 import pytest
 import torch
 
 import npubridge
 from conftest import assert_gradients_judged, assert_judged
+from tiny_models import llama_config, models_to_judge
 
 import transformers
 
@@ -17,14 +17,8 @@ import transformers
 @pytest.fixture(scope="module")
 def models():
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   attn_implementation="eager")
-    cpu = transformers.LlamaForCausalLM(cfg)
-    npu = transformers.LlamaForCausalLM(cfg)
-    npu.load_state_dict(cpu.state_dict())
-    wide = copy.deepcopy(cpu).double()  # the reference: the same model in float64
-    return cpu, npu.to("npu"), wide, torch.randint(0, 128, (2, 12))
+    cfg = llama_config(attn_implementation="eager")
+    return models_to_judge(transformers.LlamaForCausalLM(cfg), transformers.LlamaForCausalLM(cfg), (2, 12))
 
 
 def test_forward_logits_match(models):

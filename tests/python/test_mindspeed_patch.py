@@ -13,6 +13,8 @@ import npubridge
 import npubridge.mindspeed as ms
 from npubridge.mindspeed import functional
 
+from tiny_models import tiny_config
+
 import transformers
 from transformers.models.llama import modeling_llama
 from transformers.models.qwen2 import modeling_qwen2
@@ -33,11 +35,10 @@ def unpatched():
 
 
 def _config(kind):
-    common = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=64, hidden_act="silu")
+    sizes = dict(vocab_size=96, intermediate_size=96, hidden_act="silu")
     if kind == "llama":
-        return transformers.LlamaForCausalLM, transformers.LlamaConfig(**common)
-    return transformers.Qwen2ForCausalLM, transformers.Qwen2Config(**common)
+        return transformers.LlamaForCausalLM, tiny_config(transformers.LlamaConfig, **sizes)
+    return transformers.Qwen2ForCausalLM, tiny_config(transformers.Qwen2Config, **sizes)
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])

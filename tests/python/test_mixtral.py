@@ -5,13 +5,13 @@ of int32 expert ids, torch._grouped_mm), which the CPU does not; the
 logits and every parameter's gradient are judged by npubridge's error model
 against the same model in float64 on the CPU (conftest.assert_judged), with
 no op falling back to the CPU."""
-import copy
 
 import pytest
 import torch
 
 import npubridge
 from conftest import assert_gradients_judged, assert_judged, assert_no_fallbacks
+from tiny_models import models_to_judge, tiny_config
 
 import transformers
 
@@ -19,16 +19,14 @@ import transformers
 @pytest.fixture(scope="module")
 def models():
     torch.manual_seed(0)
-    sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, max_position_embeddings=64)
+    sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_local_experts=4, num_experts_per_tok=2)
     # The references loop over the experts (transformers' "eager" experts):
     # an independent computation, and ATen's CPU _grouped_mm has no float64.
-    cpu = transformers.MixtralForCausalLM(transformers.MixtralConfig(**sizes, experts_implementation="eager"))
-    npu = transformers.MixtralForCausalLM(transformers.MixtralConfig(**sizes))
+    cpu = transformers.MixtralForCausalLM(tiny_config(transformers.MixtralConfig, **sizes,
+                                                      experts_implementation="eager"))
+    npu = transformers.MixtralForCausalLM(tiny_config(transformers.MixtralConfig, **sizes))
     assert npu.config._experts_implementation == "grouped_mm"
-    npu.load_state_dict(cpu.state_dict())
-    wide = copy.deepcopy(cpu).double()  # the reference: the same model in float64
-    return cpu, npu.to("npu"), wide, torch.randint(0, 64, (2, 10))
+    return models_to_judge(cpu, npu, (2, 10))
 
 
 def test_forward_logits_match(models):

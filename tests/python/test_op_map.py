@@ -171,7 +171,7 @@ def _hardtanh_out(npu):
 
 
 SHIPPED = {
-    "aten::relu": None,  # relu by itself, cann_like's kernel first: tested in test_torch_backend.py
+    "aten::relu": None,  # relu by itself, cann_like's kernel first: tested in test_eager_ops.py
     "aten::sgn": _sgn,
     "aten::sgn.out": _sgn_out,
     "aten::hardtanh": _hardtanh,

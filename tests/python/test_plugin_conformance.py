@@ -35,6 +35,18 @@ def cells(report):
     return {(c["op"], c["dtype"]): c for c in report["results"]}
 
 
+def mul_add_tests(tmp_path, name, samples):
+    """A tests file `name` for conf_good::mul_add: its reference, and
+    `samples` as the body of its samples function (`dtype` in scope)."""
+    tests = tmp_path / name
+    tests.write_text(
+        "import torch\nfrom npubridge import testing\n"
+        "testing.reference('conf_good::mul_add')(lambda x, y: x * y + x)\n"
+        "@testing.samples('conf_good::mul_add')\n"
+        "def s(dtype):\n" + samples)
+    return str(tests)
+
+
 def test_a_correct_plugin_passes(tmp_path):
     status, out, report = conformance(tmp_path, "--plugin", plugin("good"), "--tests", TESTS_FILE)
     assert status == 0, out
@@ -152,13 +164,9 @@ def test_a_declined_sample_is_not_covered_with_the_reason(tmp_path):
 def test_an_error_a_call_raises_is_a_failure_with_its_message(tmp_path):
     # The kernel refuses what ATen broadcasts: a RuntimeError from the call,
     # reported with its message.
-    tests = tmp_path / "broadcast_conformance.py"
-    tests.write_text(
-        "import torch\nfrom npubridge import testing\n"
-        "testing.reference('conf_good::mul_add')(lambda x, y: x * y + x)\n"
-        "@testing.samples('conf_good::mul_add')\n"
-        "def s(dtype):\n    yield testing.Sample(torch.randn(4, 5, dtype=dtype), torch.randn(5, dtype=dtype))\n")
-    status, out, report = conformance(tmp_path, "--plugin", plugin("good"), "--tests", str(tests),
+    tests = mul_add_tests(tmp_path, "broadcast_conformance.py",
+                          "    yield testing.Sample(torch.randn(4, 5, dtype=dtype), torch.randn(5, dtype=dtype))\n")
+    status, out, report = conformance(tmp_path, "--plugin", plugin("good"), "--tests", tests,
                                       "--op", "conf_good::mul_add")
     assert status == 1, out
     cell = cells(report)[("conf_good::mul_add", "float32")]
@@ -176,15 +184,10 @@ def test_an_unknown_op_name_and_a_missing_file_are_errors(tmp_path):
 
 
 def test_a_declared_dtype_without_samples_is_not_covered(tmp_path):
-    tests = tmp_path / "float32_only_conformance.py"
-    tests.write_text(
-        "import torch\nfrom npubridge import testing\n"
-        "testing.reference('conf_good::mul_add')(lambda x, y: x * y + x)\n"
-        "@testing.samples('conf_good::mul_add')\n"
-        "def s(dtype):\n"
-        "    if dtype == torch.float32:\n"
-        "        yield testing.Sample(torch.randn(4, 5), torch.randn(4, 5))\n")
-    status, out, report = conformance(tmp_path, "--plugin", plugin("good"), "--tests", str(tests),
+    tests = mul_add_tests(tmp_path, "float32_only_conformance.py",
+                          "    if dtype == torch.float32:\n"
+                          "        yield testing.Sample(torch.randn(4, 5), torch.randn(4, 5))\n")
+    status, out, report = conformance(tmp_path, "--plugin", plugin("good"), "--tests", tests,
                                       "--op", "conf_good::mul_add")
     assert status == 0, out
     assert cells(report)[("conf_good::mul_add", "float32")]["status"] == "passed"

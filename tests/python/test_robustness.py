@@ -193,6 +193,19 @@ def test_streams_keep_memory_bounded():
     assert len({s.stream_id for s in streams}) <= 4
 
 
+def test_new_streams_share_one_pool_and_threads_stay_bounded():
+    # torch.npu.Stream() made a stream (and a thread) per call, never freed,
+    # while torch.Stream(device="npu") used a pool: both draw from the
+    # device's pool now.
+    threads = lambda: len(os.listdir("/proc/self/task"))
+    for _ in range(8):
+        torch.npu.Stream(), torch.Stream(device="npu:0")
+    before = threads()
+    ids = {torch.npu.Stream().stream_id for _ in range(20)} | {torch.Stream(device="npu:0").stream_id for _ in range(20)}
+    assert threads() == before
+    assert 0 not in ids and len(ids) <= 4
+
+
 def test_every_bad_plugin_in_the_plugin_path_is_rejected_and_import_torch_works():
     # The test plugin folder: one plugin per way of being bad (wrong ABI,
     # bad schemas, kernels, derivatives, an initialize that fails or throws,
@@ -225,3 +238,33 @@ def test_every_bad_plugin_in_the_plugin_path_is_rejected_and_import_torch_works(
     assert not any(path in f for f in failures), failures
     assert f"SKIPPED '{path}' skipped: not an npubridge plugin (no npub_plugin_init_v1)" in lines, lines
     assert sum("is already defined (by plugin" in f and "with a different schema" in f for f in failures) == 1
+
+
+def test_mixed_devices_raise_pytorchs_message():
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.randn(3).npu() + torch.randn(3)
+
+
+def test_plugin_errors_surface_as_python_exceptions():
+    # Shapes are checked by ATen's meta kernel first, with PyTorch's message.
+    with pytest.raises(RuntimeError, match="reduction dim|cannot be multiplied"):
+        torch.randn(2, 3).npu() @ torch.randn(4, 5).npu()
+    # A plugin's own check names the op, the plugin and the reason, with
+    # the class the CPU raises (IndexError for an index out of range).
+    weight = torch.randn(10, 4).npu()
+    with pytest.raises(IndexError, match=r"aten::embedding.*cann_like.*index out of range"):
+        F.embedding(torch.tensor([3, 12]).npu(), weight)
+
+
+def test_subtraction_with_bool_operands_is_refused_as_on_the_cpu():
+    # ATen's sub_check: two bools, or one bool and a number, are errors
+    # (the npu computed `int - bool` before).
+    b = torch.tensor([True, False])
+    i = torch.tensor([1, 2])
+    for x, y, message in [(b, b, "with two bool tensors"), (i, b, "with a bool tensor"),
+                          (b, True, "with two bool tensors"), (i, True, "with a bool tensor")]:
+        with pytest.raises(RuntimeError, match=message):
+            x - y
+        yn = y.to("npu") if isinstance(y, torch.Tensor) else y
+        with pytest.raises(RuntimeError, match=message):
+            x.to("npu") - yn

@@ -5,7 +5,10 @@ Nothing starts at import (Note [The runtime starts at the first npu use],
 python_ext/csrc/init.cpp), so import says nothing; CPU ops work;
 torch.npu.is_available() is False with one warning, and the first npu use
 raises, both naming the variable, the value found and what was expected.
-One subprocess per value (about a second each)."""
+One subprocess per value (about a second each). The NPUB_DIST_* settings
+of the collective backend are read when an npu process group is made: a bad
+one fails that init_process_group with the same message (in this process,
+a group of one rank)."""
 import os
 import subprocess
 import sys
@@ -99,3 +102,45 @@ def test_good_values_with_surrounding_white_space_are_read():
     r = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "3 1", r.stdout + r.stderr
     assert "did not start" not in r.stderr, r.stderr
+
+
+_DIST_CASES = [
+    ("NPUB_DIST_CHECK", "maybe", "expected 0 or 1 (or false/true, off/on, no/yes) but found 'maybe'"),
+    ("NPUB_DIST_CHECK", "2", "expected 0 or 1 (or false/true, off/on, no/yes) but found '2'"),
+    ("NPUB_DIST_CHUNK_BYTES", "0", "expected a positive size but found '0'"),
+    ("NPUB_DIST_CHUNK_BYTES", "-4096", "expected a size such as 16G, 512M or 1048576 but found '-4096'"),
+    ("NPUB_DIST_CHUNK_BYTES", "4Q", "unknown unit in '4Q' (expected K, M, G or T)"),
+    ("NPUB_DIST_CHUNK_BYTES", "8388608T", "expected a size below 2^63 bytes but found '8388608T'"),
+]
+
+
+def _init_npu_group_of_one_rank(monkeypatch, **env):
+    import torch.distributed as dist
+
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    dist.init_process_group("npu", store=dist.HashStore(), rank=0, world_size=1)
+
+
+@pytest.mark.parametrize("name, value, expected", _DIST_CASES, ids=[f"{n}={v}" for n, v, _ in _DIST_CASES])
+def test_a_bad_distributed_setting_fails_making_the_npu_group(monkeypatch, name, value, expected):
+    import torch.distributed as dist
+
+    with pytest.raises(RuntimeError) as e:
+        _init_npu_group_of_one_rank(monkeypatch, **{name: value})
+    assert str(e.value).splitlines()[0] == f"{name}: {expected}"
+    assert not dist.is_initialized()
+
+
+def test_good_distributed_settings_with_surrounding_white_space_are_read(monkeypatch):
+    import torch
+    import torch.distributed as dist
+
+    _init_npu_group_of_one_rank(monkeypatch, NPUB_DIST_CHECK=" off ", NPUB_DIST_CHUNK_BYTES="4K ")
+    try:
+        t = torch.arange(3000.0).npu()  # three chunks of 4 KiB
+        dist.all_reduce(t)
+        assert torch.equal(t.cpu(), torch.arange(3000.0))
+    finally:
+        dist.destroy_process_group()

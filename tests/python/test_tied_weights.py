@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import npubridge  # noqa: F401  (registers the npu device)
+from conftest import assert_matches
 
 
 def tied_model():
@@ -127,3 +128,29 @@ def test_an_optimizer_step_moves_both_uses():
     opt.step()
     assert not torch.equal(m[1].weight.detach().cpu(), before.cpu())
     assert torch.equal(m[0].weight.detach().cpu(), m[1].weight.detach().cpu())
+
+
+def test_tied_weights_stay_tied_through_to_and_back():
+    # Module._apply keeps Parameter objects only for shallow-copy compatible
+    # tensor types (Note [npu tensors are shallow-copy compatible with CPU
+    # ones]); a tied embedding must stay one tensor and get one gradient.
+    torch.manual_seed(0)
+    e = torch.nn.Embedding(8, 4)
+    lin = torch.nn.Linear(4, 8, bias=False)
+    lin.weight = e.weight
+    m = torch.nn.ModuleList([e, lin])
+    w0 = e.weight.detach().clone()
+    m = m.to("npu")
+    assert m[0].weight is m[1].weight and m[0].weight.device.type == "npu"
+    assert isinstance(m[0].weight, torch.nn.Parameter)
+    ids = torch.tensor([1, 5, 1, 7])
+    m[1](m[0](ids.npu())).square().sum().backward()
+
+    def tied_grad(w):  # the gradient of the tied weight through both uses, on the CPU
+        w = w.clone().requires_grad_(True)
+        torch.nn.functional.linear(torch.nn.functional.embedding(ids, w), w).square().sum().backward()
+        return w.grad
+
+    assert_matches(m[0].weight.grad, tied_grad, w0)
+    back = m.to("cpu")
+    assert back[0].weight is back[1].weight and back[0].weight.device.type == "cpu"

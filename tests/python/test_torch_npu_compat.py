@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import TORCH_NPU_COMPAT_DIR, assert_judged, assert_matches, import_torch_npu_compat
+from tiny_models import llama_config
 
 torch_npu = import_torch_npu_compat()
 
@@ -234,9 +235,8 @@ def test_transformers_flash_attention_2_runs_npu_fusion_attention():
     import transformers
 
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                                   attn_implementation="sdpa")
+    cfg = llama_config(vocab_size=64, hidden_size=32, intermediate_size=64, max_position_embeddings=32,
+                       attn_implementation="sdpa")
     cpu = transformers.LlamaForCausalLM(cfg).eval()
     wide = copy.deepcopy(cpu).double()
     flash_cfg = copy.deepcopy(cfg)
@@ -310,8 +310,8 @@ def test_peft_lora_on_the_npu():
     import transformers
 
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    cfg = llama_config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       max_position_embeddings=32)
     lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights="gaussian")
     cpu = peft.get_peft_model(transformers.LlamaForCausalLM(cfg), lora)
     models = {"cpu": cpu, "npu": copy.deepcopy(cpu).to(peft.utils.other.infer_device()),

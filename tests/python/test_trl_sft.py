@@ -9,6 +9,7 @@ import torch
 
 import npubridge
 from conftest import assert_judged, assert_no_fallbacks, import_torch_npu_compat
+from tiny_models import llama_config
 
 import_torch_npu_compat()  # before transformers and trl, which decide at import
 
@@ -39,10 +40,9 @@ def _dataset():
 
 def _model(tokenizer, dtype):
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                   max_position_embeddings=32, pad_token_id=tokenizer.pad_token_id,
-                                   bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    cfg = llama_config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, max_position_embeddings=32,
+                       pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                       eos_token_id=tokenizer.eos_token_id)
     return transformers.LlamaForCausalLM(cfg).to(dtype)
 
 

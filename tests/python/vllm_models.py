@@ -11,6 +11,8 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+from tiny_models import llama_config
+
 WORDS = [f"w{i}" for i in range(250)]
 SPECIAL = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"]
 VOCAB = len(SPECIAL) + len(WORDS)
@@ -37,10 +39,8 @@ def save_llama(path, num_kv_heads=2, max_positions=1024):
     """A 2-layer Llama (hidden 64, 4 heads of 16, `num_kv_heads` KV heads)
     with its tokenizer in `path`; returns the path."""
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=num_kv_heads,
-                                      max_position_embeddings=max_positions, initializer_range=0.1, pad_token_id=0,
-                                      bos_token_id=BOS, eos_token_id=EOS)
+    config = llama_config(vocab_size=VOCAB, num_key_value_heads=num_kv_heads, max_position_embeddings=max_positions,
+                          initializer_range=0.1, pad_token_id=0, bos_token_id=BOS, eos_token_id=EOS)
     model = transformers.LlamaForCausalLM(config)
     model.save_pretrained(path)
     tokenizer().save_pretrained(path)

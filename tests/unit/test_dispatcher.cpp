@@ -13,15 +13,8 @@ using namespace npub::test;
 
 namespace {
 
-class DispatcherTest : public ::testing::Test {
+class DispatcherTest : public TestselAndCannLike {
  protected:
-  void SetUp() override {
-    rt = make_runtime();
-    load_ok(*rt, test_plugin("npub_test_testsel"));
-    load_ok(*rt, builtin_plugin("npub_cann_like"));
-    host.install(rt->dispatcher());
-    dev = &rt->devices().at(0);
-  }
   // Calls testsel::which and returns the id the serving kernel wrote.
   double which(const Tensor& x) {
     Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
@@ -30,12 +23,6 @@ class DispatcherTest : public ::testing::Test {
     rt->dispatcher().call("testsel::which", args, 2, rets, 1, nullptr);
     return out.to_doubles().at(0);
   }
-  Tensor f32(const std::vector<int64_t>& shape, const std::vector<double>& v) {
-    return Tensor::from_values(shape, DType::kFloat32, v, dev);
-  }
-  std::unique_ptr<Runtime> rt;
-  ReferenceHost host;
-  sim::Device* dev = nullptr;
 };
 
 TEST_F(DispatcherTest, SelectsByPriorityPredicateDtypeAndOptLevel) {

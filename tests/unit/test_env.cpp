@@ -70,6 +70,30 @@ TEST(Env, SizesTakeBinaryUnitsAndNothingElse) {
             "NPUB_SIM_MEMORY: expected a size below 2^64 bytes but found '99999999999T'");
 }
 
+TEST(Env, APositiveSizeFitsAnInt64) {
+  // NPUB_SIM_MEMORY's reader, and NPUB_DIST_CHUNK_BYTES's in the PyTorch
+  // extension's collective backend (its refusals: tests/python/test_settings.py).
+  auto chunk = [] { env::get_positive_bytes("NPUB_DIST_CHUNK_BYTES", 4 << 20); };
+  for (const char* good : {"4M", " 65536 ", "8388607T"})
+    EXPECT_EQ(error_with("NPUB_DIST_CHUNK_BYTES", good, chunk), "") << good;
+  {
+    ScopedEnv set("NPUB_DIST_CHUNK_BYTES", "64K");
+    EXPECT_EQ(env::get_positive_bytes("NPUB_DIST_CHUNK_BYTES", 1), 64u << 10);
+  }
+  {
+    ScopedEnv unset("NPUB_DIST_CHUNK_BYTES", nullptr);
+    EXPECT_EQ(env::get_positive_bytes("NPUB_DIST_CHUNK_BYTES", 1), 1u);
+  }
+  EXPECT_EQ(error_with("NPUB_DIST_CHUNK_BYTES", "0", chunk),
+            "NPUB_DIST_CHUNK_BYTES: expected a positive size but found '0'");
+  EXPECT_EQ(error_with("NPUB_DIST_CHUNK_BYTES", "8388608T", chunk),
+            "NPUB_DIST_CHUNK_BYTES: expected a size below 2^63 bytes but found '8388608T'");
+  EXPECT_EQ(error_with("NPUB_DIST_CHUNK_BYTES", "-4096", chunk),
+            "NPUB_DIST_CHUNK_BYTES: expected a size such as 16G, 512M or 1048576 but found '-4096'");
+  EXPECT_EQ(error_with("NPUB_SIM_MEMORY", "8388608T", device_options),
+            "NPUB_SIM_MEMORY: expected a size below 2^63 bytes but found '8388608T'");
+}
+
 TEST(Env, AFractionOfAUnitAsksForAWholeNumber) {
   // "unknown unit" blamed the unit for what is the fraction's fault.
   EXPECT_EQ(error_with("NPUB_SIM_MEMORY", "1.5G", device_options),

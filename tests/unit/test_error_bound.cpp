@@ -35,6 +35,13 @@ TEST(ErrorBound, UlpsOfEachFloatingDtype) {
   EXPECT_EQ(ulp(DType::kFloat16, 0.0), std::ldexp(1.0, -24));  // subnormal spacing
   EXPECT_EQ(unit_roundoff(DType::kFloat32), std::ldexp(1.0, -24));
   EXPECT_EQ(accumulate_dtype(DType::kBFloat16), DType::kFloat32);
+  // The one table of significand bits (the PyTorch-side helpers read it too).
+  EXPECT_EQ(precision_bits(DType::kFloat64), 53);
+  EXPECT_EQ(precision_bits(DType::kFloat32), 24);
+  EXPECT_EQ(precision_bits(DType::kFloat16), 11);
+  EXPECT_EQ(precision_bits(DType::kBFloat16), 8);
+  for (DType d : {DType::kInt64, DType::kInt32, DType::kUInt8, DType::kBool, DType::kUnknown})
+    EXPECT_EQ(precision_bits(d), 0) << dtype_name(d);
 }
 
 TEST(ErrorBound, RoundedAllowsItsUlpsAndNoMore) {

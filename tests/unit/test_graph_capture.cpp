@@ -19,18 +19,8 @@ using namespace npub::test;
 
 namespace {
 
-class GraphCaptureTest : public ::testing::Test {
+class GraphCaptureTest : public TestselAndCannLike {
  protected:
-  void SetUp() override {
-    rt = make_runtime();
-    load_ok(*rt, test_plugin("npub_test_testsel"));
-    load_ok(*rt, builtin_plugin("npub_cann_like"));
-    host.install(rt->dispatcher());
-    dev = &rt->devices().at(0);
-  }
-  Tensor f32(const std::vector<int64_t>& shape, const std::vector<double>& v) {
-    return Tensor::from_values(shape, DType::kFloat32, v, dev);
-  }
   void add(const Tensor& a, const Tensor& b, double alpha, const Tensor& out) {
     NpubValue args[] = {tensor_value(a.dl()), tensor_value(b.dl()), double_value(alpha),
                         tensor_value(out.dl())};
@@ -48,9 +38,6 @@ class GraphCaptureTest : public ::testing::Test {
                                       tensor_value(x.dl())};
     return *rt->dispatcher().select(rt->dispatcher().op("aten::add.out"), args.data(), 4);
   }
-  std::unique_ptr<Runtime> rt;
-  ReferenceHost host;
-  sim::Device* dev = nullptr;
 };
 
 TEST_F(GraphCaptureTest, RecordsKernelsWithoutRunningThemAndReplaysInOrder) {

@@ -13,24 +13,14 @@ using namespace npub::test;
 
 namespace {
 
-class ResolvedCallTest : public ::testing::Test {
+class ResolvedCallTest : public TestselAndCannLike {
  protected:
-  void SetUp() override {
-    rt = make_runtime();
-    load_ok(*rt, test_plugin("npub_test_testsel"));
-    load_ok(*rt, builtin_plugin("npub_cann_like"));
-    host.install(rt->dispatcher());
-    dev = &rt->devices().at(0);
-  }
   const OpStatsSnapshot* stats_of(const std::string& op) {
     snapshot = rt->dispatcher().stats();
     for (const auto& s : snapshot)
       if (s.op == op) return &s;
     return nullptr;
   }
-  std::unique_ptr<Runtime> rt;
-  ReferenceHost host;
-  sim::Device* dev = nullptr;
   std::vector<OpStatsSnapshot> snapshot;
 };
 

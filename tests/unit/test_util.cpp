@@ -1,6 +1,7 @@
 #include "test_util.h"
 
 #include <npubridge/device_sim/copy_engine.h>
+#include <npubridge/dispatcher/error_bound.h>
 #include <npubridge/support/error.h>
 
 #include <algorithm>
@@ -31,6 +32,18 @@ void load_ok(Runtime& rt, const std::string& path) {
   ASSERT_TRUE(r.ok) << r.error;
 }
 
+void TestselAndCannLike::SetUp() {
+  rt = make_runtime();
+  load_ok(*rt, test_plugin("npub_test_testsel"));
+  load_ok(*rt, builtin_plugin("npub_cann_like"));
+  host.install(rt->dispatcher());
+  dev = &rt->devices().at(0);
+}
+
+Tensor TestselAndCannLike::f32(const std::vector<int64_t>& shape, const std::vector<double>& values) const {
+  return Tensor::from_values(shape, DType::kFloat32, values, dev);
+}
+
 ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
   if (const char* old = std::getenv(name)) {
     had_ = true;
@@ -54,36 +67,14 @@ void expect_values(const Tensor& t, const std::vector<double>& expected, double 
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], tol) << "at flat index " << i;
 }
 
-double ulp(double v, DType dtype) {
-  int mantissa_bits;  // explicit significand bits
-  switch (dtype) {
-    case DType::kFloat32:
-      mantissa_bits = 23;
-      break;
-    case DType::kFloat16:
-      mantissa_bits = 10;
-      break;
-    case DType::kBFloat16:
-      mantissa_bits = 7;
-      break;
-    default:
-      return 0;
-  }
-  const double a = std::fabs(v);
-  if (a == 0 || !std::isfinite(a)) return 0;
-  int exponent;
-  std::frexp(a, &exponent);  // a in [2^(exponent-1), 2^exponent)
-  return std::ldexp(1.0, exponent - 1 - mantissa_bits);
-}
-
 std::string check_sum_of_products(const std::vector<double>& got, const std::vector<double>& exact,
                                   const std::vector<double>& magnitude, int64_t k, DType dtype) {
   if (got.size() != exact.size())
     return "got " + std::to_string(got.size()) + " elements, expected " + std::to_string(exact.size());
   const double u = std::ldexp(1.0, -24);
   for (size_t i = 0; i < got.size(); ++i) {
-    const double bound =
-        static_cast<double>(std::max<int64_t>(k, 1)) * u * magnitude[i] + ulp(exact[i], dtype);
+    const double rounding = is_floating(dtype) ? numerics::ulp(dtype, exact[i]) : 0;
+    const double bound = static_cast<double>(std::max<int64_t>(k, 1)) * u * magnitude[i] + rounding;
     const double err = std::fabs(got[i] - exact[i]);
     if (!(err <= bound))
       return "element " + std::to_string(i) + ": got " + std::to_string(got[i]) + ", expected " +

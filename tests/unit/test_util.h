@@ -32,6 +32,20 @@ struct ReferenceHost {
   void install(Dispatcher& d, bool keeps_aliasing = false);
 };
 
+// The fixture of the dispatcher, resolved-call and graph-capture tests: a
+// runtime (make_runtime) with the testsel test plugin and cann_like loaded,
+// the ReferenceHost as its fallback, and its device 0.
+class TestselAndCannLike : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  // A float32 tensor on `dev` holding `values`.
+  Tensor f32(const std::vector<int64_t>& shape, const std::vector<double>& values) const;
+
+  std::unique_ptr<Runtime> rt;
+  ReferenceHost host;
+  sim::Device* dev = nullptr;
+};
+
 // Sets an environment variable for a scope; the previous value (or its
 // absence) comes back at the end. A null value unsets it.
 class ScopedEnv {
@@ -48,14 +62,11 @@ class ScopedEnv {
 
 void expect_values(const Tensor& t, const std::vector<double>& expected, double tol = 0);
 
-// One unit in the last place of v in `dtype` (float32, float16, bfloat16;
-// float64 and integers: 0).
-double ulp(double v, DType dtype);
-
 // A sum of products computed in fp32 and rounded once to `dtype`, checked
 // against its float64 value: |got - exact| <= k * 2^-24 * magnitude + ulp,
 // where magnitude is the sum of the terms' absolute values (|A||B| for a
-// product). Returns "" or a message naming the element.
+// product) and ulp is numerics::ulp in `dtype` (0 for an integer dtype).
+// Returns "" or a message naming the element.
 std::string check_sum_of_products(const std::vector<double>& got, const std::vector<double>& exact,
                                   const std::vector<double>& magnitude, int64_t k, DType dtype);
 // The exception message of f(), or "" when it did not throw npub::Error.

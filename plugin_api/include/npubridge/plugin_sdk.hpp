@@ -465,17 +465,18 @@ class Call {
 using KernelBody = void (*)(Call&);
 
 namespace detail {
-// Note [One C entry per SDK kernel]: the C ABI hands a kernel only its call
-// context, and the context's user_data is the plugin's own
-// (KernelBuilder::user_data). So the SDK gives each (op, body) pair a plugin
-// registers a C function of its own, kernel_entry_thunk<Slot>, which finds
-// op name and C++ body in slot Slot of a table filled at registration:
-// errors name the op, and a call costs no host round trip to find it.
-// Registering the same pair again (a second runtime initialising the same
-// library) reuses its slot. The table holds NPUB_SDK_MAX_KERNELS pairs; a
-// plugin that needs more defines it larger, the same in all its files. The
-// C functions are instantiated where a Registrar is constructed (the file
-// with NPUB_DEFINE_PLUGIN), not in every file that registers kernels.
+// Note [One C entry per SDK kernel]
+// The C ABI hands a kernel only its call context, and the context's user_data
+// is the plugin's own (KernelBuilder::user_data). So the SDK gives each (op,
+// body) pair a plugin registers a C function of its own,
+// kernel_entry_thunk<Slot>, which finds op name and C++ body in slot Slot of
+// a table filled at registration: errors name the op, and a call costs no
+// host round trip to find it. Registering the same pair again (a second
+// runtime initialising the same library) reuses its slot. The table holds
+// NPUB_SDK_MAX_KERNELS pairs; a plugin that needs more defines it larger, the
+// same in all its files. The C functions are instantiated where a Registrar
+// is constructed (the file with NPUB_DEFINE_PLUGIN), not in every file that
+// registers kernels.
 #ifndef NPUB_SDK_MAX_KERNELS
 #define NPUB_SDK_MAX_KERNELS 1024
 #endif

@@ -4,23 +4,23 @@
 
 #include <c10/util/Exception.h>
 
+#include <npubridge/support/env.h>
+
 #include "runtime/npu_runtime.h"
 
 #include <Python.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 namespace npub::dist {
 
 namespace {
 
-bool check_enabled() {
-  const char* v = std::getenv("NPUB_DIST_CHECK");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
+// NPUB_DIST_CHECK=0 turns the signature check off (fingerprint.h); read
+// strictly (Note [A setting is read strictly or refused],
+// support/include/npubridge/support/env.h) when a group is made.
+bool check_enabled() { return env::get_flag("NPUB_DIST_CHECK", true); }
 
 std::string what_of(std::exception_ptr e) {
   try {

@@ -15,7 +15,8 @@
 //             in order (Note [Future callbacks never run on the completer])
 //
 // A large allreduce or broadcast is split into steps (chunks), so that the
-// staging copies of chunk k+1 run while gloo carries chunk k.
+// staging copies of chunk k+1 run while gloo carries chunk k (Note
+// [Pipelined chunks], process_group_npu.cpp).
 //
 // Issue order is kept on every rank, which is what gloo needs to match the
 // ranks' collectives. The first failure breaks the group: later collectives

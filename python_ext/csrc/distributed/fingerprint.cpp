@@ -6,6 +6,8 @@
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
+#include <npubridge/support/shape.h>
+
 #include <algorithm>
 #include <sstream>
 #include <utility>
@@ -106,14 +108,6 @@ Signature decode(const int64_t* w, int size, bool* truncated) {
   return s;
 }
 
-std::string join(const std::vector<int64_t>& v) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  os << "]";
-  return os.str();
-}
-
 }  // namespace
 
 std::string dtype_name(at::ScalarType t) {
@@ -178,13 +172,13 @@ std::string describe(const Signature& s, bool show_chunks) {
     os << dtype_name(s.dtype);
     sep = " ";
   }
-  for (size_t i = 0; i < s.shapes.size(); ++i) os << (i ? ", " : sep) << join(s.shapes[i]);
+  for (size_t i = 0; i < s.shapes.size(); ++i) os << (i ? ", " : sep) << shape_str(s.shapes[i]);
   if (s.reduce_op >= 0) os << ", op " << reduce_op_name(s.reduce_op);
   if (s.root >= 0) os << ", root " << s.root;
   if (show_chunks && s.chunk_bytes >= 0)
     os << ", chunks of " << s.chunk_bytes << " bytes (NPUB_DIST_CHUNK_BYTES)";
   if (!s.send_counts.empty())
-    os << ", send counts " << join(s.send_counts) << ", recv counts " << join(s.recv_counts);
+    os << ", send counts " << shape_str(s.send_counts) << ", recv counts " << shape_str(s.recv_counts);
   os << ")";
   return os.str();
 }

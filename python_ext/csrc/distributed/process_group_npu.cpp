@@ -6,11 +6,12 @@
 #include <ATen/ops/scalar_tensor.h>
 #include <c10/util/Exception.h>
 
+#include <npubridge/support/env.h>
+
 #include "distributed/arg_checks.h"
 #include "runtime/npu_runtime.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -18,18 +19,26 @@ namespace npub::dist {
 
 namespace {
 
-// Chunks of a pipelined allreduce or broadcast (NPUB_DIST_CHUNK_BYTES to
-// tune). 4 MiB: smaller chunks pay gloo's per-call cost more often, larger
-// ones leave less of the staging copies hidden behind gloo (the figures
-// are in the commit that chose it).
+// Note [Pipelined chunks]
+// A large allreduce or broadcast runs as steps of NPUB_DIST_CHUNK_BYTES
+// (4 MiB unless set) over one staging buffer of the whole tensor: the
+// launcher copies chunk k+1 to the host and starts gloo on it while gloo
+// still carries chunk k, and the completer copies chunk k back as soon as
+// gloo is done with it (collective_engine.h), so that only the first
+// chunk's copy in and the last one's copy out are not hidden behind the
+// transport. Gloo pairs the ranks' calls by their order, so every rank must
+// cut the same calls: the plan depends only on the element count and the
+// chunk size, never on the tensor's layout (a strided tensor crosses whole,
+// in with the first chunk and out with the last: chunk_copies), and the
+// chunk size is part of the collective's signature (fingerprint.h), so that
+// ranks set differently fail naming both sizes instead of hanging. 4 MiB:
+// smaller chunks pay gloo's per-call cost more often, larger ones leave
+// less of the staging copies hidden behind gloo (the figures are in the
+// commit that chose it). The setting is read when a group is made, as the
+// other NPUB_* settings are read (Note [A setting is read strictly or
+// refused], support/include/npubridge/support/env.h): "4M", "65536".
 int64_t chunk_bytes_from_env() {
-  const char* v = std::getenv("NPUB_DIST_CHUNK_BYTES");
-  if (v == nullptr || *v == '\0') return int64_t{4} << 20;
-  char* end = nullptr;
-  const long long n = std::strtoll(v, &end, 10);
-  TORCH_CHECK_VALUE(end != nullptr && *end == '\0' && n > 0,
-                    "NPUB_DIST_CHUNK_BYTES must be a positive number of bytes, found '", v, "'");
-  return static_cast<int64_t>(n);
+  return static_cast<int64_t>(env::get_positive_bytes("NPUB_DIST_CHUNK_BYTES", uint64_t{4} << 20));
 }
 
 std::string other_ranks(int rank, int size) {
@@ -47,8 +56,8 @@ ProcessGroupNPU::ProcessGroupNPU(c10::intrusive_ptr<c10d::Backend> gloo, int ran
                                  std::chrono::milliseconds timeout)
     : c10d::Backend(rank, size),
       gloo_(std::move(gloo)),
-      engine_(std::make_unique<CollectiveEngine>(gloo_, rank, size, timeout)),
-      chunk_bytes_(chunk_bytes_from_env()) {
+      chunk_bytes_(chunk_bytes_from_env()),
+      engine_(std::make_unique<CollectiveEngine>(gloo_, rank, size, timeout)) {
   TORCH_CHECK_VALUE(gloo_, "npu backend: needs a gloo backend to carry its data");
 }
 

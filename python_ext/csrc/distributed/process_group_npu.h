@@ -133,6 +133,9 @@ class ProcessGroupNPU final : public c10d::Backend {
                                              std::function<int(const GlooWorks&)> source_rank);
 
   const c10::intrusive_ptr<c10d::Backend> gloo_;
+  // Note [Pipelined chunks] (process_group_npu.cpp); read before the engine
+  // starts its threads, so that a bad NPUB_DIST_CHUNK_BYTES starts none.
+  const int64_t chunk_bytes_;
   std::unique_ptr<CollectiveEngine> engine_;
   // Atomic: DDP and FSDP issue from autograd's device threads too (the
   // ranks must still issue in one order, as c10d requires).
@@ -144,7 +147,6 @@ class ProcessGroupNPU final : public c10d::Backend {
   std::mutex coalescing_mu_;
   bool coalescing_ = false;                             // under coalescing_mu_
   std::vector<c10::intrusive_ptr<WorkNPU>> coalesced_;  // under coalescing_mu_
-  const int64_t chunk_bytes_;
 };
 
 }  // namespace npub::dist

@@ -8,6 +8,7 @@
 
 #include <npubridge/dispatcher/kernel_error.h>
 #include <npubridge/support/error.h>
+#include <npubridge/support/shape.h>
 
 #include "aten/boxing.h"
 #include "aten/fallback.h"
@@ -15,7 +16,6 @@
 #include "runtime/npu_runtime.h"
 
 #include <algorithm>
-#include <sstream>
 
 namespace npub::torch_backend {
 
@@ -59,12 +59,6 @@ std::string step_where(const StepSpec& s) {
 std::string& failed_step_of_thread() {
   thread_local std::string where;
   return where;
-}
-
-std::string graph_sizes_str(c10::IntArrayRef v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
 }
 
 // Bytes from the storage's start the tensor's elements reach.
@@ -256,9 +250,9 @@ void Program::bind(const std::vector<at::Tensor>& inputs) {
                 t.defined() ? t.device().str() : std::string("None"));
     TORCH_CHECK(t.scalar_type() == s.spec.dtype && t.sizes().equals(s.spec.sizes) &&
                     t.strides().equals(s.spec.strides),
-                "compiled graph: input ", i, ": expected ", s.spec.dtype, " ", graph_sizes_str(s.spec.sizes),
-                " strides ", graph_sizes_str(s.spec.strides), " (the shapes it was compiled for) but found ",
-                t.scalar_type(), " ", graph_sizes_str(t.sizes()), " strides ", graph_sizes_str(t.strides()));
+                "compiled graph: input ", i, ": expected ", s.spec.dtype, " ", shape_str(s.spec.sizes),
+                " strides ", shape_str(s.spec.strides), " (the shapes it was compiled for) but found ",
+                t.scalar_type(), " ", shape_str(t.sizes()), " strides ", shape_str(t.strides()));
     s.t = t;
     s.dl.data = t.data_ptr();
   }
@@ -332,8 +326,8 @@ void Program::take_result(Step& s, size_t ret, const at::Tensor& t) {
   TORCH_CHECK(
       t.defined() && converts_exactly(t.scalar_type(), slot.spec.dtype) && t.sizes().equals(slot.spec.sizes),
       step_where(s.spec), ": return ", ret, " is ", t.defined() ? c10::toString(t.scalar_type()) : "None",
-      " ", t.defined() ? graph_sizes_str(t.sizes()) : "", " but the graph's meta value says ",
-      slot.spec.dtype, " ", graph_sizes_str(slot.spec.sizes));
+      " ", t.defined() ? shape_str(t.sizes()) : "", " but the graph's meta value says ", slot.spec.dtype, " ",
+      shape_str(slot.spec.sizes));
   if (slot.spec.kind == SlotSpec::Kind::kHost) {
     if (t.scalar_type() == slot.spec.dtype && t.strides().equals(slot.spec.strides) &&
         t.device().is_privateuseone()) {

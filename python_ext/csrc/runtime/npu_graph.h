@@ -48,12 +48,12 @@ class NPUGraph final : public at::GraphImplInterface {
   bool debug_ = false;
 };
 
-// Note [Captured constants]: a 0-d CPU tensor argument (a Python number:
-// x + 1) is a value of the call, as CUDA passes it to the kernel by value:
-// inside a capture it is copied to the device once, at capture, into the
-// ordinary cache (not the pool: a pool block may be an earlier
-// intermediate that every replay writes again), and the capturing NPUGraph
-// keeps that tensor until reset. Throws when the
+// Note [Captured constants]
+// A 0-d CPU tensor argument (a Python number: x + 1) is a value of the call,
+// as CUDA passes it to the kernel by value: inside a capture it is copied to
+// the device once, at capture, into the ordinary cache (not the pool: a pool
+// block may be an earlier intermediate that every replay writes again), and
+// the capturing NPUGraph keeps that tensor until reset. Throws when the
 // thread's capture was not begun through an NPUGraph.
 at::Tensor capture_constant(const at::Tensor& cpu_scalar, c10::DeviceIndex device);
 

@@ -340,9 +340,10 @@ class _Lowering:
         if target is None:
             return self._host_with_outputs(node, op, args, vals, escaping)
         read = self._read_returns(node, len(vals))
-        # Note [Returns the graph never reads]: an .out route takes every
-        # output as out=, so those keep their slots; otherwise an unread
-        # return gets none and the kernel allocates it as in eager.
+        # Note [Returns the graph never reads]
+        # An .out route takes every output as out=, so those keep their slots;
+        # otherwise an unread return gets none and the kernel allocates it as
+        # in eager.
         outs = [self._out_slot(node, v, escaping) if via_out or read[i] else -1 for i, v in enumerate(vals)]
         real = self._real_returns(node, op, args, outs) if not via_out and len(outs) > 1 else None
         kernel_outs, widen = list(outs), []

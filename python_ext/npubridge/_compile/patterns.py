@@ -23,16 +23,17 @@ as the norm). A pattern dict lists these under "extra_outputs" ([{"name":
 line ``=> %s <- [2]`` after the replacement). Such a node may have users
 outside the match; every other node but the last may not, except:
 
-Note [No-op casts are looked through]: pre-dispatch tracing keeps
-``aten.to.dtype`` calls that change nothing (HF's RMSNorm casts to float32
-in float32 models), and later code then uses the cast's value where the
-model used the source (the same tensor object). A matched cast whose
-target dtype is its input's dtype (and keeps shape and device) may keep
-outside users when its source is a pattern input or output: they are
-redirected to the source (or the source's replacement), which is the same
-value. A cast that changes the dtype is never looked through: under type
-promotion its users can have the source's dtype again (``f32 *
-n.to(bfloat16)`` is float32) while the cast's rounding is gone.
+Note [No-op casts are looked through]
+Pre-dispatch tracing keeps ``aten.to.dtype`` calls that change nothing
+(HF's RMSNorm casts to float32 in float32 models), and later code then
+uses the cast's value where the model used the source (the same tensor
+object). A matched cast whose target dtype is its input's dtype (and keeps
+shape and device) may keep outside users when its source is a pattern
+input or output: they are redirected to the source (or the source's
+replacement), which is the same value. A cast that changes the dtype is
+never looked through: under type promotion its users can have the source's
+dtype again (``f32 * n.to(bfloat16)`` is float32) while the cast's
+rounding is gone.
 
 Note [Where conditions]: a pattern's ``where`` lines (the dict's "where"
 list) compare shapes, dtypes and captures of the matched values

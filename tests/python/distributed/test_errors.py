@@ -87,8 +87,9 @@ def _bad_arguments_and_mismatches(rank, world):
     _raises(RuntimeError, lambda: cm.works[0].get_future().wait(), "allgather_into_tensor_coalesced", "the ranks disagree")
     _raises(RuntimeError, cm.wait, "allgather_into_tensor_coalesced", "the ranks disagree")
     # Ranks with different NPUB_DIST_CHUNK_BYTES would cut different gloo
-    # calls: the chunk size is part of the signature.
-    os.environ["NPUB_DIST_CHUNK_BYTES"] = "4096" if rank == 0 else "8192"
+    # calls: the chunk size is part of the signature (in bytes, whatever
+    # unit the setting was written in).
+    os.environ["NPUB_DIST_CHUNK_BYTES"] = "4096" if rank == 0 else "8K"
     group = dist.new_group(backend="npu")
     del os.environ["NPUB_DIST_CHUNK_BYTES"]
     _raises(RuntimeError, lambda: dist.all_reduce(torch.ones(4096, device=NPU), group=group),

@@ -48,10 +48,8 @@ STEPS, LR, BATCH, SEQ = 10, 3e-3, 4, 16
 
 
 def _config():
-    import transformers
-    return transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                    attn_implementation="eager")
+    from tiny_models import llama_config
+    return llama_config(attn_implementation="eager")
 
 
 def _llama(init, dev):

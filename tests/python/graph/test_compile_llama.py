@@ -1,4 +1,4 @@
-"""The tiny transformers Llama (tests/python/test_llama.py's config) through
+"""The tiny transformers Llama (tests/python/tiny_models.py) through
 torch.compile(backend="npu"): logits and every parameter gradient against
 eager npu (the unfused subgraphs, op by op) and float64 CPU, with the fusion
 patterns that must fire counted. One compile per model (module fixtures)."""
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import npubridge
+from tiny_models import llama_config
 
 import transformers
 
@@ -17,9 +18,7 @@ LAYERS = 2
 
 
 def _config(attn):
-    return transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
-                                    num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
-                                    max_position_embeddings=64, attn_implementation=attn)
+    return llama_config(num_hidden_layers=LAYERS, attn_implementation=attn)
 
 
 def _run(model, ids):

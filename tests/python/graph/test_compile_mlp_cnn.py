@@ -28,6 +28,16 @@ def _step(model, x, y):
     return out.detach(), loss.detach(), [p.grad.detach().clone() for p in model.parameters()]
 
 
+def _compiled_eager_and_float64(model, x, y):
+    """One training step of `model` (on npu) compiled, eager, and on a float64
+    copy on the CPU, for the fixtures below."""
+    compiled = npubridge.compile(model)
+    got = _step(compiled, x.npu(), y.npu())
+    eager = _step(model, x.npu(), y.npu())
+    ref = _step(copy.deepcopy(model).cpu().double(), x.double(), y)
+    return {"model": model, "compiled": compiled, "got": got, "eager": eager, "ref": ref}
+
+
 def _assert_near_f64(got, ref64, eager, what):
     # The compiled graph runs float32 kernels like eager: its error against the
     # float64 result must be of eager's size. 2x eager's error plus a few
@@ -39,17 +49,21 @@ def _assert_near_f64(got, ref64, eager, what):
     assert err <= bound, f"{what}: error {err:.3g} against float64, bound {bound:.3g} (eager's error {eager_err:.3g})"
 
 
+def _assert_step_near_f64(run):
+    """A fixture's compiled step, logits and every gradient, against float64
+    (_assert_near_f64)."""
+    (out, _, grads), (eout, _, egrads), (rout, _, rgrads) = run["got"], run["eager"], run["ref"]
+    _assert_near_f64(out, rout, eout, "logits")
+    for (name, _), g, eg, rg in zip(run["model"].named_parameters(), grads, egrads, rgrads):
+        _assert_near_f64(g, rg, eg, f"grad {name}")
+
+
 @pytest.fixture(scope="module")
 def mlp():
     torch.manual_seed(0)
     model = train_demo.make_model().npu()
-    compiled = npubridge.compile(model)
     x, y = torch.randn(32, 16), torch.randint(0, 4, (32,))
-    got = _step(compiled, x.npu(), y.npu())
-    eager = _step(model, x.npu(), y.npu())
-    cpu = copy.deepcopy(model).cpu().double()
-    ref = _step(cpu, x.double(), y)
-    return {"model": model, "compiled": compiled, "got": got, "eager": eager, "ref": ref, "x": x, "y": y}
+    return {**_compiled_eager_and_float64(model, x, y), "x": x, "y": y}
 
 
 def test_mlp_forward_and_backward_equal_eager_bit_for_bit(mlp):
@@ -62,10 +76,7 @@ def test_mlp_forward_and_backward_equal_eager_bit_for_bit(mlp):
 
 
 def test_mlp_matches_float64_cpu(mlp):
-    (out, _, grads), (eout, _, egrads), (rout, _, rgrads) = mlp["got"], mlp["eager"], mlp["ref"]
-    _assert_near_f64(out, rout, eout, "logits")
-    for (name, _), g, eg, rg in zip(mlp["model"].named_parameters(), grads, egrads, rgrads):
-        _assert_near_f64(g, rg, eg, f"grad {name}")
+    _assert_step_near_f64(mlp)
 
 
 def test_mlp_report_lists_forward_and_backward(mlp):
@@ -147,22 +158,15 @@ def cnn():
     torch.manual_seed(2)
     model = _CNN().npu()
     x, y = torch.randn(2, 3, 8, 8), torch.randint(0, 5, (2,))
-    compiled = npubridge.compile(model)
-    got = _step(compiled, x.npu(), y.npu())
-    eager = _step(model, x.npu(), y.npu())
-    ref = _step(copy.deepcopy(model).cpu().double(), x.double(), y)
+    run = _compiled_eager_and_float64(model, x, y)
     with torch.no_grad():
         inference = npubridge.compile(model)
         inf_out = inference(x.npu())
-    return {"model": model, "compiled": compiled, "got": got, "eager": eager, "ref": ref, "inference": inference,
-            "inf_out": inf_out, "x": x}
+    return {**run, "inference": inference, "inf_out": inf_out, "x": x}
 
 
 def test_cnn_training_step_matches_eager_and_float64(cnn):
-    (out, _, grads), (eout, _, egrads), (rout, _, rgrads) = cnn["got"], cnn["eager"], cnn["ref"]
-    _assert_near_f64(out, rout, eout, "logits")
-    for (name, _), g, eg, rg in zip(cnn["model"].named_parameters(), grads, egrads, rgrads):
-        _assert_near_f64(g, rg, eg, f"grad {name}")
+    _assert_step_near_f64(cnn)
 
 
 def test_cnn_training_fuses_conv_bias_relu(cnn):

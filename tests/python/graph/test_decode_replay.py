@@ -1,5 +1,5 @@
-"""A captured one-token decode step of the tiny transformers Llama (the config
-of tests/python/test_llama.py, eval, no grad) with transformers' StaticCache,
+"""A captured one-token decode step of the tiny transformers Llama
+(tests/python/tiny_models.py, eval, no grad) with transformers' StaticCache,
 replayed for 10 steps with its inputs updated in place: the logits equal eager
 npu's bit for bit at every step (the replay runs the same plugin kernels in the
 same order on the same values), and greedy decoding picks the same tokens.
@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import npubridge
+from tiny_models import llama_config
 
 import transformers
 from transformers import StaticCache  # noqa: E402
@@ -34,9 +35,7 @@ def setup():
     # SDPA attention: transformers 5.19's eager-attention mask makes a
     # scalar tensor on the device inside the forward (a host-to-device copy,
     # which a capture refuses: it would not be replayed).
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   attn_implementation="sdpa")
+    cfg = llama_config(attn_implementation="sdpa")
     model = transformers.LlamaForCausalLM(cfg).to("npu").eval()
     ids = torch.randint(0, 128, (1, PROMPT)).npu()
     return cfg, model, ids

@@ -437,11 +437,10 @@ def test_a_graph_the_loop_cannot_run_runs_as_fx_and_says_why():
 def llama_step():
     import transformers
     from torch._dynamo.backends.common import aot_autograd
+    from tiny_models import llama_config
 
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   attn_implementation="eager")
+    cfg = llama_config(attn_implementation="eager")
     model = transformers.LlamaForCausalLM(cfg).to(DEV)
     ids = torch.randint(0, 128, (2, 12)).to(DEV)
     summaries = []

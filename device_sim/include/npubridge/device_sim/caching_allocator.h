@@ -23,34 +23,34 @@
 // already reserved frees nothing: later requests that need a new segment
 // fail until memory is freed, as with CUDA.
 //
-// Note [Private pools]: a graph capture (graph_capture.h) allocates from a
-// private pool, as CUDA graphs do: while a thread routes its allocations
-// to pool P (begin_pool_route), every allocation of that thread on this
-// device is served from P's segments, whatever the stream. A pool is one
-// more stream key (Note [Blocks are stream-ordered]): its blocks are reused
-// only by allocations routed to it, so a block freed during a capture is
-// reused later in the same capture (the replay runs the work in the same
-// order, so the reuse is as safe as in eager mode), and never by eager
-// work. While a graph holds the pool (retain_pool), its segments are kept
-// even when fully free (empty_cache skips them): the recorded work reads
-// and writes them at every replay. When the last holder lets go
-// (release_pool), the free segments go back to the OS, and a block still
-// live then (a static output the user still holds) takes its segment back
-// when it is freed. Pools are per device; ids are unique in the process.
+// Note [Private pools]
+// A graph capture (graph_capture.h) allocates from a private pool, as CUDA
+// graphs do: while a thread routes its allocations to pool P
+// (begin_pool_route), every allocation of that thread on this device is
+// served from P's segments, whatever the stream. A pool is one more stream
+// key (Note [Blocks are stream-ordered]): its blocks are reused only by
+// allocations routed to it, so a block freed during a capture is reused later
+// in the same capture (the replay runs the work in the same order, so the
+// reuse is as safe as in eager mode), and never by eager work. While a graph
+// holds the pool (retain_pool), its segments are kept even when fully free
+// (empty_cache skips them): the recorded work reads and writes them at every
+// replay. When the last holder lets go (release_pool), the free segments go
+// back to the OS, and a block still live then (a static output the user still
+// holds) takes its segment back when it is freed. Pools are per device; ids
+// are unique in the process.
 //
-// Note [Guard zones]: with guard bytes G > 0 (NPUB_VALIDATE=1, as
-// DeviceOptions::from_env sets it), every block of the small pool (requests
-// up to 1 MiB: those share 2 MiB segments, whose size and number the zones
-// leave as they are) is G bytes longer on each side than what it hands out, and those zones are filled with a
-// pattern, as debug allocators and ASan's redzones do. A kernel that writes before its buffer or past its end
-// overwrites a zone: the dispatcher checks the zones of every tensor of a call after its kernel ran
-// (check_guards), naming the op and the plugin; a zone found overwritten when its block is freed (by work no
-// check saw) is reported by the device's next synchronize (take_guard_report). Addresses, sizes and the
-// statistics are the caller's: the zones count as neither allocated nor free (snapshot() lists them as free
-// blocks). Large blocks have no zones: theirs would change the segments they take, which the memory figures,
-// the memory fraction and OOM messages depend on (a write past a large buffer is not caught). Blocks of a
-// graph's private pool are not checked: a replay writes, through its records, memory the capture freed and
-// reused for a smaller block.
+// Note [Guard zones]
+// With guard bytes G > 0 (NPUB_VALIDATE=1, as DeviceOptions::from_env sets it), every block of the small pool
+// (requests up to 1 MiB: those share 2 MiB segments, whose size and number the zones leave as they are) is G
+// bytes longer on each side than what it hands out, and those zones are filled with a pattern, as debug
+// allocators and ASan's redzones do. A kernel that writes before its buffer or past its end overwrites a
+// zone: the dispatcher checks the zones of every tensor of a call after its kernel ran (check_guards), naming
+// the op and the plugin; a zone found overwritten when its block is freed (by work no check saw) is reported
+// by the device's next synchronize (take_guard_report). Addresses, sizes and the statistics are the caller's:
+// the zones count as neither allocated nor free (snapshot() lists them as free blocks). Large blocks have no
+// zones: theirs would change the segments they take, which the memory figures, the memory fraction and OOM
+// messages depend on (a write past a large buffer is not caught). Blocks of a graph's private pool are not
+// checked: a replay writes, through its records, memory the capture freed and reused for a smaller block.
 //
 // In a process forked after the allocator was made, allocate() throws and
 // free() leaves the block alone (Note [A forked child cannot use the npu],

@@ -135,6 +135,10 @@ const ErrorModel& error_model(const std::string& op);
 // Whether `op` has an entry of its own.
 bool has_error_model(const std::string& op);
 
+// Significand bits of a floating dtype, the implicit one included (the p
+// of Note [The error model]: float64 53, float32 24, float16 11, bfloat16
+// 8); 0 for the other dtypes.
+int precision_bits(DType d);
 double unit_roundoff(DType d);
 // The spacing of d's values at magnitude |x| (subnormal spacing below the
 // smallest normal).

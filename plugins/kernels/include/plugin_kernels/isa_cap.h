@@ -11,9 +11,9 @@ enum class IsaCap : int { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
 // Reads `variable`: surrounding white space aside, exactly one of
 // baseline, avx2, avx512, or unset/empty (no cap: kAvx512). Anything else
 // throws npub::sdk::Error naming the variable, the accepted values and
-// what was found, so that the plugin's initialize fails and the host stops
-// the start (Note [A plugin's bad setting stops the start],
-// dispatcher/src/plugin_loader.cpp).
+// what was found, so that the plugin's initialize fails and the host
+// rejects that plugin alone (Note [A plugin's bad setting rejects that
+// plugin only], dispatcher/src/plugin_loader.cpp).
 IsaCap isa_cap_from_environment(const char* variable);
 
 }  // namespace plugin_kernels

@@ -8,8 +8,9 @@
 // (RuntimeOptions::from_env, Runtime::global), so a bad value stops the
 // start with that message; under PyTorch the npu device is disabled with it
 // and `import torch` still succeeds (python_ext/npubridge/__init__.py).
-// Plugins that read their own variable report a bad value the same way
-// (PluginLoader, Note [A plugin's bad setting stops the start]).
+// A plugin that reads its own variable refuses a bad value the same way,
+// and the loader rejects that plugin alone (Note [A plugin's bad setting
+// rejects that plugin only], dispatcher/src/plugin_loader.cpp).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,9 @@ int64_t get_int_in(const char* name, int64_t fallback, int64_t lo, int64_t hi, c
 // A byte size: "17179869184", "16G", "512M", "64K" (binary units).
 uint64_t parse_bytes(const std::string& text, const char* what);
 uint64_t get_bytes(const char* name, uint64_t fallback);
+// A byte size from 1 to 2^63 - 1 (it fits an int64_t): 0 is refused
+// ("NAME: expected a positive size but found '0'"), and so is 2^63 or more.
+uint64_t get_positive_bytes(const char* name, uint64_t fallback);
 
 // 1/true/on/yes or 0/false/off/no.
 bool get_flag(const char* name, bool fallback);

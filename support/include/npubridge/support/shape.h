@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 
 namespace npub {
@@ -12,7 +13,12 @@ namespace npub {
 // "compact row-major") are contiguous.
 bool is_contiguous(const int64_t* shape, const int64_t* strides, int ndim);
 
-// "[2, 3]"; "[]" for a 0-d tensor.
+// "[2, 3]"; "[]" for a 0-d tensor. Every message that prints a shape (or
+// strides) prints it this way.
 std::string shape_str(const int64_t* shape, int ndim);
+// The same for a std::vector<int64_t> or a torch host's c10::IntArrayRef.
+inline std::string shape_str(std::span<const int64_t> shape) {
+  return shape_str(shape.data(), static_cast<int>(shape.size()));
+}
 
 }  // namespace npub

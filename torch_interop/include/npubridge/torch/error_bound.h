@@ -26,21 +26,6 @@ enum class Precision {
   kMagnitude,  // float64, every floating tensor and Scalar argument by its absolute value
 };
 
-inline int precision_bits(at::ScalarType t) {
-  switch (t) {
-    case at::kDouble:
-      return 53;
-    case at::kFloat:
-      return 24;
-    case at::kHalf:
-      return 11;
-    case at::kBFloat16:
-      return 8;
-    default:
-      return 0;
-  }
-}
-
 inline at::Tensor reference_tensor(const at::Tensor& t, Precision p, at::ScalarType compute) {
   if (!t.defined()) return t;
   if (p == Precision::kSame || !at::isFloatingType(t.scalar_type())) {
@@ -51,8 +36,8 @@ inline at::Tensor reference_tensor(const at::Tensor& t, Precision p, at::ScalarT
   // casts it (x + torch.tensor(0.1, dtype=torch.float64) adds float32's
   // 0.1 to a float32 x).
   at::Tensor r = t;
-  if (t.dim() == 0 && precision_bits(compute) > 0 &&
-      precision_bits(t.scalar_type()) > precision_bits(compute))
+  const int compute_bits = precision_bits(npub_dtype(compute));
+  if (t.dim() == 0 && compute_bits > 0 && precision_bits(npub_dtype(t.scalar_type())) > compute_bits)
     r = t.to(compute);
   r = r.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true);
   return p == Precision::kMagnitude ? r.abs() : r;

@@ -1,0 +1,98 @@
+"""Eager PyTorch on npu against PyTorch on the CPU, the first things a user
+runs: tensors made on and moved to the devices, and printed; elementwise
+ops and reductions in float32, bfloat16 and int64; views that share their
+base's storage, and strided inputs; in-place and out= variants; a few
+training steps of a small model. Results are judged by npubridge's error
+model against float64 (conftest.assert_judged), exact where nothing is
+computed."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import npubridge  # noqa: F401  (registers the npu device)
+from conftest import assert_judged, assert_matches
+
+
+def test_acceptance_snippet():
+    x = torch.ones(3).to("npu")
+    assert torch.equal((x + x).cpu(), torch.tensor([2.0, 2.0, 2.0]))
+    assert torch.npu.device_count() == 2
+    assert (x + x).device == torch.device("npu:0")
+
+
+def test_factories_devices_and_printing():
+    y = torch.randn(2, 3, device="npu:1")
+    assert y.device == torch.device("npu:1")
+    assert "device='npu:1'" in repr(y)
+    z = torch.zeros(4, 5, device="npu")
+    assert torch.equal(z.cpu(), torch.zeros(4, 5))
+    assert z.is_npu
+    assert torch.full((2,), 7.0).npu().cpu().tolist() == [7.0, 7.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_elementwise_and_reductions_match_cpu(dtype):
+    torch.manual_seed(0)
+    a = (torch.randn(6, 7) * 3).to(dtype)
+    b = (torch.randn(7) * 3).to(dtype)
+    na, nb = a.npu(), b.npu()
+    for fn in (lambda x, y: x + y, lambda x, y: x * y, lambda x, y: x - 2 * y, torch.maximum, lambda x, y: x > y):
+        assert_matches(fn(na, nb), fn, a, b)
+    assert_matches(na.sum(dim=1), lambda x: x.sum(dim=1), a)
+    assert_matches(na.amax(dim=0), lambda x: x.amax(dim=0), a)
+    if dtype != torch.int64:
+        assert_matches(na.mean(dim=1), lambda x: x.mean(dim=1), a)
+        assert_matches(torch.softmax(na, dim=1), lambda x: torch.softmax(x, dim=1), a)
+
+
+def test_views_are_native_and_strided_inputs_work():
+    a = torch.randn(4, 6)
+    na = a.npu()
+    t = na.t()
+    assert t.data_ptr() == na.data_ptr()  # a view, not a copy
+    assert_matches(t @ na, lambda x: x.t() @ x, a)
+    assert torch.equal(na[1:3, ::2].cpu(), a[1:3, ::2])  # a view and a relu compute nothing: exact
+    assert torch.equal(na.view(3, 8).relu().cpu(), a.view(3, 8).relu())
+
+
+def test_inplace_and_out_variants():
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    na, nb = a.npu(), b.npu()
+    na.add_(nb, alpha=2)
+    assert_matches(na, lambda x, y: x + 2 * y, a, b)
+    out = torch.empty(3, 4, device="npu")
+    torch.mul(na, nb, out=out)
+    assert_matches(out, lambda x, y: (x + 2 * y) * y, a, b)
+    before = na.cpu()
+    na.relu_()
+    assert torch.equal(na.cpu(), before.relu())  # exact
+
+
+def test_nn_ops_and_a_few_training_steps_match_cpu():
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    ref = torch.nn.Sequential(*[m for m in model])  # same parameters object graph
+    x, y = torch.randn(32, 8), torch.randint(0, 3, (32,))
+    cpu_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    cpu_model.load_state_dict(model.state_dict())
+    npu_model = model.npu()
+    wide_model = copy.deepcopy(cpu_model).double()  # the reference: float64 on the CPU
+    opt_n = torch.optim.SGD(npu_model.parameters(), lr=0.1)
+    opt_c = torch.optim.SGD(cpu_model.parameters(), lr=0.1)
+    opt_w = torch.optim.SGD(wide_model.parameters(), lr=0.1)
+    for step in range(3):
+        ln = F.cross_entropy(npu_model(x.npu()), y.npu())
+        lc = F.cross_entropy(cpu_model(x), y)
+        lw = F.cross_entropy(wide_model(x.double()), y)
+        assert_judged(ln, lc, lw, f"loss of step {step}")
+        for o in (opt_n, opt_c, opt_w):
+            o.zero_grad()
+        for loss in (ln, lc, lw):
+            loss.backward()
+        for o in (opt_n, opt_c, opt_w):
+            o.step()
+    for i, (pn, pc, pw) in enumerate(zip(npu_model.parameters(), cpu_model.parameters(), wide_model.parameters())):
+        assert_judged(pn, pc, pw, f"parameter {i} after 3 steps")
+    del ref
