@@ -358,9 +358,10 @@ def test_written_arguments_get_their_versions_bumped():
     assert c._version == 1
 
 
-# --- NPUB_MINDSPEED_MAX_ISA ---
+# --- the ISA cap: NPUB_PLUGINS_MAX_ISA (test_settings.py), not the retired NPUB_MINDSPEED_MAX_ISA ---
 
-def test_a_bad_isa_cap_rejects_mindspeed_like_only():
-    names, failures = plugins_loaded_with(NPUB_MINDSPEED_MAX_ISA="sse9")
-    assert "mindspeed_like" not in names and "cann_like" in names
-    assert "NPUB_MINDSPEED_MAX_ISA: expected one of baseline, avx2, avx512 (or unset) but found 'sse9'" in failures
+def test_the_retired_isa_cap_is_refused_naming_the_one_cap():
+    names, failures = plugins_loaded_with(NPUB_MINDSPEED_MAX_ISA="baseline")
+    assert "mindspeed_like" not in names
+    assert ("NPUB_MINDSPEED_MAX_ISA: expected unset (the in-tree plugins read one cap, NPUB_PLUGINS_MAX_ISA) "
+            "but found 'baseline'") in failures

@@ -82,23 +82,38 @@ def test_a_bad_setting_fails_the_first_npu_use_but_never_import_torch(name, valu
         assert line.startswith(_DISABLED + f"{name}: {expected}"), line
 
 
-def test_a_bad_setting_of_a_plugin_rejects_that_plugin_only():
+def test_a_bad_setting_of_plugins_rejects_those_plugins_only():
     code = ("import torch, npubridge; print([p['name'] for p in npubridge.plugins()]); "
             "print(npubridge.load_failures()); print(float((torch.ones(2, device='npu') * 3).sum()))")
-    full_env = dict(os.environ, NPUB_CANN_MAX_ISA="sse9", NPUB_LOG_LEVEL="error")
+    full_env = dict(os.environ, NPUB_PLUGINS_MAX_ISA="sse9", NPUB_LOG_LEVEL="error")
     r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=full_env, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     names, failures, total = r.stdout.strip().splitlines()
-    assert "cann_like" not in names and "vllm_like" in names
-    assert "NPUB_CANN_MAX_ISA: expected one of baseline, avx2, avx512 (or unset) but found 'sse9'" in failures
+    # The in-tree plugins' one ISA cap: each of them refuses it, the runtime starts.
+    assert all(name not in names for name in ("cann_like", "mindspeed_like", "vllm_like")), names
+    assert failures.count("NPUB_PLUGINS_MAX_ISA: expected one of baseline, avx2, avx512 (or unset) but found 'sse9'") == 3
     assert total == "6.0"  # the CPU fallback serves what cann_like would have
+
+
+def test_the_isa_cap_reaches_each_in_tree_plugin():
+    # What the *_baseline_isa tests rely on: every in-tree plugin's loops run
+    # at the level NPUB_PLUGINS_MAX_ISA names (each logs it when it starts).
+    code = "import torch, npubridge; print([p['name'] for p in npubridge.plugins()])"
+    full_env = dict(os.environ, NPUB_PLUGINS_MAX_ISA="baseline", NPUB_LOG_LEVEL="info")
+    r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=full_env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    for name in ("cann_like", "mindspeed_like", "vllm_like"):
+        assert name in r.stdout
+        assert f"{name}: ISA level baseline for its own loops (the CPU's: " in r.stderr, r.stderr
+        assert "NPUB_PLUGINS_MAX_ISA: baseline)" in r.stderr, r.stderr
 
 
 def test_good_values_with_surrounding_white_space_are_read():
     code = "import torch, npubridge; print(torch.npu.device_count(), npubridge._C.optim_level())"
     full_env = dict(os.environ, NPUB_SIM_DEVICES=" 3 ", NPUB_SIM_MEMORY="64M ", NPUB_OPT_LEVEL="\t1",
-                    NPUB_LOG_LEVEL=" error ", NPUB_CANN_MAX_ISA=" avx2", NPUB_SIM_THREADS=" 2")
+                    NPUB_LOG_LEVEL=" error ", NPUB_PLUGINS_MAX_ISA=" avx2", NPUB_SIM_THREADS=" 2")
     r = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "3 1", r.stdout + r.stderr
     assert "did not start" not in r.stderr, r.stderr

@@ -232,27 +232,30 @@ TEST(Env, PluginPathEntriesMustHoldPlugins) {
 }
 
 TEST(Env, APluginsBadSettingRejectsThatPluginOnly) {
-  // cann_like refuses NPUB_CANN_MAX_ISA in its initialize: the plugin is
-  // rejected with the setting's message; the runtime and the other plugins
-  // start.
-  ScopedEnv cap("NPUB_CANN_MAX_ISA", "sse9");
-  ScopedEnv only_builtin("NPUB_PLUGIN_PATH", nullptr);
+  // The in-tree plugins refuse NPUB_PLUGINS_MAX_ISA in their initialize:
+  // they are rejected with the setting's message; the runtime and the other
+  // plugins (here a test plugin) start.
+  ScopedEnv cap("NPUB_PLUGINS_MAX_ISA", "sse9");
+  const std::string other = test::test_plugin("npub_test_good_c");
+  ScopedEnv plugin_path("NPUB_PLUGIN_PATH", other.c_str());
   RuntimeOptions o;
   o.devices.num_devices = 1;
   o.load_default_op_map = false;
   Runtime rt(o);
-  const std::string path = test::builtin_plugin("npub_cann_like");
-  bool rejected = false;
+  int rejected = 0;
   for (const LoadResult& r : rt.initial_load_results())
-    if (r.path == path)
-      rejected = !r.ok && r.error.find(
-                              "NPUB_CANN_MAX_ISA: expected one of baseline, avx2, avx512 (or unset) "
-                              "but found 'sse9'") != std::string::npos;
-  EXPECT_TRUE(rejected);
+    for (const char* name : {"npub_cann_like", "npub_mindspeed_like", "npub_vllm_like"})
+      if (r.path == test::builtin_plugin(name))
+        rejected += !r.ok && r.error.find(
+                                 "NPUB_PLUGINS_MAX_ISA: expected one of baseline, avx2, avx512 (or unset) "
+                                 "but found 'sse9'") != std::string::npos;
+  EXPECT_EQ(rejected, 3);
   EXPECT_EQ(rt.loader().plugin("cann_like"), nullptr);
-  EXPECT_NE(rt.loader().plugin("vllm_like"), nullptr);
+  EXPECT_EQ(rt.loader().plugin("vllm_like"), nullptr);
+  EXPECT_NE(rt.loader().plugin("good_c"), nullptr);
   // White space around a good value is no error.
-  ScopedEnv good("NPUB_CANN_MAX_ISA", " avx2 ");
+  ScopedEnv good("NPUB_PLUGINS_MAX_ISA", " avx2 ");
   Runtime rt2(o);
   EXPECT_NE(rt2.loader().plugin("cann_like"), nullptr);
+  EXPECT_NE(rt2.loader().plugin("vllm_like"), nullptr);
 }

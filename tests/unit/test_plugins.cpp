@@ -163,7 +163,7 @@ TEST_F(InTreePlugins, HalfMatmulsAccumulateInFloat32AndRoundOnce) {
 }
 
 // cann_like's elementwise loops exist per ISA level (AVX-512, AVX2,
-// baseline; NPUB_CANN_MAX_ISA caps the level): every level must give the
+// baseline; NPUB_PLUGINS_MAX_ISA caps the level): every level must give the
 // same correctly rounded bfloat16 and float16 results, denormals kept (see
 // Note [bfloat16 rounding without vcvtneps2bf16]), NaN and infinity kept.
 TEST(CannLikeIsaLevels, HalfElementwiseResultsAreRoundedOnceAtEveryLevel) {
@@ -178,7 +178,7 @@ TEST(CannLikeIsaLevels, HalfElementwiseResultsAreRoundedOnceAtEveryLevel) {
   }
   const int64_t n = static_cast<int64_t>(av.size());
   for (const char* level : {"avx512", "avx2", "baseline"}) {
-    ScopedEnv cap("NPUB_CANN_MAX_ISA", level);
+    ScopedEnv cap("NPUB_PLUGINS_MAX_ISA", level);
     auto rt = make_runtime();
     load_ok(*rt, builtin_plugin("npub_cann_like"));
     sim::Device* dev = &rt->devices().at(0);
@@ -223,17 +223,44 @@ TEST(CannLikeIsaLevels, HalfElementwiseResultsAreRoundedOnceAtEveryLevel) {
   }
 }
 
-TEST(CannLikeIsaLevels, AnUnknownLevelRejectsThePluginNamingTheVariable) {
-  ScopedEnv cap("NPUB_CANN_MAX_ISA", "avx9");
+// One cap for every in-tree plugin (Note [One ISA layer for the in-tree
+// plugins], plugins/kernels/include/plugin_kernels/isa.h): each refuses a
+// level it does not know, and a value in a per-plugin cap it replaced.
+TEST(InTreePluginsIsaCap, AnUnknownLevelRejectsEachPluginNamingTheVariable) {
+  ScopedEnv cap("NPUB_PLUGINS_MAX_ISA", "avx9");
+  for (const char* name : {"npub_cann_like", "npub_mindspeed_like", "npub_vllm_like"}) {
+    SCOPED_TRACE(name);
+    auto rt = make_runtime();
+    const std::string path = builtin_plugin(name);
+    LoadResult r = rt->loader().load(path);
+    EXPECT_FALSE(r.ok);
+    EXPECT_EQ(
+        r.error,
+        "plugin '" + path +
+            "' rejected: initialize failed: NPUB_PLUGINS_MAX_ISA: expected one of baseline, avx2, avx512 "
+            "(or unset) but found 'avx9'");
+    EXPECT_TRUE(rt->loader().plugins().empty());
+  }
+}
+
+TEST(InTreePluginsIsaCap, TheRetiredPerPluginCapsAreRefusedNamingTheOneCap) {
+  for (const char* retired : {"NPUB_CANN_MAX_ISA", "NPUB_MINDSPEED_MAX_ISA", "NPUB_VLLM_MAX_ISA"}) {
+    ScopedEnv cap(retired, " baseline ");
+    for (const char* name : {"npub_cann_like", "npub_mindspeed_like", "npub_vllm_like"}) {
+      SCOPED_TRACE(std::string(retired) + " " + name);
+      auto rt = make_runtime();
+      const std::string path = builtin_plugin(name);
+      LoadResult r = rt->loader().load(path);
+      EXPECT_FALSE(r.ok);
+      EXPECT_EQ(r.error,
+                "plugin '" + path + "' rejected: initialize failed: " + retired +
+                    ": expected unset (the in-tree plugins read one cap, NPUB_PLUGINS_MAX_ISA) but found "
+                    "'baseline'");
+    }
+  }
+  ScopedEnv unset("NPUB_CANN_MAX_ISA", "");  // empty is unset
   auto rt = make_runtime();
-  const std::string path = builtin_plugin("npub_cann_like");
-  LoadResult r = rt->loader().load(path);
-  EXPECT_FALSE(r.ok);
-  EXPECT_EQ(r.error,
-            "plugin '" + path +
-                "' rejected: initialize failed: NPUB_CANN_MAX_ISA: expected one of baseline, avx2, avx512 "
-                "(or unset) but found 'avx9'");
-  EXPECT_TRUE(rt->loader().plugins().empty());
+  EXPECT_TRUE(rt->loader().load(builtin_plugin("npub_cann_like")).ok);
 }
 
 TEST_F(InTreePlugins, RmsNormAndSiluAndMul) {

@@ -240,7 +240,7 @@ void normalize(Call& call, const ForwardArgs& a, int64_t channels, DT pd, const 
         for (int64_t n = 0; n < pl.batch; ++n) {
           const float* xr = reinterpret_cast<const float*>(xb) + pl.run(n, c);
           float* yr = reinterpret_cast<float*>(yb) + pl.run(n, c);
-          CANN_LIKE_F32_LOOP(1, yr, xr, len, fn);  // Note [float32 elementwise loops per ISA level]
+          run_at_kernel_isa<F32Loop1>(yr, xr, len, fn);  // Note [float32 elementwise loops per ISA level]
         }
         continue;
       }

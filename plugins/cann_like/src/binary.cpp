@@ -110,8 +110,8 @@ void run_same_shape_f32(Call& call, int32_t a, int32_t b, int32_t out, Fn fn) {
   const float* pb = call.tensor(b).data<float>();
   float* po = call.tensor(out).data<float>();
   call.parallel_for(0, call.tensor(out).numel(), 1 << 14, [&](int64_t s, int64_t e) {
-    CANN_LIKE_F32_LOOP(2, po + s, pa + s, pb + s, e - s,
-                       fn);  // Note [float32 elementwise loops per ISA level]
+    // Note [float32 elementwise loops per ISA level]
+    run_at_kernel_isa<F32Loop2>(po + s, pa + s, pb + s, e - s, fn);
   });
 }
 

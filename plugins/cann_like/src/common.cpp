@@ -1,8 +1,5 @@
 #include "common.h"
 #include "elementwise.h"
-#include "isa.h"
-
-#include <immintrin.h>
 
 namespace cann_like {
 
@@ -292,27 +289,15 @@ std::vector<int64_t> element_offsets(const TensorRef& t) {
   return enumerate_offsets(t.sizes(), strides);
 }
 
-std::vector<DLDataType> dtypes_all() {
-  using namespace npub::sdk;
-  return {kFloat32, kFloat64, kFloat16, kBFloat16, kInt64, kInt32, kInt16, kInt8, kUInt8, kBool};
+std::vector<DLDataType> dtypes_all() { return {std::begin(kDtypeOfDT), std::end(kDtypeOfDT)}; }
+std::vector<DLDataType> dtypes_numeric() {  // all but bool, the last
+  return {std::begin(kDtypeOfDT), std::begin(kDtypeOfDT) + static_cast<int>(DT::b8)};
 }
-std::vector<DLDataType> dtypes_numeric() {
-  using namespace npub::sdk;
-  return {kFloat32, kFloat64, kFloat16, kBFloat16, kInt64, kInt32, kInt16, kInt8, kUInt8};
-}
-std::vector<DLDataType> dtypes_floating() {
-  using namespace npub::sdk;
-  return {kFloat32, kFloat64, kFloat16, kBFloat16};
+std::vector<DLDataType> dtypes_floating() {  // the first four
+  return {std::begin(kDtypeOfDT), std::begin(kDtypeOfDT) + static_cast<int>(DT::i64)};
 }
 
 namespace {
-
-__attribute__((target("f16c"))) void f16_to_f32_f16c(const uint16_t* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = _cvtsh_ss(src[i]);
-}
-__attribute__((target("f16c"))) void f32_to_f16_f16c(const float* src, uint16_t* dst, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
-}
 
 // Note [bfloat16 rounding without vcvtneps2bf16]
 // AVX512-BF16's vcvtneps2bf16 rounds in one instruction but treats a
@@ -331,32 +316,39 @@ inline uint16_t round_to_bf16(float f) {
 
 // Half-type elements are 2-byte aligned in device memory (allocations are
 // 512-byte aligned and offsets are whole elements), so they are read and
-// written in place as uint16_t.
-CANN_LIKE_ISA_BODY void to_float_body(const char* src, DT dt, float* dst, int64_t n) {
-  const auto* h = reinterpret_cast<const uint16_t*>(src);
-  if (dt == DT::bf16) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = npub::sdk::bf16_to_float(h[i]);
-  } else if (use_f16c()) {
-    f16_to_f32_f16c(h, dst, n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) dst[i] = npub::sdk::half_to_float(h[i]);
+// written in place as uint16_t. float16 converts with F16C from the AVX2
+// level up.
+struct ToFloat {
+  template <Isa kIsa>
+  static PLUGIN_KERNELS_INLINE void run(const char* src, DT dt, float* dst, int64_t n) {
+    const auto* h = reinterpret_cast<const uint16_t*>(src);
+    if (dt == DT::bf16) {
+      for (int64_t i = 0; i < n; ++i) dst[i] = BF16::load(h[i]);
+    } else if constexpr (kIsa >= Isa::kAvx2) {
+      plugin_kernels::f16_to_f32_f16c(h, dst, n);
+    } else {
+      for (int64_t i = 0; i < n; ++i) dst[i] = F16::load(h[i]);
+    }
   }
-}
+};
 
-CANN_LIKE_ISA_BODY void from_float_body(const float* src, char* dst, DT dt, int64_t n) {
-  auto* h = reinterpret_cast<uint16_t*>(dst);
-  if (dt == DT::bf16) {
-    for (int64_t i = 0; i < n; ++i) h[i] = round_to_bf16(src[i]);
-  } else if (use_f16c()) {
-    f32_to_f16_f16c(src, h, n);
-  } else {
-    for (int64_t i = 0; i < n; ++i) h[i] = npub::sdk::float_to_half(src[i]);
+struct FromFloat {
+  template <Isa kIsa>
+  static PLUGIN_KERNELS_INLINE void run(const float* src, char* dst, DT dt, int64_t n) {
+    auto* h = reinterpret_cast<uint16_t*>(dst);
+    if (dt == DT::bf16) {
+      for (int64_t i = 0; i < n; ++i) h[i] = round_to_bf16(src[i]);
+    } else if constexpr (kIsa >= Isa::kAvx2) {
+      plugin_kernels::f32_to_f16_f16c(src, h, n);
+    } else {
+      for (int64_t i = 0; i < n; ++i) h[i] = F16::store(src[i]);
+    }
   }
-}
+};
 
 // One loop per op, so that each vectorises.
-CANN_LIKE_ISA_BODY void bf16_binary_body(HalfBinaryOp op, float alpha, const uint16_t* a, const uint16_t* b,
-                                         uint16_t* o, int64_t n) {
+PLUGIN_KERNELS_INLINE void bf16_binary_body(HalfBinaryOp op, float alpha, const uint16_t* a,
+                                            const uint16_t* b, uint16_t* o, int64_t n) {
   using npub::sdk::bf16_to_float;
   switch (op) {
     case HalfBinaryOp::kAdd:
@@ -375,8 +367,8 @@ CANN_LIKE_ISA_BODY void bf16_binary_body(HalfBinaryOp op, float alpha, const uin
 // same sums as a row at a time): the accumulators are loaded and stored
 // once per eight rows rather than once per row, which bounded the loop.
 template <typename S>
-CANN_LIKE_ISA_BODY void add_rows_body(double* __restrict acc, const S* __restrict x, int64_t rows, int64_t ld,
-                                      int64_t n) {
+PLUGIN_KERNELS_INLINE void add_rows_body(double* __restrict acc, const S* __restrict x, int64_t rows,
+                                         int64_t ld, int64_t n) {
   int64_t r = 0;
   for (; r + 8 <= rows; r += 8) {
     const S* __restrict p = x + r * ld;
@@ -396,22 +388,24 @@ CANN_LIKE_ISA_BODY void add_rows_body(double* __restrict acc, const S* __restric
   for (; r < rows; ++r)
     for (int64_t i = 0; i < n; ++i) acc[i] += static_cast<double>(x[r * ld + i]);
 }
-CANN_LIKE_ISA_BODY void add_rows_f32_body(double* acc, const float* x, int64_t rows, int64_t ld, int64_t n) {
+PLUGIN_KERNELS_INLINE void add_rows_f32_body(double* acc, const float* x, int64_t rows, int64_t ld,
+                                             int64_t n) {
   add_rows_body(acc, x, rows, ld, n);
 }
-CANN_LIKE_ISA_BODY void add_rows_f64_body(double* acc, const double* x, int64_t rows, int64_t ld, int64_t n) {
+PLUGIN_KERNELS_INLINE void add_rows_f64_body(double* acc, const double* x, int64_t rows, int64_t ld,
+                                             int64_t n) {
   add_rows_body(acc, x, rows, ld, n);
 }
 
-CANN_LIKE_ISA_DISPATCH(void, add_rows_f32, add_rows_f32_body,
-                       (double* acc, const float* x, int64_t rows, int64_t ld, int64_t n),
-                       (acc, x, rows, ld, n))
-CANN_LIKE_ISA_DISPATCH(void, add_rows_f64, add_rows_f64_body,
-                       (double* acc, const double* x, int64_t rows, int64_t ld, int64_t n),
-                       (acc, x, rows, ld, n))
+PLUGIN_KERNELS_ISA_DISPATCH(void, add_rows_f32, add_rows_f32_body,
+                            (double* acc, const float* x, int64_t rows, int64_t ld, int64_t n),
+                            (acc, x, rows, ld, n))
+PLUGIN_KERNELS_ISA_DISPATCH(void, add_rows_f64, add_rows_f64_body,
+                            (double* acc, const double* x, int64_t rows, int64_t ld, int64_t n),
+                            (acc, x, rows, ld, n))
 
 // sum(x[0..n)) in 8 double partial sums, combined in lane order.
-CANN_LIKE_ISA_BODY double sum_f32_body(const float* x, int64_t n) {
+PLUGIN_KERNELS_INLINE double sum_f32_body(const float* x, int64_t n) {
   constexpr int kLanes = 8;
   double acc[kLanes] = {};
   int64_t i = 0;
@@ -422,7 +416,7 @@ CANN_LIKE_ISA_BODY double sum_f32_body(const float* x, int64_t n) {
   for (; i < n; ++i) total += static_cast<double>(x[i]);
   return total;
 }
-CANN_LIKE_ISA_DISPATCH(double, sum_f32, sum_f32_body, (const float* x, int64_t n), (x, n))
+PLUGIN_KERNELS_ISA_DISPATCH(double, sum_f32, sum_f32_body, (const float* x, int64_t n), (x, n))
 
 }  // namespace
 
@@ -454,13 +448,15 @@ void add_rows_to_f64(double* acc, const char* x, DT dt, int64_t rows, int64_t ld
   }
 }
 
-CANN_LIKE_ISA_DISPATCH(void, half_block_to_float, to_float_body,
-                       (const char* src, DT dt, float* dst, int64_t n), (src, dt, dst, n))
-CANN_LIKE_ISA_DISPATCH(void, float_block_to_half, from_float_body,
-                       (const float* src, char* dst, DT dt, int64_t n), (src, dst, dt, n))
-CANN_LIKE_ISA_DISPATCH(void, bf16_binary_contiguous, bf16_binary_body,
-                       (HalfBinaryOp op, float alpha, const uint16_t* a, const uint16_t* b, uint16_t* o,
-                        int64_t n),
-                       (op, alpha, a, b, o, n))
+void half_block_to_float(const char* src, DT dt, float* dst, int64_t n) {
+  run_at_kernel_isa<ToFloat>(src, dt, dst, n);
+}
+void float_block_to_half(const float* src, char* dst, DT dt, int64_t n) {
+  run_at_kernel_isa<FromFloat>(src, dst, dt, n);
+}
+PLUGIN_KERNELS_ISA_DISPATCH(void, bf16_binary_contiguous, bf16_binary_body,
+                            (HalfBinaryOp op, float alpha, const uint16_t* a, const uint16_t* b, uint16_t* o,
+                             int64_t n),
+                            (op, alpha, a, b, o, n))
 
 }  // namespace cann_like

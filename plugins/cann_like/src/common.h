@@ -2,6 +2,8 @@
 // broadcasting loop engine (a small TensorIterator). Built on the SDK only.
 #pragma once
 
+#include <plugin_kernels/float_access.h>
+#include <plugin_kernels/isa.h>
 #include <plugin_kernels/vec_math.h>
 #include <npubridge/plugin_sdk.hpp>
 
@@ -22,75 +24,26 @@ using npub::sdk::TensorRef;
 // dtypes
 // ---------------------------------------------------------------------------
 
+// cann_like's index into the SDK's dtype table (npub::sdk::kFloat32, ...),
+// to switch on: the DLPack dtype, name and size of each are the SDK's.
 enum class DT : uint8_t { f32, f64, f16, bf16, i64, i32, i16, i8, u8, b8, unknown };
 
-struct Half {
-  uint16_t bits;
-};
-struct BFloat16 {
-  uint16_t bits;
-};
+// The SDK dtype of each DT but unknown, in DT's order.
+inline constexpr DLDataType kDtypeOfDT[] = {
+    npub::sdk::kFloat32, npub::sdk::kFloat64, npub::sdk::kFloat16, npub::sdk::kBFloat16, npub::sdk::kInt64,
+    npub::sdk::kInt32,   npub::sdk::kInt16,   npub::sdk::kInt8,    npub::sdk::kUInt8,    npub::sdk::kBool};
+static_assert(sizeof kDtypeOfDT / sizeof kDtypeOfDT[0] == static_cast<size_t>(DT::unknown));
 
 inline DT dt_of(DLDataType t) {
-  using namespace npub::sdk;
-  if (same_dtype(t, kFloat32)) return DT::f32;
-  if (same_dtype(t, kFloat64)) return DT::f64;
-  if (same_dtype(t, kFloat16)) return DT::f16;
-  if (same_dtype(t, kBFloat16)) return DT::bf16;
-  if (same_dtype(t, kInt64)) return DT::i64;
-  if (same_dtype(t, kInt32)) return DT::i32;
-  if (same_dtype(t, kInt16)) return DT::i16;
-  if (same_dtype(t, kInt8)) return DT::i8;
-  if (same_dtype(t, kUInt8)) return DT::u8;
-  if (same_dtype(t, kBool)) return DT::b8;
+  for (int i = 0; i < static_cast<int>(DT::unknown); ++i)
+    if (npub::sdk::same_dtype(t, kDtypeOfDT[i])) return static_cast<DT>(i);
   return DT::unknown;
 }
 inline DLDataType to_dl(DT t) {
-  using namespace npub::sdk;
-  switch (t) {
-    case DT::f32:
-      return kFloat32;
-    case DT::f64:
-      return kFloat64;
-    case DT::f16:
-      return kFloat16;
-    case DT::bf16:
-      return kBFloat16;
-    case DT::i64:
-      return kInt64;
-    case DT::i32:
-      return kInt32;
-    case DT::i16:
-      return kInt16;
-    case DT::i8:
-      return kInt8;
-    case DT::u8:
-      return kUInt8;
-    default:
-      return kBool;
-  }
+  return t == DT::unknown ? npub::sdk::kBool : kDtypeOfDT[static_cast<int>(t)];
 }
-inline const char* dt_name(DT t) {
-  static const char* names[] = {"float32", "float64", "float16", "bfloat16", "int64",  "int32",
-                                "int16",   "int8",    "uint8",   "bool",     "unknown"};
-  return names[static_cast<int>(t)];
-}
-inline int64_t dt_size(DT t) {
-  switch (t) {
-    case DT::f64:
-    case DT::i64:
-      return 8;
-    case DT::f32:
-    case DT::i32:
-      return 4;
-    case DT::f16:
-    case DT::bf16:
-    case DT::i16:
-      return 2;
-    default:
-      return 1;
-  }
-}
+inline std::string dt_name(DT t) { return t == DT::unknown ? "unknown" : npub::sdk::dtype_name(to_dl(t)); }
+inline int64_t dt_size(DT t) { return to_dl(t).bits / 8; }
 inline bool is_floating(DT t) { return t == DT::f32 || t == DT::f64 || t == DT::f16 || t == DT::bf16; }
 inline bool is_integral(DT t, bool include_bool) {
   return t == DT::i64 || t == DT::i32 || t == DT::i16 || t == DT::i8 || t == DT::u8 ||
@@ -343,11 +296,22 @@ inline void visit_compute(DT dt, F&& f) {
 
 // Vectorisable float32 exp, tanh, erf, gelu and sigmoid (plugin_kernels'
 // vec_math.h, shared with the other in-tree plugins).
-using npub::kernels::fast_erf;
-using npub::kernels::fast_exp;
-using npub::kernels::fast_gelu;
-using npub::kernels::fast_sigmoid;
-using npub::kernels::fast_tanh;
+using plugin_kernels::fast_erf;
+using plugin_kernels::fast_exp;
+using plugin_kernels::fast_gelu;
+using plugin_kernels::fast_tanh;
+using plugin_kernels::sigmoid;
+
+// The instruction-set levels the loops are compiled for
+// (plugin_kernels/isa.h), and the element structs of the floating dtypes
+// (plugin_kernels/float_access.h).
+using plugin_kernels::BF16;
+using plugin_kernels::F16;
+using plugin_kernels::F32;
+using plugin_kernels::F64;
+using plugin_kernels::Isa;
+using plugin_kernels::kernel_isa;
+using plugin_kernels::run_at_kernel_isa;
 
 // ---------------------------------------------------------------------------
 // shapes

@@ -3,6 +3,7 @@
 // the fused conv2d + bias + relu (the fusion CANN's graph engine applies).
 // Pooling is in pooling.cpp.
 #include <plugin_kernels/conv.h>
+#include <plugin_kernels/gemm.h>
 
 #include "elementwise.h"
 #include "ops.h"
@@ -14,9 +15,7 @@
 
 namespace cann_like {
 
-// Serial row-major GEMM: C[m,n] = alpha * op(A) @ op(B) + beta * C (matmul.cpp).
-void gemm_serial_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+using plugin_kernels::gemm;
 
 namespace {
 
@@ -295,9 +294,8 @@ void conv_forward(const Call& call, const Conv& g, const float* xp, const float*
       const int64_t ni = job / g.groups, gi = job % g.groups;
       im2col(g, xp + (ni * g.c + gi * g.cg()) * g.in_size(), col.get());
       float* o = yp + (ni * g.oc + gi * g.ocg()) * g.col_cols();
-      gemm_serial_f32(false, false, g.ocg(), g.col_cols(), g.col_rows(), 1.0f,
-                      wp + gi * g.ocg() * g.col_rows(), g.col_rows(), col.get(), g.col_cols(), 0.0f, o,
-                      g.col_cols());
+      gemm(false, false, g.ocg(), g.col_cols(), g.col_rows(), 1.0f, wp + gi * g.ocg() * g.col_rows(),
+           g.col_rows(), col.get(), g.col_cols(), 0.0f, o, g.col_cols());
       if (bp != nullptr || relu)
         add_bias(o, bp != nullptr ? bp + gi * g.ocg() : nullptr, g.ocg(), g.col_cols(), relu);
     }
@@ -315,8 +313,8 @@ void conv_input_grad(const Call& call, const Conv& g, const float* dyp, const fl
     for (int64_t job = b; job < e; ++job) {
       const int64_t ni = job / g.groups, gr = job % g.groups;
       // col = W_g^T [rows, ocg] @ dy [ocg, cols]
-      gemm_serial_f32(true, false, rows, cols, g.ocg(), 1.0f, wp + gr * g.ocg() * rows, rows,
-                      dyp + (ni * g.oc + gr * g.ocg()) * cols, cols, 0.0f, col.data(), cols);
+      gemm(true, false, rows, cols, g.ocg(), 1.0f, wp + gr * g.ocg() * rows, rows,
+           dyp + (ni * g.oc + gr * g.ocg()) * cols, cols, 0.0f, col.data(), cols);
       col2im(g, col.data(), dxp + (ni * g.c + gr * g.cg()) * g.in_size());
     }
   });
@@ -339,9 +337,8 @@ void conv_weight_grad(const Call& call, const Conv& g, const float* xp, const fl
         for (int64_t gr = 0; gr < g.groups; ++gr) {
           im2col(g, xp + (ni * g.c + gr * g.cg()) * g.in_size(), col.data());
           // dW_g [ocg, rows] += dy [ocg, cols] @ col^T [cols, rows]
-          gemm_serial_f32(false, true, g.ocg(), rows, cols, 1.0f, dyp + (ni * g.oc + gr * g.ocg()) * cols,
-                          cols, col.data(), cols, 1.0f,
-                          partial[static_cast<size_t>(ch)].data() + gr * g.ocg() * rows, rows);
+          gemm(false, true, g.ocg(), rows, cols, 1.0f, dyp + (ni * g.oc + gr * g.ocg()) * cols, cols,
+               col.data(), cols, 1.0f, partial[static_cast<size_t>(ch)].data() + gr * g.ocg() * rows, rows);
         }
   });
   for (int64_t i = 0; i < numel; ++i) {

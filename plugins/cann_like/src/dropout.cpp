@@ -8,7 +8,6 @@
 // it in a typed loop compiled per ISA level, in the same pass. The stream
 // and the results are the same as block by block.
 #include "elementwise.h"
-#include "isa.h"
 #include "ops.h"
 
 #include <npubridge/philox.hpp>
@@ -23,7 +22,7 @@ constexpr int kLanes = 16;  // Philox blocks per batch
 
 // The 4 * kLanes uniform draws of blocks [counter, counter + kLanes): keep[i]
 // = uniform(bits of element i) < keep_p.
-CANN_LIKE_ISA_BODY void keep_batch(uint64_t seed, uint64_t counter, float keep_p, uint8_t* keep) {
+PLUGIN_KERNELS_INLINE void keep_batch(uint64_t seed, uint64_t counter, float keep_p, uint8_t* keep) {
   for (int l = 0; l < kLanes; ++l) {
     const auto r = npub::philox::block(seed, counter + static_cast<uint64_t>(l));
     for (int k = 0; k < 4; ++k) keep[4 * l + k] = npub::philox::uniform(r[static_cast<size_t>(k)]) < keep_p;
@@ -33,8 +32,9 @@ CANN_LIKE_ISA_BODY void keep_batch(uint64_t seed, uint64_t counter, float keep_p
 // Elements [b, e) (b a multiple of 4 * kLanes) of the mask, and of a float32
 // output when x is not null: out = kept ? x * scale (in double, rounded once)
 // : 0.
-CANN_LIKE_ISA_BODY void dropout_range_body(uint64_t seed, uint64_t offset, int64_t b, int64_t e, float keep_p,
-                                           double scale, uint8_t* m, const float* x, float* o) {
+PLUGIN_KERNELS_INLINE void dropout_range_body(uint64_t seed, uint64_t offset, int64_t b, int64_t e,
+                                              float keep_p, double scale, uint8_t* m, const float* x,
+                                              float* o) {
   uint8_t keep[4 * kLanes];
   for (int64_t i0 = b; i0 < e; i0 += 4 * kLanes) {
     keep_batch(seed, offset + static_cast<uint64_t>(i0 / 4), keep_p, keep);
@@ -45,10 +45,10 @@ CANN_LIKE_ISA_BODY void dropout_range_body(uint64_t seed, uint64_t offset, int64
         o[i0 + j] = keep[j] ? static_cast<float>(static_cast<double>(x[i0 + j]) * scale) : 0.0f;
   }
 }
-CANN_LIKE_ISA_DISPATCH(void, dropout_range, dropout_range_body,
-                       (uint64_t seed, uint64_t offset, int64_t b, int64_t e, float keep_p, double scale,
-                        uint8_t* m, const float* x, float* o),
-                       (seed, offset, b, e, keep_p, scale, m, x, o))
+PLUGIN_KERNELS_ISA_DISPATCH(void, dropout_range, dropout_range_body,
+                            (uint64_t seed, uint64_t offset, int64_t b, int64_t e, float keep_p, double scale,
+                             uint8_t* m, const float* x, float* o),
+                            (seed, offset, b, e, keep_p, scale, m, x, o))
 
 // aten::native_dropout(Tensor input, float p, bool? train) -> (Tensor, Tensor)
 // Training: mask ~ Bernoulli(1 - p) from the device's Philox stream (one

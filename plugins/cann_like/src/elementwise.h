@@ -5,7 +5,6 @@
 #pragma once
 
 #include "common.h"
-#include "isa.h"
 
 namespace cann_like {
 
@@ -89,75 +88,71 @@ void bf16_binary_contiguous(HalfBinaryOp op, float alpha, const uint16_t* a, con
 // 4 lanes wide without FMA: add, mul and div over a 176k-element parameter
 // ran at half ATen's speed. The contiguous float32 loops below (a row of
 // one, two or three operands, or two with one broadcast along the row) are
-// compiled once per ISA level with fn inlined, and kernel_isa() picks one.
-#define CANN_LIKE_F32_LOOPS(suffix, target_attr)                                                           \
-  template <typename Fn>                                                                                   \
-  target_attr void f32_loop1_##suffix(float* o, const float* a, int64_t n, Fn fn) {                        \
-    for (int64_t j = 0; j < n; ++j) o[j] = fn(a[j]);                                                       \
-  }                                                                                                        \
-  template <typename Fn>                                                                                   \
-  target_attr void f32_loop2_##suffix(float* o, const float* a, const float* b, int64_t n, Fn fn) {        \
-    for (int64_t j = 0; j < n; ++j) o[j] = fn(a[j], b[j]);                                                 \
-  }                                                                                                        \
-  template <typename Fn>                                                                                   \
-  target_attr void f32_loop3_##suffix(float* o, const float* a, const float* b, const float* c, int64_t n, \
-                                      Fn fn) {                                                             \
-    for (int64_t j = 0; j < n; ++j) o[j] = fn(a[j], b[j], c[j]);                                           \
-  }                                                                                                        \
-  template <typename Fn>                                                                                   \
-  target_attr void f32_loop_as_##suffix(float* o, const float* a, float b, int64_t n, Fn fn) {             \
-    for (int64_t j = 0; j < n; ++j) o[j] = fn(a[j], b);                                                    \
-  }                                                                                                        \
-  template <typename Fn>                                                                                   \
-  target_attr void f32_loop_sb_##suffix(float* o, float a, const float* b, int64_t n, Fn fn) {             \
-    for (int64_t j = 0; j < n; ++j) o[j] = fn(a, b[j]);                                                    \
-  }                                                                                                        \
-  /* `rows` rows of n, operand i's next row rs[i] floats on (Note [Rows come in batches]); bcast 1 or 2:   \
-  input 1 or 2 of a binary fn is one value per row (stride 0 along it). */                                 \
-  template <typename Fn>                                                                                   \
-  target_attr void f32_loop_rows_##suffix(float* o, const float* a, const float* b, const float* c,        \
-                                          int64_t n, int64_t rows, const int64_t* rs, int bcast, Fn fn) {  \
-    for (int64_t r = 0; r < rows; ++r) {                                                                   \
-      float* orow = o + r * rs[0];                                                                         \
-      const float* arow = a + r * rs[1];                                                                   \
-      if constexpr (std::is_invocable_v<Fn, float>) {                                                      \
-        for (int64_t j = 0; j < n; ++j) orow[j] = fn(arow[j]);                                             \
-      } else if constexpr (std::is_invocable_v<Fn, float, float>) {                                        \
-        const float* brow = b + r * rs[2];                                                                 \
-        if (bcast == 2) {                                                                                  \
-          const float bv = *brow;                                                                          \
-          for (int64_t j = 0; j < n; ++j) orow[j] = fn(arow[j], bv);                                       \
-        } else if (bcast == 1) {                                                                           \
-          const float av = *arow;                                                                          \
-          for (int64_t j = 0; j < n; ++j) orow[j] = fn(av, brow[j]);                                       \
-        } else {                                                                                           \
-          for (int64_t j = 0; j < n; ++j) orow[j] = fn(arow[j], brow[j]);                                  \
-        }                                                                                                  \
-      } else {                                                                                             \
-        const float *brow = b + r * rs[2], *crow = c + r * rs[3];                                          \
-        for (int64_t j = 0; j < n; ++j) orow[j] = fn(arow[j], brow[j], crow[j]);                           \
-      }                                                                                                    \
-    }                                                                                                      \
+// compiled once per ISA level with fn inlined (run_at_kernel_isa,
+// plugin_kernels/isa.h).
+struct F32Loop1 {
+  template <Isa, typename Fn>
+  static PLUGIN_KERNELS_INLINE void run(float* o, const float* a, int64_t n, Fn fn) {
+    for (int64_t j = 0; j < n; ++j) o[j] = fn(a[j]);
   }
-CANN_LIKE_F32_LOOPS(avx512, __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl"))))
-CANN_LIKE_F32_LOOPS(avx2, __attribute__((target("avx2,fma"))))
-CANN_LIKE_F32_LOOPS(baseline, )
-#undef CANN_LIKE_F32_LOOPS
-
-// Calls the variant of f32_loop<kind> for kernel_isa() with `args...`.
-#define CANN_LIKE_F32_LOOP(kind, ...)           \
-  do {                                          \
-    switch (kernel_isa()) {                     \
-      case Isa::kAvx512:                        \
-        f32_loop##kind##_avx512(__VA_ARGS__);   \
-        break;                                  \
-      case Isa::kAvx2:                          \
-        f32_loop##kind##_avx2(__VA_ARGS__);     \
-        break;                                  \
-      default:                                  \
-        f32_loop##kind##_baseline(__VA_ARGS__); \
-    }                                           \
-  } while (0)
+};
+struct F32Loop2 {
+  template <Isa, typename Fn>
+  static PLUGIN_KERNELS_INLINE void run(float* o, const float* a, const float* b, int64_t n, Fn fn) {
+    for (int64_t j = 0; j < n; ++j) o[j] = fn(a[j], b[j]);
+  }
+};
+struct F32Loop3 {
+  template <Isa, typename Fn>
+  static PLUGIN_KERNELS_INLINE void run(float* o, const float* a, const float* b, const float* c, int64_t n,
+                                        Fn fn) {
+    for (int64_t j = 0; j < n; ++j) o[j] = fn(a[j], b[j], c[j]);
+  }
+};
+// A binary fn with its second operand one value.
+struct F32LoopAs {
+  template <Isa, typename Fn>
+  static PLUGIN_KERNELS_INLINE void run(float* o, const float* a, float b, int64_t n, Fn fn) {
+    for (int64_t j = 0; j < n; ++j) o[j] = fn(a[j], b);
+  }
+};
+// A binary fn with its first operand one value.
+struct F32LoopSb {
+  template <Isa, typename Fn>
+  static PLUGIN_KERNELS_INLINE void run(float* o, float a, const float* b, int64_t n, Fn fn) {
+    for (int64_t j = 0; j < n; ++j) o[j] = fn(a, b[j]);
+  }
+};
+// `rows` rows of n, operand i's next row rs[i] floats on (Note [Rows come in
+// batches]); bcast 1 or 2: input 1 or 2 of a binary fn is one value per row
+// (stride 0 along it).
+struct F32LoopRows {
+  template <Isa, typename Fn>
+  static PLUGIN_KERNELS_INLINE void run(float* o, const float* a, const float* b, const float* c, int64_t n,
+                                        int64_t rows, const int64_t* rs, int bcast, Fn fn) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float* orow = o + r * rs[0];
+      const float* arow = a + r * rs[1];
+      if constexpr (std::is_invocable_v<Fn, float>) {
+        for (int64_t j = 0; j < n; ++j) orow[j] = fn(arow[j]);
+      } else if constexpr (std::is_invocable_v<Fn, float, float>) {
+        const float* brow = b + r * rs[2];
+        if (bcast == 2) {
+          const float bv = *brow;
+          for (int64_t j = 0; j < n; ++j) orow[j] = fn(arow[j], bv);
+        } else if (bcast == 1) {
+          const float av = *arow;
+          for (int64_t j = 0; j < n; ++j) orow[j] = fn(av, brow[j]);
+        } else {
+          for (int64_t j = 0; j < n; ++j) orow[j] = fn(arow[j], brow[j]);
+        }
+      } else {
+        const float *brow = b + r * rs[2], *crow = c + r * rs[3];
+        for (int64_t j = 0; j < n; ++j) orow[j] = fn(arow[j], brow[j], crow[j]);
+      }
+    }
+  }
+};
 
 // Runs out = fn(in1, ..., inK) with inputs loaded as T; K (1..3) is fn's
 // arity and must equal it.nops - 1. fn returns R, stored with conversion to
@@ -220,7 +215,7 @@ void run_elementwise(const Call& call, const Iter& it, Fn fn) {
         const T* a = reinterpret_cast<const T*>(p[1]);
         const T b = *reinterpret_cast<const T*>(p[2]);
         if constexpr (std::is_same_v<T, float> && std::is_same_v<R, float>)
-          CANN_LIKE_F32_LOOP(_as, o, a, b, n, fn);
+          run_at_kernel_isa<F32LoopAs>(o, a, b, n, fn);
         else
           for (int64_t j = 0; j < n; ++j) o[j] = fn(a[j], b);
         return;
@@ -229,7 +224,7 @@ void run_elementwise(const Call& call, const Iter& it, Fn fn) {
         const T a = *reinterpret_cast<const T*>(p[1]);
         const T* b = reinterpret_cast<const T*>(p[2]);
         if constexpr (std::is_same_v<T, float> && std::is_same_v<R, float>)
-          CANN_LIKE_F32_LOOP(_sb, o, a, b, n, fn);
+          run_at_kernel_isa<F32LoopSb>(o, a, b, n, fn);
         else
           for (int64_t j = 0; j < n; ++j) o[j] = fn(a, b[j]);
         return;
@@ -240,12 +235,12 @@ void run_elementwise(const Call& call, const Iter& it, Fn fn) {
       const T* a = reinterpret_cast<const T*>(p[1]);
       if constexpr (std::is_same_v<T, float> && std::is_same_v<R, float>) {
         if constexpr (K == 1)
-          CANN_LIKE_F32_LOOP(1, o, a, n, fn);
+          run_at_kernel_isa<F32Loop1>(o, a, n, fn);
         else if constexpr (K == 2)
-          CANN_LIKE_F32_LOOP(2, o, a, reinterpret_cast<const T*>(p[2]), n, fn);
+          run_at_kernel_isa<F32Loop2>(o, a, reinterpret_cast<const T*>(p[2]), n, fn);
         else
-          CANN_LIKE_F32_LOOP(3, o, a, reinterpret_cast<const T*>(p[2]), reinterpret_cast<const T*>(p[3]), n,
-                             fn);
+          run_at_kernel_isa<F32Loop3>(o, a, reinterpret_cast<const T*>(p[2]),
+                                      reinterpret_cast<const T*>(p[3]), n, fn);
         return;
       }
       if constexpr (K == 1) {
@@ -297,8 +292,8 @@ void run_elementwise(const Call& call, const Iter& it, Fn fn) {
       if (unit_rows) {
         const float* in[3] = {};
         for (int i = 0; i < K; ++i) in[i] = reinterpret_cast<const float*>(p[i + 1]);
-        CANN_LIKE_F32_LOOP(_rows, reinterpret_cast<float*>(p[0]), in[0], in[1], in[2], n, count, rs_f, bcast,
-                           fn);
+        run_at_kernel_isa<F32LoopRows>(reinterpret_cast<float*>(p[0]), in[0], in[1], in[2], n, count, rs_f,
+                                       bcast, fn);
         return;
       }
     }

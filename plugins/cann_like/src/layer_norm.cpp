@@ -1,7 +1,6 @@
 // native_layer_norm and its backward, over the trailing normalized dims
 // viewed as rows x cols.
 #include "elementwise.h"
-#include "isa.h"
 #include "ops.h"
 
 #include <cmath>
@@ -163,7 +162,7 @@ struct Vec64<double> {
 };
 // The sum of a vector's lanes, halves added pairwise (a fixed order).
 template <typename T, typename V>
-CANN_LIKE_ISA_BODY T lane_sum(V v) {
+PLUGIN_KERNELS_INLINE T lane_sum(V v) {
   constexpr int kLanes = sizeof(V) / sizeof(T);
   T t[kLanes];
   std::memcpy(t, &v, sizeof v);
@@ -174,9 +173,10 @@ CANN_LIKE_ISA_BODY T lane_sum(V v) {
 // Rows [0, rows) of n elements (row r at r * n; gi, dw and db may be null,
 // dw and db together): Note [Layer norm backward rows].
 template <typename T>
-CANN_LIKE_ISA_BODY void ln_bwd_rows_body(const T* __restrict g, const T* __restrict x, const T* __restrict w,
-                                         const T* mu, const T* inv, int64_t rows, int64_t n, T* __restrict gi,
-                                         T* __restrict dw, T* __restrict db, T* __restrict xh) {
+PLUGIN_KERNELS_INLINE void ln_bwd_rows_body(const T* __restrict g, const T* __restrict x,
+                                            const T* __restrict w, const T* mu, const T* inv, int64_t rows,
+                                            int64_t n, T* __restrict gi, T* __restrict dw, T* __restrict db,
+                                            T* __restrict xh) {
   constexpr int kLanes = 64 / sizeof(T);
   using V = typename Vec64<T>::type;
   for (int64_t r = 0; r < rows; ++r, g += n, x += n) {
@@ -219,16 +219,16 @@ CANN_LIKE_ISA_BODY void ln_bwd_rows_body(const T* __restrict g, const T* __restr
     if (gi != nullptr) gi += n;
   }
 }
-#define LN_BWD_INSTANCE(T, suffix)                                                                         \
-  CANN_LIKE_ISA_BODY void ln_bwd_rows_##suffix##_body(const T* g, const T* x, const T* w, const T* mu,     \
-                                                      const T* inv, int64_t rows, int64_t n, T* gi, T* dw, \
-                                                      T* db, T* xh) {                                      \
-    ln_bwd_rows_body(g, x, w, mu, inv, rows, n, gi, dw, db, xh);                                           \
-  }                                                                                                        \
-  CANN_LIKE_ISA_DISPATCH(void, ln_bwd_rows_##suffix, ln_bwd_rows_##suffix##_body,                          \
-                         (const T* g, const T* x, const T* w, const T* mu, const T* inv, int64_t rows,     \
-                          int64_t n, T* gi, T* dw, T* db, T* xh),                                          \
-                         (g, x, w, mu, inv, rows, n, gi, dw, db, xh))
+#define LN_BWD_INSTANCE(T, suffix)                                                                          \
+  PLUGIN_KERNELS_INLINE void ln_bwd_rows_##suffix##_body(const T* g, const T* x, const T* w, const T* mu,   \
+                                                         const T* inv, int64_t rows, int64_t n, T* gi,      \
+                                                         T* dw, T* db, T* xh) {                             \
+    ln_bwd_rows_body(g, x, w, mu, inv, rows, n, gi, dw, db, xh);                                            \
+  }                                                                                                         \
+  PLUGIN_KERNELS_ISA_DISPATCH(void, ln_bwd_rows_##suffix, ln_bwd_rows_##suffix##_body,                      \
+                              (const T* g, const T* x, const T* w, const T* mu, const T* inv, int64_t rows, \
+                               int64_t n, T* gi, T* dw, T* db, T* xh),                                      \
+                              (g, x, w, mu, inv, rows, n, gi, dw, db, xh))
 LN_BWD_INSTANCE(float, f32)
 LN_BWD_INSTANCE(double, f64)
 #undef LN_BWD_INSTANCE

@@ -266,28 +266,6 @@ void baddbmm(Call& call) {
   batched(call, call.tensor(0), a, b, call.tensor(5), scalar(call, 3), scalar(call, 4), true);
 }
 
-}  // namespace
-
-void gemm_serial_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                     int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  GemmArgs args;
-  args.trans_a = trans_a;
-  args.trans_b = trans_b;
-  args.m = m;
-  args.n = n;
-  args.k = k;
-  args.lda = std::max<int64_t>(lda, 1);
-  args.ldb = std::max<int64_t>(ldb, 1);
-  args.ldc = std::max<int64_t>(ldc, 1);
-  args.alpha = alpha;
-  args.beta = beta;
-  args.a = a;
-  args.b = b;
-  args.c = c;
-  gemm_on_this_thread(args);
-}
-
-namespace {
 // Predicate of the strided kernels: the GEMM takes transposed operands as they
 // are (no staging copy of x.t() for every linear layer); anything else
 // declines to the contiguous-only kernel. Arguments: the two matrix

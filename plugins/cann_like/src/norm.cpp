@@ -65,18 +65,13 @@ double run_dense_f32(const float* x, int64_t n) {
 
 template <typename In, Ord O>
 double run(const char* p, int64_t stride, int64_t n, double p_value, double scale) {
-  if constexpr (std::is_same_v<In, float> && (O == Ord::two || O == Ord::one))
+  if constexpr (std::is_same_v<In, F32> && (O == Ord::two || O == Ord::one))
     if (stride == 4 && scale == 1.0) return run_dense_f32<O>(reinterpret_cast<const float*>(p), n);
   double acc[4] = {identity(O), identity(O), identity(O), identity(O)};
   auto value = [&](int64_t j) {
-    In raw;
-    std::memcpy(&raw, p + j * stride, sizeof(In));
-    if constexpr (std::is_same_v<In, Half>)
-      return std::fabs(static_cast<double>(npub::sdk::half_to_float(raw.bits))) * scale;
-    else if constexpr (std::is_same_v<In, BFloat16>)
-      return std::fabs(static_cast<double>(npub::sdk::bf16_to_float(raw.bits))) * scale;
-    else
-      return std::fabs(static_cast<double>(raw)) * scale;
+    typename In::E raw;
+    std::memcpy(&raw, p + j * stride, sizeof raw);
+    return std::fabs(static_cast<double>(In::load(raw))) * scale;
   };
   auto step = [&](double& a, double x) {
     if constexpr (O == Ord::zero)
@@ -122,13 +117,13 @@ RunFn pick_for(Ord o) {
 RunFn pick(DT d, Ord o) {
   switch (d) {
     case DT::f64:
-      return pick_for<double>(o);
+      return pick_for<F64>(o);
     case DT::f16:
-      return pick_for<Half>(o);
+      return pick_for<F16>(o);
     case DT::bf16:
-      return pick_for<BFloat16>(o);
+      return pick_for<BF16>(o);
     default:
-      return pick_for<float>(o);
+      return pick_for<F32>(o);
   }
 }
 

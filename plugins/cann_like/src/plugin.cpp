@@ -1,11 +1,12 @@
 #include <plugin_kernels/gemm.h>
-#include "isa.h"
+#include <plugin_kernels/isa.h>
+
 #include "ops.h"
 
 namespace {
 void init(npub::sdk::Registrar& r) {
   plugin_kernels::gemm_pin_libraries();
-  cann_like::configure_isa_from_environment();
+  plugin_kernels::configure_isa_from_environment("cann_like");
   cann_like::register_copy(r);
   cann_like::register_binary(r);
   cann_like::register_bitwise(r);

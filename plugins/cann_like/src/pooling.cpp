@@ -111,7 +111,7 @@ struct MaxPoolF32 {
   const int64_t* hi;
 };
 
-CANN_LIKE_ISA_BODY void max_pool_f32_body(const MaxPoolF32& a, int64_t plane_begin, int64_t plane_end) {
+PLUGIN_KERNELS_INLINE void max_pool_f32_body(const MaxPoolF32& a, int64_t plane_begin, int64_t plane_end) {
   const Pool2d& p = *a.p;
   // The plane's rows are split into their phases once per plane when the
   // plane is small (with a stride below the window's height an input row is
@@ -168,9 +168,9 @@ CANN_LIKE_ISA_BODY void max_pool_f32_body(const MaxPoolF32& a, int64_t plane_beg
     }
   }
 }
-CANN_LIKE_ISA_DISPATCH(void, max_pool_f32, max_pool_f32_body,
-                       (const MaxPoolF32& a, int64_t plane_begin, int64_t plane_end),
-                       (a, plane_begin, plane_end))
+PLUGIN_KERNELS_ISA_DISPATCH(void, max_pool_f32, max_pool_f32_body,
+                            (const MaxPoolF32& a, int64_t plane_begin, int64_t plane_end),
+                            (a, plane_begin, plane_end))
 
 // aten::max_pool2d_with_indices.out(self, kernel_size, stride=[], padding=0, dilation=1,
 //     ceil_mode=False, *, out!, indices!)

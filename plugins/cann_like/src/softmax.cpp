@@ -1,10 +1,9 @@
 // softmax and log_softmax with their backward, on tensors viewed as
 // [outer, D, inner] (registered contiguous-only: the dispatcher stages
 // strided ones). Contiguous float32 rows, forward and backward, are compiled
-// for each ISA level (isa.h); other rows accumulate in their compute type
+// for each ISA level (plugin_kernels/isa.h); other rows accumulate in their compute type
 // (forward) or double (backward).
 #include "elementwise.h"
-#include "isa.h"
 #include "ops.h"
 
 #include <cmath>
@@ -31,14 +30,14 @@ SoftmaxView softmax_view(const Call& call, const TensorRef& t, int64_t dim_arg) 
   return v;
 }
 
-// One contiguous fp32 softmax row, compiled for each ISA level (isa.h).
+// One contiguous fp32 softmax row, compiled for each ISA level (plugin_kernels/isa.h).
 // The max and the sum run on 16-lane vectors
 // (GCC vector extensions; the compiler does not vectorise a scalar max
 // reduction written with `?:`, which kept the first pass scalar), fast_exp
 // for the exponentials.
 using F32x16 = float __attribute__((vector_size(64), aligned(4)));
-CANN_LIKE_ISA_BODY void softmax_row_body(const float* __restrict x, float* __restrict y, int64_t d,
-                                         bool log) {
+PLUGIN_KERNELS_INLINE void softmax_row_body(const float* __restrict x, float* __restrict y, int64_t d,
+                                            bool log) {
   // A NaN in the row needs no special case: the max skips it, exp(NaN - mx)
   // is NaN, so the sum and every output become NaN, as in ATen.
   constexpr int64_t L = 16;
@@ -71,15 +70,16 @@ CANN_LIKE_ISA_BODY void softmax_row_body(const float* __restrict x, float* __res
     for (int64_t t = 0; t < d; ++t) y[t] *= inv;
   }
 }
-CANN_LIKE_ISA_DISPATCH(void, softmax_row_f32, softmax_row_body,
-                       (const float* __restrict x, float* __restrict y, int64_t d, bool log), (x, y, d, log))
+PLUGIN_KERNELS_ISA_DISPATCH(void, softmax_row_f32, softmax_row_body,
+                            (const float* __restrict x, float* __restrict y, int64_t d, bool log),
+                            (x, y, d, log))
 
 // One contiguous fp32 row of the backward, compiled for each ISA level:
 // log_softmax: gi = g - exp(y) * sum(g); softmax: gi = y * (g - sum(g * y)).
 // The sum runs on 16-lane float vectors (as ATen's vectorised CPU kernel
 // accumulates in float), fast_exp for exp(y).
-CANN_LIKE_ISA_BODY void softmax_bwd_row_body(const float* __restrict g, const float* __restrict y,
-                                             float* __restrict o, int64_t d, bool log) {
+PLUGIN_KERNELS_INLINE void softmax_bwd_row_body(const float* __restrict g, const float* __restrict y,
+                                                float* __restrict o, int64_t d, bool log) {
   constexpr int64_t L = 16;
   F32x16 vacc = F32x16{};
   int64_t j = 0;
@@ -98,10 +98,10 @@ CANN_LIKE_ISA_BODY void softmax_bwd_row_body(const float* __restrict g, const fl
     for (int64_t t = 0; t < d; ++t) o[t] = y[t] * (g[t] - acc);
   }
 }
-CANN_LIKE_ISA_DISPATCH(void, softmax_bwd_row_f32, softmax_bwd_row_body,
-                       (const float* __restrict g, const float* __restrict y, float* __restrict o, int64_t d,
-                        bool log),
-                       (g, y, o, d, log))
+PLUGIN_KERNELS_ISA_DISPATCH(void, softmax_bwd_row_f32, softmax_bwd_row_body,
+                            (const float* __restrict g, const float* __restrict y, float* __restrict o,
+                             int64_t d, bool log),
+                            (g, y, o, d, log))
 
 // Applies f(in_row, out_row, stride) to each of the outer*inner rows of D
 // elements (row-local float buffers for half types).

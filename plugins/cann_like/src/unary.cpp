@@ -2,7 +2,6 @@
 // float32 (ATen's promotion to the default dtype); sign/abs/neg/rounding keep
 // integer dtypes; logical_not and isnan produce bool.
 #include "elementwise.h"
-#include "isa.h"
 #include "ops.h"
 
 #include <limits>
@@ -63,21 +62,14 @@ constexpr bool is_float_fn(U op) {
 
 // float: vec_math.h's (Note [Vectorised float32 functions]); double: libm.
 template <typename T>
-CANN_LIKE_ISA_BODY T m_exp(T x) {
-  if constexpr (std::is_same_v<T, float>)
-    return fast_exp(x);
-  else
-    return std::exp(x);
-}
-template <typename T>
-CANN_LIKE_ISA_BODY T m_tanh(T x) {
+PLUGIN_KERNELS_INLINE T m_tanh(T x) {
   if constexpr (std::is_same_v<T, float>)
     return fast_tanh(x);
   else
     return std::tanh(x);
 }
 template <typename T>
-CANN_LIKE_ISA_BODY T m_erf(T x) {
+PLUGIN_KERNELS_INLINE T m_erf(T x) {
   if constexpr (std::is_same_v<T, float>)
     return fast_erf(x);
   else
@@ -85,7 +77,7 @@ CANN_LIKE_ISA_BODY T m_erf(T x) {
 }
 
 template <U kOp, typename T>
-CANN_LIKE_ISA_BODY auto apply(T x) {
+PLUGIN_KERNELS_INLINE auto apply(T x) {
   if constexpr (kOp == U::logical_not)
     return !static_cast<bool>(x);
   else if constexpr (kOp == U::isnan) {
@@ -130,7 +122,7 @@ CANN_LIKE_ISA_BODY auto apply(T x) {
     else
       return x;
   } else if constexpr (kOp == U::exp)
-    return m_exp(x);
+    return fast_exp(x);
   else if constexpr (kOp == U::log)
     return std::log(x);
   else if constexpr (kOp == U::log1p)
@@ -148,9 +140,9 @@ CANN_LIKE_ISA_BODY auto apply(T x) {
   else if constexpr (kOp == U::tanh)
     return m_tanh(x);
   else if constexpr (kOp == U::sigmoid)
-    return T(1) / (T(1) + m_exp(-x));
+    return sigmoid(x);
   else if constexpr (kOp == U::silu)
-    return x / (T(1) + m_exp(-x));
+    return x * sigmoid(x);
   else if constexpr (kOp == U::erf)
     return m_erf(x);
   else if constexpr (kOp == U::gelu) {
@@ -272,10 +264,10 @@ enum class G { gelu, gelu_tanh, threshold, sigmoid, tanh, silu };
 // grad_input of one element: go * f'(v) (v the input, or the output y for
 // sigmoid and tanh).
 template <G kOp, typename T>
-CANN_LIKE_ISA_BODY T activation_grad(T go, T v) {
+PLUGIN_KERNELS_INLINE T activation_grad(T go, T v) {
   if constexpr (kOp == G::gelu) {
     const T cdf = T(0.5) * (T(1) + m_erf(v * T(0.70710678118654752440)));
-    const T pdf = m_exp(T(-0.5) * v * v) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
+    const T pdf = fast_exp(T(-0.5) * v * v) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
     return go * (cdf + v * pdf);
   } else if constexpr (kOp == G::gelu_tanh) {
     const T k = T(0.79788456080286535588), c = T(0.044715);
@@ -288,7 +280,7 @@ CANN_LIKE_ISA_BODY T activation_grad(T go, T v) {
   } else if constexpr (kOp == G::tanh) {
     return go * (T(1) - v * v);
   } else {  // silu
-    const T s = T(1) / (T(1) + m_exp(-v));
+    const T s = sigmoid(v);
     return go * s * (T(1) + v * (T(1) - s));
   }
 }

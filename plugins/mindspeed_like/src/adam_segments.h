@@ -31,7 +31,7 @@ inline Storage adam_storage_of(const npub::sdk::Call& call, const npub::sdk::Ten
 
 // Calls f(S{}) with S the element struct (float_access.h) of `s`.
 template <typename F>
-MINDSPEED_LIKE_INLINE void with_storage(Storage s, F&& f) {
+PLUGIN_KERNELS_INLINE void with_storage(Storage s, F&& f) {
   switch (s) {
     case Storage::kFloat32:
       f(F32{});

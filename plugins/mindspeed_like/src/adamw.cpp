@@ -74,63 +74,56 @@ Hyper<T> make_hyper(int64_t step, double lr, double b1, double b2, double eps, d
 }
 
 // Elements [b, e) of one segment (Note [AdamW's arithmetic follows
-// torch.optim.AdamW]). Inlined into each instruction-set variant below. The
+// torch.optim.AdamW]), compiled for each instruction-set level. The
 // scalars are copied to locals and the pointers are restrict: a store
 // through a float pointer could otherwise alias the Hyper struct, and the
 // loop would not vectorise.
 template <typename S, bool Amsgrad>
-MINDSPEED_LIKE_INLINE void adam_elements(const Segment& s, int64_t b, int64_t e,
-                                         const Hyper<typename S::T>& hyper) {
-  using T = typename S::T;
-  using E = typename S::E;
-  E* __restrict p = static_cast<E*>(s.p) + b;
-  const E* __restrict gr = static_cast<const E*>(s.g) + b;
-  E* __restrict m = static_cast<E*>(s.m) + b;
-  E* __restrict v = static_cast<E*>(s.v) + b;
-  E* __restrict vmax = Amsgrad ? static_cast<E*>(s.vmax) + b : nullptr;
-  const T decay = hyper.decay, coeff = hyper.lerp_coeff, b2 = hyper.b2, one_minus_b2 = hyper.one_minus_b2;
-  const T bc2_sqrt = hyper.bc2_sqrt, eps = hyper.eps, neg_step_size = hyper.neg_step_size;
-  const bool small = hyper.lerp_small, maximize = hyper.maximize;
-  const int64_t n = e - b;
-  for (int64_t i = 0; i < n; ++i) {
-    const T g0 = S::load(gr[i]);
-    const T g = maximize ? -g0 : g0;
-    const T pd = S::load(p[i]) * decay;
-    const T m0 = S::load(m[i]);
-    const T m1 = std::fma(coeff, g - m0, small ? m0 : g);
-    const T v1 = std::fma(one_minus_b2 * g, g, S::load(v[i]) * b2);
-    T vh = v1;
-    if constexpr (Amsgrad) {
-      const T mx = S::load(vmax[i]);
-      vh = (mx != mx || mx > v1) ? mx : v1;  // torch.maximum: NaN wins
-      vmax[i] = S::store(vh);
+struct AdamElements {
+  template <Isa>
+  static PLUGIN_KERNELS_INLINE void run(const Segment& s, int64_t b, int64_t e,
+                                        const Hyper<typename S::T>& hyper) {
+    using T = typename S::T;
+    using E = typename S::E;
+    E* __restrict p = static_cast<E*>(s.p) + b;
+    const E* __restrict gr = static_cast<const E*>(s.g) + b;
+    E* __restrict m = static_cast<E*>(s.m) + b;
+    E* __restrict v = static_cast<E*>(s.v) + b;
+    E* __restrict vmax = Amsgrad ? static_cast<E*>(s.vmax) + b : nullptr;
+    const T decay = hyper.decay, coeff = hyper.lerp_coeff, b2 = hyper.b2, one_minus_b2 = hyper.one_minus_b2;
+    const T bc2_sqrt = hyper.bc2_sqrt, eps = hyper.eps, neg_step_size = hyper.neg_step_size;
+    const bool small = hyper.lerp_small, maximize = hyper.maximize;
+    const int64_t n = e - b;
+    for (int64_t i = 0; i < n; ++i) {
+      const T g0 = S::load(gr[i]);
+      const T g = maximize ? -g0 : g0;
+      const T pd = S::load(p[i]) * decay;
+      const T m0 = S::load(m[i]);
+      const T m1 = std::fma(coeff, g - m0, small ? m0 : g);
+      const T v1 = std::fma(one_minus_b2 * g, g, S::load(v[i]) * b2);
+      T vh = v1;
+      if constexpr (Amsgrad) {
+        const T mx = S::load(vmax[i]);
+        vh = (mx != mx || mx > v1) ? mx : v1;  // torch.maximum: NaN wins
+        vmax[i] = S::store(vh);
+      }
+      const T d = std::sqrt(vh) / bc2_sqrt + eps;
+      p[i] = S::store(pd + (neg_step_size * m1) / d);
+      m[i] = S::store(m1);
+      v[i] = S::store(v1);
     }
-    const T d = std::sqrt(vh) / bc2_sqrt + eps;
-    p[i] = S::store(pd + (neg_step_size * m1) / d);
-    m[i] = S::store(m1);
-    v[i] = S::store(v1);
   }
-}
-
-// ATen's lerp and addcmul are fused multiply-adds; without the FMA
-// instruction std::fma is a library call per element (Note [Loops compiled
-// twice] in isa.h).
-template <typename S, bool Amsgrad>
-MINDSPEED_LIKE_AVX2 void adam_elements_avx2(const Segment& s, int64_t b, int64_t e,
-                                            const Hyper<typename S::T>& h) {
-  adam_elements<S, Amsgrad>(s, b, e, h);
-}
-template <typename S, bool Amsgrad>
-void adam_elements_generic(const Segment& s, int64_t b, int64_t e, const Hyper<typename S::T>& h) {
-  adam_elements<S, Amsgrad>(s, b, e, h);
-}
+};
 
 template <typename S>
 void adam_segment(const Segment& s, int64_t b, int64_t e, bool amsgrad, const Hyper<typename S::T>& h) {
-  if (has_avx2_fma())
-    amsgrad ? adam_elements_avx2<S, true>(s, b, e, h) : adam_elements_avx2<S, false>(s, b, e, h);
+  // ATen's lerp and addcmul are fused multiply-adds; without the FMA
+  // instruction std::fma is a library call per element: an AVX2 variant
+  // (Note [One ISA layer for the in-tree plugins]).
+  if (amsgrad)
+    run_at_kernel_isa<AdamElements<S, true>, Isa::kAvx2>(s, b, e, h);
   else
-    amsgrad ? adam_elements_generic<S, true>(s, b, e, h) : adam_elements_generic<S, false>(s, b, e, h);
+    run_at_kernel_isa<AdamElements<S, false>, Isa::kAvx2>(s, b, e, h);
 }
 
 // The lists, checked (shared by the kernel and the meta function): every

@@ -21,10 +21,10 @@ using namespace attn;
 
 // One block of query rows of head n of batch b: its output rows and
 // statistics. `buf` is this slot's scratch (forward_scratch_elems).
-template <typename E, typename Acc>
-void forward_block(const AttnProblem& p, const Task& t, const typename E::T* q, const typename E::T* k,
-                   const typename E::T* v, typename E::T* out, Acc* smax, Acc* ssum, const uint8_t* mask,
-                   Acc* buf) {
+template <typename Elem, typename Acc>
+void forward_block(const AttnProblem& p, const Task& t, const typename Elem::E* q, const typename Elem::E* k,
+                   const typename Elem::E* v, typename Elem::E* out, Acc* smax, Acc* ssum,
+                   const uint8_t* mask, Acc* buf) {
   constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
   const int64_t D = p.head_dim, b = t.b, n = t.n, nk = n / p.group();
   const int64_t q0 = t.q0, qn = std::min<int64_t>(kBlockQ, p.q_len[b] - q0);
@@ -39,7 +39,7 @@ void forward_block(const AttnProblem& p, const Task& t, const typename E::T* q, 
   int64_t kmin = p.kv_len[b], kmax = 0;
   for (int64_t r = 0; r < qn; ++r) {
     // The scale is folded into Q: S = (scale Q) K^T.
-    load_rows<E>(q + p.q_offset(b, n, q0 + r), 0, 1, D, scale, Q + r * D, D);
+    load_rows<Elem>(q + p.q_offset(b, n, q0 + r), 0, 1, D, scale, Q + r * D, D);
     p.key_range(b, q0 + r, lo[r], hi[r]);
     if (lo[r] < hi[r]) {
       kmin = std::min(kmin, lo[r]);
@@ -54,8 +54,8 @@ void forward_block(const AttnProblem& p, const Task& t, const typename E::T* q, 
   // the GEMM's rounding, which is all it needs (Di comes from P and dP).
   for (int64_t k0 = kmin / kBlockK * kBlockK; k0 < kmax; k0 += kBlockK) {
     const int64_t kn = std::min<int64_t>(kBlockK, kmax - k0);
-    const Tile<Acc> kt = tile<E>(k + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, K);
-    const Tile<Acc> vt = tile<E>(v + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, V);
+    const Tile<Acc> kt = tile<Elem>(k + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, K);
+    const Tile<Acc> vt = tile<Elem>(v + p.kv_offset(b, nk, k0), p.kv.ss, kn, D, V);
     gemm(false, true, qn, kn, D, Acc(1), Q, D, kt.data, kt.ld, Acc(0), S, kBlockK);
     for (int64_t r = 0; r < qn; ++r) {
       Acc* s = S + r * kBlockK;
@@ -77,8 +77,8 @@ void forward_block(const AttnProblem& p, const Task& t, const typename E::T* q, 
   for (int64_t r = 0; r < qn; ++r) {
     // A row that sees no key: output 0, max -inf, sum 0.
     const Acc inv = l[r] > 0 ? Acc(1) / l[r] : Acc(0);
-    typename E::T* o = out + p.q_offset(b, n, q0 + r);
-    for (int64_t d = 0; d < D; ++d) E::store(o + d, O[r * D + d] * inv);
+    typename Elem::E* o = out + p.q_offset(b, n, q0 + r);
+    for (int64_t d = 0; d < D; ++d) o[d] = Elem::store(O[r * D + d] * inv);
     const int64_t so = p.stats_offset(b, n, q0 + r);
     for (int j = 0; j < 8; ++j) {
       smax[so + j] = m[r];
@@ -112,10 +112,10 @@ void fusion_attention(Call& call) {
   const std::vector<Task> tasks = query_block_tasks(p);
   if (tasks.empty()) return;
   const uint8_t* mask = p.mask.defined() ? p.mask.data<uint8_t>() : nullptr;
-  with_attention_types(call, q.dtype(), [&](auto e, auto acc) {
-    using E = decltype(e);
-    using Acc = decltype(acc);
-    using T = typename E::T;
+  with_float_types(call, q.dtype(), [&](auto elem) {
+    using Elem = decltype(elem);
+    using Acc = typename Elem::T;
+    using T = typename Elem::E;
     const int64_t per_slot = forward_scratch_elems(p.head_dim, !std::is_same_v<T, Acc>);
     const int64_t slots = num_slots(call, static_cast<int64_t>(tasks.size()));
     Acc* scratch = static_cast<Acc*>(call.scratch(static_cast<uint64_t>(slots * per_slot) * sizeof(Acc)));
@@ -128,7 +128,7 @@ void fusion_attention(Call& call) {
     call.parallel_for(0, slots, 1, [&](int64_t sb, int64_t se) {
       for (int64_t slot = sb; slot < se; ++slot)
         for (size_t i = static_cast<size_t>(slot); i < tasks.size(); i += static_cast<size_t>(slots))
-          forward_block<E, Acc>(p, tasks[i], pq, pk, pv, po, smax, ssum, mask, scratch + slot * per_slot);
+          forward_block<Elem, Acc>(p, tasks[i], pq, pk, pv, po, smax, ssum, mask, scratch + slot * per_slot);
     });
   });
 }

@@ -50,9 +50,9 @@ BackwardScratch backward_scratch(const AttnProblem& p, bool convert) {
 }
 
 // dk, dv of head nk of batch b = the sums of `count` partial accumulators.
-template <typename E, typename Acc>
+template <typename Elem, typename Acc>
 void store_kv_grads(const AttnProblem& p, int64_t b, int64_t nk, Acc* const* dK, Acc* const* dV,
-                    int64_t count, typename E::T* dk, typename E::T* dv) {
+                    int64_t count, typename Elem::E* dk, typename Elem::E* dv) {
   const int64_t D = p.head_dim;
   for (int64_t c = 0; c < p.kv_len[b]; ++c) {
     const int64_t off = p.kv_offset(b, nk, c);
@@ -62,8 +62,8 @@ void store_kv_grads(const AttnProblem& p, int64_t b, int64_t nk, Acc* const* dK,
         sk += dK[j][c * D + d];
         sv += dV[j][c * D + d];
       }
-      E::store(dk + off + d, sk);
-      E::store(dv + off + d, sv);
+      dk[off + d] = Elem::store(sk);
+      dv[off + d] = Elem::store(sv);
     }
   }
 }
@@ -75,11 +75,12 @@ inline int64_t dk_offset(int64_t ld, int64_t D) { return 3 * kBlockQ * D + 2 * k
 // when parts > 1, else stored), and the rows of dQ of its group's query
 // heads: of the row blocks (of all the group's heads) every parts-th from
 // `part` on.
-template <typename E, typename Acc>
-void backward_head(const AttnProblem& p, int64_t b, int64_t nk, const typename E::T* q,
-                   const typename E::T* k, const typename E::T* v, const typename E::T* dy, const Acc* smax,
-                   const Acc* ssum, const uint8_t* mask, typename E::T* dq, typename E::T* dk,
-                   typename E::T* dv, int64_t ld, int64_t part, int64_t parts, Acc* buf) {
+template <typename Elem, typename Acc>
+void backward_head(const AttnProblem& p, int64_t b, int64_t nk, const typename Elem::E* q,
+                   const typename Elem::E* k, const typename Elem::E* v, const typename Elem::E* dy,
+                   const Acc* smax, const Acc* ssum, const uint8_t* mask, typename Elem::E* dq,
+                   typename Elem::E* dk, typename Elem::E* dv, int64_t ld, int64_t part, int64_t parts,
+                   Acc* buf) {
   const int64_t D = p.head_dim, G = p.group(), sq = p.q_len[b], skv = p.kv_len[b];
   Acc* Q = buf;
   Acc* dO = Q + kBlockQ * D;
@@ -93,8 +94,8 @@ void backward_head(const AttnProblem& p, int64_t b, int64_t nk, const typename E
   int64_t lo[kBlockQ], hi[kBlockQ];
   Acc di[kBlockQ];
   const Acc scale = static_cast<Acc>(p.scale);
-  const Tile<Acc> kt = tile<E>(k + p.kv_offset(b, nk, 0), p.kv.ss, skv, D, K);
-  const Tile<Acc> vt = tile<E>(v + p.kv_offset(b, nk, 0), p.kv.ss, skv, D, V);
+  const Tile<Acc> kt = tile<Elem>(k + p.kv_offset(b, nk, 0), p.kv.ss, skv, D, K);
+  const Tile<Acc> vt = tile<Elem>(v + p.kv_offset(b, nk, 0), p.kv.ss, skv, D, V);
   std::fill(dK, dK + skv * D, Acc(0));
   std::fill(dV, dV + skv * D, Acc(0));
   int64_t block = 0;
@@ -116,8 +117,8 @@ void backward_head(const AttnProblem& p, int64_t b, int64_t nk, const typename E
       if (kw > 0) {
         // Q scaled as the forward scaled it, and the same products: S and
         // with it P are the forward's (a saturated softmax stays 0 / 1).
-        load_rows<E>(q + p.q_offset(b, n, q0), p.q.ss, qn, D, scale, Q, D);
-        const Tile<Acc> dot = tile<E>(dy + p.q_offset(b, n, q0), p.q.ss, qn, D, dO);
+        load_rows<Elem>(q + p.q_offset(b, n, q0), p.q.ss, qn, D, scale, Q, D);
+        const Tile<Acc> dot = tile<Elem>(dy + p.q_offset(b, n, q0), p.q.ss, qn, D, dO);
         const Acc* kb = kt.data + kmin * kt.ld;
         const Acc* vb = vt.data + kmin * vt.ld;
         gemm(false, true, qn, kw, D, Acc(1), Q, D, kb, kt.ld, Acc(0), P, ld);
@@ -144,12 +145,12 @@ void backward_head(const AttnProblem& p, int64_t b, int64_t nk, const typename E
         std::fill(dQ, dQ + qn * D, Acc(0));
       }
       for (int64_t r = 0; r < qn; ++r) {
-        typename E::T* o = dq + p.q_offset(b, n, q0 + r);
-        for (int64_t d = 0; d < D; ++d) E::store(o + d, dQ[r * D + d]);
+        typename Elem::E* o = dq + p.q_offset(b, n, q0 + r);
+        for (int64_t d = 0; d < D; ++d) o[d] = Elem::store(dQ[r * D + d]);
       }
     }
   }
-  if (parts == 1) store_kv_grads<E, Acc>(p, b, nk, &dK, &dV, 1, dk, dv);
+  if (parts == 1) store_kv_grads<Elem, Acc>(p, b, nk, &dK, &dV, 1, dk, dv);
 }
 
 struct BackwardOutputs {
@@ -197,10 +198,10 @@ void fusion_attention_grad(Call& call) {
   const int64_t heads = p.batch * p.kv_heads;
   if (heads == 0) return;
   const uint8_t* mask = p.mask.defined() ? p.mask.data<uint8_t>() : nullptr;
-  with_attention_types(call, q.dtype(), [&](auto e, auto acc) {
-    using E = decltype(e);
-    using Acc = decltype(acc);
-    using T = typename E::T;
+  with_float_types(call, q.dtype(), [&](auto elem) {
+    using Elem = decltype(elem);
+    using Acc = typename Elem::T;
+    using T = typename Elem::E;
     const BackwardScratch bs = backward_scratch(p, !std::is_same_v<T, Acc>);
     // One slot per thread (each holds a head's dK and dV): heads are equal
     // work, so the static split balances. With fewer heads than threads,
@@ -226,8 +227,8 @@ void fusion_attention_grad(Call& call) {
       for (int64_t slot = sb; slot < se; ++slot)
         for (int64_t u = slot; u < units; u += slots) {
           const int64_t h = u / parts;
-          backward_head<E, Acc>(p, h / p.kv_heads, h % p.kv_heads, pq, pk, pv, pdy, smax, ssum, mask, pdq,
-                                pdk, pdv, bs.ld, u % parts, parts, scratch + slot * bs.elems);
+          backward_head<Elem, Acc>(p, h / p.kv_heads, h % p.kv_heads, pq, pk, pv, pdy, smax, ssum, mask, pdq,
+                                   pdk, pdv, bs.ld, u % parts, parts, scratch + slot * bs.elems);
         }
     });
     if (parts > 1) {
@@ -238,7 +239,7 @@ void fusion_attention_grad(Call& call) {
             dK[static_cast<size_t>(j)] = scratch + (h * parts + j) * bs.elems + dk_offset(bs.ld, p.head_dim);
             dV[static_cast<size_t>(j)] = dK[static_cast<size_t>(j)] + p.max_skv * p.head_dim;
           }
-          store_kv_grads<E, Acc>(p, h / p.kv_heads, h % p.kv_heads, dK.data(), dV.data(), parts, pdk, pdv);
+          store_kv_grads<Elem, Acc>(p, h / p.kv_heads, h % p.kv_heads, dK.data(), dV.data(), parts, pdk, pdv);
         }
       });
     }

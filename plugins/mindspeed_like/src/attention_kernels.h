@@ -10,14 +10,23 @@
 #include <type_traits>
 #include <vector>
 
+#include <plugin_kernels/gemm.h>
+
 #include "attention_layout.h"
-#include "attention_math.h"
+#include "float_access.h"
 
 namespace mindspeed_like {
 
 void register_attention_backward(npub::sdk::Registrar& r);
 
 namespace attn {
+
+// The tile products in the accumulator type (plugin_kernels' GEMM for
+// float, its blocked kernel for double) and the exp of the softmax rows
+// (scores minus their row's running maximum, x <= 0; -inf, a masked score,
+// gives 0).
+using plugin_kernels::exp_nonpositive;
+using plugin_kernels::gemm;
 
 // Rows of queries x keys per tile. 128 x 128 float tiles with D = 64 keep
 // Q, K, V, the scores and the output block (about 260 KiB) in a core's
@@ -52,13 +61,13 @@ inline int64_t forward_scratch_elems(int64_t D, bool convert) {
 }
 
 // dst[r * ldd + d] = scale * src[r * stride + d] in the accumulator type.
-template <typename E, typename Acc>
-void load_rows(const typename E::T* src, int64_t stride, int64_t rows, int64_t D, Acc scale, Acc* dst,
+template <typename Elem, typename Acc>
+void load_rows(const typename Elem::E* src, int64_t stride, int64_t rows, int64_t D, Acc scale, Acc* dst,
                int64_t ldd) {
   for (int64_t r = 0; r < rows; ++r) {
-    const typename E::T* s = src + r * stride;
+    const typename Elem::E* s = src + r * stride;
     Acc* o = dst + r * ldd;
-    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<Acc>(E::load(s + d)) * scale;
+    for (int64_t d = 0; d < D; ++d) o[d] = static_cast<Acc>(Elem::load(s[d])) * scale;
   }
 }
 
@@ -70,12 +79,12 @@ struct Tile {
   const Acc* data;
   int64_t ld;
 };
-template <typename E, typename Acc>
-Tile<Acc> tile(const typename E::T* src, int64_t stride, int64_t rows, int64_t D, Acc* buf) {
-  if constexpr (std::is_same_v<typename E::T, Acc>) {
+template <typename Elem, typename Acc>
+Tile<Acc> tile(const typename Elem::E* src, int64_t stride, int64_t rows, int64_t D, Acc* buf) {
+  if constexpr (std::is_same_v<typename Elem::E, Acc>) {
     return {src, stride};
   } else {
-    load_rows<E>(src, stride, rows, D, Acc(1), buf, D);
+    load_rows<Elem>(src, stride, rows, D, Acc(1), buf, D);
     return {buf, D};
   }
 }

@@ -1,10 +1,11 @@
-// mindspeed_like's names for the shared typed element access
-// (plugin_kernels/float_access.h).
+// mindspeed_like's names for what plugins/kernels shares: typed element
+// access (plugin_kernels/float_access.h), the vectorisable math
+// (vec_math.h) and the ISA levels its loops are compiled for (isa.h).
 #pragma once
 
 #include <plugin_kernels/float_access.h>
-
-#include "isa.h"
+#include <plugin_kernels/isa.h>
+#include <plugin_kernels/vec_math.h>
 
 namespace mindspeed_like {
 
@@ -15,6 +16,8 @@ using plugin_kernels::exp_nonpositive;
 using plugin_kernels::F16;
 using plugin_kernels::F32;
 using plugin_kernels::F64;
+using plugin_kernels::Isa;
+using plugin_kernels::run_at_kernel_isa;
 using plugin_kernels::sigmoid;
 using plugin_kernels::with_float_types;
 

@@ -116,71 +116,62 @@ const FusedHyper<T>& hyper_of(const Segment& s) {
 
 // Elements [b, e) of one segment (Note [The fused Adam's arithmetic follows
 // ATen's fused CPU kernel]); scalars in locals and restrict pointers so that
-// the loop vectorises (Note in adamw.cpp's adam_elements).
+// the loop vectorises (Note in adamw.cpp's AdamElements).
 template <typename S, Mode M, bool Amsgrad, bool Scaled, bool TailForm>
-MINDSPEED_LIKE_INLINE void fused_adam_elements(const Segment& s, int64_t b, int64_t e) {
-  using T = typename S::T;
-  using E = typename S::E;
-  const FusedHyper<T>& h = hyper_of<T>(s);
-  E* __restrict p = static_cast<E*>(s.p) + b;
-  E* __restrict gr = static_cast<E*>(s.g) + b;
-  E* __restrict m = static_cast<E*>(s.m) + b;
-  E* __restrict v = static_cast<E*>(s.v) + b;
-  E* __restrict vmax = Amsgrad ? static_cast<E*>(s.vmax) + b : nullptr;
-  const T scale = h.grad_scale, wd = h.wd, decay = h.decay, coeff = h.lerp_coeff, b2 = h.b2;
-  const T one_minus_b2 = h.one_minus_b2, bc2_sqrt = h.bc2_sqrt, eps = h.eps, neg_step_size = h.neg_step_size;
-  const bool small = h.lerp_small, maximize = h.maximize, weight_decay = h.weight_decay;
-  const int64_t n = e - b;
-  for (int64_t i = 0; i < n; ++i) {
-    T g = S::load(gr[i]);
-    if constexpr (Scaled) {
-      g = g / scale;
-      gr[i] = S::store(g);  // the unscaled gradient, as ATen leaves it
+struct FusedAdamElements {
+  template <Isa>
+  static PLUGIN_KERNELS_INLINE void run(const Segment& s, int64_t b, int64_t e) {
+    using T = typename S::T;
+    using E = typename S::E;
+    const FusedHyper<T>& h = hyper_of<T>(s);
+    E* __restrict p = static_cast<E*>(s.p) + b;
+    E* __restrict gr = static_cast<E*>(s.g) + b;
+    E* __restrict m = static_cast<E*>(s.m) + b;
+    E* __restrict v = static_cast<E*>(s.v) + b;
+    E* __restrict vmax = Amsgrad ? static_cast<E*>(s.vmax) + b : nullptr;
+    const T scale = h.grad_scale, wd = h.wd, decay = h.decay, coeff = h.lerp_coeff, b2 = h.b2;
+    const T one_minus_b2 = h.one_minus_b2, bc2_sqrt = h.bc2_sqrt, eps = h.eps,
+            neg_step_size = h.neg_step_size;
+    const bool small = h.lerp_small, maximize = h.maximize, weight_decay = h.weight_decay;
+    const int64_t n = e - b;
+    for (int64_t i = 0; i < n; ++i) {
+      T g = S::load(gr[i]);
+      if constexpr (Scaled) {
+        g = g / scale;
+        gr[i] = S::store(g);  // the unscaled gradient, as ATen leaves it
+      }
+      g = maximize ? -g : g;
+      T p0 = S::load(p[i]);
+      if constexpr (M == Mode::kAdam) {
+        g = weight_decay ? std::fma(p0, wd, g) : g;
+      } else {
+        p0 = p0 * decay;  // decay is 1 without weight decay: p unchanged
+      }
+      const T m0 = S::load(m[i]);
+      const T m1 = std::fma(coeff, g - m0, small ? m0 : g);
+      const T v1 = TailForm ? std::fma(S::load(v[i]), b2, (one_minus_b2 * g) * g)
+                            : std::fma(one_minus_b2 * g, g, S::load(v[i]) * b2);
+      T vh = v1;
+      if constexpr (Amsgrad) {
+        const T mx = S::load(vmax[i]);
+        vh = (mx != mx || v1 != v1) ? mx + v1 : (mx > v1 ? mx : v1);  // NaN if either is
+        vmax[i] = S::store(vh);
+      }
+      const T d = std::sqrt(vh) / bc2_sqrt + eps;
+      p[i] = S::store(p0 + (neg_step_size * m1) / d);
+      m[i] = S::store(m1);
+      v[i] = S::store(v1);
     }
-    g = maximize ? -g : g;
-    T p0 = S::load(p[i]);
-    if constexpr (M == Mode::kAdam) {
-      g = weight_decay ? std::fma(p0, wd, g) : g;
-    } else {
-      p0 = p0 * decay;  // decay is 1 without weight decay: p unchanged
-    }
-    const T m0 = S::load(m[i]);
-    const T m1 = std::fma(coeff, g - m0, small ? m0 : g);
-    const T v1 = TailForm ? std::fma(S::load(v[i]), b2, (one_minus_b2 * g) * g)
-                          : std::fma(one_minus_b2 * g, g, S::load(v[i]) * b2);
-    T vh = v1;
-    if constexpr (Amsgrad) {
-      const T mx = S::load(vmax[i]);
-      vh = (mx != mx || v1 != v1) ? mx + v1 : (mx > v1 ? mx : v1);  // NaN if either is
-      vmax[i] = S::store(vh);
-    }
-    const T d = std::sqrt(vh) / bc2_sqrt + eps;
-    p[i] = S::store(p0 + (neg_step_size * m1) / d);
-    m[i] = S::store(m1);
-    v[i] = S::store(v1);
   }
-}
-
-// Note [Loops compiled twice] in isa.h: std::fma needs the FMA instruction.
-template <typename S, Mode M, bool Amsgrad, bool Scaled, bool TailForm>
-MINDSPEED_LIKE_AVX2 void fused_adam_elements_avx2(const Segment& s, int64_t b, int64_t e) {
-  fused_adam_elements<S, M, Amsgrad, Scaled, TailForm>(s, b, e);
-}
-template <typename S, Mode M, bool Amsgrad, bool Scaled, bool TailForm>
-void fused_adam_elements_generic(const Segment& s, int64_t b, int64_t e) {
-  fused_adam_elements<S, M, Amsgrad, Scaled, TailForm>(s, b, e);
-}
+};
 
 template <typename S, Mode M, bool Amsgrad, bool Scaled>
 void fused_adam_variant(const Segment& s, int64_t b, int64_t e) {
   const int64_t cut = std::min(std::max(b, s.tail_form_from), e);
-  if (has_avx2_fma()) {
-    if (b < cut) fused_adam_elements_avx2<S, M, Amsgrad, Scaled, false>(s, b, cut);
-    if (cut < e) fused_adam_elements_avx2<S, M, Amsgrad, Scaled, true>(s, cut, e);
-  } else {
-    if (b < cut) fused_adam_elements_generic<S, M, Amsgrad, Scaled, false>(s, b, cut);
-    if (cut < e) fused_adam_elements_generic<S, M, Amsgrad, Scaled, true>(s, cut, e);
-  }
+  // std::fma needs the FMA instruction: an AVX2 variant (Note [One ISA
+  // layer for the in-tree plugins]).
+  if (b < cut) run_at_kernel_isa<FusedAdamElements<S, M, Amsgrad, Scaled, false>, Isa::kAvx2>(s, b, cut);
+  if (cut < e) run_at_kernel_isa<FusedAdamElements<S, M, Amsgrad, Scaled, true>, Isa::kAvx2>(s, cut, e);
 }
 
 // Note [ATen's tail loop rounds the second moment its own way]

@@ -100,7 +100,7 @@ struct ForwardRows {
 
 // One row: y = x * rstd * gamma; returns rstd.
 template <typename S>
-MINDSPEED_LIKE_INLINE typename S::T normalise_row(const typename S::E* __restrict x,
+PLUGIN_KERNELS_INLINE typename S::T normalise_row(const typename S::E* __restrict x,
                                                   const typename S::E* __restrict g,
                                                   typename S::E* __restrict y, int64_t n, double eps) {
   const typename S::T inv = plugin_kernels::inverse_rms<S>(x, n, eps);
@@ -108,37 +108,32 @@ MINDSPEED_LIKE_INLINE typename S::T normalise_row(const typename S::E* __restric
   return inv;
 }
 
+// Compiled for AVX2 and baseline x86-64 (Note [One ISA layer for the in-tree plugins]).
 template <typename S, bool Add>
-MINDSPEED_LIKE_INLINE void rms_rows(const ForwardRows<S>& a, int64_t r0, int64_t r1) {
-  using E = typename S::E;
-  const int64_t n = a.cols;
-  for (int64_t r = r0; r < r1; ++r) {
-    if constexpr (Add) {
-      const E* __restrict x1 = a.x + r * n;
-      const E* __restrict x2 = a.x2 + r * n;
-      E* __restrict s = a.sum + r * n;
-      for (int64_t i = 0; i < n; ++i) s[i] = S::store(S::load(x1[i]) + S::load(x2[i]));
-      // the rounded sum is normalised, as add then norm does
-      a.rstd[r] = normalise_row<S>(a.sum + r * n, a.gamma, a.y + r * n, n, a.eps);
-    } else {
-      a.rstd[r] = normalise_row<S>(a.x + r * n, a.gamma, a.y + r * n, n, a.eps);
+struct RmsRows {
+  template <Isa>
+  static PLUGIN_KERNELS_INLINE void run(const ForwardRows<S>& a, int64_t r0, int64_t r1) {
+    using E = typename S::E;
+    const int64_t n = a.cols;
+    for (int64_t r = r0; r < r1; ++r) {
+      if constexpr (Add) {
+        const E* __restrict x1 = a.x + r * n;
+        const E* __restrict x2 = a.x2 + r * n;
+        E* __restrict s = a.sum + r * n;
+        for (int64_t i = 0; i < n; ++i) s[i] = S::store(S::load(x1[i]) + S::load(x2[i]));
+        // the rounded sum is normalised, as add then norm does
+        a.rstd[r] = normalise_row<S>(a.sum + r * n, a.gamma, a.y + r * n, n, a.eps);
+      } else {
+        a.rstd[r] = normalise_row<S>(a.x + r * n, a.gamma, a.y + r * n, n, a.eps);
+      }
     }
   }
-}
-template <typename S, bool Add>
-MINDSPEED_LIKE_AVX2 void rms_rows_avx2(const ForwardRows<S>& a, int64_t r0, int64_t r1) {
-  rms_rows<S, Add>(a, r0, r1);
-}
-template <typename S, bool Add>
-void rms_rows_generic(const ForwardRows<S>& a, int64_t r0, int64_t r1) {
-  rms_rows<S, Add>(a, r0, r1);
-}
+};
 
 template <typename S, bool Add>
 void run_forward(const Call& call, const ForwardRows<S>& a, int64_t rows) {
-  auto rows_fn = has_avx2_fma() ? &rms_rows_avx2<S, Add> : &rms_rows_generic<S, Add>;
   call.parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(a.cols, 1)),
-                    [&](int64_t b, int64_t e) { rows_fn(a, b, e); });
+                    [&](int64_t b, int64_t e) { run_at_kernel_isa<RmsRows<S, Add>, Isa::kAvx2>(a, b, e); });
 }
 
 // mindspeed_like::npu_rms_norm(Tensor self, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)
@@ -220,52 +215,45 @@ struct BackwardRows {
 // `row` (Add only): a row of T, where the norm's part of dx waits for the
 // sum's gradient (one loop doing both does not vectorise for bf16).
 template <typename S, bool Add>
-MINDSPEED_LIKE_INLINE void rms_backward_rows(const BackwardRows<S>& a, int64_t r0, int64_t r1,
-                                             typename S::T* __restrict dgamma_partial,
-                                             typename S::T* __restrict row) {
-  using T = typename S::T;
-  using E = typename S::E;
-  const int64_t n = a.cols;
-  const E* __restrict g = a.gamma;
-  std::memset(dgamma_partial, 0, sizeof(T) * static_cast<size_t>(n));
-  for (int64_t r = r0; r < r1; ++r) {
-    const E* __restrict dy = a.dy + r * n;
-    const E* __restrict x = a.x + r * n;
-    const T inv = a.rstd[r];
-    const T dot =
-        blocked_sum<T>(n, [&](int64_t i) { return S::load(dy[i]) * S::load(g[i]) * S::load(x[i]); });
-    const T k = inv * inv * inv * dot / static_cast<T>(n);
-    E* __restrict dx = a.dx + r * n;
-    for (int64_t i = 0; i < n; ++i) {
-      const T dyv = S::load(dy[i]), xv = S::load(x[i]);
-      const T d = inv * dyv * S::load(g[i]) - xv * k;
-      if constexpr (Add)
-        row[i] = d;
-      else
-        dx[i] = S::store(d);
-      dgamma_partial[i] += dyv * xv * inv;
-    }
-    if constexpr (Add) {
-      const E* __restrict dsum = a.dsum + r * n;
-      E* __restrict dx2 = a.dx2 + r * n;
+struct RmsBackwardRows {
+  template <Isa>
+  static PLUGIN_KERNELS_INLINE void run(const BackwardRows<S>& a, int64_t r0, int64_t r1,
+                                        typename S::T* __restrict dgamma_partial,
+                                        typename S::T* __restrict row) {
+    using T = typename S::T;
+    using E = typename S::E;
+    const int64_t n = a.cols;
+    const E* __restrict g = a.gamma;
+    std::memset(dgamma_partial, 0, sizeof(T) * static_cast<size_t>(n));
+    for (int64_t r = r0; r < r1; ++r) {
+      const E* __restrict dy = a.dy + r * n;
+      const E* __restrict x = a.x + r * n;
+      const T inv = a.rstd[r];
+      const T dot =
+          blocked_sum<T>(n, [&](int64_t i) { return S::load(dy[i]) * S::load(g[i]) * S::load(x[i]); });
+      const T k = inv * inv * inv * dot / static_cast<T>(n);
+      E* __restrict dx = a.dx + r * n;
       for (int64_t i = 0; i < n; ++i) {
-        const T d = row[i] + S::load(dsum[i]);
-        dx[i] = S::store(d);
-        dx2[i] = S::store(d);
+        const T dyv = S::load(dy[i]), xv = S::load(x[i]);
+        const T d = inv * dyv * S::load(g[i]) - xv * k;
+        if constexpr (Add)
+          row[i] = d;
+        else
+          dx[i] = S::store(d);
+        dgamma_partial[i] += dyv * xv * inv;
+      }
+      if constexpr (Add) {
+        const E* __restrict dsum = a.dsum + r * n;
+        E* __restrict dx2 = a.dx2 + r * n;
+        for (int64_t i = 0; i < n; ++i) {
+          const T d = row[i] + S::load(dsum[i]);
+          dx[i] = S::store(d);
+          dx2[i] = S::store(d);
+        }
       }
     }
   }
-}
-template <typename S, bool Add>
-MINDSPEED_LIKE_AVX2 void rms_backward_rows_avx2(const BackwardRows<S>& a, int64_t r0, int64_t r1,
-                                                typename S::T* partial, typename S::T* row) {
-  rms_backward_rows<S, Add>(a, r0, r1, partial, row);
-}
-template <typename S, bool Add>
-void rms_backward_rows_generic(const BackwardRows<S>& a, int64_t r0, int64_t r1, typename S::T* partial,
-                               typename S::T* row) {
-  rms_backward_rows<S, Add>(a, r0, r1, partial, row);
-}
+};
 
 // dx row by row, in one block of rows per compute thread, each block's
 // dgamma partial row in scratch memory; then dgamma = the sum of the blocks'
@@ -279,11 +267,11 @@ void run_backward(Call& call, const BackwardRows<S>& a, int64_t rows, const Tens
   // per block: its dgamma partial row, and (Add) a row of dx in T
   const int64_t per_block = (Add ? 2 : 1) * std::max<int64_t>(cols, 1);
   T* partial = static_cast<T*>(call.scratch(sizeof(T) * static_cast<uint64_t>(blocks * per_block)));
-  auto rows_fn = has_avx2_fma() ? &rms_backward_rows_avx2<S, Add> : &rms_backward_rows_generic<S, Add>;
   call.parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
     for (int64_t blk = b; blk < e; ++blk) {
       T* mine = partial + blk * per_block;
-      rows_fn(a, rows * blk / blocks, rows * (blk + 1) / blocks, mine, Add ? mine + cols : nullptr);
+      run_at_kernel_isa<RmsBackwardRows<S, Add>, Isa::kAvx2>(
+          a, rows * blk / blocks, rows * (blk + 1) / blocks, mine, Add ? mine + cols : nullptr);
     }
   });
   call.parallel_for(0, cols, 4096, [&](int64_t c0, int64_t c1) {

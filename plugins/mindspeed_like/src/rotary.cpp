@@ -115,7 +115,7 @@ struct RotaryRows {
 
 // y = x * c + rotate(x) * s over one row of n.
 template <typename S, Rotation R>
-MINDSPEED_LIKE_INLINE void rotate_row(const typename S::E* __restrict x, const typename S::E* __restrict c,
+PLUGIN_KERNELS_INLINE void rotate_row(const typename S::E* __restrict x, const typename S::E* __restrict c,
                                       const typename S::E* __restrict s, typename S::E* __restrict y,
                                       int64_t n) {
   using T = typename S::T;
@@ -136,7 +136,7 @@ MINDSPEED_LIKE_INLINE void rotate_row(const typename S::E* __restrict x, const t
 
 // One row of the backward: dx = g * c - rotate(g * s); dc += g * x; ds += g * rotate(x).
 template <typename S, Rotation R>
-MINDSPEED_LIKE_INLINE void rotate_row_backward(const typename S::E* __restrict g,
+PLUGIN_KERNELS_INLINE void rotate_row_backward(const typename S::E* __restrict g,
                                                const typename S::E* __restrict x,
                                                const typename S::E* __restrict c,
                                                const typename S::E* __restrict s,
@@ -171,36 +171,32 @@ MINDSPEED_LIKE_INLINE void rotate_row_backward(const typename S::E* __restrict g
   }
 }
 
+// Compiled for AVX2 and baseline x86-64 (Note [One ISA layer for the in-tree plugins]).
 template <typename S, Rotation R, bool Backward>
-MINDSPEED_LIKE_INLINE void rotary_rows(const RotaryRows<S>& a, int64_t r0, int64_t r1) {
-  const RotaryShape& sh = *a.shape;
-  const int64_t n = sh.d;
-  for (int64_t r = r0; r < r1; ++r) {
-    const int64_t o1 = sh.b1.row_offset(r), o2 = sh.b2.row_offset(r);
-    if constexpr (Backward)
-      rotate_row_backward<S, R>(a.g + r * n, a.x + r * n, a.r1 + o1, a.r2 + o2, a.y + r * n, a.dr1 + o1,
-                                a.dr2 + o2, n);
-    else
-      rotate_row<S, R>(a.x + r * n, a.r1 + o1, a.r2 + o2, a.y + r * n, n);
+struct RotaryRowsBody {
+  template <Isa>
+  static PLUGIN_KERNELS_INLINE void run(const RotaryRows<S>& a, int64_t r0, int64_t r1) {
+    const RotaryShape& sh = *a.shape;
+    const int64_t n = sh.d;
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t o1 = sh.b1.row_offset(r), o2 = sh.b2.row_offset(r);
+      if constexpr (Backward)
+        rotate_row_backward<S, R>(a.g + r * n, a.x + r * n, a.r1 + o1, a.r2 + o2, a.y + r * n, a.dr1 + o1,
+                                  a.dr2 + o2, n);
+      else
+        rotate_row<S, R>(a.x + r * n, a.r1 + o1, a.r2 + o2, a.y + r * n, n);
+    }
   }
-}
+};
 template <typename S, Rotation R, bool Backward>
-MINDSPEED_LIKE_AVX2 void rotary_rows_avx2(const RotaryRows<S>& a, int64_t r0, int64_t r1) {
-  rotary_rows<S, R, Backward>(a, r0, r1);
-}
-template <typename S, Rotation R, bool Backward>
-void rotary_rows_generic(const RotaryRows<S>& a, int64_t r0, int64_t r1) {
-  rotary_rows<S, R, Backward>(a, r0, r1);
+void rotary_rows(const RotaryRows<S>& a, int64_t r0, int64_t r1) {
+  run_at_kernel_isa<RotaryRowsBody<S, R, Backward>, Isa::kAvx2>(a, r0, r1);
 }
 
 template <typename S, bool Backward>
 auto pick_rows(Rotation rot) {
-  const bool avx2 = has_avx2_fma();
-  if (rot == Rotation::kHalf)
-    return avx2 ? &rotary_rows_avx2<S, Rotation::kHalf, Backward>
-                : &rotary_rows_generic<S, Rotation::kHalf, Backward>;
-  return avx2 ? &rotary_rows_avx2<S, Rotation::kInterleave, Backward>
-              : &rotary_rows_generic<S, Rotation::kInterleave, Backward>;
+  return rot == Rotation::kHalf ? &rotary_rows<S, Rotation::kHalf, Backward>
+                                : &rotary_rows<S, Rotation::kInterleave, Backward>;
 }
 
 // --- the ops ---

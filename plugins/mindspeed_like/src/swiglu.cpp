@@ -57,25 +57,19 @@ void for_each_stretch(const Call& call, int64_t outer, int64_t len, F&& f) {
 
 // --- forward ---
 
+// Compiled for AVX2 and baseline x86-64 (Note [One ISA layer for the in-tree plugins]).
 template <typename S>
-MINDSPEED_LIKE_INLINE void swiglu_elements(const typename S::E* __restrict a,
-                                           const typename S::E* __restrict b, typename S::E* __restrict y,
-                                           int64_t n) {
-  using T = typename S::T;
-  for (int64_t i = 0; i < n; ++i) {
-    const T av = S::load(a[i]);
-    y[i] = S::store(av * sigmoid(av) * S::load(b[i]));
+struct SwigluElements {
+  template <Isa>
+  static PLUGIN_KERNELS_INLINE void run(const typename S::E* __restrict a, const typename S::E* __restrict b,
+                                        typename S::E* __restrict y, int64_t n) {
+    using T = typename S::T;
+    for (int64_t i = 0; i < n; ++i) {
+      const T av = S::load(a[i]);
+      y[i] = S::store(av * sigmoid(av) * S::load(b[i]));
+    }
   }
-}
-template <typename S>
-MINDSPEED_LIKE_AVX2 void swiglu_elements_avx2(const typename S::E* a, const typename S::E* b,
-                                              typename S::E* y, int64_t n) {
-  swiglu_elements<S>(a, b, y, n);
-}
-template <typename S>
-void swiglu_elements_generic(const typename S::E* a, const typename S::E* b, typename S::E* y, int64_t n) {
-  swiglu_elements<S>(a, b, y, n);
-}
+};
 
 // mindspeed_like::npu_swiglu(Tensor self, int dim=-1) -> Tensor
 // Checks the arguments and declares the return; on its own it is the op's
@@ -101,11 +95,9 @@ void swiglu(Call& call) {
     using S = decltype(tag);
     const typename S::E* px = elements<S>(x);
     typename S::E* py = elements<S>(o.y);
-    const bool avx2 = has_avx2_fma();
     for_each_stretch(call, o.shape.outer, len, [&](int64_t row, int64_t r0, int64_t r1) {
       const typename S::E* a = px + row * 2 * len + r0;
-      auto run = avx2 ? &swiglu_elements_avx2<S> : &swiglu_elements_generic<S>;
-      run(a, a + len, py + row * len + r0, r1 - r0);
+      run_at_kernel_isa<SwigluElements<S>, Isa::kAvx2>(a, a + len, py + row * len + r0, r1 - r0);
     });
   });
 }
@@ -115,30 +107,20 @@ void swiglu(Call& call) {
 //   da = g * b * s * (1 + a * (1 - s)),  db = g * silu(a)
 
 template <typename S>
-MINDSPEED_LIKE_INLINE void swiglu_backward_elements(const typename S::E* __restrict g,
-                                                    const typename S::E* __restrict a,
-                                                    const typename S::E* __restrict b,
-                                                    typename S::E* __restrict da,
-                                                    typename S::E* __restrict db, int64_t n) {
-  using T = typename S::T;
-  for (int64_t i = 0; i < n; ++i) {
-    const T gv = S::load(g[i]), av = S::load(a[i]), bv = S::load(b[i]);
-    const T s = sigmoid(av);
-    da[i] = S::store(gv * bv * s * (T(1) + av * (T(1) - s)));
-    db[i] = S::store(gv * av * s);
+struct SwigluBackwardElements {
+  template <Isa>
+  static PLUGIN_KERNELS_INLINE void run(const typename S::E* __restrict g, const typename S::E* __restrict a,
+                                        const typename S::E* __restrict b, typename S::E* __restrict da,
+                                        typename S::E* __restrict db, int64_t n) {
+    using T = typename S::T;
+    for (int64_t i = 0; i < n; ++i) {
+      const T gv = S::load(g[i]), av = S::load(a[i]), bv = S::load(b[i]);
+      const T s = sigmoid(av);
+      da[i] = S::store(gv * bv * s * (T(1) + av * (T(1) - s)));
+      db[i] = S::store(gv * av * s);
+    }
   }
-}
-template <typename S>
-MINDSPEED_LIKE_AVX2 void swiglu_backward_elements_avx2(const typename S::E* g, const typename S::E* a,
-                                                       const typename S::E* b, typename S::E* da,
-                                                       typename S::E* db, int64_t n) {
-  swiglu_backward_elements<S>(g, a, b, da, db, n);
-}
-template <typename S>
-void swiglu_backward_elements_generic(const typename S::E* g, const typename S::E* a, const typename S::E* b,
-                                      typename S::E* da, typename S::E* db, int64_t n) {
-  swiglu_backward_elements<S>(g, a, b, da, db, n);
-}
+};
 
 // mindspeed_like::npu_swiglu_backward(Tensor grad_output, Tensor self, int dim=-1) -> Tensor
 struct SwigluBackwardOutputs {
@@ -171,11 +153,10 @@ void swiglu_backward(Call& call) {
     const typename S::E* pg = elements<S>(g);
     const typename S::E* px = elements<S>(x);
     typename S::E* pdx = elements<S>(o.dx);
-    const bool avx2 = has_avx2_fma();
     for_each_stretch(call, o.shape.outer, len, [&](int64_t row, int64_t r0, int64_t r1) {
       const int64_t off = row * 2 * len + r0;
-      auto run = avx2 ? &swiglu_backward_elements_avx2<S> : &swiglu_backward_elements_generic<S>;
-      run(pg + row * len + r0, px + off, px + off + len, pdx + off, pdx + off + len, r1 - r0);
+      run_at_kernel_isa<SwigluBackwardElements<S>, Isa::kAvx2>(pg + row * len + r0, px + off, px + off + len,
+                                                               pdx + off, pdx + off + len, r1 - r0);
     });
   });
 }

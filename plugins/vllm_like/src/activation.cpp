@@ -36,7 +36,7 @@ void act_and_mul_meta(Call& call) {
 
 // The activations, in float32.
 struct Silu {
-  static VLLM_LIKE_INLINE float apply(float x) { return x * plugin_kernels::sigmoid(x); }
+  static PLUGIN_KERNELS_INLINE float apply(float x) { return x * plugin_kernels::sigmoid(x); }
 };
 // x * Phi(x) with Phi(x) = erfc(z) / 2, z = -x / sqrt 2: unlike
 // 1 + erf(x / sqrt 2) it does not cancel for negative x, so the result keeps
@@ -48,7 +48,7 @@ struct Silu {
 // erfc(a) for z < 0. Below a = 9.34 e^(-a^2) is subnormal and flushes to 0
 // (exp_nonpositive), where x Phi(x) is below 1e-38 |x|.
 struct GeluErf {
-  static VLLM_LIKE_INLINE float apply(float x) {
+  static PLUGIN_KERNELS_INLINE float apply(float x) {
     const float z = -x * 0.70710678118654752f;
     const float a = std::fabs(z);
     const float t = 1.0f / (1.0f + 0.5f * a);
@@ -72,33 +72,25 @@ struct GeluErf {
 // x * sigmoid(2u) (the same function: 1 + tanh(u) = 2 sigmoid(2u)), which
 // neither cancels nor calls libm.
 struct GeluTanh {
-  static VLLM_LIKE_INLINE float apply(float x) {
+  static PLUGIN_KERNELS_INLINE float apply(float x) {
     const float u2 = 1.5957691216057308f * (x + 0.044715f * x * x * x);  // 2 sqrt(2 / pi) (...)
     return x * plugin_kernels::sigmoid(u2);
   }
 };
 
 template <typename S, typename A>
-VLLM_LIKE_INLINE void act_and_mul_rows(const typename S::E* __restrict in, typename S::E* __restrict out,
-                                       int64_t d, int64_t r0, int64_t r1) {
-  for (int64_t r = r0; r < r1; ++r) {
-    const typename S::E* __restrict x = in + r * 2 * d;
-    const typename S::E* __restrict y = x + d;
-    typename S::E* __restrict o = out + r * d;
-    for (int64_t i = 0; i < d; ++i) o[i] = S::store(A::apply(S::load(x[i])) * S::load(y[i]));
+struct ActAndMulRows {
+  template <Isa>
+  static PLUGIN_KERNELS_INLINE void run(const typename S::E* __restrict in, typename S::E* __restrict out,
+                                        int64_t d, int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const typename S::E* __restrict x = in + r * 2 * d;
+      const typename S::E* __restrict y = x + d;
+      typename S::E* __restrict o = out + r * d;
+      for (int64_t i = 0; i < d; ++i) o[i] = S::store(A::apply(S::load(x[i])) * S::load(y[i]));
+    }
   }
-}
-template <typename S, typename A>
-VLLM_LIKE_AVX2 void act_and_mul_rows_avx2(const typename S::E* in, typename S::E* out, int64_t d, int64_t r0,
-                                          int64_t r1) {
-  act_and_mul_rows<S, A>(in, out, d, r0, r1);
-}
-template <typename S, typename A>
-void act_and_mul_rows_generic(const typename S::E* in, typename S::E* out, int64_t d, int64_t r0,
-                              int64_t r1) {
-  act_and_mul_rows<S, A>(in, out, d, r0, r1);
-}
-
+};
 template <typename A>
 void act_and_mul(Call& call) {
   TensorRef out = call.tensor(0), in = call.tensor(1);
@@ -111,9 +103,10 @@ void act_and_mul(Call& call) {
         using S = decltype(tag);
         const typename S::E* pi = plugin_kernels::elements<S>(in);
         typename S::E* po = plugin_kernels::elements<S>(out);
-        auto rows_fn = has_avx2_fma() ? &act_and_mul_rows_avx2<S, A> : &act_and_mul_rows_generic<S, A>;
         call.parallel_for(0, rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(d, 1)),
-                          [&](int64_t b, int64_t e) { rows_fn(pi, po, d, b, e); });
+                          [&](int64_t b, int64_t e) {
+                            run_at_kernel_isa<ActAndMulRows<S, A>, Isa::kAvx2>(pi, po, d, b, e);
+                          });
       },
       /*with_f64=*/false);
 }

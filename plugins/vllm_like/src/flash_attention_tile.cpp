@@ -12,16 +12,14 @@
 // table scatters its blocks where the hardware prefetcher cannot follow.
 //
 // The loops are written once (always-inline templates) and compiled three
-// times: AVX-512, AVX2+FMA (with F16C for float16) and baseline x86-64,
-// chosen by the plugin's level (isa.h: the CPU and NPUB_VLLM_MAX_ISA).
+// times: AVX-512, AVX2 (with F16C for float16) and baseline x86-64, chosen
+// by the plugin's level (Note [One ISA layer for the in-tree plugins],
+// plugin_kernels/isa.h).
 #include "flash_attention_tile.h"
 
-#include "isa.h"
 #include "loops.h"
 
-#include <plugin_kernels/float_access.h>
 #include <plugin_kernels/gemm.h>
-#include <plugin_kernels/vec_math.h>
 
 #include <algorithm>
 #include <cmath>
@@ -76,35 +74,16 @@ Scratch scratch_at(const FlashView& v, float* base) {
   return s;
 }
 
-// C = A op(B) + beta C on this thread, all float32 row-major.
-void gemm(bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b,
-          int64_t ldb, float beta, float* c, int64_t ldc) {
-  plugin_kernels::GemmArgs g;
-  g.trans_b = trans_b;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.lda = lda;
-  g.ldb = ldb;
-  g.ldc = ldc;
-  g.beta = beta;
-  g.a = a;
-  g.b = b;
-  g.c = c;
-  plugin_kernels::gemm_on_this_thread(g);
-}
-
-#define FLASH_INLINE PLUGIN_KERNELS_INLINE
-
 // dst[d] = scale * src[d * stride], d < D, in float.
 template <typename S, Isa kIsa>
-FLASH_INLINE void load_row(const typename S::E* src, int64_t stride, int64_t D, float scale, float* dst) {
+PLUGIN_KERNELS_INLINE void load_row(const typename S::E* src, int64_t stride, int64_t D, float scale,
+                                    float* dst) {
   if (stride != 1) {
     for (int64_t d = 0; d < D; ++d) dst[d] = scale * S::load(src[d * stride]);
     return;
   }
   if constexpr (std::is_same_v<S, F16> && kIsa >= Isa::kAvx2) {
-    f16_to_f32_avx2(src, dst, D);
+    plugin_kernels::f16_to_f32_f16c(src, dst, D);
     if (scale != 1.0f)
       for (int64_t d = 0; d < D; ++d) dst[d] *= scale;
   } else {
@@ -116,8 +95,8 @@ FLASH_INLINE void load_row(const typename S::E* src, int64_t stride, int64_t D, 
 // (its block-table row `table`), `row` pointing at the token's head_size
 // elements in a cache of strides st: one division per block, not per token.
 template <typename E, typename F>
-FLASH_INLINE void for_each_row(const FlashView& v, const E* cache, const int64_t* st, const int32_t* table,
-                               int64_t kvh, int64_t k0, int64_t n, F&& f) {
+PLUGIN_KERNELS_INLINE void for_each_row(const FlashView& v, const E* cache, const int64_t* st,
+                                        const int32_t* table, int64_t kvh, int64_t k0, int64_t n, F&& f) {
   const int64_t B = v.block_size;
   for (int64_t t = k0; t < k0 + n;) {
     const int64_t off = t % B, run = std::min(B - off, k0 + n - t);
@@ -130,8 +109,8 @@ FLASH_INLINE void for_each_row(const FlashView& v, const E* cache, const int64_t
 // Starts loading the cache rows of tokens [k0, k0 + n) (the next chunk's,
 // while this chunk is computed).
 template <typename E>
-FLASH_INLINE void prefetch_rows(const FlashView& v, const E* cache, const int64_t* st, const int32_t* table,
-                                int64_t kvh, int64_t k0, int64_t n) {
+PLUGIN_KERNELS_INLINE void prefetch_rows(const FlashView& v, const E* cache, const int64_t* st,
+                                         const int32_t* table, int64_t kvh, int64_t k0, int64_t n) {
   const int64_t bytes = (v.head_size - 1) * st[3] * static_cast<int64_t>(sizeof(E)) + 1;
   for_each_row(v, cache, st, table, kvh, k0, n, [&](int64_t, const E* row) {
     for (int64_t off = 0; off < bytes; off += 64)
@@ -141,7 +120,8 @@ FLASH_INLINE void prefetch_rows(const FlashView& v, const E* cache, const int64_
 
 // A cache row as floats: in place (float32, dense), else converted into buf.
 template <typename S, Isa kIsa>
-FLASH_INLINE const float* float_row(const typename S::E* row, int64_t stride, int64_t D, float* buf) {
+PLUGIN_KERNELS_INLINE const float* float_row(const typename S::E* row, int64_t stride, int64_t D,
+                                             float* buf) {
   if constexpr (std::is_same_v<S, F32>)
     if (stride == 1) return row;
   load_row<S, kIsa>(row, stride, D, 1.0f, buf);
@@ -152,8 +132,8 @@ FLASH_INLINE const float* float_row(const typename S::E* row, int64_t stride, in
 // softcapped, into the row's running max m and sum l; leaves s = its
 // softmax numerators exp(s - m) (0 outside [a, e)) and returns the factor
 // the row's output so far must be scaled by.
-FLASH_INLINE float online_softmax_row(float* s, int64_t a, int64_t e, int64_t width, float softcap, float& m,
-                                      float& l) {
+PLUGIN_KERNELS_INLINE float online_softmax_row(float* s, int64_t a, int64_t e, int64_t width, float softcap,
+                                               float& m, float& l) {
   if (a > 0) std::fill(s, s + a, 0.0f);
   if (e < width) std::fill(s + e, s + width, 0.0f);
   if (a >= e) return 1.0f;
@@ -164,7 +144,7 @@ FLASH_INLINE float online_softmax_row(float* s, int64_t a, int64_t e, int64_t wi
     const float inv = 1.0f / softcap;
 #pragma omp simd reduction(max : mx)
     for (int64_t c = 0; c < n; ++c) {
-      const float x = softcap * npub::kernels::fast_tanh(r[c] * inv);
+      const float x = softcap * plugin_kernels::fast_tanh(r[c] * inv);
       r[c] = x;
       mx = x > mx ? x : mx;
     }
@@ -187,7 +167,7 @@ FLASH_INLINE float online_softmax_row(float* s, int64_t a, int64_t e, int64_t wi
 }
 
 // Starts loading rows[j .. j + 4) of a prefetch list of n rows.
-FLASH_INLINE void prefetch_four(const char* const* rows, int64_t n, int64_t j, int64_t bytes) {
+PLUGIN_KERNELS_INLINE void prefetch_four(const char* const* rows, int64_t n, int64_t j, int64_t bytes) {
   for (int64_t i = j; i < std::min<int64_t>(j + 4, n); ++i)
     for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(rows[i] + off, 0, 2);
 }
@@ -203,8 +183,8 @@ struct PrefetchList {
 // s[r * ld + j] = q_r . k_j for the rows q_r = q + r * D, r < rows, and the
 // key rows k_j, j < n: four keys at a time (one load of q per four products),
 // each product in 16 lanes added up as a tree.
-FLASH_INLINE void direct_scores(const float* q, int64_t rows, const float* const* k, int64_t n, int64_t D,
-                                float* s, int64_t ld, const PrefetchList& next) {
+PLUGIN_KERNELS_INLINE void direct_scores(const float* q, int64_t rows, const float* const* k, int64_t n,
+                                         int64_t D, float* s, int64_t ld, const PrefetchList& next) {
   constexpr int kLanes = 16;
   const int64_t body = D / kLanes * kLanes;
   for (int64_t j = 0; j < n; j += 4) {
@@ -247,8 +227,8 @@ FLASH_INLINE void direct_scores(const float* q, int64_t rows, const float* const
 // o_r += sum_j p[r * ld + j] v_j for the rows o_r = o + r * D, r < rows, and
 // the value rows v_j, j < n: four values at a time (one load and store of
 // o_r per four).
-FLASH_INLINE void direct_values(const float* p, int64_t ld, int64_t rows, const float* const* v, int64_t n,
-                                int64_t D, float* o, const PrefetchList& next) {
+PLUGIN_KERNELS_INLINE void direct_values(const float* p, int64_t ld, int64_t rows, const float* const* v,
+                                         int64_t n, int64_t D, float* o, const PrefetchList& next) {
   for (int64_t j = 0; j < n; j += 4) {
     prefetch_four(next.rows, next.n, j, next.bytes);
     const int64_t keys = std::min<int64_t>(4, n - j);
@@ -278,7 +258,8 @@ struct TileRows {
 // Key ranges, Q rows (scaled), and O, m, l reset, for `M` rows (those
 // past the tile's are zero).
 template <typename S, Isa kIsa>
-FLASH_INLINE TileRows begin_tile(const FlashView& v, const FlashTile& t, const Scratch& sc, int64_t M) {
+PLUGIN_KERNELS_INLINE TileRows begin_tile(const FlashView& v, const FlashTile& t, const Scratch& sc,
+                                          int64_t M) {
   using E = typename S::E;
   const int64_t G = v.group, D = v.head_size;
   TileRows tr;
@@ -308,8 +289,8 @@ FLASH_INLINE TileRows begin_tile(const FlashView& v, const FlashTile& t, const S
 
 // The online softmax of chunk [k0, k0 + n) (scores of width `width`) for
 // every row, their outputs so far rescaled.
-FLASH_INLINE void softmax_chunk(const FlashView& v, const FlashTile& t, const TileRows& tr, const Scratch& sc,
-                                int64_t k0, int64_t n, int64_t width) {
+PLUGIN_KERNELS_INLINE void softmax_chunk(const FlashView& v, const FlashTile& t, const TileRows& tr,
+                                         const Scratch& sc, int64_t k0, int64_t n, int64_t width) {
   const int64_t G = v.group, D = v.head_size;
   for (int64_t i = 0; i < t.tokens; ++i) {
     const int64_t a = std::clamp<int64_t>(tr.lo[i] - k0, 0, n), e = std::clamp<int64_t>(tr.hi[i] - k0, a, n);
@@ -324,7 +305,7 @@ FLASH_INLINE void softmax_chunk(const FlashView& v, const FlashTile& t, const Ti
 
 // out = O / l for the tile's rows (0 for a row that sees no key).
 template <typename S>
-FLASH_INLINE void end_tile(const FlashView& v, const FlashTile& t, const Scratch& sc) {
+PLUGIN_KERNELS_INLINE void end_tile(const FlashView& v, const FlashTile& t, const Scratch& sc) {
   using E = typename S::E;
   const int64_t G = v.group, D = v.head_size, os = v.out_stride[2];
   E* out = static_cast<E*>(v.out);
@@ -345,7 +326,7 @@ FLASH_INLINE void end_tile(const FlashView& v, const FlashTile& t, const Scratch
 // A tile of many rows (one KV head): each chunk's keys and values gathered
 // as float rows, both products on the GEMM.
 template <typename S, Isa kIsa>
-FLASH_INLINE void gemm_tile(const FlashView& v, const FlashTile& t, float* base) {
+PLUGIN_KERNELS_INLINE void gemm_tile(const FlashView& v, const FlashTile& t, float* base) {
   using E = typename S::E;
   const int64_t D = v.head_size, M = padded(t.tokens * v.group);
   const Scratch sc = scratch_at(v, base);
@@ -370,9 +351,9 @@ FLASH_INLINE void gemm_tile(const FlashView& v, const FlashTile& t, float* base)
     if (k0 + kChunk < tr.kmax) prefetch_chunk(k0 + kChunk);
     std::fill(sc.k + n * D, sc.k + width * D, 0.0f);  // the padding keys: finite, and masked
     std::fill(sc.v + n * D, sc.v + width * D, 0.0f);
-    gemm(true, M, width, D, sc.q, D, sc.k, D, 0.0f, sc.s, kChunk);
+    plugin_kernels::gemm(false, true, M, width, D, 1.0f, sc.q, D, sc.k, D, 0.0f, sc.s, kChunk);
     softmax_chunk(v, t, tr, sc, k0, n, width);
-    gemm(false, M, D, width, sc.s, kChunk, sc.v, D, 1.0f, sc.o, D);
+    plugin_kernels::gemm(false, false, M, D, width, 1.0f, sc.s, kChunk, sc.v, D, 1.0f, sc.o, D);
   }
   end_tile<S>(v, t, sc);
 }
@@ -385,7 +366,7 @@ FLASH_INLINE void gemm_tile(const FlashView& v, const FlashTile& t, float* base)
 // tokens for every head before going on keeps the pages a chunk spans few,
 // where a tile per head would walk the whole sequence once per head.
 template <typename S, Isa kIsa>
-FLASH_INLINE void direct_tile(const FlashView& v, const FlashTile& t, float* base) {
+PLUGIN_KERNELS_INLINE void direct_tile(const FlashView& v, const FlashTile& t, float* base) {
   using E = typename S::E;
   const int64_t D = v.head_size;
   const Scratch sc = scratch_at(v, base);
@@ -434,30 +415,25 @@ FLASH_INLINE void direct_tile(const FlashView& v, const FlashTile& t, float* bas
 }
 
 template <typename S, Isa kIsa>
-FLASH_INLINE void tile_impl(const FlashView& v, const FlashTile& t, float* base) {
+PLUGIN_KERNELS_INLINE void tile_impl(const FlashView& v, const FlashTile& t, float* base) {
   if (flash_tile_is_direct(v, t.tokens))
     direct_tile<S, kIsa>(v, t, base);
   else
     gemm_tile<S, kIsa>(v, t, base);
 }
 
-// One variant per instruction set; explicit dtype branches rather than a
-// lambda, which would not inherit the function's target attribute.
-#define FLASH_TILE_VARIANT(name, isa, attr)                                \
-  attr void name(const FlashView& v, const FlashTile& t, float* scratch) { \
-    if (npub::sdk::same_dtype(v.dtype, npub::sdk::kFloat32))               \
-      tile_impl<F32, isa>(v, t, scratch);                                  \
-    else if (npub::sdk::same_dtype(v.dtype, npub::sdk::kFloat16))          \
-      tile_impl<F16, isa>(v, t, scratch);                                  \
-    else                                                                   \
-      tile_impl<BF16, isa>(v, t, scratch);                                 \
+// A tile's loops, compiled per instruction set (a dtype branch each).
+struct Tile {
+  template <Isa kIsa>
+  static PLUGIN_KERNELS_INLINE void run(const FlashView& v, const FlashTile& t, float* scratch) {
+    if (npub::sdk::same_dtype(v.dtype, npub::sdk::kFloat32))
+      tile_impl<F32, kIsa>(v, t, scratch);
+    else if (npub::sdk::same_dtype(v.dtype, npub::sdk::kFloat16))
+      tile_impl<F16, kIsa>(v, t, scratch);
+    else
+      tile_impl<BF16, kIsa>(v, t, scratch);
   }
-
-FLASH_TILE_VARIANT(
-    tile_avx512, Isa::kAvx512,
-    __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,prefer-vector-width=512"))))
-FLASH_TILE_VARIANT(tile_avx2, Isa::kAvx2, __attribute__((target("avx2,fma,f16c"))))
-FLASH_TILE_VARIANT(tile_baseline, Isa::kBaseline, )
+};
 
 }  // namespace
 
@@ -468,12 +444,7 @@ int64_t flash_tile_scratch_floats(const FlashView& v) {
 }
 
 void run_flash_tile(const FlashView& v, const FlashTile& t, float* scratch) {
-  if (isa() == Isa::kAvx512)
-    tile_avx512(v, t, scratch);
-  else if (isa() == Isa::kAvx2)
-    tile_avx2(v, t, scratch);
-  else
-    tile_baseline(v, t, scratch);
+  run_at_kernel_isa<Tile>(v, t, scratch);
 }
 
 }  // namespace vllm_like

@@ -73,42 +73,35 @@ struct NormArgs {
 // `out` may be h itself (rms_norm with out = input, fused_add_rms_norm's
 // written input): each element is read before it is written.
 template <typename S>
-VLLM_LIKE_INLINE void normalise_row(const typename S::E* h, const typename S::E* __restrict w,
-                                    typename S::E* out, int64_t n, double eps) {
+PLUGIN_KERNELS_INLINE void normalise_row(const typename S::E* h, const typename S::E* __restrict w,
+                                         typename S::E* out, int64_t n, double eps) {
   const typename S::T inv = plugin_kernels::inverse_rms<S>(h, n, eps);
   for (int64_t i = 0; i < n; ++i) out[i] = S::store(S::load(S::store(S::load(h[i]) * inv)) * S::load(w[i]));
 }
 
 template <typename S, bool Add>
-VLLM_LIKE_INLINE void norm_rows(const NormArgs<S>& a, int64_t r0, int64_t r1) {
-  using E = typename S::E;
-  const int64_t n = a.hidden;
-  for (int64_t r = r0; r < r1; ++r) {
-    if constexpr (Add) {
-      const E* __restrict x = a.x + r * n;
-      E* __restrict res = a.residual + r * n;
-      // the sum rounded to the dtype, as vLLM's `z = input; z += residual`
-      for (int64_t i = 0; i < n; ++i) res[i] = S::store(S::load(x[i]) + S::load(res[i]));
-      normalise_row<S>(res, a.w, a.out + r * n, n, a.eps);
-    } else {
-      normalise_row<S>(a.x + r * n, a.w, a.out + r * n, n, a.eps);
+struct NormRows {
+  template <Isa>
+  static PLUGIN_KERNELS_INLINE void run(const NormArgs<S>& a, int64_t r0, int64_t r1) {
+    using E = typename S::E;
+    const int64_t n = a.hidden;
+    for (int64_t r = r0; r < r1; ++r) {
+      if constexpr (Add) {
+        const E* __restrict x = a.x + r * n;
+        E* __restrict res = a.residual + r * n;
+        // the sum rounded to the dtype, as vLLM's `z = input; z += residual`
+        for (int64_t i = 0; i < n; ++i) res[i] = S::store(S::load(x[i]) + S::load(res[i]));
+        normalise_row<S>(res, a.w, a.out + r * n, n, a.eps);
+      } else {
+        normalise_row<S>(a.x + r * n, a.w, a.out + r * n, n, a.eps);
+      }
     }
   }
-}
-template <typename S, bool Add>
-VLLM_LIKE_AVX2 void norm_rows_avx2(const NormArgs<S>& a, int64_t r0, int64_t r1) {
-  norm_rows<S, Add>(a, r0, r1);
-}
-template <typename S, bool Add>
-void norm_rows_generic(const NormArgs<S>& a, int64_t r0, int64_t r1) {
-  norm_rows<S, Add>(a, r0, r1);
-}
-
+};
 template <typename S, bool Add>
 void run_rows(const Call& call, const NormArgs<S>& a, int64_t rows) {
-  auto rows_fn = has_avx2_fma() ? &norm_rows_avx2<S, Add> : &norm_rows_generic<S, Add>;
   call.parallel_for(0, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(a.hidden, 1)),
-                    [&](int64_t b, int64_t e) { rows_fn(a, b, e); });
+                    [&](int64_t b, int64_t e) { run_at_kernel_isa<NormRows<S, Add>, Isa::kAvx2>(a, b, e); });
 }
 
 // vllm_like::rms_norm(Tensor(a!) out, Tensor input, Tensor weight, float epsilon) -> ()

@@ -16,14 +16,12 @@
 // reason, a free slot's contents are arbitrary (NaN included).
 //
 // The loops are written once (always-inline templates) and compiled three
-// times: AVX-512, AVX2+FMA (with F16C for float16 caches) and baseline
-// x86-64, chosen by the plugin's level (isa.h: the CPU and NPUB_VLLM_MAX_ISA).
+// times: AVX-512, AVX2 (with F16C for float16 caches) and baseline x86-64,
+// chosen by the plugin's level (Note [One ISA layer for the in-tree
+// plugins], plugin_kernels/isa.h).
 #include "paged_attention_rows.h"
 
-#include "isa.h"
 #include "loops.h"
-
-#include <plugin_kernels/float_access.h>
 
 #include <algorithm>
 #include <cmath>
@@ -45,8 +43,6 @@ constexpr int64_t kValueBlocks = 4;  // value blocks accumulated per pass
 // latency when a block's arithmetic is short (one query head, small heads).
 constexpr int64_t kPrefetchBytes = 32768;
 
-#define VLLM_INLINE inline __attribute__((always_inline))
-
 // How the loops read a cache block: bfloat16 and float32 as stored (a
 // bfloat16 widens with a shift, in the loop); float16 through a converted
 // float copy, since its conversion takes F16C instructions the baseline
@@ -57,14 +53,15 @@ using ReadAs = std::conditional_t<std::is_same_v<S, BF16>, BF16, F32>;
 // A block's n elements as the loops read them (ReadAs<S>): in place, or
 // for float16 converted into `buf`.
 template <typename S, Isa kIsa>
-VLLM_INLINE const typename ReadAs<S>::E* block_view(const typename S::E* src, float* buf, int64_t n) {
+PLUGIN_KERNELS_INLINE const typename ReadAs<S>::E* block_view(const typename S::E* src, float* buf,
+                                                              int64_t n) {
   if constexpr (!std::is_same_v<S, F16>) {
     (void)buf;
     (void)n;
     return src;
   } else {
     if constexpr (kIsa >= Isa::kAvx2)
-      f16_to_f32_avx2(src, buf, n);
+      plugin_kernels::f16_to_f32_f16c(src, buf, n);
     else
       for (int64_t i = 0; i < n; ++i) buf[i] = S::load(src[i]);
     return buf;
@@ -74,8 +71,8 @@ VLLM_INLINE const typename ReadAs<S>::E* block_view(const typename S::E* src, fl
 // a[j] += p[j] * v[j] over one dimension's row of a value block, j in
 // [j0, j1); a compile-time block size for the common ones.
 template <int64_t kB, typename R>
-VLLM_INLINE void value_rows(float* __restrict a, const float* __restrict p, const typename R::E* __restrict v,
-                            int64_t D, int64_t B) {
+PLUGIN_KERNELS_INLINE void value_rows(float* __restrict a, const float* __restrict p,
+                                      const typename R::E* __restrict v, int64_t D, int64_t B) {
   const int64_t b = kB > 0 ? kB : B;
   for (int64_t d = 0; d < D; ++d)
     for (int64_t j = 0; j < b; ++j) a[d * b + j] += p[j] * R::load(v[d * b + j]);
@@ -86,8 +83,8 @@ VLLM_INLINE void value_rows(float* __restrict a, const float* __restrict p, cons
 // hardware prefetcher, which follows one address stream, stops at every
 // block boundary, and the loops would wait for memory at the start of each.
 template <typename E>
-VLLM_INLINE void prefetch_block(const E* base, const int32_t* table, int64_t b, int64_t b1, int64_t stride,
-                                int64_t kvh, int64_t block_elems) {
+PLUGIN_KERNELS_INLINE void prefetch_block(const E* base, const int32_t* table, int64_t b, int64_t b1,
+                                          int64_t stride, int64_t kvh, int64_t block_elems) {
   if (b >= b1) return;
   const char* p = reinterpret_cast<const char*>(base + (table[b] * stride + kvh) * block_elems);
   const int64_t bytes = block_elems * static_cast<int64_t>(sizeof(E));
@@ -99,8 +96,8 @@ VLLM_INLINE void prefetch_block(const E* base, const int32_t* table, int64_t b, 
 // block's lanes stay in registers across the chunks, so each key element
 // costs one load and one FMA; otherwise 16 lanes at a time.
 template <int64_t kBX, typename R>
-VLLM_INLINE void key_lanes(const float* __restrict qp, const typename R::E* __restrict kb, int64_t C,
-                           int64_t BX, float* __restrict a) {
+PLUGIN_KERNELS_INLINE void key_lanes(const float* __restrict qp, const typename R::E* __restrict kb,
+                                     int64_t C, int64_t BX, float* __restrict a) {
   if constexpr (kBX > 0) {
     (void)BX;
     float acc[kBX] = {};
@@ -129,8 +126,8 @@ VLLM_INLINE void key_lanes(const float* __restrict qp, const typename R::E* __re
 // The value rows of four full blocks at once, a[d][j] += sum_i p_i[j] *
 // v_i[d][j]: one load and store of the accumulator per four FMAs.
 template <int64_t kB, typename R>
-VLLM_INLINE void value_rows4(float* __restrict a, const float* __restrict p, const typename R::E* const* vs,
-                             int64_t D, int64_t B) {
+PLUGIN_KERNELS_INLINE void value_rows4(float* __restrict a, const float* __restrict p,
+                                       const typename R::E* const* vs, int64_t D, int64_t B) {
   const int64_t b = kB > 0 ? kB : B;
   const typename R::E* __restrict v0 = vs[0];
   const typename R::E* __restrict v1 = vs[1];
@@ -151,7 +148,8 @@ VLLM_INLINE void value_rows4(float* __restrict a, const float* __restrict p, con
 // vector adds (in an explicit order: nothing for the compiler to
 // reassociate).
 template <int64_t kX>
-VLLM_INLINE void token_sums(const float* __restrict a, int64_t B, float* __restrict out, int64_t x = kX) {
+PLUGIN_KERNELS_INLINE void token_sums(const float* __restrict a, int64_t B, float* __restrict out,
+                                      int64_t x = kX) {
   if constexpr (kX == 4) {
     (void)x;
     for (int64_t j = 0; j < B; ++j) out[j] = (a[4 * j] + a[4 * j + 1]) + (a[4 * j + 2] + a[4 * j + 3]);
@@ -173,7 +171,7 @@ VLLM_INLINE void token_sums(const float* __restrict a, int64_t B, float* __restr
 // dimension, by halving (vector adds for the first halves) for the
 // compile-time block sizes. Overwrites a.
 template <int64_t kB>
-VLLM_INLINE void row_sums(float* __restrict a, int64_t D, float* __restrict o, int64_t B) {
+PLUGIN_KERNELS_INLINE void row_sums(float* __restrict a, int64_t D, float* __restrict o, int64_t B) {
   if constexpr (kB > 0) {
     (void)B;
     for (int64_t d = 0; d < D; ++d) {
@@ -197,7 +195,7 @@ struct Layout {
   float *qpat, *kacc, *dots, *scores, *vacc, *kconv, *vconv;
 };
 
-VLLM_INLINE Layout layout_of(const PagedView& v, int64_t n, float* scratch) {
+PLUGIN_KERNELS_INLINE Layout layout_of(const PagedView& v, int64_t n, float* scratch) {
   Layout l;
   l.G = v.group;
   l.D = v.head_size;
@@ -217,8 +215,9 @@ VLLM_INLINE Layout layout_of(const PagedView& v, int64_t n, float* scratch) {
 }
 
 template <typename S, Isa kIsa>
-VLLM_INLINE void attend_impl(const PagedView& v, const typename S::E* q, int64_t seq, int64_t kvh,
-                             int64_t seq_len, int64_t t0, int64_t t1, const RangeStats& out, float* scratch) {
+PLUGIN_KERNELS_INLINE void attend_impl(const PagedView& v, const typename S::E* q, int64_t seq, int64_t kvh,
+                                       int64_t seq_len, int64_t t0, int64_t t1, const RangeStats& out,
+                                       float* scratch) {
   using E = typename S::E;
   using R = ReadAs<S>;
   using RE = typename R::E;
@@ -358,24 +357,21 @@ VLLM_INLINE void attend_impl(const PagedView& v, const typename S::E* q, int64_t
   }
 }
 
-// One variant per instruction set; explicit dtype branches rather than a
-// lambda, which would not inherit the function's target attribute.
-#define VLLM_ATTEND_VARIANT(name, isa, attr)                                                               \
-  attr void name(const PagedView& v, const void* q, int64_t seq, int64_t kvh, int64_t seq_len, int64_t t0, \
-                 int64_t t1, const RangeStats& out, float* scratch) {                                      \
-    if (npub::sdk::same_dtype(v.dtype, npub::sdk::kFloat32))                                               \
-      attend_impl<F32, isa>(v, static_cast<const float*>(q), seq, kvh, seq_len, t0, t1, out, scratch);     \
-    else if (npub::sdk::same_dtype(v.dtype, npub::sdk::kFloat16))                                          \
-      attend_impl<F16, isa>(v, static_cast<const uint16_t*>(q), seq, kvh, seq_len, t0, t1, out, scratch);  \
-    else                                                                                                   \
-      attend_impl<BF16, isa>(v, static_cast<const uint16_t*>(q), seq, kvh, seq_len, t0, t1, out, scratch); \
+// The loops of one range, compiled per instruction set (a dtype branch
+// each).
+struct Attend {
+  template <Isa kIsa>
+  static PLUGIN_KERNELS_INLINE void run(const PagedView& v, const void* q, int64_t seq, int64_t kvh,
+                                        int64_t seq_len, int64_t t0, int64_t t1, const RangeStats& out,
+                                        float* scratch) {
+    if (npub::sdk::same_dtype(v.dtype, npub::sdk::kFloat32))
+      attend_impl<F32, kIsa>(v, static_cast<const float*>(q), seq, kvh, seq_len, t0, t1, out, scratch);
+    else if (npub::sdk::same_dtype(v.dtype, npub::sdk::kFloat16))
+      attend_impl<F16, kIsa>(v, static_cast<const uint16_t*>(q), seq, kvh, seq_len, t0, t1, out, scratch);
+    else
+      attend_impl<BF16, kIsa>(v, static_cast<const uint16_t*>(q), seq, kvh, seq_len, t0, t1, out, scratch);
   }
-
-VLLM_ATTEND_VARIANT(
-    attend_avx512, Isa::kAvx512,
-    __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c,prefer-vector-width=512"))))
-VLLM_ATTEND_VARIANT(attend_avx2, Isa::kAvx2, __attribute__((target("avx2,fma,f16c"))))
-VLLM_ATTEND_VARIANT(attend_baseline, Isa::kBaseline, )
+};
 
 }  // namespace
 
@@ -386,12 +382,7 @@ int64_t attend_scratch_floats(const PagedView& v, int64_t tokens) {
 
 void attend_range(const PagedView& v, const void* q, int64_t seq, int64_t kv_head, int64_t seq_len,
                   int64_t t0, int64_t t1, const RangeStats& out, float* scratch) {
-  if (isa() == Isa::kAvx512)
-    attend_avx512(v, q, seq, kv_head, seq_len, t0, t1, out, scratch);
-  else if (isa() == Isa::kAvx2)
-    attend_avx2(v, q, seq, kv_head, seq_len, t0, t1, out, scratch);
-  else
-    attend_baseline(v, q, seq, kv_head, seq_len, t0, t1, out, scratch);
+  run_at_kernel_isa<Attend>(v, q, seq, kv_head, seq_len, t0, t1, out, scratch);
 }
 
 }  // namespace vllm_like

@@ -3,13 +3,16 @@
 // V1 backend, the cache's reshape/copy/swap ops, and the fused layer ops a
 // Llama decoder runs on).
 // Built against the plugin C ABI only (and plugins/kernels, compiled in).
-#include "isa.h"
+#include <plugin_kernels/gemm.h>
+#include <plugin_kernels/isa.h>
+
 #include "ops.h"
 
 namespace {
 
 void init(npub::sdk::Registrar& r) {
-  vllm_like::configure_isa_from_environment();  // first: every family's loops read it
+  plugin_kernels::gemm_pin_libraries();                         // first: see plugin_kernels/gemm.h
+  plugin_kernels::configure_isa_from_environment("vllm_like");  // every family's loops read it
   vllm_like::register_activation(r);
   vllm_like::register_layernorm(r);
   vllm_like::register_rotary_embedding(r);

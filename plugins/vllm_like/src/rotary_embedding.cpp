@@ -117,8 +117,8 @@ void read_positions(const Call& call, const TensorRef& pos, int64_t* out, int64_
 
 // Rotates `heads` heads of head_size from h, by cos/sin (rot_dim / 2 each, float32).
 template <typename S, bool Neox>
-VLLM_LIKE_INLINE void rotate_heads(typename S::E* h, int64_t heads, int64_t head_size, int64_t half,
-                                   const float* __restrict cos, const float* __restrict sin) {
+PLUGIN_KERNELS_INLINE void rotate_heads(typename S::E* h, int64_t heads, int64_t head_size, int64_t half,
+                                        const float* __restrict cos, const float* __restrict sin) {
   using E = typename S::E;
   for (int64_t j = 0; j < heads; ++j) {
     E* head = h + j * head_size;
@@ -150,35 +150,29 @@ struct RotaryArgs {
 };
 
 template <typename S, typename C, bool Neox>
-VLLM_LIKE_INLINE void rotary_tokens(const RotaryArgs<S, C>& a, int64_t t0, int64_t t1, float* __restrict cs) {
-  const RotaryShape& s = a.shape;
-  const int64_t half = s.rot_dim / 2;
-  for (int64_t t = t0; t < t1; ++t) {
-    // the token's cos and sin in float32, once for all its heads
-    const typename C::E* __restrict row = a.cache + a.positions[t] * s.rot_dim;
-    for (int64_t i = 0; i < s.rot_dim; ++i) cs[i] = C::load(row[i]);
-    rotate_heads<S, Neox>(a.q + t * s.q_heads * s.head_size, s.q_heads, s.head_size, half, cs, cs + half);
-    if (a.k != nullptr)
-      rotate_heads<S, Neox>(a.k + t * s.k_heads * s.head_size, s.k_heads, s.head_size, half, cs, cs + half);
+struct RotaryTokens {
+  template <Isa>
+  static PLUGIN_KERNELS_INLINE void run(const RotaryArgs<S, C>& a, int64_t t0, int64_t t1,
+                                        float* __restrict cs) {
+    const RotaryShape& s = a.shape;
+    const int64_t half = s.rot_dim / 2;
+    for (int64_t t = t0; t < t1; ++t) {
+      // the token's cos and sin in float32, once for all its heads
+      const typename C::E* __restrict row = a.cache + a.positions[t] * s.rot_dim;
+      for (int64_t i = 0; i < s.rot_dim; ++i) cs[i] = C::load(row[i]);
+      rotate_heads<S, Neox>(a.q + t * s.q_heads * s.head_size, s.q_heads, s.head_size, half, cs, cs + half);
+      if (a.k != nullptr)
+        rotate_heads<S, Neox>(a.k + t * s.k_heads * s.head_size, s.k_heads, s.head_size, half, cs, cs + half);
+    }
   }
-}
-template <typename S, typename C, bool Neox>
-VLLM_LIKE_AVX2 void rotary_tokens_avx2(const RotaryArgs<S, C>& a, int64_t t0, int64_t t1, float* cs) {
-  rotary_tokens<S, C, Neox>(a, t0, t1, cs);
-}
-template <typename S, typename C, bool Neox>
-void rotary_tokens_generic(const RotaryArgs<S, C>& a, int64_t t0, int64_t t1, float* cs) {
-  rotary_tokens<S, C, Neox>(a, t0, t1, cs);
-}
-
+};
 template <typename S, typename C, bool Neox>
 void run_rotary(const Call& call, const RotaryArgs<S, C>& a) {
-  auto fn = has_avx2_fma() ? &rotary_tokens_avx2<S, C, Neox> : &rotary_tokens_generic<S, C, Neox>;
   const RotaryShape& s = a.shape;
   const int64_t per_token = std::max<int64_t>((s.q_heads + s.k_heads) * s.head_size, 1);
   call.parallel_for(0, s.num_tokens, std::max<int64_t>(1, 16384 / per_token), [&](int64_t b, int64_t e) {
     std::vector<float> cs(static_cast<size_t>(s.rot_dim));
-    fn(a, b, e, cs.data());
+    run_at_kernel_isa<RotaryTokens<S, C, Neox>, Isa::kAvx2>(a, b, e, cs.data());
   });
 }
 

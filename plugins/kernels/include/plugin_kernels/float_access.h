@@ -1,18 +1,18 @@
 // Typed element access for the in-tree plugins' kernels: float32, float16
 // and bfloat16 read and written in their own dtype, computed in float32;
-// float64 computed in double. Header-only: each plugin compiles its own
-// copy of these loops (with its own instruction-set attributes).
+// float64 computed in double; the conversions npub::sdk's (half.hpp).
+// Header-only: each plugin compiles its own copy of these loops (with its
+// own instruction-set attributes, plugin_kernels/isa.h).
 #pragma once
+
+#include <immintrin.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
+#include <plugin_kernels/isa.h>
 #include <npubridge/plugin_sdk.hpp>
-
-// Forces inlining into the caller, so that a loop compiled with a target
-// attribute (AVX2, AVX-512) inlines these helpers with that attribute too.
-#define PLUGIN_KERNELS_INLINE inline __attribute__((always_inline))
 
 namespace plugin_kernels {
 
@@ -98,43 +98,23 @@ PLUGIN_KERNELS_INLINE typename S::T inverse_rms(const typename S::E* x, int64_t 
   return static_cast<T>(1.0 / std::sqrt(static_cast<double>(ss) / static_cast<double>(n) + eps));
 }
 
-// exp(x) for float without a libm call (std::exp keeps a loop scalar), for
-// x <= 0 (what sigmoid's exp(-|x|) takes): x = n ln2 + r, |r| <= ln2 / 2,
-// ln2 split in two for the reduction; e^r by its degree-6 Taylor polynomial
-// (relative error under 2e-7 there, about 2 ulp with the rounding of the
-// steps); 2^n put into the exponent bits. Below -87.3 (e^x subnormal) it
-// gives 0; NaN stays NaN.
-PLUGIN_KERNELS_INLINE float exp_nonpositive(float x) {
-  const float xc = x < -87.3f ? -87.3f : x;  // not std::fmax: GCC keeps a loop over it scalar
-  const float magic = 12582912.0f;           // 1.5 * 2^23: adding it rounds to an integer
-  const float t = xc * 1.44269504088896341f + magic;
-  const float n = t - magic;
-  int32_t ti;
-  std::memcpy(&ti, &t, sizeof ti);
-  const int32_t ni = ti - 0x4B400000;  // the integer n, from t's mantissa
-  const float r = (xc - n * 0.693145751953125f) - n * 1.428606765330187e-06f;
-  float p = 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (ni + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  const float y = p * two_n;
-  return x < -87.3f ? 0.0f : (x == x ? y : x);
+// float16 <-> float32 of n elements, 8 at a time with F16C (the same
+// rounding as npub::sdk's conversions: to nearest even, NaN kept quiet), for
+// bodies compiled at Isa::kAvx2 or above; the baseline variant converts with
+// F16::load / F16::store. Functions of their own, not inlined into a body
+// that is also compiled for baseline x86-64 (an intrinsic cannot be).
+PLUGIN_KERNELS_TARGET_AVX2 inline void f16_to_f32_f16c(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i < n; ++i) dst[i] = _cvtsh_ss(src[i]);
 }
-PLUGIN_KERNELS_INLINE double exp_nonpositive(double x) { return std::exp(x); }
-
-// sigmoid(x) = 1 / (1 + e^-x), through e^-|x| so that the exp never
-// overflows: e / (1 + e) for negative x.
-template <typename T>
-PLUGIN_KERNELS_INLINE T sigmoid(T x) {
-  const T e = exp_nonpositive(-std::fabs(x));
-  const T s = T(1) / (T(1) + e);
-  return x >= T(0) ? s : e * s;
+PLUGIN_KERNELS_TARGET_AVX2 inline void f32_to_f16_f16c(const float* src, uint16_t* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+  for (; i < n; ++i) dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
 }  // namespace plugin_kernels

@@ -50,7 +50,7 @@ struct GemmArgs {
 // in the plugin's initialize, before anything there can fail: they are
 // loaded with the plugin and keep heap blocks only their static data points
 // to, which an unload would leak (LeakSanitizer saw it when a bad
-// NPUB_CANN_MAX_ISA rejected the plugin).
+// NPUB_PLUGINS_MAX_ISA rejected the plugin).
 void gemm_pin_libraries();
 
 // One product on the calling thread (Note [GEMM runs on the caller's thread
@@ -97,6 +97,33 @@ void gemm_blocked(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, d
       }
     }
   }
+}
+
+// C[m, n] = alpha * op(A) @ op(B) + beta * C on this thread (the shapes and
+// leading dimensions as GemmArgs'; a leading dimension of 0, an empty
+// operand's, taken as 1), for kernels templated on the accumulator type:
+// float32 on gemm_on_this_thread, float64 on gemm_blocked.
+inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  GemmArgs g;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.lda = std::max<int64_t>(lda, 1);
+  g.ldb = std::max<int64_t>(ldb, 1);
+  g.ldc = std::max<int64_t>(ldc, 1);
+  g.alpha = alpha;
+  g.beta = beta;
+  g.a = a;
+  g.b = b;
+  g.c = c;
+  gemm_on_this_thread(g);
+}
+inline void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+                 int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  gemm_blocked<double>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace plugin_kernels

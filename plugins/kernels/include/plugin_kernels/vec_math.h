@@ -1,24 +1,25 @@
 // Float32 elementary functions written so that loops calling them vectorise
 // (libm's do not): branch-free selects and polynomials, each within a few ulps
 // (the error models of aten::exp/tanh/erf/sigmoid/silu allow 4). Used by the
-// in-tree plugins' elementwise, activation, softmax and attention kernels.
+// in-tree plugins' elementwise, activation, softmax and attention kernels;
+// the one exp polynomial of the plugins (exp_reduced) under each of them.
 // (-fno-trapping-math in the plugins' CMakeLists.txt lets GCC vectorise the
-// selects.)
+// selects.) Always inlined (PLUGIN_KERNELS_INLINE): the callers' loops are
+// compiled per ISA level (plugin_kernels/isa.h), and a call would keep them
+// scalar.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
-// Always inlined: the callers' loops are compiled per ISA level (target
-// attributes), and a call would keep them scalar.
-#define NPUB_VEC_INLINE inline __attribute__((always_inline))
+#include <plugin_kernels/isa.h>
 
-namespace npub::kernels {
+namespace plugin_kernels {
 
 // exp(x) = 2^n * exp(r): n = round(x / ln 2) (returned), r = x - n ln 2 by
 // Cody-Waite, and exp(r) by a Cephes polynomial (the return value).
-NPUB_VEC_INLINE float exp_reduced(float x, float& n) {
+PLUGIN_KERNELS_INLINE float exp_reduced(float x, float& n) {
   n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
   const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -32,7 +33,7 @@ NPUB_VEC_INLINE float exp_reduced(float x, float& n) {
 
 // exp(x) for x in [-87.3, 88.7] (normal results), within ~2 ulp, no special
 // cases.
-NPUB_VEC_INLINE float exp_normal_range(float x) {
+PLUGIN_KERNELS_INLINE float exp_normal_range(float x) {
   float n;
   const float p = exp_reduced(x, n);
   const uint32_t bits = (static_cast<uint32_t>(static_cast<int32_t>(n)) + 127u) << 23;
@@ -45,7 +46,7 @@ NPUB_VEC_INLINE float exp_normal_range(float x) {
 // results below the smallest normal float are the subnormals ATen's exp
 // gives (the power of two is applied in two steps, the second rounding
 // once), and 0 below half the smallest subnormal.
-NPUB_VEC_INLINE float fast_exp(float x) {
+PLUGIN_KERNELS_INLINE float fast_exp(float x) {
   float xc = x < -103.972084f ? -103.972084f : x;
   xc = xc > 88.72283f ? 88.72283f : xc;
   float n;
@@ -64,11 +65,13 @@ NPUB_VEC_INLINE float fast_exp(float x) {
   res = x != x ? x : res;  // NaN propagates
   return res;
 }
+// libm's, for the kernels templated on float and double.
+PLUGIN_KERNELS_INLINE double fast_exp(double x) { return std::exp(x); }
 
 // tanh(x), within ~2 ulp: Cephes' odd polynomial below |x| = 0.625, and
 // 1 - 2 / (exp(2|x|) + 1) above, where tanh >= 0.55 and the subtraction
 // loses nothing; the sign is copied back. NaN propagates.
-NPUB_VEC_INLINE float fast_tanh(float x) {
+PLUGIN_KERNELS_INLINE float fast_tanh(float x) {
   const float a = x < 0.0f ? -x : x;
   const float z = x * x;
   float p = -5.70498872745e-3f;
@@ -84,7 +87,7 @@ NPUB_VEC_INLINE float fast_tanh(float x) {
 
 // erfc(a) for 0 <= a <= 9.3, relative error ~1.2e-7 (Numerical Recipes' erfcc
 // Chebyshev fit): t * exp(-a^2 + P(t)), t = 1 / (1 + a / 2).
-NPUB_VEC_INLINE float fast_erfc_nonneg(float a) {
+PLUGIN_KERNELS_INLINE float fast_erfc_nonneg(float a) {
   const float t = 1.0f / (1.0f + 0.5f * a);
   float p = 0.17087277f;
   p = p * t - 0.82215223f;
@@ -104,7 +107,7 @@ NPUB_VEC_INLINE float fast_erfc_nonneg(float a) {
 }
 
 // erf(x) / x as Cephes' polynomial in z = x^2, for |x| < 0.75.
-NPUB_VEC_INLINE float erf_over_x(float z) {
+PLUGIN_KERNELS_INLINE float erf_over_x(float z) {
   float p = 7.853861353153693e-5f;
   p = p * z - 8.010193625184903e-4f;
   p = p * z + 5.188327685732524e-3f;
@@ -116,7 +119,7 @@ NPUB_VEC_INLINE float erf_over_x(float z) {
 
 // erf(x), within a few ulp: Cephes' x * P(x^2) below |x| = 0.75, and
 // 1 - erfc(|x|) above (erfc <= 0.29 there: no cancellation), sign copied.
-NPUB_VEC_INLINE float fast_erf(float x) {
+PLUGIN_KERNELS_INLINE float fast_erf(float x) {
   const float a = x < 0.0f ? -x : x;
   const float z = x * x;
   const float p = erf_over_x(z);
@@ -129,7 +132,7 @@ NPUB_VEC_INLINE float fast_erf(float x) {
 // gelu(x) = x / 2 * (1 + erf(x / sqrt(2))), with one erfc: 1 + erf(u) is
 // 1 + x * P(x^2) for |u| < 0.75, else 2 - erfc(|u|) for u > 0 and erfc(|u|)
 // for u < 0 (which keeps its relative accuracy where 1 + erf cancels).
-NPUB_VEC_INLINE float fast_gelu(float x) {
+PLUGIN_KERNELS_INLINE float fast_gelu(float x) {
   const float u = x * 0.70710678118654752440f;
   const float a = u < 0.0f ? -u : u;
   const float z = u * u;
@@ -139,7 +142,26 @@ NPUB_VEC_INLINE float fast_gelu(float x) {
   return 0.5f * x * one_plus_erf;
 }
 
-// 1 / (1 + exp(-x)).
-NPUB_VEC_INLINE float fast_sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
+// exp(x) for x <= 0 where a result below the normal floats may be 0: the
+// softmax numerators exp(s - max) of the attention kernels (a masked score,
+// -inf, gives 0). Cheaper than fast_exp: below -87.3 it gives 0, not
+// exp's subnormal; NaN stays NaN. The double overload is libm's exp.
+PLUGIN_KERNELS_INLINE float exp_nonpositive(float x) {
+  const float y = exp_normal_range(x >= -87.3f ? x : -87.3f);  // NaN too: n stays an integer
+  return x >= -87.3f ? y : (x == x ? 0.0f : x);
+}
+PLUGIN_KERNELS_INLINE double exp_nonpositive(double x) { return std::exp(x); }
 
-}  // namespace npub::kernels
+// sigmoid(x) = 1 / (1 + e^-x), through e = e^-|x| so that the exp never
+// overflows: e / (1 + e) for negative x. Below x = -87.3 e is 0 (the
+// result is below float's smallest normal, an absolute error of at most
+// that); fast_exp's subnormals would make the loop about twice as slow.
+// float, and double (libm's exp).
+template <typename T>
+PLUGIN_KERNELS_INLINE T sigmoid(T x) {
+  const T e = exp_nonpositive(-std::fabs(x));
+  const T s = T(1) / (T(1) + e);
+  return x >= T(0) ? s : e * s;
+}
+
+}  // namespace plugin_kernels
