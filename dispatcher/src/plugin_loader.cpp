@@ -259,8 +259,9 @@ LoadResult PluginLoader::load(const std::string& path, bool from_directory) {
   }
   registrar.open = false;
   // Note [A plugin's bad setting rejects that plugin only]
-  // A plugin reads its own settings in its initialize (NPUB_CANN_MAX_ISA and
-  // the like: plugin_kernels::isa_cap_from_environment) as strictly as the
+  // A plugin reads its own settings in its initialize (NPUB_PLUGINS_MAX_ISA
+  // for the in-tree ones: plugin_kernels::configure_isa_from_environment) as
+  // strictly as the
   // host reads its own (Note [A setting is read strictly or refused]), and
   // a bad value fails initialize with "NAME: expected ... but found '...'".
   // That is a failed initialize like any other: the plugin is rejected with
