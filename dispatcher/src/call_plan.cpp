@@ -1,6 +1,7 @@
 // A call plan made once and run many times (Note [One call plan per
 // signature], dispatcher.h).
 #include "call_state.h"
+#include "host_api.h"
 #include "overlap.h"
 
 #include <npubridge/dispatcher/dispatcher.h>
@@ -29,6 +30,72 @@ std::string explain_no_kernel(const Dispatcher& d, const Dispatcher::CallState& 
 // check and the statistics. A kernel's predicate (supports) is asked when
 // the plan is made: it must decide from the metadata and the non-tensor
 // arguments, never from tensor data.
+
+// Note [A plan's returns are its kernel's]
+// A graph compiler sizes every buffer before anything runs, from the
+// graph's meta values; the kernel that serves a step may return otherwise
+// (an ATen op's meta function says float32 for LayerNorm's mean where the
+// plugin's kernel, as ATen's own CPU kernel, returns the input's bfloat16).
+// So a kMetadata plan asks the kernel what it returns: its own meta
+// function (NpubKernelDesc.meta, ABI 1.6; the SDK's is the kernel body run
+// on metadata), else the op's. A half-type call served by a float32 kernel
+// shows the kernel float32 arguments, and float32 returns come back in the
+// call's dtype, as the staging does (conversion.cpp). A meta function that
+// fails or stops before declaring a return leaves it unset: the run then
+// reports what the kernel really did.
+namespace {
+
+std::vector<OutputMeta> kernel_returns(const Dispatcher::CallState& cs, const reg::Kernel& k,
+                                       DType convert_from) {
+  const reg::OpEntry& op = *cs.op;
+  const size_t nret = op.schema().returns.size();
+  std::vector<OutputMeta> out(nret);
+  for (size_t i = 0; i < nret; ++i) out[i].alias = op.return_alias()[i];
+  NpubMetaFn fn = k.meta;
+  void* user_data = k.user_data;
+  if (fn == nullptr && op.meta() != nullptr) {
+    fn = op.meta()->fn;
+    user_data = op.meta()->user_data;
+  }
+  if (fn == nullptr) return out;
+  // The arguments as the kernel sees them (a converted call's in float32).
+  const bool converting = convert_from != DType::kUnknown;
+  std::vector<NpubValue> args(cs.args, cs.args + cs.num_args);
+  size_t count = 0;
+  for (const NpubValue& v : args)
+    count += v.tag == NPUB_VALUE_TENSOR ? 1 : v.tag == NPUB_VALUE_TENSOR_LIST ? static_cast<size_t>(v.count) : 0;
+  std::vector<DLTensor> tensors;  // never reallocated: the arguments point into it
+  tensors.reserve(count);
+  std::vector<std::vector<DLTensor*>> lists;
+  lists.reserve(args.size());
+  auto as_kernel_sees = [&](DLTensor* t) -> DLTensor* {
+    if (!converting || t == nullptr || dtype_of(t->dtype) != convert_from) return t;
+    tensors.push_back(*t);
+    tensors.back().dtype = to_dl(DType::kFloat32);
+    return &tensors.back();
+  };
+  for (NpubValue& v : args) {
+    if (v.tag == NPUB_VALUE_TENSOR) {
+      v.u.tensor = as_kernel_sees(v.u.tensor);
+    } else if (v.tag == NPUB_VALUE_TENSOR_LIST && converting) {
+      lists.emplace_back(v.u.tensors, v.u.tensors + v.count);
+      for (DLTensor*& t : lists.back()) t = as_kernel_sees(t);
+      v.u.tensors = lists.back().data();
+    }
+  }
+  NpubMetaContext ctx{context_head(op.name(), user_data), &op, &out};
+  if (NpubError* e = fn(&ctx, args.data(), static_cast<int32_t>(args.size()))) {
+    consume_error(e);
+    for (OutputMeta& o : out) o.set = false;
+    return out;
+  }
+  if (converting)
+    for (OutputMeta& o : out)
+      if (o.set && o.dtype == DType::kFloat32) o.dtype = convert_from;
+  return out;
+}
+
+}  // namespace
 
 const std::string& CallPlan::plugin() const {
   static const std::string none;
@@ -64,7 +131,12 @@ CallPlan Dispatcher::plan(const OpHandle& handle, const NpubValue* args, int32_t
   p.opt_level = opt_level();
   p.dtype_conversion = dtype_conversion();
   p.kernel = choose(cs, &p.convert_from);
-  if (p.kernel == nullptr) p.fallback_reason = explain_no_kernel(*this, cs);
+  if (p.kernel == nullptr) {
+    p.fallback_reason = explain_no_kernel(*this, cs);
+    if (inputs == PlanInputs::kMetadata) p.returns.assign(static_cast<size_t>(p.num_rets), OutputMeta{});
+  } else if (inputs == PlanInputs::kMetadata) {
+    p.returns = kernel_returns(cs, *p.kernel, p.convert_from);
+  }
   return p;
 }
 

@@ -234,6 +234,7 @@ NpubError* register_kernel(NpubRegistrar* r, const NpubKernelDesc* desc) {
   k->fn = desc->fn;
   k->supports = desc->supports;
   k->workspace_size = desc->workspace_size;
+  if (desc->struct_size >= NPUB_KERNEL_DESC_STRUCT_SIZE_1_6) k->meta = desc->meta;
   // Ambiguity against registered and staged kernels (same rule as Registry::add_kernel).
   auto clash = [&](const reg::Kernel& other) {
     const bool overlap = other.dtype_mask == 0 || mask == 0 || (other.dtype_mask & mask) != 0;

@@ -18,7 +18,7 @@ NPUB_GOLDEN(NpubValue, tag, 0);
 NPUB_GOLDEN(NpubValue, count, 4);
 NPUB_GOLDEN(NpubValue, u, 8);
 
-static_assert(sizeof(NpubKernelDesc) == 104, "NpubKernelDesc v1.4 size");
+static_assert(sizeof(NpubKernelDesc) == 112, "NpubKernelDesc v1.6 size");
 NPUB_GOLDEN(NpubKernelDesc, struct_size, 0);
 NPUB_GOLDEN(NpubKernelDesc, op_name, 8);
 NPUB_GOLDEN(NpubKernelDesc, device_type, 16);
@@ -34,6 +34,7 @@ NPUB_GOLDEN(NpubKernelDesc, user_data_deleter, 72);
 NPUB_GOLDEN(NpubKernelDesc, min_opt_level, 80);
 NPUB_GOLDEN(NpubKernelDesc, arg_dtypes, 88);  // \since 1.4
 NPUB_GOLDEN(NpubKernelDesc, num_arg_dtypes, 96);
+NPUB_GOLDEN(NpubKernelDesc, meta, 104);  // \since 1.6
 
 static_assert(sizeof(NpubArgDtypes) == 24, "NpubArgDtypes v1.4 size");
 NPUB_GOLDEN(NpubArgDtypes, arg, 0);
@@ -84,6 +85,7 @@ static_assert(NPUB_HOST_API_STRUCT_SIZE_1_2 == 168, "NpubHostApi 1.2 ends at def
 static_assert(NPUB_HOST_API_STRUCT_SIZE_1_4 == 176, "NpubHostApi 1.4 ends at register_meta_with_data");
 static_assert(NPUB_HOST_API_STRUCT_SIZE_1_5 == 184, "NpubHostApi 1.5 ends at register_fusion_pattern");
 static_assert(NPUB_KERNEL_DESC_STRUCT_SIZE_1_4 == 100, "NpubKernelDesc 1.4 ends at num_arg_dtypes");
+static_assert(NPUB_KERNEL_DESC_STRUCT_SIZE_1_6 == 112, "NpubKernelDesc 1.6 ends at meta");
 static_assert(NPUB_CONTEXT_HEAD_STRUCT_SIZE_1_4 == 32, "NpubContextHead 1.4 ends at op_name");
 static_assert(NPUB_PLUGIN_API_STRUCT_SIZE_1_0 == 48, "NpubPluginApi 1.0 ends at shutdown");
 
@@ -117,6 +119,6 @@ TEST(Abi, EnumValuesAreFixed) {
   EXPECT_EQ(NPUB_ARG_DTYPE_LISTED, 2);
   EXPECT_EQ(NPUB_DEVICE_NPU, kDLExtDev);
   EXPECT_EQ(NPUB_ABI_MAJOR, 1);
-  EXPECT_EQ(NPUB_ABI_MINOR, 5);
+  EXPECT_EQ(NPUB_ABI_MINOR, 6);
   EXPECT_STREQ(NPUB_PLUGIN_ENTRY_SYMBOL, "npub_plugin_init_v1");
 }

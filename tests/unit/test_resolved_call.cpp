@@ -181,3 +181,64 @@ TEST_F(ResolvedCallTest, ACallPlanHoldsForCallsThatShareMemoryAsItsDid) {
 }
 
 }  // namespace
+
+// Note [A plan's returns are its kernel's]: a metadata plan says what its
+// kernel returns, from the kernel's own meta function (the SDK's kernel
+// body run on metadata), where the op has no meta function or another one.
+TEST_F(ResolvedCallTest, AMetadataPlanSaysWhatItsKernelReturns) {
+  Dispatcher& d = rt->dispatcher();
+  const DLDevice npu{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), 0};
+  auto meta = [&](std::vector<int64_t>& shape, DType t) {
+    DLTensor m{};
+    m.ndim = static_cast<int32_t>(shape.size());
+    m.shape = shape.data();
+    m.dtype = to_dl(t);
+    m.device = npu;
+    return m;
+  };
+  // LayerNorm in bfloat16: ATen's meta function says float32 for mean and
+  // rstd; cann_like's kernel (as ATen's CPU kernel) returns bfloat16.
+  std::vector<int64_t> xs = {4, 8}, ws = {8};
+  DLTensor x = meta(xs, DType::kBFloat16), w = meta(ws, DType::kBFloat16);
+  std::vector<int64_t> normalized = {8};
+  NpubValue ln[] = {tensor_value(&x), int_list_value(normalized), tensor_value(&w), tensor_value(&w),
+                    double_value(1e-5)};
+  const CallPlan p = d.plan(d.op("aten::native_layer_norm"), ln, 5);
+  ASSERT_EQ(p.plugin(), "cann_like");
+  ASSERT_EQ(p.returns.size(), 3u);
+  const std::vector<std::vector<int64_t>> shapes = {{4, 8}, {4, 1}, {4, 1}};
+  for (size_t i = 0; i < 3; ++i) {
+    ASSERT_TRUE(p.returns[i].set) << "return " << i;
+    EXPECT_EQ(p.returns[i].dtype, DType::kBFloat16) << "return " << i;
+    EXPECT_EQ(p.returns[i].shape, shapes[i]) << "return " << i;
+  }
+  // A float16 call on a float32 kernel: the kernel sees float32, the call
+  // gets its float32 returns back in float16 (as the staging converts them).
+  std::vector<int64_t> hs = {5};
+  DLTensor h = meta(hs, DType::kFloat16);
+  NpubValue ha[] = {tensor_value(&h)};
+  const CallPlan ph = d.plan(d.op("testsel::twice_fn"), ha, 1);
+  ASSERT_EQ(ph.convert_from, DType::kFloat16);
+  ASSERT_EQ(ph.returns.size(), 1u);
+  ASSERT_TRUE(ph.returns[0].set);
+  EXPECT_EQ(ph.returns[0].dtype, DType::kFloat16);
+  EXPECT_EQ(ph.returns[0].shape, hs);
+  // A return whose shape depends on the data (the body reads the data
+  // before declaring it): unset, as is every return of a fallback plan.
+  std::vector<int64_t> fs = {6};
+  DLTensor f = meta(fs, DType::kFloat32), i32 = meta(fs, DType::kInt32);
+  NpubValue fa[] = {tensor_value(&f)};
+  const CallPlan pp = d.plan(d.op("testsel::positives"), fa, 1);
+  ASSERT_NE(pp.kernel, nullptr);
+  ASSERT_EQ(pp.returns.size(), 1u);
+  EXPECT_FALSE(pp.returns[0].set);
+  NpubValue ia[] = {tensor_value(&i32)};
+  const CallPlan pf = d.plan(d.op("testsel::twice_fn"), ia, 1);
+  ASSERT_EQ(pf.kernel, nullptr);
+  ASSERT_EQ(pf.returns.size(), 1u);
+  EXPECT_FALSE(pf.returns[0].set);
+  // A call's plan (kCall) leaves them to the call.
+  Tensor real = Tensor::from_values({2}, DType::kFloat32, {1, -1}, dev);
+  NpubValue ra[] = {tensor_value(real.dl())};
+  EXPECT_TRUE(d.plan(d.op("testsel::twice_fn"), ra, 1, PlanInputs::kCall).returns.empty());
+}

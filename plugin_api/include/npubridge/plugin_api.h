@@ -47,7 +47,7 @@ extern "C" {
 /** Removing, retyping or reordering anything bumps the major version. */
 #define NPUB_ABI_MAJOR 1
 /** Appending a field or a function to a struct bumps the minor version. */
-#define NPUB_ABI_MINOR 5
+#define NPUB_ABI_MINOR 6
 
 /** The one symbol a plugin exports. Its name carries the major version. */
 #define NPUB_PLUGIN_ENTRY_SYMBOL "npub_plugin_init_v1"
@@ -263,8 +263,12 @@ typedef NpubError* (*NpubKernelFn)(NpubCallContext* ctx, const NpubValue* args, 
 /**
  * Optional predicate: may this kernel serve these arguments? Called during
  * kernel selection, after the dtype checks; must be cheap and must not fail.
- * Returns non-zero for yes. Thread safety: called from many threads at once,
- * as kernels are; tensor data may be read but not written.
+ * Returns non-zero for yes. It decides from metadata (dtypes, shapes,
+ * strides) and non-tensor arguments only: a host asks it once per call
+ * signature and keeps the answer in its call plan, and a graph compiler asks
+ * it with tensors whose `data` is NULL. A call that must be refused by its
+ * data declines in the kernel (NPUB_ERR_UNSUPPORTED: the fallback serves it).
+ * Thread safety: called from many threads at once, as kernels are.
  */
 typedef int32_t (*NpubSupportsFn)(void* user_data, const NpubValue* args, int32_t num_args);
 
@@ -391,6 +395,19 @@ typedef struct NpubKernelDesc {
    * op's schema (or "*"), named once, with a known rule. \since 1.4 */
   const NpubArgDtypes* arg_dtypes;
   int32_t num_arg_dtypes;
+
+  /* --- \since 1.6 --- */
+
+  /** Optional: this kernel's own meta function (NpubMetaFn), called with the
+   * kernel's `user_data` in the context head. What the kernel returns for
+   * these arguments' metadata, where it may differ from the op's meta
+   * function: an ATen op whose ATen meta function says float32 where the
+   * kernel returns LayerNorm's mean in the input's bfloat16, say. A graph
+   * compiler sizes the kernel's buffers from it (its call plan's returns);
+   * NULL: the op's meta function answers. The C++ SDK sets it for every
+   * kernel from the kernel's own body (Note [One body for kernel and meta
+   * function]). \since 1.6 */
+  NpubMetaFn meta;
 } NpubKernelDesc;
 
 /* ------------------------------------------------------------------------ */
@@ -591,9 +608,10 @@ typedef const NpubPluginApi* (*NpubPluginInitFn)(void);
  */
 #define NPUB_STRUCT_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
 
-/** NpubKernelDesc as ABI 1.0 defined it (unchanged through 1.3), and 1.4. */
+/** NpubKernelDesc as ABI 1.0 defined it (unchanged through 1.3), 1.4 (through 1.5) and 1.6. */
 #define NPUB_KERNEL_DESC_STRUCT_SIZE_1_0 NPUB_STRUCT_SIZE(NpubKernelDesc, min_opt_level)
 #define NPUB_KERNEL_DESC_STRUCT_SIZE_1_4 NPUB_STRUCT_SIZE(NpubKernelDesc, num_arg_dtypes)
+#define NPUB_KERNEL_DESC_STRUCT_SIZE_1_6 NPUB_STRUCT_SIZE(NpubKernelDesc, meta)
 /** NpubHostApi as each minor version left it. */
 #define NPUB_HOST_API_STRUCT_SIZE_1_0 NPUB_STRUCT_SIZE(NpubHostApi, num_threads)
 #define NPUB_HOST_API_STRUCT_SIZE_1_1 NPUB_STRUCT_SIZE(NpubHostApi, philox_reserve)
@@ -608,7 +626,7 @@ typedef const NpubPluginApi* (*NpubPluginInitFn)(void);
 /** What a writer built against this header puts in `struct_size`: the
  * current version's size, without tail padding (a reader must never take
  * padding for a field a later version appended there). */
-#define NPUB_KERNEL_DESC_STRUCT_SIZE NPUB_KERNEL_DESC_STRUCT_SIZE_1_4
+#define NPUB_KERNEL_DESC_STRUCT_SIZE NPUB_KERNEL_DESC_STRUCT_SIZE_1_6
 #define NPUB_HOST_API_STRUCT_SIZE NPUB_HOST_API_STRUCT_SIZE_1_5
 #define NPUB_CONTEXT_HEAD_STRUCT_SIZE NPUB_CONTEXT_HEAD_STRUCT_SIZE_1_4
 #define NPUB_PLUGIN_API_STRUCT_SIZE NPUB_PLUGIN_API_STRUCT_SIZE_1_0

@@ -486,7 +486,8 @@ struct KernelEntry {
 };
 struct KernelTable {
   std::mutex mutex;  // taken by registration only; a slot is written once, before its entry is registered
-  const NpubKernelFn* thunks = nullptr;  // kernel_entry_thunk<0..NPUB_SDK_MAX_KERNELS-1>
+  const NpubKernelFn* thunks = nullptr;     // kernel_entry_thunk<0..NPUB_SDK_MAX_KERNELS-1>
+  const NpubMetaFn* meta_thunks = nullptr;  // kernel_meta_thunk<0..NPUB_SDK_MAX_KERNELS-1>
   size_t used = 0;
   KernelEntry entries[NPUB_SDK_MAX_KERNELS];
 };
@@ -509,15 +510,36 @@ NpubError* kernel_entry_thunk(NpubCallContext* ctx, const NpubValue* args, int32
                               int32_t num_rets) {
   return run_kernel_entry(Slot, ctx, args, num_args, rets, num_rets);
 }
+// The same body as the kernel's own meta function (NpubKernelDesc.meta,
+// ABI 1.6; Note [One body for kernel and meta function]): what this kernel
+// returns, which a graph compiler sizes its buffers from.
+[[gnu::noinline]] inline NpubError* run_kernel_meta(size_t slot, NpubMetaContext* ctx, const NpubValue* args,
+                                                    int32_t num_args) {
+  const KernelEntry& k = kernel_table().entries[slot];
+  return guard(k.op.c_str(), [&] {
+    Call call(k.op.c_str(), ctx, args, num_args);
+    try {
+      k.body(call);
+    } catch (const MetaStop&) {
+      // The body reached data: the returns it declared so far are the answer.
+    }
+  });
+}
+template <size_t Slot>
+NpubError* kernel_meta_thunk(NpubMetaContext* ctx, const NpubValue* args, int32_t num_args) {
+  return run_kernel_meta(Slot, ctx, args, num_args);
+}
 template <size_t... Slots>
 void install_kernel_entry_thunks(std::index_sequence<Slots...>) {
   static const NpubKernelFn thunks[] = {&kernel_entry_thunk<Slots>...};
+  static const NpubMetaFn meta_thunks[] = {&kernel_meta_thunk<Slots>...};
   KernelTable& t = kernel_table();
   std::lock_guard<std::mutex> lock(t.mutex);
   t.thunks = thunks;
+  t.meta_thunks = meta_thunks;
 }
-// The C entry of (op, body), taking a free slot the first time.
-inline NpubKernelFn kernel_entry(const std::string& op, KernelBody body) {
+// The slot of (op, body), taken the first time.
+inline size_t kernel_slot(const std::string& op, KernelBody body) {
   KernelTable& t = kernel_table();
   std::lock_guard<std::mutex> lock(t.mutex);
   size_t slot = 0;
@@ -531,7 +553,14 @@ inline NpubKernelFn kernel_entry(const std::string& op, KernelBody body) {
     t.entries[slot].body = body;
     ++t.used;
   }
-  return t.thunks[slot];
+  return slot;
+}
+// The C entries of (op, body): the kernel and its meta function.
+inline NpubKernelFn kernel_entry(const std::string& op, KernelBody body) {
+  return kernel_table().thunks[kernel_slot(op, body)];
+}
+inline NpubMetaFn kernel_meta_entry(const std::string& op, KernelBody body) {
+  return kernel_table().meta_thunks[kernel_slot(op, body)];
 }
 
 // A meta function's C entry for the C++ body `Body` (the C signature has no
@@ -753,6 +782,7 @@ inline void KernelBuilder::commit() {
   desc.num_dtypes = static_cast<int32_t>(dtypes_.size());
   desc.flags = flags_;
   desc.fn = detail::kernel_entry(op_, body_);
+  desc.meta = detail::kernel_meta_entry(op_, body_);  // a host before ABI 1.6 reads no further than it knows
   desc.supports = supports_;
   desc.workspace_size = workspace_;
   desc.user_data = user_data_;

@@ -1,16 +1,22 @@
 // npubridge._C._graph_program: builds the C++ execution loop of a lowered
-// graph (program.h) from the plan npubridge/_compile/lowering.py makes.
+// graph (program.h) from the plan npubridge/_compile/lowering.py makes;
+// _C._plan_step: one step's call plan, asked while lowering.
 #include <ATen/ScalarOps.h>
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
+#include <npubridge/torch/dtype.h>
+
 #include "graph/program.h"
+#include "graph/step_call.h"
 
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace py = pybind11;
@@ -173,6 +179,31 @@ void bind_graph(py::module& m) {
     std::vector<StepSpec> st;
     for (const auto& s : steps) st.push_back(step_spec(s.cast<py::dict>()));
     return std::make_shared<Program>(device, std::move(sl), arena_bytes, std::move(st), outputs, keep_arena);
+  });
+  // One step's plan from the slots it names (Note [A plan's returns are its
+  // kernel's]): the lowering sizes a kernel's buffers from its returns.
+  m.def("_plan_step", [](int device, const py::dict& slots, const py::dict& step) {
+    std::unordered_map<int64_t, SlotSpec> sl;
+    for (const auto& [k, v] : slots) sl.emplace(k.cast<int64_t>(), slot_spec(v.cast<py::dict>()));
+    const CallPlan plan = plan_step(device, sl, step_spec(step));
+    py::list returns;
+    for (const OutputMeta& r : plan.returns) {
+      if (!r.set) {
+        returns.append(py::none());
+        continue;
+      }
+      py::object dtype = py::reinterpret_borrow<py::object>(
+          reinterpret_cast<PyObject*>(torch::getTHPDtype(torch_dtype(r.dtype))));
+      returns.append(py::make_tuple(r.shape, dtype));
+    }
+    py::dict out;
+    out["plugin"] = plan.plugin();
+    out["reason"] = plan.fallback_reason;
+    out["conversion"] = plan.convert_from != DType::kUnknown
+                            ? std::string(dtype_name(plan.convert_from)) + "->float32"
+                            : std::string();
+    out["returns"] = returns;
+    return out;
   });
 }
 

@@ -1,5 +1,6 @@
 // The execution loop of a lowered graph (see program.h).
 #include "graph/program.h"
+#include "graph/step_call.h"
 
 #include <ATen/core/stack.h>
 #include <c10/core/DeviceGuard.h>
@@ -43,10 +44,8 @@ struct Program::Slot {
 
 struct Program::Step {
   StepSpec spec;
-  std::optional<CallPlan> rc;    // kernel steps
-  std::unique_ptr<Boxed> boxed;  // the NpubValue arguments (lists and strings kept here)
-  std::vector<std::vector<DLTensor*>> lists;
-  std::vector<NpubValue> args, rets;
+  std::optional<CallPlan> rc;  // kernel steps
+  StepCall call;               // kernel steps: the NpubValue arguments and returns
   std::vector<int64_t> after;  // host steps: slots whose views are placed once it ran
 };
 
@@ -81,7 +80,9 @@ int64_t slot_extent_bytes(const SlotSpec& s, size_t itemsize) {
 // when its real dtype converts exactly to the slot's (bfloat16 ->
 // float32): the same values the op computed, in the dtype the graph was
 // traced with; anything else (another shape, a narrowing) is an error
-// naming the node. (A kernel step's are found and converted at lowering.)
+// naming the node. A kernel step's are known before it runs, from its call
+// plan's returns (Note [A plan's returns are its kernel's], dispatcher),
+// and the lowering widens them by an exact copy_ step.
 bool converts_exactly(at::ScalarType from, at::ScalarType to) {
   if (from == to) return true;
   const bool fl = c10::isFloatingType(from) && c10::isFloatingType(to);
@@ -108,7 +109,6 @@ c10::Storage graph_storage(int64_t bytes) {
 Program::Program(int device, std::vector<SlotSpec> slots, int64_t arena_bytes, std::vector<StepSpec> steps,
                  std::vector<int64_t> outputs, bool keep_arena)
     : device_(device), outputs_(std::move(outputs)), arena_bytes_(arena_bytes), keep_arena_(keep_arena) {
-  const DLDevice dl_device{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), device};
   slots_.resize(slots.size());
   views_of_.resize(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -116,11 +116,7 @@ Program::Program(int device, std::vector<SlotSpec> slots, int64_t arena_bytes, s
     s.spec = std::move(slots[i]);
     TORCH_CHECK(s.spec.sizes.size() == s.spec.strides.size(), "graph slot ", i, ": sizes and strides differ");
     s.itemsize = c10::elementSize(s.spec.dtype);
-    s.dl.device = dl_device;
-    s.dl.ndim = static_cast<int32_t>(s.spec.sizes.size());
-    s.dl.dtype = to_dl(npub_dtype(s.spec.dtype));
-    s.dl.shape = s.spec.sizes.data();
-    s.dl.strides = s.spec.strides.data();
+    describe_slot(s.dl, s.spec, device);
     using K = SlotSpec::Kind;
     if (s.spec.kind == K::kInput) {
       if (inputs_.size() <= static_cast<size_t>(s.spec.index)) inputs_.resize(s.spec.index + 1, -1);
@@ -143,43 +139,16 @@ Program::Program(int device, std::vector<SlotSpec> slots, int64_t arena_bytes, s
   rt().dispatcher();  // the runtime is up
   steps_.reserve(steps.size());
   for (size_t n = 0; n < steps.size(); ++n) {
-    steps_.push_back(Step{std::move(steps[n]), {}, {}, {}, {}, {}, {}});
+    steps_.push_back(Step{std::move(steps[n]), {}, {}, {}});
     Step& st = steps_.back();
     StepInfo info{st.spec.node, "fallback", "", "", "", ""};
     for (int64_t o : st.spec.outs)
       if (o >= 0 && slots_[static_cast<size_t>(o)].spec.kind == SlotSpec::Kind::kHost) st.after.push_back(o);
     if (!st.spec.target.empty()) {
-      // Arguments as the registry op takes them: the ATen op's, then (the
-      // .out route) its outputs as out=.
       const OpHandle target = rt().dispatcher().op(st.spec.target);
-      st.boxed = std::make_unique<Boxed>();
-      st.boxed->views.reserve(st.spec.args.size());  // box() hands out addresses into it
-      st.lists.reserve(st.spec.args.size());
-      for (const ArgSpec& a : st.spec.args) {
-        if (a.kind == ArgSpec::Kind::kSlot) {
-          st.args.push_back(tensor_value(&slots_[static_cast<size_t>(a.slot)].dl));
-        } else if (a.kind == ArgSpec::Kind::kSlots) {
-          st.lists.emplace_back();
-          for (int64_t k : a.slots)
-            st.lists.back().push_back(k < 0 ? nullptr : &slots_[static_cast<size_t>(k)].dl);
-          st.args.push_back(tensor_list_value(st.lists.back()));
-        } else {
-          st.args.push_back(box(a.value, *st.boxed, static_cast<c10::DeviceIndex>(device)));
-        }
-      }
-      const size_t nret = target.op->schema().returns.size();
-      for (int64_t o : st.spec.outs) {
-        NpubValue v = o < 0 ? none_value() : tensor_value(&slots_[static_cast<size_t>(o)].dl);
-        if (st.spec.via_out)
-          st.args.push_back(v);
-        else
-          st.rets.push_back(v);
-      }
-      if (st.spec.via_out) st.rets.assign(nret, none_value());
-      TORCH_CHECK(st.rets.size() == nret, step_where(st.spec), ": the registry op '", st.spec.target,
-                  "' has ", nret, " returns but the node ", st.spec.outs.size());
+      box_step(st.spec, target, device, [&](int64_t k) { return &slots_[static_cast<size_t>(k)].dl; }, st.call);
       try {
-        st.rc = rt().dispatcher().plan(target, st.args.data(), static_cast<int32_t>(st.args.size()));
+        st.rc = rt().dispatcher().plan(target, st.call.args.data(), static_cast<int32_t>(st.call.args.size()));
       } catch (const Error& e) {
         TORCH_CHECK(false, step_where(st.spec), ": ", e.what());
       }
@@ -359,11 +328,11 @@ void Program::run_kernel(Step& s) {
   NpubValue rets_small[8];
   std::vector<NpubValue> rets_big;
   NpubValue* rets = rets_small;
-  if (s.rets.size() > 8) {
-    rets_big = s.rets;
+  if (s.call.rets.size() > 8) {
+    rets_big = s.call.rets;
     rets = rets_big.data();
   } else {
-    std::copy(s.rets.begin(), s.rets.end(), rets_small);
+    std::copy(s.call.rets.begin(), s.call.rets.end(), rets_small);
   }
   // A kernel that declines goes to the dispatcher's fallback, which runs
   // the step's ATen op on the CPU from this call's arguments.
@@ -379,8 +348,8 @@ void Program::run_kernel(Step& s) {
   };
   TorchOutputs outs;
   try {
-    rt().dispatcher().run(*s.rc, s.args.data(), static_cast<int32_t>(s.args.size()), rets,
-                          static_cast<int32_t>(s.rets.size()), &outs, &call);
+    rt().dispatcher().run(*s.rc, s.call.args.data(), static_cast<int32_t>(s.call.args.size()), rets,
+                          static_cast<int32_t>(s.call.rets.size()), &outs, &call);
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kOutOfMemory)
       TORCH_CHECK_WITH(OutOfMemoryError, false, step_where(s.spec), ": ", e.what());

@@ -345,7 +345,12 @@ class _Lowering:
         # otherwise an unread return gets none and the kernel allocates it as
         # in eager.
         outs = [self._out_slot(node, v, escaping) if via_out or read[i] else -1 for i, v in enumerate(vals)]
-        real = self._real_returns(node, op, args, outs) if not via_out and len(outs) > 1 else None
+        real = self._planned_returns(node, op, target, args, outs) if not via_out and len(outs) > 1 else None
+        if real is not None and "aten::copy_" not in self.direct and any(
+                o >= 0 and r is not None and r.dtype != v.dtype for o, r, v in zip(outs, real, vals)):
+            # Widening the kernel's return to the graph's dtype takes a copy_
+            # kernel: without one, ATen runs the node.
+            return self._host_with_outputs(node, op, args, vals, escaping)
         kernel_outs, widen = list(outs), []
         for i, r in enumerate(real or []):
             v = vals[i]
@@ -428,32 +433,33 @@ class _Lowering:
             self.slots[s]["offset"] = 0
         return s
 
-    def _real_returns(self, node, op, args, outs):
-        """What the op really returns on this backend for the node's
-        arguments (dtype and shape per return; None where unknown): it runs
-        once, on zeros of the arguments' shapes. Only for ATen ops (a custom
-        op's meta is its plugin's own), never for a random one (it would
-        draw from the generator) or when no return is read."""
-        if op.namespace != "aten" or torch.Tag.nondeterministic_seeded in op.tags or all(o < 0 for o in outs) \
-                or "aten::copy_" not in self.direct:
+    def _planned_returns(self, node, op, target, args, outs):
+        """What the kernel serving the node really returns (dtype and shape
+        per return, as meta tensors; None where its plan cannot say): the
+        returns of the step's call plan, from the kernel's own meta function
+        (Note [A plan's returns are its kernel's], dispatcher). Nothing runs.
+        Only for ATen ops (a custom op's meta is its plugin's own), and only
+        when some return is read; None when the plan cannot be made (the
+        program build then reports why, naming the node)."""
+        if op.namespace != "aten" or all(o < 0 for o in outs):
             return None
-        dev = torch.device("npu", self.device if self.device is not None else torch.npu.current_device())
-
-        def real(a):
+        names = set()
+        for a in args:
             if a[0] == "slot":
-                sl = self.slots[a[1]]
-                return torch.zeros(sl["sizes"], dtype=sl["dtype"], device=dev)
-            if a[0] == "slots":
-                return [None if k < 0 else real(("slot", k)) for k in a[1]]
-            return a[1]
+                names.add(a[1])
+            elif a[0] == "slots":
+                names.update(k for k in a[1] if k >= 0)
+        step = {"node": node.name, "op": op._schema.name, "overload": op._schema.overload_name,
+                "target": target, "via_out": False, "args": args, "outs": [-1] * len(outs)}
+        dev = self.device if self.device is not None else torch.npu.current_device()
         try:
-            with unset_fake_temporarily(), torch.no_grad():
-                got = op(*[real(a) for a in args])
-        except Exception:  # noqa: BLE001 - zeros are not its input: keep the meta value, the kernel checks
+            with unset_fake_temporarily():  # wrapped numbers are boxed on the npu, for real
+                plan = _C._plan_step(dev, {k: self.slots[k] for k in names}, step)
+        except RuntimeError:
             return None
-        got = list(got) if isinstance(got, (list, tuple)) else [got]
-        return [torch.empty(g.shape, dtype=g.dtype, device="meta") if isinstance(g, torch.Tensor) else None
-                for g in got]
+        if len(plan["returns"]) != len(outs):  # an op-map target of another arity
+            return None
+        return [None if r is None else torch.empty(r[0], dtype=r[1], device="meta") for r in plan["returns"]]
 
     @staticmethod
     def _read_returns(node, n):

@@ -193,6 +193,11 @@ struct CallPlan {
   int32_t num_rets = 0;              // the schema's returns
   std::vector<NpubValue> filled;     // the defaults filled in for omitted trailing arguments
   std::string fallback_reason;       // why no kernel serves it (kernel == nullptr)
+  // A kMetadata plan's returns as its kernel makes them (Note [A plan's
+  // returns are its kernel's]): one per schema return; unset where nothing
+  // can say (the fallback serves the call, or no meta function answers).
+  // Empty for a kCall plan: its call allocates them.
+  std::vector<OutputMeta> returns;
   // What the plan was made under: the op's kernel list on the device (a
   // plugin loaded or removed since publishes another) and the settings.
   const reg::KernelList* kernels = nullptr;

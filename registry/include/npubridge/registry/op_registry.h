@@ -81,6 +81,9 @@ class Kernel {
   NpubKernelFn fn = nullptr;
   NpubSupportsFn supports = nullptr;
   NpubWorkspaceSizeFn workspace_size = nullptr;
+  // What this kernel returns, where it may differ from the op's meta
+  // function (NpubKernelDesc.meta, \since 1.6); nullptr: the op's answers.
+  NpubMetaFn meta = nullptr;
   void* user_data = nullptr;
   void (*user_data_deleter)(void*) = nullptr;
   std::atomic<int64_t> calls{0};
