@@ -785,6 +785,7 @@ void Dispatcher::run_fallback(CallState& cs, const char* reason) {
   // instead, and nothing fell back.
   reg::OpStats& stats = cs.op->stats();
   stats.fallbacks.fetch_add(1, std::memory_order_relaxed);
+  stats.set_fallback_reason(why);
   if (!stats.fallback_warned.exchange(true))
     log().warn(
         "operator '{}' is not supported on the NPU backend ({}) and fell back to the host "

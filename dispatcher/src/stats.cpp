@@ -55,6 +55,13 @@ std::vector<OpStatsSnapshot> Dispatcher::stats() const {
   return out;
 }
 
+std::map<std::string, std::string> Dispatcher::fallback_reasons() const {
+  std::map<std::string, std::string> out;
+  for (const reg::OpEntry* op : registry_.ops())
+    if (std::string why = op->stats().fallback_reason(); !why.empty()) out.emplace(op->name(), std::move(why));
+  return out;
+}
+
 bool Dispatcher::record_host_fallback(std::string_view op) {
   std::lock_guard<std::mutex> lock(host_fallback_mu_);
   auto it = host_fallbacks_.find(op);

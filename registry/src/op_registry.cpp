@@ -34,6 +34,16 @@ void OpStats::reset() {
   precision_mismatches = 0;
 }
 
+void OpStats::set_fallback_reason(const std::string& why) {
+  std::lock_guard<std::mutex> lock(reason_mu_);
+  fallback_reason_ = why;
+}
+
+std::string OpStats::fallback_reason() const {
+  std::lock_guard<std::mutex> lock(reason_mu_);
+  return fallback_reason_;
+}
+
 namespace {
 const KernelList kEmptyList;
 }

@@ -152,6 +152,13 @@ TEST_F(ResolvedCallTest, TheFallbackGetsTheReasonAndTheHostsCall) {
     EXPECT_NE(host.reasons[k].find("no kernel accepts dtype int32"), std::string::npos) << host.reasons[k];
   }
   expect_values(iout, {-1, -1, -1});
+  // The dispatcher keeps the latest reason per op (npub-conformance reports
+  // it for a sample the plugin did not serve), across reset_stats().
+  d.reset_stats();
+  const auto reasons = d.fallback_reasons();
+  ASSERT_EQ(reasons.count("testsel::which"), 1u);
+  EXPECT_EQ(reasons.at("testsel::which"), host.reasons[1]);
+  EXPECT_EQ(reasons.count("aten::add.out"), 0u);
 }
 
 TEST_F(ResolvedCallTest, ACallPlanHoldsForCallsThatShareMemoryAsItsDid) {

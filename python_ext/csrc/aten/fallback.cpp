@@ -19,16 +19,12 @@
 #include <npubridge/dispatcher/trace.h>
 #include <npubridge/philox.hpp>
 
-#include <mutex>
 #include <optional>
 #include <string>
 
 namespace npub::torch_backend {
 
 namespace {
-
-std::mutex g_reasons_mu;
-std::map<std::string, std::string> g_last_fallback_reason;  // guarded by g_reasons_mu
 
 // One switch for refusing fallbacks: the dispatcher's (NPUB_FALLBACK).
 bool fallback_forbidden() { return rt().dispatcher().fallback_mode() == FallbackMode::kError; }
@@ -223,19 +219,10 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // both run ATen's CPU kernel through run_on_cpu, so the outputs land on the
 // npu in both (torch.mul(torch.tensor(3.), x_npu) came back on the CPU when
 // the dispatcher fell back).
-std::map<std::string, std::string> last_fallback_reasons() {
-  std::lock_guard<std::mutex> lock(g_reasons_mu);
-  return g_last_fallback_reason;
-}
-
 void torch_fallback(const FallbackCall& fc) {
   auto* call = static_cast<TorchCall*>(fc.host_call);
   TORCH_CHECK(call != nullptr, "npubridge: op '", fc.op.name(), "' fell back (", fc.reason,
               ") in a dispatcher call that carries no torch call");
-  {
-    std::lock_guard<std::mutex> lock(g_reasons_mu);
-    g_last_fallback_reason[fc.op.name()] = fc.reason;
-  }
   const c10::OperatorHandle& op = *call->op;
   TORCH_CHECK(op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
                   op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||

@@ -10,7 +10,6 @@
 
 #include <npubridge/dispatcher/dispatcher.h>
 
-#include <map>
 #include <string>
 
 namespace npub::torch_backend {
@@ -33,12 +32,6 @@ struct TorchCall {
 // The dispatcher's fallback: ATen's CPU fallback on the torch call, outputs
 // on the npu (Note [One way to the CPU]).
 void torch_fallback(const FallbackCall& call);
-
-// Per registry op, why the dispatcher last fell back for it (a kernel's
-// decline message, or why no kernel was eligible): what
-// `python3 -m npubridge conformance` reports for a sample the plugin's
-// kernel did not serve.
-std::map<std::string, std::string> last_fallback_reasons();
 
 // ATen's CPU fallback for the call on `stack`, counted and warned as a
 // fallback of `op`.

@@ -1,12 +1,10 @@
 // The dispatcher's statistics from npubridge._C (npubridge.stats()): calls,
 // fallbacks, conversions, errors and time per op, calls per kernel, and the
-// reason of each op's latest fallback. Includes aten/fallback.h (ATen's
-// dispatcher headers) for the reasons, which the boxed fallback keeps.
+// reason of each op's latest fallback (Dispatcher::fallback_reasons).
 #include "bindings/bindings.h"
 
 #include <npubridge/dispatcher/runtime.h>
 
-#include "aten/fallback.h"
 #include "runtime/npu_runtime.h"
 
 #include <cstdint>
@@ -49,7 +47,7 @@ void bind_stats(py::module_& m) {
   });
   // Per registry op, the reason of its latest fallback (a kernel's decline
   // message, or why no kernel was eligible).
-  m.def("fallback_reasons", [] { return last_fallback_reasons(); });
+  m.def("fallback_reasons", [] { return rt().dispatcher().fallback_reasons(); });
   m.def("reset_stats", [] { rt().dispatcher().reset_stats(); });
 }
 

@@ -299,6 +299,11 @@ class Dispatcher {
   void record_precision_mismatch(const PrecisionMismatch& m, const reg::OpEntry* counted_on = nullptr);
 
   std::vector<OpStatsSnapshot> stats() const;  // ops with at least one call
+  // Per registry op the host served through the fallback, why the latest
+  // such call fell back (a kernel's decline message, or why no kernel was
+  // eligible): what `npub-conformance` reports for a sample a plugin's
+  // kernel did not serve. Kept across reset_stats().
+  std::map<std::string, std::string> fallback_reasons() const;
   void reset_stats();
   int64_t total_fallbacks() const;
   // Counts a call the host framework computed without asking the dispatcher
