@@ -7,7 +7,7 @@ PYBIND11_MODULE(_C, m) {
   using namespace npub::torch_backend;
   m.doc() = "npubridge: PyTorch on the simulated NPU through acceleration-library plugins";
   bind_backend(m);
-  bind_graph(m);
+  bind_compiled_program(m);
   bind_npu_graph(m);
   bind_device(m);
   bind_random(m);

@@ -25,14 +25,14 @@ void bind_plugins(pybind11::module_& m);   // bindings/plugins.cpp: loaded plugi
 void bind_op_map(pybind11::module_& m);    // bindings/op_map.cpp: the op-mapping table
 void bind_registry(pybind11::module_& m);  // bindings/registry.cpp: ops, derivative formulas, schemas
 void bind_routes(pybind11::module_& m);    // bindings/routes.cpp: how each ATen op reaches the npu
-void bind_fusion_patterns(pybind11::module_& m);  // graph/fusion_pattern_bindings.cpp
+void bind_fusion_patterns(pybind11::module_& m);  // compile/fusion_pattern_bindings.cpp
 
 // With torch headers.
 void bind_random(pybind11::module_& m);     // bindings/random.cpp: seeds, generators (at::Generator)
 void bind_stream(pybind11::module_& m);     // bindings/stream.cpp: streams, event timing (THPEvent)
 void bind_stats(pybind11::module_& m);      // bindings/stats.cpp: dispatch statistics (aten/fallback.h)
 void bind_precision(pybind11::module_& m);  // bindings/precision.cpp: precision check, judge (at::Tensor)
-void bind_graph(pybind11::module_& m);      // graph/graph_bindings.cpp
+void bind_compiled_program(pybind11::module_& m);      // compile/program_bindings.cpp
 void bind_npu_graph(pybind11::module_& m);  // runtime/npu_graph_bindings.cpp
 
 }  // namespace npub::torch_backend

@@ -1,5 +1,5 @@
 """Lowering an ATen FX graph (what AOTAutograd hands its compilers) to a
-program of npubridge's C++ execution loop (python_ext/csrc/graph/).
+program of npubridge's C++ execution loop (python_ext/csrc/compile/).
 
 ``lower(gm, example_inputs) -> Compiled``. Each node is resolved once, here:
 
@@ -144,7 +144,7 @@ class _Lowering:
     def __init__(self, gm: torch.fx.GraphModule, example_inputs):
         self.gm = gm
         self.example_inputs = list(example_inputs)
-        self.slots = []        # slot specs for _C._graph_program
+        self.slots = []        # slot specs for _C._compiled_program
         self.slot_of = {}      # fx node -> slot, or list of slots (multi-output), or None
         self.steps = []        # step specs
         self.node_info = []    # summary rows, in node order (step rows filled from C++)
@@ -627,7 +627,7 @@ def lower(gm: torch.fx.GraphModule, example_inputs, keep_arena: bool = False) ->
         lw.plan()
         device = lw.device if lw.device is not None else torch.npu.current_device()
         with unset_fake_temporarily():  # building boxes wrapped numbers on the npu, for real
-            program = _C._graph_program(device, lw.slots, lw.mem["planned_bytes"], lw.steps, outputs, keep_arena)
+            program = _C._compiled_program(device, lw.slots, lw.mem["planned_bytes"], lw.steps, outputs, keep_arena)
         program.set_input_last_use(lw.input_last_use)
     except _Refused as e:
         # Each node runs as an eager npu op (its plugin kernel, or its own

@@ -7,7 +7,7 @@
 
 #include <npubridge/dispatcher/dispatcher.h>
 
-#include "graph/program.h"
+#include "compile/program.h"
 
 #include <cstdint>
 #include <functional>

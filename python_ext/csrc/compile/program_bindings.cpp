@@ -1,4 +1,4 @@
-// npubridge._C._graph_program: builds the C++ execution loop of a lowered
+// npubridge._C._compiled_program: builds the C++ execution loop of a lowered
 // graph (program.h) from the plan npubridge/_compile/lowering.py makes;
 // _C._plan_step: one step's call plan, asked while lowering.
 #include <ATen/ScalarOps.h>
@@ -10,8 +10,8 @@
 
 #include <npubridge/torch/dtype.h>
 
-#include "graph/program.h"
-#include "graph/step_call.h"
+#include "compile/program.h"
+#include "compile/step_call.h"
 
 #include <map>
 #include <memory>
@@ -134,8 +134,8 @@ std::vector<at::Tensor> naming_the_step(F&& run) {
 
 }  // namespace
 
-void bind_graph(py::module& m) {
-  py::class_<Program, std::shared_ptr<Program>>(m, "_GraphProgram")
+void bind_compiled_program(py::module& m) {
+  py::class_<Program, std::shared_ptr<Program>>(m, "_CompiledProgram")
       .def("run",
            [](Program& p, std::vector<at::Tensor> inputs) {
              return naming_the_step([&] {
@@ -172,7 +172,7 @@ void bind_graph(py::module& m) {
              return out;
            })
       .def_property_readonly("arena_bytes", &Program::arena_bytes);
-  m.def("_graph_program", [](int device, const py::list& slots, int64_t arena_bytes, const py::list& steps,
+  m.def("_compiled_program", [](int device, const py::list& slots, int64_t arena_bytes, const py::list& steps,
                              const std::vector<int64_t>& outputs, bool keep_arena) {
     std::vector<SlotSpec> sl;
     for (const auto& s : slots) sl.push_back(slot_spec(s.cast<py::dict>()));

@@ -1,5 +1,5 @@
 // A kernel step's boxed call and its plan (see step_call.h).
-#include "graph/step_call.h"
+#include "compile/step_call.h"
 
 #include <c10/util/Exception.h>
 

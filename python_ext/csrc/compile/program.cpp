@@ -1,6 +1,6 @@
 // The execution loop of a lowered graph (see program.h).
-#include "graph/program.h"
-#include "graph/step_call.h"
+#include "compile/program.h"
+#include "compile/step_call.h"
 
 #include <ATen/core/stack.h>
 #include <c10/core/DeviceGuard.h>

@@ -1,7 +1,7 @@
 // Graph mode's execution loop (program.cpp): a lowered FX graph as slots
 // (the tensors of the graph: where each one's memory comes from) and steps
 // (the nodes that compute), run by one C++ loop per call. Built by
-// npubridge/_compile/lowering.py through graph_bindings.cpp; the lowering
+// npubridge/_compile/lowering.py through program_bindings.cpp; the lowering
 // and the loop are described in docs/graph-mode.md.
 #pragma once
 
@@ -91,7 +91,7 @@ class Program {
   // (aten::op)"), for an error whose message cannot carry it: a Python
   // exception raised under the run (a __torch_dispatch__ mode's, such as
   // AOTAutograd's runtime wrapper), which python_error carries unchanged
-  // (graph_bindings.cpp names the step in it).
+  // (program_bindings.cpp names the step in it).
   static const std::string& failed_step();
 
  private:
