@@ -14,9 +14,6 @@
 
 namespace npub {
 
-// dispatcher.cpp: why no kernel serves a validated call.
-std::string explain_no_kernel(const Dispatcher& d, const Dispatcher::CallState& cs);
-
 // Note [What a plan decides and what each run does]
 // A compiled graph makes the same calls on every run, and an eager program
 // mostly repeats a few: the same ops on tensors of the same dtypes, shapes

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace npub {
@@ -32,6 +33,13 @@ struct Dispatcher::CallState {
   std::array<NpubValue, 24> inline_args;  // not zeroed: written before read
   std::vector<NpubValue> heap_args;
 };
+
+// "npu:0", "cpu": a device as errors name it (dispatcher.cpp).
+std::string device_str(const DLDevice& d);
+
+// Why no kernel serves a validated call (selection.cpp), for the fallback's
+// reason and its error under NPUB_FALLBACK=error.
+std::string explain_no_kernel(const Dispatcher& d, const Dispatcher::CallState& cs);
 
 // Runs one kernel with the given (possibly staged) arguments on the call's
 // device and stream. Throws npub::Error naming the op and the plugin.
