@@ -2,6 +2,7 @@
 // "Fusion patterns"): a line-oriented parser with one recursive-descent
 // reader for arguments, shared by subgraph lines and the replacement.
 #include <npubridge/registry/fusion_pattern.h>
+#include <npubridge/support/dtype.h>
 
 #include <algorithm>
 #include <cctype>
@@ -32,13 +33,9 @@ std::string strip_comment(const std::string& line) {
 bool is_ident_start(char c) { return std::isalpha(static_cast<unsigned char>(c)) || c == '_'; }
 bool is_ident(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 
-// The dtypes a `where` line may name, as torch spells them (torch.float32).
-bool is_dtype_name(const std::string& w) {
-  static const char* const kNames[] = {"float32", "float64", "float16",   "bfloat16",
-                                       "int8",    "int16",   "int32",     "int64",
-                                       "uint8",   "bool",    "complex64", "complex128"};
-  return std::any_of(std::begin(kNames), std::end(kNames), [&](const char* n) { return w == n; });
-}
+// The dtypes a `where` line may name: npubridge's, as torch spells them
+// (torch.float32 is "float32"; support/dtype.h has the one table).
+bool is_dtype_name(const std::string& w) { return dtype_from_name(w) != DType::kUnknown; }
 
 // Reads one line's arguments and calls. Errors throw a plain message; the
 // caller adds origin, line and pattern.

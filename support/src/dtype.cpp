@@ -60,6 +60,12 @@ std::string dtype_name(DLDataType t) {
          ", lanes=" + std::to_string(t.lanes) + ")";
 }
 
+DType dtype_from_name(std::string_view name) noexcept {
+  for (const DTypeInfo& i : kInfo)
+    if (name == i.name) return i.type;
+  return DType::kUnknown;
+}
+
 int64_t element_size(DType t) noexcept {
   const auto i = static_cast<size_t>(t);
   return i < std::size(kInfo) ? kInfo[i].size : 0;

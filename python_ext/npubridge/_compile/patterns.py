@@ -66,8 +66,12 @@ from .. import _C
 from . import builtin_patterns
 
 _COMMUTATIVE = {"aten::add.Tensor", "aten::mul.Tensor"}
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
-                torch.float64: "float64"}
+
+
+def _dtype_name(dtype):
+    """torch.float32 -> "float32": torch's spelling is npubridge's
+    (support/dtype.h), so no table of its own."""
+    return str(dtype).removeprefix("torch.")
 
 
 def register(text):
@@ -315,7 +319,7 @@ def _term_value(term, bind):
 
 
 def _show(v):
-    return _DTYPE_NAMES.get(v, str(v).replace("torch.", "")) if isinstance(v, torch.dtype) else repr(v)
+    return _dtype_name(v) if isinstance(v, torch.dtype) else repr(v)
 
 
 def _check_conditions(pattern, bind):
@@ -378,7 +382,7 @@ class _Rewriter:
             taken = self.kernels.get(call["op"])
             if taken is None:
                 raise _Skip(f"{call['op']} has no npu kernel in an enabled plugin")
-            if dtype is not None and _DTYPE_NAMES.get(dtype, str(dtype)) not in taken:
+            if dtype is not None and _dtype_name(dtype) not in taken:
                 raise _Skip(f"{call['op']} has no npu kernel for {dtype} (takes {', '.join(sorted(taken))})")
             if _C.optim_level() < 2:
                 raise _Skip("the optimisation level is below 2 (fused ops off)")

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace npub {
 
@@ -30,6 +31,9 @@ DType dtype_of(DLDataType t) noexcept;
 DLDataType to_dl(DType t) noexcept;
 const char* dtype_name(DType t) noexcept;
 std::string dtype_name(DLDataType t);
+// The dtype named `name` as dtype_name spells it (torch's spelling too:
+// "float32", "bfloat16", "int64", "bool"); kUnknown for any other name.
+DType dtype_from_name(std::string_view name) noexcept;
 // Element size in bytes (0 for kUnknown).
 int64_t element_size(DType t) noexcept;
 bool is_floating(DType t) noexcept;
