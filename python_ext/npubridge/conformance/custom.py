@@ -3,6 +3,7 @@
 npubridge.testing file, its meta function on fake tensors and its derivative
 formula against the reference's autograd and finite differences."""
 import itertools
+import os
 import warnings
 
 import torch
@@ -12,6 +13,14 @@ from .._autograd import _resolve
 from .isolate import Checkpoint
 from .judge import calibrated, judgeable, to_device, to_float32, tolerance, tree_map, weighted_grads
 from .verdict import first_line, phase
+
+
+def _shown(path):
+    """A tests file as a report names it: relative to the working directory
+    when it lies under it, so that a committed report names the checkout's
+    file rather than one machine's path."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
 
 
 def _clone_cpu(x):
@@ -246,7 +255,7 @@ def run_custom(cells, ops, probe, max_samples, derivatives, where, log=print, ch
                 c.finish(f"PyTorch has no op {op} to call ({first_line(e)})")
             continue
         has_meta = _has_meta(op)
-        source = f"tests {tests.where.rsplit(':', 1)[0]}"
+        source = f"tests {_shown(tests.where.rsplit(':', 1)[0])}"
         for dtype_name in dtypes:
             cell = cells[(op, dtype_name)]
             dtype = getattr(torch, dtype_name)
