@@ -47,9 +47,9 @@ def test_device_properties_are_the_simulated_devices_capacity_and_threads():
         NPUB_SIM_MEMORY="96M", NPUB_SIM_THREADS="3", NPUB_SIM_DEVICES="2")
     lines = out.splitlines()
     for line in lines[:5]:
-        assert line == "npubridge simulated NPU 100663296 3 1 5"  # 96 MiB; ABI 1.5
-    assert lines[5] == "(1, 5)"
-    assert lines[6] == ("_NpuDeviceProperties(name='npubridge simulated NPU', major=1, minor=5, total_memory=96MB, "
+        assert line == "npubridge simulated NPU 100663296 3 1 6"  # 96 MiB; ABI 1.6
+    assert lines[5] == "(1, 6)"
+    assert lines[6] == ("_NpuDeviceProperties(name='npubridge simulated NPU', major=1, minor=6, total_memory=96MB, "
                         "multi_processor_count=3)")
 
 
