@@ -60,7 +60,9 @@ std::vector<OutputMeta> kernel_returns(const Dispatcher::CallState& cs, const re
   std::vector<NpubValue> args(cs.args, cs.args + cs.num_args);
   size_t count = 0;
   for (const NpubValue& v : args)
-    count += v.tag == NPUB_VALUE_TENSOR ? 1 : v.tag == NPUB_VALUE_TENSOR_LIST ? static_cast<size_t>(v.count) : 0;
+    count += v.tag == NPUB_VALUE_TENSOR        ? 1
+             : v.tag == NPUB_VALUE_TENSOR_LIST ? static_cast<size_t>(v.count)
+                                               : 0;
   std::vector<DLTensor> tensors;  // never reallocated: the arguments point into it
   tensors.reserve(count);
   std::vector<std::vector<DLTensor*>> lists;

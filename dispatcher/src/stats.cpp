@@ -58,7 +58,8 @@ std::vector<OpStatsSnapshot> Dispatcher::stats() const {
 std::map<std::string, std::string> Dispatcher::fallback_reasons() const {
   std::map<std::string, std::string> out;
   for (const reg::OpEntry* op : registry_.ops())
-    if (std::string why = op->stats().fallback_reason(); !why.empty()) out.emplace(op->name(), std::move(why));
+    if (std::string why = op->stats().fallback_reason(); !why.empty())
+      out.emplace(op->name(), std::move(why));
   return out;
 }
 

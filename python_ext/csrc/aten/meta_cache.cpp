@@ -116,8 +116,8 @@ const OutputSpecs* cached_output_specs(const std::string& key) {
   return e != nullptr ? e->specs.get() : nullptr;
 }
 
-std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
-                                                std::string* key_out) {
+std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op,
+                                                c10::ArrayRef<c10::IValue> args, std::string* key_out) {
   thread_local std::string own_key;  // keeps its capacity: no allocation per call
   std::string& key = key_out != nullptr ? *key_out : own_key;
   const bool cacheable = call_signature(op, args, &key);

@@ -89,8 +89,8 @@ SignatureEntry& signature_entry(const std::string& key);
 // receives the call's signature (call_signature; empty when the call has
 // none), which the caller's plan lookup reuses instead of writing it again.
 const OutputSpecs* cached_output_specs(const std::string& key);
-std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
-                                                std::string* key = nullptr);
+std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op,
+                                                c10::ArrayRef<c10::IValue> args, std::string* key = nullptr);
 
 // out= tensors of the wrong shape are resized first, as ATen's out
 // convention does (callers pass empty outs); the shapes come from the op's

@@ -32,7 +32,7 @@ void bind_random(pybind11::module_& m);     // bindings/random.cpp: seeds, gener
 void bind_stream(pybind11::module_& m);     // bindings/stream.cpp: streams, event timing (THPEvent)
 void bind_stats(pybind11::module_& m);      // bindings/stats.cpp: dispatch statistics (aten/fallback.h)
 void bind_precision(pybind11::module_& m);  // bindings/precision.cpp: precision check, judge (at::Tensor)
-void bind_compiled_program(pybind11::module_& m);      // compile/program_bindings.cpp
-void bind_npu_graph(pybind11::module_& m);  // runtime/npu_graph_bindings.cpp
+void bind_compiled_program(pybind11::module_& m);  // compile/program_bindings.cpp
+void bind_npu_graph(pybind11::module_& m);         // runtime/npu_graph_bindings.cpp
 
 }  // namespace npub::torch_backend

@@ -146,9 +146,11 @@ Program::Program(int device, std::vector<SlotSpec> slots, int64_t arena_bytes, s
       if (o >= 0 && slots_[static_cast<size_t>(o)].spec.kind == SlotSpec::Kind::kHost) st.after.push_back(o);
     if (!st.spec.target.empty()) {
       const OpHandle target = rt().dispatcher().op(st.spec.target);
-      box_step(st.spec, target, device, [&](int64_t k) { return &slots_[static_cast<size_t>(k)].dl; }, st.call);
+      box_step(
+          st.spec, target, device, [&](int64_t k) { return &slots_[static_cast<size_t>(k)].dl; }, st.call);
       try {
-        st.rc = rt().dispatcher().plan(target, st.call.args.data(), static_cast<int32_t>(st.call.args.size()));
+        st.rc =
+            rt().dispatcher().plan(target, st.call.args.data(), static_cast<int32_t>(st.call.args.size()));
       } catch (const Error& e) {
         TORCH_CHECK(false, step_where(st.spec), ": ", e.what());
       }

@@ -173,7 +173,7 @@ void bind_compiled_program(py::module& m) {
            })
       .def_property_readonly("arena_bytes", &Program::arena_bytes);
   m.def("_compiled_program", [](int device, const py::list& slots, int64_t arena_bytes, const py::list& steps,
-                             const std::vector<int64_t>& outputs, bool keep_arena) {
+                                const std::vector<int64_t>& outputs, bool keep_arena) {
     std::vector<SlotSpec> sl;
     for (const auto& s : slots) sl.push_back(slot_spec(s.cast<py::dict>()));
     std::vector<StepSpec> st;

@@ -52,8 +52,8 @@ void box_step(const StepSpec& spec, const OpHandle& target, int device,
       out.rets.push_back(v);
   }
   if (spec.via_out) out.rets.assign(nret, none_value());
-  TORCH_CHECK(out.rets.size() == nret, "graph node '", spec.node, "': the registry op '", spec.target, "' has ",
-              nret, " returns but the node ", spec.outs.size());
+  TORCH_CHECK(out.rets.size() == nret, "graph node '", spec.node, "': the registry op '", spec.target,
+              "' has ", nret, " returns but the node ", spec.outs.size());
 }
 
 CallPlan plan_step(int device, const std::unordered_map<int64_t, SlotSpec>& slots, const StepSpec& spec) {
