@@ -224,10 +224,6 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
   }
   c10::SmallVector<at::Tensor, 2> outs;
   Sharing sharing = Sharing::kNone;
-  // The call's signature, written once: the meta cache's lookup below
-  // writes it, and the call plan's lookup reuses it (empty: write it there).
-  thread_local std::string key;
-  key.clear();
   if (route_ == Route::kDirect) {
     // Note [out= is checked as ATen checks it]
     // ATen's checks of out= arguments differ per op: what overlap with the
@@ -244,8 +240,7 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
     // TensorIterator allows, and any other op falls back to ATen's CPU.
     if (has_out_) {
       sharing = written_sharing(op, *stack);
-      if (sharing == Sharing::kOther ||
-          !resize_outs(op, args, /*may_resize=*/sharing == Sharing::kNone, &key)) {
+      if (sharing == Sharing::kOther || !resize_outs(op, args, /*may_resize=*/sharing == Sharing::kNone)) {
         cpu_decides(op, stack);
         return;
       }
@@ -253,7 +248,7 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
   } else if (route_ == Route::kInplaceViaOut) {
     outs.push_back(args[0].toTensor());
   } else {
-    const auto specs = output_specs(op, args, &key);
+    const auto specs = output_specs(op, args);
     if (!specs) {
       // No meta kernel (or an input the meta kernel rejects): let the CPU
       // implementation decide, and raise its own error if it must.
@@ -295,8 +290,9 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
   }
   // The signature's call plan (Note [One call plan per signature]), as the
   // unboxed entry runs it; a capture's call is decided in full.
+  thread_local std::string key;
   const bool planned = preallocated.empty() && !sim::thread_is_capturing() &&
-                       (!key.empty() || call_signature(op, c10::ArrayRef<c10::IValue>(args.data(), n), &key));
+                       call_signature(op, c10::ArrayRef<c10::IValue>(args.data(), n), &key);
   try {
     run_on_dispatcher(target, args, route_ == Route::kDirect ? &results : nullptr, call,
                       planned ? &key : nullptr, preallocated.empty() ? nullptr : &preallocated);

@@ -117,11 +117,9 @@ const OutputSpecs* cached_output_specs(const std::string& key) {
 }
 
 std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op,
-                                                c10::ArrayRef<c10::IValue> args, std::string* key_out) {
-  thread_local std::string own_key;  // keeps its capacity: no allocation per call
-  std::string& key = key_out != nullptr ? *key_out : own_key;
+                                                c10::ArrayRef<c10::IValue> args) {
+  thread_local std::string key;  // keeps its capacity: no allocation per call
   const bool cacheable = call_signature(op, args, &key);
-  if (!cacheable) key.clear();
   if (cacheable) {
     if (const SignatureEntry* e = find_signature(key); e != nullptr && e->specs) return e->specs;
   }
@@ -145,9 +143,8 @@ std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op,
   return specs;
 }
 
-bool resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool may_resize,
-                 std::string* key) {
-  const auto specs = output_specs(op, args, key);
+bool resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool may_resize) {
+  const auto specs = output_specs(op, args);
   if (!specs) return false;
   const auto& schema_args = op.schema().arguments();
   // fn(out tensor, the sizes ATen gives it), for each out= tensor.
@@ -162,7 +159,6 @@ bool resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
   });
   if (!resizes) return true;
   if (!may_resize) return false;
-  if (key != nullptr) key->clear();
   for_each_out([&](const at::Tensor& out, const std::vector<int64_t>& sizes) {
     if (!out.sizes().equals(sizes)) resize_(out, sizes, std::nullopt);
   });

@@ -85,21 +85,16 @@ SignatureEntry* find_signature(const std::string& key);
 SignatureEntry& signature_entry(const std::string& key);
 
 // The outputs' shapes and dtypes of a functional op: from the cache, or from
-// the op's meta kernel. Null when the meta kernel fails. `key`, if given,
-// receives the call's signature (call_signature; empty when the call has
-// none), which the caller's plan lookup reuses instead of writing it again.
+// the op's meta kernel. Null when the meta kernel fails.
 const OutputSpecs* cached_output_specs(const std::string& key);
 std::shared_ptr<const OutputSpecs> output_specs(const c10::OperatorHandle& op,
-                                                c10::ArrayRef<c10::IValue> args, std::string* key = nullptr);
+                                                c10::ArrayRef<c10::IValue> args);
 
 // out= tensors of the wrong shape are resized first, as ATen's out
 // convention does (callers pass empty outs); the shapes come from the op's
 // meta kernel. False when the meta kernel refuses the call (an out= dtype
 // the op cannot write, say) or has none, or when an out= needs a resize and
-// `may_resize` is off: ATen's CPU kernel then decides. `key` as for
-// output_specs, left empty when an out= was resized (the call's signature
-// changed with it).
-bool resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool may_resize = true,
-                 std::string* key = nullptr);
+// `may_resize` is off: ATen's CPU kernel then decides.
+bool resize_outs(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, bool may_resize = true);
 
 }  // namespace npub::torch_backend
