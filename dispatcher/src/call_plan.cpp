@@ -37,10 +37,24 @@ namespace npub {
 // function (NpubKernelDesc.meta, ABI 1.6; the SDK's is the kernel body run
 // on metadata), else the op's. A half-type call served by a float32 kernel
 // shows the kernel float32 arguments, and float32 returns come back in the
-// call's dtype, as the staging does (conversion.cpp). A meta function that
-// fails or stops before declaring a return leaves it unset: the run then
-// reports what the kernel really did.
+// call's dtype, as the staging does (conversion.cpp). A return the kernel's
+// meta function leaves unsaid (it fails, or reaches data first) is the
+// op's meta function's to say; where neither says, it stays unset, and the
+// lowering leaves such a node to ATen (a host step) rather than guess.
 namespace {
+
+// One meta function's answer into `out` (false, and nothing set, when it
+// fails).
+bool ask_meta(const reg::OpEntry& op, NpubMetaFn fn, void* user_data, std::vector<NpubValue>& args,
+              std::vector<OutputMeta>& out) {
+  NpubMetaContext ctx{context_head(op.name(), user_data), &op, &out};
+  if (NpubError* e = fn(&ctx, args.data(), static_cast<int32_t>(args.size()))) {
+    consume_error(e);
+    for (OutputMeta& o : out) o.set = false;
+    return false;
+  }
+  return true;
+}
 
 std::vector<OutputMeta> kernel_returns(const Dispatcher::CallState& cs, const reg::Kernel& k,
                                        DType convert_from) {
@@ -48,13 +62,7 @@ std::vector<OutputMeta> kernel_returns(const Dispatcher::CallState& cs, const re
   const size_t nret = op.schema().returns.size();
   std::vector<OutputMeta> out(nret);
   for (size_t i = 0; i < nret; ++i) out[i].alias = op.return_alias()[i];
-  NpubMetaFn fn = k.meta;
-  void* user_data = k.user_data;
-  if (fn == nullptr && op.meta() != nullptr) {
-    fn = op.meta()->fn;
-    user_data = op.meta()->user_data;
-  }
-  if (fn == nullptr) return out;
+  if (k.meta == nullptr && op.meta() == nullptr) return out;
   // The arguments as the kernel sees them (a converted call's in float32).
   const bool converting = convert_from != DType::kUnknown;
   std::vector<NpubValue> args(cs.args, cs.args + cs.num_args);
@@ -82,11 +90,17 @@ std::vector<OutputMeta> kernel_returns(const Dispatcher::CallState& cs, const re
       v.u.tensors = lists.back().data();
     }
   }
-  NpubMetaContext ctx{context_head(op.name(), user_data), &op, &out};
-  if (NpubError* e = fn(&ctx, args.data(), static_cast<int32_t>(args.size()))) {
-    consume_error(e);
-    for (OutputMeta& o : out) o.set = false;
-    return out;
+  if (k.meta != nullptr) ask_meta(op, k.meta, k.user_data, args, out);
+  // What the kernel's own meta function left unsaid (it reached data
+  // first, or the kernel has none), the op's says.
+  const bool unsaid =
+      std::any_of(out.begin(), out.end(), [](const OutputMeta& o) { return o.alias < 0 && !o.set; });
+  if (unsaid && op.meta() != nullptr) {
+    std::vector<OutputMeta> op_out(nret);
+    for (size_t i = 0; i < nret; ++i) op_out[i].alias = out[i].alias;
+    if (ask_meta(op, op.meta()->fn, op.meta()->user_data, args, op_out))
+      for (size_t i = 0; i < nret; ++i)
+        if (!out[i].set && op_out[i].set) out[i] = op_out[i];
   }
   if (converting)
     for (OutputMeta& o : out)

@@ -34,8 +34,12 @@ bool is_ident_start(char c) { return std::isalpha(static_cast<unsigned char>(c))
 bool is_ident(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
 
 // The dtypes a `where` line may name: npubridge's, as torch spells them
-// (torch.float32 is "float32"; support/dtype.h has the one table).
-bool is_dtype_name(const std::string& w) { return dtype_from_name(w) != DType::kUnknown; }
+// (torch.float32 is "float32"; support/dtype.h has the one table), and the
+// two complex ones torch has beside them, which ABI 1.5 patterns could name
+// (a matched value of such a dtype is a host op's).
+bool is_dtype_name(const std::string& w) {
+  return dtype_from_name(w) != DType::kUnknown || w == "complex64" || w == "complex128";
+}
 
 // Reads one line's arguments and calls. Errors throw a plain message; the
 // caller adds origin, line and pattern.

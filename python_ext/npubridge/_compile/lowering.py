@@ -346,8 +346,13 @@ class _Lowering:
         # in eager.
         outs = [self._out_slot(node, v, escaping) if via_out or read[i] else -1 for i, v in enumerate(vals)]
         real = self._planned_returns(node, op, target, args, outs) if not via_out and len(outs) > 1 else None
+        if real is not None and any(o >= 0 and r is None for o, r in zip(outs, real)):
+            # The kernel's plan cannot say what it returns for a return the
+            # graph reads (its meta function reaches data first): ATen runs
+            # the node rather than a buffer of a guessed dtype.
+            return self._host_with_outputs(node, op, args, vals, escaping)
         if real is not None and "aten::copy_" not in self.direct and any(
-                o >= 0 and r is not None and r.dtype != v.dtype for o, r, v in zip(outs, real, vals)):
+                o >= 0 and r.dtype != v.dtype for o, r, v in zip(outs, real, vals)):
             # Widening the kernel's return to the graph's dtype takes a copy_
             # kernel: without one, ATen runs the node.
             return self._host_with_outputs(node, op, args, vals, escaping)
@@ -435,7 +440,8 @@ class _Lowering:
 
     def _planned_returns(self, node, op, target, args, outs):
         """What the kernel serving the node really returns (dtype and shape
-        per return, as meta tensors; None where its plan cannot say): the
+        per return, as meta tensors; None where its plan cannot say, and
+        None for the whole when no kernel serves the node): the
         returns of the step's call plan, from the kernel's own meta function
         (Note [A plan's returns are its kernel's], dispatcher). Nothing runs.
         Only for ATen ops (a custom op's meta is its plugin's own), and only
@@ -457,7 +463,9 @@ class _Lowering:
                 plan = _C._plan_step(dev, {k: self.slots[k] for k in names}, step)
         except RuntimeError:
             return None
-        if len(plan["returns"]) != len(outs):  # an op-map target of another arity
+        if not plan["plugin"] or len(plan["returns"]) != len(outs):
+            # The fallback serves it (the program runs it through ATen, with
+            # the dispatcher's reason), or an op-map target of another arity.
             return None
         return [None if r is None else torch.empty(r[0], dtype=r[1], device="meta") for r in plan["returns"]]
 
