@@ -346,13 +346,12 @@ class _Lowering:
         # in eager.
         outs = [self._out_slot(node, v, escaping) if via_out or read[i] else -1 for i, v in enumerate(vals)]
         real = self._planned_returns(node, op, target, args, outs) if not via_out and len(outs) > 1 else None
-        if real is not None and any(o >= 0 and r is None for o, r in zip(outs, real)):
-            # The kernel's plan cannot say what it returns for a return the
-            # graph reads (its meta function reaches data first): ATen runs
-            # the node rather than a buffer of a guessed dtype.
-            return self._host_with_outputs(node, op, args, vals, escaping)
+        # A return the plan cannot say (the kernel's meta function reaches
+        # data before declaring it, and the op has none: ATen's ops) keeps
+        # the graph's meta value; a kernel that returns otherwise is an error
+        # at run time that names the node.
         if real is not None and "aten::copy_" not in self.direct and any(
-                o >= 0 and r.dtype != v.dtype for o, r, v in zip(outs, real, vals)):
+                o >= 0 and r is not None and r.dtype != v.dtype for o, r, v in zip(outs, real, vals)):
             # Widening the kernel's return to the graph's dtype takes a copy_
             # kernel: without one, ATen runs the node.
             return self._host_with_outputs(node, op, args, vals, escaping)
