@@ -39,8 +39,9 @@ namespace npub {
 // shows the kernel float32 arguments, and float32 returns come back in the
 // call's dtype, as the staging does (conversion.cpp). A return the kernel's
 // meta function leaves unsaid (it fails, or reaches data first) is the
-// op's meta function's to say; where neither says, it stays unset, and the
-// lowering leaves such a node to ATen (a host step) rather than guess.
+// op's meta function's to say; where neither says, it stays unset (the
+// lowering keeps the graph's meta value, and a kernel that returns
+// otherwise fails at run time, naming the node).
 namespace {
 
 // One meta function's answer into `out` (false, and nothing set, when it
