@@ -33,7 +33,9 @@ namespace npub {
 // graph's meta values; the kernel that serves a step may return otherwise
 // (an ATen op's meta function says float32 for LayerNorm's mean where the
 // plugin's kernel, as ATen's own CPU kernel, returns the input's bfloat16).
-// So a kMetadata plan asks the kernel what it returns: its own meta
+// So a kMetadata plan made with_returns (the lowering's question, through
+// _C._plan_step; a program's own plans do not ask) asks the kernel what it
+// returns: its own meta
 // function (NpubKernelDesc.meta, ABI 1.6; the SDK's is the kernel body run
 // on metadata), else the op's. A half-type call served by a float32 kernel
 // shows the kernel float32 arguments, and float32 returns come back in the
@@ -116,8 +118,8 @@ const std::string& CallPlan::plugin() const {
   return kernel != nullptr && kernel->plugin ? kernel->plugin->name : none;
 }
 
-CallPlan Dispatcher::plan(const OpHandle& handle, const NpubValue* args, int32_t num_args,
-                          PlanInputs inputs) const {
+CallPlan Dispatcher::plan(const OpHandle& handle, const NpubValue* args, int32_t num_args, PlanInputs inputs,
+                          bool with_returns) const {
   if (!handle) throw Error(ErrorCode::kInvalidArgument, "Dispatcher::plan: empty op handle");
   CallPlan p;
   p.handle = handle;
@@ -145,12 +147,10 @@ CallPlan Dispatcher::plan(const OpHandle& handle, const NpubValue* args, int32_t
   p.opt_level = opt_level();
   p.dtype_conversion = dtype_conversion();
   p.kernel = choose(cs, &p.convert_from);
-  if (p.kernel == nullptr) {
-    p.fallback_reason = explain_no_kernel(*this, cs);
-    if (inputs == PlanInputs::kMetadata) p.returns.assign(static_cast<size_t>(p.num_rets), OutputMeta{});
-  } else if (inputs == PlanInputs::kMetadata) {
-    p.returns = kernel_returns(cs, *p.kernel, p.convert_from);
-  }
+  if (p.kernel == nullptr) p.fallback_reason = explain_no_kernel(*this, cs);
+  if (inputs == PlanInputs::kMetadata && with_returns)
+    p.returns = p.kernel != nullptr ? kernel_returns(cs, *p.kernel, p.convert_from)
+                                    : std::vector<OutputMeta>(static_cast<size_t>(p.num_rets));
   return p;
 }
 

@@ -210,7 +210,7 @@ TEST_F(ResolvedCallTest, AMetadataPlanSaysWhatItsKernelReturns) {
   std::vector<int64_t> normalized = {8};
   NpubValue ln[] = {tensor_value(&x), int_list_value(normalized), tensor_value(&w), tensor_value(&w),
                     double_value(1e-5)};
-  const CallPlan p = d.plan(d.op("aten::native_layer_norm"), ln, 5);
+  const CallPlan p = d.plan(d.op("aten::native_layer_norm"), ln, 5, PlanInputs::kMetadata, true);
   ASSERT_EQ(p.plugin(), "cann_like");
   ASSERT_EQ(p.returns.size(), 3u);
   const std::vector<std::vector<int64_t>> shapes = {{4, 8}, {4, 1}, {4, 1}};
@@ -224,7 +224,7 @@ TEST_F(ResolvedCallTest, AMetadataPlanSaysWhatItsKernelReturns) {
   std::vector<int64_t> hs = {5};
   DLTensor h = meta(hs, DType::kFloat16);
   NpubValue ha[] = {tensor_value(&h)};
-  const CallPlan ph = d.plan(d.op("testsel::twice_fn"), ha, 1);
+  const CallPlan ph = d.plan(d.op("testsel::twice_fn"), ha, 1, PlanInputs::kMetadata, true);
   ASSERT_EQ(ph.convert_from, DType::kFloat16);
   ASSERT_EQ(ph.returns.size(), 1u);
   ASSERT_TRUE(ph.returns[0].set);
@@ -235,17 +235,19 @@ TEST_F(ResolvedCallTest, AMetadataPlanSaysWhatItsKernelReturns) {
   std::vector<int64_t> fs = {6};
   DLTensor f = meta(fs, DType::kFloat32), i32 = meta(fs, DType::kInt32);
   NpubValue fa[] = {tensor_value(&f)};
-  const CallPlan pp = d.plan(d.op("testsel::positives"), fa, 1);
+  const CallPlan pp = d.plan(d.op("testsel::positives"), fa, 1, PlanInputs::kMetadata, true);
   ASSERT_NE(pp.kernel, nullptr);
   ASSERT_EQ(pp.returns.size(), 1u);
   EXPECT_FALSE(pp.returns[0].set);
   NpubValue ia[] = {tensor_value(&i32)};
-  const CallPlan pf = d.plan(d.op("testsel::twice_fn"), ia, 1);
+  const CallPlan pf = d.plan(d.op("testsel::twice_fn"), ia, 1, PlanInputs::kMetadata, true);
   ASSERT_EQ(pf.kernel, nullptr);
   ASSERT_EQ(pf.returns.size(), 1u);
   EXPECT_FALSE(pf.returns[0].set);
-  // A call's plan (kCall) leaves them to the call.
+  // A call's plan (kCall) leaves them to the call, and a plan not asked
+  // for them (a program's) runs no meta function.
   Tensor real = Tensor::from_values({2}, DType::kFloat32, {1, -1}, dev);
   NpubValue ra[] = {tensor_value(real.dl())};
-  EXPECT_TRUE(d.plan(d.op("testsel::twice_fn"), ra, 1, PlanInputs::kCall).returns.empty());
+  EXPECT_TRUE(d.plan(d.op("testsel::twice_fn"), ra, 1, PlanInputs::kCall, true).returns.empty());
+  EXPECT_TRUE(d.plan(d.op("testsel::twice_fn"), ha, 1).returns.empty());
 }

@@ -69,7 +69,8 @@ CallPlan plan_step(int device, const std::unordered_map<int64_t, SlotSpec>& slot
   box_step(spec, target, device, dl_of, call);
   std::optional<CallPlan> plan;
   try {
-    plan = rt().dispatcher().plan(target, call.args.data(), static_cast<int32_t>(call.args.size()));
+    plan = rt().dispatcher().plan(target, call.args.data(), static_cast<int32_t>(call.args.size()),
+                                  PlanInputs::kMetadata, /*with_returns=*/true);
   } catch (const Error& e) {
     TORCH_CHECK(false, "graph node '", spec.node, "': ", e.what());
   }

@@ -193,10 +193,10 @@ struct CallPlan {
   int32_t num_rets = 0;              // the schema's returns
   std::vector<NpubValue> filled;     // the defaults filled in for omitted trailing arguments
   std::string fallback_reason;       // why no kernel serves it (kernel == nullptr)
-  // A kMetadata plan's returns as its kernel makes them (Note [A plan's
-  // returns are its kernel's]): one per schema return; unset where nothing
-  // can say (the fallback serves the call, or no meta function answers).
-  // Empty for a kCall plan: its call allocates them.
+  // The returns as its kernel makes them, for a kMetadata plan made
+  // with_returns (Note [A plan's returns are its kernel's]): one per schema
+  // return; unset where nothing can say (the fallback serves the call, or
+  // no meta function answers). Empty otherwise.
   std::vector<OutputMeta> returns;
   // What the plan was made under: the op's kernel list on the device (a
   // plugin loaded or removed since publishes another) and the settings.
@@ -245,9 +245,12 @@ class Dispatcher {
   // have NULL data: only dtypes, shapes and strides matter), classifies
   // how written tensors share memory (kCall; kMetadata takes them not to),
   // selects the kernel and decides the dtype conversion. Throws npub::Error
-  // naming the op on bad arguments.
+  // naming the op on bad arguments. `with_returns` (kMetadata only) also
+  // asks what the kernel returns (CallPlan::returns, Note [A plan's returns
+  // are its kernel's]), which runs its meta function: a graph compiler's
+  // question while it sizes buffers, not one a call or a program asks.
   CallPlan plan(const OpHandle& op, const NpubValue* args, int32_t num_args,
-                PlanInputs inputs = PlanInputs::kMetadata) const;
+                PlanInputs inputs = PlanInputs::kMetadata, bool with_returns = false) const;
   // Runs a plan on arguments of its dtypes, shapes and strides (the
   // caller's guarantee: a host keys its plans by that signature): no
   // validation, no selection; staging, the dtype conversion, a kernel's
