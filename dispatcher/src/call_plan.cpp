@@ -118,6 +118,8 @@ const std::string& CallPlan::plugin() const {
   return kernel != nullptr && kernel->plugin ? kernel->plugin->name : none;
 }
 
+std::string CallPlan::conversion() const { return conversion_name(convert_from); }
+
 CallPlan Dispatcher::plan(const OpHandle& handle, const NpubValue* args, int32_t num_args, PlanInputs inputs,
                           bool with_returns) const {
   if (!handle) throw Error(ErrorCode::kInvalidArgument, "Dispatcher::plan: empty op handle");

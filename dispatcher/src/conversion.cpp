@@ -48,6 +48,12 @@ class ConvertingOutputs final : public OutputAllocator {
 
 }  // namespace
 
+std::string conversion_name(DType from, bool back) {
+  if (from == DType::kUnknown) return "";
+  const std::string half = dtype_name(from);
+  return back ? "float32->" + half : half + "->float32";
+}
+
 void Dispatcher::run_staged(CallState& cs, const reg::Kernel& k, DType convert_from) {
   const int index =
       cs.device.device_type == NPUB_DEVICE_NPU ? cs.device.device_id : devices_.current_device();
@@ -85,8 +91,7 @@ void Dispatcher::run_staged(CallState& cs, const reg::Kernel& k, DType convert_f
   // inputs, the kernel (invoke_kernel's), the copies back.
   auto slice_name = [&](bool back) {
     if (!converting) return std::string(back ? "contiguous: copy back" : "contiguous: staged copies");
-    const std::string half = dtype_name(convert_from);
-    return "convert: " + (back ? "float32->" + half : half + "->float32");
+    return "convert: " + conversion_name(convert_from, back);
   };
   std::optional<trace::Scope> staging(std::in_place, trace::Kind::kConversion,
                                       [&] { return slice_name(false); });

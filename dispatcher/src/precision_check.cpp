@@ -13,8 +13,30 @@
 
 #include <cmath>
 #include <cstdio>
+#include <exception>
 
 namespace npub {
+
+namespace {
+
+// Set while this thread runs a check's references: the calls the host makes
+// inside them (its copies to and from the device) are not checked in turn.
+thread_local bool tls_in_reference = false;
+
+class InReference {
+ public:
+  InReference() : was_(tls_in_reference) { tls_in_reference = true; }
+  ~InReference() { tls_in_reference = was_; }
+  InReference(const InReference&) = delete;
+  InReference& operator=(const InReference&) = delete;
+
+ private:
+  bool was_;
+};
+
+}  // namespace
+
+bool Dispatcher::checking_reference() { return tls_in_reference; }
 
 std::string PrecisionMismatch::message() const {
   char buf[512];
@@ -207,17 +229,26 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
   run_kernel(cs, k, convert_from);
 
   FallbackFn fn;
-  PrecisionCheckConfig cfg;
   {
     std::lock_guard<std::mutex> lock(config_mu_);
     fn = fallback_;
-    cfg = precision_;
   }
   TensorOutputs ref_outputs(devices_);
   // The reference runs on the dispatcher's own copies: not the host's call.
   const std::string why = "the precision check's reference";
-  fn(FallbackCall{*cs.op, ref_args.data(), cs.num_args, ref_rets.data(), cs.num_rets, ref_outputs, why,
-                  nullptr});
+  const InReference in_reference;
+  try {
+    fn(FallbackCall{*cs.op, ref_args.data(), cs.num_args, ref_rets.data(), cs.num_rets, ref_outputs, why,
+                    nullptr});
+  } catch (const std::exception& e) {
+    // The host has no implementation of the op to compare with (a plugin's
+    // own op): the kernel's result stands, unjudged, and the op is named.
+    if (!cs.op->stats().unjudged_warned.exchange(true))
+      log().warn(
+          "precision check: op '{}' is not judged: the host framework cannot run it as a reference ({})",
+          cs.op->name(), e.what());
+    return;
+  }
   // The same outputs of a wide run, in `compare`'s order (written tensor
   // arguments, then returns); empty when the host has no float64 kernel.
   auto outputs_of = [&](WideRun* r, TensorOutputs& outs) -> std::vector<DLTensor*> {
@@ -297,14 +328,7 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
     for (double v : w.empty() ? y : w)
       if (std::isfinite(v)) c.scale = std::max(c.scale, std::fabs(v));
     m.take(numerics::compare(model, c));
-    if (m.num_mismatched == 0) continue;
-    cs.op->stats().precision_mismatches.fetch_add(1);
-    log().warn("{}", m.message());
-    {
-      std::lock_guard<std::mutex> lock(config_mu_);
-      mismatches_.push_back(m);
-    }
-    if (cfg.raise_on_mismatch) throw Error(ErrorCode::kInternal, m.message());
+    if (m.num_mismatched != 0) record_precision_mismatch(m, cs.op);
   }
 }
 

@@ -275,8 +275,9 @@ def op_map():
 def precision_check(enabled: bool = True, raise_on_mismatch: bool = False):
     """Check every plugin call against PyTorch's CPU kernel of the same op.
 
-    While enabled, each ATen op served by a plugin also runs on CPU copies of
-    its inputs through ATen, in the op's dtype and in float64; returns and
+    While enabled, each plugin call (eager, or a compiled program's kernel
+    step) also runs through ATen's CPU kernel of the same op on private
+    copies of its inputs, in the op's dtype and in float64; returns and
     written arguments are judged by the error model npub-conformance uses
     (docs/plugin-authoring.md, "How your kernels are judged"): within the
     final rounding of the float64 result for elementwise ops, within
@@ -284,7 +285,10 @@ def precision_check(enabled: bool = True, raise_on_mismatch: bool = False):
     selections and integer results. NaN and inf must match. Mismatches are
     logged, counted in stats() and listed by precision_mismatches() (with
     the bound and its derivation); with raise_on_mismatch the call raises
-    instead. Slow: for finding a wrong kernel, not for production. Both
+    instead. A plugin's own op has no ATen kernel to compare with: it is
+    named once in the log as not judged. Mismatches are listed under the
+    registry op the kernel serves (aten::neg.out for -x). Slow: for finding
+    a wrong kernel, not for production. Both
     arguments must be bools (TypeError otherwise: "yes" or None would read
     as True or False)."""
     _check_type("precision_check", "enabled", enabled, bool, "a bool")

@@ -343,6 +343,36 @@ TEST_F(DispatcherTest, PrecisionCheckReportsTheWorstElement) {
             std::string::npos);
 }
 
+// An op the host cannot run as a reference (the reference host has no
+// aten::neg.out, as PyTorch has no kernel for a plugin's own op): the
+// kernel's result stands, the call does not fail, and the op is marked as
+// warned once.
+TEST_F(DispatcherTest, PrecisionCheckLeavesAnOpWithoutReferenceUnjudged) {
+  PrecisionCheckConfig cfg;
+  cfg.enabled = true;
+  cfg.raise_on_mismatch = true;
+  rt->dispatcher().set_precision_check(cfg);
+  Tensor x = f32({3}, {1, -2, 0.5});
+  Tensor out = Tensor::empty({3}, DType::kFloat32, dev);
+  NpubValue args[] = {tensor_value(x.dl()), tensor_value(out.dl())};
+  NpubValue rets[1] = {};
+  const reg::OpEntry* neg = rt->registry().find("aten::neg.out");
+  ASSERT_NE(neg, nullptr);
+  for (int i = 0; i < 2; ++i) {
+    rt->dispatcher().call("aten::neg.out", args, 2, rets, 1, nullptr);
+    expect_values(out, {-1, 2, -0.5});
+  }
+  EXPECT_TRUE(rt->dispatcher().precision_mismatches().empty());
+  EXPECT_TRUE(neg->stats().unjudged_warned.load());
+  EXPECT_EQ(neg->stats().precision_mismatches.load(), 0);
+  // The reference was asked each time, as the dispatcher's own call.
+  EXPECT_EQ(host.served, (std::vector<std::string>{"aten::neg.out", "aten::neg.out"}));
+  EXPECT_EQ(host.host_calls, (std::vector<void*>{nullptr, nullptr}));
+  EXPECT_EQ(neg->stats().fallbacks.load(), 0);
+  cfg.enabled = false;
+  rt->dispatcher().set_precision_check(cfg);
+}
+
 TEST_F(DispatcherTest, OpMappingTableRoutesFrameworkOps) {
   reg::OpMappingTable& map = rt->op_map();
   map.load_text("# comment\nfw::double_it   testsel::twice\n", "inline");

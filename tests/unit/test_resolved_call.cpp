@@ -40,6 +40,7 @@ TEST_F(ResolvedCallTest, ResolvesFromMetadataAndRunsTheSameKernelOnNewData) {
   ASSERT_NE(rc.kernel, nullptr);
   EXPECT_EQ(rc.plugin(), "cann_like");
   EXPECT_EQ(rc.convert_from, DType::kUnknown);
+  EXPECT_EQ(rc.conversion(), "");
   EXPECT_EQ(rc.num_args, 4);
   for (int run = 0; run < 3; ++run) {  // new data every run
     Tensor a = Tensor::from_values({3}, DType::kFloat32, {1.0 + run, 2, 3}, dev);
@@ -69,6 +70,8 @@ TEST_F(ResolvedCallTest, HalfTypeCallsAreConvertedAndDefaultsFilled) {
   const CallPlan rc = d.plan(twice, args, 2);
   ASSERT_NE(rc.kernel, nullptr);
   EXPECT_EQ(rc.convert_from, DType::kFloat16);  // decided once: the float32 kernel
+  EXPECT_EQ(rc.conversion(), "float16->float32");
+  EXPECT_EQ(conversion_name(DType::kBFloat16, /*back=*/true), "float32->bfloat16");
   NpubValue rets[1] = {none_value()};
   d.run(rc, args, 2, rets, 1, nullptr);
   EXPECT_EQ(out.dtype(), DType::kFloat16);

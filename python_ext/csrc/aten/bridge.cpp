@@ -14,7 +14,6 @@
 #include "aten/fallback.h"
 #include "aten/meta_cache.h"
 #include "aten/minimal.h"
-#include "aten/precision_check.h"
 #include "runtime/generator.h"
 
 #include <cstddef>
@@ -258,13 +257,6 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
     const c10::DeviceIndex device = call_device(args);
     for (const OutputSpec& spec : *specs) outs.push_back(empty_like_spec(spec, device));
   }
-  // The reference is ATen's CPU kernel of the same op (ops of a plugin's
-  // own namespace have none).
-  const bool check = g_precision_on.load(std::memory_order_relaxed) &&
-                     (op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-                      op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd));
-  std::vector<c10::IValue> cpu_args;
-  if (check) cpu_args = cpu_copies(args);
   for (const auto& o : outs) args.push_back(o);
   const OpHandle target = resolve();
   TorchCall call{&op, stack};
@@ -318,11 +310,6 @@ void Bridge::operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torc
     for (auto& r : results) stack->push_back(std::move(r));
   } else {
     for (const auto& o : outs) stack->push_back(o);
-  }
-  if (check) {
-    const std::vector<c10::IValue> got(
-        stack->end() - static_cast<std::ptrdiff_t>(op.schema().returns().size()), stack->end());
-    check_against_cpu(op, target, std::move(cpu_args), args, got);
   }
 }
 

@@ -17,10 +17,13 @@
 #include "runtime/npu_runtime.h"
 
 #include <npubridge/dispatcher/trace.h>
+#include <npubridge/torch/dtype.h>
 #include <npubridge/philox.hpp>
 
+#include <algorithm>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace npub::torch_backend {
 
@@ -212,6 +215,172 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
+// Note [A reference call runs from its values]
+// The dispatcher also asks its fallback for calls it makes itself: the
+// precision check's references (dispatcher/src/precision_check.cpp), the
+// call again on the dispatcher's private copies, in float64 and on
+// magnitudes. Such a call carries no torch call (host_call is null), only
+// the registry op and its NpubValues. It runs as ATen's op of the same name
+// (aten::neg.out) through run_on_cpu, on npu tensors that view the values'
+// DLTensors without owning them (the memory stays the dispatcher's; data
+// moves through the copy engine as for any fallback), and its results are
+// written as a kernel writes them: into the return tensors given, or into
+// tensors of the call's OutputAllocator. An op ATen does not have (a
+// plugin's own namespace) is refused with an error naming it.
+at::Tensor npu_view(const DLTensor& dl) {
+  const DType dt = dtype_of(dl.dtype);
+  TORCH_CHECK(dt != DType::kUnknown, "npubridge: a reference call's tensor has an unknown dtype");
+  const std::vector<int64_t> sizes(dl.shape, dl.shape + dl.ndim);
+  std::vector<int64_t> strides(static_cast<size_t>(dl.ndim));
+  int64_t extent = 1;  // elements from the first to the last one addressed, plus one
+  for (int32_t d = dl.ndim - 1, step = 1; d >= 0; --d) {
+    strides[static_cast<size_t>(d)] = dl.strides != nullptr ? dl.strides[d] : step;
+    step *= dl.shape[d];
+    if (dl.shape[d] == 0) extent = 0;
+  }
+  for (int32_t d = 0; d < dl.ndim && extent > 0; ++d)
+    extent += (dl.shape[d] - 1) * strides[static_cast<size_t>(d)];
+  const c10::ScalarType st = torch_dtype(dt);
+  const c10::Device device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(dl.device.device_id));
+  void* data = static_cast<char*>(dl.data) + dl.byte_offset;
+  c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(extent) * c10::elementSize(st),
+                       c10::DataPtr(data, device), /*allocator=*/nullptr, /*resizable=*/false);
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
+                                                          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                          caffe2::TypeMeta::fromScalarType(st));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
+  return t;
+}
+
+// The IValue of argument `a` from its NpubValue (the table of plugin_api.h
+// read backwards, by the ATen schema's type).
+c10::IValue ivalue_of(const NpubValue& v, const c10::Argument& a, const std::string& op) {
+  c10::TypePtr t = a.real_type();
+  if (auto optional = t->cast<c10::OptionalType>()) t = optional->getElementType();
+  if (v.tag == NPUB_VALUE_NONE) return c10::IValue();
+  auto refuse = [&]() -> c10::IValue {
+    TORCH_CHECK(false, "npubridge: op '", op, "': a reference call cannot pass argument '", a.name(), "' (",
+                t->str(), ") from a value of tag ", v.tag);
+    return c10::IValue();
+  };
+  switch (t->kind()) {
+    case c10::TypeKind::TensorType:
+      return v.tag == NPUB_VALUE_TENSOR ? c10::IValue(npu_view(*v.u.tensor)) : refuse();
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType:
+    case c10::TypeKind::ScalarTypeType:
+    case c10::TypeKind::LayoutType:
+    case c10::TypeKind::MemoryFormatType:
+      return v.tag == NPUB_VALUE_INT ? c10::IValue(v.u.i) : refuse();
+    case c10::TypeKind::FloatType:
+      return v.tag == NPUB_VALUE_DOUBLE ? c10::IValue(v.u.d)
+             : v.tag == NPUB_VALUE_INT  ? c10::IValue(static_cast<double>(v.u.i))
+                                        : refuse();
+    case c10::TypeKind::BoolType:
+      return v.tag == NPUB_VALUE_BOOL || v.tag == NPUB_VALUE_INT ? c10::IValue(v.u.i != 0) : refuse();
+    case c10::TypeKind::NumberType:
+      return v.tag == NPUB_VALUE_DOUBLE ? c10::IValue(v.u.d)
+             : v.tag == NPUB_VALUE_BOOL ? c10::IValue(v.u.i != 0)
+             : v.tag == NPUB_VALUE_INT  ? c10::IValue(v.u.i)
+                                        : refuse();
+    case c10::TypeKind::StringType:
+      return v.tag == NPUB_VALUE_STRING ? c10::IValue(std::string(v.u.s, static_cast<size_t>(v.count)))
+                                        : refuse();
+    case c10::TypeKind::ListType: {
+      c10::TypePtr e = t->castRaw<c10::ListType>()->getElementType();
+      const bool optional_elements = e->kind() == c10::TypeKind::OptionalType;
+      if (optional_elements) e = e->castRaw<c10::OptionalType>()->getElementType();
+      const auto n = static_cast<size_t>(v.count);
+      if (e->kind() == c10::TypeKind::TensorType && v.tag == NPUB_VALUE_TENSOR_LIST) {
+        if (optional_elements) {
+          c10::List<std::optional<at::Tensor>> l;
+          for (size_t i = 0; i < n; ++i)
+            l.push_back(v.u.tensors[i] != nullptr ? std::optional<at::Tensor>(npu_view(*v.u.tensors[i]))
+                                                  : std::nullopt);
+          return l;
+        }
+        c10::List<at::Tensor> l;
+        for (size_t i = 0; i < n; ++i) l.push_back(npu_view(*v.u.tensors[i]));
+        return l;
+      }
+      if ((e->kind() == c10::TypeKind::IntType || e->kind() == c10::TypeKind::SymIntType) &&
+          v.tag == NPUB_VALUE_INT_LIST)
+        return std::vector<int64_t>(v.u.ints, v.u.ints + n);
+      if (e->kind() == c10::TypeKind::BoolType && v.tag == NPUB_VALUE_INT_LIST) {
+        c10::List<bool> l;
+        for (size_t i = 0; i < n; ++i) l.push_back(v.u.ints[i] != 0);
+        return l;
+      }
+      if (e->kind() == c10::TypeKind::FloatType && v.tag == NPUB_VALUE_DOUBLE_LIST)
+        return std::vector<double>(v.u.doubles, v.u.doubles + n);
+      return refuse();
+    }
+    default:
+      return refuse();
+  }
+}
+
+// A reference call (host_call null): see Note [A reference call runs from
+// its values].
+void run_values_on_cpu(const FallbackCall& fc) {
+  const std::string& name = fc.op.name();
+  const size_t dot = name.find('.', name.find("::"));
+  const std::optional<c10::OperatorHandle> found = c10::Dispatcher::singleton().findSchema(
+      {name.substr(0, dot), dot == std::string::npos ? std::string() : name.substr(dot + 1)});
+  TORCH_CHECK(found.has_value(), "npubridge: op '", name, "' has no ATen operator to serve as its reference");
+  const c10::OperatorHandle& op = *found;
+  const auto& sargs = op.schema().arguments();
+  const auto& sret = op.schema().returns();
+  TORCH_CHECK(
+      static_cast<size_t>(fc.num_args) <= sargs.size() && static_cast<size_t>(fc.num_rets) == sret.size(),
+      "npubridge: op '", name, "': ATen's schema has ", sargs.size(), " arguments and ", sret.size(),
+      " returns, the call ", fc.num_args, " and ", fc.num_rets);
+  torch::jit::Stack stack;
+  stack.reserve(sargs.size());
+  for (size_t i = 0; i < sargs.size(); ++i) {
+    if (i < static_cast<size_t>(fc.num_args)) {
+      stack.push_back(ivalue_of(fc.args[i], sargs[i], name));
+    } else {
+      TORCH_CHECK(sargs[i].default_value().has_value(), "npubridge: op '", name, "': argument '",
+                  sargs[i].name(), "' has no value");
+      stack.push_back(*sargs[i].default_value());
+    }
+  }
+  run_on_cpu(op, &stack);
+  const auto& alias = fc.op.return_alias();
+  for (size_t i = 0; i < sret.size(); ++i) {
+    NpubValue& r = fc.rets[i];
+    const c10::IValue& got = stack[i];
+    if (alias[i] >= 0) continue;  // written in place: the argument is the return
+    if (got.isTensor()) {
+      const at::Tensor& t = got.toTensor();
+      if (!t.defined()) {
+        r = none_value();
+        continue;
+      }
+      if (r.tag != NPUB_VALUE_TENSOR || r.u.tensor == nullptr) {
+        const DLDevice device{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), t.device().index()};
+        const std::vector<int64_t> shape = t.sizes().vec();
+        r = tensor_value(fc.outputs.allocate(static_cast<int32_t>(i), device,
+                                             static_cast<int32_t>(shape.size()), shape.data(),
+                                             to_dl(npub_dtype(t.scalar_type()))));
+      }
+      at::Tensor into = npu_view(*r.u.tensor);
+      TORCH_CHECK(into.sizes().equals(t.sizes()), "npubridge: op '", name, "': return ", i, " is ", t.sizes(),
+                  " where the call's is ", into.sizes());
+      into.copy_(t);
+    } else if (got.isInt()) {
+      r = int_value(got.toInt());
+    } else if (got.isDouble()) {
+      r = double_value(got.toDouble());
+    } else if (got.isBool()) {
+      r = bool_value(got.toBool());
+    } else {
+      r = none_value();
+    }
+  }
+}
+
 }  // namespace
 
 // Note [One way to the CPU]: the dispatcher's fallback (a plugin op with no
@@ -221,8 +390,10 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // the dispatcher fell back).
 void torch_fallback(const FallbackCall& fc) {
   auto* call = static_cast<TorchCall*>(fc.host_call);
-  TORCH_CHECK(call != nullptr, "npubridge: op '", fc.op.name(), "' fell back (", fc.reason,
-              ") in a dispatcher call that carries no torch call");
+  if (call == nullptr) {
+    run_values_on_cpu(fc);
+    return;
+  }
   const c10::OperatorHandle& op = *call->op;
   TORCH_CHECK(op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
                   op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||

@@ -13,7 +13,6 @@
 #include "aten/fallback.h"
 #include "aten/meta_cache.h"
 #include "aten/minimal.h"
-#include "aten/precision_check.h"
 #include "runtime/npu_runtime.h"
 
 #include <array>
@@ -61,8 +60,7 @@ class UnboxedBridge {
     // A capture's call goes to the boxed bridge, which allocates a direct
     // route's results before the call (Note [A capture allocates results
     // up front], bridge.cpp).
-    if (g_precision_on.load(std::memory_order_relaxed) || rt().devices().in_forked_child() ||
-        sim::thread_is_capturing() || !(servable(args, device) && ...))
+    if (rt().devices().in_forked_child() || sim::thread_is_capturing() || !(servable(args, device) && ...))
       return false;
     const Route route = boxed_->route();
     // A kernel's own results are contiguous: a strided input's call goes to

@@ -1,7 +1,7 @@
 // The precision check from npubridge._C (npubridge.precision_check; Note
-// [The error model], dispatcher/error_bound.h): switching the torch-level
-// check on (aten/precision_check.cpp), its mismatches, and the error model's
-// verdict on one result, which the OpInfo runner asks for. Includes ATen and
+// [The error model], dispatcher/error_bound.h): switching the dispatcher's
+// check on, its mismatches, and the error model's verdict on one result,
+// which the OpInfo runner asks for. Includes ATen and
 // torch's pybind11 casters for at::Tensor.
 #include "bindings/bindings.h"
 
@@ -10,7 +10,6 @@
 #include <npubridge/dispatcher/runtime.h>
 #include <npubridge/torch/error_bound.h>
 
-#include "aten/precision_check.h"
 #include "runtime/npu_runtime.h"
 
 #include <sstream>
@@ -21,17 +20,16 @@ namespace py = pybind11;
 namespace npub::torch_backend {
 
 void bind_precision(py::module_& m) {
-  // The extension checks at the torch level (every routed call against
-  // ATen's CPU kernel on copies of its inputs); the dispatcher's own check,
-  // which needs a fallback that computes on given arguments, stays off and
-  // only holds the tolerances and the report.
+  // The dispatcher's check, as every host has it: each plugin call judged
+  // against the fallback's run of the same call (ATen's CPU kernel, reached
+  // from the call's values: Note [A reference call runs from its values],
+  // aten/fallback.cpp), on the eager and the compiled paths alike.
   m.def("precision_check", [](bool enabled, bool raise_on_mismatch) {
     PrecisionCheckConfig c;
-    c.enabled = false;
+    c.enabled = enabled;
     c.raise_on_mismatch = raise_on_mismatch;
     rt().dispatcher().set_precision_check(c);
     rt().dispatcher().clear_precision_mismatches();
-    g_precision_on = enabled;
   });
   // The error model's verdict on one result with no op entry (PyTorch-level
   // ops, as the OpInfo runner compares them): host-calibrated against the

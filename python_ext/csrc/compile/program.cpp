@@ -163,8 +163,7 @@ Program::Program(int device, std::vector<SlotSpec> slots, int64_t arena_bytes, s
         info.kind = "kernel";
         info.plugin = st.rc->plugin();
         info.kernel_op = st.spec.target;
-        if (st.rc->convert_from != DType::kUnknown)
-          info.conversion = std::string(dtype_name(st.rc->convert_from)) + "->float32";
+        info.conversion = st.rc->conversion();
       }
     }
     info_.push_back(std::move(info));

@@ -199,9 +199,7 @@ void bind_compiled_program(py::module& m) {
     py::dict out;
     out["plugin"] = plan.plugin();
     out["reason"] = plan.fallback_reason;
-    out["conversion"] = plan.convert_from != DType::kUnknown
-                            ? std::string(dtype_name(plan.convert_from)) + "->float32"
-                            : std::string();
+    out["conversion"] = plan.conversion();
     out["returns"] = returns;
     return out;
   });

@@ -205,7 +205,14 @@ struct CallPlan {
   bool dtype_conversion = true;
   const std::string& plugin() const;  // "" for the fallback
   bool serves() const { return kernel != nullptr; }
+  std::string conversion() const;  // conversion_name(convert_from): "float16->float32", or ""
 };
+
+// The name of a half-type call's staging through a float32 kernel, one
+// spelling for the profiler's slices, a compiled program's steps and
+// _C._plan_step: "float16->float32" for the inputs, "float32->float16" for
+// the copies back (`back`); "" when `from` is kUnknown (no conversion).
+std::string conversion_name(DType from, bool back = false);
 
 struct DispatcherOptions {
   FallbackMode fallback_mode = FallbackMode::kAllow;
@@ -295,11 +302,6 @@ class Dispatcher {
   PrecisionCheckConfig precision_check() const;
   std::vector<PrecisionMismatch> precision_mismatches() const;
   void clear_precision_mismatches();
-  // Adds a mismatch found by a host that checks precision itself (the
-  // PyTorch extension compares against ATen's CPU kernels): reported and
-  // counted with the dispatcher's own (on `counted_on`, else on the op
-  // named m.op); throws when raise_on_mismatch is set.
-  void record_precision_mismatch(const PrecisionMismatch& m, const reg::OpEntry* counted_on = nullptr);
 
   std::vector<OpStatsSnapshot> stats() const;  // ops with at least one call
   // Per registry op the host served through the fallback, why the latest
@@ -334,6 +336,10 @@ class Dispatcher {
   // set_fallback's keeps_aliasing).
   bool refuses_overlaps() const;
   void check_precision(CallState& cs, const reg::Kernel& k, DType convert_from);
+  static bool checking_reference();  // this thread runs a check's references (precision_check.cpp)
+  // A mismatch check_precision found: logged, listed, counted on `counted_on`
+  // (else on the op named m.op); throws when raise_on_mismatch is set.
+  void record_precision_mismatch(const PrecisionMismatch& m, const reg::OpEntry* counted_on = nullptr);
   // The kernel for a validated call (nullptr: the fallback), with the
   // dtype conversion it needs in *convert_from: the one selection that
   // call(), select() and plan() make.

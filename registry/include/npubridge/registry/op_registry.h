@@ -126,7 +126,8 @@ struct OpStats {
   std::atomic<int64_t> total_ticks{0};  // TickClock ticks in Dispatcher::call
   std::atomic<int64_t> precision_mismatches{0};
   std::atomic<bool> fallback_warned{false};
-  void reset();  // the counters; the last fallback's reason stays
+  std::atomic<bool> unjudged_warned{false};  // the precision check found no reference for the op
+  void reset();                              // the counters; the last fallback's reason stays
   // Why the dispatcher last fell back for the op: a kernel's decline
   // message, or why no kernel was eligible (Dispatcher::fallback_reasons).
   void set_fallback_reason(const std::string& why);
