@@ -144,9 +144,9 @@ class _Lowering:
     def __init__(self, gm: torch.fx.GraphModule, example_inputs):
         self.gm = gm
         self.example_inputs = list(example_inputs)
-        self.slots = []        # slot specs for _C._compiled_program
+        self.slots = []        # _C._SlotSpec per slot, for _C._compiled_program
         self.slot_of = {}      # fx node -> slot, or list of slots (multi-output), or None
-        self.steps = []        # step specs
+        self.steps = []        # _C._StepSpec per step
         self.node_info = []    # summary rows, in node order (step rows filled from C++)
         self.step_rows = []    # (row index, step index)
         self.device = None
@@ -165,10 +165,8 @@ class _Lowering:
             raise _Refused(f"{what} is on npu:{idx} but the graph on npu:{self.device}")
 
     def _slot(self, kind, index, t, tensor=None):
-        self.slots.append({
-            "kind": kind, "index": index, "dtype": t.dtype, "sizes": list(t.shape),
-            "strides": list(t.stride()), "offset": int(t.storage_offset()), "tensor": tensor,
-        })
+        self.slots.append(_C._SlotSpec(kind, index, t.dtype, list(t.shape), list(t.stride()),
+                                       int(t.storage_offset()), tensor))
         return len(self.slots) - 1
 
     def _arg(self, v, what):
@@ -287,12 +285,12 @@ class _Lowering:
         args = self._args(node)
         tensor_in = any(a[0] in ("slot", "slots") for a in args)
         from_constants = name in _FOLDABLE_ON_CONSTANTS and all(
-            a[0] != "slot" or self.slots[a[1]]["kind"] == "constant" for a in args) and tensor_in
+            a[0] != "slot" or self.slots[a[1]].kind == "constant" for a in args) and tensor_in
         if ((name in _FOLDABLE and not tensor_in) or from_constants) and node not in escaping \
                 and isinstance(val, torch.Tensor):
             # Made for real, outside the fake mode AOTAutograd compiles in.
             with unset_fake_temporarily():
-                real = lambda v: self.slots[self.slot_of[v]]["tensor"] if isinstance(v, torch.fx.Node) else v  # noqa: E731
+                real = lambda v: self.slots[self.slot_of[v]].tensor if isinstance(v, torch.fx.Node) else v  # noqa: E731
                 t = op(*[real(a) for a in node.args], **{k: real(v) for k, v in node.kwargs.items()})
             self._check_device(t, f"constant node '{node.name}'")
             self.slot_of[node] = self._slot("constant", 0, t, t)
@@ -383,10 +381,17 @@ class _Lowering:
                                              f"{vals[i].dtype}: widened exactly by copy_")
         self.slot_of[node] = outs[0] if len(outs) == 1 else outs
 
+    @staticmethod
+    def _step(node, op, target, via_out, args, outs):
+        """The typed step (_C._StepSpec): its values read by the op's schema
+        now, so a bad one names the node; made outside the fake mode, as a
+        wrapped number is a real tensor."""
+        with unset_fake_temporarily():
+            return _C._StepSpec(node.name, op._schema.name, op._schema.overload_name, target, via_out, args, outs)
+
     def _kernel_step(self, node, op, target, args, outs, via_out, row=None):
         step = len(self.steps)
-        self.steps.append({"node": node.name, "op": op._schema.name, "overload": op._schema.overload_name,
-                           "target": target, "via_out": via_out, "args": args, "outs": outs})
+        self.steps.append(self._step(node, op, target, via_out, args, outs))
         self._note_access(args, outs, op)
         if row is None:
             row = self._row(node, "kernel")
@@ -434,7 +439,7 @@ class _Lowering:
         # The arena slot's storage offset is its own: 0 within its buffer.
         s = self._slot(kind, 0, v)
         if kind == "arena":
-            self.slots[s]["offset"] = 0
+            self.slots[s].offset = 0
         return s
 
     def _planned_returns(self, node, op, target, args, outs):
@@ -454,19 +459,18 @@ class _Lowering:
                 names.add(a[1])
             elif a[0] == "slots":
                 names.update(k for k in a[1] if k >= 0)
-        step = {"node": node.name, "op": op._schema.name, "overload": op._schema.overload_name,
-                "target": target, "via_out": False, "args": args, "outs": [-1] * len(outs)}
         dev = self.device if self.device is not None else torch.npu.current_device()
         try:
+            step = self._step(node, op, target, False, args, [-1] * len(outs))
             with unset_fake_temporarily():  # wrapped numbers are boxed on the npu, for real
                 plan = _C._plan_step(dev, {k: self.slots[k] for k in names}, step)
         except RuntimeError:
             return None
-        if not plan["plugin"] or len(plan["returns"]) != len(outs):
+        if not plan.plugin or len(plan.returns) != len(outs):
             # The fallback serves it (the program runs it through ATen, with
             # the dispatcher's reason), or an op-map target of another arity.
             return None
-        return [None if r is None else torch.empty(r[0], dtype=r[1], device="meta") for r in plan["returns"]]
+        return [None if r is None else torch.empty(r[0], dtype=r[1], device="meta") for r in plan.returns]
 
     @staticmethod
     def _read_returns(node, n):
@@ -500,8 +504,7 @@ class _Lowering:
         name = _name(op)
         kind = "native" if name in _NATIVE else "fallback"
         step = len(self.steps)
-        self.steps.append({"node": node.name, "op": op._schema.name, "overload": op._schema.overload_name,
-                           "target": "", "via_out": False, "args": args, "outs": outs})
+        self.steps.append(self._step(node, op, "", False, args, outs))
         self._note_access(args, outs, op)
         row = self._row(node, kind, None if kind == "native" else _host_reason(op))
         self.step_rows.append((row, step))
@@ -523,20 +526,20 @@ class _Lowering:
 
     # -- memory ----------------------------------------------------------
     def _root(self, s):
-        while self.slots[s]["kind"] == "view":
-            s = self.slots[s]["index"]
+        while self.slots[s].kind == "view":
+            s = self.slots[s].index
         return s
 
     def plan(self):
         nbytes = {}
         for i, s in enumerate(self.slots):
-            if s["kind"] in ("arena", "output", "host"):
+            if s.kind in ("arena", "output", "host"):
                 n = 1
                 extent = 0
-                for size, stride in zip(s["sizes"], s["strides"]):
+                for size, stride in zip(s.sizes, s.strides):
                     n *= size
                     extent += (size - 1) * stride
-                nbytes[i] = 0 if n == 0 else (s["offset"] + extent + 1) * s["dtype"].itemsize
+                nbytes[i] = 0 if n == 0 else (s.offset + extent + 1) * s.dtype.itemsize
         start, end = {}, {}
         for k, (r, w) in enumerate(zip(self.reads, self.writes)):
             for s in w:
@@ -554,19 +557,19 @@ class _Lowering:
         # one an output reaches is kept (its end is past the last step).
         self.input_last_use = [-1] * self.num_inputs
         for i, sl in enumerate(self.slots):
-            if sl["kind"] == "input":
-                self.input_last_use[sl["index"]] = end.get(i, -1)
+            if sl.kind == "input":
+                self.input_last_use[sl.index] = end.get(i, -1)
         buffers = [memory_plan.Buffer(i, nbytes[i], start[i], end.get(i, start[i]))
-                   for i, s in enumerate(self.slots) if s["kind"] == "arena" and i in start]
+                   for i, s in enumerate(self.slots) if s.kind == "arena" and i in start]
         p = memory_plan.plan(buffers)
         for b in p.buffers:
-            self.slots[b.id]["index"] = b.offset
+            self.slots[b.id].index = b.offset
         self.mem = {
             "planned_bytes": p.arena_bytes,
             "live_peak_bytes": p.live_peak_bytes,
             "intermediates_bytes": p.intermediates_bytes,
-            "output_bytes": sum(nbytes[i] for i, s in enumerate(self.slots) if s["kind"] == "output"),
-            "host_bytes": sum(nbytes[i] for i, s in enumerate(self.slots) if s["kind"] == "host"),
+            "output_bytes": sum(nbytes[i] for i, s in enumerate(self.slots) if s.kind == "output"),
+            "host_bytes": sum(nbytes[i] for i, s in enumerate(self.slots) if s.kind == "host"),
         }
         return p
 
@@ -648,13 +651,13 @@ def lower(gm: torch.fx.GraphModule, example_inputs, keep_arena: bool = False) ->
     info = program.info()
     for row, step in lw.step_rows:
         r, i = lw.node_info[row], info[step]
-        if lw.steps[step]["target"]:
+        if lw.steps[step].target:
             r["kind"] = i["kind"]
             r["plugin"] = i["plugin"]
             r["kernel_op"] = i["kernel_op"]
             r["dtype_conversion"] = i["conversion"] or None
             if i["kind"] == "fallback":
-                r["reason"] = f"no kernel of {lw.steps[step]['target']}: {i['reason']}"
+                r["reason"] = f"no kernel of {lw.steps[step].target}: {i['reason']}"
     structure = "tuple" if isinstance(out, tuple) else "list" if isinstance(out, list) else "single"
     summary = {"lowered": True, "reason": None, "nodes": lw.node_info,
                "fallbacks": sum(r["kind"] == "fallback" for r in lw.node_info), **lw.mem}
