@@ -255,6 +255,35 @@ TEST(Loader, AbiOneFourPluginLoadsOnAOneFiveHost) {
   EXPECT_TRUE(rt->registry().fusion_patterns().empty());
 }
 
+// ABI 1.6 appended NpubKernelDesc.meta: a plugin built against the 1.5
+// header (a kernel description without it) loads and runs, its kernel has
+// no meta function of its own, and a metadata call plan's returns come from
+// the op's meta function instead.
+TEST(Loader, AbiOneFivePluginLoadsOnAOneSixHost) {
+  auto rt = make_runtime();
+  load_ok(*rt, test_plugin("npub_test_old_v1_5"));
+  EXPECT_EQ(rt->loader().plugin("old15")->abi_minor, 5u);
+  sim::Device* dev = &rt->devices().at(0);
+  Tensor x = Tensor::from_values({2, 2}, DType::kFloat32, {1, -2, 3, 0.5}, dev);
+  TensorOutputs outs(rt->devices());
+  NpubValue args[] = {tensor_value(x.dl())};
+  NpubValue rets[1] = {};
+  rt->dispatcher().call("old15::halve", args, 1, rets, 1, &outs);
+  expect_values(outs[0], {0.5, -1, 1.5, 0.25});
+  const reg::OpEntry* op = rt->registry().find("old15::halve");
+  ASSERT_NE(op, nullptr);
+  const reg::KernelList& kernels = op->kernels(NPUB_DEVICE_NPU);
+  ASSERT_EQ(kernels.size(), 1u);
+  EXPECT_EQ(kernels[0]->meta, nullptr);
+  Dispatcher& d = rt->dispatcher();
+  const CallPlan p = d.plan(d.op("old15::halve"), args, 1, PlanInputs::kMetadata, /*with_returns=*/true);
+  ASSERT_EQ(p.plugin(), "old15");
+  ASSERT_EQ(p.returns.size(), 1u);
+  EXPECT_TRUE(p.returns[0].set);
+  EXPECT_EQ(p.returns[0].dtype, DType::kFloat32);
+  EXPECT_EQ(p.returns[0].shape, (std::vector<int64_t>{2, 2}));
+}
+
 TEST(Loader, AbiOneFivePluginRegistersAFusionPattern) {
   auto rt = make_runtime();
   load_ok(*rt, NPUB_TEST_FUSION_PLUGIN);
