@@ -103,7 +103,7 @@ def run_python(code, **env):
 # run, output flushed, then os._exit.
 _ZYGOTE_SOURCE = r"""
 import atexit as _atexit, json as _json, os as _os, select as _select, sys as _sys, tempfile as _tempfile
-import threading as _threading, traceback as _traceback
+import threading as _threading, time as _time, traceback as _traceback
 
 
 def _status(run):
@@ -132,20 +132,34 @@ def _zygote():
         replies.write(_json.dumps([code, texts[0], texts[1], timed_out]) + "\n")
         replies.flush()
 
+    def wait(pid, timeout):  # whether the child ended within timeout seconds (not reaped)
+        try:
+            pidfd = _os.pidfd_open(pid)
+        except OSError:  # no pidfd_open (a seccomp filter): polls
+            deadline = _time.monotonic() + timeout
+            while not _os.waitid(_os.P_PID, pid, _os.WEXITED | _os.WNOHANG | _os.WNOWAIT):
+                if _time.monotonic() > deadline:
+                    return False
+                _time.sleep(0.002)
+            return True
+        ended = bool(_select.select([pidfd], [], [], timeout)[0])
+        _os.close(pidfd)
+        return ended
+
     def redirect(out, err):
         _sys.stdout.flush()
         _sys.stderr.flush()
         _os.dup2(out.fileno(), 1)
         _os.dup2(err.fileno(), 2)
 
-    saved = _os.dup(1), _os.dup(2)
+    saved = _os.dup(2)
     out, err = _tempfile.TemporaryFile(), _tempfile.TemporaryFile()
     redirect(out, err)
     code = _status(lambda: exec(compile(_sys.argv[1], "<prelude>", "exec"), globals()))
     _sys.stdout.flush()
     _sys.stderr.flush()
-    _os.dup2(saved[0], 1)
-    _os.dup2(saved[1], 2)
+    _os.dup2(saved, 1)  # whatever the zygote itself may still say: on its stderr, never among the replies
+    _os.dup2(saved, 2)
     reply(code, out, err)
     if code:
         _sys.exit(code)
@@ -163,9 +177,7 @@ def _zygote():
             replies.close()
             redirect(out, err)
             return req
-        pidfd = _os.pidfd_open(pid)
-        timed_out = not _select.select([pidfd], [], [], req["timeout"])[0]
-        _os.close(pidfd)
+        timed_out = not wait(pid, req["timeout"])
         if timed_out:
             _os.kill(pid, 9)
         reply(_os.waitstatus_to_exitcode(_os.waitpid(pid, 0)[1]), out, err, timed_out)
