@@ -1,6 +1,10 @@
+import json
 import os
+import selectors
 import subprocess
 import sys
+import tempfile
+import textwrap
 
 import pytest
 import torch
@@ -87,6 +91,199 @@ def run_python(code, **env):
     show: settings read at the start, a crash or a hang, the exit."""
     return subprocess.run([sys.executable, "-c", code], env=dict(os.environ, **env), capture_output=True,
                           text=True, timeout=120)
+
+
+# The zygote's own code (see Zygote): the prelude in this process, then one
+# forked child per request, which leaves the loop and runs the request's code
+# as `python -c` would: an exception's traceback and exit status 1, sys.exit's
+# status, then the interpreter's exit; or, unless the request asks for the
+# whole exit (finalize), that exit without its finalisation, which costs
+# nearly a second in a child of a process that imported torch (it touches
+# every object the fork shares): non-daemon threads joined, atexit handlers
+# run, output flushed, then os._exit.
+_ZYGOTE_SOURCE = r"""
+import atexit as _atexit, json as _json, os as _os, select as _select, sys as _sys, tempfile as _tempfile
+import threading as _threading, time as _time, traceback as _traceback
+
+
+def _status(run):
+    try:
+        run()
+        return 0
+    except SystemExit as e:  # as the interpreter reads it
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=_sys.stderr)
+        return 1
+    except BaseException:
+        _traceback.print_exc()
+        return 1
+
+
+def _zygote():
+    requests, replies = _os.fdopen(_os.dup(0), "r"), _os.fdopen(_os.dup(1), "w")
+    _os.dup2(_os.open(_os.devnull, _os.O_RDONLY), 0)
+
+    def reply(code, out, err, timed_out=False):
+        texts = []
+        for f in (out, err):
+            f.seek(0)
+            texts.append(f.read().decode(errors="replace"))
+        replies.write(_json.dumps([code, texts[0], texts[1], timed_out]) + "\n")
+        replies.flush()
+
+    def wait(pid, timeout):  # whether the child ended within timeout seconds (not reaped)
+        try:
+            pidfd = _os.pidfd_open(pid)
+        except OSError:  # no pidfd_open (a seccomp filter): polls
+            deadline = _time.monotonic() + timeout
+            while not _os.waitid(_os.P_PID, pid, _os.WEXITED | _os.WNOHANG | _os.WNOWAIT):
+                if _time.monotonic() > deadline:
+                    return False
+                _time.sleep(0.002)
+            return True
+        ended = bool(_select.select([pidfd], [], [], timeout)[0])
+        _os.close(pidfd)
+        return ended
+
+    def redirect(out, err):
+        _sys.stdout.flush()
+        _sys.stderr.flush()
+        _os.dup2(out.fileno(), 1)
+        _os.dup2(err.fileno(), 2)
+
+    saved = _os.dup(2)
+    out, err = _tempfile.TemporaryFile(), _tempfile.TemporaryFile()
+    redirect(out, err)
+    code = _status(lambda: exec(compile(_sys.argv[1], "<prelude>", "exec"), globals()))
+    _sys.stdout.flush()
+    _sys.stderr.flush()
+    _os.dup2(saved, 1)  # whatever the zygote itself may still say: on its stderr, never among the replies
+    _os.dup2(saved, 2)
+    reply(code, out, err)
+    if code:
+        _sys.exit(code)
+    for line in requests:
+        req = _json.loads(line)
+        if req["last"]:  # in this process, which then exits
+            requests.close()
+            replies.close()
+            redirect(open(req["last"][0], "wb"), open(req["last"][1], "wb"))
+            return req
+        out, err = _tempfile.TemporaryFile(), _tempfile.TemporaryFile()
+        pid = _os.fork()
+        if pid == 0:
+            requests.close()
+            replies.close()
+            redirect(out, err)
+            return req
+        timed_out = not wait(pid, req["timeout"])
+        if timed_out:
+            _os.kill(pid, 9)
+        reply(_os.waitstatus_to_exitcode(_os.waitpid(pid, 0)[1]), out, err, timed_out)
+    _os._exit(0)  # closed: the zygote never started anything, its finalisation would cost a second
+
+
+_req = _zygote()
+for _name, _value in _req["env"].items():
+    if _value is None:
+        _os.environ.pop(_name, None)
+    else:
+        _os.environ[_name] = _value
+_sys.argv = ["-c"]
+_code = compile(_req["code"], "<string>", "exec")
+if _req["finalize"]:
+    del _zygote, _req, _status
+    exec(_code)
+else:
+    _exit_status = _status(lambda: exec(_code, globals()))
+    _threading._shutdown()
+    _atexit._run_exitfuncs()
+    _sys.stdout.flush()
+    _sys.stderr.flush()
+    _os._exit(_exit_status)
+"""
+
+
+class Zygote:
+    """A fresh Python (with `env` added to the environment and `flags` on
+    its command line) that ran `prelude`, by default the imports, which must
+    not start the npu runtime (a child forked after the start cannot use the
+    npu); run() forks it and runs code in the child. A fresh interpreter
+    costs seconds (npubridge autoloads into `import torch`), a fork
+    milliseconds, and the child is a process of its own, as fresh after the
+    imports as a new one: the runtime starts at its first npu use (Note [The
+    runtime starts at the first npu use], python_ext/csrc/init.cpp), from
+    the NPUB_* settings as they are then, so run()'s `env`, set in the child
+    before its code, is read as if set at the start; it crashes, hangs and
+    exits alone. For what happens during the imports, a new interpreter
+    (run_python) or the prelude's outcome (`self.prelude`, a
+    CompletedProcess: its exit code, stdout and stderr)."""
+
+    def __init__(self, prelude="import torch, npubridge", flags=(), **env):
+        self._proc = subprocess.Popen([sys.executable, *flags, "-c", _ZYGOTE_SOURCE, textwrap.dedent(prelude)],
+                                      env=dict(os.environ, **env), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      text=True)
+        self.prelude = self._reply("the prelude", 300)
+
+    def _reply(self, what, timeout):
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._proc.stdout, selectors.EVENT_READ)
+            ready = sel.select(timeout + 60)  # the zygote itself stuck: not to wait forever
+        line = self._proc.stdout.readline() if ready else ""
+        if not line:
+            raise RuntimeError(f"the zygote gave no outcome of {what} (exit code {self._proc.poll()})")
+        code, out, err, timed_out = json.loads(line)
+        if timed_out:
+            raise subprocess.TimeoutExpired(what, timeout, out, err)
+        return subprocess.CompletedProcess(what, code, out, err)
+
+    def run(self, code, timeout=120, finalize=False, **env):
+        """`code` in a child forked from the zygote, with `env` (a value
+        None unsets the variable) set before it: the CompletedProcess (its
+        exit code, stdout and stderr), or subprocess.TimeoutExpired (the
+        child killed) after `timeout` seconds. The child exits as the
+        interpreter does but for its finalisation, unless `finalize`."""
+        assert self.prelude.returncode == 0, f"the zygote's prelude failed:\n{self.prelude.stderr}"
+        request = {"code": textwrap.dedent(code), "env": env, "last": None, "timeout": timeout, "finalize": finalize}
+        self._proc.stdin.write(json.dumps(request) + "\n")
+        self._proc.stdin.flush()
+        return self._reply(code, timeout)
+
+    def run_last(self, code, timeout=120, **env):
+        """`code` in the zygote itself, a fresh interpreter after the
+        prelude, which then exits (its exit code in the CompletedProcess):
+        for what happens at exit, in one more process than run() gives."""
+        assert self.prelude.returncode == 0, f"the zygote's prelude failed:\n{self.prelude.stderr}"
+        with tempfile.TemporaryDirectory() as folder:
+            paths = [os.path.join(folder, name) for name in ("stdout", "stderr")]
+            request = {"code": textwrap.dedent(code), "env": env, "last": paths, "timeout": timeout, "finalize": True}
+            self._proc.stdin.write(json.dumps(request) + "\n")
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+                raise
+            out, err = (open(p, errors="replace").read() for p in paths)
+        return subprocess.CompletedProcess(code, self._proc.returncode, out, err)
+
+    def close(self):
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            try:
+                self._proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc.stdout.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def plugins_loaded_with(**env):

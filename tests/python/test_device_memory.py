@@ -2,24 +2,28 @@
 device's caching allocator: mem_get_info, memory_stats' torch.cuda keys,
 memory_snapshot, memory_summary, and set_per_process_memory_fraction, which
 really limits what the process may allocate."""
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
 
 import npubridge  # noqa: F401
+from conftest import Zygote
 
 MiB = 1 << 20
 
 
-def _run(code, **env):
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=dict(os.environ, **env),
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    return r.stdout
+@pytest.fixture(scope="module")
+def run():
+    """Runs code with the given settings in a process of its own, for
+    devices of their own size, and returns its stdout once it exited with
+    0: a child forked from a fresh interpreter that imported torch (a
+    zygote, conftest.py), which starts its own runtime with those settings."""
+    with Zygote() as zygote:
+        def run_child(code, **env):
+            r = zygote.run(code, **env)
+            assert r.returncode == 0, r.stderr
+            return r.stdout
+
+        yield run_child
 
 
 def test_mem_get_info_is_the_capacity_and_what_the_allocator_has_not_reserved():
@@ -46,8 +50,8 @@ def test_memory_stats_have_torch_cudas_keys_with_the_allocators_values():
     del x
 
 
-def test_num_ooms_counts_each_refused_allocation_of_its_device():
-    out = _run(
+def test_num_ooms_counts_each_refused_allocation_of_its_device(run):
+    out = run(
         """
         import torch, npubridge
         MiB = 1 << 20
@@ -119,8 +123,8 @@ def test_memory_summary_reports_the_allocators_figures():
     del x
 
 
-def test_set_per_process_memory_fraction_limits_allocations_with_a_clear_oom():
-    out = _run(
+def test_set_per_process_memory_fraction_limits_allocations_with_a_clear_oom(run):
+    out = run(
         """
         import torch, npubridge
         MiB = 1 << 20
@@ -147,8 +151,8 @@ def test_set_per_process_memory_fraction_limits_allocations_with_a_clear_oom():
     assert lines[1] == "after: 18"
 
 
-def test_the_fraction_releases_the_cache_before_it_refuses():
-    out = _run(
+def test_the_fraction_releases_the_cache_before_it_refuses(run):
+    out = run(
         """
         import torch, npubridge
         MiB = 1 << 20
@@ -177,8 +181,8 @@ def test_set_per_process_memory_fraction_checks_its_argument_as_torch_cuda(fract
     assert torch.npu.get_per_process_memory_fraction(0) == 1.0
 
 
-def test_out_of_memory_raises_torch_oom_with_the_allocators_message():
-    out = _run(
+def test_out_of_memory_raises_torch_oom_with_the_allocators_message(run):
+    out = run(
         """
         import torch, npubridge
         try:

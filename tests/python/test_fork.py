@@ -126,18 +126,25 @@ def test_a_forked_child_that_exits_normally_neither_hangs_nor_fails_at_exit():
     # os.fork() and sys.exit (not multiprocessing's os._exit): the child runs
     # atexit handlers and finalisation, which free the npu tensors it
     # inherited (left to the parent's allocator, never freed in the child).
+    # The parent forks with the device busy, then lets the busy thread wait
+    # until the child is done: the child has what the fork copied, and a
+    # finalisation that shares the CPU with it took seconds more per child.
     script = textwrap.dedent(
         f"""
         import gc, os, sys, threading, time
         import torch, npubridge
         x = torch.randn(64, 64).to("npu")
-        stop = threading.Event()
+        stop, going, rounds = threading.Event(), threading.Event(), [0]
         def busy():
-            while not stop.is_set():
+            while going.wait() and not stop.is_set():
                 (x @ x).cpu()
+                rounds[0] += 1
         threading.Thread(target=busy, daemon=True).start()
-        time.sleep(0.05)
         for i in range(5):
+            busy_from = rounds[0]
+            going.set()
+            while rounds[0] < busy_from + 4:  # the device is really busy before the fork
+                time.sleep(0.001)
             pid = os.fork()
             if pid == 0:
                 try:
@@ -149,6 +156,7 @@ def test_a_forked_child_that_exits_normally_neither_hangs_nor_fails_at_exit():
                 del kept
                 gc.collect()
                 sys.exit(code)
+            going.clear()
             deadline = time.monotonic() + {CHILD_TIMEOUT_S}
             while True:
                 done, status = os.waitpid(pid, os.WNOHANG)
@@ -161,6 +169,7 @@ def test_a_forked_child_that_exits_normally_neither_hangs_nor_fails_at_exit():
             if os.waitstatus_to_exitcode(status) != 0:
                 print("child", i, "exit code", os.waitstatus_to_exitcode(status)); sys.exit(1)
         stop.set()
+        going.set()
         print("ok")
         """
     )

@@ -3,17 +3,42 @@ starts at the first npu use], python_ext/csrc/init.cpp), as torch.cuda does:
 `import torch` imports npubridge through the torch.backends entry point, so
 whatever starts at import would start in every PyTorch program.
 
-Each case runs in a fresh interpreter, since the start happens once per
-process."""
+Each case runs in a process of its own, since the start happens once per
+process: what `import` does, in a fresh interpreter; what happens after the
+import, in a child forked from one that imported torch with the settings a
+case starts with (a zygote, tests/python/conftest.py: a fresh interpreter
+costs seconds), which starts its own runtime at its first npu use."""
 import os
-import selectors
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
+from conftest import Zygote
+
 _CRASH_DIR = os.path.join(os.path.dirname(os.environ.get("NPUB_TEST_PLUGIN_DIR", "")), "plugins_crash")
+_CRASH_PLUGINS = ("crash_in_init", "hang_in_init")
+
+# What the zygote's import saw, besides the settings as they are here:
+# test_settings_made_after_import_apply_at_the_first_npu_use's settings at
+# the start, which every other case puts back (_AS_THEY_ARE).
+_AT_IMPORT = {"NPUB_SIM_DEVICES": "3", "NPUB_SIM_MEMORY": "1G", "NPUB_SIM_THREADS": "2"}
+_AS_THEY_ARE = {name: os.environ.get(name) for name in _AT_IMPORT}
+
+
+@pytest.fixture(scope="module")
+def zygote():
+    with Zygote(**_AT_IMPORT) as z:
+        yield z
+
+
+@pytest.fixture(scope="module")
+def crash_zygote():
+    # Both plugins that die in initialize in the plugin path at the import.
+    paths = [os.path.join(_CRASH_DIR, f"libnpub_test_bad_{plugin}.so") for plugin in _CRASH_PLUGINS]
+    with Zygote(NPUB_PLUGIN_PATH=":".join(paths)) as z:
+        yield z
 
 
 def _run(code, timeout=120, **env):
@@ -78,10 +103,10 @@ def test_import_leaves_dynamo_alone_and_graph_mode_still_finds_the_npu(first):
     assert lines == [str(first == "torch._dynamo"), "True NpuInterface 1"], lines
 
 
-def test_settings_made_after_import_apply_at_the_first_npu_use():
+def test_settings_made_after_import_apply_at_the_first_npu_use(zygote):
     # As CUDA_VISIBLE_DEVICES set after `import torch` and before the first
-    # CUDA call.
-    lines = _ok(_run("""
+    # CUDA call: the zygote imported torch with _AT_IMPORT.
+    lines = _ok(zygote.run("""
         import os, torch, npubridge
         os.environ["NPUB_SIM_DEVICES"] = "1"
         os.environ["NPUB_SIM_MEMORY"] = "64M"
@@ -90,12 +115,12 @@ def test_settings_made_after_import_apply_at_the_first_npu_use():
         x = torch.arange(4.0, device="npu") * 2
         p = torch.npu.get_device_properties(0)
         print(torch.npu.device_count(), p.total_memory, p.multi_processor_count, x.cpu().tolist())
-    """, NPUB_SIM_DEVICES="3", NPUB_SIM_MEMORY="1G", NPUB_SIM_THREADS="2"))
+    """))
     assert lines == ["1", f"1 {64 << 20} 1 [0.0, 2.0, 4.0, 6.0]"], lines
 
 
-def test_a_setting_made_bad_after_import_fails_the_first_npu_use_naming_it():
-    lines = _ok(_run("""
+def test_a_setting_made_bad_after_import_fails_the_first_npu_use_naming_it(zygote):
+    lines = _ok(zygote.run("""
         import os, torch, npubridge
         os.environ["NPUB_SIM_DEVICES"] = "many"
         try:
@@ -104,47 +129,40 @@ def test_a_setting_made_bad_after_import_fails_the_first_npu_use_naming_it():
             print(str(e).splitlines()[0])
         os.environ["NPUB_SIM_DEVICES"] = "1"  # fixed: the next use starts
         print(torch.ones(2, device="npu").sum().item(), torch.npu.device_count())
-    """))
+    """, **_AS_THEY_ARE))
     assert lines == ["npubridge: the npu runtime did not start: NPUB_SIM_DEVICES: expected a device count from 1 "
                      "to 64 but found 'many'", "2.0 1"], lines
 
 
-@pytest.mark.parametrize("plugin", ["crash_in_init", "hang_in_init"])
-def test_a_plugin_that_dies_in_initialize_cannot_touch_a_cpu_only_program(plugin):
+@pytest.mark.parametrize("plugin", _CRASH_PLUGINS)
+def test_a_plugin_that_dies_in_initialize_cannot_touch_a_cpu_only_program(crash_zygote, plugin):
     path = os.path.join(_CRASH_DIR, f"libnpub_test_bad_{plugin}.so")
     assert os.path.exists(path), path
-    cpu_only = _run("""
+    assert crash_zygote.prelude.returncode == 0, crash_zygote.prelude.stderr  # imported with it in the path
+    cpu_only = crash_zygote.run("""
         import torch, npubridge
         torch.manual_seed(0)
         print(float((torch.ones(3) * 2).sum()), torch.npu.is_available())
     """, timeout=60, NPUB_PLUGIN_PATH=path)
     assert _ok(cpu_only) == ["6.0 True"]
     # The same plugin is really loaded at the first npu use: that process
-    # dies or hangs there (npub-plugins --check vets such files). It says
-    # when the imports are done, so that a slow import on a loaded machine
-    # is not taken for the hang.
-    code = "import torch, npubridge; print('imported', flush=True); torch.ones(3, device='npu'); print('survived')"
-    with subprocess.Popen([sys.executable, "-c", code], env=dict(os.environ, NPUB_PLUGIN_PATH=path),
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) as proc:
-        try:
-            with selectors.DefaultSelector() as sel:
-                sel.register(proc.stdout, selectors.EVENT_READ)
-                assert sel.select(timeout=120), "the imports did not finish within 120 s"
-            assert proc.stdout.readline().strip() == "imported"
-            if plugin == "hang_in_init":
-                with pytest.raises(subprocess.TimeoutExpired):
-                    proc.wait(timeout=10)  # still in initialize
-            else:
-                assert proc.wait(timeout=120) != 0
-                assert "survived" not in proc.stdout.read()
-        finally:
-            proc.kill()
+    # dies or hangs there (npub-plugins --check vets such files). The
+    # imports are done before the child starts: a slow import on a loaded
+    # machine is not taken for the hang.
+    code = "import torch, npubridge; torch.ones(3, device='npu'); print('survived')"
+    if plugin == "hang_in_init":
+        with pytest.raises(subprocess.TimeoutExpired):
+            crash_zygote.run(code, timeout=10, NPUB_PLUGIN_PATH=path)  # still in initialize
+    else:
+        r = crash_zygote.run(code, NPUB_PLUGIN_PATH=path)
+        assert r.returncode != 0
+        assert "survived" not in r.stdout
 
 
-def test_seeds_set_before_the_start_apply_to_the_devices():
+def test_seeds_set_before_the_start_apply_to_the_devices(zygote):
     # torch.manual_seed seeds every backend; before the start the npu's
     # seeds are queued (torch.cuda._lazy_call), not lost.
-    lines = _ok(_run("""
+    lines = _ok(zygote.run("""
         import torch, npubridge
         torch.manual_seed(1234)
         a = torch.randn(8, device="npu").cpu()
@@ -152,12 +170,12 @@ def test_seeds_set_before_the_start_apply_to_the_devices():
         b = torch.randn(8, device="npu").cpu()
         torch.manual_seed(1234)
         print(torch.equal(torch.randn(8, device="npu").cpu(), a), torch.equal(a, b))
-    """))
+    """, **_AS_THEY_ARE))
     assert lines == ["True False"], lines
 
 
-def test_a_child_forked_before_the_start_starts_its_own_runtime():
-    lines = _ok(_run("""
+def test_a_child_forked_before_the_start_starts_its_own_runtime(zygote):
+    lines = _ok(zygote.run("""
         import os, torch, npubridge
         pid = os.fork()
         if pid == 0:
@@ -170,21 +188,21 @@ def test_a_child_forked_before_the_start_starts_its_own_runtime():
             os._exit(0 if ok else 1)
         _, status = os.waitpid(pid, 0)
         print(os.waitstatus_to_exitcode(status), npubridge._C._is_started())
-    """))
+    """, **_AS_THEY_ARE))
     assert lines == ["0 False"], lines
 
 
-def test_a_plugin_op_looked_up_before_the_first_npu_tensor_starts_the_runtime():
+def test_a_plugin_op_looked_up_before_the_first_npu_tensor_starts_the_runtime(zygote):
     # Python looks `torch.ops.ns.op` up before the argument that makes the
     # first npu tensor (Note [A plugin op lookup starts the runtime]); torch's
     # own probes (torch.library.define's hasattr, while torch._dynamo
     # imports) and ATen lookups start nothing.
-    lines = _ok(_run("""
+    lines = _ok(zygote.run("""
         import torch, npubridge
         import torch._dynamo
         print(hasattr(torch.ops.aten, "no_such_op"), npubridge._C._is_started())
         x = torch.ops.mindspeed_like.npu_swiglu(torch.ones(2, 4, device="npu"), -1)
         print(x.shape, x.device, npubridge._C._is_started())
         print(hasattr(torch.ops.mindspeed_like, "no_such_op"))
-    """))
+    """, **_AS_THEY_ARE))
     assert lines == ["False False", "torch.Size([2, 2]) npu:0 True", "False"], lines

@@ -2,16 +2,13 @@
 devices, and the npu must give the CPU's values (dtype and shape included)
 or raise the CPU's exception class with ATen's message."""
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import npubridge  # noqa: F401  (registers the npu device)
-from conftest import assert_same_outcome
+from conftest import Zygote, assert_same_outcome
 
 
 def t(values, device, dtype=None):
@@ -97,14 +94,38 @@ def test_convolutions_that_fall_back_train_as_on_the_cpu():
         torch.testing.assert_close(g_npu, g_cpu)
 
 
-def python(code, **env):
-    """Runs `code` in a fresh interpreter with npubridge's environment."""
-    e = dict(os.environ, NPUB_LOG_LEVEL="error", **env)
-    return subprocess.run([sys.executable, "-W", "ignore", "-c", textwrap.dedent(code)], env=e,
-                          capture_output=True, text=True, timeout=120)
+@pytest.fixture(scope="module")
+def truncated_plugin_dir(tmp_path_factory):
+    """A folder with libnpub_cut.so: the first 3000 bytes of vllm_like's."""
+    plugins = os.path.join(os.path.dirname(npubridge._C.__file__), "..", "..", "lib", "npubridge", "plugins")
+    source = os.path.join(plugins, "libnpub_vllm_like.so")
+    if not os.path.exists(source):  # an installed wheel's layout
+        source = os.path.join(os.path.dirname(npubridge.__file__), "lib", "npubridge", "plugins", "libnpub_vllm_like.so")
+    folder = tmp_path_factory.mktemp("truncated")
+    with open(source, "rb") as f:
+        (folder / "libnpub_cut.so").write_bytes(f.read(3000))
+    return folder
 
 
-def test_out_of_memory_inside_a_kernel_is_torch_out_of_memory_error():
+@pytest.fixture(scope="module")
+def python(truncated_plugin_dir):
+    """Runs code in a process of its own with npubridge's environment and
+    the given settings (read at the runtime's start): a child forked from a
+    fresh interpreter that imported torch (a zygote, conftest.py), which
+    starts its own runtime and devices, and may crash alone. That import
+    had the bad plugins of the tests below in the plugin path (import torch
+    works with them); a program given no plugin path gets it as it is here.
+    The zygote imported torch._dynamo too, which the first npu op of most of
+    these programs imports (through one of torch._refs' Python meta
+    functions): seconds each."""
+    bad_plugins = ":".join(p for p in (os.environ.get("NPUB_TEST_PLUGIN_DIR"), str(truncated_plugin_dir)) if p)
+    with Zygote("import torch, npubridge, torch._dynamo", flags=("-W", "ignore"), NPUB_LOG_LEVEL="error",
+                NPUB_PLUGIN_PATH=bad_plugins) as zygote:
+        as_it_is = {"NPUB_PLUGIN_PATH": os.environ.get("NPUB_PLUGIN_PATH")}
+        yield lambda code, **env: zygote.run(code, **dict(as_it_is, **env))
+
+
+def test_out_of_memory_inside_a_kernel_is_torch_out_of_memory_error(python):
     # nonzero's output (8 MiB of indices) is allocated by the kernel, after
     # the input took half the device.
     r = python("""
@@ -120,7 +141,7 @@ def test_out_of_memory_inside_a_kernel_is_torch_out_of_memory_error():
     assert r.stdout.split("\n")[:2] == ["OOM True True", "torch.Size([10, 1])"]
 
 
-def test_devices_smaller_than_a_segment_serve_what_fits():
+def test_devices_smaller_than_a_segment_serve_what_fits(python):
     r = python("""
         import torch, npubridge
         a = torch.ones(1000, device="npu")
@@ -140,7 +161,7 @@ def test_devices_smaller_than_a_segment_serve_what_fits():
     assert r.stdout.split() == [str(float(262145 + 3 * 1024 * 1024))]
 
 
-def test_integer_division_edge_cases_do_not_kill_the_process():
+def test_integer_division_edge_cases_do_not_kill_the_process(python):
     # INT_MIN // -1 and INT_MIN % -1 trap (SIGFPE) in a naive kernel; ATen
     # wraps. In a child, so that a regression is a failed test, not a crash.
     r = python("""
@@ -159,18 +180,12 @@ def test_integer_division_edge_cases_do_not_kill_the_process():
         assert cpu.replace(" cpu ", " npu ") == npu
 
 
-def test_a_truncated_plugin_file_is_rejected_and_import_torch_works(tmp_path):
-    plugins = os.path.join(os.path.dirname(npubridge._C.__file__), "..", "..", "lib", "npubridge", "plugins")
-    source = os.path.join(plugins, "libnpub_vllm_like.so")
-    if not os.path.exists(source):  # an installed wheel's layout
-        source = os.path.join(os.path.dirname(npubridge.__file__), "lib", "npubridge", "plugins", "libnpub_vllm_like.so")
-    with open(source, "rb") as f:
-        (tmp_path / "libnpub_cut.so").write_bytes(f.read(3000))
+def test_a_truncated_plugin_file_is_rejected_and_import_torch_works(python, truncated_plugin_dir):
     r = python("""
         import torch, npubridge
         print(float((torch.ones(3, device="npu") * 2).sum()))
         print([f for f in npubridge.load_failures() if "libnpub_cut.so" in f])
-    """, NPUB_PLUGIN_PATH=str(tmp_path))
+    """, NPUB_PLUGIN_PATH=str(truncated_plugin_dir))
     assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}"
     total, failures = r.stdout.strip().splitlines()
     assert total == "6.0"
@@ -206,7 +221,7 @@ def test_new_streams_share_one_pool_and_threads_stay_bounded():
     assert 0 not in ids and len(ids) <= 4
 
 
-def test_every_bad_plugin_in_the_plugin_path_is_rejected_and_import_torch_works():
+def test_every_bad_plugin_in_the_plugin_path_is_rejected_and_import_torch_works(python):
     # The test plugin folder: one plugin per way of being bad (wrong ABI,
     # bad schemas, kernels, derivatives, an initialize that fails or throws,
     # not a library at all, ...) beside good ones. The library without any

@@ -5,22 +5,39 @@ Nothing starts at import (Note [The runtime starts at the first npu use],
 python_ext/csrc/init.cpp), so import says nothing; CPU ops work;
 torch.npu.is_available() is False with one warning, and the first npu use
 raises, both naming the variable, the value found and what was expected.
-One subprocess per value (about a second each). The NPUB_DIST_* settings
-of the collective backend are read when an npu process group is made: a bad
-one fails that init_process_group with the same message (in this process,
-a group of one rank)."""
+The NPUB_DIST_* settings of the collective backend are read when an npu
+process group is made: a bad one fails that init_process_group with the same
+message (in this process, a group of one rank).
+
+A fresh interpreter costs seconds, so not one per value: each of a few
+interpreters imports torch with one bad value of every variable at once
+(that import says nothing holds for all of them together), then serves as a
+zygote (tests/python/conftest.py) for the cases of its values: each case in
+a child forked from it, its own process, which puts the other variables back
+as they were and meets its bad value at the first npu use, as a fresh
+process would (the settings are read when the runtime starts)."""
 import os
-import subprocess
-import sys
 
 import pytest
 
-_CHILD = """
+from conftest import Zygote
+
+# What `import torch` does with a bad value: nothing (no warning from
+# npubridge, nothing started).
+_IMPORT = """
 import warnings
-warnings.simplefilter("always")
 with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
     import torch, npubridge
 assert not [str(x.message) for x in w if "npubridge" in str(x.message)], [str(x.message) for x in w]
+assert not npubridge._C._is_started()
+"""
+
+# What a process with a bad value does after the import.
+_CHILD = """
+import warnings
+import torch, npubridge
+warnings.simplefilter("always")
 assert torch.ones(2).add(1).sum().item() == 4
 assert not npubridge._C._is_started()
 with warnings.catch_warnings(record=True) as w:
@@ -67,14 +84,45 @@ _CASES = [
 ]
 
 
-def _run(**env):
-    full_env = dict(os.environ, **env)
-    return subprocess.run([sys.executable, "-c", _CHILD], env=full_env, capture_output=True, text=True, timeout=120)
+# Round k: the k-th bad value of every variable that has one.
+_ROUNDS = []
+for _name, _value, _ in _CASES:
+    _k = sum(_name in values for values in _ROUNDS)
+    if _k == len(_ROUNDS):
+        _ROUNDS.append({})
+    _ROUNDS[_k][_name] = _value
+
+
+class _Zygotes(dict):
+    """The zygotes, each started at its first use: a round's index, or
+    None for the one with the settings as they are."""
+
+    def __missing__(self, key):
+        self[key] = Zygote(_IMPORT, **(_ROUNDS[key] if key is not None else {}))
+        return self[key]
+
+
+@pytest.fixture(scope="module")
+def zygotes():
+    started = _Zygotes()
+    yield started
+    for zygote in started.values():
+        zygote.close()
+
+
+@pytest.mark.parametrize("k", range(len(_ROUNDS)), ids=[f"round{k}" for k in range(len(_ROUNDS))])
+def test_import_torch_says_nothing_with_bad_settings(zygotes, k):
+    r = zygotes[k].prelude
+    assert r.returncode == 0, f"{_ROUNDS[k]}:\n{r.stdout}{r.stderr}"
 
 
 @pytest.mark.parametrize("name, value, expected", _CASES, ids=[f"{n}={v}" for n, v, _ in _CASES])
-def test_a_bad_setting_fails_the_first_npu_use_but_never_import_torch(name, value, expected):
-    r = _run(**{name: value})
+def test_a_bad_setting_fails_the_first_npu_use_but_never_import_torch(zygotes, name, value, expected):
+    # In a child of the zygote that imported torch with this value (and its
+    # round's other ones, put back as they are here).
+    k = next(k for k, values in enumerate(_ROUNDS) if values.get(name) == value)
+    env = {other: os.environ.get(other) for other in _ROUNDS[k]}
+    r = zygotes[k].run(_CHILD, **dict(env, **{name: value}))
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 2, r.stdout + r.stderr
@@ -82,12 +130,10 @@ def test_a_bad_setting_fails_the_first_npu_use_but_never_import_torch(name, valu
         assert line.startswith(_DISABLED + f"{name}: {expected}"), line
 
 
-def test_a_bad_setting_of_plugins_rejects_those_plugins_only():
+def test_a_bad_setting_of_plugins_rejects_those_plugins_only(zygotes):
     code = ("import torch, npubridge; print([p['name'] for p in npubridge.plugins()]); "
             "print(npubridge.load_failures()); print(float((torch.ones(2, device='npu') * 3).sum()))")
-    full_env = dict(os.environ, NPUB_PLUGINS_MAX_ISA="sse9", NPUB_LOG_LEVEL="error")
-    r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=full_env, capture_output=True, text=True,
-                       timeout=120)
+    r = zygotes[None].run(code, NPUB_PLUGINS_MAX_ISA="sse9", NPUB_LOG_LEVEL="error")
     assert r.returncode == 0, r.stdout + r.stderr
     names, failures, total = r.stdout.strip().splitlines()
     # The in-tree plugins' one ISA cap: each of them refuses it, the runtime starts.
@@ -96,13 +142,11 @@ def test_a_bad_setting_of_plugins_rejects_those_plugins_only():
     assert total == "6.0"  # the CPU fallback serves what cann_like would have
 
 
-def test_the_isa_cap_reaches_each_in_tree_plugin():
+def test_the_isa_cap_reaches_each_in_tree_plugin(zygotes):
     # What the *_baseline_isa tests rely on: every in-tree plugin's loops run
     # at the level NPUB_PLUGINS_MAX_ISA names (each logs it when it starts).
     code = "import torch, npubridge; print([p['name'] for p in npubridge.plugins()])"
-    full_env = dict(os.environ, NPUB_PLUGINS_MAX_ISA="baseline", NPUB_LOG_LEVEL="info")
-    r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=full_env, capture_output=True, text=True,
-                       timeout=120)
+    r = zygotes[None].run(code, NPUB_PLUGINS_MAX_ISA="baseline", NPUB_LOG_LEVEL="info")
     assert r.returncode == 0, r.stdout + r.stderr
     for name in ("cann_like", "mindspeed_like", "vllm_like"):
         assert name in r.stdout
@@ -110,11 +154,10 @@ def test_the_isa_cap_reaches_each_in_tree_plugin():
         assert "NPUB_PLUGINS_MAX_ISA: baseline)" in r.stderr, r.stderr
 
 
-def test_good_values_with_surrounding_white_space_are_read():
+def test_good_values_with_surrounding_white_space_are_read(zygotes):
     code = "import torch, npubridge; print(torch.npu.device_count(), npubridge._C.optim_level())"
-    full_env = dict(os.environ, NPUB_SIM_DEVICES=" 3 ", NPUB_SIM_MEMORY="64M ", NPUB_OPT_LEVEL="\t1",
-                    NPUB_LOG_LEVEL=" error ", NPUB_PLUGINS_MAX_ISA=" avx2", NPUB_SIM_THREADS=" 2")
-    r = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=120)
+    r = zygotes[None].run(code, NPUB_SIM_DEVICES=" 3 ", NPUB_SIM_MEMORY="64M ", NPUB_OPT_LEVEL="\t1",
+                          NPUB_LOG_LEVEL=" error ", NPUB_PLUGINS_MAX_ISA=" avx2", NPUB_SIM_THREADS=" 2")
     assert r.returncode == 0 and r.stdout.strip() == "3 1", r.stdout + r.stderr
     assert "did not start" not in r.stderr, r.stderr
 
