@@ -503,9 +503,9 @@ class SavedReturns {
 
 void Dispatcher::run_selected(CallState& cs, const reg::Kernel& k, DType convert_from) {
   if (precision_enabled_.load(std::memory_order_relaxed) && has_fallback() &&
-      cs.overlap == Overlap::kNone &&  // the reference would read what the kernel wrote
-      !sim::thread_is_capturing() &&   // a capture records: there is nothing to compare
-      !checking_reference())           // a call the host makes inside a check's reference
+      cs.overlap != Overlap::kUnsafe &&  // (no kernel serves it); the reference reads its own copies
+      !sim::thread_is_capturing() &&     // a capture records: there is nothing to compare
+      !checking_reference())             // a call the host makes inside a check's reference
     check_precision(cs, k, convert_from);
   else
     run_kernel(cs, k, convert_from);

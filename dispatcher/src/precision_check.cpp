@@ -9,6 +9,7 @@
 #include <npubridge/dispatcher/error_bound.h>
 #include <npubridge/dispatcher/tensor.h>
 #include <npubridge/support/error.h>
+#include <npubridge/support/shape.h>
 #include "logging.h"
 
 #include <cmath>
@@ -38,7 +39,27 @@ class InReference {
 
 bool Dispatcher::checking_reference() { return tls_in_reference; }
 
+namespace {
+
+// PyTorch's c10::ScalarType numbers, as a ScalarType argument carries them
+// (plugin_api.h's value table): the floating ones, and float64.
+constexpr int64_t kTorchFloat16 = 5, kTorchFloat32 = 6, kTorchFloat64 = 7, kTorchBFloat16 = 15;
+
+bool is_torch_floating_scalar_type(int64_t t) {
+  return t == kTorchFloat16 || t == kTorchFloat32 || t == kTorchFloat64 || t == kTorchBFloat16;
+}
+
+// Once per op: why the check leaves its calls unjudged.
+void warn_unjudged(const reg::OpEntry& op, const std::string& why) {
+  if (!op.stats().unjudged_warned.exchange(true))
+    log().warn("precision check: op '{}' is not judged: {}", op.name(), why);
+}
+
+}  // namespace
+
 std::string PrecisionMismatch::message() const {
+  if (!note.empty())
+    return "precision check failed for op '" + op + "' (plugin '" + plugin + "'), " + output + ": " + note;
   char buf[512];
   std::snprintf(buf, sizeof buf,
                 "precision check failed for op '%s' (plugin '%s'), %s: %lld of %lld elements "
@@ -96,6 +117,14 @@ void Dispatcher::record_precision_mismatch(const PrecisionMismatch& m, const reg
 }
 
 void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType convert_from) {
+  // A random op's reference would draw other numbers (and advance the
+  // generator the call's own draws come from): not judged.
+  for (const auto& a : cs.op->schema().arguments)
+    if (a.type.base == reg::BaseType::kGenerator) {
+      warn_unjudged(*cs.op, "a random op: its reference would draw other numbers");
+      run_kernel(cs, k, convert_from);
+      return;
+    }
   const int index =
       cs.device.device_type == NPUB_DEVICE_NPU ? cs.device.device_id : devices_.current_device();
   sim::Device* dev = cs.device.device_type == NPUB_DEVICE_NPU ? &devices_.at(index) : nullptr;
@@ -103,7 +132,10 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
   const auto& alias = cs.op->return_alias();
 
   // The reference's inputs: the same values, with private copies of every
-  // tensor the op writes (taken before the kernel runs).
+  // tensor (taken before the kernel runs): the reference never reads what
+  // the kernel wrote (an in-place call's self is its out), and never writes
+  // the caller's tensors, not even those an op writes without its schema
+  // saying so (native_batch_norm's running statistics).
   std::vector<NpubValue> ref_args(cs.args, cs.args + cs.num_args);
   std::vector<Tensor> keep;
   std::vector<std::pair<std::string, std::pair<DLTensor*, DLTensor*>>> compare;  // label, (kernel, reference)
@@ -117,11 +149,11 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
   lists.reserve(static_cast<size_t>(cs.num_args));
   for (int32_t i = 0; i < cs.num_args; ++i) {
     const auto ui = static_cast<size_t>(i);
-    if (!sargs[ui].is_write()) continue;
+    const bool written = sargs[ui].is_write();
     NpubValue& v = ref_args[ui];
     if (v.tag == NPUB_VALUE_TENSOR) {
       DLTensor* copy = snapshot(v.u.tensor);
-      compare.push_back({"argument '" + sargs[ui].name + "'", {v.u.tensor, copy}});
+      if (written) compare.push_back({"argument '" + sargs[ui].name + "'", {v.u.tensor, copy}});
       v.u.tensor = copy;
     } else if (v.tag == NPUB_VALUE_TENSOR_LIST) {
       lists.emplace_back(v.u.tensors, v.u.tensors + v.count);
@@ -129,7 +161,8 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
         DLTensor*& t = lists.back()[static_cast<size_t>(j)];
         if (t == nullptr) continue;
         DLTensor* copy = snapshot(t);
-        compare.push_back({"argument '" + sargs[ui].name + "'[" + std::to_string(j) + "]", {t, copy}});
+        if (written)
+          compare.push_back({"argument '" + sargs[ui].name + "'[" + std::to_string(j) + "]", {t, copy}});
         t = copy;
       }
       v.u.tensors = lists.back().data();
@@ -163,16 +196,21 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
     // Floating tensors in float64 (by absolute value for the magnitude);
     // other tensors the op writes as private copies, so neither run writes
     // into the kernel's outputs.
-    auto widen = [&](DLTensor* t, bool written) -> DLTensor* {
+    auto widen = [&](DLTensor* t) -> DLTensor* {
       if (t == nullptr) return t;
       const std::vector<int64_t> shape(t->shape, t->shape + t->ndim);
-      if (!is_floating(dtype_of(t->dtype))) {
-        if (!written) return t;
-        r.keep.push_back(Tensor::empty(shape, dtype_of(t->dtype), dev));
+      const DType dt = dtype_of(t->dtype);
+      if (!is_floating(dt)) {
+        r.keep.push_back(Tensor::empty(shape, dt, dev));
         sim::copy_tensor(*r.keep.back().dl(), *t);
         return r.keep.back().dl();
       }
       std::vector<double> v = sim::read_doubles(*t);
+      // A 0-d operand wider than the call (x + 0.1: a Python number comes
+      // as a float64 scalar tensor) takes part in the call's dtype, as in
+      // ATen's type promotion: its value is that dtype's.
+      if (t->ndim == 0 && is_floating(cs.dtype) && element_size(dt) > element_size(cs.dtype))
+        for (double& x : v) x = numerics::round_to_dtype(cs.dtype, x);
       if (magnitude)
         for (double& x : v) x = std::fabs(x);
       r.keep.push_back(Tensor::from_values(shape, DType::kFloat64, v, dev));
@@ -180,13 +218,16 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
     };
     for (int32_t i = 0; i < cs.num_args; ++i) {
       NpubValue& v = r.args[static_cast<size_t>(i)];
-      const bool written = sargs[static_cast<size_t>(i)].is_write();
       if (v.tag == NPUB_VALUE_TENSOR) {
-        v.u.tensor = widen(v.u.tensor, written);
+        v.u.tensor = widen(v.u.tensor);
       } else if (v.tag == NPUB_VALUE_TENSOR_LIST) {
         r.lists.emplace_back(v.u.tensors, v.u.tensors + v.count);
-        for (DLTensor*& t : r.lists.back()) t = widen(t, written);
+        for (DLTensor*& t : r.lists.back()) t = widen(t);
         v.u.tensors = r.lists.back().data();
+      } else if (v.tag == NPUB_VALUE_INT &&
+                 sargs[static_cast<size_t>(i)].type.base == reg::BaseType::kScalarType &&
+                 is_torch_floating_scalar_type(v.u.i)) {
+        v.u.i = kTorchFloat64;  // a floating dtype= argument: the wide run computes in float64 too
       } else if (magnitude && v.tag == NPUB_VALUE_DOUBLE &&
                  sargs[static_cast<size_t>(i)].type.base == reg::BaseType::kScalar) {
         v.u.d = std::fabs(v.u.d);
@@ -201,7 +242,7 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
       if (alias[static_cast<size_t>(i)] >= 0)
         v = r.args[static_cast<size_t>(alias[static_cast<size_t>(i)])];
       else if (v.tag == NPUB_VALUE_TENSOR)
-        v.u.tensor = widen(v.u.tensor, true);
+        v.u.tensor = widen(v.u.tensor);
     }
     return r;
   };
@@ -240,13 +281,13 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
   try {
     fn(FallbackCall{*cs.op, ref_args.data(), cs.num_args, ref_rets.data(), cs.num_rets, ref_outputs, why,
                     nullptr});
-  } catch (const std::exception& e) {
+  } catch (const Error& e) {
     // The host has no implementation of the op to compare with (a plugin's
-    // own op): the kernel's result stands, unjudged, and the op is named.
-    if (!cs.op->stats().unjudged_warned.exchange(true))
-      log().warn(
-          "precision check: op '{}' is not judged: the host framework cannot run it as a reference ({})",
-          cs.op->name(), e.what());
+    // own op; it says so with kUnsupported): the kernel's result stands,
+    // unjudged, and the op is named. Any other error of the reference (ATen
+    // refusing inputs the kernel took) is the caller's to see.
+    if (e.code() != ErrorCode::kUnsupported) throw;
+    warn_unjudged(*cs.op, std::string("the host framework cannot run it as a reference (") + e.what() + ")");
     return;
   }
   // The same outputs of a wide run, in `compare`'s order (written tensor
@@ -295,14 +336,13 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
     m.op = cs.op->name();
     m.plugin = k.plugin_name();
     m.output = label;
-    if (a.ndim != b.ndim || !std::equal(a.shape, a.shape + a.ndim, b.shape)) {
-      m.worst_index = -1;
+    if (a.ndim != b.ndim || !std::equal(a.shape, a.shape + a.ndim, b.shape) ||
+        dtype_of(a.dtype) != dtype_of(b.dtype)) {
       m.num_mismatched = 1;
-      std::lock_guard<std::mutex> lock(config_mu_);
-      mismatches_.push_back(m);
-      log().warn("precision check for op '{}', {}: the kernel's shape differs from the reference's", m.op,
-                 label);
-      cs.op->stats().precision_mismatches.fetch_add(1);
+      m.note = "the kernel's result is " + std::string(dtype_name(dtype_of(a.dtype))) +
+               shape_str(a.shape, a.ndim) + ", the reference's " + dtype_name(dtype_of(b.dtype)) +
+               shape_str(b.shape, b.ndim);
+      record_precision_mismatch(m, cs.op);
       continue;
     }
     const std::vector<double> x = sim::read_doubles(a), y = sim::read_doubles(b);

@@ -275,9 +275,10 @@ def op_map():
 def precision_check(enabled: bool = True, raise_on_mismatch: bool = False):
     """Check every plugin call against PyTorch's CPU kernel of the same op.
 
-    While enabled, each plugin call (eager, or a compiled program's kernel
-    step) also runs through ATen's CPU kernel of the same op on private
-    copies of its inputs, in the op's dtype and in float64; returns and
+    While enabled, each plugin call (eager, in place or not, or a compiled
+    program's kernel step; not inside a graph capture) also runs through
+    ATen's CPU kernel of the same op on CPU copies of its inputs taken
+    before the kernel ran, in the op's dtype and in float64; returns and
     written arguments are judged by the error model npub-conformance uses
     (docs/plugin-authoring.md, "How your kernels are judged"): within the
     final rounding of the float64 result for elementwise ops, within
@@ -285,8 +286,9 @@ def precision_check(enabled: bool = True, raise_on_mismatch: bool = False):
     selections and integer results. NaN and inf must match. Mismatches are
     logged, counted in stats() and listed by precision_mismatches() (with
     the bound and its derivation); with raise_on_mismatch the call raises
-    instead. A plugin's own op has no ATen kernel to compare with: it is
-    named once in the log as not judged. Mismatches are listed under the
+    instead. A plugin's own op (no ATen kernel to compare with) and a random
+    op (its reference would draw other numbers) are named once in
+    npubridge's log as not judged. Mismatches are listed under the
     registry op the kernel serves (aten::neg.out for -x). Slow: for finding
     a wrong kernel, not for production. Both
     arguments must be bools (TypeError otherwise: "yes" or None would read

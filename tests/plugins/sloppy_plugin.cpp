@@ -1,6 +1,8 @@
 // Test plugin with a precision bug: its aten::neg.out (preferred over
-// cann_like's by priority) is off by 1e-3 for float32. The PyTorch
-// extension's precision check must catch it.
+// cann_like's by priority) is off by 1e-3 for float32, and serves
+// in-place calls too (x.neg_() is neg.out with out= self: each element is
+// read before it is written). The precision check must catch it on every
+// path.
 #include <npubridge/plugin_sdk.hpp>
 
 namespace {
@@ -16,7 +18,11 @@ void sloppy_neg(npub::sdk::Call& c) {
 
 void init(npub::sdk::Registrar& r) {
   r.def("aten::neg.out(Tensor self, *, Tensor(a!) out) -> Tensor(a!)");
-  r.kernel("aten::neg.out", &sloppy_neg).dtypes({npub::sdk::kFloat32}).contiguous_only().priority(100);
+  r.kernel("aten::neg.out", &sloppy_neg)
+      .dtypes({npub::sdk::kFloat32})
+      .contiguous_only()
+      .alias_safe()
+      .priority(100);
 }
 
 }  // namespace

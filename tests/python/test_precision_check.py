@@ -135,3 +135,53 @@ print("ok")
     unjudged = [line for line in r.stderr.splitlines() if "is not judged" in line]
     assert len(unjudged) == 1 and "precision check: op 'mindspeed_like::npu_rms_norm' is not judged: " in unjudged[0], \
         r.stderr
+
+
+def test_precision_check_judges_in_place_calls_and_changes_nothing_it_should_not():
+    """In-place calls (out= self) are judged from copies taken before the
+    kernel ran: the sloppy neg_ is caught. A Python number operand takes the
+    call's dtype in the float64 reference too (x + 0.1 is exact to float32's
+    0.1, not 0.1): no false mismatch. A BatchNorm's running statistics move
+    once per step, as without the check (the reference writes its own
+    copies). A random op is not judged and its draws are the same as
+    without the check."""
+    code = """
+import warnings
+import torch, npubridge
+warnings.simplefilter("ignore")
+torch.manual_seed(0)
+x = torch.randn(1000)
+npubridge.precision_check(True)
+y = x.npu()
+y.neg_()
+m = [(m["op"], m["plugin"], m["output"]) for m in npubridge.precision_mismatches()]
+assert m == [("aten::neg.out", "sloppy", "argument 'out'")], m
+npubridge.precision_check(True)
+z = x.npu() + 0.1
+z.add_(0.1)
+(torch.full((10,), -0.1).npu() + 0.1).cpu()
+assert npubridge.precision_mismatches() == [], npubridge.precision_mismatches()
+def bn_stats(check):
+    npubridge.precision_check(check)
+    torch.manual_seed(1)
+    bn = torch.nn.BatchNorm2d(4).npu().train()
+    for _ in range(2):
+        bn(torch.randn(2, 4, 3, 3).npu())
+    return bn.running_mean.cpu(), bn.running_var.cpu()
+(m_off, v_off), (m_on, v_on) = bn_stats(False), bn_stats(True)
+assert torch.equal(m_off, m_on) and torch.equal(v_off, v_on), (m_off, m_on, v_off, v_on)
+def draws(check):
+    npubridge.precision_check(check)
+    torch.npu.manual_seed(3)
+    a = torch.empty(64, device="npu").uniform_()
+    b = torch.empty(64, device="npu").normal_()
+    return a.cpu(), b.cpu()
+(a0, b0), (a1, b1) = draws(False), draws(True)
+assert torch.equal(a0, a1) and torch.equal(b0, b1)
+assert npubridge.precision_mismatches() == [], npubridge.precision_mismatches()
+print("ok")
+"""
+    r = run_python(code, NPUB_PLUGIN_PATH=os.environ["NPUB_TEST_SLOPPY_PLUGIN_DIR"], NPUB_LOG_LEVEL="warn")
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stdout + r.stderr
+    unjudged = [line for line in r.stderr.splitlines() if "is not judged" in line]
+    assert any("a random op: its reference would draw other numbers" in line for line in unjudged), r.stderr

@@ -16,7 +16,9 @@
 #include "runtime/generator.h"
 #include "runtime/npu_runtime.h"
 
+#include <npubridge/device_sim/copy_engine.h>
 #include <npubridge/dispatcher/trace.h>
+#include <npubridge/support/error.h>
 #include <npubridge/torch/dtype.h>
 #include <npubridge/philox.hpp>
 
@@ -221,51 +223,42 @@ void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // call again on the dispatcher's private copies, in float64 and on
 // magnitudes. Such a call carries no torch call (host_call is null), only
 // the registry op and its NpubValues. It runs as ATen's op of the same name
-// (aten::neg.out) through run_on_cpu, on npu tensors that view the values'
-// DLTensors without owning them (the memory stays the dispatcher's; data
-// moves through the copy engine as for any fallback), and its results are
-// written as a kernel writes them: into the return tensors given, or into
-// tensors of the call's OutputAllocator. An op ATen does not have (a
-// plugin's own namespace) is refused with an error naming it.
-at::Tensor npu_view(const DLTensor& dl) {
+// and schema (aten::neg.out) on the CPU, as the old torch-level check ran
+// it: every tensor is copied to a CPU tensor through the copy engine (no
+// PyTorch op on npu runs, so nothing is counted or traced as the model's),
+// the CPU kernel runs below autograd, and the tensors it wrote (written
+// arguments, then returns, into the given return tensors or ones of the
+// call's OutputAllocator) are copied back. An op ATen does not have (a
+// plugin's own namespace), another schema of the same name, or an argument
+// it cannot pass is refused with kUnsupported naming it: the dispatcher
+// then leaves the call unjudged.
+[[noreturn]] void no_reference(const std::string& op, const std::string& why) {
+  throw Error(ErrorCode::kUnsupported, "op '" + op + "': " + why);
+}
+
+// A DLTensor's values in a new contiguous CPU tensor.
+at::Tensor cpu_copy(const DLTensor& dl, const std::string& op) {
   const DType dt = dtype_of(dl.dtype);
-  TORCH_CHECK(dt != DType::kUnknown, "npubridge: a reference call's tensor has an unknown dtype");
-  const std::vector<int64_t> sizes(dl.shape, dl.shape + dl.ndim);
-  std::vector<int64_t> strides(static_cast<size_t>(dl.ndim));
-  int64_t extent = 1;  // elements from the first to the last one addressed, plus one
-  for (int32_t d = dl.ndim - 1, step = 1; d >= 0; --d) {
-    strides[static_cast<size_t>(d)] = dl.strides != nullptr ? dl.strides[d] : step;
-    step *= dl.shape[d];
-    if (dl.shape[d] == 0) extent = 0;
-  }
-  for (int32_t d = 0; d < dl.ndim && extent > 0; ++d)
-    extent += (dl.shape[d] - 1) * strides[static_cast<size_t>(d)];
-  const c10::ScalarType st = torch_dtype(dt);
-  const c10::Device device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(dl.device.device_id));
-  void* data = static_cast<char*>(dl.data) + dl.byte_offset;
-  c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(extent) * c10::elementSize(st),
-                       c10::DataPtr(data, device), /*allocator=*/nullptr, /*resizable=*/false);
-  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage),
-                                                          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                                          caffe2::TypeMeta::fromScalarType(st));
-  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides);
+  if (dt == DType::kUnknown) no_reference(op, "a tensor of a dtype PyTorch does not have");
+  at::Tensor t = at::empty(c10::IntArrayRef(dl.shape, static_cast<size_t>(dl.ndim)),
+                           at::TensorOptions().dtype(torch_dtype(dt)));
+  sim::copy_tensor(DLView(t).dl, dl);
   return t;
 }
 
 // The IValue of argument `a` from its NpubValue (the table of plugin_api.h
-// read backwards, by the ATen schema's type).
+// read backwards, by the ATen schema's type); tensors as CPU copies.
 c10::IValue ivalue_of(const NpubValue& v, const c10::Argument& a, const std::string& op) {
   c10::TypePtr t = a.real_type();
   if (auto optional = t->cast<c10::OptionalType>()) t = optional->getElementType();
   if (v.tag == NPUB_VALUE_NONE) return c10::IValue();
   auto refuse = [&]() -> c10::IValue {
-    TORCH_CHECK(false, "npubridge: op '", op, "': a reference call cannot pass argument '", a.name(), "' (",
-                t->str(), ") from a value of tag ", v.tag);
-    return c10::IValue();
+    no_reference(op, "argument '" + a.name() + "' (" + t->str() + ") cannot be passed from a value of tag " +
+                         std::to_string(v.tag));
   };
   switch (t->kind()) {
     case c10::TypeKind::TensorType:
-      return v.tag == NPUB_VALUE_TENSOR ? c10::IValue(npu_view(*v.u.tensor)) : refuse();
+      return v.tag == NPUB_VALUE_TENSOR ? c10::IValue(cpu_copy(*v.u.tensor, op)) : refuse();
     case c10::TypeKind::IntType:
     case c10::TypeKind::SymIntType:
     case c10::TypeKind::ScalarTypeType:
@@ -295,12 +288,12 @@ c10::IValue ivalue_of(const NpubValue& v, const c10::Argument& a, const std::str
         if (optional_elements) {
           c10::List<std::optional<at::Tensor>> l;
           for (size_t i = 0; i < n; ++i)
-            l.push_back(v.u.tensors[i] != nullptr ? std::optional<at::Tensor>(npu_view(*v.u.tensors[i]))
+            l.push_back(v.u.tensors[i] != nullptr ? std::optional<at::Tensor>(cpu_copy(*v.u.tensors[i], op))
                                                   : std::nullopt);
           return l;
         }
         c10::List<at::Tensor> l;
-        for (size_t i = 0; i < n; ++i) l.push_back(npu_view(*v.u.tensors[i]));
+        for (size_t i = 0; i < n; ++i) l.push_back(cpu_copy(*v.u.tensors[i], op));
         return l;
       }
       if ((e->kind() == c10::TypeKind::IntType || e->kind() == c10::TypeKind::SymIntType) &&
@@ -327,26 +320,50 @@ void run_values_on_cpu(const FallbackCall& fc) {
   const size_t dot = name.find('.', name.find("::"));
   const std::optional<c10::OperatorHandle> found = c10::Dispatcher::singleton().findSchema(
       {name.substr(0, dot), dot == std::string::npos ? std::string() : name.substr(dot + 1)});
-  TORCH_CHECK(found.has_value(), "npubridge: op '", name, "' has no ATen operator to serve as its reference");
+  if (!found) no_reference(name, "PyTorch has no operator of that name");
   const c10::OperatorHandle& op = *found;
+  // A plugin's own op is registered with PyTorch too, for npu only.
+  if (!op.hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+      !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+      !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
+    no_reference(name, "PyTorch has no CPU kernel of it");
   const auto& sargs = op.schema().arguments();
   const auto& sret = op.schema().returns();
-  TORCH_CHECK(
-      static_cast<size_t>(fc.num_args) <= sargs.size() && static_cast<size_t>(fc.num_rets) == sret.size(),
-      "npubridge: op '", name, "': ATen's schema has ", sargs.size(), " arguments and ", sret.size(),
-      " returns, the call ", fc.num_args, " and ", fc.num_rets);
-  torch::jit::Stack stack;
-  stack.reserve(sargs.size());
+  const auto& rargs = fc.op.schema().arguments;
+  bool same = rargs.size() == sargs.size() && fc.op.schema().returns.size() == sret.size() &&
+              static_cast<size_t>(fc.num_args) <= sargs.size() &&
+              static_cast<size_t>(fc.num_rets) == sret.size();
+  for (size_t i = 0; same && i < sargs.size(); ++i) same = rargs[i].name == sargs[i].name();
+  if (!same)
+    no_reference(name, "ATen's operator of that name has another schema (" + c10::str(op.schema()) + ")");
+  std::vector<c10::IValue> args;
+  args.reserve(sargs.size());
   for (size_t i = 0; i < sargs.size(); ++i) {
-    if (i < static_cast<size_t>(fc.num_args)) {
-      stack.push_back(ivalue_of(fc.args[i], sargs[i], name));
-    } else {
-      TORCH_CHECK(sargs[i].default_value().has_value(), "npubridge: op '", name, "': argument '",
-                  sargs[i].name(), "' has no value");
-      stack.push_back(*sargs[i].default_value());
+    if (i < static_cast<size_t>(fc.num_args))
+      args.push_back(ivalue_of(fc.args[i], sargs[i], name));
+    else if (sargs[i].default_value().has_value())
+      args.push_back(*sargs[i].default_value());
+    else
+      no_reference(name, "argument '" + sargs[i].name() + "' has no value");
+  }
+  torch::jit::Stack stack(args.begin(), args.end());
+  {
+    at::AutoDispatchBelowADInplaceOrView below;
+    cpu_op_for(op, &stack).callBoxed(&stack);
+  }
+  // The written arguments (out=, self of an in-place op), back into the
+  // reference's own tensors.
+  for (size_t i = 0; i < static_cast<size_t>(fc.num_args); ++i) {
+    if (sargs[i].alias_info() == nullptr || !sargs[i].alias_info()->isWrite()) continue;
+    const NpubValue& v = fc.args[i];
+    if (v.tag == NPUB_VALUE_TENSOR) {
+      sim::copy_tensor(*v.u.tensor, DLView(args[i].toTensor()).dl);
+    } else if (v.tag == NPUB_VALUE_TENSOR_LIST) {
+      const c10::List<at::Tensor> l = args[i].toTensorList();
+      for (size_t j = 0; j < static_cast<size_t>(v.count); ++j)
+        if (v.u.tensors[j] != nullptr) sim::copy_tensor(*v.u.tensors[j], DLView(l.get(j)).dl);
     }
   }
-  run_on_cpu(op, &stack);
   const auto& alias = fc.op.return_alias();
   for (size_t i = 0; i < sret.size(); ++i) {
     NpubValue& r = fc.rets[i];
@@ -358,17 +375,23 @@ void run_values_on_cpu(const FallbackCall& fc) {
         r = none_value();
         continue;
       }
-      if (r.tag != NPUB_VALUE_TENSOR || r.u.tensor == nullptr) {
-        const DLDevice device{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), t.device().index()};
-        const std::vector<int64_t> shape = t.sizes().vec();
+      const std::vector<int64_t> shape = t.sizes().vec();
+      // Into the given return tensor; a new one where there is none, or
+      // where the reference's shape is another (the check then reports it).
+      if (r.tag != NPUB_VALUE_TENSOR || r.u.tensor == nullptr ||
+          !std::equal(shape.begin(), shape.end(), r.u.tensor->shape, r.u.tensor->shape + r.u.tensor->ndim) ||
+          static_cast<size_t>(r.u.tensor->ndim) != shape.size()) {
+        DLDevice device{static_cast<DLDeviceType>(NPUB_DEVICE_NPU), current_index()};
+        for (size_t a = 0; a < static_cast<size_t>(fc.num_args); ++a)
+          if (fc.args[a].tag == NPUB_VALUE_TENSOR && fc.args[a].u.tensor != nullptr) {
+            device = fc.args[a].u.tensor->device;
+            break;
+          }
         r = tensor_value(fc.outputs.allocate(static_cast<int32_t>(i), device,
                                              static_cast<int32_t>(shape.size()), shape.data(),
                                              to_dl(npub_dtype(t.scalar_type()))));
       }
-      at::Tensor into = npu_view(*r.u.tensor);
-      TORCH_CHECK(into.sizes().equals(t.sizes()), "npubridge: op '", name, "': return ", i, " is ", t.sizes(),
-                  " where the call's is ", into.sizes());
-      into.copy_(t);
+      sim::copy_tensor(*r.u.tensor, DLView(t).dl);
     } else if (got.isInt()) {
       r = int_value(got.toInt());
     } else if (got.isDouble()) {

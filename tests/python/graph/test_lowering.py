@@ -508,3 +508,49 @@ def test_an_integer_division_by_zero_names_the_node_and_says_what_the_cpu_says()
     with pytest.raises(RuntimeError, match=r"^graph node '[^']+' \(aten::floor_divide\): .*ZeroDivisionError"):
         native(a, b)
     assert native(a, b + 1).cpu().tolist() == [5, 3]
+
+
+def test_the_program_bindings_are_typed_and_name_what_is_wrong():
+    """The lowering's slots and steps (_C._SlotSpec, _C._StepSpec): a slot's
+    kind is checked when it is made and when it is set; a step's values are
+    read by its op's schema when it is made, and a bad one names the node
+    and the argument; a step's plan (_C._StepPlan) has typed fields."""
+    from npubridge import _C
+    s = _C._SlotSpec("arena", 0, torch.float32, [2, 3], [3, 1], 0)
+    assert (s.kind, s.index, s.dtype, s.sizes, s.strides, s.offset, s.tensor) == \
+        ("arena", 0, torch.float32, [2, 3], [3, 1], 0, None)
+    s.index, s.offset = 64, 0
+    assert s.index == 64
+    with pytest.raises(RuntimeError, match="graph program: unknown slot kind 'arean'"):
+        _C._SlotSpec("arean", 0, torch.float32, [2], [1], 0)
+    with pytest.raises(RuntimeError, match="graph program: unknown slot kind 'viw'"):
+        s.kind = "viw"
+    with pytest.raises(RuntimeError, match="graph program: a constant slot needs its tensor"):
+        _C._SlotSpec("constant", 0, torch.float32, [2], [1], 0)
+    with pytest.raises(RuntimeError, match="graph program: expected a torch.dtype but found <class 'str'>"):
+        _C._SlotSpec("arena", 0, "float32", [2], [1], 0)
+    step = _C._StepSpec("mul_1", "aten::mul", "Tensor", "aten::mul.out", True, [("slot", 0), ("value", 2.0)],
+                        [1])
+    assert (step.node, step.target, step.via_out, step.outs) == ("mul_1", "aten::mul.out", True, [1])
+    with pytest.raises(RuntimeError, match=r"graph node 'sum_2', argument 'dim': "):
+        _C._StepSpec("sum_2", "aten::sum", "dim_IntList", "", False,
+                     [("slot", 0), ("value", "rows"), ("value", False), ("value", None)], [1])
+    with pytest.raises(RuntimeError, match=r"graph node 'mul_1': expected 2 arguments"):
+        _C._StepSpec("mul_1", "aten::mul", "Tensor", "", False, [("slot", 0)], [1])
+    with pytest.raises(RuntimeError, match=r"graph node 'mul_1', argument 'other': unknown kind 'slto'"):
+        _C._StepSpec("mul_1", "aten::mul", "Tensor", "", False, [("slot", 0), ("slto", 1)], [1])
+    with pytest.raises(RuntimeError, match=r"graph program: unknown ATen op 'aten::mull.Tensor'"):
+        _C._StepSpec("mul_1", "aten::mull", "Tensor", "", False, [("slot", 0), ("slot", 1)], [2])
+    slots = {0: _C._SlotSpec("input", 0, torch.float16, [4], [1], 0),
+             1: _C._SlotSpec("arena", 0, torch.float16, [4], [1], 0)}
+    plan = _C._plan_step(0, slots, _C._StepSpec("neg", "aten::neg", "", "aten::neg.out", True, [("slot", 0)], [1]))
+    assert (plan.plugin, plan.reason, plan.conversion) == ("cann_like", "", "")  # cann_like's neg takes float16
+    # A multi-return op's plan says its kernel's returns (LayerNorm's mean
+    # and rstd in the input's dtype, where ATen's meta says float32).
+    slots = {0: _C._SlotSpec("input", 0, torch.float16, [4, 8], [8, 1], 0),
+             1: _C._SlotSpec("input", 1, torch.float16, [8], [1], 0)}
+    ln = _C._StepSpec("ln", "aten::native_layer_norm", "", "aten::native_layer_norm", False,
+                      [("slot", 0), ("value", [8]), ("slot", 1), ("value", None), ("value", 1e-5)], [-1, -1, -1])
+    plan = _C._plan_step(0, slots, ln)
+    assert plan.plugin == "cann_like"
+    assert plan.returns == [([4, 8], torch.float16), ([4, 1], torch.float16), ([4, 1], torch.float16)]

@@ -108,6 +108,7 @@ struct PrecisionMismatch {
   double abs_error = 0, rel_error = 0;
   double bound = 0;        // the worst element's error bound
   std::string derivation;  // and how it was derived
+  std::string note;        // set: the results cannot be compared element by element (shape or dtype differ)
   int64_t num_mismatched = 0, numel = 0;
   std::string message() const;
   // Fills the element fields from the error model's verdict on the output.
