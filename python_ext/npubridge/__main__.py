@@ -189,19 +189,24 @@ def _plugin_conformance(args, argv) -> int:
         sys.stderr.flush()
         os.execve(sys.executable, [sys.executable, "-m", "npubridge"] + list(sys.argv[1:] if argv is None else argv),
                   env)
-    if args.child_state:  # the child of run_in_child
-        from .conformance.isolate import ChildCheckpoint, write_final
+    from .conformance import isolate
 
+    def child(state_dir):  # the part of run_in_child's children
         report = conformance.run(args.plugin, args.op, args.tests, args.max_samples,
-                                 checkpoint=ChildCheckpoint(args.child_state))
-        write_final(args.child_state, report)
+                                 checkpoint=isolate.ChildCheckpoint(state_dir))
+        isolate.write_final(state_dir, report)
+
+    if args.child_state:  # a child spawned by run_in_child
+        child(args.child_state)
         return 0
     if args.in_process:
         report = conformance.run(args.plugin, args.op, args.tests, args.max_samples)
-    else:
+    elif not _C._is_started():  # the usual case: children forked from this process start their own runtime
+        report = conformance.run_in_child(isolate.fork(child), args.timeout)
+    else:  # a forked child could not use the npu: new processes
         sys.stdout.flush()
         command = [sys.executable, "-m", "npubridge"] + list(sys.argv[1:] if argv is None else argv)
-        report = conformance.run_in_child(command, args.timeout)
+        report = conformance.run_in_child(isolate.spawn(command), args.timeout)
     conformance.print_report(report)
     if args.report:
         conformance.write_markdown(report, args.report)
