@@ -1,6 +1,7 @@
 """python3 -m npubridge {plugins, ops [--plugin NAME], coverage, conformance, graph, profile-compare SCRIPT}
 | --cmake-dir | --include-dir"""
 import argparse
+import gc
 import os
 import sys
 
@@ -216,4 +217,13 @@ def _plugin_conformance(args, argv) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # What the imports made (torch, npubridge) lives as long as the process:
+    # no collection need traverse it again, nor, at the end, what the
+    # command made (PyTorch's OpInfo database, torch._dynamo), which the
+    # interpreter's last collection would traverse for seconds to free
+    # memory the process is about to give back (gc.freeze).
+    gc.freeze()
+    try:
+        sys.exit(main())
+    finally:
+        gc.freeze()
