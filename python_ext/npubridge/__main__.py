@@ -1,6 +1,7 @@
 """python3 -m npubridge {plugins, ops [--plugin NAME], coverage, conformance, graph, profile-compare SCRIPT}
 | --cmake-dir | --include-dir"""
 import argparse
+import gc
 import os
 import sys
 
@@ -189,19 +190,24 @@ def _plugin_conformance(args, argv) -> int:
         sys.stderr.flush()
         os.execve(sys.executable, [sys.executable, "-m", "npubridge"] + list(sys.argv[1:] if argv is None else argv),
                   env)
-    if args.child_state:  # the child of run_in_child
-        from .conformance.isolate import ChildCheckpoint, write_final
+    from .conformance import isolate
 
+    def child(state_dir):  # the part of run_in_child's children
         report = conformance.run(args.plugin, args.op, args.tests, args.max_samples,
-                                 checkpoint=ChildCheckpoint(args.child_state))
-        write_final(args.child_state, report)
+                                 checkpoint=isolate.ChildCheckpoint(state_dir))
+        isolate.write_final(state_dir, report)
+
+    if args.child_state:  # a child spawned by run_in_child
+        child(args.child_state)
         return 0
     if args.in_process:
         report = conformance.run(args.plugin, args.op, args.tests, args.max_samples)
-    else:
+    elif not _C._is_started():  # the usual case: children forked from this process start their own runtime
+        report = conformance.run_in_child(isolate.fork(child), args.timeout)
+    else:  # a forked child could not use the npu: new processes
         sys.stdout.flush()
         command = [sys.executable, "-m", "npubridge"] + list(sys.argv[1:] if argv is None else argv)
-        report = conformance.run_in_child(command, args.timeout)
+        report = conformance.run_in_child(isolate.spawn(command), args.timeout)
     conformance.print_report(report)
     if args.report:
         conformance.write_markdown(report, args.report)
@@ -211,4 +217,13 @@ def _plugin_conformance(args, argv) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # What the imports made (torch, npubridge) lives as long as the process:
+    # no collection need traverse it again, nor, at the end, what the
+    # command made (PyTorch's OpInfo database, torch._dynamo), which the
+    # interpreter's last collection would traverse for seconds to free
+    # memory the process is about to give back (gc.freeze).
+    gc.freeze()
+    try:
+        sys.exit(main())
+    finally:
+        gc.freeze()

@@ -47,8 +47,17 @@ def mul_add_tests(tmp_path, name, samples):
     return str(tests)
 
 
-def test_a_correct_plugin_passes(tmp_path):
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory):
+    """One run of the correct plugin with its tests file, which two tests
+    read: (exit status, output, the JSON report, the Markdown report)."""
+    tmp_path = tmp_path_factory.mktemp("good")
     status, out, report = conformance(tmp_path, "--plugin", plugin("good"), "--tests", TESTS_FILE)
+    return status, out, report, (tmp_path / "report.md").read_text()
+
+
+def test_a_correct_plugin_passes(good_run):
+    status, out, report, markdown = good_run
     assert status == 0, out
     got = cells(report)
     for op in ("aten::hardtanh.out", "conf_good::mul_add", "conf_good::mul_add_backward"):
@@ -63,7 +72,7 @@ def test_a_correct_plugin_passes(tmp_path):
     assert "gradcheck" in got[("conf_good::mul_add", "float64")]["checks"]
     assert report["summary"] == {"passed": 6, "failed": 0, "crashed": 0, "hung": 0, "not covered": 0}
     assert "PASS conf_good aten::hardtanh.out float64 [kernel p0 {float32, float64}]" in out
-    assert (tmp_path / "report.md").read_text().count("| passed |") == 6
+    assert markdown.count("| passed |") == 6
 
 
 def test_the_tests_file_beside_the_library_is_found(tmp_path):
@@ -233,11 +242,11 @@ def test_a_kernel_that_crashes_or_hangs_is_reported_against_its_op_and_the_run_g
     assert "| `aten::hardtanh.out` | float32 | crashed |" in (tmp_path / "report.md").read_text()
 
 
-def test_in_process_a_correct_plugin_gives_the_same_report(tmp_path):
+def test_in_process_a_correct_plugin_gives_the_same_report(tmp_path, good_run):
+    # The same command without --in-process is good_run.
     status, out, report = conformance(tmp_path, "--plugin", plugin("good"), "--tests", TESTS_FILE, "--in-process")
     assert status == 0, out
-    _, _, isolated = conformance(tmp_path, "--plugin", plugin("good"), "--tests", TESTS_FILE)
-    assert report["results"] == isolated["results"]
+    assert report["results"] == good_run[2]["results"]
 
 
 def test_the_command_takes_a_plugin_or_the_opinfo_database():

@@ -5,22 +5,38 @@ kernel that kills the process (a segfault, an abort, _exit) or never
 returns is reported against the ops the unit was running, while the run
 goes on in a new child from the next unit.
 
-The child (``--child-state DIR``) writes DIR/progress.json before each
-sample (the unit, the (op, dtype) cells its samples are for, the sample) and
-DIR/state.json after each unit (every cell so far, the units done); the
-parent watches progress.json and kills a child whose sample has not
-finished within the timeout. When a child dies or is killed, the parent
-marks the cells of the unit in flight "crashed" or "hung" (naming the
-sample, the signal or the timeout), records the unit as done and starts a
-new child, which resumes from state.json. Units are deterministic (sorted,
-seeded per unit), so a resumed run checks what one process would have.
+A child is forked from the process that runs the command (fork), which
+has imported torch and npubridge but not started the runtime: each child
+starts its own (Note [The runtime starts at the first npu use]) with the
+plugin on NPUB_PLUGIN_PATH, as a new `python3 -m npubridge` process would,
+without importing torch again. Where this process has started the runtime
+(main() called by a program that used the npu), a forked child could not
+use the npu (npu._is_in_bad_fork): the child is then the conformance
+command with ``--child-state DIR`` in a new process (spawn).
+
+The child writes DIR/progress.json before each sample (the unit, the (op,
+dtype) cells its samples are for, the sample) and DIR/state.json after
+each unit (every cell so far, the units done); the parent watches
+progress.json and kills a child whose sample has not finished within the
+timeout. When a child dies or is killed, the parent marks the cells of the
+unit in flight "crashed" or "hung" (naming the sample, the signal or the
+timeout), records the unit as done and starts a new child, which resumes
+from state.json. Units are deterministic (sorted, seeded per unit), so a
+resumed run checks what one process would have. Before forking a resumed
+child, this process imports what the dead one had imported for the run
+and each child would import again (SHARED_IMPORTS: PyTorch's OpInfo
+database, seconds each time), once for all the children after it.
 """
+import gc
+import importlib
 import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
+import traceback
 from dataclasses import asdict
 
 from .verdict import DIED, Cell
@@ -28,6 +44,14 @@ from .verdict import DIED, Cell
 # Before the first sample: import torch, PyTorch's OpInfo database and the
 # tests file, on a loaded machine.
 SETUP_SECONDS = 600
+
+# What a child may import for the run that takes seconds, which a forked
+# child need not import again when this process has (fork, above).
+SHARED_IMPORTS = ("torch.testing._internal.common_methods_invocations",)
+
+
+def _shared_imports():
+    return [name for name in SHARED_IMPORTS if name in sys.modules]
 
 
 class Checkpoint:
@@ -81,7 +105,8 @@ class ChildCheckpoint(Checkpoint):
 
     def _save(self):
         _write(os.path.join(self.dir, "state.json"),
-               {**self.head, "done": self.done_units, "cells": [asdict(c) for c in self.cells.values()]})
+               {**self.head, "done": self.done_units, "cells": [asdict(c) for c in self.cells.values()],
+                "imported": _shared_imports()})
 
     def skip(self, unit, at_risk):
         if unit in self.done_units:
@@ -94,11 +119,85 @@ class ChildCheckpoint(Checkpoint):
         self.seq += 1
         _write(os.path.join(self.dir, "progress.json"),
                {"unit": unit, "at_risk": [list(k) for k in at_risk], "source": source, "label": label,
-                "seq": self.seq})
+                "seq": self.seq, "imported": _shared_imports()})
 
     def done(self, unit):
         self.done_units.append(unit)
         self._save()
+
+
+class _Forked:
+    """A child forked from this process that runs child(directory) and
+    exits with its status (1 and the traceback when it raises), as
+    subprocess.Popen's poll, kill, wait and returncode see it."""
+
+    def __init__(self, child, directory):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # As the gc module's documentation advises before a fork without
+        # exec: what this process holds (torch, npubridge) is never
+        # traversed again by a collection, the child's or this process's
+        # (at its exit too), and stays shared with the child.
+        gc.freeze()
+        self.pid, self.returncode = os.fork(), None
+        if self.pid == 0:
+            status = 1
+            try:
+                child(directory)
+                status = 0
+            except SystemExit as e:  # sys.exit(code) in the run (a tests file's): as the interpreter exits
+                status = e.code if isinstance(e.code, int) else int(e.code is not None)
+                if e.code is not None and not isinstance(e.code, int):
+                    print(e.code, file=sys.stderr)
+            except BaseException:  # noqa: BLE001 - the traceback, as of an uncaught exception
+                traceback.print_exc()
+            finally:
+                # os._exit: no interpreter shutdown, which would run this
+                # process's atexit handlers and finalizers a second time;
+                # the child's runtime and its threads end with it.
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(status)
+
+    def poll(self):
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self):
+        if self.returncode is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+    def wait(self):
+        if self.returncode is None:
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+        return self.returncode
+
+
+def fork(child):
+    """Starts children forked from this process, each running
+    child(directory) (the run with a ChildCheckpoint(directory), then
+    write_final): for run_isolated, where this process has not started the
+    runtime. A resumed child finds imported what the one before it had
+    (SHARED_IMPORTS)."""
+
+    def start(directory):
+        for module in (_read(os.path.join(directory, "state.json")) or {}).get("imported", []):
+            if module in SHARED_IMPORTS:
+                importlib.import_module(module)
+        return _Forked(child, directory)
+
+    return start
+
+
+def spawn(command):
+    """Starts children that run `command` (the conformance command line,
+    --child-state DIR appended) in new processes: for run_isolated."""
+    return lambda directory: subprocess.Popen(list(command) + ["--child-state", directory])
 
 
 def _watch(proc, progress_path, timeout):
@@ -130,10 +229,10 @@ def _watch(proc, progress_path, timeout):
     return None, ""
 
 
-def run_isolated(child_command, timeout, log=print):
-    """Runs `child_command` (the conformance command, to which
-    --child-state DIR is appended) until a child finishes; returns the
-    report's fields: plugin, path, cells (Cell), errors, notes, deaths."""
+def run_isolated(start, timeout, log=print):
+    """Runs children, each started by start(DIR) (fork or spawn, above),
+    until one finishes; returns the report's fields: plugin, path, cells
+    (Cell), errors, notes, deaths."""
     with tempfile.TemporaryDirectory(prefix="npub-conformance-") as d:
         progress_path, final_path = os.path.join(d, "progress.json"), os.path.join(d, "final.json")
         deaths = []
@@ -141,7 +240,7 @@ def run_isolated(child_command, timeout, log=print):
             for p in (progress_path, final_path):
                 if os.path.exists(p):
                     os.remove(p)
-            proc = subprocess.Popen(list(child_command) + ["--child-state", d])
+            proc = start(d)
             status, detail = _watch(proc, progress_path, timeout)
             final = _read(final_path)
             if status is None and final is not None:
@@ -171,6 +270,7 @@ def run_isolated(child_command, timeout, log=print):
                     cell.died(status, message)
                     saved.update(asdict(cell))
             state["done"].append(progress["unit"])
+            state["imported"] = sorted(set(state.get("imported", [])) | set(progress.get("imported", [])))
             _write(os.path.join(d, "state.json"), state)
             deaths.append(f"{', '.join(ops)} {dtype}: {message}")
             log(f"note: {', '.join(ops)} {dtype} {status} in {progress['source']} {progress['label']}; "

@@ -157,11 +157,12 @@ def run(path, wanted_ops=(), tests=(), max_samples=8, log=print, checkpoint=None
     return Report(name, path, ordered, errors, time.time() - start, notes)
 
 
-def run_in_child(command, timeout, log=print):
-    """The report of `command` (the conformance command line) run in child
-    processes, a crash or hang reported against the op (run_isolated)."""
+def run_in_child(start_child, timeout, log=print):
+    """The report of a run in child processes, each started by
+    start_child(DIR) (isolate.fork or isolate.spawn), a crash or hang
+    reported against the op (run_isolated)."""
     start = time.time()
-    f = run_isolated(command, timeout, log)
+    f = run_isolated(start_child, timeout, log)
     cells = sorted(f["cells"], key=lambda c: (c.op, c.dtype))
     return Report(f["plugin"], f["path"], cells, f["errors"], time.time() - start, f["notes"])
 
