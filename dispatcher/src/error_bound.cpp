@@ -78,15 +78,6 @@ const char* magnitude_name(Magnitude m) {
 // element.
 constexpr double kHostUlps = 4, kHostLargestUlps = 2, kHostFactor = 4;
 
-// x rounded to nearest (ties to even) in d.
-double round_to(DType d, double x) {
-  if (!std::isfinite(x) || x == 0 || d == DType::kFloat64) return x;
-  const Format f = format_of(d);
-  const int e = std::max(std::ilogb(x), f.emin);
-  const double scaled = std::nearbyint(std::ldexp(x, f.precision - 1 - e));
-  return std::ldexp(scaled, e - f.precision + 1);
-}
-
 std::string fmt(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6g", v);
@@ -95,7 +86,13 @@ std::string fmt(double v) {
 
 }  // namespace
 
-double round_to_dtype(DType d, double x) { return round_to(d, x); }
+double round_to(DType d, double x) {
+  if (!std::isfinite(x) || x == 0 || d == DType::kFloat64) return x;
+  const Format f = format_of(d);
+  const int e = std::max(std::ilogb(x), f.emin);
+  const double scaled = std::nearbyint(std::ldexp(x, f.precision - 1 - e));
+  return std::ldexp(scaled, e - f.precision + 1);
+}
 
 // ---------------------------------------------------------------------------
 // CallArgs

@@ -208,9 +208,12 @@ void Dispatcher::check_precision(CallState& cs, const reg::Kernel& k, DType conv
       std::vector<double> v = sim::read_doubles(*t);
       // A 0-d operand wider than the call (x + 0.1: a Python number comes
       // as a float64 scalar tensor) takes part in the call's dtype, as in
-      // ATen's type promotion: its value is that dtype's.
-      if (t->ndim == 0 && is_floating(cs.dtype) && element_size(dt) > element_size(cs.dtype))
-        for (double& x : v) x = numerics::round_to_dtype(cs.dtype, x);
+      // ATen's type promotion: its value is that dtype's (the rule of
+      // npubridge/torch/error_bound.h's reference_tensor, which the
+      // conformance tools' references follow).
+      if (t->ndim == 0 && is_floating(cs.dtype) &&
+          numerics::precision_bits(dt) > numerics::precision_bits(cs.dtype))
+        for (double& x : v) x = numerics::round_to(cs.dtype, x);
       if (magnitude)
         for (double& x : v) x = std::fabs(x);
       r.keep.push_back(Tensor::from_values(shape, DType::kFloat64, v, dev));

@@ -11,6 +11,7 @@
 
 #include "aten/aliased_fallback.h"
 #include "aten/boxing.h"
+#include "aten/register_plugin_ops.h"
 #include "aten/rnn_cells.h"
 #include "aten/sync_batch_norm.h"
 #include "runtime/generator.h"
@@ -167,6 +168,13 @@ void refuse_quantized_arguments(const c10::OperatorHandle& op, const torch::jit:
   }
 }
 
+// Whether ATen can run the op on the CPU: a CPU kernel, or a composite one.
+bool has_cpu_kernel(const c10::OperatorHandle& op) {
+  return op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+         op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+}
+
 // ATen's CPU fallback for the call on `stack`.
 void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (sim::capture_checks_needed()) {
@@ -317,25 +325,20 @@ c10::IValue ivalue_of(const NpubValue& v, const c10::Argument& a, const std::str
 // its values].
 void run_values_on_cpu(const FallbackCall& fc) {
   const std::string& name = fc.op.name();
-  const size_t dot = name.find('.', name.find("::"));
-  const std::optional<c10::OperatorHandle> found = c10::Dispatcher::singleton().findSchema(
-      {name.substr(0, dot), dot == std::string::npos ? std::string() : name.substr(dot + 1)});
-  if (!found) no_reference(name, "PyTorch has no operator of that name");
+  std::string differs;
+  const std::optional<c10::OperatorHandle> found = torch_op_of(fc.op, &differs);
+  if (!found)
+    no_reference(name, differs.empty()
+                           ? "PyTorch has no operator of that name"
+                           : "PyTorch's operator of that name has another schema (" + differs + ")");
   const c10::OperatorHandle& op = *found;
   // A plugin's own op is registered with PyTorch too, for npu only.
-  if (!op.hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
-      !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
-      !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
-    no_reference(name, "PyTorch has no CPU kernel of it");
+  if (!has_cpu_kernel(op)) no_reference(name, "PyTorch has no CPU kernel of it");
   const auto& sargs = op.schema().arguments();
   const auto& sret = op.schema().returns();
-  const auto& rargs = fc.op.schema().arguments;
-  bool same = rargs.size() == sargs.size() && fc.op.schema().returns.size() == sret.size() &&
-              static_cast<size_t>(fc.num_args) <= sargs.size() &&
-              static_cast<size_t>(fc.num_rets) == sret.size();
-  for (size_t i = 0; same && i < sargs.size(); ++i) same = rargs[i].name == sargs[i].name();
-  if (!same)
-    no_reference(name, "ATen's operator of that name has another schema (" + c10::str(op.schema()) + ")");
+  if (static_cast<size_t>(fc.num_args) > sargs.size() || static_cast<size_t>(fc.num_rets) != sret.size())
+    no_reference(name, "the call has " + std::to_string(fc.num_args) + " arguments and " +
+                           std::to_string(fc.num_rets) + " returns");
   std::vector<c10::IValue> args;
   args.reserve(sargs.size());
   for (size_t i = 0; i < sargs.size(); ++i) {
@@ -418,10 +421,7 @@ void torch_fallback(const FallbackCall& fc) {
     return;
   }
   const c10::OperatorHandle& op = *call->op;
-  TORCH_CHECK(op.hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-                  op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-                  op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
-                  is_fused_rnn_cell(op.schema().operator_name()) ||
+  TORCH_CHECK(has_cpu_kernel(op) || is_fused_rnn_cell(op.schema().operator_name()) ||
                   is_sync_batch_norm_op(op.schema().operator_name()),
               "npubridge: op '", full_name(op.schema().operator_name()),
               "' cannot run on the npu: ", fc.reason,

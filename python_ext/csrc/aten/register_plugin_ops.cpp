@@ -128,6 +128,16 @@ void warn_unknown_aten_op(const reg::OpEntry& e) {
 
 }  // namespace
 
+std::optional<c10::OperatorHandle> torch_op_of(const reg::OpEntry& e, std::string* differs) {
+  auto h =
+      c10::Dispatcher::singleton().findSchema({e.schema().ns + "::" + e.schema().name, e.schema().overload});
+  if (!h) return std::nullopt;
+  std::string theirs = c10::toString(h->schema());
+  if (theirs == e.schema().to_string()) return h;
+  if (differs != nullptr) *differs = std::move(theirs);
+  return std::nullopt;
+}
+
 void register_plugin_ops() {
   auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
                                               __FILE__, __LINE__);
@@ -137,15 +147,15 @@ void register_plugin_ops() {
     if (e->schema().ns != "aten" || e->kernels(NPUB_DEVICE_NPU).empty()) continue;
     const std::string unqualified =
         e->schema().overload.empty() ? e->schema().name : e->schema().name + "." + e->schema().overload;
-    auto h = c10::Dispatcher::singleton().findSchema({"aten::" + e->schema().name, e->schema().overload});
-    if (!h) {
+    std::string theirs;
+    auto h = torch_op_of(*e, &theirs);
+    if (!h && theirs.empty()) {
       warn_unknown_aten_op(*e);
       continue;
     }
     // The plugin's schema must be ATen's (names and types); otherwise the
     // boxed arguments would not line up.
-    const std::string theirs = c10::toString(h->schema());
-    if (theirs != e->schema().to_string()) {
+    if (!h) {
       TORCH_WARN("npubridge: not routing '", e->name(),
                  "': its schema differs from ATen's (plugin: ", e->schema().to_string(), ", ATen: ", theirs,
                  ")");

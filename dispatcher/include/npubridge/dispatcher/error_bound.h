@@ -144,7 +144,7 @@ double unit_roundoff(DType d);
 // smallest normal).
 double ulp(DType d, double x);
 // x rounded to nearest (ties to even) in d.
-double round_to_dtype(DType d, double x);
+double round_to(DType d, double x);
 // The dtype a kernel producing d accumulates in (float32 for half types).
 DType accumulate_dtype(DType d);
 
