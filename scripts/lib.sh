@@ -64,6 +64,10 @@ NPUB_ACCELERATE_VERSION=1.15.0
 NPUB_PEFT_VERSION=0.21.2
 NPUB_TRL_VERSION=1.16.0
 NPUB_DATASETS_VERSION=5.2.0
+# MindSpore, the second host framework (npubridge.mindspore): its CPU wheel
+# (about 800 MB) requires neither torch nor a numpy<2, so it is installed on
+# its own after the clients above and leaves their versions as they are.
+NPUB_MINDSPORE_VERSION=2.10.0
 
 # vLLM 0.32.0 requires torchvision==0.28.0, torchaudio==2.11.0 and
 # torchcodec. PyPI has only CUDA builds of them: with the CPU torch their
@@ -115,6 +119,10 @@ npub_install_pip() {
       "accelerate==$NPUB_ACCELERATE_VERSION" "peft==$NPUB_PEFT_VERSION" "setuptools>=61" \
       "trl==$NPUB_TRL_VERSION" "datasets==$NPUB_DATASETS_VERSION" pandas==3.1.1 pyarrow==26.0.1 \
       "scikit-build-core>=0.8" "pybind11>=2.10"
+  fi
+  if ! npub_pip_has mindspore "$NPUB_MINDSPORE_VERSION"; then
+    npub_log "installing mindspore==$NPUB_MINDSPORE_VERSION (the second host framework; an 800 MB wheel)"
+    python3 -m pip install -q --root-user-action=ignore "mindspore==$NPUB_MINDSPORE_VERSION"
   fi
   local w
   for w in "${NPUB_CUDA_ONLY_WHEELS[@]}"; do

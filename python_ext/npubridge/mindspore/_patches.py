@@ -1,0 +1,83 @@
+"""What enable() changes in MindSpore, and disable() puts back: functional
+operators of mindspore.ops, and the construct of the layers that call
+primitives they made themselves (nn.Dense's MatMul and BiasAdd, nn.ReLU's
+ReLU, ...). A name bound before enable() (`from mindspore.ops import
+matmul`) keeps MindSpore's operator; `ops.matmul(...)` and the layers see
+the routed one, in PyNative and in graphs compiled afterwards.
+"""
+from mindspore import nn, ops
+
+_saved = {}  # (owner, attribute) -> MindSpore's own
+_fns = {}  # the routed functions in use, for the layers' construct
+
+
+def _dense_construct(self, x):
+    x_shape = x.shape
+    if len(x_shape) != 2:
+        x = ops.reshape(x, (-1, x_shape[-1]))
+    x = _routed_linear(x, self.weight)
+    if self.has_bias:
+        x = ops.add(x, self.bias)
+    if self.activation_flag:
+        x = self.activation(x)
+    if len(x_shape) != 2:
+        x = ops.reshape(x, x_shape[:-1] + (x.shape[-1],))
+    return x
+
+
+def _routed_linear(x, w):
+    return _fns["linear"](x, w)
+
+
+def _relu_construct(self, x):
+    return ops.relu(x)
+
+
+def _silu_construct(self, x):
+    return ops.silu(x)
+
+
+def _sigmoid_construct(self, x):
+    return ops.sigmoid(x)
+
+
+def _tanh_construct(self, x):
+    return ops.tanh(x)
+
+
+def _softmax_construct(self, x):
+    return ops.softmax(x, self.axis if isinstance(self.axis, int) else self.axis[0])
+
+
+# layer -> (construct, the functional operator it needs routed)
+_LAYERS = {
+    nn.Dense: (_dense_construct, "linear"),
+    nn.ReLU: (_relu_construct, "relu"),
+    nn.SiLU: (_silu_construct, "silu"),
+    nn.Sigmoid: (_sigmoid_construct, "sigmoid"),
+    nn.Tanh: (_tanh_construct, "tanh"),
+    nn.Softmax: (_softmax_construct, "softmax"),
+}
+
+
+def _set(owner, name, value):
+    if (owner, name) not in _saved:
+        _saved[(owner, name)] = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    setattr(owner, name, value)
+
+
+def install(fns):
+    _fns.clear()
+    _fns.update(fns)
+    for name, fn in fns.items():
+        if name != "linear" and hasattr(ops, name):
+            _set(ops, name, fn)
+    for layer, (construct, needs) in _LAYERS.items():
+        if needs in fns:
+            _set(layer, "construct", construct)
+
+
+def uninstall():
+    for (owner, name), value in _saved.items():
+        setattr(owner, name, value)
+    _saved.clear()

@@ -1,0 +1,130 @@
+"""npubridge.mindspore: MindSpore's operators on the plugins through the
+dispatcher, in PyNative and GRAPH_MODE, against MindSpore's own network and
+a float64 reference under a bound derived from the computation."""
+import warnings
+
+import numpy as np
+import pytest
+
+import mindspore as ms  # scripts/lib.sh installs it
+from mindspore import Tensor, nn, ops
+
+import npubridge.mindspore as ms_adapter
+
+U16 = 2.0 ** -11  # float16's unit roundoff
+
+
+@pytest.fixture(params=["pynative", "graph"])
+def mode(request):
+    ms.set_context(mode=ms.GRAPH_MODE if request.param == "graph" else ms.PYNATIVE_MODE)
+    yield request.param
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms_adapter.disable()
+    ms_adapter.set_optim_level("O2")
+    ms_adapter.auto_convert_dtype(True)
+    ms_adapter.reset_stats()
+
+
+def _f64(t):
+    return t.astype(ms.float32).asnumpy().astype(np.float64)
+
+
+def _seed_example():
+    ms.set_seed(0)
+    return nn.SequentialCell(nn.Dense(512, 1024), nn.ReLU(), nn.Dense(1024, 256)).to_float(ms.float16)
+
+
+def _ulp16(v):
+    mag = np.maximum(np.abs(v), 2.0 ** -14)
+    return np.exp2(np.floor(np.log2(mag)) - 10)
+
+
+def test_the_seed_example_runs_its_dense_layers_on_the_plugins(mode):
+    ms_adapter.enable()
+    ms_adapter.set_optim_level("O3")
+    net = _seed_example()
+    x = Tensor(np.ones((2, 512)), ms.float16)
+    y = net(x)
+    assert y.shape == (2, 256) and y.dtype == ms.float16
+    s = ms_adapter.stats()
+    assert s["kernels"]["aten::mm.out"]["cann_like"] >= 2, s
+    assert s["kernels"]["aten::relu"]["cann_like"] >= 1, s
+    assert s["routed"]["MatMul"] >= 2 and not s["fallbacks"], s
+
+    # Reference: the same network in float64 from the float16 weights. The
+    # float16 network rounds the hidden layer and the output once each, and
+    # adds in float32 (whose error is far below float16's rounding): each
+    # output element is within 2 u16 |h| |w2| + 2 ulp16(y) of it.
+    w1, b1 = (_f64(p) for p in (net[0].weight, net[0].bias))
+    w2, b2 = (_f64(p) for p in (net[2].weight, net[2].bias))
+    h = np.maximum(np.ones((2, 512)) @ w1.T + b1, 0)
+    ref = h @ w2.T + b2
+    bound = 2 * U16 * (np.abs(h) @ np.abs(w2.T) + np.abs(b2)) + 2 * _ulp16(ref)
+    assert (np.abs(_f64(y) - ref) <= bound).all()
+
+    # MindSpore's own network, within both bounds of the reference.
+    ms_adapter.disable()
+    native = net(x)
+    assert (np.abs(_f64(y) - _f64(native)) <= 2 * bound).all()
+
+
+def test_disable_puts_mindsporess_own_operators_back(mode):
+    net = _seed_example()
+    x = Tensor(np.ones((2, 512)), ms.float16)
+    ms_adapter.enable()
+    ms_adapter.disable()
+    ms_adapter.reset_stats()
+    net(x)
+    assert ms_adapter.stats()["kernels"] == {}
+    assert ops.matmul.__module__.startswith("mindspore")
+
+
+def test_optim_level_o0_leaves_every_call_to_mindspore_with_one_warning(mode):
+    ms_adapter.enable()
+    ms_adapter.set_optim_level("O0")
+    ms_adapter.reset_stats()
+    x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4) - 6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = ops.relu(x)
+        y = ops.relu(x + 1)
+    np.testing.assert_array_equal(y.asnumpy(), np.maximum(x.asnumpy() + 1, 0))
+    s = ms_adapter.stats()
+    assert s["kernels"] == {} and s["fallbacks"]["ReLU"] >= 1, s
+    relu_warnings = [w for w in caught if "ReLU" in str(w.message)]
+    assert len(relu_warnings) == 1, [str(w.message) for w in caught]
+    assert "runs MindSpore's own operator" in str(relu_warnings[0].message)
+
+
+def test_register_op_routes_an_operator_and_checks_the_target(mode):
+    ms_adapter.enable()
+    with pytest.raises(ValueError, match=r"cannot map Tanh \(from 'aten::tanh.out'\) to "
+                                         r"'mindspeed_like::npu_swiglu': .*argument 'dim'.*not a Tensor"):
+        ms_adapter.register_op("Tanh", "mindspeed_like::npu_swiglu")
+    with pytest.raises(ValueError, match="expected ms_op to be one of"):
+        ms_adapter.register_op("NoSuchOp", "aten::tanh.out")
+    with pytest.raises(ValueError, match="no loaded plugin defines it"):
+        ms_adapter.register_op("Tanh", "nosuch::op")
+    ms_adapter.register_op("Sigmoid", "aten::sigmoid.out")
+    ms_adapter.reset_stats()
+    x = Tensor(np.linspace(-3, 3, 12, dtype=np.float32).reshape(3, 4))
+    y = ops.sigmoid(x)
+    assert ms_adapter.stats()["kernels"]["aten::sigmoid.out"]["cann_like"] == 1
+    ref = 1 / (1 + np.exp(-x.asnumpy().astype(np.float64)))
+    assert np.abs(y.asnumpy() - ref).max() <= 4 * 2.0 ** -24
+
+
+def test_gradients_flow_through_the_plugins_derivative_kernels(mode):
+    ms_adapter.enable()
+    ms.set_seed(1)
+    net = nn.SequentialCell(nn.Dense(8, 16), nn.ReLU(), nn.Dense(16, 4))
+    x = Tensor(np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32))
+
+    def loss(x):
+        return ops.reduce_sum(ops.mul(net(x), net(x)))
+
+    grads = ms.value_and_grad(loss, None, net.trainable_params())(x)[1]
+    ms_adapter.disable()
+    native = ms.value_and_grad(loss, None, net.trainable_params())(x)[1]
+    for g, n in zip(grads, native):
+        assert np.abs(g.asnumpy() - n.asnumpy()).max() <= 1e-4 * (1 + np.abs(n.asnumpy()).max())
