@@ -25,6 +25,11 @@ def mode(request):
     ms_adapter.reset_stats()
 
 
+def _run(mode, fn, *args):
+    """fn(*args), compiled by GRAPH_MODE (ms.jit) in the graph mode."""
+    return ms.jit(fn)(*args) if mode == "graph" else fn(*args)
+
+
 def _f64(t):
     return t.astype(ms.float32).asnumpy().astype(np.float64)
 
@@ -79,6 +84,10 @@ def test_disable_puts_mindsporess_own_operators_back(mode):
     assert ops.matmul.__module__.startswith("mindspore")
 
 
+def _relu_of_double(x):
+    return ops.relu(ops.add(x, x))
+
+
 def test_optim_level_o0_leaves_every_call_to_mindspore_with_one_warning(mode):
     ms_adapter.enable()
     ms_adapter.set_optim_level("O0")
@@ -86,14 +95,48 @@ def test_optim_level_o0_leaves_every_call_to_mindspore_with_one_warning(mode):
     x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4) - 6)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        y = ops.relu(x)
-        y = ops.relu(x + 1)
-    np.testing.assert_array_equal(y.asnumpy(), np.maximum(x.asnumpy() + 1, 0))
+        y = _run(mode, ops.relu, x)
+        y = _run(mode, _relu_of_double, x)
+    np.testing.assert_array_equal(y.asnumpy(), np.maximum(2 * x.asnumpy(), 0))
     s = ms_adapter.stats()
     assert s["kernels"] == {} and s["fallbacks"]["ReLU"] >= 1, s
     relu_warnings = [w for w in caught if "ReLU" in str(w.message)]
     assert len(relu_warnings) == 1, [str(w.message) for w in caught]
     assert "runs MindSpore's own operator" in str(relu_warnings[0].message)
+
+
+def test_a_dtype_no_kernel_takes_falls_back_with_one_warning(mode):
+    ms_adapter.enable()
+    rng = np.random.default_rng(2)
+    a = Tensor(rng.standard_normal((4, 8)), ms.float16)
+    b = Tensor(rng.standard_normal((8, 3)), ms.float16)
+    exact = _f64(a) @ _f64(b)
+    bound = 2 * U16 * (np.abs(_f64(a)) @ np.abs(_f64(b))) + 2 * _ulp16(exact)
+
+    # cann_like's mm kernels take float32 (and others), not float16: served
+    # through the dispatcher's conversion by default...
+    y = _run(mode, ops.matmul, a, b)
+    s = ms_adapter.stats()
+    assert s["conversions"]["aten::mm.out"] == 1 and s["kernels"]["aten::mm.out"]["cann_like"] == 1, s
+    assert (np.abs(_f64(y) - exact) <= bound).all()
+
+    # ... and by MindSpore's own MatMul without it, with one warning.
+    ms_adapter.auto_convert_dtype(False)
+    ms_adapter.reset_stats()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y1 = _run(mode, ops.matmul, a, b)
+        y2 = _run(mode, ops.matmul, a, b)
+    s = ms_adapter.stats()
+    # Decisions count calls under PyNative, compilations under GRAPH_MODE
+    # (each ms.jit wrapper compiles its own graph).
+    assert "aten::mm.out" not in s["kernels"] and s["fallbacks"]["MatMul"] == 2, s
+    messages = [str(w.message) for w in caught if "MatMul" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert messages[0].startswith("npubridge.mindspore: MatMul (aten::mm.out) runs MindSpore's own operator: "
+                                  "no kernel accepts dtype float16"), messages
+    for y in (y1, y2):
+        assert (np.abs(_f64(y) - exact) <= bound).all()
 
 
 def test_register_op_routes_an_operator_and_checks_the_target(mode):
@@ -108,7 +151,7 @@ def test_register_op_routes_an_operator_and_checks_the_target(mode):
     ms_adapter.register_op("Sigmoid", "aten::sigmoid.out")
     ms_adapter.reset_stats()
     x = Tensor(np.linspace(-3, 3, 12, dtype=np.float32).reshape(3, 4))
-    y = ops.sigmoid(x)
+    y = _run(mode, ops.sigmoid, x)
     assert ms_adapter.stats()["kernels"]["aten::sigmoid.out"]["cann_like"] == 1
     ref = 1 / (1 + np.exp(-x.asnumpy().astype(np.float64)))
     assert np.abs(y.asnumpy() - ref).max() <= 4 * 2.0 ** -24

@@ -132,18 +132,22 @@ def precision_mismatches():
 def stats():
     """{"routed": {MindSpore op: decisions for a plugin}, "fallbacks":
     {MindSpore op: decisions for MindSpore's own operator}, "fallback_reasons":
-    {op: reason}, "kernels": {registry op: {plugin: calls}}, "not_routed":
+    {op: reason}, "kernels": {registry op: {plugin: calls}}, "conversions":
+    {registry op: calls served through the dtype conversion}, "not_routed":
     {MindSpore op: why no route exists}}. Decisions count calls under
     PyNative and compilations under GRAPH_MODE; kernels count calls."""
     import mindspore as ms
     ms.runtime.synchronize()  # PyNative runs operators asynchronously: count the calls made
-    kernels = {}
+    kernels, conversions = {}, {}
     for entry in _library.dispatcher_stats():
         for k in entry["kernels"]:
             kernels.setdefault(entry["op"], {})[k["plugin"]] = k["calls"]
+        if entry["conversions"]:
+            conversions[entry["op"]] = entry["conversions"]
     with STATE.lock:
         return {"routed": dict(STATE.routed), "fallbacks": dict(STATE.fallbacks),
-                "fallback_reasons": dict(STATE.fallback_reasons), "kernels": kernels, "not_routed": dict(_missing)}
+                "fallback_reasons": dict(STATE.fallback_reasons), "kernels": kernels, "conversions": conversions,
+                "not_routed": dict(_missing)}
 
 
 def reset_stats():
