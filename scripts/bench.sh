@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks: ./scripts/bench.sh core|cann|torch|clients|models|mindspeed|vllm|dist|graph [--quick]
+# Benchmarks: ./scripts/bench.sh core|cann|torch|clients|models|mindspeed|mindspore|vllm|dist|graph [--quick]
 # Prints the results and writes bench/results/<suite>.json.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 suite="${1:-core}"
@@ -36,6 +36,10 @@ case "$suite" in
   vllm)
     (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error \
        python3 "$NPUB_ROOT/bench/bench_vllm.py" --json "$NPUB_ROOT/bench/results/vllm.json" "${@:2}")
+    ;;
+  mindspore)
+    (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error \
+       python3 "$NPUB_ROOT/bench/bench_mindspore.py" "$NPUB_ROOT/bench/results/mindspore.json" "${@:2}")
     ;;
   dist)
     (cd /tmp && PYTHONPATH="$NPUB_ROOT/build/release/python" NPUB_LOG_LEVEL=error GLOO_SOCKET_IFNAME=lo \

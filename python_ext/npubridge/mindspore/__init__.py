@@ -49,8 +49,8 @@ def _build():
 
 def _warm_numpy_bridge():
     """MindSpore 2.10's wheel is built against NumPy 1.x; under NumPy 2 the
-    first Tensor operator of a process raises (the second works). Taken
-    here, once, so that it is not a user's first `x * y`."""
+    first Tensor operator of a process raises (the second works). Taken at
+    import, once, so that it is not a user's first `x * y`."""
     import mindspore as ms
     try:
         ms.Tensor([1.0]) * 1
@@ -61,7 +61,6 @@ def _warm_numpy_bridge():
 def enable():
     """Routes MindSpore's operators to the plugins (idempotent)."""
     from . import _patches
-    _warm_numpy_bridge()
     if not _functions:
         _build()
     _patches.install(_functions)
@@ -203,3 +202,5 @@ def register_op(ms_op: str, plugin_op: str):
 
 
 from ._optim import AdamW  # noqa: E402
+
+_warm_numpy_bridge()
