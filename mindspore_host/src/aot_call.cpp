@@ -73,10 +73,9 @@ NpubValue scalar_value(const Binding& b, const AotParams& p, int i, const reg::A
 // The tensors and values of one call, alive as long as it runs.
 class CallArgs {
  public:
-  CallArgs(const Binding& b, const AotParams& p, sim::Device& device, bool inputs_only = false)
-      : b_(b), p_(p), device_(device) {
+  CallArgs(const Binding& b, const AotParams& p, sim::Device& device) : b_(b), p_(p), device_(device) {
     const int nout = p.nparam - b.num_inputs;
-    if (nout != static_cast<int>(b.outs.size()) && !(inputs_only && nout == 0))
+    if (nout != static_cast<int>(b.outs.size()))
       bad_call(b, "the custom op passes " + std::to_string(p.nparam) + " tensors and the binding expects " +
                       std::to_string(b.num_inputs) + " inputs and " + std::to_string(b.outs.size()) +
                       " outputs");
@@ -89,7 +88,6 @@ class CallArgs {
           values_.push_back(tensor_value(tensor(a.index, a.transposed)));
           break;
         case ArgSource::Kind::kOut:
-          if (inputs_only) bad_call(b, "its outputs are out= arguments: their shapes cannot be inferred");
           values_.push_back(tensor_value(tensor(b.num_inputs + a.index, false, /*is_output=*/true)));
           break;
         case ArgSource::Kind::kTensorList: {
@@ -240,38 +238,6 @@ bool plan_slot(int slot, const AotParams& p, std::string& plugin, std::string& c
   conversion = plan.conversion();
   reason = plan.fallback_reason;
   return plan.serves();
-}
-
-}  // namespace npub::ms
-
-namespace npub::ms {
-
-std::vector<OutputSpec> infer_slot(int slot, const AotParams& p) {
-  const Binding& b = binding(slot);
-  Runtime& rt = Runtime::global();
-  CallArgs args(b, p, current_device(rt), /*inputs_only=*/true);
-  const CallPlan plan = rt.dispatcher().plan(
-      b.op, args.values().data(), static_cast<int32_t>(args.values().size()), PlanInputs::kMetadata,
-      /*with_returns=*/true);
-  std::vector<OutputSpec> out;
-  for (const OutSource& o : b.outs) {
-    OutputSpec spec;
-    if (o.from_return) {
-      const OutputMeta* m =
-          static_cast<size_t>(o.index) < plan.returns.size() ? &plan.returns[o.index] : nullptr;
-      if (m == nullptr || !m->set)
-        bad_call(b, "no meta function says what return " + std::to_string(o.index) + " is" +
-                        (plan.serves() ? "" : " (no kernel serves the call: " + plan.fallback_reason + ")"));
-      spec.dtype = dtype_name(m->dtype);
-      spec.shape = m->shape;
-    } else {
-      const DLTensor* t = args.argument(o.index, o.element);
-      spec.dtype = dtype_name(t->dtype);
-      spec.shape.assign(t->shape, t->shape + t->ndim);
-    }
-    out.push_back(std::move(spec));
-  }
-  return out;
 }
 
 }  // namespace npub::ms

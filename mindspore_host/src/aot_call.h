@@ -15,7 +15,6 @@
 
 #include <cstdint>
 #include <string>
-#include <vector>
 
 namespace npub::ms {
 
@@ -39,15 +38,5 @@ void run_slot(int slot, const AotParams& p);
 // arguments the op rejects.
 bool plan_slot(int slot, const AotParams& p, std::string& plugin, std::string& conversion,
                std::string& reason);
-
-// The dtypes and shapes of slot's outputs for these inputs (`p` holds the
-// inputs alone), from the op's meta function (CallPlan::returns); for a
-// binding whose outputs are all returns or arguments. Throws npub::Error
-// naming the op when the op rejects the inputs or no meta function answers.
-struct OutputSpec {
-  std::string dtype;  // npubridge's name, which is MindSpore's ("float32", "bfloat16")
-  std::vector<int64_t> shape;
-};
-std::vector<OutputSpec> infer_slot(int slot, const AotParams& p);
 
 }  // namespace npub::ms

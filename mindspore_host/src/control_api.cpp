@@ -111,28 +111,6 @@ int npub_ms_plan(int slot, int nparam, const int* ndims, int64_t* const* shapes,
   });
 }
 
-int npub_ms_infer(int slot, int nparam, const int* ndims, int64_t* const* shapes, const char* const* dtypes,
-                  const double* scalars, char* out, int out_len) {
-  return guarded([&] {
-    npub::ms::AotParams p;
-    p.nparam = nparam;
-    p.ndims = ndims;
-    p.shapes = shapes;
-    p.dtypes = dtypes;
-    p.scalars = scalars;
-    std::string s;
-    for (const npub::ms::OutputSpec& o : npub::ms::infer_slot(slot, p)) {
-      if (!s.empty()) s += ";";
-      s += o.dtype + ":";
-      for (size_t d = 0; d < o.shape.size(); ++d) s += (d ? "," : "") + std::to_string(o.shape[d]);
-    }
-    if (static_cast<int>(s.size()) >= out_len)
-      throw npub::Error(npub::ErrorCode::kInternal, "npubridge.mindspore: infer's buffer is too small");
-    write(s, out, out_len);
-    return 0;
-  });
-}
-
 int npub_ms_schema(const char* op, char* out, int out_len) {
   return guarded([&] {
     const npub::OpHandle h = dispatcher().op(op);

@@ -40,12 +40,6 @@ NPUB_MS_EXPORT int npub_ms_plan(int slot, int nparam, const int* ndims, int64_t*
                                 int plugin_len, char* conversion, int conversion_len, char* reason,
                                 int reason_len);
 
-// The outputs' dtypes and shapes of slot's call on these inputs (the
-// binding's inputs alone): written to `out` as "dtype:d0,d1;dtype:;..."
-// (one entry per output). 0 or -1.
-NPUB_MS_EXPORT int npub_ms_infer(int slot, int nparam, const int* ndims, int64_t* const* shapes,
-                                 const char* const* dtypes, const double* scalars, char* out, int out_len);
-
 // The schema of a registry op, printed ("" and -1 when unknown).
 NPUB_MS_EXPORT int npub_ms_schema(const char* op, char* out, int out_len);
 

@@ -171,3 +171,29 @@ def test_gradients_flow_through_the_plugins_derivative_kernels(mode):
     native = ms.value_and_grad(loss, None, net.trainable_params())(x)[1]
     for g, n in zip(grads, native):
         assert np.abs(g.asnumpy() - n.asnumpy()).max() <= 1e-4 * (1 + np.abs(n.asnumpy()).max())
+
+
+def test_the_precision_check_passes_right_kernels_and_catches_a_wrong_mapping(mode):
+    ms_adapter.enable()
+    ms_adapter.precision_check(True)
+    try:
+        net = _seed_example()
+        _run(mode, net, Tensor(np.ones((2, 512)), ms.float16))
+        x = Tensor(np.linspace(-2, 2, 24, dtype=np.float32).reshape(4, 6))
+        _run(mode, ops.softmax, x)
+        ms.runtime.synchronize()
+        assert ms_adapter.precision_mismatches() == []
+
+        # Tanh served by sigmoid's kernel: the schemas fit, the values do not.
+        ms_adapter.register_op("Tanh", "aten::sigmoid.out")
+        _run(mode, ops.tanh, x)
+        ms.runtime.synchronize()
+        found = ms_adapter.precision_mismatches()
+        assert found and {m["op"] for m in found} == {"Tanh"}, found
+        worst = found[0]
+        assert abs(worst["got"] - 1 / (1 + np.exp(-x.asnumpy().flat[worst["index"]]))) < 1e-6
+        assert abs(worst["reference"] - np.tanh(x.asnumpy().astype(np.float64).flat[worst["index"]])) < 1e-12
+        assert worst["abs_error"] > worst["bound"]
+    finally:
+        ms_adapter.precision_check(False)
+        ms_adapter.register_op("Tanh", "aten::tanh.out")

@@ -63,11 +63,17 @@ def make_matmul(keys):
     k_nn, k_nt, k_tn = keys[(False, False)], keys[(False, True)], keys[(True, False)]
     native = NATIVE["matmul"]
 
+    # MindSpore's own transposing MatMul, as nn.Dense calls it. Under
+    # Cell.to_float(float16) MindSpore casts a layer's float32 weight for
+    # its own MatMul; the patched construct passes it as it is (the
+    # dispatcher converts), so the native path casts it as MindSpore does.
+    mm_nt_native, mm_tn_native = ops.MatMul(transpose_b=True), ops.MatMul(transpose_a=True)
+
     def _nt_native(a, b):
-        return native(a, ops.transpose(b, (1, 0)))
+        return mm_nt_native(a, ops.cast(b, a.dtype))
 
     def _tn_native(a, b):
-        return native(ops.transpose(a, (1, 0)), b)
+        return mm_tn_native(a, ops.cast(b, a.dtype))
 
     def mm_nt(a, b):  # a @ b^T: nn.Dense's product, the backward's
         if served(k_nt, (a.dtype, b.dtype), (a.shape, b.shape)):

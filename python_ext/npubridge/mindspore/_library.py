@@ -35,7 +35,6 @@ def _lib():
     lib.npub_ms_bind.argtypes = [c_char_p, c_char_p, c_char_p]
     lib.npub_ms_plan.argtypes = [c_int, c_int, int_p, i64pp, char_pp, c_double_p,
                                  c_char_p, c_int, c_char_p, c_int, c_char_p, c_int]
-    lib.npub_ms_infer.argtypes = [c_int, c_int, int_p, i64pp, char_pp, c_double_p, c_char_p, c_int]
     lib.npub_ms_schema.argtypes = [c_char_p, c_char_p, c_int]
     lib.npub_ms_stats_json.argtypes = [c_char_p, c_int]
     lib.npub_ms_plugins_json.argtypes = [c_char_p, c_int]
@@ -81,18 +80,6 @@ def plan(slot: int, shapes, dtypes, scalars):
     rc = _check(_lib().npub_ms_plan(slot, n, ndims, shape_ptrs, names, values,
                                     bufs[0], 512, bufs[1], 512, bufs[2], 512))
     return rc == 1, bufs[0].value.decode(), bufs[1].value.decode(), bufs[2].value.decode()
-
-
-def infer(slot: int, shapes, dtypes, scalars):
-    """[(dtype name, shape tuple)] of slot's outputs for these inputs."""
-    n, ndims, shape_ptrs, names, values, _keep = _tensor_args(shapes, dtypes, scalars)
-    buf = ctypes.create_string_buffer(4096)
-    _check(_lib().npub_ms_infer(slot, n, ndims, shape_ptrs, names, values, buf, 4096))
-    out = []
-    for entry in buf.value.decode().split(";"):
-        dtype, dims = entry.split(":")
-        out.append((dtype, tuple(int(d) for d in dims.split(",")) if dims else ()))
-    return out
 
 
 def schema(op: str):
