@@ -198,8 +198,22 @@ void run_slot(int slot, const AotParams& p) {
   const auto& schema = b.op.op->schema();
   std::vector<NpubValue> rets(schema.returns.size(), none_value());
   TensorOutputs outputs(rt.devices());
-  rt.dispatcher().call(b.op, args.values().data(), static_cast<int32_t>(args.values().size()), rets.data(),
-                       static_cast<int32_t>(rets.size()), &outputs);
+  try {
+    rt.dispatcher().call(b.op, args.values().data(), static_cast<int32_t>(args.values().size()), rets.data(),
+                         static_cast<int32_t>(rets.size()), &outputs);
+  } catch (const Error& e) {
+    // Note [The routing decision runs in Python, before the call]: a call
+    // reaches here only when a kernel served it at the decision. One that
+    // none serves now was decided under other settings.
+    const CallPlan plan =
+        rt.dispatcher().plan(b.op, args.values().data(), static_cast<int32_t>(args.values().size()));
+    if (plan.serves()) throw;
+    bad_call(b,
+             "no kernel serves this call now (" + plan.fallback_reason +
+                 "), and MindSpore's own operator cannot be reached from here: the routing was decided when "
+                 "one did. A graph compiled before set_optim_level, auto_convert_dtype, disable or "
+                 "npubridge.set_optim_level changed that keeps its routing: compile it again");
+  }
   for (size_t j = 0; j < b.outs.size(); ++j) {
     const OutSource& o = b.outs[j];
     const DLTensor* src = nullptr;

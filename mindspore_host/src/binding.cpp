@@ -80,39 +80,53 @@ ArgSource parse_arg(const Binding& b, const std::string& token, const reg::Argum
     if (!arg.type.optional) bad(b, what + ": the argument is not optional");
     src.kind = ArgSource::Kind::kConstant;
     src.constant.tag = NPUB_VALUE_NONE;
-  } else if (token.size() > 2 && token[1] == ':') {
-    src.kind = ArgSource::Kind::kConstant;
-    const std::string v = token.substr(2);
-    char* end = nullptr;
-    switch (token[0]) {
-      case 'i':
-        src.constant.tag = NPUB_VALUE_INT;
-        src.constant.u.i = std::strtoll(v.c_str(), &end, 10);
-        break;
-      case 'f':
-        src.constant.tag = NPUB_VALUE_DOUBLE;
-        src.constant.u.d = std::strtod(v.c_str(), &end);
-        break;
-      case 'b':
-        src.constant.tag = NPUB_VALUE_BOOL;
-        src.constant.u.i = v == "1" ? 1 : 0;
-        end = const_cast<char*>(v.c_str()) + (v == "1" || v == "0" ? 1 : 0);
-        break;
-      case 'l':
-        for (const std::string& e : split(v, '.')) src.ints.push_back(std::strtoll(e.c_str(), &end, 10));
-        src.constant.tag = NPUB_VALUE_INT_LIST;
-        break;
-      default:
-        bad(b, what + ": unknown constant kind '" + token.substr(0, 1) + "'");
-    }
-    if (token[0] != 'l' && (end == nullptr || *end != '\0')) bad(b, what + ": malformed value '" + v + "'");
   } else if (token.rfind("str:", 0) == 0) {
+    if (arg.type.list || arg.type.base != reg::BaseType::kStr) bad(b, what + ": the argument is not a str");
     src.kind = ArgSource::Kind::kConstant;
     src.text = token.substr(4);
     src.constant.tag = NPUB_VALUE_STRING;
-  } else if (token == "l:") {
+  } else if (token.size() >= 2 && token[1] == ':' &&
+             std::string("ifbl").find(token[0]) != std::string::npos) {
     src.kind = ArgSource::Kind::kConstant;
-    src.constant.tag = NPUB_VALUE_INT_LIST;
+    const std::string v = token.substr(2);
+    const reg::BaseType t = arg.type.base;
+    const bool integral = t == reg::BaseType::kInt || t == reg::BaseType::kSymInt;
+    auto expect = [&](bool fits, const char* type) {
+      if (!fits) bad(b, what + ": " + token.substr(0, 2) + " is " + type + " and the argument is not");
+    };
+    // Each value parsed whole: "1.x" or "" is malformed, not 1 or 0.
+    auto whole_int = [&](const std::string& text) {
+      char* end = nullptr;
+      const long long x = std::strtoll(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0') bad(b, what + ": malformed integer '" + text + "'");
+      return static_cast<int64_t>(x);
+    };
+    switch (token[0]) {
+      case 'i':
+        expect(!arg.type.list && (integral || t == reg::BaseType::kScalar), "an int");
+        src.constant.tag = NPUB_VALUE_INT;
+        src.constant.u.i = whole_int(v);
+        break;
+      case 'f': {
+        expect(!arg.type.list && (t == reg::BaseType::kFloat || t == reg::BaseType::kScalar), "a float");
+        char* end = nullptr;
+        src.constant.tag = NPUB_VALUE_DOUBLE;
+        src.constant.u.d = std::strtod(v.c_str(), &end);
+        if (v.empty() || *end != '\0') bad(b, what + ": malformed float '" + v + "'");
+        break;
+      }
+      case 'b':
+        expect(!arg.type.list && t == reg::BaseType::kBool, "a bool");
+        if (v != "0" && v != "1") bad(b, what + ": malformed bool '" + v + "' (0 or 1)");
+        src.constant.tag = NPUB_VALUE_BOOL;
+        src.constant.u.i = v == "1" ? 1 : 0;
+        break;
+      default:  // 'l': an int list (a bool list crosses the ABI as one too)
+        expect(arg.type.list && (integral || t == reg::BaseType::kBool), "an int list");
+        for (const std::string& e : split(v, '.')) src.ints.push_back(whole_int(e));
+        src.constant.tag = NPUB_VALUE_INT_LIST;
+        break;
+    }
   } else {
     bad(b, what + ": expected t<i>, t<i>T, L<i>.<j>, s<i>, g<i>, o<j>, n, i:, f:, b:, l: or str:");
   }
@@ -133,13 +147,19 @@ OutSource parse_out(const Binding& b, const std::string& token) {
   if (static_cast<size_t>(o.index) >= limit)
     bad(b, "output token '" + token + "': the op has " + std::to_string(limit) +
                (o.from_return ? " return(s)" : " argument(s)"));
+  const reg::Argument& a = o.from_return ? schema.returns[o.index] : schema.arguments[o.index];
+  if (a.type.base != reg::BaseType::kTensor || a.type.list != (o.element >= 0))
+    bad(b, "output token '" + token + "': " + (o.from_return ? "return " : "argument '" + a.name + "' ") +
+               (o.element >= 0 ? "is not a Tensor[] to take an element of" : "is not a Tensor"));
   return o;
 }
 
 }  // namespace
 
-int bind_slot(Dispatcher& dispatcher, const std::string& op_name, const std::string& layout,
-              const std::string& outputs) {
+namespace {
+
+std::unique_ptr<Binding> make_binding(Dispatcher& dispatcher, const std::string& op_name,
+                                      const std::string& layout, const std::string& outputs) {
   auto b = std::make_unique<Binding>();
   b->op_name = op_name;
   b->layout = layout;
@@ -176,7 +196,19 @@ int bind_slot(Dispatcher& dispatcher, const std::string& op_name, const std::str
   }
   for (const std::string& t : split(outputs, ' ')) b->outs.push_back(parse_out(*b, t));
   if (b->outs.empty()) bad(*b, "no outputs: a MindSpore custom op returns at least one tensor");
+  return b;
+}
 
+}  // namespace
+
+void check_binding(Dispatcher& dispatcher, const std::string& op_name, const std::string& layout,
+                   const std::string& outputs) {
+  make_binding(dispatcher, op_name, layout, outputs);
+}
+
+int bind_slot(Dispatcher& dispatcher, const std::string& op_name, const std::string& layout,
+              const std::string& outputs) {
+  std::unique_ptr<Binding> b = make_binding(dispatcher, op_name, layout, outputs);
   std::lock_guard<std::mutex> lock(g_bind_mu);
   const int slot = g_count.load(std::memory_order_relaxed);
   if (slot >= kNumSlots)

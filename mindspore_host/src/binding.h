@@ -67,6 +67,10 @@ struct Binding {
 int bind_slot(Dispatcher& dispatcher, const std::string& op_name, const std::string& layout,
               const std::string& outputs);
 
+// As bind_slot, without binding: throws what bind_slot would.
+void check_binding(Dispatcher& dispatcher, const std::string& op_name, const std::string& layout,
+                   const std::string& outputs);
+
 // The binding of `slot`; throws npub::Error when it is not bound.
 const Binding& binding(int slot);
 

@@ -8,11 +8,16 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <string>
 
 namespace {
 
 thread_local std::string t_last_error;
+// The last failed AOT call's message, process-wide: MindSpore runs AOT
+// kernels on threads of its own, not the one that asks.
+std::mutex g_call_error_mu;
+std::string g_call_error;
 
 // Runs `f`, turning any exception into -1 and this thread's last error.
 template <typename F>
@@ -76,10 +81,24 @@ int npub_ms_aot_call(int slot, int nparam, void** params, int* ndims, int64_t** 
   });
   if (rc == 0) return 0;
   std::fprintf(stderr, "%s\n", t_last_error.c_str());
+  std::lock_guard<std::mutex> lock(g_call_error_mu);
+  g_call_error = t_last_error;
   return 1;
 }
 
 const char* npub_ms_last_error(void) { return t_last_error.c_str(); }
+
+int npub_ms_last_call_error(char* out, int out_len) {
+  std::lock_guard<std::mutex> lock(g_call_error_mu);
+  return write_all(g_call_error, out, out_len);
+}
+
+int npub_ms_check_layout(const char* op, const char* layout, const char* outputs) {
+  return guarded([&] {
+    npub::ms::check_binding(dispatcher(), op, layout, outputs);
+    return 0;
+  });
+}
 
 int npub_ms_start(void) {
   return guarded([] {

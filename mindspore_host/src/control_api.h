@@ -5,8 +5,9 @@
 // Every control function returns 0 on success and -1 on failure, with the
 // message in npub_ms_last_error() (per thread); none throws across the C
 // boundary. An AOT entry point returns 0, or 1 with the message printed to
-// stderr and kept for npub_ms_last_error(): MindSpore reports only that
-// the custom op failed.
+// stderr and kept for npub_ms_last_call_error() (process-wide: MindSpore
+// calls AOT kernels from threads of its own, and reports only that the
+// custom op failed).
 #pragma once
 
 #include "binding.h"
@@ -21,8 +22,16 @@ extern "C" {
 NPUB_MS_EXPORT int npub_ms_aot_call(int slot, int nparam, void** params, int* ndims, int64_t** shapes,
                                     const char** dtypes);
 
-// The last error message of this thread ("" if none).
+// The last error message of this thread's control calls ("" if none).
 NPUB_MS_EXPORT const char* npub_ms_last_error(void);
+
+// The last failed AOT call's message, from any thread; returns the length
+// needed (writes nothing past out_len).
+NPUB_MS_EXPORT int npub_ms_last_call_error(char* out, int out_len);
+
+// Whether bind would accept `op` with `layout` and `outputs`, without
+// binding a slot. 0 or -1.
+NPUB_MS_EXPORT int npub_ms_check_layout(const char* op, const char* layout, const char* outputs);
 
 // Starts the runtime (devices, plugins) if it is not running. 0 or -1.
 NPUB_MS_EXPORT int npub_ms_start(void);

@@ -19,8 +19,8 @@ from npubridge.mindspore import testing
 STEPS = 3
 
 ms.set_device("CPU")
-# Importing npubridge.mindspore took MindSpore's one NumPy-2 import error
-# (README, "MindSpore"), before init() installs msrun's exit-on-exception
+# enable() before init(): it takes MindSpore's one NumPy-2 import error
+# (README, "MindSpore") before init() installs msrun's exit-on-exception
 # hook, which would take that error's report for a failed rank.
 ms_adapter.enable()
 init()

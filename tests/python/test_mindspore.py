@@ -181,13 +181,11 @@ def test_the_precision_check_passes_right_kernels_and_catches_a_wrong_mapping(mo
         _run(mode, net, Tensor(np.ones((2, 512)), ms.float16))
         x = Tensor(np.linspace(-2, 2, 24, dtype=np.float32).reshape(4, 6))
         _run(mode, ops.softmax, x)
-        ms.runtime.synchronize()
         assert ms_adapter.precision_mismatches() == []
 
         # Tanh served by sigmoid's kernel: the schemas fit, the values do not.
         ms_adapter.register_op("Tanh", "aten::sigmoid.out")
         _run(mode, ops.tanh, x)
-        ms.runtime.synchronize()
         found = ms_adapter.precision_mismatches()
         assert found and {m["op"] for m in found} == {"Tanh"}, found
         worst = found[0]
@@ -197,3 +195,144 @@ def test_the_precision_check_passes_right_kernels_and_catches_a_wrong_mapping(mo
     finally:
         ms_adapter.precision_check(False)
         ms_adapter.register_op("Tanh", "aten::tanh.out")
+
+
+def test_mindspores_type_promotion_and_arguments_stay_its_own(mode):
+    ms_adapter.enable()
+    ms_adapter.reset_stats()
+    h = Tensor(np.array([1.001, 2.1234567, 3.0001]), ms.float16)
+    f = Tensor(np.array([0.5, 0.25, 0.125]), ms.float32)
+    i = Tensor(np.array([7, 9, 11]), ms.int32)
+    mixed = _run(mode, ops.add, h, f)
+    assert mixed.dtype == ms.float32
+    np.testing.assert_array_equal(mixed.asnumpy(), h.asnumpy().astype(np.float32) + f.asnumpy())
+    quotient = _run(mode, ops.div, i, Tensor(np.array([2, 3, 4]), ms.int32))
+    assert quotient.dtype == ms.float32
+    np.testing.assert_array_equal(quotient.asnumpy(), np.array([3.5, 3.0, 2.75], np.float32))
+    floor = ops.div(f, Tensor(np.array([0.3, 0.3, 0.3]), ms.float32), rounding_mode="floor")
+    np.testing.assert_array_equal(floor.asnumpy(), np.array([1, 0, 0], np.float32))
+    tanh_gelu = ops.gelu(f, approximate="tanh")
+    x = f.asnumpy().astype(np.float64)
+    ref = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+    assert np.abs(tanh_gelu.asnumpy() - ref).max() <= 8 * 2.0 ** -24
+    assert ms_adapter.stats()["kernels"] == {}
+
+
+def _layer_norm_loss(x, gamma, beta):
+    y = ops.layer_norm(x, (x.shape[-1],), gamma, beta, 1e-5)
+    return ops.reduce_sum(ops.mul(y, y))
+
+
+def test_layer_norm_forward_and_backward_on_the_plugin(mode):
+    ms_adapter.enable()
+    rng = np.random.default_rng(4)
+    x, g, b = (rng.standard_normal(s) for s in ((3, 16), (16,), (16,)))
+    xt, gt, bt = (Tensor(v.astype(np.float32)) for v in (x, g, b))
+    ms_adapter.reset_stats()
+    y = _run(mode, ops.layer_norm, xt, (16,), gt, bt, 1e-5)
+    grads = ms.grad(_run_fn(mode, _layer_norm_loss), (0, 1, 2))(xt, gt, bt)
+    s = ms_adapter.stats()["kernels"]
+    assert "aten::native_layer_norm" in s and "aten::native_layer_norm_backward" in s, s
+
+    # float64 reference and its gradient (dL/dy = 2y through the normalisation).
+    mean, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    xhat = (x - mean) / np.sqrt(var + 1e-5)
+    ref = xhat * g + b
+    dy = 2 * ref
+    dxhat = dy * g
+    dx = (dxhat - dxhat.mean(-1, keepdims=True) - xhat * (dxhat * xhat).mean(-1, keepdims=True)) / np.sqrt(var + 1e-5)
+    # 16-term sums in float32: gamma_16 relative to each result's terms, plus rounding.
+    u = 2.0 ** -24
+    assert np.abs(y.asnumpy() - ref).max() <= 64 * u * (np.abs(xhat * g).max() + np.abs(b).max())
+    for got, want in zip(grads, (dx, (dy * xhat).sum(0), dy.sum(0))):
+        assert np.abs(got.asnumpy() - want).max() <= 256 * u * np.abs(dy).max() * (1 + np.abs(xhat).max()) * 16
+
+    # nn.LayerNorm routes through the same op.
+    layer = nn.LayerNorm((16,), epsilon=1e-5)
+    ms_adapter.reset_stats()
+    out = _run(mode, layer, xt)
+    assert ms_adapter.stats()["kernels"]["aten::native_layer_norm"]
+    assert np.abs(out.asnumpy() - xhat).max() <= 64 * u * np.abs(xhat).max()
+
+
+def _run_fn(mode, fn):
+    return ms.jit(fn) if mode == "graph" else fn
+
+
+def _tanh_sigmoid_loss(x):
+    return ops.reduce_sum(ops.add(ops.tanh(x), ops.sigmoid(x)))
+
+
+def test_tanh_and_sigmoid_gradients(mode):
+    ms_adapter.enable()
+    x = np.linspace(-3, 3, 13)
+    ms_adapter.reset_stats()
+    g = ms.grad(_run_fn(mode, _tanh_sigmoid_loss))(Tensor(x.astype(np.float32)))
+    s = ms_adapter.stats()["kernels"]
+    assert "aten::tanh_backward.grad_input" in s and "aten::sigmoid_backward.grad_input" in s, s
+    sig = 1 / (1 + np.exp(-x))
+    assert np.abs(g.asnumpy() - ((1 - np.tanh(x) ** 2) + sig * (1 - sig))).max() <= 16 * 2.0 ** -24
+
+
+def test_register_op_can_be_called_again_and_again_and_refuses_without_changing_anything():
+    ms_adapter.enable()
+    try:
+        for _ in range(20):  # bindings are reused: the 512 slots last
+            ms_adapter.register_op("Tanh", "aten::sigmoid.out")
+            ms_adapter.register_op("Tanh", "aten::tanh.out")
+        with pytest.raises(ValueError, match="expected ms_op to be one of .*but found 'FlashAttentionScore'"):
+            ms_adapter.register_op("FlashAttentionScore", "aten::relu")
+        with pytest.raises(ValueError, match="cannot map Tanh"):
+            ms_adapter.register_op("Tanh", "aten::mm.out")
+        assert ms_adapter.routes()["Tanh"] == "aten::tanh.out"
+        x = Tensor(np.array([0.5], np.float32))
+        assert abs(float(ops.tanh(x).asnumpy()[0]) - np.tanh(0.5)) < 1e-6
+    finally:
+        ms_adapter.disable()
+
+
+def _graph_matmul(a, b):
+    return ops.matmul(a, b)
+
+
+def test_a_graph_compiled_before_a_level_change_fails_saying_why():
+    ms_adapter.enable()
+    a = Tensor(np.ones((2, 2), np.float32))
+    step = ms.jit(_graph_matmul)
+    try:
+        step(a, a).asnumpy()
+        ms_adapter.set_optim_level("O0")
+        with pytest.raises(RuntimeError):
+            step(a, a).asnumpy()
+        assert ms_adapter.last_error().startswith(
+            "npubridge.mindspore: op 'aten::mm.out': no kernel serves this call now (optimisation level 0 "
+            "disables every plugin kernel")
+        assert "compile it again" in ms_adapter.last_error()
+    finally:
+        ms_adapter.set_optim_level("O2")
+        ms_adapter.disable()
+
+
+# Last in the file: it starts PyTorch's npu runtime, whose fallback (PyTorch's
+# CPU kernels) the dispatcher then holds for every host of the process, so
+# that the test above would no longer fail (docs/mindspore.md, "Limits").
+def test_a_level_set_from_pytorch_changes_mindsporess_routing_too():
+    import npubridge
+
+    ms_adapter.enable()
+    a = Tensor(np.ones((2, 3), np.float32))
+    try:
+        ms_adapter.reset_stats()
+        ops.matmul(a, ops.transpose(a, (1, 0)))
+        assert ms_adapter.stats()["kernels"]["aten::mm.out"]["cann_like"] == 1
+        npubridge.set_optim_level(0)
+        ms_adapter.reset_stats()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            y = ops.matmul(a, ops.transpose(a, (1, 0)))
+        np.testing.assert_array_equal(y.asnumpy(), np.full((2, 2), 3, np.float32))
+        s = ms_adapter.stats()
+        assert "aten::mm.out" not in s["kernels"] and s["fallbacks"]["MatMul"] == 1, s
+    finally:
+        npubridge.set_optim_level(2)
+        ms_adapter.disable()

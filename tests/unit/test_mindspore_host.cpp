@@ -7,12 +7,15 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 extern "C" {
 int npub_ms_start(void);
 int npub_ms_bind(const char* op, const char* layout, const char* outputs);
 const char* npub_ms_last_error(void);
+int npub_ms_last_call_error(char* out, int out_len);
+int npub_ms_check_layout(const char* op, const char* layout, const char* outputs);
 int npub_ms_aot_call(int slot, int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes);
 int npub_ms_plan(int slot, int nparam, const int* ndims, int64_t* const* shapes, const char* const* dtypes,
                  const double* scalars, char* plugin, int plugin_len, char* conversion, int conversion_len,
@@ -125,6 +128,21 @@ TEST_F(MindSporeHost, BadLayoutsAreRefusedNamingTheOpTheTokenAndTheArgument) {
       bind_error("aten::relu", "t99999", "r0"),
       "npubridge.mindspore: cannot bind 'aten::relu' with layout 't99999': token 't99999': expected an index "
       "after its letter, found '99999'");
+  EXPECT_EQ(
+      bind_error("aten::gelu.out", "t0 i:5 o0", "a2"),
+      "npubridge.mindspore: cannot bind 'aten::gelu.out' with layout 't0 i:5 o0': token 'i:5' for argument "
+      "'approximate': i: is an int and the argument is not");
+  EXPECT_EQ(bind_error("mindspeed_like::npu_swiglu", "t0 str:abc", "r0"),
+            "npubridge.mindspore: cannot bind 'mindspeed_like::npu_swiglu' with layout 't0 str:abc': token "
+            "'str:abc' for argument 'dim': the argument is not a str");
+  EXPECT_EQ(
+      bind_error("aten::native_layer_norm", "t0 l:1.x t1 t2 f:1e-5", "r0"),
+      "npubridge.mindspore: cannot bind 'aten::native_layer_norm' with layout 't0 l:1.x t1 t2 f:1e-5': token "
+      "'l:1.x' for argument 'normalized_shape': malformed integer 'x'");
+  EXPECT_EQ(
+      bind_error("aten::mm.out", "t0 t1 o0", "a2.1"),
+      "npubridge.mindspore: cannot bind 'aten::mm.out' with layout 't0 t1 o0': output token 'a2.1': argument "
+      "'out' is not a Tensor[] to take an element of");
   const std::string missing = bind_error("aten::mm.out", "t0 t1", "a2");
   EXPECT_NE(missing.find("argument 'out' has no default and the layout leaves it out"), std::string::npos)
       << missing;
@@ -175,4 +193,31 @@ TEST_F(MindSporeHost, ThePlanSaysWhichPluginServesOrWhyNone) {
   const char* b8[] = {"bool", "bool"};
   EXPECT_EQ(npub_ms_plan(slot, 2, ndims, shapes, b8, scalars, plugin, 64, conversion, 64, reason, 512), 0);
   EXPECT_EQ(std::string(reason).rfind("no kernel accepts dtype bool", 0), 0u) << reason;
+}
+
+TEST_F(MindSporeHost, AFailedCallIsReportedToEveryThread) {
+  const int slot = npub_ms_bind("aten::mm.out", "t0 t1 o0", "a2");
+  ASSERT_GE(slot, 0) << npub_ms_last_error();
+  std::vector<float> x(6), out(4);
+  std::thread worker([&] {  // MindSpore runs AOT kernels on threads of its own
+    AotCall bad;
+    bad.add(x.data(), {2, 3}, "complex64");
+    bad.add(x.data(), {3, 2}, "float32");
+    bad.add(out.data(), {2, 2}, "float32");
+    EXPECT_EQ(bad.run(slot), 1);
+  });
+  worker.join();
+  char message[512];
+  npub_ms_last_call_error(message, sizeof message);
+  EXPECT_EQ(std::string(message),
+            "npubridge.mindspore: op 'aten::mm.out': tensor 0 has dtype 'complex64', which npubridge does "
+            "not know");
+}
+
+TEST_F(MindSporeHost, CheckingALayoutBindsNothing) {
+  const int before = npub_ms_bind("aten::relu", "t0", "r0");
+  ASSERT_GE(before, 0) << npub_ms_last_error();
+  EXPECT_EQ(npub_ms_check_layout("aten::relu", "t0", "r0"), 0);
+  EXPECT_EQ(npub_ms_check_layout("aten::relu", "t0 t1", "r0"), -1);
+  EXPECT_EQ(npub_ms_bind("aten::relu", "t0", "r0"), before + 1);
 }

@@ -22,7 +22,7 @@ from . import _library
 from ._routes import STATE, changed
 
 __all__ = ["enable", "disable", "is_enabled", "set_optim_level", "get_optim_level", "register_op",
-           "auto_convert_dtype", "precision_check", "precision_mismatches", "stats", "reset_stats", "routes",
+           "auto_convert_dtype", "precision_check", "precision_mismatches", "last_error", "stats", "reset_stats", "routes",
            "AdamW"]
 
 # "O0".."O3": the dispatcher's optimisation level (docs/mindspore.md has the table).
@@ -49,8 +49,10 @@ def _build():
 
 def _warm_numpy_bridge():
     """MindSpore 2.10's wheel is built against NumPy 1.x; under NumPy 2 the
-    first Tensor operator of a process raises (the second works). Taken at
-    import, once, so that it is not a user's first `x * y`."""
+    first Tensor operator of a process raises (the second works). Taken by
+    enable(), so that it is not a user's first `x * y`. Not at import: the
+    first operator starts MindSpore's runtime, after which
+    mindspore.set_device() refuses to run."""
     import mindspore as ms
     try:
         ms.Tensor([1.0]) * 1
@@ -59,8 +61,10 @@ def _warm_numpy_bridge():
 
 
 def enable():
-    """Routes MindSpore's operators to the plugins (idempotent)."""
+    """Routes MindSpore's operators to the plugins (idempotent). Call it after
+    mindspore.set_device(): it runs one MindSpore operator."""
     from . import _patches
+    _warm_numpy_bridge()
     if not _functions:
         _build()
     _patches.install(_functions)
@@ -123,9 +127,29 @@ def precision_check(on: bool = True, raise_on_mismatch: bool = False):
     changed()
 
 
+def last_error() -> str:
+    """The message of the last plugin call that failed ("" if none). MindSpore
+    reports only that a custom op failed; this says which op and why (it is
+    also printed to stderr)."""
+    _library.start()
+    return _library.last_call_error()
+
+
 def precision_mismatches():
+    """The mismatches found so far (dicts: op, index, got, reference,
+    abs_error, bound, elements), after the queued operators ran."""
+    _sync()
     with STATE.lock:
         return list(STATE.mismatches)
+
+
+def _sync():
+    """Waits for the operators PyNative has queued (it runs them on a
+    pipeline of its own), so that statistics count every call made.
+    (mindspore.runtime.synchronize() is for Ascend devices; on the CPU it
+    logs an error and returns.)"""
+    from mindspore.graph.api import _pynative_executor
+    _pynative_executor.sync()
 
 
 def stats():
@@ -135,8 +159,7 @@ def stats():
     {registry op: calls served through the dtype conversion}, "not_routed":
     {MindSpore op: why no route exists}}. Decisions count calls under
     PyNative and compilations under GRAPH_MODE; kernels count calls."""
-    import mindspore as ms
-    ms.runtime.synchronize()  # PyNative runs operators asynchronously: count the calls made
+    _sync()
     kernels, conversions = {}, {}
     for entry in _library.dispatcher_stats():
         for k in entry["kernels"]:
@@ -150,8 +173,7 @@ def stats():
 
 
 def reset_stats():
-    import mindspore as ms
-    ms.runtime.synchronize()
+    _sync()
     _library.reset_dispatcher_stats()
     with STATE.lock:
         STATE.routed.clear()
@@ -170,15 +192,17 @@ def routes():
 def register_op(ms_op: str, plugin_op: str):
     """Serves MindSpore operator `ms_op` (a name of routes()) with registry op
     `plugin_op`. The target must take the arguments the route passes, in
-    order (its layout, checked against the target's schema), and make the
-    outputs it reads; raises ValueError naming both and what differs."""
-    global _active_table, _functions
+    order (its layout, checked token by token against the target's schema),
+    and make the outputs it reads; raises ValueError naming both and what
+    differs, and changes nothing then."""
+    global _active_table, _functions, _missing
     from . import _table as table_module
     _check_type("register_op", "ms_op", ms_op, str, "a MindSpore operator name (str)")
     _check_type("register_op", "plugin_op", plugin_op, str, "a registry op name (str)")
     table = _active_table or dict(table_module.TABLE)
-    if ms_op not in table:
-        raise ValueError(f"npubridge.mindspore.register_op(): expected ms_op to be one of {', '.join(sorted(table))}, "
+    remappable = sorted(n for n, entry in table.items() if entry[1] is not None and n not in _FIXED_ROUTES)
+    if ms_op not in remappable:
+        raise ValueError(f"npubridge.mindspore.register_op(): expected ms_op to be one of {', '.join(remappable)}, "
                          f"but found {ms_op!r}")
     _library.start()
     schema = _library.schema(plugin_op)
@@ -186,21 +210,24 @@ def register_op(ms_op: str, plugin_op: str):
         raise ValueError(f"npubridge.mindspore.register_op(): cannot map {ms_op} to '{plugin_op}': no loaded plugin "
                          "defines it")
     _, layout, outputs = table[ms_op]
-    if layout is not None:
-        try:  # the binding's own check: each token against the schema's argument
-            _library.bind(plugin_op, layout, outputs)
-        except _library.NpuError as err:
-            raise ValueError(f"npubridge.mindspore.register_op(): cannot map {ms_op} "
-                             f"(from '{table[ms_op][0]}') to '{plugin_op}': {err} ({schema})") from None
+    try:  # the binding's own check: each token against the schema's argument
+        _library.check_layout(plugin_op, layout, outputs)
+    except _library.NpuError as err:
+        raise ValueError(f"npubridge.mindspore.register_op(): cannot map {ms_op} "
+                         f"(from '{table[ms_op][0]}') to '{plugin_op}': {err} ({schema})") from None
     table = dict(table)
     table[ms_op] = (plugin_op, layout, outputs)
-    _active_table = table
-    _functions, _ = {}, None
-    _build()
+    _library.start()
+    functions, missing = table_module.build(table)  # before anything changes: it may raise
+    _active_table, _functions, _missing = table, functions, missing
     if STATE.enabled:
         enable()
 
 
-from ._optim import AdamW  # noqa: E402
+# Routes whose layouts the adapter builds per call form (flash attention's
+# layouts and mask) or whose caller is not a MindSpore operator (the
+# optimizer): not remapped by register_op.
+_FIXED_ROUTES = ("FlashAttentionScore", "AdamW")
 
-_warm_numpy_bridge()
+
+from ._optim import AdamW  # noqa: E402

@@ -20,7 +20,10 @@ from ._routes import checking as _checking
 
 # MindSpore's own operators, taken before enable() replaces any.
 NATIVE = {name: getattr(ops, name) for name in (
-    "matmul", "bmm", "add", "sub", "mul", "div", "relu", "gelu", "silu", "softmax", "tanh", "sigmoid", "exp")}
+    "matmul", "bmm", "add", "sub", "mul", "div", "relu", "gelu", "silu", "softmax", "tanh", "sigmoid", "exp",
+    "rms_norm", "swiglu", "rotary_position_embedding", "flash_attention_score")}
+FLOATING = (ms.float16, ms.bfloat16, ms.float32, ms.float64)
+NATIVE_LAYER_NORM = ops.layer_norm
 
 
 @ms.constexpr
@@ -138,7 +141,7 @@ def make_bmm(key, native_name="bmm"):
     native = NATIVE[native_name]
 
     def bmm(input, mat2):
-        if len(input.shape) == 3 and len(mat2.shape) == 3:
+        if len(input.shape) == 3 and len(mat2.shape) == 3 and input.shape[0] == mat2.shape[0]:
             if served(key, (input.dtype, mat2.dtype), (input.shape, mat2.shape)):
                 out = prim(input, mat2)
                 if _checking():
@@ -157,21 +160,31 @@ def bmm_bprop(bmm):
 
 
 def make_binary(name, key, native_name):
-    """add/sub/mul/div of two tensors of one dtype (aten::<op>.out); a Python
-    number operand is MindSpore's own."""
+    """add/sub/mul/div of two floating tensors of one dtype (aten::<op>.out):
+    MindSpore's type promotion (float16 with float32, integers divided) and a
+    Python number operand stay MindSpore's own."""
     prim = binding(key).prim
     native = NATIVE[native_name]
 
-    def binary(input, other):
+    def routed(input, other):
         if isinstance(input, Tensor) and isinstance(other, Tensor):
-            if served(key, (input.dtype, other.dtype), (input.shape, other.shape)):
-                out = prim(input, other)
-                if _checking():
-                    out = _precision.check2(name, out, native, input, other)
-                return out
+            if input.dtype == other.dtype and input.dtype in FLOATING:
+                if served(key, (input.dtype, other.dtype), (input.shape, other.shape)):
+                    out = prim(input, other)
+                    if _checking():
+                        out = _precision.check2(name, out, native, input, other)
+                    return out
         return native(input, other)
 
-    return binary
+    if native_name != "div":
+        return routed
+
+    def div(input, other, *, rounding_mode=None):
+        if rounding_mode is None:
+            return routed(input, other)
+        return native(input, other, rounding_mode=rounding_mode)
+
+    return div
 
 
 def binary_bprop(kind, mul, div):
@@ -192,6 +205,8 @@ def binary_bprop(kind, mul, div):
 
 
 def make_unary(name, key, native):
+    """An activation with MindSpore's signature: relu's `inplace` and gelu's
+    `approximate` other than 'none' stay MindSpore's own."""
     prim = binding(key).prim
 
     def unary(input):
@@ -202,7 +217,17 @@ def make_unary(name, key, native):
             return out
         return native(input)
 
-    return unary
+    def relu(input, inplace=False):
+        if inplace:
+            return native(input, inplace)
+        return unary(input)
+
+    def gelu(input, approximate="none"):
+        if approximate == "none":
+            return unary(input)
+        return native(input, approximate)
+
+    return {"ReLU": relu, "GeLU": gelu}.get(name, unary)
 
 
 def unary_bprop(backward_key, native_grad):
@@ -247,7 +272,7 @@ def softmax_bprop(backward_key):
     def bprop(x, axis, out, dout):
         a = ops.cast(axis, ms.int64)
         if served(backward_key, (dout.dtype, out.dtype, ms.int64, ms.int64),
-                  (dout.shape, out.shape, (), ())):
+                  (dout.shape, out.shape, (), ()), (None, None, -1, _torch_dtype(x.dtype))):
             dx = prim(dout, out, a, Tensor(_torch_dtype(x.dtype), ms.int64))
         else:
             dx = (dout - ops.reduce_sum(dout * out, -1, keepdims=True)) * out
@@ -257,9 +282,12 @@ def softmax_bprop(backward_key):
 
 
 def make_layer_norm(key, native_layer_norm):
+    """ops.layer_norm(input, normalized_shape, weight, bias, eps) with a
+    weight and a bias of normalized_shape (aten::native_layer_norm);
+    `native_layer_norm(x, gamma, beta, eps)` is MindSpore's LayerNorm."""
     prim = binding(key).prim
 
-    def layer_norm(x, gamma, beta, epsilon):
+    def affine(x, gamma, beta, epsilon):
         if served(key, (x.dtype, gamma.dtype, beta.dtype, ms.float64), (x.shape, gamma.shape, beta.shape, ()),
                   (None, None, None, epsilon)):
             out = prim(x, gamma, beta, Tensor(epsilon, ms.float64))[0]
@@ -273,7 +301,12 @@ def make_layer_norm(key, native_layer_norm):
             return native_layer_norm(x, g, b, epsilon)
         return f
 
-    return layer_norm
+    def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+        if weight is not None and bias is not None and tuple(normalized_shape) == weight.shape:
+            return affine(input, weight, bias, eps)
+        return NATIVE_LAYER_NORM(input, normalized_shape, weight, bias, eps)
+
+    return layer_norm, affine
 
 
 def layer_norm_bprop(backward_key):
@@ -312,8 +345,10 @@ def make_swiglu(key, native_swiglu):
     prim = binding(key).prim
 
     def swiglu(input, dim=-1):
-        if served(key, (input.dtype, ms.int64), (input.shape, ()), (None, dim)):
-            out = prim(input, Tensor(dim, ms.int64))
+        # The last axis only: the output's shape is declared halving it.
+        if (dim == -1 or dim == len(input.shape) - 1) and served(key, (input.dtype, ms.int64), (input.shape, ()),
+                                                                 (None, -1)):
+            out = prim(input, Tensor(-1, ms.int64))
             return out
         return native_swiglu(input, dim)
 

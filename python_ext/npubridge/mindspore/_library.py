@@ -33,6 +33,8 @@ def _lib():
     int_p, char_pp = ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_char_p)
     lib.npub_ms_last_error.restype = c_char_p
     lib.npub_ms_bind.argtypes = [c_char_p, c_char_p, c_char_p]
+    lib.npub_ms_check_layout.argtypes = [c_char_p, c_char_p, c_char_p]
+    lib.npub_ms_last_call_error.argtypes = [c_char_p, c_int]
     lib.npub_ms_plan.argtypes = [c_int, c_int, int_p, i64pp, char_pp, c_double_p,
                                  c_char_p, c_int, c_char_p, c_int, c_char_p, c_int]
     lib.npub_ms_schema.argtypes = [c_char_p, c_char_p, c_int]
@@ -59,6 +61,18 @@ def start():
 def bind(op: str, layout: str, outputs: str) -> int:
     """Binds the next free slot; returns its number."""
     return _check(_lib().npub_ms_bind(op.encode(), layout.encode(), outputs.encode()))
+
+
+def check_layout(op: str, layout: str, outputs: str):
+    """Raises NpuError when bind() would refuse these, binding nothing."""
+    _check(_lib().npub_ms_check_layout(op.encode(), layout.encode(), outputs.encode()))
+
+
+def last_call_error() -> str:
+    """The message of the last AOT call that failed, from any thread ("" if none)."""
+    buf = ctypes.create_string_buffer(4096)
+    _lib().npub_ms_last_call_error(buf, 4096)
+    return buf.value.decode()
 
 
 def _tensor_args(shapes, dtypes, scalars):

@@ -15,9 +15,11 @@ def _dense_construct(self, x):
     x_shape = x.shape
     if len(x_shape) != 2:
         x = ops.reshape(x, (-1, x_shape[-1]))
-    x = _routed_linear(x, self.weight)
+    # Under Cell.to_float(float16) MindSpore casts a layer's float32
+    # parameters for its own primitives; the patched construct does the same.
+    x = _routed_linear(x, ops.cast(self.weight, x.dtype))
     if self.has_bias:
-        x = ops.add(x, self.bias)
+        x = ops.add(x, ops.cast(self.bias, x.dtype))
     if self.activation_flag:
         x = self.activation(x)
     if len(x_shape) != 2:
@@ -45,6 +47,13 @@ def _tanh_construct(self, x):
     return ops.tanh(x)
 
 
+def _layer_norm_construct(self, x):
+    if self.begin_norm_axis == -1 and self.begin_params_axis == -1 and len(self.normalized_shape) == 1:
+        return _fns["layer_norm_affine"](x, self.gamma.astype(x.dtype), self.beta.astype(x.dtype), self.epsilon)
+    y, _, _ = self.layer_norm(x, self.gamma.astype(x.dtype), self.beta.astype(x.dtype))
+    return y
+
+
 def _softmax_construct(self, x):
     return ops.softmax(x, self.axis if isinstance(self.axis, int) else self.axis[0])
 
@@ -57,6 +66,7 @@ _LAYERS = {
     nn.Sigmoid: (_sigmoid_construct, "sigmoid"),
     nn.Tanh: (_tanh_construct, "tanh"),
     nn.Softmax: (_softmax_construct, "softmax"),
+    nn.LayerNorm: (_layer_norm_construct, "layer_norm_affine"),
 }
 
 
@@ -70,7 +80,7 @@ def install(fns):
     _fns.clear()
     _fns.update(fns)
     for name, fn in fns.items():
-        if name != "linear" and hasattr(ops, name):
+        if name not in ("linear", "layer_norm_affine") and hasattr(ops, name):
             _set(ops, name, fn)
     for layer, (construct, needs) in _LAYERS.items():
         if needs in fns:

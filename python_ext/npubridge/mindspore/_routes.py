@@ -102,7 +102,7 @@ def _name(dtype):
 
 
 @functools.lru_cache(maxsize=4096)
-def _decide(key, generation, dtypes, shapes, scalars):
+def _decide(key, generation, settings, dtypes, shapes, scalars):
     b = _BINDINGS[key]
     in_shapes = [list(s) for s in shapes]
     out_shapes = b.shape_fn(*in_shapes)
@@ -121,15 +121,21 @@ def decide(key, dtypes, shapes, scalars=None):
     inputs of these MindSpore dtypes and shapes (scalars: the 0-d inputs'
     values by position, None elsewhere). Counts the decision; warns once per
     operator and reason when MindSpore's own operator serves it."""
+    unknown = [d for d in dtypes if d not in DTYPE_NAMES]
     names = tuple(_name(d) for d in dtypes)
     shapes = tuple(tuple(int(d) for d in s) for s in shapes)
     scalars = tuple(scalars) if scalars is not None else (None,) * len(names)
     b = _BINDINGS[key]
     if not STATE.enabled:
         served, plugin, conversion, reason = False, "", "", "the adapter is disabled"
+    elif unknown:
+        served, plugin, conversion, reason = False, "", "", f"dtype {unknown[0]} has no npubridge counterpart"
     else:
+        # The dispatcher's own settings are part of the key: PyTorch's
+        # npubridge.set_optim_level changes them too, without changed().
+        settings = (_library.opt_level(), _library.dtype_conversion())
         try:
-            served, plugin, conversion, reason = _decide(key, STATE.generation, names, shapes, scalars)
+            served, plugin, conversion, reason = _decide(key, STATE.generation, settings, names, shapes, scalars)
         except _library.NpuError as err:
             raise ValueError(str(err)) from None
     with STATE.lock:

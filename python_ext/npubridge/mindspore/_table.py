@@ -85,14 +85,43 @@ UNARY = {
 }
 
 
-def _bind(name, target, layout, outputs, shape_fn, dtype_fn, bprop=None):
-    return register(Binding(name, target, layout, outputs, shape_fn, dtype_fn, bprop))
+_BOUND = {}  # (MindSpore op, role, target, layout, outputs) -> binding key
 
 
-def _unary_native_grad(fn):
-    def grad(dout, saved):
-        return ms.grad(fn)(saved) * dout
+def _bind(name, target, layout, outputs, shape_fn, dtype_fn, bprop=None, role=""):
+    """The binding of `target` for MindSpore op `name`, made once: slots are
+    never unbound (Note [One exported function per slot]), so a table built
+    again (register_op) reuses the bindings of the entries it keeps. `role`
+    tells apart bindings of one layout made for different uses (with or
+    without a bprop)."""
+    cache_key = (name, role or ("forward" if bprop is not None else "backward"), target, layout, outputs)
+    if cache_key not in _BOUND:
+        _BOUND[cache_key] = register(Binding(name, target, layout, outputs, shape_fn, dtype_fn, bprop))
+    return _BOUND[cache_key]
+
+
+def _input_grad(fn):
+    """The derivative of activation `fn` at its input, by MindSpore's own autodiff."""
+    def grad(dout, x):
+        return ms.grad(fn)(x) * dout
     return grad
+
+
+def _relu_grad(dout, out):
+    return dout * ops.cast(out > 0, dout.dtype)
+
+
+def _sigmoid_grad(dout, out):
+    return dout * out * (1 - out)
+
+
+def _tanh_grad(dout, out):
+    return dout * (1 - out * out)
+
+
+# The derivative of the activations whose backward kernel reads their
+# output, from that output, when no kernel serves the backward.
+_OUTPUT_GRADS = {"ReLU": _relu_grad, "Sigmoid": _sigmoid_grad, "Tanh": _tanh_grad}
 
 
 def build(table):
@@ -144,10 +173,10 @@ def build(table):
         if name not in table or not have(name, tgt[name]):
             continue
         native = F.NATIVE[fname]
-        grad = _unary_native_grad(native)
+        grad = _OUTPUT_GRADS[name] if saved == "out" else _input_grad(native)
         if name in BACKWARD and have(name, BACKWARD[name][0]):
             bt, bl, bo = BACKWARD[name]
-            grad = F.unary_bprop(_bind(name, bt, bl, bo, _same, _first_dtype), _unary_native_grad(native))
+            grad = F.unary_bprop(_bind(name, bt, bl, bo, _same, _first_dtype), grad)
         k = _bind(name, tgt[name], table[name][1], table[name][2], _same, _first_dtype,
                   F.activation_bprop(grad, saved == "out"))
         fns[fname] = F.make_unary(name, k, native)
@@ -162,13 +191,13 @@ def build(table):
         k = _bind("LayerNorm", tgt["LayerNorm"], table["LayerNorm"][1], table["LayerNorm"][2],
                   lambda x, g, b, e: [x, x[:len(x) - len(g)] + [1] * len(g), x[:len(x) - len(g)] + [1] * len(g)],
                   lambda x, g, b, e: [x, ms.float32, ms.float32], F.layer_norm_bprop(bk))
-        fns["layer_norm"] = F.make_layer_norm(k, _native_layer_norm)
+        fns["layer_norm"], fns["layer_norm_affine"] = F.make_layer_norm(k, _native_layer_norm)
     for name, fname, native_name in (("RMSNorm", "rms_norm", "rms_norm"), ("SwiGLU", "swiglu", "swiglu"),
                                      ("RotaryPositionEmbedding", "rotary_position_embedding",
                                       "rotary_position_embedding")):
         if not have(name, tgt[name], BACKWARD[name][0]):
             continue
-        native = getattr(ops, native_name)
+        native = F.NATIVE[native_name]
         if name == "RMSNorm":
             bk = _bind(name, *BACKWARD[name], lambda dy, x, g, r: [x, g], lambda dy, x, g, r: [x, g])
             k = _bind(name, tgt[name], table[name][1], table[name][2],
@@ -191,8 +220,10 @@ def build(table):
 
 
 def _native_layer_norm(x, gamma, beta, epsilon):
-    norm_shape = gamma.shape
-    return ops.layer_norm(x, norm_shape, gamma, beta, epsilon)
+    """MindSpore's LayerNorm primitive, which its CPU build runs (ops.layer_norm
+    is LayerNormExt, which it does not)."""
+    axis = -len(gamma.shape)
+    return ops.LayerNorm(axis, axis, epsilon)(x, gamma, beta)[0]
 
 
 def _attention_stats_shape(q, layout):
@@ -225,5 +256,5 @@ def _bind_attention(target):
             keys[(layout, has_mask)] = _bind("FlashAttentionScore", target, fwd, "r0 r1 r2 r3", fwd_shape,
                                              lambda q, *rest: [q, ms.float32, ms.float32, q],
                                              F.attention_bprop(bk, has_mask))
-    return F.make_flash_attention(keys, ops.flash_attention_score)
+    return F.make_flash_attention(keys, F.NATIVE["flash_attention_score"])
 
