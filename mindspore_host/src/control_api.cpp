@@ -70,13 +70,8 @@ extern "C" {
 
 int npub_ms_aot_call(int slot, int nparam, void** params, int* ndims, int64_t** shapes, const char** dtypes) {
   const int rc = guarded([&] {
-    npub::ms::AotParams p;
-    p.nparam = nparam;
-    p.data = params;
-    p.ndims = ndims;
-    p.shapes = shapes;
-    p.dtypes = dtypes;
-    npub::ms::run_slot(slot, p);
+    npub::ms::run_slot(
+        slot, {.nparam = nparam, .data = params, .ndims = ndims, .shapes = shapes, .dtypes = dtypes});
     return 0;
   });
   if (rc == 0) return 0;
@@ -115,12 +110,8 @@ int npub_ms_plan(int slot, int nparam, const int* ndims, int64_t* const* shapes,
                  const double* scalars, char* plugin, int plugin_len, char* conversion, int conversion_len,
                  char* reason, int reason_len) {
   return guarded([&] {
-    npub::ms::AotParams p;
-    p.nparam = nparam;
-    p.ndims = ndims;
-    p.shapes = shapes;
-    p.dtypes = dtypes;
-    p.scalars = scalars;
+    const npub::ms::AotParams p{
+        .nparam = nparam, .ndims = ndims, .shapes = shapes, .dtypes = dtypes, .scalars = scalars};
     std::string who, how, why;
     const bool served = npub::ms::plan_slot(slot, p, who, how, why);
     write(who, plugin, plugin_len);

@@ -58,6 +58,19 @@ def broadcast_shape(a, b):
     return out[::-1]
 
 
+def _product(key, prim, native):
+    """A 2-D product of binding `key`, `native` when no kernel serves it."""
+    def product(a, b):
+        if served(key, (a.dtype, b.dtype), (a.shape, b.shape)):
+            out = prim(a, b)
+            if _checking():
+                out = _precision.check2("MatMul", out, native, a, b)
+            return out
+        return native(a, b)
+
+    return product
+
+
 def make_matmul(keys):
     """ops.matmul for 2-D operands (aten::mm.out): keys[(ta, tb)] for the four
     transpositions, so that the backward reads its operands transposed."""
@@ -78,21 +91,8 @@ def make_matmul(keys):
     def _tn_native(a, b):
         return mm_tn_native(a, ops.cast(b, a.dtype))
 
-    def mm_nt(a, b):  # a @ b^T: nn.Dense's product, the backward's
-        if served(k_nt, (a.dtype, b.dtype), (a.shape, b.shape)):
-            out = p_nt(a, b)
-            if _checking():
-                out = _precision.check2("MatMul", out, _nt_native, a, b)
-            return out
-        return _nt_native(a, b)
-
-    def mm_tn(a, b):  # a^T @ b
-        if served(k_tn, (a.dtype, b.dtype), (a.shape, b.shape)):
-            out = p_tn(a, b)
-            if _checking():
-                out = _precision.check2("MatMul", out, _tn_native, a, b)
-            return out
-        return _tn_native(a, b)
+    mm_nt = _product(k_nt, p_nt, _nt_native)  # a @ b^T: nn.Dense's product, the backward's
+    mm_tn = _product(k_tn, p_tn, _tn_native)  # a^T @ b
 
     def matmul(input, other):
         if len(input.shape) == 2 and len(other.shape) == 2:
