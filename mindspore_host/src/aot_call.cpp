@@ -211,7 +211,7 @@ void run_slot(int slot, const AotParams& p) {
     bad_call(b,
              "no kernel serves this call now (" + plan.fallback_reason +
                  "), and MindSpore's own operator cannot be reached from here: the routing was decided when "
-                 "one did. A graph compiled before set_optim_level, auto_convert_dtype, disable or "
+                 "one did. A graph compiled before set_optim_level, auto_convert_dtype or "
                  "npubridge.set_optim_level changed that keeps its routing: compile it again");
   }
   for (size_t j = 0; j < b.outs.size(); ++j) {

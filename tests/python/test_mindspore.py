@@ -313,6 +313,76 @@ def test_a_graph_compiled_before_a_level_change_fails_saying_why():
         ms_adapter.disable()
 
 
+def _rms_loss(x, g):
+    return ops.reduce_sum(ops.mul(ops.rms_norm(x, g, 1e-6)[0], x))
+
+
+def test_float64_statistics_and_a_gamma_of_two_dims(mode):
+    ms_adapter.enable()
+    rng = np.random.default_rng(5)
+    x, g = rng.standard_normal((3, 2, 4)), rng.standard_normal((2, 4))
+    xt, gt = Tensor(x), Tensor(g)
+    ms_adapter.reset_stats()
+    dx, dg = ms.grad(_run_fn(mode, _rms_loss), (0, 1))(xt, gt)
+    assert "mindspeed_like::npu_rms_norm_backward" in ms_adapter.stats()["kernels"]
+    # d/dx sum(rms(x) * g * x) by central differences of the float64 formula.
+    def loss(x):
+        r = 1 / np.sqrt((x * x).mean((-2, -1), keepdims=True) + 1e-6)
+        return (x * r * g * x).sum()
+    h, num = 1e-6, np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        d = np.zeros_like(x)
+        d[i] = h
+        num[i] = (loss(x + d) - loss(x - d)) / (2 * h)
+    assert np.abs(dx.asnumpy() - num).max() <= 1e-6 * (1 + np.abs(num).max())
+    r = 1 / np.sqrt((x * x).mean((-2, -1), keepdims=True) + 1e-6)
+    assert np.abs(dg.asnumpy() - (x * r * x).sum(0)).max() <= 1e-12 * (1 + np.abs(x * r * x).sum())
+
+
+def test_what_no_route_takes_is_mindsporess_and_counted(mode):
+    ms_adapter.enable()
+    ms_adapter.reset_stats()
+    h = Tensor(np.ones((2, 3)), ms.float16)
+    f = Tensor(np.ones((3, 2)), ms.float32)
+    with pytest.raises(TypeError):  # as MindSpore alone: MatMul takes one dtype
+        _run(mode, ops.matmul, h, f).asnumpy()
+    y = _run(mode, ops.add, f, 2.0)
+    np.testing.assert_array_equal(y.asnumpy(), np.full((3, 2), 3, np.float32))
+    s = ms_adapter.stats()
+    assert s["fallbacks"]["Add"] >= 1 and "a Python number operand" in s["fallback_reasons"]["Add"], s
+    assert s["kernels"] == {}, s
+    softmax = nn.Softmax(axis=0)  # not patched: MindSpore's own, whatever the mode
+    np.testing.assert_allclose(_run(mode, softmax, f).asnumpy(), np.full((3, 2), 1 / 3), rtol=1e-6)
+
+
+def test_a_dynamic_shape_goes_to_mindspore():
+    ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        ms_adapter.enable()
+        net = nn.Dense(4, 2)
+        net.set_inputs(Tensor(shape=[None, 4], dtype=ms.float32))
+        ms_adapter.reset_stats()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            y = net(Tensor(np.ones((3, 4), np.float32)))
+        assert y.shape == (3, 2)
+        s = ms_adapter.stats()
+        assert "dynamic shape" in s["fallback_reasons"]["MatMul"] and "aten::mm.out" not in s["kernels"], s
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        ms_adapter.disable()
+
+
+def test_optimizers_share_their_binding():
+    ms_adapter.enable()
+    p = ms.Parameter(Tensor(np.ones(3, np.float32)), name="p")
+    try:
+        for _ in range(600):  # more than the 512 slots
+            ms_adapter.AdamW([p])
+    finally:
+        ms_adapter.disable()
+
+
 # Last in the file: it starts PyTorch's npu runtime, whose fallback (PyTorch's
 # CPU kernels) the dispatcher then holds for every host of the process, so
 # that the test above would no longer fail (docs/mindspore.md, "Limits").

@@ -8,7 +8,7 @@ the same dispatcher as PyTorch's (a second host framework).
 
 enable() replaces MindSpore's functional operators (mindspore.ops.matmul,
 add, relu, softmax, rms_norm, flash_attention_score, ...) and the construct
-of its layers (nn.Dense, nn.ReLU, nn.Softmax, nn.LayerNorm, ...) with routed
+of its layers (nn.Dense, nn.ReLU, nn.LayerNorm, ...) with routed
 ones; disable() puts MindSpore's back. Each routed call asks the dispatcher
 which kernel serves it (_routes.py, Note [The routing decision runs in
 Python, before the call]) and runs it through libnpub_mindspore.so as an

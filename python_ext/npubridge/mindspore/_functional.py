@@ -95,13 +95,13 @@ def make_matmul(keys):
     mm_tn = _product(k_tn, p_tn, _tn_native)  # a^T @ b
 
     def matmul(input, other):
-        if len(input.shape) == 2 and len(other.shape) == 2:
+        if len(input.shape) == 2 and len(other.shape) == 2 and input.dtype == other.dtype:
             if served(k_nn, (input.dtype, other.dtype), (input.shape, other.shape)):
                 out = p_nn(input, other)
                 if _checking():
                     out = _precision.check2("MatMul", out, native, input, other)
                 return out
-        elif not_routed("MatMul", "operands of rank other than 2 (the plugin op is aten::mm)"):
+        elif not_routed("MatMul", "operands of rank other than 2 or of two dtypes (the plugin op is aten::mm)"):
             pass
         return native(input, other)
 
@@ -141,7 +141,8 @@ def make_bmm(key, native_name="bmm"):
     native = NATIVE[native_name]
 
     def bmm(input, mat2):
-        if len(input.shape) == 3 and len(mat2.shape) == 3 and input.shape[0] == mat2.shape[0]:
+        if (len(input.shape) == 3 and len(mat2.shape) == 3 and input.shape[0] == mat2.shape[0]
+                and input.dtype == mat2.dtype):
             if served(key, (input.dtype, mat2.dtype), (input.shape, mat2.shape)):
                 out = prim(input, mat2)
                 if _checking():
@@ -174,6 +175,11 @@ def make_binary(name, key, native_name):
                     if _checking():
                         out = _precision.check2(name, out, native, input, other)
                     return out
+                return native(input, other)
+            if not_routed(name, "operands of two dtypes, or not floating (MindSpore's type promotion)"):
+                return native(input, other)
+        if not_routed(name, "a Python number operand"):
+            return native(input, other)
         return native(input, other)
 
     if native_name != "div":
@@ -182,6 +188,8 @@ def make_binary(name, key, native_name):
     def div(input, other, *, rounding_mode=None):
         if rounding_mode is None:
             return routed(input, other)
+        if not_routed(name, "a rounding_mode"):
+            return native(input, other, rounding_mode=rounding_mode)
         return native(input, other, rounding_mode=rounding_mode)
 
     return div
@@ -225,6 +233,8 @@ def make_unary(name, key, native):
     def gelu(input, approximate="none"):
         if approximate == "none":
             return unary(input)
+        if not_routed(name, "approximate other than 'none'"):
+            return native(input, approximate)
         return native(input, approximate)
 
     return {"ReLU": relu, "GeLU": gelu}.get(name, unary)
@@ -256,6 +266,9 @@ def make_softmax(key, backward_key):
                 if _checking():
                     out = _precision.check1("Softmax", out, _native_axis(axis), input)
                 return out
+            return native(input, axis, dtype=dtype)
+        if not_routed("Softmax", "an axis other than the last, or a dtype argument"):
+            return native(input, axis, dtype=dtype)
         return native(input, axis, dtype=dtype)
 
     def _native_axis(axis):
@@ -348,8 +361,9 @@ def make_swiglu(key, native_swiglu):
         # The last axis only: the output's shape is declared halving it.
         if (dim == -1 or dim == len(input.shape) - 1) and served(key, (input.dtype, ms.int64), (input.shape, ()),
                                                                  (None, -1)):
-            out = prim(input, Tensor(-1, ms.int64))
-            return out
+            return prim(input, Tensor(-1, ms.int64))
+        if not (dim == -1 or dim == len(input.shape) - 1) and not_routed("SwiGLU", "a dim other than the last"):
+            return native_swiglu(input, dim)
         return native_swiglu(input, dim)
 
     return swiglu

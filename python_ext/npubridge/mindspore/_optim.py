@@ -30,9 +30,8 @@ class AdamW(nn.Cell):
         self.step_count = Parameter(Tensor(0, ms.int64), name="adamw_step", requires_grad=False)
         self.lr, self.beta1, self.beta2, self.eps, self.weight_decay = float(lr), float(betas[0]), float(
             betas[1]), float(eps), float(weight_decay)
-        self.key = _routes.register(_routes.Binding(
-            "AdamW", "mindspeed_like::npu_apply_adam_w",
-            "L0 L1 L2 L3 L s4 s5 s6 s7 s8 s9 b:0 b:0", "a0.0 a2.0 a3.0", _shapes, _dtypes))
+        from ._table import TABLE, bind
+        self.key = bind("AdamW", *TABLE["AdamW"], _shapes, _dtypes)
         self.prim = _routes.binding(self.key).prim
 
     def construct(self, grads):

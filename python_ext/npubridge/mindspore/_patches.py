@@ -1,7 +1,9 @@
 """What enable() changes in MindSpore, and disable() puts back: functional
 operators of mindspore.ops, and the construct of the layers that call
 primitives they made themselves (nn.Dense's MatMul and BiasAdd, nn.ReLU's
-ReLU, ...). A name bound before enable() (`from mindspore.ops import
+ReLU, nn.LayerNorm's LayerNorm, ...). nn.Softmax is not among them: it
+keeps its axis on its primitive alone, which a compiled construct cannot
+read; ops.softmax is routed. A name bound before enable() (`from mindspore.ops import
 matmul`) keeps MindSpore's operator; `ops.matmul(...)` and the layers see
 the routed one, in PyNative and in graphs compiled afterwards.
 """
@@ -54,10 +56,6 @@ def _layer_norm_construct(self, x):
     return y
 
 
-def _softmax_construct(self, x):
-    return ops.softmax(x, self.axis if isinstance(self.axis, int) else self.axis[0])
-
-
 # layer -> (construct, the functional operator it needs routed)
 _LAYERS = {
     nn.Dense: (_dense_construct, "linear"),
@@ -65,7 +63,6 @@ _LAYERS = {
     nn.SiLU: (_silu_construct, "silu"),
     nn.Sigmoid: (_sigmoid_construct, "sigmoid"),
     nn.Tanh: (_tanh_construct, "tanh"),
-    nn.Softmax: (_softmax_construct, "softmax"),
     nn.LayerNorm: (_layer_norm_construct, "layer_norm_affine"),
 }
 

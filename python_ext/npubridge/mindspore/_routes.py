@@ -123,13 +123,16 @@ def decide(key, dtypes, shapes, scalars=None):
     operator and reason when MindSpore's own operator serves it."""
     unknown = [d for d in dtypes if d not in DTYPE_NAMES]
     names = tuple(_name(d) for d in dtypes)
-    shapes = tuple(tuple(int(d) for d in s) for s in shapes)
+    dynamic = any(d is None or d < 0 for s in shapes for d in s)
+    shapes = tuple(tuple(-1 if d is None else int(d) for d in s) for s in shapes)
     scalars = tuple(scalars) if scalars is not None else (None,) * len(names)
     b = _BINDINGS[key]
     if not STATE.enabled:
         served, plugin, conversion, reason = False, "", "", "the adapter is disabled"
     elif unknown:
         served, plugin, conversion, reason = False, "", "", f"dtype {unknown[0]} has no npubridge counterpart"
+    elif dynamic:  # a custom op's outputs are declared from static shapes
+        served, plugin, conversion, reason = False, "", "", "a dynamic shape (the plugin call declares its outputs)"
     else:
         # The dispatcher's own settings are part of the key: PyTorch's
         # npubridge.set_optim_level changes them too, without changed().

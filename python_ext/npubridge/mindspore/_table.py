@@ -88,7 +88,7 @@ UNARY = {
 _BOUND = {}  # (MindSpore op, role, target, layout, outputs) -> binding key
 
 
-def _bind(name, target, layout, outputs, shape_fn, dtype_fn, bprop=None, role=""):
+def bind(name, target, layout, outputs, shape_fn, dtype_fn, bprop=None, role=""):
     """The binding of `target` for MindSpore op `name`, made once: slots are
     never unbound (Note [One exported function per slot]), so a table built
     again (register_op) reuses the bindings of the entries it keeps. `role`
@@ -146,27 +146,27 @@ def build(table):
         base = table["MatMul"][1].split()
         layouts = {(ta, tb): " ".join([base[0] + ("T" if ta else ""), base[1] + ("T" if tb else "")] + base[2:])
                    for ta in (False, True) for tb in (False, True)}
-        back = {tt: _bind("MatMul", tgt["MatMul"], layouts[tt], table["MatMul"][2], _mm_shape(*tt), _first_dtype)
+        back = {tt: bind("MatMul", tgt["MatMul"], layouts[tt], table["MatMul"][2], _mm_shape(*tt), _first_dtype)
                 for tt in layouts}
         bprops = F.matmul_bprops(*F.make_matmul(back))
-        keys = {tt: _bind("MatMul", tgt["MatMul"], layouts[tt], table["MatMul"][2], _mm_shape(*tt), _first_dtype,
+        keys = {tt: bind("MatMul", tgt["MatMul"], layouts[tt], table["MatMul"][2], _mm_shape(*tt), _first_dtype,
                           bprops[tt]) for tt in layouts}
         matmul, mm_nt, mm_tn = F.make_matmul(keys)
         fns["matmul"], fns["linear"] = matmul, mm_nt
     if have("BatchMatMul", tgt["BatchMatMul"]):
         entry = table["BatchMatMul"]
-        back = F.make_bmm(_bind("BatchMatMul", entry[0], entry[1], entry[2], _bmm_shape, _first_dtype))
-        fns["bmm"] = F.make_bmm(_bind("BatchMatMul", entry[0], entry[1], entry[2], _bmm_shape, _first_dtype,
+        back = F.make_bmm(bind("BatchMatMul", entry[0], entry[1], entry[2], _bmm_shape, _first_dtype))
+        fns["bmm"] = F.make_bmm(bind("BatchMatMul", entry[0], entry[1], entry[2], _bmm_shape, _first_dtype,
                                       F.bmm_bprop(back)))
     back_mul = back_div = None
     if have("Mul", tgt["Mul"]):
-        back_mul = F.make_binary("Mul", _bind("Mul", *table["Mul"], _broadcast, _first_dtype), "mul")
+        back_mul = F.make_binary("Mul", bind("Mul", *table["Mul"], _broadcast, _first_dtype), "mul")
     if have("Div", tgt["Div"]):
-        back_div = F.make_binary("Div", _bind("Div", *table["Div"], _broadcast, _first_dtype), "div")
+        back_div = F.make_binary("Div", bind("Div", *table["Div"], _broadcast, _first_dtype), "div")
     for name, kind in (("Mul", "mul"), ("Div", "div"), ("Add", "add"), ("Sub", "sub")):
         if not have(name, tgt[name]):
             continue
-        k = _bind(name, *table[name], _broadcast, _first_dtype,
+        k = bind(name, *table[name], _broadcast, _first_dtype,
                   F.binary_bprop(kind, back_mul or F.NATIVE["mul"], back_div or F.NATIVE["div"]))
         fns[kind] = F.make_binary(name, k, kind)
     for name, (fname, saved) in UNARY.items():
@@ -176,21 +176,21 @@ def build(table):
         grad = _OUTPUT_GRADS[name] if saved == "out" else _input_grad(native)
         if name in BACKWARD and have(name, BACKWARD[name][0]):
             bt, bl, bo = BACKWARD[name]
-            grad = F.unary_bprop(_bind(name, bt, bl, bo, _same, _first_dtype), grad)
-        k = _bind(name, tgt[name], table[name][1], table[name][2], _same, _first_dtype,
+            grad = F.unary_bprop(bind(name, bt, bl, bo, _same, _first_dtype), grad)
+        k = bind(name, tgt[name], table[name][1], table[name][2], _same, _first_dtype,
                   F.activation_bprop(grad, saved == "out"))
         fns[fname] = F.make_unary(name, k, native)
     if have("Softmax", tgt["Softmax"], BACKWARD["Softmax"][0]):
-        bk = _bind("Softmax", *BACKWARD["Softmax"], _same, _first_dtype)
-        k = _bind("Softmax", tgt["Softmax"], table["Softmax"][1], table["Softmax"][2], _same, _first_dtype,
+        bk = bind("Softmax", *BACKWARD["Softmax"], _same, _first_dtype)
+        k = bind("Softmax", tgt["Softmax"], table["Softmax"][1], table["Softmax"][2], _same, _first_dtype,
                   F.softmax_bprop(bk))
         fns["softmax"] = F.make_softmax(k, bk)
     if have("LayerNorm", tgt["LayerNorm"], BACKWARD["LayerNorm"][0]):
-        bk = _bind("LayerNorm", *BACKWARD["LayerNorm"],
+        bk = bind("LayerNorm", *BACKWARD["LayerNorm"],
                    lambda dy, x, mean, rstd, g, b: [x, g, b], lambda *d: [d[1], d[4], d[5]])
-        k = _bind("LayerNorm", tgt["LayerNorm"], table["LayerNorm"][1], table["LayerNorm"][2],
-                  lambda x, g, b, e: [x, x[:len(x) - len(g)] + [1] * len(g), x[:len(x) - len(g)] + [1] * len(g)],
-                  lambda x, g, b, e: [x, ms.float32, ms.float32], F.layer_norm_bprop(bk))
+        k = bind("LayerNorm", tgt["LayerNorm"], table["LayerNorm"][1], table["LayerNorm"][2],
+                  lambda x, g, b, e: [x, _stats_shape(x, g), _stats_shape(x, g)],
+                  lambda x, g, b, e: [x, _stats_dtype(x), _stats_dtype(x)], F.layer_norm_bprop(bk))
         fns["layer_norm"], fns["layer_norm_affine"] = F.make_layer_norm(k, _native_layer_norm)
     for name, fname, native_name in (("RMSNorm", "rms_norm", "rms_norm"), ("SwiGLU", "swiglu", "swiglu"),
                                      ("RotaryPositionEmbedding", "rotary_position_embedding",
@@ -199,24 +199,38 @@ def build(table):
             continue
         native = F.NATIVE[native_name]
         if name == "RMSNorm":
-            bk = _bind(name, *BACKWARD[name], lambda dy, x, g, r: [x, g], lambda dy, x, g, r: [x, g])
-            k = _bind(name, tgt[name], table[name][1], table[name][2],
-                      lambda x, g, e: [x, x[:-1] + [1]], lambda x, g, e: [x, ms.float32], F.rms_norm_bprop(bk))
+            bk = bind(name, *BACKWARD[name], lambda dy, x, g, r: [x, g], lambda dy, x, g, r: [x, g])
+            k = bind(name, tgt[name], table[name][1], table[name][2],
+                      lambda x, g, e: [x, _stats_shape(x, g)], lambda x, g, e: [x, _stats_dtype(x)],
+                      F.rms_norm_bprop(bk))
             fns[fname] = F.make_rms_norm(k, native)
         elif name == "SwiGLU":
-            bk = _bind(name, *BACKWARD[name], lambda dy, x, d: x, lambda dy, x, d: x)
-            k = _bind(name, tgt[name], table[name][1], table[name][2],
+            bk = bind(name, *BACKWARD[name], lambda dy, x, d: x, lambda dy, x, d: x)
+            k = bind(name, tgt[name], table[name][1], table[name][2],
                       lambda x, d: x[:-1] + [x[-1] // 2], _first_dtype, F.swiglu_bprop(bk))
             fns[fname] = F.make_swiglu(k, native)
         else:
-            bk = _bind(name, *BACKWARD[name], lambda dy, c, s, x, m: [x, c, s], lambda dy, c, s, x, m: [x, c, s])
-            k = _bind(name, tgt[name], table[name][1], table[name][2], lambda x, c, s, m: x, _first_dtype,
+            bk = bind(name, *BACKWARD[name], lambda dy, c, s, x, m: [x, c, s], lambda dy, c, s, x, m: [x, c, s])
+            k = bind(name, tgt[name], table[name][1], table[name][2], lambda x, c, s, m: x, _first_dtype,
                       F.rotary_bprop(bk))
             fns[fname] = F.make_rotary(k, native)
     if "FlashAttentionScore" in table and have("FlashAttentionScore", tgt["FlashAttentionScore"],
                                                "mindspeed_like::npu_fusion_attention_grad"):
         fns["flash_attention_score"] = _bind_attention(tgt["FlashAttentionScore"])
     return fns, missing
+
+
+def _stats_shape(x, gamma):
+    """A normalisation's per-row statistics: x's shape with gamma's dims 1."""
+    return x[:len(x) - len(gamma)] + [1] * len(gamma)
+
+
+def _stats_dtype(x):
+    """The statistics' dtype the kernels make: float64 for float64, else float32.
+    (ops.Custom passes a tensor type, mindspore.tensor_type(float64); the
+    routing decision the element type.)"""
+    element = x.element_type() if hasattr(x, "element_type") else x
+    return ms.float64 if element == ms.float64 else ms.float32
 
 
 def _native_layer_norm(x, gamma, beta, epsilon):
@@ -246,15 +260,15 @@ def _bind_attention(target):
                 bwd = f"t0 t1 t2 t3 s4 str:{layout} n n n t5 t6 t7 t8 s9"
             # The forward's returns, which the backward reads: attention_out,
             # softmax_max, softmax_sum, softmax_out.
-            bk = _bind("FlashAttentionScore", grad, bwd, "r0 r1 r2",
+            bk = bind("FlashAttentionScore", grad, bwd, "r0 r1 r2",
                        lambda q, k, v, *rest: [q, k, v], lambda q, k, v, *rest: [q, k, v])
 
             def fwd_shape(q, k, v, heads, *rest, _layout=layout):
                 stats = _attention_stats_shape(q, _layout)
                 return [q[:-1] + [v[-1]], stats, stats, [0]]
 
-            keys[(layout, has_mask)] = _bind("FlashAttentionScore", target, fwd, "r0 r1 r2 r3", fwd_shape,
-                                             lambda q, *rest: [q, ms.float32, ms.float32, q],
+            keys[(layout, has_mask)] = bind("FlashAttentionScore", target, fwd, "r0 r1 r2 r3", fwd_shape,
+                                             lambda q, *rest: [q, _stats_dtype(q), _stats_dtype(q), q],
                                              F.attention_bprop(bk, has_mask))
     return F.make_flash_attention(keys, F.NATIVE["flash_attention_score"])
 
