@@ -2,7 +2,9 @@
 
 #include "aot_call.h"
 
+#include <npubridge/dispatcher/error_bound.h>
 #include <npubridge/dispatcher/runtime.h>
+#include <npubridge/support/dtype.h>
 #include <npubridge/support/error.h>
 
 #include <cstdio>
@@ -118,6 +120,28 @@ int npub_ms_plan(int slot, int nparam, const int* ndims, int64_t* const* shapes,
     write(how, conversion, conversion_len);
     write(why, reason, reason_len);
     return served ? 1 : 0;
+  });
+}
+
+int npub_ms_judge(const char* dtype, int64_t numel, const double* got, const double* reference,
+                  const double* host, double* worst) {
+  return guarded([&] {
+    const npub::DType d = npub::dtype_from_name(dtype);
+    if (npub::numerics::precision_bits(d) == 0)
+      throw npub::Error(
+          npub::ErrorCode::kInvalidArgument,
+          std::string("npubridge.mindspore: judge: expected a floating dtype, found '") + dtype + "'");
+    npub::numerics::Comparison c;
+    c.got = got;
+    c.reference = reference;
+    c.host = host;
+    c.numel = numel;
+    c.dtype = d;
+    const npub::numerics::Verdict v = npub::numerics::compare(npub::numerics::error_model(""), c);
+    const double fields[] = {static_cast<double>(v.worst_index), v.got, v.reference, v.error, v.bound,
+                             static_cast<double>(v.mismatched)};
+    std::copy(std::begin(fields), std::end(fields), worst);
+    return v.ok() ? 1 : 0;
   });
 }
 

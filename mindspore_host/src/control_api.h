@@ -49,6 +49,16 @@ NPUB_MS_EXPORT int npub_ms_plan(int slot, int nparam, const int* ndims, int64_t*
                                 int plugin_len, char* conversion, int conversion_len, char* reason,
                                 int reason_len);
 
+// Judges `got` against the float64 reference `reference` and the host's own
+// result `host` (the same computation in `dtype`), `numel` values each, by
+// npubridge's one comparator for an op without an entry of its own
+// (numerics::compare, kHostCalibrated: Note [The error model]). Returns 1
+// (every element within its bound), 0 (not: `worst` gets the worst element's
+// index, value, reference, error and bound, and the count of mismatched
+// elements), or -1 (an unknown dtype).
+NPUB_MS_EXPORT int npub_ms_judge(const char* dtype, int64_t numel, const double* got, const double* reference,
+                                 const double* host, double* worst);
+
 // The schema of a registry op, printed ("" and -1 when unknown).
 NPUB_MS_EXPORT int npub_ms_schema(const char* op, char* out, int out_len);
 

@@ -34,6 +34,8 @@ def _lib():
     lib.npub_ms_last_error.restype = c_char_p
     lib.npub_ms_bind.argtypes = [c_char_p, c_char_p, c_char_p]
     lib.npub_ms_check_layout.argtypes = [c_char_p, c_char_p, c_char_p]
+    c_double_pp = ctypes.POINTER(ctypes.c_double)
+    lib.npub_ms_judge.argtypes = [c_char_p, ctypes.c_int64, c_double_pp, c_double_pp, c_double_pp, c_double_pp]
     lib.npub_ms_last_call_error.argtypes = [c_char_p, c_int]
     lib.npub_ms_plan.argtypes = [c_int, c_int, int_p, i64pp, char_pp, c_double_p,
                                  c_char_p, c_int, c_char_p, c_int, c_char_p, c_int]
@@ -66,6 +68,20 @@ def bind(op: str, layout: str, outputs: str) -> int:
 def check_layout(op: str, layout: str, outputs: str):
     """Raises NpuError when bind() would refuse these, binding nothing."""
     _check(_lib().npub_ms_check_layout(op.encode(), layout.encode(), outputs.encode()))
+
+
+def judge(dtype: str, got, reference, host):
+    """None when `got` is within npubridge's error bound of the float64
+    `reference` (calibrated by `host`, the computation in `dtype`), else
+    (index, got, reference, error, bound, mismatched) of the worst element.
+    The arrays are float64 numpy arrays of one size."""
+    import numpy as np
+    arrays = [np.ascontiguousarray(a, dtype=np.float64).ravel() for a in (got, reference, host)]
+    ptrs = [a.ctypes.data_as(ctypes.POINTER(ctypes.c_double)) for a in arrays]
+    worst = (ctypes.c_double * 6)()
+    if _check(_lib().npub_ms_judge(dtype.encode(), arrays[0].size, *ptrs, worst)) == 1:
+        return None
+    return int(worst[0]), worst[1], worst[2], worst[3], worst[4], int(worst[5])
 
 
 def last_call_error() -> str:

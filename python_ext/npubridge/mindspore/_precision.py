@@ -1,15 +1,12 @@
 """The precision check: each routed call's result judged against MindSpore's
 own operator, in PyNative and in GRAPH_MODE alike.
 
-The judgement is npubridge's error model (dispatcher/include/npubridge/
-dispatcher/error_bound.h, Note [The error model]) for an op without an
-entry, kHostCalibrated: the reference y is MindSpore's operator run in
-float64 on the same inputs, `host` the same operator in the call's dtype,
-and an element passes when
-
-    |got - y| <= 4 ulp_d(y) + 2 ulp_d(max_j |y_j|) + 4 max_j |host_j - y_j|
-
-with d the output dtype. The judge is a pyfunc Custom op placed beside the
+The judgement is npubridge's one comparator (numerics::compare,
+dispatcher/include/npubridge/dispatcher/error_bound.h, Note [The error
+model]) under its model for an op without an entry, kHostCalibrated,
+reached through libnpub_mindspore.so: the reference is MindSpore's
+operator run in float64 on the same inputs, `host` the same operator in the
+call's dtype, and the bound is derived from both and the output dtype. The judge is a pyfunc Custom op placed beside the
 routed op (ops.depend keeps it in a compiled graph), so a GRAPH_MODE graph
 compiled while the check is on checks every run.
 """
@@ -18,9 +15,10 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from ._routes import STATE
+from . import _library
+from ._routes import DTYPE_NAMES, STATE
 
-_BITS = {ms.float32: (24, -126), ms.float16: (11, -14), ms.bfloat16: (8, -126), ms.float64: (53, -1022)}
+_FLOATING = (ms.float32, ms.float16, ms.bfloat16, ms.float64)  # by code, the judge's dtype input
 _OP_NAMES = []
 
 
@@ -36,33 +34,18 @@ def _op_code(name):
 
 
 @ms.constexpr
-def _bits(dtype):
-    return _BITS.get(dtype, (24, -126))
+def _dtype_code(dtype):
+    return _FLOATING.index(dtype) if dtype in _FLOATING else 0
 
 
-def _ulp(v, bits, emin):
-    mag = np.abs(v)
-    exp = np.floor(np.log2(np.where(mag > 0, mag, 1.0)))
-    exp = np.where(mag > 0, np.maximum(exp, emin), emin)
-    return np.exp2(exp - bits + 1)
-
-
-def judge(got, ref, host, code, precision):
+def judge(got, ref, host, code, dtype_code):
     """Compares, records a mismatch (STATE.mismatches); returns a dummy."""
-    got, ref, host = (np.asarray(a, dtype=np.float64) for a in (got, ref, host))
-    bits, emin = int(precision[0]), int(precision[1])
-    finite = np.isfinite(ref)
-    scale = np.max(np.abs(ref[finite])) if finite.any() else 0.0
-    spread = np.max(np.abs(host - ref)[finite]) if finite.any() else 0.0
-    bound = 4 * _ulp(ref, bits, emin) + 2 * _ulp(np.float64(scale), bits, emin) + 4 * spread
-    err = np.abs(got - ref)
-    same = (got == ref) | (np.isnan(got) & np.isnan(ref))
-    bad = ~same & ~(err <= bound)
-    if bad.any():
-        worst = int(np.argmax(np.where(bad, err - bound, -np.inf)))
+    verdict = _library.judge(DTYPE_NAMES[_FLOATING[int(dtype_code)]], got, ref, host)
+    if verdict is not None:
+        worst, value, reference, error, bound, mismatched = verdict
         op = _OP_NAMES[int(code)]
-        m = {"op": op, "index": worst, "got": float(got.flat[worst]), "reference": float(ref.flat[worst]),
-             "abs_error": float(err.flat[worst]), "bound": float(bound.flat[worst]), "elements": int(bad.sum())}
+        m = {"op": op, "index": worst, "got": value, "reference": reference, "abs_error": error, "bound": bound,
+             "elements": mismatched}
         with STATE.lock:
             STATE.mismatches.append(m)
         if STATE.raise_on_mismatch:
@@ -72,9 +55,9 @@ def judge(got, ref, host, code, precision):
     return np.zeros((1,), np.float32)
 
 
-def _judge_bprop(got, ref, host, code, precision, out, dout):
+def _judge_bprop(got, ref, host, code, dtype_code, out, dout):
     return (ops.zeros_like(got), ops.zeros_like(ref), ops.zeros_like(host), ops.zeros_like(code),
-            ops.zeros_like(precision))
+            ops.zeros_like(dtype_code))
 
 
 _JUDGE = ops.Custom(judge, out_shape=lambda *shapes: [1], out_dtype=lambda *dtypes: ms.float32,
@@ -83,7 +66,7 @@ _JUDGE = ops.Custom(judge, out_shape=lambda *shapes: [1], out_dtype=lambda *dtyp
 
 def _judged(name, out, ref, host):
     flag = _JUDGE(ops.cast(out, ms.float64), ops.cast(ref, ms.float64), ops.cast(host, ms.float64),
-                  Tensor(_op_code(name), ms.int32), Tensor(_bits(out.dtype), ms.int32))
+                  Tensor(_op_code(name), ms.int32), Tensor(_dtype_code(out.dtype), ms.int32))
     return ops.depend(out, flag)
 
 
