@@ -8,6 +8,7 @@
 #include <npubridge/dispatcher/value.h>
 #include <npubridge/support/dtype.h>
 #include <npubridge/support/error.h>
+#include <npubridge/support/shape.h>
 
 #include <algorithm>
 #include <cstring>
@@ -34,29 +35,28 @@ std::vector<int64_t> shape_of(const AotParams& p, int i) {
   return std::vector<int64_t>(p.shapes[i], p.shapes[i] + p.ndims[i]);
 }
 
-std::string shape_string(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
+// MindSpore's buffer i as a host tensor of dtype t.
+DLTensor host_tensor(const AotParams& p, int i, DType t) {
+  DLTensor h{};
+  h.data = p.data[i];
+  h.device = {kDLCPU, 0};
+  h.ndim = p.ndims[i];
+  h.shape = p.shapes[i];
+  h.dtype = to_dl(t);
+  return h;
 }
 
 // The value of 0-d input i, as the schema argument's type.
 NpubValue scalar_value(const Binding& b, const AotParams& p, int i, const reg::Argument& arg) {
   if (p.ndims[i] != 0)
     bad_call(b, "argument '" + arg.name + "' (input " + std::to_string(i) +
-                    ") expected a 0-d tensor, found shape " + shape_string(shape_of(p, i)));
+                    ") expected a 0-d tensor, found shape " + shape_str(shape_of(p, i)));
   double v = 0;
   if (p.scalars != nullptr) {
     v = p.scalars[i];
   } else {
-    const DType t = dtype_of_param(b, p, i);
     Tensor host = Tensor::empty({}, DType::kFloat64, nullptr);
-    DLTensor src{};
-    src.data = p.data[i];
-    src.device = {kDLCPU, 0};
-    src.ndim = 0;
-    src.dtype = to_dl(t);
-    sim::copy_tensor(*host.dl(), src);
+    sim::copy_tensor(*host.dl(), host_tensor(p, i, dtype_of_param(b, p, i)));
     v = *static_cast<const double*>(host.dl()->data);
   }
   switch (arg.type.base) {
@@ -138,15 +138,7 @@ class CallArgs {
         s.meta.device = {static_cast<DLDeviceType>(NPUB_DEVICE_NPU), device_.index()};
       } else {
         s.tensor = Tensor::empty(shape, t, &device_);
-        if (!is_output) {
-          DLTensor src{};
-          src.data = p_.data[i];
-          src.device = {kDLCPU, 0};
-          src.ndim = p_.ndims[i];
-          src.shape = p_.shapes[i];
-          src.dtype = to_dl(t);
-          sim::copy_tensor(*s.tensor.dl(), src);
-        }
+        if (!is_output) sim::copy_tensor(*s.tensor.dl(), host_tensor(p_, i, t));
       }
       s.made = true;
     }
@@ -228,16 +220,9 @@ void run_slot(int slot, const AotParams& p) {
     const int i = b.num_inputs + static_cast<int>(j);
     const std::vector<int64_t> want = shape_of(p, i);
     if (std::vector<int64_t>(src->shape, src->shape + src->ndim) != want)
-      bad_call(b, "output " + std::to_string(j) + " was declared with shape " + shape_string(want) +
-                      " and the op made " +
-                      shape_string(std::vector<int64_t>(src->shape, src->shape + src->ndim)));
-    DLTensor dst{};
-    dst.data = p.data[i];
-    dst.device = {kDLCPU, 0};
-    dst.ndim = p.ndims[i];
-    dst.shape = p.shapes[i];
-    dst.dtype = to_dl(dtype_of_param(b, p, i));
-    sim::copy_tensor(dst, *src);
+      bad_call(b, "output " + std::to_string(j) + " was declared with shape " + shape_str(want) +
+                      " and the op made " + shape_str(src->shape, src->ndim));
+    sim::copy_tensor(host_tensor(p, i, dtype_of_param(b, p, i)), *src);
   }
 }
 

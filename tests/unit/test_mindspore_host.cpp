@@ -110,39 +110,28 @@ TEST_F(MindSporeHost, TheExportedSlotFunctionIsTheAotEntryPoint) {
 }
 
 TEST_F(MindSporeHost, BadLayoutsAreRefusedNamingTheOpTheTokenAndTheArgument) {
-  EXPECT_EQ(bind_error("nosuch::op", "t0", "r0"),
-            "npubridge.mindspore: cannot bind 'nosuch::op' with layout 't0': unknown op: no loaded plugin "
-            "defines it");
-  EXPECT_EQ(
-      bind_error("mindspeed_like::npu_swiglu", "t0 o0", "r0"),
-      "npubridge.mindspore: cannot bind 'mindspeed_like::npu_swiglu' with layout 't0 o0': token 'o0' for "
-      "argument 'dim': the schema's argument is not a Tensor");
-  EXPECT_EQ(bind_error("aten::relu", "t0", "r3"),
-            "npubridge.mindspore: cannot bind 'aten::relu' with layout 't0': output token 'r3': the op has 1 "
-            "return(s)");
-  EXPECT_EQ(
-      bind_error("aten::relu", "tx", "r0"),
-      "npubridge.mindspore: cannot bind 'aten::relu' with layout 'tx': token 'tx': expected an index after "
-      "its letter, found 'x'");
-  EXPECT_EQ(
-      bind_error("aten::relu", "t99999", "r0"),
-      "npubridge.mindspore: cannot bind 'aten::relu' with layout 't99999': token 't99999': expected an index "
-      "after its letter, found '99999'");
-  EXPECT_EQ(
-      bind_error("aten::gelu.out", "t0 i:5 o0", "a2"),
-      "npubridge.mindspore: cannot bind 'aten::gelu.out' with layout 't0 i:5 o0': token 'i:5' for argument "
-      "'approximate': i: is an int and the argument is not");
-  EXPECT_EQ(bind_error("mindspeed_like::npu_swiglu", "t0 str:abc", "r0"),
-            "npubridge.mindspore: cannot bind 'mindspeed_like::npu_swiglu' with layout 't0 str:abc': token "
-            "'str:abc' for argument 'dim': the argument is not a str");
-  EXPECT_EQ(
-      bind_error("aten::native_layer_norm", "t0 l:1.x t1 t2 f:1e-5", "r0"),
-      "npubridge.mindspore: cannot bind 'aten::native_layer_norm' with layout 't0 l:1.x t1 t2 f:1e-5': token "
-      "'l:1.x' for argument 'normalized_shape': malformed integer 'x'");
-  EXPECT_EQ(
-      bind_error("aten::mm.out", "t0 t1 o0", "a2.1"),
-      "npubridge.mindspore: cannot bind 'aten::mm.out' with layout 't0 t1 o0': output token 'a2.1': argument "
-      "'out' is not a Tensor[] to take an element of");
+  struct Case {
+    const char *op, *layout, *outputs, *why;
+  };
+  const Case cases[] = {
+      {"nosuch::op", "t0", "r0", "unknown op: no loaded plugin defines it"},
+      {"mindspeed_like::npu_swiglu", "t0 o0", "r0",
+       "token 'o0' for argument 'dim': the schema's argument is not a Tensor"},
+      {"aten::relu", "t0", "r3", "output token 'r3': the op has 1 return(s)"},
+      {"aten::relu", "tx", "r0", "token 'tx': expected an index after its letter, found 'x'"},
+      {"aten::relu", "t99999", "r0", "token 't99999': expected an index after its letter, found '99999'"},
+      {"aten::gelu.out", "t0 i:5 o0", "a2",
+       "token 'i:5' for argument 'approximate': i: is an int and the argument is not"},
+      {"mindspeed_like::npu_swiglu", "t0 str:abc", "r0",
+       "token 'str:abc' for argument 'dim': the argument is not a str"},
+      {"aten::native_layer_norm", "t0 l:1.x t1 t2 f:1e-5", "r0",
+       "token 'l:1.x' for argument 'normalized_shape': malformed integer 'x'"},
+      {"aten::mm.out", "t0 t1 o0", "a2.1",
+       "output token 'a2.1': argument 'out' is not a Tensor[] to take an element of"},
+  };
+  for (const Case& c : cases)
+    EXPECT_EQ(bind_error(c.op, c.layout, c.outputs), std::string("npubridge.mindspore: cannot bind '") +
+                                                         c.op + "' with layout '" + c.layout + "': " + c.why);
   const std::string missing = bind_error("aten::mm.out", "t0 t1", "a2");
   EXPECT_NE(missing.find("argument 'out' has no default and the layout leaves it out"), std::string::npos)
       << missing;

@@ -58,25 +58,26 @@ def broadcast_shape(a, b):
     return out[::-1]
 
 
-def _product(key, prim, native):
-    """A 2-D product of binding `key`, `native` when no kernel serves it."""
-    def product(a, b):
+def _routed2(name, key, native):
+    """A two-tensor call of binding `key` (MindSpore operator `name`) when a
+    kernel serves it, checked when the precision check is on; `native`
+    otherwise."""
+    prim = binding(key).prim
+
+    def routed(a, b):
         if served(key, (a.dtype, b.dtype), (a.shape, b.shape)):
             out = prim(a, b)
             if _checking():
-                out = _precision.check2("MatMul", out, native, a, b)
+                out = _precision.check2(name, out, native, a, b)
             return out
         return native(a, b)
 
-    return product
+    return routed
 
 
 def make_matmul(keys):
     """ops.matmul for 2-D operands (aten::mm.out): keys[(ta, tb)] for the four
     transpositions, so that the backward reads its operands transposed."""
-    prims = {tt: binding(k).prim for tt, k in keys.items()}
-    p_nn, p_nt, p_tn = prims[(False, False)], prims[(False, True)], prims[(True, False)]
-    k_nn, k_nt, k_tn = keys[(False, False)], keys[(False, True)], keys[(True, False)]
     native = NATIVE["matmul"]
 
     # MindSpore's own transposing MatMul, as nn.Dense calls it. Under
@@ -91,18 +92,15 @@ def make_matmul(keys):
     def _tn_native(a, b):
         return mm_tn_native(a, ops.cast(b, a.dtype))
 
-    mm_nt = _product(k_nt, p_nt, _nt_native)  # a @ b^T: nn.Dense's product, the backward's
-    mm_tn = _product(k_tn, p_tn, _tn_native)  # a^T @ b
+    mm_nn = _routed2("MatMul", keys[(False, False)], native)
+    mm_nt = _routed2("MatMul", keys[(False, True)], _nt_native)  # a @ b^T: nn.Dense's product, the backward's
+    mm_tn = _routed2("MatMul", keys[(True, False)], _tn_native)  # a^T @ b
 
     def matmul(input, other):
         if len(input.shape) == 2 and len(other.shape) == 2 and input.dtype == other.dtype:
-            if served(k_nn, (input.dtype, other.dtype), (input.shape, other.shape)):
-                out = p_nn(input, other)
-                if _checking():
-                    out = _precision.check2("MatMul", out, native, input, other)
-                return out
-        elif not_routed("MatMul", "operands of rank other than 2 or of two dtypes (the plugin op is aten::mm)"):
-            pass
+            return mm_nn(input, other)
+        if not_routed("MatMul", "operands of rank other than 2 or of two dtypes (the plugin op is aten::mm)"):
+            return native(input, other)
         return native(input, other)
 
     return matmul, mm_nt, mm_tn
@@ -136,18 +134,14 @@ def activation_bprop(grad, saved_output):
     return bprop_out if saved_output else bprop_in
 
 
-def make_bmm(key, native_name="bmm"):
-    prim = binding(key).prim
-    native = NATIVE[native_name]
+def make_bmm(key):
+    native = NATIVE["bmm"]
+    routed = _routed2("BatchMatMul", key, native)
 
     def bmm(input, mat2):
         if (len(input.shape) == 3 and len(mat2.shape) == 3 and input.shape[0] == mat2.shape[0]
                 and input.dtype == mat2.dtype):
-            if served(key, (input.dtype, mat2.dtype), (input.shape, mat2.shape)):
-                out = prim(input, mat2)
-                if _checking():
-                    out = _precision.check2("BatchMatMul", out, native, input, mat2)
-                return out
+            return routed(input, mat2)
         return native(input, mat2)
 
     return bmm
@@ -164,18 +158,13 @@ def make_binary(name, key, native_name):
     """add/sub/mul/div of two floating tensors of one dtype (aten::<op>.out):
     MindSpore's type promotion (float16 with float32, integers divided) and a
     Python number operand stay MindSpore's own."""
-    prim = binding(key).prim
     native = NATIVE[native_name]
+    same_dtype = _routed2(name, key, native)
 
     def routed(input, other):
         if isinstance(input, Tensor) and isinstance(other, Tensor):
             if input.dtype == other.dtype and input.dtype in FLOATING:
-                if served(key, (input.dtype, other.dtype), (input.shape, other.shape)):
-                    out = prim(input, other)
-                    if _checking():
-                        out = _precision.check2(name, out, native, input, other)
-                    return out
-                return native(input, other)
+                return same_dtype(input, other)
             if not_routed(name, "operands of two dtypes, or not floating (MindSpore's type promotion)"):
                 return native(input, other)
         if not_routed(name, "a Python number operand"):

@@ -73,8 +73,6 @@ class Binding:
     def __init__(self, op_name, target, layout, outputs, shape_fn, dtype_fn, bprop=None):
         self.op_name = op_name
         self.target = target
-        self.layout = layout
-        self.outputs = outputs
         self.slot = _library.bind(target, layout, outputs)
         self.shape_fn = shape_fn
         self.dtype_fn = dtype_fn
@@ -141,28 +139,24 @@ def decide(key, dtypes, shapes, scalars=None):
             served, plugin, conversion, reason = _decide(key, STATE.generation, settings, names, shapes, scalars)
         except _library.NpuError as err:
             raise ValueError(str(err)) from None
-    with STATE.lock:
-        if served:
+    if served:
+        with STATE.lock:
             STATE.routed[b.op_name] += 1
-        else:
-            STATE.fallbacks[b.op_name] += 1
-            STATE.fallback_reasons[b.op_name] = reason
-            first = STATE.enabled and (b.op_name, reason) not in STATE.warned
-            if first:
-                STATE.warned.add((b.op_name, reason))
-    if not served and STATE.enabled and first:
+    elif fallback(b.op_name, reason) and STATE.enabled:
         warnings.warn(f"npubridge.mindspore: {b.op_name} ({b.target}) runs MindSpore's own operator: {reason}",
                       RuntimeWarning, stacklevel=3)
     return served, plugin, conversion, reason
 
 
 def fallback(op_name, reason):
-    """A call the adapter hands to MindSpore's own operator before any
-    binding is asked (arguments its routes do not take: a Python scalar
-    operand, a rank the op's kernel does not serve)."""
+    """Counts a call handed to MindSpore's own operator; True the first time
+    for this operator and reason (the one warning's turn)."""
     with STATE.lock:
         STATE.fallbacks[op_name] += 1
         STATE.fallback_reasons[op_name] = reason
+        first = (op_name, reason) not in STATE.warned
+        STATE.warned.add((op_name, reason))
+    return first
 
 
 @constexpr
@@ -180,5 +174,7 @@ def checking():
 
 @constexpr
 def not_routed(op_name, reason):
+    """Counts a call whose arguments no route takes (a Python number
+    operand, MindSpore's type promotion, ...), before any binding is asked."""
     fallback(op_name, reason)
     return True

@@ -88,13 +88,13 @@ UNARY = {
 _BOUND = {}  # (MindSpore op, role, target, layout, outputs) -> binding key
 
 
-def bind(name, target, layout, outputs, shape_fn, dtype_fn, bprop=None, role=""):
+def bind(name, target, layout, outputs, shape_fn, dtype_fn, bprop=None):
     """The binding of `target` for MindSpore op `name`, made once: slots are
     never unbound (Note [One exported function per slot]), so a table built
-    again (register_op) reuses the bindings of the entries it keeps. `role`
-    tells apart bindings of one layout made for different uses (with or
-    without a bprop)."""
-    cache_key = (name, role or ("forward" if bprop is not None else "backward"), target, layout, outputs)
+    again (register_op) reuses the bindings of the entries it keeps. One
+    layout may be bound twice: with a bprop (the forward) and without (the
+    backward's own calls: build()'s MatMul comment says why)."""
+    cache_key = (name, bprop is not None, target, layout, outputs)
     if cache_key not in _BOUND:
         _BOUND[cache_key] = register(Binding(name, target, layout, outputs, shape_fn, dtype_fn, bprop))
     return _BOUND[cache_key]
