@@ -296,10 +296,12 @@ inline void visit_compute(DT dt, F&& f) {
 
 // Vectorisable float32 exp, tanh, erf, gelu and sigmoid (plugin_kernels'
 // vec_math.h, shared with the other in-tree plugins).
+using plugin_kernels::exp_nonpositive;
 using plugin_kernels::fast_erf;
 using plugin_kernels::fast_exp;
 using plugin_kernels::fast_gelu;
 using plugin_kernels::fast_tanh;
+using plugin_kernels::gelu_cdf;
 using plugin_kernels::sigmoid;
 
 // The instruction-set levels the loops are compiled for

@@ -266,7 +266,11 @@ enum class G { gelu, gelu_tanh, threshold, sigmoid, tanh, silu };
 template <G kOp, typename T>
 PLUGIN_KERNELS_INLINE T activation_grad(T go, T v) {
   if constexpr (kOp == G::gelu) {
-    const T cdf = T(0.5) * (T(1) + m_erf(v * T(0.70710678118654752440)));
+    T cdf;
+    if constexpr (std::is_same_v<T, float>)
+      cdf = gelu_cdf(v);  // one erfc, no erf polynomial (vec_math.h)
+    else
+      cdf = T(0.5) * (T(1) + std::erf(v * T(0.70710678118654752440)));
     const T pdf = fast_exp(T(-0.5) * v * v) * T(0.39894228040143267794);  // 1/sqrt(2 pi)
     return go * (cdf + v * pdf);
   } else if constexpr (kOp == G::gelu_tanh) {
