@@ -51,6 +51,22 @@ PLUGIN_KERNELS_INLINE void softmax_row_body(const float* __restrict x, float* __
   float mx = -INFINITY;
   for (int64_t k = 0; k < L; ++k) mx = vmax[k] > mx ? vmax[k] : mx;
   for (; j < d; ++j) mx = x[j] > mx ? x[j] : mx;
+  if (log) {
+    // log_softmax needs the sum alone: no exponential is stored, and the
+    // sum runs in 16 lanes. Every x - mx <= 0 (NaN where the row has one, or
+    // is all -inf, as before), and a term below exp(-87.3) that
+    // exp_nonpositive gives as 0 adds nothing to a sum of at least 1.
+    float acc[L] = {};
+    int64_t k = 0;
+    for (; k + L <= d; k += L)
+      for (int64_t l = 0; l < L; ++l) acc[l] += exp_nonpositive(x[k + l] - mx);
+    float sum = 0;
+    for (int64_t l = 0; l < L; ++l) sum += acc[l];
+    for (; k < d; ++k) sum += exp_nonpositive(x[k] - mx);
+    const float lse = std::log(sum) + mx;
+    for (int64_t t = 0; t < d; ++t) y[t] = x[t] - lse;
+    return;
+  }
   for (int64_t i = 0; i < d; ++i) y[i] = fast_exp(x[i] - mx);
   F32x16 vsum = F32x16{};
   int64_t i = 0;
@@ -62,13 +78,8 @@ PLUGIN_KERNELS_INLINE void softmax_row_body(const float* __restrict x, float* __
   float sum = 0;
   for (int64_t k = 0; k < L; ++k) sum += vsum[k];
   for (; i < d; ++i) sum += y[i];
-  if (log) {
-    const float lse = std::log(sum) + mx;
-    for (int64_t t = 0; t < d; ++t) y[t] = x[t] - lse;
-  } else {
-    const float inv = 1.0f / sum;
-    for (int64_t t = 0; t < d; ++t) y[t] *= inv;
-  }
+  const float inv = 1.0f / sum;
+  for (int64_t t = 0; t < d; ++t) y[t] *= inv;
 }
 PLUGIN_KERNELS_ISA_DISPATCH(void, softmax_row_f32, softmax_row_body,
                             (const float* __restrict x, float* __restrict y, int64_t d, bool log),
