@@ -12,15 +12,17 @@ ResNet (image classification) and Mixtral (mixture of experts). Per model:
   loss.backward(), torch.optim.AdamW's step (its default implementation for
   the device) and zero_grad.
 
-The CPU and npu models start from the same weights. Each sample times one npu
-step then one CPU step (the npu synchronised at both ends); the figure is the
-median over samples of the per-sample ratio npu/cpu. Compiled cases compare
+The CPU and npu models start from the same weights. Each sample times a block
+of steps on each device in turn, each block after one untimed step (the npu
+synchronised at both ends; Note [Samples are blocks of steps, the devices in
+turn]); the figure is the median over samples of the per-sample ratio npu/cpu
+of the mean step times. Compiled cases compare
 torch.compile(backend="npu") with torch.compile() on the CPU (Inductor), the
 same way. The per-op breakdown of the slowest eager case comes from
 npubridge.profile_compare (python3 -m npubridge profile-compare
 bench/bench_models.py CASE shows it for any case).
 
-Usage: python3 bench/bench_models.py results.json [--quick] [--only NAME] [--no-compiled]
+Usage: python3 bench/bench_models.py results.json [--quick] [--only NAME] [--no-compiled] [--per-step]
 (./scripts/bench.sh models)
 """
 import argparse
@@ -144,36 +146,61 @@ def _sync_npu():
     torch.npu.synchronize()
 
 
-def _time_pair(npu_step, cpu_step, samples, warmup):
-    """Per-sample (npu s, cpu s), interleaved; the order alternates per sample."""
+# Note [Samples are blocks of steps, the devices in turn]
+# A sample is a block of steps on one device, then a block on the other
+# (which goes first alternates), each block opening with one untimed step.
+# Blocks, not single steps, because one device's step leaves the other
+# device's step slower for reasons that are no part of either: PyTorch's
+# OpenMP worker spins for 7-9 ms after every CPU parallel region (libgomp's
+# default GOMP_SPINCOUNT), taking the core npu's compute thread needs, and
+# each step evicts the other model's weights and activations from the
+# caches. Interleaved step by step, bert-infer read 0.92-0.97 (0.76 in
+# blocks of 5) and resnet-infer 1.04 (0.84-0.87): the figure measured the
+# switch, not the step a user runs, whose model stays on one device. The
+# untimed step lets the other device's threads go idle and the caches
+# refill; the blocks, alternating, still put the machine's drift on both
+# sides of a ratio.
+# --per-step times single steps back to back, as before.
+def _time_pair(npu_step, cpu_step, samples, warmup, block):
+    """Per-sample (npu s, cpu s): the mean step time of a block of `block`
+    timed steps per device, after one untimed step; the order alternates
+    per sample (block == 0: single steps, no untimed step)."""
     for _ in range(warmup):
         npu_step()
         cpu_step()
     _sync_npu()
+
+    def timed(dev, fn):
+        if block:
+            fn()
+        _sync_npu()
+        t = time.perf_counter()
+        for _ in range(max(block, 1)):
+            fn()
+        if dev == "npu":
+            _sync_npu()
+        return (time.perf_counter() - t) / max(block, 1)
+
     out = []
     for i in range(samples):
         pair = {}
         for dev, fn in ((("npu", npu_step), ("cpu", cpu_step)) if i % 2 == 0 else (("cpu", cpu_step), ("npu", npu_step))):
-            _sync_npu()
-            t = time.perf_counter()
-            fn()
-            if dev == "npu":
-                _sync_npu()
-            pair[dev] = time.perf_counter() - t
+            pair[dev] = timed(dev, fn)
         out.append((pair["npu"], pair["cpu"]))
     return out
 
 
-def _case(case, compiled, samples, warmup):
+def _case(case, compiled, samples, warmup, block):
     npu_step = make_step("npu", case, "1" if compiled else "")
     cpu_step = make_step("cpu", case, "1" if compiled else "")
     npubridge.reset_stats()
-    pairs = _time_pair(npu_step, cpu_step, samples, warmup)
+    pairs = _time_pair(npu_step, cpu_step, samples, warmup, block)
+    steps = samples * (block + 1 if block else 1) + warmup
     fallbacks = {op: s["fallbacks"] for op, s in npubridge.stats().items() if s["fallbacks"]}
     ratio = statistics.median(n / c for n, c in pairs)
     return {"case": case, "compiled": compiled, "npu_ms": 1e3 * statistics.median(p[0] for p in pairs),
             "cpu_ms": 1e3 * statistics.median(p[1] for p in pairs), "ratio": ratio, "samples": samples,
-            "fallbacks": {op: n / (samples + warmup) for op, n in fallbacks.items()}}
+            "fallbacks": {op: n / steps for op, n in fallbacks.items()}}
 
 
 def main():
@@ -182,19 +209,22 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", action="append", default=[], help="a model name (repeatable)")
     parser.add_argument("--no-compiled", action="store_true")
+    parser.add_argument("--per-step", action="store_true",
+                        help="time single steps, the devices in turn (Note [Samples are blocks of steps, ...])")
     opts = parser.parse_args()
-    samples, warmup = (3, 1) if opts.quick else (15, 3)
+    samples, warmup = (3, 1) if opts.quick else (11, 3)
+    block = 0 if opts.per_step else (1 if opts.quick else 3)
     models = opts.only or list(MODELS)
     results = []
     for name in models:
         for mode in ("infer", "train"):
-            r = _case(f"{name}-{mode}", False, samples, warmup)
+            r = _case(f"{name}-{mode}", False, samples, warmup, block)
             results.append(r)
             print(f"eager    {r['case']:16} npu {r['npu_ms']:8.1f} ms  cpu {r['cpu_ms']:8.1f} ms  "
                   f"ratio {r['ratio']:5.2f}  fallbacks/step {sum(r['fallbacks'].values()):g}", flush=True)
     if not opts.no_compiled and ("llama" in models):
         for mode in ("infer", "train"):
-            r = _case(f"llama-{mode}", True, samples, warmup)
+            r = _case(f"llama-{mode}", True, samples, warmup, block)
             results.append(r)
             print(f"compiled {r['case']:16} npu {r['npu_ms']:8.1f} ms  cpu {r['cpu_ms']:8.1f} ms  "
                   f"ratio {r['ratio']:5.2f}", flush=True)
@@ -209,7 +239,7 @@ def main():
     with open(opts.json, "w") as f:
         json.dump({"torch": torch.__version__, "transformers": transformers.__version__,
                    "cpu_threads": torch.get_num_threads(), "npu_threads": _npu_threads(),
-                   "samples": samples, "warmup": warmup, "eager_geomean": geomean, "results": results,
+                   "samples": samples, "block": block, "warmup": warmup, "eager_geomean": geomean, "results": results,
                    "slowest": {"case": slowest["case"], "breakdown": profile_compare.to_json(cmp, top=10)}},
                   f, indent=1)
 

@@ -139,6 +139,13 @@ def clients_table(d, src):
                                    rows)
 
 
+def _sample_text(block):
+    if not block:
+        return "the two timed back to back in each sample"
+    return (f"a sample being a block of {block} timed steps on each device in turn, each block after one "
+            f"untimed step (Note [Samples are blocks of steps, the devices in turn], bench/bench_models.py)")
+
+
 def models_table(d, src):
     rows = []
     for i, r in enumerate(field(d, ["results"], src)):
@@ -154,8 +161,8 @@ def models_table(d, src):
     intro = (f"One run of `./scripts/bench.sh models` (`{src}`): torch {field(d, ['torch'], src)}, transformers "
              f"{field(d, ['transformers'], src)}, {field(d, ['cpu_threads'], src)} CPU threads and "
              f"{field(d, ['npu_threads'], src)} npu compute threads; per case the median over "
-             f"{field(d, ['samples'], src)} samples (after {field(d, ['warmup'], src)} of warm-up) of the ratio "
-             f"npu step / CPU step, the two timed back to back in each sample. Compiled: "
+             f"{field(d, ['samples'], src)} samples (after {field(d, ['warmup'], src)} steps of warm-up) of the "
+             f"ratio npu step / CPU step, {_sample_text(d.get('block', 0))}. Compiled: "
              f"`torch.compile(backend=\"npu\")` against Inductor on the CPU. Eager geometric mean: "
              f"**{field(d, ['eager_geomean'], src):.2f}** (lower is better; the target is 0.85, every case <= 1.0).")
     per_op = (f"Where the slowest eager case, {field(slowest, ['case'], src)} (npu "

@@ -106,11 +106,16 @@ def compare(make_step, args=(), steps=5, warmup=2, shapes=False):
         cpu_step()
         npu_step()
     _sync("npu")
-    # Unprofiled step times, interleaved so that a slow spell falls on both.
+    # Unprofiled step times: a block of steps per device in turn, so that a
+    # slow spell falls on both, each block after one untimed step, so that
+    # the other device's threads (PyTorch's OpenMP worker spins for several
+    # milliseconds after a CPU loop) and cache contents are not charged to it.
     cpu_ms, npu_ms = [], []
-    for _ in range(steps):
-        npu_ms.append(_timed(npu_step, "npu", 1))
-        cpu_ms.append(_timed(cpu_step, "cpu", 1))
+    for _ in range(max(2, (steps + 2) // 3)):
+        npu_step()
+        npu_ms.append(_timed(npu_step, "npu", 3))
+        cpu_step()
+        cpu_ms.append(_timed(cpu_step, "cpu", 3))
     cpu_ops, cpu_prof_ms = _profile(cpu_step, "cpu", steps, shapes)
     npubridge.reset_stats()
     npu_ops, npu_prof_ms = _profile(npu_step, "npu", steps, shapes)
