@@ -89,6 +89,74 @@ TEST_F(InTreePlugins, MatmulMatchesNaiveDoubleReference) {
   expect_values(c, expect, 1e-3);
 }
 
+// A float32 linear layer's bias (addmm, beta and alpha 1, self a row of n
+// or [1, n]) goes into the GEMM's accumulator: the result is the bias plus
+// the product, within the product's bound; a NaN in the bias stays in its
+// column; and an in-place addmm_ whose out is self (m == 1) still reads the
+// bias before the product overwrites it.
+TEST_F(InTreePlugins, Float32AddmmAddsTheBiasInTheGemm) {
+  Dispatcher& d = rt->dispatcher();
+  const int64_t m = 70, k = 300, n = 50;  // > 2^18 multiply-adds: split over the compute threads
+  Tensor a = Tensor::from_values({m, k}, DType::kFloat32, random(m * k, 21), dev);
+  Tensor b = Tensor::from_values({k, n}, DType::kFloat32, random(k * n, 22), dev);
+  std::vector<double> sv = random(n, 23);
+  sv[7] = NAN;
+  const auto av = a.to_doubles(), bv = b.to_doubles();
+  std::vector<double> expect(static_cast<size_t>(m * n)), mag(expect.size());
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double sum = sv[static_cast<size_t>(j)], abs_sum = std::fabs(sum);
+      for (int64_t p = 0; p < k; ++p) {
+        const double t = av[static_cast<size_t>(i * k + p)] * bv[static_cast<size_t>(p * n + j)];
+        sum += t;
+        abs_sum += std::fabs(t);
+      }
+      expect[static_cast<size_t>(i * n + j)] = sum;
+      mag[static_cast<size_t>(i * n + j)] = abs_sum;
+    }
+  for (const std::vector<int64_t>& self_shape : {std::vector<int64_t>{n}, std::vector<int64_t>{1, n}}) {
+    SCOPED_TRACE(self_shape.size() == 1 ? "self [n]" : "self [1, n]");
+    Tensor self = Tensor::from_values(self_shape, DType::kFloat32, sv, dev);
+    Tensor out = Tensor::empty({m, n}, DType::kFloat32, dev);
+    NpubValue rets[1] = {};
+    NpubValue args[] = {tensor_value(self.dl()), tensor_value(a.dl()), tensor_value(b.dl()),
+                        double_value(1.0),       double_value(1.0),    tensor_value(out.dl())};
+    d.call("aten::addmm.out", args, 6, rets, 1, nullptr);
+    const auto got = out.to_doubles();
+    std::vector<double> g, e, mg;  // the finite columns
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (i % static_cast<size_t>(n) == 7) {
+        EXPECT_TRUE(std::isnan(got[i])) << "element " << i;
+        continue;
+      }
+      g.push_back(got[i]);
+      e.push_back(expect[i]);
+      mg.push_back(mag[i]);
+    }
+    EXPECT_EQ(check_sum_of_products(g, e, mg, k + 1, DType::kFloat32), "");
+  }
+  // addmm_ in place on a [1, n] self: out is self.
+  Tensor row =
+      Tensor::from_values({1, k}, DType::kFloat32, std::vector<double>(av.begin(), av.begin() + k), dev);
+  std::vector<double> s1 = random(n, 24);
+  Tensor inplace = Tensor::from_values({1, n}, DType::kFloat32, s1, dev);
+  NpubValue rets[1] = {};
+  NpubValue args[] = {tensor_value(inplace.dl()), tensor_value(row.dl()), tensor_value(b.dl()),
+                      double_value(1.0),          double_value(1.0),      tensor_value(inplace.dl())};
+  d.call("aten::addmm.out", args, 6, rets, 1, nullptr);
+  std::vector<double> e1(static_cast<size_t>(n)), m1(e1.size());
+  for (int64_t j = 0; j < n; ++j) {
+    e1[static_cast<size_t>(j)] = s1[static_cast<size_t>(j)];
+    m1[static_cast<size_t>(j)] = std::fabs(s1[static_cast<size_t>(j)]);
+    for (int64_t p = 0; p < k; ++p) {
+      const double t = av[static_cast<size_t>(p)] * bv[static_cast<size_t>(p * n + j)];
+      e1[static_cast<size_t>(j)] += t;
+      m1[static_cast<size_t>(j)] += std::fabs(t);
+    }
+  }
+  EXPECT_EQ(check_sum_of_products(inplace.to_doubles(), e1, m1, k + 1, DType::kFloat32), "");
+}
+
 // bfloat16 and float16 products: fp32 accumulation, one rounding to the
 // output dtype, ATen's alpha/beta (beta == 0 ignores self, NaNs included),
 // a transposed operand; bfloat16 without the dispatcher's fp32 conversion

@@ -78,7 +78,7 @@ void gemm_batched(const Call& call, const Gemm& g, int64_t batches, Rows&& rows)
 
 // float32 and the half types: the library GEMM (gemm.h).
 void gemm_library(const Call& call, const Gemm& g, int64_t batches, GemmType type, int64_t elem_size,
-                  const void* a, const void* b, void* c) {
+                  const void* a, const void* b, void* c, const float* bias = nullptr) {
   const auto* ab = static_cast<const char*>(a);
   const auto* bb = static_cast<const char*>(b);
   auto* cb = static_cast<char*>(c);
@@ -98,6 +98,7 @@ void gemm_library(const Call& call, const Gemm& g, int64_t batches, GemmType typ
     args.a = ab + (bi * g.m * g.k + g.a_row(r0)) * elem_size;
     args.b = bb + bi * g.k * g.n * elem_size;
     args.c = cb + (bi * g.m * g.n + r0 * g.n) * elem_size;
+    args.bias = bias;
     gemm_on_this_thread(args);
   });
 }
@@ -191,6 +192,21 @@ void batched(Call& call, const TensorRef& self, const TensorRef& m1, const Tenso
   // C starts as beta * self (broadcast) or is overwritten (beta == 0 ignores
   // self, NaNs included, as BLAS and ATen do).
   const bool use_self = self.defined() && beta != 0;
+  // A float32 linear layer's bias (self a contiguous row of n, beta and
+  // alpha 1, not out's own memory) goes to the GEMM, which adds it to its
+  // accumulator: no pass copying it down C's rows, no read of C.
+  const bool bias_row = use_self && !batch && d == DT::f32 && beta == 1 && alpha == 1 && self.numel() == n &&
+                        n > 0 && self.dim() >= 1 && self.sizes().back() == n && self.is_contiguous() && [&] {
+                          const auto [olo, ohi] = span(out);
+                          const auto [lo, hi] = span(self);
+                          return out.numel() == 0 || !(olo < hi && lo < ohi);
+                        }();
+  if (bias_row) {
+    const Gemm g{m, n, k, 1.0, 0.0, la == Layout::kTransposed, lb == Layout::kTransposed};
+    gemm_library(call, g, 1, GemmType::f32, 4, m1.data<char>(), m2.data<char>(), out.data<char>(),
+                 self.data<float>());
+    return;
+  }
   if (use_self) {
     const Shape b = broadcast(call, self.sizes(), shape);
     if (b != shape)

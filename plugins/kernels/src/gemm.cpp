@@ -43,6 +43,23 @@ void scale_by_beta(const GemmArgs& g) {
     }
 }
 
+// C's rows set to the bias row, then the product added (beta 1): the bias
+// where the library primitive does not take it.
+GemmArgs bias_into_c(const GemmArgs& g) {
+  for (int64_t i = 0; i < g.m; ++i)
+    std::memcpy(static_cast<float*>(g.c) + i * g.ldc, g.bias, static_cast<size_t>(g.n) * sizeof(float));
+  GemmArgs rest = g;
+  rest.bias = nullptr;
+  rest.beta = 1.0f;
+  return rest;
+}
+
+void check_bias(const GemmArgs& g) {
+  if (g.bias != nullptr && (g.type != GemmType::f32 || g.alpha != 1.0f || g.beta != 0.0f))
+    throw npub::sdk::Error(NPUB_ERR_INTERNAL,
+                           "gemm_on_this_thread: a bias needs float32, alpha 1 and beta 0");
+}
+
 }  // namespace
 
 #if defined(NPUB_KERNELS_HAVE_ONEDNN)
@@ -66,10 +83,11 @@ struct PrimitiveKey {
   int64_t m, n, k, lda, ldb, ldc;
   float alpha, beta;
   bool c_float32;
+  bool bias = false;
   bool operator==(const PrimitiveKey& o) const {
     return type == o.type && trans_a == o.trans_a && trans_b == o.trans_b && c_float32 == o.c_float32 &&
-           m == o.m && n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc &&
-           std::memcmp(&alpha, &o.alpha, 4) == 0 && std::memcmp(&beta, &o.beta, 4) == 0;
+           bias == o.bias && m == o.m && n == o.n && k == o.k && lda == o.lda && ldb == o.ldb &&
+           ldc == o.ldc && std::memcmp(&alpha, &o.alpha, 4) == 0 && std::memcmp(&beta, &o.beta, 4) == 0;
   }
 };
 
@@ -78,7 +96,7 @@ struct PrimitiveKeyHash {
     uint64_t h = 1469598103934665603ull;
     auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
     mix(static_cast<uint64_t>(key.type) | (uint64_t{key.trans_a} << 8) | (uint64_t{key.trans_b} << 9) |
-        (uint64_t{key.c_float32} << 10));
+        (uint64_t{key.c_float32} << 10) | (uint64_t{key.bias} << 11));
     for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) mix(static_cast<uint64_t>(v));
     uint32_t a, b;
     std::memcpy(&a, &key.alpha, 4);
@@ -100,7 +118,7 @@ struct SharedMatmul {
 // data handles set per call. Owned by one thread (ThreadState).
 struct CachedMatmul {
   std::shared_ptr<const SharedMatmul> shared;
-  dnnl::memory a, b, c, scratchpad;
+  dnnl::memory a, b, c, bias, scratchpad;
 };
 
 // Note [Two oneDNN copies in one process]
@@ -157,7 +175,11 @@ dnnl::matmul::primitive_desc make_matmul_desc(const PrimitiveKey& key) {
     ops.append_sum(key.beta);
     attr.set_post_ops(ops);
   }
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+  dnnl::matmul::primitive_desc pd(
+      key.bias ? dnnl::matmul::desc(
+                     a, b, dnnl::memory::desc({1, key.n}, dnnl::memory::data_type::f32, {key.n, 1}), c)
+               : dnnl::matmul::desc(a, b, c),
+      attr, cpu_engine());
   if (gemm_jit_interposed())
     while (std::string(pd.impl_info_str()).find("gemm") != std::string::npos)
       if (!pd.next_impl())
@@ -194,10 +216,24 @@ class ThreadState {
   ThreadState() : stream_(cpu_engine()) {}
 
   void run(const GemmArgs& g) {
-    const PrimitiveKey key{g.type, g.trans_a, g.trans_b, g.m,
-                           g.n,    g.k,       g.lda,     g.ldb,
-                           g.ldc,  g.alpha,   g.beta,    g.c_float32 && g.type != GemmType::f32};
+    const PrimitiveKey key{g.type,
+                           g.trans_a,
+                           g.trans_b,
+                           g.m,
+                           g.n,
+                           g.k,
+                           g.lda,
+                           g.ldb,
+                           g.ldc,
+                           g.alpha,
+                           g.beta,
+                           g.c_float32 && g.type != GemmType::f32,
+                           g.bias != nullptr};
     CachedMatmul& mm = lookup(key);
+    if (!mm.shared->supported && g.bias != nullptr) {  // the product without it, onto the bias rows
+      run(bias_into_c(g));
+      return;
+    }
     if (!mm.shared->supported) {
       if (g.type != GemmType::f32)
         throw npub::sdk::Error(NPUB_ERR_INTERNAL, "oneDNN has no usable matmul for this half-type product");
@@ -214,8 +250,14 @@ class ThreadState {
     dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, mm.a.get()},
                               {DNNL_ARG_WEIGHTS, mm.b.get()},
                               {DNNL_ARG_DST, mm.c.get()},
-                              {DNNL_ARG_SCRATCHPAD, mm.scratchpad.get()}};
-    dnnl::error::wrap_c_api(dnnl_primitive_execute(mm.shared->primitive.get(), stream_.get(), 4, args),
+                              {DNNL_ARG_SCRATCHPAD, mm.scratchpad.get()},
+                              {DNNL_ARG_BIAS, nullptr}};
+    int nargs = 4;
+    if (g.bias != nullptr) {
+      set_handle(mm.bias, const_cast<float*>(g.bias));
+      args[nargs++].memory = mm.bias.get();
+    }
+    dnnl::error::wrap_c_api(dnnl_primitive_execute(mm.shared->primitive.get(), stream_.get(), nargs, args),
                             "could not execute a matmul primitive");
   }
 
@@ -235,6 +277,7 @@ class ThreadState {
     mm.a = dnnl::memory(pd.src_desc(), cpu_engine(), DNNL_MEMORY_NONE);
     mm.b = dnnl::memory(pd.weights_desc(), cpu_engine(), DNNL_MEMORY_NONE);
     mm.c = dnnl::memory(pd.dst_desc(), cpu_engine(), DNNL_MEMORY_NONE);
+    if (key.bias) mm.bias = dnnl::memory(pd.bias_desc(), cpu_engine(), DNNL_MEMORY_NONE);
     mm.scratchpad = dnnl::memory(pd.scratchpad_desc(), cpu_engine(), DNNL_MEMORY_NONE);
     return cache_.emplace(key, std::move(mm)).first->second;
   }
@@ -315,9 +358,13 @@ const Probe& probed(GemmType type) {
 void gemm_pin_libraries() { keep_compute_libraries_loaded(); }
 
 void gemm_on_this_thread(const GemmArgs& g) {
+  check_bias(g);
   if (g.m == 0 || g.n == 0) return;
   if (g.k == 0) {  // oneDNN takes no empty reduction
-    scale_by_beta(g);
+    if (g.bias != nullptr)
+      bias_into_c(g);
+    else
+      scale_by_beta(g);
     return;
   }
   OneOpenMPThread one_thread;
@@ -337,8 +384,10 @@ const char* gemm_implementation(GemmType type) { return probed(type).implementat
 
 void gemm_pin_libraries() {}
 
-void gemm_on_this_thread(const GemmArgs& g) {
-  if (g.m == 0 || g.n == 0) return;
+void gemm_on_this_thread(const GemmArgs& args) {
+  check_bias(args);
+  if (args.m == 0 || args.n == 0) return;
+  const GemmArgs g = args.bias != nullptr ? bias_into_c(args) : args;
   if (g.k == 0) {
     scale_by_beta(g);
     return;

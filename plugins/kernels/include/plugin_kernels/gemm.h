@@ -44,6 +44,10 @@ struct GemmArgs {
   const void* a = nullptr;
   const void* b = nullptr;
   void* c = nullptr;
+  // float32 only, with alpha == 1 and beta == 0: C[i, j] = (A @ B)[i, j] +
+  // bias[j], the bias added to the accumulator (addmm's bias row: no pass
+  // that copies it into C first, no read of C).
+  const float* bias = nullptr;
 };
 
 // Keeps oneDNN and libgomp mapped when the plugin is unloaded. First thing
