@@ -154,13 +154,13 @@ def _sync_npu():
 # OpenMP worker spins for 7-9 ms after every CPU parallel region (libgomp's
 # default GOMP_SPINCOUNT), taking the core npu's compute thread needs, and
 # each step evicts the other model's weights and activations from the
-# caches. Interleaved step by step, bert-infer read 0.92-0.97 (0.76 in
-# blocks of 5) and resnet-infer 1.04 (0.84-0.87): the figure measured the
-# switch, not the step a user runs, whose model stays on one device. The
-# untimed step lets the other device's threads go idle and the caches
-# refill; the blocks, alternating, still put the machine's drift on both
-# sides of a ratio.
-# --per-step times single steps back to back, as before.
+# caches. With one build, bert-infer read 0.92 interleaved step by step and
+# 0.76 in blocks of 5 steps, resnet-infer 1.04 and 0.84-0.87: the figure
+# measured the switch, not the step a user runs, whose model stays on one
+# device. The untimed step lets the other device's threads go idle and the
+# caches refill; the blocks, alternating, still put the machine's drift on
+# both sides of a ratio. --per-step times single steps back to back, as
+# before.
 def _time_pair(npu_step, cpu_step, samples, warmup, block):
     """Per-sample (npu s, cpu s): the mean step time of a block of `block`
     timed steps per device, after one untimed step; the order alternates

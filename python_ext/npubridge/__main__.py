@@ -98,7 +98,7 @@ def main(argv=None) -> int:
                           description=_profile_compare_doc(), formatter_class=argparse.RawDescriptionHelpFormatter)
     prof.add_argument("script", help="a Python file defining make_step(device, *args) -> step callable")
     prof.add_argument("args", nargs="*", help="strings passed to make_step after the device")
-    prof.add_argument("--steps", type=int, default=5, help="measured and profiled steps per device (default 5)")
+    prof.add_argument("--steps", type=int, default=5, help="profiled steps per device; the unprofiled step times are blocks of 3 (default 5)")
     prof.add_argument("--warmup", type=int, default=2, help="unmeasured steps per device first (default 2)")
     prof.add_argument("--top", type=int, default=25, help="rows shown (default 25)")
     prof.add_argument("--shapes", action="store_true", help="one row per op and input shapes")

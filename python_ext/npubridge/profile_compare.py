@@ -24,6 +24,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -110,12 +111,15 @@ def compare(make_step, args=(), steps=5, warmup=2, shapes=False):
     # slow spell falls on both, each block after one untimed step, so that
     # the other device's threads (PyTorch's OpenMP worker spins for several
     # milliseconds after a CPU loop) and cache contents are not charged to it.
+    # An odd number of blocks (the median is one of them); which device goes
+    # first alternates.
     cpu_ms, npu_ms = [], []
-    for _ in range(max(2, (steps + 2) // 3)):
-        npu_step()
-        npu_ms.append(_timed(npu_step, "npu", 3))
-        cpu_step()
-        cpu_ms.append(_timed(cpu_step, "cpu", 3))
+    blocks = max(3, (steps + 2) // 3) | 1
+    for i in range(blocks):
+        sides = (("npu", npu_step, npu_ms), ("cpu", cpu_step, cpu_ms))
+        for device, step, times in sides if i % 2 == 0 else sides[::-1]:
+            step()
+            times.append(_timed(step, device, 3))
     cpu_ops, cpu_prof_ms = _profile(cpu_step, "cpu", steps, shapes)
     npubridge.reset_stats()
     npu_ops, npu_prof_ms = _profile(npu_step, "npu", steps, shapes)
@@ -136,10 +140,8 @@ def compare(make_step, args=(), steps=5, warmup=2, shapes=False):
         inside = sum(us for _, us in ops.values()) / steps
         outside = rows.setdefault("(outside ops)", OpRow("(outside ops)"))
         setattr(outside, f"{side}_us", max(0.0, 1e3 * wall - inside))
-    cpu_ms.sort()
-    npu_ms.sort()
     ordered = sorted(rows.values(), key=lambda r: r.lost_us, reverse=True)
-    return Comparison(ordered, cpu_ms[len(cpu_ms) // 2], npu_ms[len(npu_ms) // 2], steps, torch.get_num_threads())
+    return Comparison(ordered, statistics.median(cpu_ms), statistics.median(npu_ms), steps, torch.get_num_threads())
 
 
 def _shown(cmp, top):

@@ -73,7 +73,7 @@ void float_block_to_half(const float* src, char* dst, DT dt, int64_t n);
 // for float32 and float64, the half types through float32 blocks): the sums
 // a reduction over leading dims builds row by row.
 void add_rows_to_f64(double* acc, const char* x, DT dt, int64_t rows, int64_t ld, int64_t n);
-// sum(x[0..n)) of float32 elements, accumulated in double (8 partial sums).
+// sum(x[0..n)) of float32 elements, accumulated in double (32 partial sums).
 double sum_f32_to_f64(const float* x, int64_t n);
 
 // out[i] = a[i] + b[i], a[i] * b[i] or a[i] + alpha * b[i] over contiguous

@@ -117,8 +117,8 @@ Reduction prepare(const Call& call, const TensorRef& in, const std::vector<int64
 // The same holds with kept dims before the reduced block ([512, 2, 256] over
 // dim 1, Mixtral's top-k combine): each of the `outer` blocks adds its own
 // rows. And a reduced block at the end (a sum over the last dim, or over
-// everything) is a contiguous run per output: float32 runs are added in 8
-// double partial sums (a vector's lanes), in a fixed order per output; runs
+// everything) is a contiguous run per output: float32 runs are added in 32
+// double partial sums (four vectors' lanes), in a fixed order per output; runs
 // of at most 32 into a float32 out (a global average pool over small
 // planes) in one double sum, in order, inline.
 template <bool kMean>
