@@ -32,7 +32,6 @@ import math
 import os
 import statistics
 import sys
-import time
 import warnings
 
 import torch
@@ -142,10 +141,6 @@ def make_step(device, case="llama-train", compiled=""):
     return step
 
 
-def _sync_npu():
-    torch.npu.synchronize()
-
-
 # Note [Samples are blocks of steps, the devices in turn]
 # A sample is a block of steps on one device, then a block on the other
 # (which goes first alternates), each block opening with one untimed step.
@@ -168,26 +163,7 @@ def _time_pair(npu_step, cpu_step, samples, warmup, block):
     for _ in range(warmup):
         npu_step()
         cpu_step()
-    _sync_npu()
-
-    def timed(dev, fn):
-        if block:
-            fn()
-        _sync_npu()
-        t = time.perf_counter()
-        for _ in range(max(block, 1)):
-            fn()
-        if dev == "npu":
-            _sync_npu()
-        return (time.perf_counter() - t) / max(block, 1)
-
-    out = []
-    for i in range(samples):
-        pair = {}
-        for dev, fn in ((("npu", npu_step), ("cpu", cpu_step)) if i % 2 == 0 else (("cpu", cpu_step), ("npu", npu_step))):
-            pair[dev] = timed(dev, fn)
-        out.append((pair["npu"], pair["cpu"]))
-    return out
+    return profile_compare.time_blocks(npu_step, cpu_step, samples, block)
 
 
 def _case(case, compiled, samples, warmup, block):

@@ -98,6 +98,30 @@ def _timed(step, device, steps):
     return 1e3 * walls[len(walls) // 2]
 
 
+def time_blocks(npu_step, cpu_step, blocks, block=3):
+    """Per block (npu s, cpu s): the mean time of `block` steps on each
+    device in turn, each device's block after one untimed step, so that the
+    other device's threads (PyTorch's OpenMP worker spins for several
+    milliseconds after a CPU loop) and cache contents are not charged to it;
+    which device goes first alternates, so that a slow spell falls on both.
+    block == 0: single steps, no untimed step (bench_models --per-step)."""
+    out = []
+    for i in range(blocks):
+        pair = {}
+        sides = (("npu", npu_step), ("cpu", cpu_step))
+        for device, step in sides if i % 2 == 0 else sides[::-1]:
+            if block:
+                step()
+            _sync("npu")
+            t = time.perf_counter()
+            for _ in range(max(block, 1)):
+                step()
+            _sync(device)
+            pair[device] = (time.perf_counter() - t) / max(block, 1)
+        out.append((pair["npu"], pair["cpu"]))
+    return out
+
+
 def compare(make_step, args=(), steps=5, warmup=2, shapes=False):
     """Profiles make_step("cpu", *args)() and make_step("npu", *args)();
     returns a Comparison. Step times are measured unprofiled (the profiler's
@@ -107,19 +131,9 @@ def compare(make_step, args=(), steps=5, warmup=2, shapes=False):
         cpu_step()
         npu_step()
     _sync("npu")
-    # Unprofiled step times: a block of steps per device in turn, so that a
-    # slow spell falls on both, each block after one untimed step, so that
-    # the other device's threads (PyTorch's OpenMP worker spins for several
-    # milliseconds after a CPU loop) and cache contents are not charged to it.
-    # An odd number of blocks (the median is one of them); which device goes
-    # first alternates.
-    cpu_ms, npu_ms = [], []
-    blocks = max(3, (steps + 2) // 3) | 1
-    for i in range(blocks):
-        sides = (("npu", npu_step, npu_ms), ("cpu", cpu_step, cpu_ms))
-        for device, step, times in sides if i % 2 == 0 else sides[::-1]:
-            step()
-            times.append(_timed(step, device, 3))
+    # Unprofiled step times, in blocks (time_blocks); an odd number of them,
+    # so that the median is one of them.
+    pairs = time_blocks(npu_step, cpu_step, max(3, (steps + 2) // 3) | 1)
     cpu_ops, cpu_prof_ms = _profile(cpu_step, "cpu", steps, shapes)
     npubridge.reset_stats()
     npu_ops, npu_prof_ms = _profile(npu_step, "npu", steps, shapes)
@@ -141,7 +155,8 @@ def compare(make_step, args=(), steps=5, warmup=2, shapes=False):
         outside = rows.setdefault("(outside ops)", OpRow("(outside ops)"))
         setattr(outside, f"{side}_us", max(0.0, 1e3 * wall - inside))
     ordered = sorted(rows.values(), key=lambda r: r.lost_us, reverse=True)
-    return Comparison(ordered, statistics.median(cpu_ms), statistics.median(npu_ms), steps, torch.get_num_threads())
+    return Comparison(ordered, 1e3 * statistics.median(c for _, c in pairs),
+                      1e3 * statistics.median(n for n, _ in pairs), steps, torch.get_num_threads())
 
 
 def _shown(cmp, top):

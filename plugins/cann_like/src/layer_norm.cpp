@@ -108,13 +108,14 @@ void layer_norm(Call& call) {
   const char* bb = b.defined() ? b.data<char>() : nullptr;
   const DT wd = w.defined() ? dt_of(w.dtype()) : d, bd = b.defined() ? dt_of(b.dtype()) : d;
   const int64_t es = dt_size(d);
+  const bool f32_rows =
+      d == DT::f32 && (!w.defined() || wd == DT::f32) && (!b.defined() || bd == DT::f32) && v.cols > 0;
   call.parallel_for(
       0, v.rows, std::max<int64_t>(1, 8192 / std::max<int64_t>(v.cols, 1)), [&](int64_t r0, int64_t r1) {
         std::vector<double> row;  // the generic path's row in double
         for (int64_t r = r0; r < r1; ++r) {
           double mu = 0, var = 0;
-          const bool params_f32 = (!w.defined() || wd == DT::f32) && (!b.defined() || bd == DT::f32);
-          if (d == DT::f32 && params_f32 && v.cols > 0) {
+          if (f32_rows) {
             ln_row_f32(reinterpret_cast<const float*>(xb) + r * v.cols, v.cols, static_cast<float>(eps),
                        reinterpret_cast<const float*>(wb), reinterpret_cast<const float*>(bb),
                        y.data<float>() + r * v.cols, mean.data<float>() + r, rstd.data<float>() + r);

@@ -182,12 +182,14 @@ void batched(Call& call, const TensorRef& self, const TensorRef& m1, const Tenso
     for (int32_t i = 0; i < t.dim(); ++i) extent += (t.size(i) - 1) * t.stride(i);
     return std::pair<const char*, const char*>{lo, lo + extent * dt_size(dt_of(t.dtype()))};
   };
-  for (const TensorRef* operand : {&m1, &m2}) {
-    const auto [olo, ohi] = span(out);
-    const auto [lo, hi] = span(*operand);
-    if (out.numel() > 0 && operand->numel() > 0 && olo < hi && lo < ohi)
+  auto shares_memory = [&](const TensorRef& a, const TensorRef& b) {
+    const auto [alo, ahi] = span(a);
+    const auto [blo, bhi] = span(b);
+    return a.numel() > 0 && b.numel() > 0 && alo < bhi && blo < ahi;
+  };
+  for (const TensorRef* operand : {&m1, &m2})
+    if (shares_memory(out, *operand))
       call.fail(NPUB_ERR_UNSUPPORTED, "out shares memory with an operand of the product");
-  }
   const DT d = dt_of(out.dtype());
   // C starts as beta * self (broadcast) or is overwritten (beta == 0 ignores
   // self, NaNs included, as BLAS and ATen do).
@@ -196,11 +198,8 @@ void batched(Call& call, const TensorRef& self, const TensorRef& m1, const Tenso
   // alpha 1, not out's own memory) goes to the GEMM, which adds it to its
   // accumulator: no pass copying it down C's rows, no read of C.
   const bool bias_row = use_self && !batch && d == DT::f32 && beta == 1 && alpha == 1 && self.numel() == n &&
-                        n > 0 && self.dim() >= 1 && self.sizes().back() == n && self.is_contiguous() && [&] {
-                          const auto [olo, ohi] = span(out);
-                          const auto [lo, hi] = span(self);
-                          return out.numel() == 0 || !(olo < hi && lo < ohi);
-                        }();
+                        n > 0 && self.dim() >= 1 && self.sizes().back() == n && self.is_contiguous() &&
+                        !shares_memory(out, self);
   if (bias_row) {
     const Gemm g{m, n, k, 1.0, 0.0, la == Layout::kTransposed, lb == Layout::kTransposed};
     gemm_library(call, g, 1, GemmType::f32, 4, m1.data<char>(), m2.data<char>(), out.data<char>(),
