@@ -74,7 +74,14 @@ void fill_(Call& call) {
 void zero_(Call& call) {
   TensorRef self = call.tensor(0);
   if (self.is_contiguous()) {
-    std::memset(self.data<char>(), 0, static_cast<size_t>(self.numel() * dt_size(dt_of(self.dtype()))));
+    // Pieces of 64 KiB over the compute threads (one thread's memset of a
+    // 1.4 MB activation took 1.6x ATen's parallel fill).
+    char* p = self.data<char>();
+    const int64_t bytes = self.numel() * dt_size(dt_of(self.dtype()));
+    constexpr int64_t kPiece = 64 << 10;
+    call.parallel_for(0, (bytes + kPiece - 1) / kPiece, 4, [&](int64_t b, int64_t e) {
+      std::memset(p + b * kPiece, 0, static_cast<size_t>(std::min(bytes, e * kPiece) - b * kPiece));
+    });
     return;
   }
   NpubValue zero{};

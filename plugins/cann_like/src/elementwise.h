@@ -75,6 +75,8 @@ void float_block_to_half(const float* src, char* dst, DT dt, int64_t n);
 void add_rows_to_f64(double* acc, const char* x, DT dt, int64_t rows, int64_t ld, int64_t n);
 // sum(x[0..n)) of float32 elements, accumulated in double (32 partial sums).
 double sum_f32_to_f64(const float* x, int64_t n);
+// out[r] = sum_f32_to_f64(x + r * ld, n) for r < rows.
+void row_sums_f32_to_f64(const float* x, int64_t rows, int64_t ld, int64_t n, double* out);
 
 // out[i] = a[i] + b[i], a[i] * b[i] or a[i] + alpha * b[i] over contiguous
 // bfloat16 arrays, in float32 with one rounding, in one pass (no float
