@@ -96,3 +96,56 @@ def test_nn_ops_and_a_few_training_steps_match_cpu():
     for i, (pn, pc, pw) in enumerate(zip(npu_model.parameters(), cpu_model.parameters(), wide_model.parameters())):
         assert_judged(pn, pc, pw, f"parameter {i} after 3 steps")
     del ref
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
+                                   torch.int32, torch.int8, torch.uint8, torch.bool])
+def test_fill_and_zero_on_contiguous_and_strided_views(dtype):
+    # fill_ converts its value once and writes its bytes (Note [A fill
+    # converts its value once]): every dtype, and views with gaps and with a
+    # transposed layout, which must keep the elements outside them.
+    values = [True, False] if dtype == torch.bool else [1, -3, 0] if not dtype.is_floating_point else [2.5, -0.0, 1e-3]
+    for value in values:
+        for make in (lambda t: t, lambda t: t[:, ::2], lambda t: t.t(), lambda t: t[1:, 3:].t()):
+            base_c = torch.zeros(6, 8, dtype=dtype) if dtype != torch.bool else torch.zeros(6, 8, dtype=dtype)
+            base_n = base_c.npu()
+            make(base_c).fill_(value)
+            make(base_n).fill_(value)
+            assert torch.equal(base_n.cpu(), base_c), (dtype, value)
+            make(base_c).zero_()
+            make(base_n).zero_()
+            assert torch.equal(base_n.cpu(), base_c), (dtype, value)
+    big = torch.empty(300, 1000, dtype=dtype, device="npu").fill_(values[0])
+    assert torch.equal(big.cpu(), torch.full((300, 1000), values[0], dtype=dtype))
+    assert not big.zero_().cpu().any()
+
+
+def test_elementwise_results_take_a_transposed_operands_layout():
+    # Note [Rows follow the operands' layout]: the walk follows the strides,
+    # the values and ATen's result strides stay.
+    torch.manual_seed(0)
+    h = torch.randn(4, 128, 4, 64).transpose(1, 2)  # BNSD view of BSND
+    cases = [lambda t: t.transpose(-1, -2) * 0.125, lambda t: t.transpose(-1, -2) + t.transpose(-1, -2).exp(),
+             lambda t: torch.where(t > 0, t, -t).transpose(0, 3).contiguous(),
+             lambda t: t.permute(3, 1, 0, 2) - torch.ones(64, 4, 1, 128)[..., :1].to(t.device)]
+    for f in cases:
+        n = f(h.npu())
+        assert n.stride() == f(h).stride()
+        assert_matches(n, f, h)
+
+
+@pytest.mark.parametrize("shape,dims", [((4096, 256), (-1,)), ((37, 300), (-1,)), ((512, 2, 256), (1,)),
+                                        ((3, 5, 2000), (1,)), ((1024, 256), (0,))])
+def test_float32_sums_and_means_over_rows_and_middle_dims(shape, dims):
+    # The row-block and typed-store paths of the float32 sums (reduce.cpp),
+    # against float64 sums: each output within a few ulp of its sum of |x|.
+    torch.manual_seed(0)
+    x = torch.randn(shape)
+    for keepdim in (False, True):
+        n_sum, n_mean = x.npu().sum(dims, keepdim=keepdim).cpu(), x.npu().mean(dims, keepdim=keepdim).cpu()
+        ref = x.double().sum(dims, keepdim=keepdim)
+        bound = 4 * 2.0 ** -24 * x.double().abs().sum(dims, keepdim=keepdim) + 1e-30
+        count = x.numel() // ref.numel()
+        assert n_sum.dtype == torch.float32 and n_sum.shape == ref.shape
+        assert ((n_sum.double() - ref).abs() <= bound).all()
+        assert ((n_mean.double() - ref / count).abs() <= bound / count).all()

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace cann_like {
@@ -417,6 +418,28 @@ void for_each_rows(const Call& call, const Iter& it, Rows&& rows_fn) {
     shape[kd] = it.shape[d];
     for (int i = 0; i < it.nops; ++i) strides[i][kd] = it.strides[i][d];
     ++kd;
+  }
+  // Note [Rows follow the operands' layout]
+  // The dims are ordered by stride, largest outermost, as ATen's
+  // TensorIterator orders them: by the output's strides, an operand after
+  // it deciding where the output's do not (equal strides; a stride of 0, a
+  // broadcast, decides nothing), the given order where none decides. A
+  // transposed operand's result takes its layout (x.transpose(-1, -2) * s
+  // is laid out as x), and walking it along the last dim stepped 1 KB an
+  // element: 19x ATen's time for a [4, 4, 64, 128] scale. Every caller maps
+  // elements independently, so the order of the walk is free.
+  for (int d = 1; d < kd; ++d) {
+    for (int e = d; e > 0; --e) {
+      int order = 0;  // > 0: dim e belongs outside dim e - 1
+      for (int i = 0; i < it.nops && order == 0; ++i) {
+        const int64_t outer = strides[i][e - 1], inner = strides[i][e];
+        if (outer == 0 || inner == 0 || outer == inner) continue;
+        order = inner > outer ? 1 : -1;
+      }
+      if (order <= 0) break;
+      std::swap(shape[e - 1], shape[e]);
+      for (int i = 0; i < it.nops; ++i) std::swap(strides[i][e - 1], strides[i][e]);
+    }
   }
   // One pass from the inside out: dim d is merged into dim d + 1 (which
   // holds every dim merged into it so far) when all operands allow it.
