@@ -383,6 +383,17 @@ def test_a_large_mean_keeps_its_digits():
     F.batch_norm(x.npu(), torch.zeros(3, device="npu"), rv_npu, training=True, momentum=1.0)
     want = x.double().var(dim=(0, 2), unbiased=True)
     assert ((rv_npu.cpu().double() - want).abs() <= 2 * eps32 * want).all(), (rv_npu.cpu(), want)
+    # The backward (Note [BatchNorm backward in float32 per ISA level]) of
+    # such a channel, judged against float64 by the CPU's own float32 error
+    # (both read the mean as saved in float32, which bounds what either can
+    # keep of x - mean).
+    g = torch.randn(64, 3, 16)
+    grads = []
+    for device, dtype in (("npu", f32), ("cpu", f32), ("cpu", f64)):
+        xd = x.to(device=device, dtype=dtype).detach().clone().requires_grad_()
+        F.batch_norm(xd, None, None, training=True).backward(g.to(device=device, dtype=dtype))
+        grads.append(xd.grad)
+    assert_judged(*grads, "grad_input")
 
 
 def test_the_legit_forms_write_the_running_stats():

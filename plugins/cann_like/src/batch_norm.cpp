@@ -332,6 +332,66 @@ struct BackwardArgs {
   bool mask[3] = {true, true, true};
 };
 
+// Note [BatchNorm backward in float32 per ISA level]
+// A float32 channel's two sums (dy, and (x - mean) dy) are taken in double
+// lanes, 16 a sum, combined by halves, and its grad_input in float32 with the
+// mean as a sum of two floats (as the forward's normalisation), both in
+// loops per ISA level that walk every sample's run of the channel in one
+// call: the generic double loop, at baseline ISA and a call per run, took
+// 4x ATen's time on a ResNet's [16, 64, 8, 8]. The sums stay more accurate
+// than ATen's float ones; grad_input is within a few ulp of the double
+// result, as the forward's.
+PLUGIN_KERNELS_INLINE void bn_grad_sums_f32_body(const float* x, const float* g, int64_t batch,
+                                                 int64_t stride, int64_t len, double mean, double* sum,
+                                                 double* dot) {
+  constexpr int kLanes = 16;
+  double s[kLanes] = {}, d[kLanes] = {};
+  for (int64_t n = 0; n < batch; ++n) {
+    const float* xr = x + n * stride;
+    const float* gr = g + n * stride;
+    int64_t i = 0;
+    for (; i + kLanes <= len; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const double gv = static_cast<double>(gr[i + l]);
+        s[l] += gv;
+        d[l] += (static_cast<double>(xr[i + l]) - mean) * gv;
+      }
+    for (; i < len; ++i) {  // the tail in lanes too: short planes' runs add up across samples
+      const double gv = static_cast<double>(gr[i]);
+      s[i % kLanes] += gv;
+      d[i % kLanes] += (static_cast<double>(xr[i]) - mean) * gv;
+    }
+  }
+  for (int w = kLanes / 2; w >= 1; w /= 2)
+    for (int l = 0; l < w; ++l) {
+      s[l] += s[l + w];
+      d[l] += d[l + w];
+    }
+  *sum = s[0];
+  *dot = d[0];
+}
+PLUGIN_KERNELS_ISA_DISPATCH(void, bn_grad_sums_f32, bn_grad_sums_f32_body,
+                            (const float* x, const float* g, int64_t batch, int64_t stride, int64_t len,
+                             double mean, double* sum, double* dot),
+                            (x, g, batch, stride, len, mean, sum, dot))
+
+// Training's dx = (dy - mean(dy) - (x - mean) * k) * scale over every
+// sample's run of one channel (k = dotp * invstd^2 / m, scale = invstd * w).
+PLUGIN_KERNELS_INLINE void bn_grad_input_f32_body(const float* x, const float* g, float* o, int64_t batch,
+                                                  int64_t stride, int64_t len, float hi, float lo, float k,
+                                                  float grad_mean, float scale) {
+  for (int64_t n = 0; n < batch; ++n) {
+    const float* xr = x + n * stride;
+    const float* gr = g + n * stride;
+    float* orow = o + n * stride;
+    for (int64_t i = 0; i < len; ++i) orow[i] = ((gr[i] - grad_mean) - ((xr[i] - hi) - lo) * k) * scale;
+  }
+}
+PLUGIN_KERNELS_ISA_DISPATCH(void, bn_grad_input_f32, bn_grad_input_f32_body,
+                            (const float* x, const float* g, float* o, int64_t batch, int64_t stride,
+                             int64_t len, float hi, float lo, float k, float grad_mean, float scale),
+                            (x, g, o, batch, stride, len, hi, lo, k, grad_mean, scale))
+
 template <DT D>
 void batch_norm_grads(Call& call, const BackwardArgs& a, int64_t channels, DT pd, const TensorRef& gi,
                       const TensorRef& gw, const TensorRef& gb) {
@@ -349,6 +409,25 @@ void batch_norm_grads(Call& call, const BackwardArgs& a, int64_t channels, DT pd
       const double mean = a.train ? sm.at(c, 0) : rm.at(c, 0);
       const double invstd = a.train ? si.at(c, 1) : 1.0 / std::sqrt(rv.at(c, 1) + a.eps);
       double sum = 0, dotp = 0;  // sum dy, sum (x - mean) dy
+      if constexpr (D == DT::f32) {
+        if (a.train) {  // Note [BatchNorm backward in float32 per ISA level]
+          const float* x = reinterpret_cast<const float*>(xb) + pl.run(0, c);
+          const float* g = reinterpret_cast<const float*>(gob) + pl.run(0, c);
+          const int64_t stride = channels * len;
+          bn_grad_sums_f32(x, g, pl.batch, stride, len, mean, &sum, &dotp);
+          if (gib != nullptr) {
+            const double k = dotp * invstd * invstd / static_cast<double>(m);
+            const float hi = static_cast<float>(mean),
+                        lo = static_cast<float>(mean - static_cast<double>(hi));
+            bn_grad_input_f32(x, g, reinterpret_cast<float*>(gib) + pl.run(0, c), pl.batch, stride, len, hi,
+                              lo, static_cast<float>(k), static_cast<float>(sum / static_cast<double>(m)),
+                              static_cast<float>(invstd * w.at(c, 1.0)));
+          }
+          if (gw.defined()) gwv.set(c, dotp * invstd);
+          if (gb.defined()) gbv.set(c, sum);
+          continue;
+        }
+      }
       for (int64_t n = 0; n < pl.batch; ++n) {
         const char* xr = xb + pl.run(n, c) * es;
         const char* gr = gob + pl.run(n, c) * es;
