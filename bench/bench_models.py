@@ -13,8 +13,8 @@ ResNet (image classification) and Mixtral (mixture of experts). Per model:
   the device) and zero_grad.
 
 The CPU and npu models start from the same weights. Each sample times a block
-of steps on each device in turn, each block after one untimed step (the npu
-synchronised at both ends; Note [Samples are blocks of steps, the devices in
+of steps on each device in turn, each block after untimed steps (at least
+one and at least 25 ms of them; the npu synchronised at both ends; Note [Samples are blocks of steps, the devices in
 turn]); the figure is the median over samples of the per-sample ratio npu/cpu
 of the mean step times. Compiled cases compare
 torch.compile(backend="npu") with torch.compile() on the CPU (Inductor), the
@@ -143,7 +143,7 @@ def make_step(device, case="llama-train", compiled=""):
 
 # Note [Samples are blocks of steps, the devices in turn]
 # A sample is a block of steps on one device, then a block on the other
-# (which goes first alternates), each block opening with one untimed step.
+# (which goes first alternates), each block opening with untimed steps.
 # Blocks, not single steps, because one device's step leaves the other
 # device's step slower for reasons that are no part of either: PyTorch's
 # OpenMP worker spins for 7-9 ms after every CPU parallel region (libgomp's
@@ -152,14 +152,21 @@ def make_step(device, case="llama-train", compiled=""):
 # caches. With one build, bert-infer read 0.92 interleaved step by step and
 # 0.76 in blocks of 5 steps, resnet-infer 1.04 and 0.84-0.87: the figure
 # measured the switch, not the step a user runs, whose model stays on one
-# device. The untimed step lets the other device's threads go idle and the
-# caches refill; the blocks, alternating, still put the machine's drift on
-# both sides of a ratio. --per-step times single steps back to back, as
-# before.
+# device. The untimed steps let the other device's threads go idle and the
+# caches refill: at least one step and at least 25 ms of them
+# (profile_compare.SETTLE_S): one step of a short case ended inside the
+# OpenMP worker's spin. resnet-infer's npu steps right after a CPU block
+# took, in order, 11.1, 8.3, 7.9, 8.0 ms (medians of 15 blocks; another run
+# 11.3, 7.8, 6.9, 6.7), the CPU's after a npu block 10.2, 8.9, 9.2, 9.6: a
+# block after one untimed step still charged its first timed step ~1 ms of
+# the other device's. The blocks, alternating, still put the machine's
+# drift on both sides of a ratio. --per-step times single steps back to
+# back, as before.
 def _time_pair(npu_step, cpu_step, samples, warmup, block):
     """Per-sample (npu s, cpu s): the mean step time of a block of `block`
-    timed steps per device, after one untimed step; the order alternates
-    per sample (block == 0: single steps, no untimed step)."""
+    timed steps per device, after untimed steps (profile_compare.time_blocks);
+    the order alternates per sample (block == 0: single steps, no untimed
+    step)."""
     for _ in range(warmup):
         npu_step()
         cpu_step()
@@ -215,7 +222,8 @@ def main():
     with open(opts.json, "w") as f:
         json.dump({"torch": torch.__version__, "transformers": transformers.__version__,
                    "cpu_threads": torch.get_num_threads(), "npu_threads": _npu_threads(),
-                   "samples": samples, "block": block, "warmup": warmup, "eager_geomean": geomean, "results": results,
+                   "samples": samples, "block": block, "settle_ms": 1e3 * profile_compare.SETTLE_S,
+                   "warmup": warmup, "eager_geomean": geomean, "results": results,
                    "slowest": {"case": slowest["case"], "breakdown": profile_compare.to_json(cmp, top=10)}},
                   f, indent=1)
 

@@ -139,11 +139,13 @@ def clients_table(d, src):
                                    rows)
 
 
-def _sample_text(block):
+def _sample_text(block, settle_ms=None):
     if not block:
         return "the two timed back to back in each sample"
-    return (f"a sample being a block of {block} timed steps on each device in turn, each block after one "
-            f"untimed step (Note [Samples are blocks of steps, the devices in turn], bench/bench_models.py)")
+    lead = ("one untimed step" if settle_ms is None else
+            f"untimed steps (at least one, and at least {settle_ms:g} ms of them)")
+    return (f"a sample being a block of {block} timed steps on each device in turn, each block after {lead} "
+            f"(Note [Samples are blocks of steps, the devices in turn], bench/bench_models.py)")
 
 
 def models_table(d, src):
@@ -162,7 +164,7 @@ def models_table(d, src):
              f"{field(d, ['transformers'], src)}, {field(d, ['cpu_threads'], src)} CPU threads and "
              f"{field(d, ['npu_threads'], src)} npu compute threads; per case the median over "
              f"{field(d, ['samples'], src)} samples (after {field(d, ['warmup'], src)} steps of warm-up) of the "
-             f"ratio npu step / CPU step, {_sample_text(d.get('block', 0))}. Compiled: "
+             f"ratio npu step / CPU step, {_sample_text(d.get('block', 0), d.get('settle_ms'))}. Compiled: "
              f"`torch.compile(backend=\"npu\")` against Inductor on the CPU. Eager geometric mean: "
              f"**{field(d, ['eager_geomean'], src):.2f}** (lower is better; the target is 0.85, every case <= 1.0).")
     per_op = (f"Where the slowest eager case, {field(slowest, ['case'], src)} (npu "
