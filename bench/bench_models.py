@@ -162,7 +162,7 @@ def make_step(device, case="llama-train", compiled=""):
 # the other device's. The blocks, alternating, still put the machine's
 # drift on both sides of a ratio. --per-step times single steps back to
 # back, as before.
-def _time_pair(npu_step, cpu_step, samples, warmup, block):
+def _time_pair(npu_step, cpu_step, samples, warmup, block, counts):
     """Per-sample (npu s, cpu s): the mean step time of a block of `block`
     timed steps per device, after untimed steps (profile_compare.time_blocks);
     the order alternates per sample (block == 0: single steps, no untimed
@@ -170,15 +170,17 @@ def _time_pair(npu_step, cpu_step, samples, warmup, block):
     for _ in range(warmup):
         npu_step()
         cpu_step()
-    return profile_compare.time_blocks(npu_step, cpu_step, samples, block)
+    counts["npu"] = counts.get("npu", 0) + warmup
+    return profile_compare.time_blocks(npu_step, cpu_step, samples, block, counts=counts)
 
 
 def _case(case, compiled, samples, warmup, block):
     npu_step = make_step("npu", case, "1" if compiled else "")
     cpu_step = make_step("cpu", case, "1" if compiled else "")
     npubridge.reset_stats()
-    pairs = _time_pair(npu_step, cpu_step, samples, warmup, block)
-    steps = samples * (block + 1 if block else 1) + warmup
+    counts = {}
+    pairs = _time_pair(npu_step, cpu_step, samples, warmup, block, counts)
+    steps = counts["npu"]  # every npu step run, the untimed ones too
     fallbacks = {op: s["fallbacks"] for op, s in npubridge.stats().items() if s["fallbacks"]}
     ratio = statistics.median(n / c for n, c in pairs)
     return {"case": case, "compiled": compiled, "npu_ms": 1e3 * statistics.median(p[0] for p in pairs),

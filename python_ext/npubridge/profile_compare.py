@@ -101,31 +101,37 @@ def _timed(step, device, steps):
 SETTLE_S = 0.025  # untimed lead-in of a block: longer than libgomp's spin after a CPU loop (7-9 ms)
 
 
-def time_blocks(npu_step, cpu_step, blocks, block=3, settle_s=SETTLE_S):
+def time_blocks(npu_step, cpu_step, blocks, block=3, settle_s=SETTLE_S, counts=None):
     """Per block (npu s, cpu s): the mean time of `block` steps on each
     device in turn, each device's block after untimed steps (at least one,
     and at least `settle_s` of them), so that the other device's threads
     (PyTorch's OpenMP worker spins for several milliseconds after a CPU
     loop) and cache contents are not charged to it; which device goes first
     alternates, so that a slow spell falls on both. block == 0: single
-    steps, no untimed step (bench_models --per-step)."""
+    steps, no untimed step (bench_models --per-step). `counts`, a dict,
+    gets each device's number of steps run (timed and untimed) added."""
     out = []
     for i in range(blocks):
         pair = {}
         sides = (("npu", npu_step), ("cpu", cpu_step))
         for device, step in sides if i % 2 == 0 else sides[::-1]:
+            ran = max(block, 1)
             if block:
                 t = time.perf_counter()
                 step()
                 _sync(device)
+                ran += 1
                 while time.perf_counter() - t < settle_s:
                     step()
                     _sync(device)
+                    ran += 1
             _sync("npu")
             t = time.perf_counter()
             for _ in range(max(block, 1)):
                 step()
             _sync(device)
+            if counts is not None:
+                counts[device] = counts.get(device, 0) + ran
             pair[device] = (time.perf_counter() - t) / max(block, 1)
         out.append((pair["npu"], pair["cpu"]))
     return out

@@ -98,26 +98,54 @@ def test_nn_ops_and_a_few_training_steps_match_cpu():
     del ref
 
 
+def _same_bits(a, b):
+    """Equal element for element, bit for bit (-0.0 is not 0.0)."""
+    if a.dtype == torch.bool:
+        return torch.equal(a, b)
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.view(ints), b.view(ints))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64,
-                                   torch.int32, torch.int8, torch.uint8, torch.bool])
+                                   torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool])
 def test_fill_and_zero_on_contiguous_and_strided_views(dtype):
     # fill_ converts its value once and writes its bytes (Note [A fill
-    # converts its value once]): every dtype, and views with gaps and with a
-    # transposed layout, which must keep the elements outside them.
+    # converts its value once]): every dtype, the sign of -0.0, views with
+    # gaps and with a transposed layout (which must keep the elements
+    # outside them), and a 0-d tensor.
     values = [True, False] if dtype == torch.bool else [1, -3, 0] if not dtype.is_floating_point else [2.5, -0.0, 1e-3]
     for value in values:
-        for make in (lambda t: t, lambda t: t[:, ::2], lambda t: t.t(), lambda t: t[1:, 3:].t()):
-            base_c = torch.zeros(6, 8, dtype=dtype) if dtype != torch.bool else torch.zeros(6, 8, dtype=dtype)
+        for make in (lambda t: t, lambda t: t[:, ::2], lambda t: t.t(), lambda t: t[1:, 3:].t(), lambda t: t[2, 5]):
+            base_c = torch.ones(6, 8, dtype=dtype)
             base_n = base_c.npu()
             make(base_c).fill_(value)
             make(base_n).fill_(value)
-            assert torch.equal(base_n.cpu(), base_c), (dtype, value)
+            assert _same_bits(base_n.cpu(), base_c), (dtype, value)
             make(base_c).zero_()
             make(base_n).zero_()
-            assert torch.equal(base_n.cpu(), base_c), (dtype, value)
+            assert _same_bits(base_n.cpu(), base_c), (dtype, value)
     big = torch.empty(300, 1000, dtype=dtype, device="npu").fill_(values[0])
     assert torch.equal(big.cpu(), torch.full((300, 1000), values[0], dtype=dtype))
     assert not big.zero_().cpu().any()
+
+
+def test_writes_to_an_expanded_self_see_each_other():
+    # An output with a stride of 0 (an expanded self, which ATen lets fill_
+    # and masked_fill_ write) is walked in order on one thread (Note [Rows
+    # follow the operands' layout]): masked_fill_ leaves the value wherever
+    # any mask element of the location is set, as ATen's serial loop does,
+    # with the mask in either layout.
+    import warnings
+    torch.manual_seed(0)
+    for mask in ((torch.rand(1000, 64) > 0.97), (torch.rand(64, 1000) > 0.97).t()):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # ATen: masked_fill_ on expanded tensors is deprecated
+            c = torch.zeros(1000, 1).expand(1000, 64).masked_fill_(mask, 1.0)
+            n = torch.zeros(1000, 1, device="npu").expand(1000, 64).masked_fill_(mask.npu(), 1.0)
+        assert torch.equal(n.cpu(), c)
+        assert torch.equal(c[:, 0], mask.any(dim=1).float())
+    e = torch.zeros(1, 64, device="npu").expand(1000, 64).fill_(2.0)
+    assert torch.equal(e.cpu(), torch.full((1000, 64), 2.0))
 
 
 def test_elementwise_results_take_a_transposed_operands_layout():

@@ -427,8 +427,15 @@ void for_each_rows(const Call& call, const Iter& it, Rows&& rows_fn) {
   // transposed operand's result takes its layout (x.transpose(-1, -2) * s
   // is laid out as x), and walking it along the last dim stepped 1 KB an
   // element: 19x ATen's time for a [4, 4, 64, 128] scale. Every caller maps
-  // elements independently, so the order of the walk is free.
-  for (int d = 1; d < kd; ++d) {
+  // elements independently, so the order of the walk is free, but for one
+  // case: an output with a stride of 0 (an expanded self that fill_ or
+  // masked_fill_ write, which ATen allows) has several elements in one
+  // location, and a read-modify-write of it (masked_fill_: out = m ? v :
+  // self) must see the writes before it. Such a walk keeps the given order
+  // and runs on the calling thread alone, as ATen's serial loop does.
+  bool out_overlaps = false;
+  for (int d = 0; d < kd; ++d) out_overlaps = out_overlaps || strides[0][d] == 0;
+  for (int d = 1; d < kd && !out_overlaps; ++d) {
     for (int e = d; e > 0; --e) {
       int order = 0;  // > 0: dim e belongs outside dim e - 1
       for (int i = 0; i < it.nops && order == 0; ++i) {
@@ -467,60 +474,62 @@ void for_each_rows(const Call& call, const Iter& it, Rows&& rows_fn) {
   constexpr int64_t kPiece = int64_t{1} << 14;
   const int64_t pieces = (inner + kPiece - 1) / kPiece;
   const int64_t piece_len = std::min(inner, kPiece);
-  call.parallel_for(0, rows * pieces, std::max<int64_t>(1, kPiece / std::max<int64_t>(piece_len, 1)),
-                    [&](int64_t tb, int64_t te) {
-                      // The first row's position by division, the next
-                      // ones' by stepping the outer index.
-                      int64_t idx[kMaxIterDims];
-                      char* p0[4];
-                      for (int i = 0; i < it.nops; ++i) p0[i] = it.data[i];
-                      int64_t rem = tb / pieces, piece = tb % pieces;
-                      for (int d = kd - 2; d >= 0; --d) {
-                        idx[d] = rem % shape[d];
-                        rem /= shape[d];
-                        for (int i = 0; i < it.nops; ++i) p0[i] += idx[d] * strides[i][d];
-                      }
-                      for (int64_t t = tb; t < te;) {
-                        if (pieces == 1 && kd > 1) {
-                          // Note [Rows come in batches]
-                          // The rows left along dim kd - 2 (up to the
-                          // range's end) go in one call: a rotary
-                          // embedding's [8,4,64,8] view is 2048 rows of 8,
-                          // and a call per row (its loop chosen per row)
-                          // took 3x ATen's time.
-                          const int64_t count = std::min(shape[kd - 2] - idx[kd - 2], te - t);
-                          char* p[4];  // the callback's copy: p0 is the walk's position
-                          for (int i = 0; i < it.nops; ++i) p[i] = p0[i];
-                          rows_fn(p, inner_stride, inner, count, row_stride);
-                          t += count;
-                          idx[kd - 2] += count;
-                          for (int i = 0; i < it.nops; ++i) p0[i] += count * row_stride[i];
-                          if (idx[kd - 2] < shape[kd - 2]) continue;
-                          for (int i = 0; i < it.nops; ++i) p0[i] -= shape[kd - 2] * row_stride[i];
-                          idx[kd - 2] = 0;
-                          for (int d = kd - 3; d >= 0; --d) {
-                            for (int i = 0; i < it.nops; ++i) p0[i] += strides[i][d];
-                            if (++idx[d] < shape[d]) break;
-                            for (int i = 0; i < it.nops; ++i) p0[i] -= shape[d] * strides[i][d];
-                            idx[d] = 0;
-                          }
-                          continue;
-                        }
-                        const int64_t start = piece * kPiece;
-                        char* p[4];
-                        for (int i = 0; i < it.nops; ++i) p[i] = p0[i] + start * inner_stride[i];
-                        rows_fn(p, inner_stride, std::min(kPiece, inner - start), int64_t{1}, row_stride);
-                        ++t;
-                        if (++piece < pieces) continue;
-                        piece = 0;
-                        for (int d = kd - 2; d >= 0; --d) {
-                          for (int i = 0; i < it.nops; ++i) p0[i] += strides[i][d];
-                          if (++idx[d] < shape[d]) break;
-                          for (int i = 0; i < it.nops; ++i) p0[i] -= shape[d] * strides[i][d];
-                          idx[d] = 0;
-                        }
-                      }
-                    });
+  call.parallel_for(
+      0, rows * pieces,
+      out_overlaps ? rows * pieces : std::max<int64_t>(1, kPiece / std::max<int64_t>(piece_len, 1)),
+      [&](int64_t tb, int64_t te) {
+        // The first row's position by division, the next
+        // ones' by stepping the outer index.
+        int64_t idx[kMaxIterDims];
+        char* p0[4];
+        for (int i = 0; i < it.nops; ++i) p0[i] = it.data[i];
+        int64_t rem = tb / pieces, piece = tb % pieces;
+        for (int d = kd - 2; d >= 0; --d) {
+          idx[d] = rem % shape[d];
+          rem /= shape[d];
+          for (int i = 0; i < it.nops; ++i) p0[i] += idx[d] * strides[i][d];
+        }
+        for (int64_t t = tb; t < te;) {
+          if (pieces == 1 && kd > 1) {
+            // Note [Rows come in batches]
+            // The rows left along dim kd - 2 (up to the
+            // range's end) go in one call: a rotary
+            // embedding's [8,4,64,8] view is 2048 rows of 8,
+            // and a call per row (its loop chosen per row)
+            // took 3x ATen's time.
+            const int64_t count = std::min(shape[kd - 2] - idx[kd - 2], te - t);
+            char* p[4];  // the callback's copy: p0 is the walk's position
+            for (int i = 0; i < it.nops; ++i) p[i] = p0[i];
+            rows_fn(p, inner_stride, inner, count, row_stride);
+            t += count;
+            idx[kd - 2] += count;
+            for (int i = 0; i < it.nops; ++i) p0[i] += count * row_stride[i];
+            if (idx[kd - 2] < shape[kd - 2]) continue;
+            for (int i = 0; i < it.nops; ++i) p0[i] -= shape[kd - 2] * row_stride[i];
+            idx[kd - 2] = 0;
+            for (int d = kd - 3; d >= 0; --d) {
+              for (int i = 0; i < it.nops; ++i) p0[i] += strides[i][d];
+              if (++idx[d] < shape[d]) break;
+              for (int i = 0; i < it.nops; ++i) p0[i] -= shape[d] * strides[i][d];
+              idx[d] = 0;
+            }
+            continue;
+          }
+          const int64_t start = piece * kPiece;
+          char* p[4];
+          for (int i = 0; i < it.nops; ++i) p[i] = p0[i] + start * inner_stride[i];
+          rows_fn(p, inner_stride, std::min(kPiece, inner - start), int64_t{1}, row_stride);
+          ++t;
+          if (++piece < pieces) continue;
+          piece = 0;
+          for (int d = kd - 2; d >= 0; --d) {
+            for (int i = 0; i < it.nops; ++i) p0[i] += strides[i][d];
+            if (++idx[d] < shape[d]) break;
+            for (int i = 0; i < it.nops; ++i) p0[i] -= shape[d] * strides[i][d];
+            idx[d] = 0;
+          }
+        }
+      });
 }
 
 // Runs row(ptrs, byte_strides, n) per run of for_each_rows.
