@@ -14,9 +14,10 @@ ResNet (image classification) and Mixtral (mixture of experts). Per model:
 
 The CPU and npu models start from the same weights. Each sample times a block
 of steps on each device in turn, each block after untimed steps (at least
-one and at least 25 ms of them; the npu synchronised at both ends; Note [Samples are blocks of steps, the devices in
-turn]); the figure is the median over samples of the per-sample ratio npu/cpu
-of the mean step times. Compiled cases compare
+one and at least 25 ms of them; the npu synchronised at both ends; Note
+[Samples are blocks of steps, the devices in turn]); the figure is the
+median over samples of the per-sample ratio npu/cpu of the mean step times.
+Compiled cases compare
 torch.compile(backend="npu") with torch.compile() on the CPU (Inductor), the
 same way. The per-op breakdown of the slowest eager case comes from
 npubridge.profile_compare (python3 -m npubridge profile-compare

@@ -115,7 +115,8 @@ def time_blocks(npu_step, cpu_step, blocks, block=3, settle_s=SETTLE_S, counts=N
         pair = {}
         sides = (("npu", npu_step), ("cpu", cpu_step))
         for device, step in sides if i % 2 == 0 else sides[::-1]:
-            ran = max(block, 1)
+            timed = max(block, 1)
+            ran = timed
             if block:
                 t = time.perf_counter()
                 step()
@@ -127,12 +128,12 @@ def time_blocks(npu_step, cpu_step, blocks, block=3, settle_s=SETTLE_S, counts=N
                     ran += 1
             _sync("npu")
             t = time.perf_counter()
-            for _ in range(max(block, 1)):
+            for _ in range(timed):
                 step()
             _sync(device)
             if counts is not None:
                 counts[device] = counts.get(device, 0) + ran
-            pair[device] = (time.perf_counter() - t) / max(block, 1)
+            pair[device] = (time.perf_counter() - t) / timed
         out.append((pair["npu"], pair["cpu"]))
     return out
 

@@ -60,15 +60,20 @@ namespace {
 void copy_(Call& call) { copy_into(call, call.tensor(0), call.tensor(1)); }
 
 // Writes the element at `elem` (es bytes, self's dtype) to every element of
-// self: unit-stride runs as a typed std::fill_n, strided ones element by
-// element.
+// self: unit-stride runs as a typed std::fill_n, or a memset when the
+// element's bytes are all one byte (zero_, fill_(0): 3.4x faster than the
+// typed fill on a [4, 128, 688] float32), strided ones element by element.
 template <typename U>
 void fill_runs(const Call& call, const Iter& it, const char* elem) {
   U bits;
   std::memcpy(&bits, elem, sizeof(U));
+  const bool one_byte = std::all_of(elem, elem + sizeof(U), [&](char b) { return b == elem[0]; });
   for_each_row(call, it, [&](char** p, const int64_t* s, int64_t n) {
     if (s[0] == static_cast<int64_t>(sizeof(U))) {
-      std::fill_n(reinterpret_cast<U*>(p[0]), n, bits);
+      if (one_byte)
+        std::memset(p[0], elem[0], static_cast<size_t>(n) * sizeof(U));
+      else
+        std::fill_n(reinterpret_cast<U*>(p[0]), n, bits);
       return;
     }
     for (int64_t j = 0; j < n; ++j) std::memcpy(p[0] + j * s[0], &bits, sizeof(U));
@@ -89,8 +94,11 @@ void fill_with(const Call& call, const TensorRef& self, const NpubValue& value) 
   one.device = DLDevice{static_cast<DLDeviceType>(NPUB_DEVICE_CPU), 0};
   one.ndim = 0;
   one.dtype = self.dtype();
-  ScalarTensor v(value);
-  copy_into(call, TensorRef(&one), v.ref());
+  // An integer 0 is all zero bytes in every dtype (elem already is).
+  if (value.tag != NPUB_VALUE_INT || value.u.i != 0) {
+    ScalarTensor v(value);
+    copy_into(call, TensorRef(&one), v.ref());
+  }
   const int64_t es = dt_size(dt_of(self.dtype()));
   const Iter it = make_iter(self, {});
   const char* e = reinterpret_cast<const char*>(elem);
@@ -120,23 +128,13 @@ void fill_(Call& call) {
   fill_with(call, self, call.arg(1));
 }
 
-// aten::zero_(Tensor(a!) self)
+// aten::zero_(Tensor(a!) self): a fill with 0, memsets over the compute
+// threads (one thread's memset of a 1.4 MB activation took 1.6x ATen's
+// parallel fill).
 void zero_(Call& call) {
-  TensorRef self = call.tensor(0);
-  if (self.is_contiguous()) {
-    // Pieces of 64 KiB over the compute threads (one thread's memset of a
-    // 1.4 MB activation took 1.6x ATen's parallel fill).
-    char* p = self.data<char>();
-    const int64_t bytes = self.numel() * dt_size(dt_of(self.dtype()));
-    constexpr int64_t kPiece = 64 << 10;
-    call.parallel_for(0, (bytes + kPiece - 1) / kPiece, 4, [&](int64_t b, int64_t e) {
-      std::memset(p + b * kPiece, 0, static_cast<size_t>(std::min(bytes, e * kPiece) - b * kPiece));
-    });
-    return;
-  }
   NpubValue zero{};
   zero.tag = NPUB_VALUE_INT;
-  fill_with(call, self, zero);
+  fill_with(call, call.tensor(0), zero);
 }
 
 // aten::clone(Tensor self, *, MemoryFormat? memory_format=None): contiguous
