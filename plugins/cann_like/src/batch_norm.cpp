@@ -363,13 +363,8 @@ PLUGIN_KERNELS_INLINE void bn_grad_sums_f32_body(const float* x, const float* g,
       d[i % kLanes] += (static_cast<double>(xr[i]) - mean) * gv;
     }
   }
-  for (int w = kLanes / 2; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) {
-      s[l] += s[l + w];
-      d[l] += d[l + w];
-    }
-  *sum = s[0];
-  *dot = d[0];
+  *sum = sum_lanes_by_halves(s);
+  *dot = sum_lanes_by_halves(d);
 }
 PLUGIN_KERNELS_ISA_DISPATCH(void, bn_grad_sums_f32, bn_grad_sums_f32_body,
                             (const float* x, const float* g, int64_t batch, int64_t stride, int64_t len,

@@ -417,9 +417,7 @@ PLUGIN_KERNELS_INLINE double sum_f32_body(const float* x, int64_t n) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
     for (int l = 0; l < kLanes; ++l) acc[l] += static_cast<double>(x[i + l]);
-  for (int w = kLanes / 2; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  double total = acc[0];
+  double total = sum_lanes_by_halves(acc);
   for (; i < n; ++i) total += static_cast<double>(x[i]);
   return total;
 }

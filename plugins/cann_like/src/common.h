@@ -307,7 +307,7 @@ using plugin_kernels::sigmoid;
 
 // The instruction-set levels the loops are compiled for
 // (plugin_kernels/isa.h), and the element structs of the floating dtypes
-// (plugin_kernels/float_access.h).
+// and the lane sums of the partial-sum loops (plugin_kernels/float_access.h).
 using plugin_kernels::BF16;
 using plugin_kernels::F16;
 using plugin_kernels::F32;
@@ -315,6 +315,7 @@ using plugin_kernels::F64;
 using plugin_kernels::Isa;
 using plugin_kernels::kernel_isa;
 using plugin_kernels::run_at_kernel_isa;
+using plugin_kernels::sum_lanes_by_halves;
 
 // ---------------------------------------------------------------------------
 // shapes

@@ -61,9 +61,7 @@ PLUGIN_KERNELS_INLINE float ln_lane_sum(const float* x, int64_t n, float m, bool
     }
   // The lanes combined by halves, vector adds (one after another they were
   // a chain of 32 dependent adds, twice a row: longer than the row's loops).
-  for (int w = kLanes / 2; w >= 1; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  float total = acc[0];
+  float total = sum_lanes_by_halves(acc);
   for (; c < n; ++c) {
     const float t = x[c] - m;
     total += squared ? t * t : t;
@@ -175,9 +173,7 @@ PLUGIN_KERNELS_INLINE T lane_sum(V v) {
   constexpr int kLanes = sizeof(V) / sizeof(T);
   T t[kLanes];
   std::memcpy(t, &v, sizeof v);
-  for (int width = kLanes / 2; width >= 1; width /= 2)
-    for (int l = 0; l < width; ++l) t[l] += t[l + width];
-  return t[0];
+  return sum_lanes_by_halves(t);
 }
 // Rows [0, rows) of n elements (row r at r * n; gi, dw and db may be null,
 // dw and db together): Note [Layer norm backward rows].

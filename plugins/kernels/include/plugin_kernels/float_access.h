@@ -68,6 +68,16 @@ inline typename S::E* elements(const npub::sdk::TensorRef& x) {
   return x.data<typename S::E>();
 }
 
+// acc[0] + ... + acc[L - 1], the halves added pairwise (lane l with lane
+// l + L / 2, then l + L / 4, ...): a fixed order, and vector adds where a
+// chain of L dependent adds would wait on each one. acc is consumed.
+template <typename T, int L>
+PLUGIN_KERNELS_INLINE T sum_lanes_by_halves(T (&acc)[L]) {
+  for (int w = L / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
 // sum_{i < n} f(i) in 16 running partial sums (a vector register's worth
 // of lanes, which the compiler keeps in one: a single running sum is a
 // serial chain it may not reorder), combined pairwise at the end. Any order
@@ -80,9 +90,7 @@ PLUGIN_KERNELS_INLINE T blocked_sum(int64_t n, F&& f) {
   for (; i + kLanes <= n; i += kLanes)
     for (int l = 0; l < kLanes; ++l) acc[l] += f(i + l);
   for (int l = 0; i < n; ++i, ++l) acc[l] += f(i);
-  for (int w = kLanes / 2; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
-  return acc[0];
+  return sum_lanes_by_halves(acc);
 }
 
 // 1 / sqrt(mean(x^2) + eps) of a row of n elements of element struct S
